@@ -1,0 +1,14 @@
+# The two entry points a newcomer needs; both set up .venv first.
+.PHONY: demo test setup bench
+
+setup:
+	@scripts/setup.sh
+
+demo: setup
+	.venv/bin/mlxd serve
+
+test: setup
+	.venv/bin/python -m pytest
+
+bench: setup
+	.venv/bin/python bench/run_all.py

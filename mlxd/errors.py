@@ -1,0 +1,154 @@
+"""Typed errors. Each knows its HTTP status and OpenAI error shape.
+
+Every layer raises these; exactly one place (``mlxd.daemon.errors``) turns them
+into HTTP responses, and the CLI turns ``ConfigError`` into exit status 2.
+Messages are written for the client: they never carry a stack trace or an
+internal exception's text unless it was sanitized first.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+class MlxdError(Exception):
+    status_code: int = 500
+    error_type: str = "server_error"
+    code: str = "internal_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after is None:
+            return {}
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class BadRequest(MlxdError):
+    status_code = 400
+    error_type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class AuthenticationFailed(MlxdError):
+    status_code = 401
+    error_type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class ModelNotFound(MlxdError):
+    status_code = 404
+    error_type = "invalid_request_error"
+    code = "model_not_found"
+
+    def __init__(self, requested: str, available: list[str]) -> None:
+        names = ", ".join(f"`{n}`" for n in sorted(available)) or "none"
+        super().__init__(
+            f"The model `{requested}` does not exist. Available models: {names}",
+            param="model",
+        )
+        self.requested = requested
+
+
+class QueueFull(MlxdError):
+    status_code = 429
+    error_type = "rate_limit_error"
+    code = "queue_full"
+
+
+class ServiceUnavailable(MlxdError):
+    """The request is valid but cannot be served now; retry later."""
+
+    status_code = 503
+    error_type = "server_error"
+    code = "unavailable"
+
+
+class ModelLoadFailed(ServiceUnavailable):
+    code = "model_load_failed"
+
+
+class CapacityUnavailable(ServiceUnavailable):
+    code = "insufficient_memory"
+
+
+class ShuttingDown(ServiceUnavailable):
+    code = "shutting_down"
+
+
+class ModelPreempted(ServiceUnavailable):
+    code = "preempted"
+
+
+class RequestTimeout(MlxdError):
+    status_code = 504
+    error_type = "timeout_error"
+    code = "timeout"
+
+
+class ClientDisconnected(MlxdError):
+    """Not sent to anyone (the client is gone); logged and counted as 499."""
+
+    status_code = 499
+    error_type = "client_closed_request"
+    code = "client_closed_request"
+
+
+class ConfigError(MlxdError):
+    """A registry or settings problem, located as precisely as we can.
+
+    ``str()`` gives the one-line form ``file:line: key: message`` that the CLI
+    prints and ``/v1/status`` shows.
+    """
+
+    status_code = 400
+    error_type = "invalid_request_error"
+    code = "invalid_config"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        key: str | None = None,
+    ) -> None:
+        self.file = file
+        self.line = line
+        self.key = key
+        self.detail = message
+        super().__init__(self._render(message))
+
+    def _render(self, message: str) -> str:
+        where = ""
+        if self.file:
+            where = self.file if self.line is None else f"{self.file}:{self.line}"
+        parts = [p for p in (where, self.key) if p]
+        return ": ".join([*parts, message])
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "key": self.key, "message": self.detail}
