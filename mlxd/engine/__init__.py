@@ -1,0 +1,1 @@
+"""How a model generates: mlx-lm and mlx-vlm engines on one MLX worker thread."""

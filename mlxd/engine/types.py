@@ -1,0 +1,74 @@
+"""The engine contract: what the HTTP layer hands an engine and gets back."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Fully resolved sampling: request > model defaults > fallbacks."""
+
+    temperature: float = 0.7
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+
+
+@dataclass
+class GenerationRequest:
+    request_id: str
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: list[str] = field(default_factory=list)
+    # Exactly one of ``prompt`` (completions) and ``messages`` (chat) is set.
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    # Vision: decoded images (PIL) in message order.
+    images: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class GenerationChunk:
+    """One step of output. ``text`` is the new text since the last chunk.
+
+    The last chunk of a generation has ``finish_reason`` set ("stop",
+    "length", or "abort" when the generation was preempted or cancelled).
+    """
+
+    text: str
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    # Prompt tokens served from the prefix cache instead of prefilled.
+    cached_tokens: int = 0
+
+
+class Engine(Protocol):
+    """A loaded model. All MLX work runs on the shared worker thread."""
+
+    name: str
+    kind: str
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        """Stream chunks. Closing the iterator early stops generation within a
+        token or two and frees the request's resources."""
+        ...
+
+    async def abort_all(self, reason: str) -> int:
+        """End every in-flight generation with finish_reason "abort" (used by
+        preemption and forced shutdown). Returns how many were aborted."""
+        ...
+
+    async def close(self) -> None:
+        """Free the model's memory. Called once, after every lease is gone."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Cheap, non-blocking figures for /v1/status (never waits on MLX)."""
+        ...

@@ -1,0 +1,1 @@
+"""What models exist: the registry file's schema, loading, sizing and diffs."""
