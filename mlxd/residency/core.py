@@ -1,0 +1,652 @@
+"""The residency decision core: events in, actions out.
+
+It answers one question per event: given what is in memory, who holds leases,
+who is waiting and what time it is, what must happen next? It never sleeps,
+never awaits, never touches MLX and never reads a clock: every method takes
+``now``. The async shell (``residency.shell``) feeds it events and carries its
+actions out, so every race can be replayed here deterministically.
+
+Invariants (tested by tests/residency/test_core_properties.py):
+- committed bytes (loading + loaded + draining + unloading) never exceed the
+  budget because of an admission decision;
+- a model is never unloaded while a lease on it is held;
+- each model has at most one instance in memory (loads are single-flight);
+- when every lease is released and every transition has finished, no model is
+  left in ``loading`` or ``unloading`` and no bytes stay reserved for an
+  unloaded model.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from mlxd.errors import (
+    CapacityUnavailable,
+    MlxdError,
+    ModelLoadFailed,
+    ModelNotFound,
+    QueueFull,
+    ShuttingDown,
+)
+from mlxd.registry.model import ManagerSpec, ModelSpec
+
+GB = 1024**3
+
+
+class State(str, Enum):
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    LOADED = "loaded"
+    # Loaded, admits no new leases, unloads when the last lease is released.
+    DRAINING = "draining"
+    UNLOADING = "unloading"
+    FAILED = "failed"
+
+
+# --- actions -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StartLoad:
+    model: str
+    instance: int
+
+
+@dataclass(frozen=True)
+class StartUnload:
+    model: str
+    instance: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class AbortGenerations:
+    model: str
+    instance: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Grant:
+    request_id: int
+    model: str
+    instance: int
+
+
+@dataclass(frozen=True)
+class Reject:
+    request_id: int
+    error: MlxdError
+
+
+@dataclass(frozen=True)
+class Note:
+    """A decision worth showing an operator, with its reason."""
+
+    kind: str
+    model: str
+    message: str
+
+
+Action = StartLoad | StartUnload | AbortGenerations | Grant | Reject | Note
+
+
+# --- state -------------------------------------------------------------------
+
+
+@dataclass
+class Resident:
+    spec: ModelSpec
+    state: State = State.UNLOADED
+    instance: int = 0
+    active: int = 0
+    reserved: int = 0
+    last_used: float | None = None
+    loaded_at: float | None = None
+    load_started_at: float | None = None
+    last_load_seconds: float | None = None
+    measured_bytes: int | None = None
+    load_count: int = 0
+    failures: int = 0
+    last_error: str | None = None
+    retry_at: float | None = None
+    drain_reason: str | None = None
+    removed: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def charge(self) -> int:
+        """Admission uses the larger of the estimate and what was measured."""
+        return max(self.spec.charge_bytes, self.measured_bytes or 0)
+
+    def idle_deadline(self) -> float | None:
+        if (
+            self.state is not State.LOADED
+            or self.active
+            or self.spec.pinned
+            or self.spec.idle_unload_seconds <= 0
+            or self.last_used is None
+        ):
+            return None
+        return self.last_used + self.spec.idle_unload_seconds
+
+
+@dataclass
+class Waiter:
+    request_id: int
+    model: str
+    arrived: float
+    # Admin loads wait for the model to be loaded but take no lease.
+    takes_lease: bool = True
+    # Set when the model cannot fit and the contention policy waits.
+    blocked_since: float | None = None
+
+
+@dataclass
+class ResidencyCore:
+    manager: ManagerSpec
+    residents: dict[str, Resident] = field(default_factory=dict)
+    waiters: list[Waiter] = field(default_factory=list)
+    shutting_down: bool = False
+    _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+
+    @classmethod
+    def from_specs(cls, manager: ManagerSpec, specs: Iterable[ModelSpec]) -> ResidencyCore:
+        core = cls(manager=manager)
+        for spec in specs:
+            core.residents[spec.name] = Resident(spec=spec)
+        return core
+
+    # --- queries -------------------------------------------------------------
+
+    @property
+    def budget(self) -> int:
+        return self.manager.memory_budget_bytes
+
+    def committed(self) -> int:
+        return sum(r.reserved for r in self.residents.values())
+
+    def new_request_id(self) -> int:
+        return next(self._ids)
+
+    def queued(self, model: str) -> int:
+        return sum(1 for w in self.waiters if w.model == model and w.takes_lease)
+
+    def idle_deadline(self, model: str) -> float | None:
+        r = self.residents.get(model)
+        return r.idle_deadline() if r else None
+
+    def next_deadline(self) -> float | None:
+        """The earliest time at which ``tick`` could have something to do."""
+        times: list[float] = []
+        for r in self.residents.values():
+            deadline = r.idle_deadline()
+            if deadline is not None:
+                times.append(deadline)
+            if r.state is State.FAILED and r.retry_at is not None and self._has_waiters(r.name):
+                times.append(r.retry_at)
+        policy = self.manager.contention
+        for w in self.waiters:
+            if w.blocked_since is None:
+                continue
+            if policy.strategy == "wait_then_fail" and policy.wait_timeout_s > 0:
+                times.append(w.blocked_since + policy.wait_timeout_s)
+            if policy.strategy == "wait_then_preempt":
+                times.append(w.blocked_since + policy.preempt_after_s)
+            if policy.strategy != "fail":
+                times.append(w.arrived + self.manager.max_pass_over_s)
+        return min(times) if times else None
+
+    # --- events --------------------------------------------------------------
+
+    def request(self, request_id: int, model: str, now: float) -> list[Action]:
+        """A client wants a lease on ``model``."""
+        return self._enqueue(Waiter(request_id, model, now), now)
+
+    def admin_load(self, request_id: int, model: str, now: float) -> list[Action]:
+        """An operator asks for ``model`` to be loaded now, backoff or not."""
+        r = self.residents.get(model)
+        if r is not None and r.state is State.FAILED:
+            r.retry_at = None
+        return self._enqueue(Waiter(request_id, model, now, takes_lease=False), now)
+
+    def cancel(self, request_id: int, now: float) -> list[Action]:
+        """The waiter went away (disconnect, timeout). A load it started goes
+        on: it ends as a loaded, idle model, never stuck half-way."""
+        self.waiters = [w for w in self.waiters if w.request_id != request_id]
+        return self._schedule(now)
+
+    def release(self, model: str, instance: int, now: float) -> list[Action]:
+        r = self.residents[model]
+        if r.instance != instance or r.active <= 0:
+            raise AssertionError(f"release of {model}#{instance} without a lease")
+        r.active -= 1
+        r.last_used = now
+        actions: list[Action] = []
+        if r.state is State.DRAINING and r.active == 0:
+            actions += self._unload(r, r.drain_reason or "drained")
+        return actions + self._schedule(now)
+
+    def load_finished(
+        self,
+        model: str,
+        instance: int,
+        now: float,
+        *,
+        error: str | None = None,
+        measured_bytes: int | None = None,
+    ) -> list[Action]:
+        r = self.residents[model]
+        assert r.state is State.LOADING and r.instance == instance, (model, r.state)
+        actions: list[Action] = []
+        if r.load_started_at is not None:
+            r.last_load_seconds = now - r.load_started_at
+        if error is not None:
+            r.failures += 1
+            r.last_error = error
+            backoff = min(
+                self.manager.load_retry_backoff_s * 2 ** (r.failures - 1),
+                self.manager.load_retry_backoff_max_s,
+            )
+            r.retry_at = now + backoff
+            r.state = State.FAILED
+            r.reserved = 0
+            actions.append(Note("failure", model, f"load of {model} failed: {error}; retry in {backoff:.0f} s"))
+            for w in [w for w in self.waiters if w.model == model]:
+                self.waiters.remove(w)
+                actions.append(Reject(w.request_id, self._load_failed_error(r, now)))
+            if r.removed:
+                del self.residents[model]
+            return actions + self._schedule(now)
+        r.state = State.LOADED
+        r.loaded_at = r.last_used = now
+        r.load_count += 1
+        r.failures = 0
+        r.last_error = None
+        r.retry_at = None
+        if measured_bytes is not None:
+            r.measured_bytes = measured_bytes
+            r.reserved = max(r.reserved, measured_bytes)
+        actions.append(Note("load", model, f"loaded {model} in {r.last_load_seconds or 0:.2f} s"))
+        if r.removed or self.shutting_down:
+            actions += self._drain(r, "removed" if r.removed else "shutdown", now)
+        elif r.drain_reason:
+            # A reload or preemption was asked for while it was loading.
+            actions += self._drain(r, r.drain_reason, now)
+        actions += self._fit_budget(now, reason="measured footprint above estimate")
+        return actions + self._schedule(now)
+
+    def unload_finished(self, model: str, instance: int, now: float) -> list[Action]:
+        r = self.residents[model]
+        assert r.state is State.UNLOADING and r.instance == instance, (model, r.state)
+        r.state = State.UNLOADED
+        r.reserved = 0
+        r.loaded_at = None
+        r.drain_reason = None
+        if r.removed:
+            del self.residents[model]
+        return self._schedule(now)
+
+    def tick(self, now: float) -> list[Action]:
+        actions: list[Action] = []
+        for r in list(self.residents.values()):
+            deadline = r.idle_deadline()
+            if deadline is not None and now >= deadline:
+                idle = now - (r.last_used or now)
+                actions += self._unload(r, f"idle for {idle:.0f} s (idle_unload_seconds={r.spec.idle_unload_seconds:g})")
+        policy = self.manager.contention
+        if policy.strategy == "wait_then_fail" and policy.wait_timeout_s > 0:
+            for w in list(self.waiters):
+                if w.blocked_since is not None and now >= w.blocked_since + policy.wait_timeout_s:
+                    self.waiters.remove(w)
+                    actions.append(Reject(w.request_id, self._capacity_error(w.model, waited=now - w.arrived)))
+        return actions + self._schedule(now)
+
+    def admin_unload(self, model: str, now: float) -> list[Action]:
+        """Unload now if idle; otherwise stop admitting and unload when drained.
+        Pinned models too: the operator asked explicitly."""
+        r = self.residents[model]
+        if r.state in (State.LOADED, State.LOADING):
+            return self._drain(r, "unloaded by operator", now) + self._schedule(now)
+        return []
+
+    def begin_shutdown(self, now: float) -> list[Action]:
+        self.shutting_down = True
+        actions: list[Action] = []
+        for w in self.waiters:
+            actions.append(Reject(w.request_id, ShuttingDown("mlxd is shutting down", retry_after=5)))
+        self.waiters.clear()
+        for r in self.residents.values():
+            if r.state in (State.LOADED, State.DRAINING):
+                actions += self._drain(r, "shutdown", now)
+        return actions
+
+    def abort_all(self, reason: str) -> list[Action]:
+        """Forced shutdown: end every in-flight generation."""
+        return [
+            AbortGenerations(r.name, r.instance, reason)
+            for r in self.residents.values()
+            if r.active and r.state in (State.LOADED, State.DRAINING)
+        ]
+
+    def reconfigure(
+        self, manager: ManagerSpec, specs: Iterable[ModelSpec], now: float,
+        renames: dict[str, str] | None = None,
+    ) -> list[Action]:
+        """Apply a new registry as a difference. ``renames`` maps old names to
+        new ones whose engine can be kept as is."""
+        actions: list[Action] = []
+        self.manager = manager
+        new_specs = {s.name: s for s in specs}
+        for old, new in (renames or {}).items():
+            if old in self.residents and new not in self.residents:
+                r = self.residents.pop(old)
+                self.residents[new] = r
+                for w in self.waiters:
+                    if w.model == old:
+                        w.model = new
+        for name, r in list(self.residents.items()):
+            spec = new_specs.get(name)
+            if spec is None:
+                r.removed = True
+                for w in [w for w in self.waiters if w.model == name]:
+                    self.waiters.remove(w)
+                    actions.append(Reject(w.request_id, ModelNotFound(name, list(new_specs))))
+                if r.state in (State.UNLOADED, State.FAILED):
+                    del self.residents[name]
+                else:
+                    actions += self._drain(r, "removed from the registry", now)
+                continue
+            needs_reload = spec.needs_reload_from(r.spec)
+            r.spec = spec
+            if needs_reload:
+                r.measured_bytes = None
+                if r.state is State.FAILED:
+                    r.state, r.retry_at, r.failures = State.UNLOADED, None, 0
+                if r.state in (State.LOADED, State.LOADING, State.DRAINING):
+                    actions += self._drain(r, "configuration changed; reloading", now)
+        for name, spec in new_specs.items():
+            if name not in self.residents:
+                self.residents[name] = Resident(spec=spec)
+        actions += self._fit_budget(now, reason="budget lowered")
+        return actions + self._schedule(now)
+
+    # --- internals -----------------------------------------------------------
+
+    def _enqueue(self, waiter: Waiter, now: float) -> list[Action]:
+        if self.shutting_down:
+            return [Reject(waiter.request_id, ShuttingDown("mlxd is shutting down", retry_after=5))]
+        r = self.residents.get(waiter.model)
+        if r is None or r.removed:
+            return [Reject(waiter.request_id, ModelNotFound(waiter.model, self._names()))]
+        if r.state is State.FAILED and r.retry_at is not None and now < r.retry_at:
+            return [Reject(waiter.request_id, self._load_failed_error(r, now))]
+        if waiter.takes_lease and self.queued(waiter.model) >= r.spec.max_queue and not self._can_grant(r):
+            return [
+                Reject(
+                    waiter.request_id,
+                    QueueFull(
+                        f"Too many requests queued for `{waiter.model}` (max_queue={r.spec.max_queue})",
+                        retry_after=1,
+                    ),
+                )
+            ]
+        self.waiters.append(waiter)
+        return self._schedule(now)
+
+    def _names(self) -> list[str]:
+        return [n for r in self.residents.values() if not r.removed for n in r.spec.names()]
+
+    def _has_waiters(self, model: str) -> bool:
+        return any(w.model == model for w in self.waiters)
+
+    def _can_grant(self, r: Resident) -> bool:
+        return r.state is State.LOADED and r.active < r.spec.max_concurrency
+
+    def _load_failed_error(self, r: Resident, now: float) -> ModelLoadFailed:
+        retry = max(1.0, (r.retry_at or now) - now)
+        return ModelLoadFailed(
+            f"Model `{r.name}` failed to load: {r.last_error}. Retrying in {retry:.0f} s.",
+            retry_after=retry,
+        )
+
+    def _capacity_error(self, model: str, waited: float | None = None) -> CapacityUnavailable:
+        r = self.residents[model]
+        need = r.charge()
+        # A swap takes about as long as a load; say so rather than guess low.
+        retry = max(1.0, 2 * (r.last_load_seconds or 1.0))
+        waited_text = f" after waiting {waited:.0f} s" if waited else ""
+        return CapacityUnavailable(
+            f"Cannot load `{model}` within the memory budget{waited_text}: it needs "
+            f"{need / GB:.2f} GB, {max(0, self.budget - self.committed()) / GB:.2f} GB of "
+            f"{self.budget / GB:.2f} GB is free and the other models are in use.",
+            retry_after=retry,
+        )
+
+    def _unload(self, r: Resident, reason: str) -> list[Action]:
+        assert r.active == 0 and r.state in (State.LOADED, State.DRAINING), (r.name, r.state, r.active)
+        r.state = State.UNLOADING
+        return [StartUnload(r.name, r.instance, reason), Note("unload", r.name, f"unloading {r.name}: {reason}")]
+
+    def _drain(self, r: Resident, reason: str, now: float) -> list[Action]:
+        """Stop admitting; unload once the last lease is released."""
+        r.drain_reason = reason
+        if r.state is State.LOADING:
+            return []  # load_finished picks the drain up
+        if r.state in (State.LOADED, State.DRAINING):
+            if r.active == 0:
+                return self._unload(r, reason)
+            r.state = State.DRAINING
+        return []
+
+    def _fit_budget(self, now: float, reason: str) -> list[Action]:
+        """After the budget shrank or a model measured larger than estimated,
+        unload idle models (least recently used first) until committed fits."""
+        actions: list[Action] = []
+        over = self.committed() - self.budget
+        for victim in self._idle_candidates(exclude=None):
+            if over <= 0:
+                break
+            over -= victim.reserved
+            actions += self._unload(victim, reason)
+        return actions
+
+    def _idle_candidates(self, exclude: str | None) -> list[Resident]:
+        idle = [
+            r
+            for r in self.residents.values()
+            if r.state is State.LOADED and r.active == 0 and not r.spec.pinned and r.name != exclude
+        ]
+        return sorted(idle, key=lambda r: r.last_used or 0.0)
+
+    def _schedule(self, now: float) -> list[Action]:
+        actions: list[Action] = []
+        # 1. Serve resident models at once: they never wait behind another
+        #    model's swap.
+        for w in list(self.waiters):
+            r = self.residents[w.model]
+            if not w.takes_lease and r.state is State.LOADED:
+                self.waiters.remove(w)
+                actions.append(Grant(w.request_id, w.model, r.instance))
+            elif w.takes_lease and self._can_grant(r):
+                self.waiters.remove(w)
+                r.active += 1
+                r.last_used = now
+                actions.append(Grant(w.request_id, w.model, r.instance))
+        # 2. Start loads, oldest waiting model first. Once the oldest one is
+        #    blocked on memory no younger one may jump ahead: that is what
+        #    keeps a big model from starving behind small ones.
+        for model in self._models_by_oldest_waiter():
+            r = self.residents[model]
+            if r.state is State.FAILED and r.retry_at is not None and now < r.retry_at:
+                continue
+            if r.state not in (State.UNLOADED, State.FAILED):
+                continue
+            need = r.charge()
+            if need > self.budget:
+                actions += self._reject_model(
+                    model,
+                    CapacityUnavailable(
+                        f"Model `{model}` needs {need / GB:.2f} GB, more than the whole memory "
+                        f"budget of {self.budget / GB:.2f} GB.",
+                        code="model_too_large",
+                    ),
+                )
+                continue
+            free = self.budget - self.committed()
+            if need <= free:
+                actions += self._start_load(r, now)
+                continue
+            actions += self._make_room(r, need, free, now)
+            if self._has_waiters(model) and need <= self._reachable(model):
+                break
+            # Either its waiters were turned away (policy "fail"), or it cannot
+            # fit until an operator unloads a pinned model: it must not hold
+            # up the models behind it.
+        # Every request still waiting for a model that is not loading is
+        # waiting for memory: its contention clock runs from now.
+        for w in self.waiters:
+            if w.blocked_since is None and self.residents[w.model].state in (State.UNLOADED, State.FAILED):
+                w.blocked_since = now
+        # 3. Fairness: a request passed over too long stops admission of the
+        #    models in its way, so they drain and it gets its turn.
+        actions += self._enforce_pass_over_bound(now)
+        return actions
+
+    def _reachable(self, model: str) -> int:
+        """Memory ``model`` could get by waiting: all but what pinned models hold."""
+        pinned = sum(r.reserved for r in self.residents.values() if r.spec.pinned and r.name != model)
+        return self.budget - pinned
+
+    def _models_by_oldest_waiter(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for w in sorted(self.waiters, key=lambda w: w.arrived):
+            seen.setdefault(w.model, None)
+        return list(seen)
+
+    def _start_load(self, r: Resident, now: float) -> list[Action]:
+        r.state = State.LOADING
+        r.instance += 1
+        r.reserved = r.charge()
+        r.load_started_at = now
+        r.drain_reason = None
+        for w in self.waiters:
+            if w.model == r.name:
+                w.blocked_since = None
+        return [StartLoad(r.name, r.instance)]
+
+    def _reject_model(self, model: str, error: MlxdError) -> list[Action]:
+        actions: list[Action] = []
+        for w in [w for w in self.waiters if w.model == model]:
+            self.waiters.remove(w)
+            actions.append(Reject(w.request_id, error))
+        return actions
+
+    def _make_room(self, r: Resident, need: int, free: int, now: float) -> list[Action]:
+        """Plan all-or-nothing: nothing is evicted unless the plan makes ``r`` fit."""
+        # Bytes already on their way out count toward the plan.
+        incoming = sum(
+            x.reserved for x in self.residents.values() if x.state in (State.UNLOADING, State.DRAINING)
+        )
+        if free + incoming >= need:
+            return []
+        victims: list[Resident] = []
+        covered = free + incoming
+        for candidate in self._idle_candidates(exclude=r.name):
+            if covered >= need:
+                break
+            victims.append(candidate)
+            covered += candidate.reserved
+        if covered >= need:
+            actions: list[Action] = []
+            for v in victims:
+                idle = now - (v.last_used or now)
+                actions += self._unload(
+                    v,
+                    f"evicted to make room for {r.name}: needed {need / GB:.2f} GB, "
+                    f"{v.name} idle {idle:.0f} s, least recently used",
+                )
+            return actions
+        return self._contend(r, need, covered, now)
+
+    def _contend(self, r: Resident, need: int, covered: int, now: float) -> list[Action]:
+        policy = self.manager.contention
+        waiters = [w for w in self.waiters if w.model == r.name]
+        for w in waiters:
+            if w.blocked_since is None:
+                w.blocked_since = now
+        if policy.strategy == "fail":
+            return self._reject_model(r.name, self._capacity_error(r.name))
+        blocked_since = min(w.blocked_since for w in waiters if w.blocked_since is not None)
+        if policy.strategy == "preempt" or (
+            policy.strategy == "wait_then_preempt" and now >= blocked_since + policy.preempt_after_s
+        ):
+            return self._preempt_for(r, need, covered, now)
+        return []
+
+    def _busy_candidates(self, exclude: str) -> list[Resident]:
+        busy = [
+            x
+            for x in self.residents.values()
+            if x.state is State.LOADED and x.active > 0 and not x.spec.pinned and x.name != exclude
+        ]
+        return sorted(busy, key=lambda x: x.last_used or 0.0)
+
+    def _preempt_for(self, r: Resident, need: int, covered: int, now: float) -> list[Action]:
+        idle = self._idle_candidates(exclude=r.name)
+        covered += sum(x.reserved for x in idle)
+        victims: list[Resident] = []
+        for candidate in self._busy_candidates(exclude=r.name):
+            if covered >= need:
+                break
+            victims.append(candidate)
+            covered += candidate.reserved
+        if covered < need:
+            return []  # even preemption cannot make room: keep waiting
+        actions: list[Action] = []
+        for x in idle:
+            actions += self._unload(x, f"evicted to make room for {r.name}")
+        for v in victims:
+            reason = f"preempted for {r.name}: needed {need / GB:.2f} GB"
+            actions.append(AbortGenerations(v.name, v.instance, reason))
+            actions.append(Note("preempt", v.name, reason))
+            actions += self._drain(v, reason, now)
+        return actions
+
+    def _enforce_pass_over_bound(self, now: float) -> list[Action]:
+        if self.manager.contention.strategy == "fail":
+            return []
+        overdue = [
+            w for w in self.waiters
+            if w.blocked_since is not None and now >= w.arrived + self.manager.max_pass_over_s
+        ]
+        if not overdue:
+            return []
+        head = min(overdue, key=lambda w: w.arrived)
+        r = self.residents[head.model]
+        if r.state not in (State.UNLOADED, State.FAILED):
+            return []
+        need = r.charge()
+        covered = self.budget - self.committed() + sum(
+            x.reserved for x in self.residents.values() if x.state in (State.UNLOADING, State.DRAINING)
+        )
+        victims: list[Resident] = []
+        for candidate in self._busy_candidates(exclude=r.name):
+            if covered >= need:
+                break
+            victims.append(candidate)
+            covered += candidate.reserved
+        if covered < need or not victims:
+            return []
+        actions: list[Action] = []
+        for v in victims:
+            waited = now - head.arrived
+            reason = f"draining so {r.name} can load: a request has waited {waited:.0f} s"
+            actions.append(Note("drain", v.name, reason))
+            actions += self._drain(v, reason, now)
+        return actions
