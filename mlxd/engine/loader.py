@@ -1,0 +1,78 @@
+"""Loading an mlx-lm model onto the worker thread and measuring what it costs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from mlxd.engine import memory
+from mlxd.engine.text import LoadedText, TextEngine
+from mlxd.engine.worker import MlxWorker
+from mlxd.errors import ModelLoadFailed
+from mlxd.registry.model import ModelSpec
+
+log = logging.getLogger(__name__)
+
+
+async def load_text_engine(
+    spec: ModelSpec, worker: MlxWorker, *, prefill_chunk: int = 512
+) -> TextEngine:
+    """Load ``spec`` with ``mlx_lm.load`` on the worker and wrap it as a TextEngine.
+
+    If the caller is cancelled mid-load, the load still finishes on the worker
+    (it cannot be interrupted) and the model is then unloaded, so a cancelled
+    load never leaves memory behind.
+    """
+    load = asyncio.ensure_future(worker.call(load_text_model, spec))
+    try:
+        loaded = await asyncio.shield(load)
+    except asyncio.CancelledError:
+        load.add_done_callback(lambda task: _discard_orphan(task, worker))
+        raise
+    return TextEngine(spec, worker, loaded, prefill_chunk=prefill_chunk)
+
+
+def load_text_model(spec: ModelSpec) -> LoadedText:
+    """Worker thread: ``mlx_lm.load`` plus the active memory it added."""
+    import mlx_lm
+
+    before = memory.active_bytes()
+    started = time.perf_counter()
+    try:
+        # lazy=False (the default) evaluates the weights, so the memory
+        # figure below is the real resident size, not a promise.
+        model, tokenizer = mlx_lm.load(str(spec.path), trust_remote_code=spec.trust_remote_code)
+    except Exception as exc:
+        log.exception("loading model %s from %s failed", spec.name, spec.path)
+        memory.release_memory()
+        raise ModelLoadFailed(
+            f"The model `{spec.name}` could not be loaded ({type(exc).__name__}); "
+            "see the daemon log for details."
+        ) from exc
+    seconds = time.perf_counter() - started
+    loaded_bytes = max(0, memory.active_bytes() - before)
+    log.info("loaded %s in %.2fs (%d MB)", spec.name, seconds, loaded_bytes >> 20)
+    return LoadedText(model, tokenizer, load_bytes=loaded_bytes, load_seconds=seconds)
+
+
+def _discard_orphan(task: asyncio.Future[Any], worker: MlxWorker) -> None:
+    if task.cancelled() or task.exception() is not None:
+        return
+    if worker.running:
+        asyncio.ensure_future(_unload_on(worker, task.result()))
+
+
+async def _unload_on(worker: MlxWorker, loaded: LoadedText) -> None:
+    try:
+        await worker.call(_unload, loaded)
+    except Exception:  # noqa: BLE001 - best effort after a cancelled load
+        log.exception("unloading after a cancelled load failed")
+
+
+def _unload(loaded: LoadedText) -> None:
+    """Worker thread: drop the model's references there, then give the memory back."""
+    loaded.model = None
+    loaded.tokenizer = None
+    memory.release_memory()

@@ -1,0 +1,88 @@
+"""SamplingParams -> mlx-lm samplers and logits processors.
+
+Seeds and concurrency: mlx-lm's own samplers draw from MLX's process-wide
+random state, so when two requests decode interleaved on the worker, each
+one's draws depend on the other's. A request with a ``seed`` therefore gets a
+sampler that owns its key (``mx.random.key(seed)``, split once per token):
+the same seed, prompt and parameters give the same tokens whether the request
+runs alone or alongside others. Requests without a seed keep using the shared
+state, i.e. they are not reproducible, as users expect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mlxd.engine.types import SamplingParams
+from mlxd.errors import BadRequest
+
+Sampler = Callable[[Any], Any]
+LogitsProcessor = Callable[[Any, Any], Any]
+
+
+def validate(params: SamplingParams) -> None:
+    """Reject values mlx-lm would choke on, with a message for the client."""
+    if params.temperature < 0:
+        raise BadRequest("temperature must be >= 0.", param="temperature")
+    if not 0 <= params.top_p <= 1:
+        raise BadRequest("top_p must be in [0, 1].", param="top_p")
+    if not 0 <= params.min_p <= 1:
+        raise BadRequest("min_p must be in [0, 1].", param="min_p")
+    if params.top_k < 0:
+        raise BadRequest("top_k must be >= 0 (0 disables it).", param="top_k")
+    if params.repetition_penalty <= 0:
+        raise BadRequest("repetition_penalty must be > 0.", param="repetition_penalty")
+
+
+def make_sampler(params: SamplingParams, vocab_size: int) -> Sampler:
+    """Greedy at temperature 0; otherwise top-p, min-p, top-k then a categorical draw."""
+    from mlx_lm import sample_utils
+
+    validate(params)
+    # top_k at or above the vocabulary keeps every token: the same as no top-k
+    # (mlx-lm raises for it instead).
+    top_k = params.top_k if 0 < params.top_k < vocab_size else 0
+    if params.temperature == 0:
+        return sample_utils.greedy_sampler
+    if params.seed is None:
+        return sample_utils.make_sampler(
+            temp=params.temperature, top_p=params.top_p, min_p=params.min_p, top_k=top_k
+        )
+    return _seeded_sampler(params, top_k)
+
+
+def _seeded_sampler(params: SamplingParams, top_k: int) -> Sampler:
+    import mlx.core as mx
+    from mlx_lm import sample_utils
+
+    # The same filters, in the same order, as mlx_lm.sample_utils.make_sampler.
+    filters: list[Callable[[Any], Any]] = []
+    if 0 < params.top_p < 1.0:
+        filters.append(lambda x: sample_utils.apply_top_p(x, params.top_p))
+    if params.min_p != 0.0:
+        filters.append(lambda x: sample_utils.apply_min_p(x, params.min_p))
+    if top_k > 0:
+        filters.append(lambda x: sample_utils.apply_top_k(x, top_k))
+    inverse_temp = 1.0 / params.temperature
+    key = mx.random.key(params.seed)
+
+    def sampler(logprobs: Any) -> Any:
+        nonlocal key
+        key, draw = mx.random.split(key)
+        for keep in filters:
+            logprobs = keep(logprobs)
+        return mx.random.categorical(logprobs * inverse_temp, key=draw)
+
+    return sampler
+
+
+def make_logits_processors(params: SamplingParams) -> list[LogitsProcessor]:
+    from mlx_lm import sample_utils
+
+    return sample_utils.make_logits_processors(
+        repetition_penalty=(
+            params.repetition_penalty if params.repetition_penalty != 1.0 else None
+        ),
+        presence_penalty=params.presence_penalty or None,
+    )

@@ -1,0 +1,386 @@
+"""The mlx-lm text engine: prompts in, streamed text chunks out.
+
+A generation is a synchronous generator stepped on the shared worker thread,
+one token per step (see ``engine/worker.py``). Everything per token — the
+model step, detokenising, stop strings — happens there; the event loop only
+receives finished ``GenerationChunk`` objects.
+
+Long prompts are prefilled in chunks of ``prefill_chunk`` tokens, one chunk
+per worker step, so a long prompt neither stalls other models' decoding for
+its whole prefill nor delays an abort or a disconnect until it is done. The
+last part of the prompt (and the decoding) goes through
+``mlx_lm.stream_generate``, which owns sampling, EOS handling and the
+streaming detokenizer (it never emits half a UTF-8 character).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from mlxd.engine import memory, sampling
+from mlxd.engine.stops import StopMatcher
+from mlxd.engine.types import GenerationChunk, GenerationRequest
+from mlxd.engine.worker import SKIP, MlxWorker
+from mlxd.errors import BadRequest, MlxdError, ServiceUnavailable
+from mlxd.registry.model import ModelSpec
+
+log = logging.getLogger(__name__)
+
+# Prompt tokens always left for stream_generate after our own chunked prefill:
+# mlx-lm's repetition and presence penalties look back 20 tokens, and they only
+# see the tokens stream_generate itself processed.
+_PENALTY_CONTEXT = 32
+
+
+@dataclass
+class LoadedText:
+    """What the worker hands back from a load: the model and what it cost."""
+
+    model: Any
+    tokenizer: Any
+    load_bytes: int
+    load_seconds: float
+
+
+@dataclass(eq=False)
+class _Generation:
+    """One in-flight request; the event loop flags it, the worker reads the flag."""
+
+    request_id: str
+    abort_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class _Prepared:
+    tokens: list[int]
+    max_tokens: int
+    sampler: Any
+    processors: list[Any]
+    stops: StopMatcher
+
+
+class TextEngine:
+    """A loaded mlx-lm model implementing ``mlxd.engine.types.Engine``."""
+
+    kind = "text"
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        worker: MlxWorker,
+        loaded: LoadedText,
+        *,
+        prefill_chunk: int = 512,
+    ) -> None:
+        self.name = spec.name
+        self.spec = spec
+        self._worker = worker
+        self._model: Any = loaded.model
+        self._tokenizer: Any = loaded.tokenizer
+        self._vocab_size = _vocab_size(loaded.model, loaded.tokenizer)
+        self._prefill_chunk = max(1, prefill_chunk)
+        self.load_bytes = loaded.load_bytes
+        self.load_seconds = loaded.load_seconds
+        # Peak bytes attributable to this model during its first generation.
+        self.peak_bytes: int | None = None
+        self._peak_measure_pending = True
+        # Touched only on the event loop.
+        self._in_flight: set[_Generation] = set()
+        self._closed = False
+        # Written only on the worker thread.
+        self._running = 0
+        self._generations = 0
+        self._tokens_generated = 0
+        self._prompt_tokens = 0
+        self._aborted = 0
+
+    @property
+    def measured_bytes(self) -> int:
+        """The model's real cost: its load footprint, raised to the first generation's peak."""
+        return max(self.load_bytes, self.peak_bytes or 0)
+
+    # ------------------------------------------------------------ protocol
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        return self._generate(request)
+
+    async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        if self._closed:
+            raise ServiceUnavailable(f"The model `{self.name}` was unloaded; retry the request.")
+        control = _Generation(request.request_id)
+        self._in_flight.add(control)
+        stream = self._worker.stream(lambda: self._run(request, control))
+        try:
+            async for chunk in stream:
+                yield chunk
+        except MlxdError:
+            raise
+        except Exception as exc:
+            log.exception("generation %s on %s failed", request.request_id, self.name)
+            raise MlxdError(f"The model `{self.name}` failed while generating.") from exc
+        finally:
+            self._in_flight.discard(control)
+            # A consumer that left early: the worker closes the generator
+            # before its next step (prefill chunks are steps too).
+            await stream.aclose()
+
+    async def abort_all(self, reason: str) -> int:
+        aborted = 0
+        for control in list(self._in_flight):
+            if control.abort_reason is None:
+                control.abort_reason = reason
+                aborted += 1
+        return aborted
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self.abort_all("unloaded")
+        # Aborted generations end at their next step; the model must not be
+        # referenced by any of them when we release memory.
+        while self._running:
+            await self._worker.call(_noop)
+        await self._worker.call(self._release)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "in_flight": len(self._in_flight),
+            "running": self._running,
+            "generations": self._generations,
+            "prompt_tokens": self._prompt_tokens,
+            "tokens_generated": self._tokens_generated,
+            "aborted": self._aborted,
+            "load_bytes": self.load_bytes,
+            "peak_bytes": self.peak_bytes,
+            "measured_bytes": self.measured_bytes,
+            "load_seconds": round(self.load_seconds, 3),
+            "closed": self._closed,
+        }
+
+    # ------------------------------------------------------ worker thread
+    def _release(self) -> dict[str, Any]:
+        self._model = None
+        self._tokenizer = None
+        return memory.release_memory()
+
+    def prompt_tokens(self, request: GenerationRequest) -> list[int]:
+        """The request's prompt as token ids (chat template applied). Worker thread."""
+        tokenizer = self._tokenizer
+        if tokenizer is None:
+            raise ServiceUnavailable(f"The model `{self.name}` was unloaded; retry the request.")
+        if (request.prompt is None) == (request.messages is None):
+            raise BadRequest("Give exactly one of `prompt` and `messages`.", param="messages")
+        if request.messages is not None:
+            return _render_chat(tokenizer, request.messages)
+        prompt = request.prompt or ""
+        # As mlx-lm does: add BOS unless the prompt already starts with it.
+        bos = tokenizer.bos_token
+        tokens = tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
+        return list(tokens)
+
+    def _run(self, request: GenerationRequest, control: _Generation) -> Iterator[Any]:
+        if control.abort_reason is not None:
+            # Aborted while queued: end without touching the model (it may be
+            # about to be released).
+            self._aborted += 1
+            yield GenerationChunk(text="", finish_reason="abort")
+            return
+        model, tokenizer = self._model, self._tokenizer
+        if model is None:
+            raise ServiceUnavailable(f"The model `{self.name}` was unloaded; retry the request.")
+        self._running += 1
+        self._generations += 1
+        try:
+            prepared = self._prepare(request, control)
+            others = self._start_peak_measure()
+            try:
+                yield from self._decode(model, tokenizer, prepared, control)
+            finally:
+                if others is not None:
+                    self.peak_bytes = max(0, memory.peak_bytes() - others)
+        finally:
+            self._running -= 1
+            self._prompt_tokens += control.prompt_tokens
+            self._tokens_generated += control.completion_tokens
+
+    def _prepare(self, request: GenerationRequest, control: _Generation) -> _Prepared:
+        """Validate and tokenize: everything that can fail before the model runs."""
+        if request.max_tokens < 1:
+            raise BadRequest("max_tokens must be at least 1.", param="max_tokens")
+        tokens = self.prompt_tokens(request)
+        param = "messages" if request.messages is not None else "prompt"
+        n_prompt = len(tokens)
+        if n_prompt == 0:
+            raise BadRequest("The prompt is empty.", param=param)
+        limit = self.spec.max_context
+        if n_prompt > limit:
+            raise BadRequest(
+                f"This model's maximum context length is {limit} tokens, but the "
+                f"prompt has {n_prompt} tokens. Shorten the {param}.",
+                param=param,
+                code="context_length_exceeded",
+            )
+        control.prompt_tokens = n_prompt
+        return _Prepared(
+            tokens=tokens,
+            # The KV cache was budgeted for max_context tokens: never decode past it.
+            max_tokens=min(request.max_tokens, max(1, limit - n_prompt)),
+            sampler=sampling.make_sampler(request.sampling, self._vocab_size),
+            processors=sampling.make_logits_processors(request.sampling),
+            stops=StopMatcher(request.stop),
+        )
+
+    def _decode(
+        self, model: Any, tokenizer: Any, prepared: _Prepared, control: _Generation
+    ) -> Iterator[Any]:
+        import mlx.core as mx
+        from mlx_lm.generate import generation_stream, stream_generate
+        from mlx_lm.models.cache import make_prompt_cache
+
+        n_prompt = len(prepared.tokens)
+        stops = prepared.stops
+
+        def chunk(text: str, finish: str | None = None) -> GenerationChunk:
+            if finish == "abort":
+                self._aborted += 1
+            return GenerationChunk(
+                text=text,
+                finish_reason=finish,
+                prompt_tokens=n_prompt,
+                completion_tokens=control.completion_tokens,
+            )
+
+        prompt = mx.array(prepared.tokens)
+        cache = make_prompt_cache(model)
+        done = 0
+        step = self._prefill_chunk
+        while n_prompt - done > step + _PENALTY_CONTEXT:
+            if control.abort_reason is not None:
+                yield chunk("", "abort")
+                return
+            with mx.stream(generation_stream):
+                model(prompt[done : done + step][None], cache=cache)
+                mx.eval([c.state for c in cache])
+            done += step
+            yield SKIP
+
+        # The footprint estimate assumes a quantised KV cache from the first token.
+        kv_options = {"kv_bits": self.spec.kv_bits, "quantized_kv_start": 0} if self.spec.kv_bits else {}
+        responses = stream_generate(
+            model,
+            tokenizer,
+            prompt[done:],
+            max_tokens=prepared.max_tokens,
+            sampler=prepared.sampler,
+            logits_processors=prepared.processors or None,
+            prompt_cache=cache,
+            prefill_step_size=step,
+            **kv_options,
+        )
+        try:
+            while True:
+                if control.abort_reason is not None:
+                    yield chunk(stops.flush(), "abort")
+                    return
+                try:
+                    response = next(responses)
+                except StopIteration:
+                    yield chunk(stops.flush(), "stop")
+                    return
+                control.completion_tokens = response.generation_tokens
+                text, stopped = stops.feed(response.text)
+                if stopped:
+                    yield chunk(text, "stop")
+                    return
+                if response.finish_reason is not None:
+                    yield chunk(text + stops.flush(), response.finish_reason)
+                    return
+                yield chunk(text) if text else SKIP
+        finally:
+            responses.close()
+
+    def _start_peak_measure(self) -> int | None:
+        """On the first generation: reset MLX's peak; return the bytes not ours."""
+        if not self._peak_measure_pending:
+            return None
+        self._peak_measure_pending = False
+        others = max(0, memory.active_bytes() - self.load_bytes)
+        memory.reset_peak()
+        return others
+
+
+def _noop() -> None:
+    return None
+
+
+def _vocab_size(model: Any, tokenizer: Any) -> int:
+    args = getattr(model, "args", None)
+    size = getattr(args, "vocab_size", None)
+    if isinstance(size, int) and size > 0:
+        return size
+    return int(getattr(tokenizer, "vocab_size", 0) or 0)
+
+
+def _render_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+    try:
+        from jinja2 import TemplateError
+    except ImportError:  # pragma: no cover - transformers depends on jinja2
+        TemplateError = ValueError  # type: ignore[misc,assignment]  # noqa: N806
+    flat = [_flatten_message(m) for m in messages]
+    try:
+        tokens = tokenizer.apply_chat_template(flat, add_generation_prompt=True)
+    except TemplateError as exc:
+        # Templates raise their own messages ("roles must alternate ..."),
+        # written for the person sending the conversation.
+        raise BadRequest(f"The chat template rejected the messages: {exc}", param="messages") from exc
+    return list(tokens)
+
+
+def _flatten_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A copy of an OpenAI message with its content as one string (as mlx-lm's server does)."""
+    import json
+
+    if not isinstance(message, dict):
+        raise BadRequest("Each message must be an object.", param="messages")
+    flat = dict(message)
+    content = flat.get("content")
+    if content is None:
+        flat["content"] = ""
+    elif isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise BadRequest(
+                    f"This is a text model; message content of type `{kind}` is not supported.",
+                    param="messages",
+                )
+            texts.append(str(part.get("text", "")))
+        flat["content"] = "".join(texts)
+    elif not isinstance(content, str):
+        raise BadRequest("Message content must be a string or a list of parts.", param="messages")
+    tool_calls = flat.get("tool_calls")
+    if tool_calls:
+        # Chat templates expect tool arguments as objects, the API sends JSON text.
+        calls = []
+        for call in tool_calls:
+            call = dict(call)
+            function = dict(call.get("function") or {})
+            arguments = function.get("arguments")
+            if isinstance(arguments, str):
+                try:
+                    function["arguments"] = json.loads(arguments)
+                except json.JSONDecodeError as exc:
+                    raise BadRequest(
+                        "tool_calls[].function.arguments is not valid JSON.", param="messages"
+                    ) from exc
+            call["function"] = function
+            calls.append(call)
+        flat["tool_calls"] = calls
+    return flat
