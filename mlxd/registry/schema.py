@@ -1,0 +1,242 @@
+"""The strict schema of ``models.yaml``: every key, its type and range.
+
+Unknown keys are errors. Sizes are parsed here (so a bad size is reported at
+its own key); checks that span keys or touch the disk (duplicate names, model
+folders, the budget) live in :mod:`mlxd.registry.loader`, which knows where
+each key sits in the file.
+
+vllm-mlx registry files are accepted unchanged: its keys are declared below,
+either mapped onto ours or listed in ``VLLM_MLX_IGNORED_MODEL_KEYS``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+import psutil
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
+
+from mlxd.registry.sizing import KV_BITS_CHOICES, parse_bytes, parse_gb, parse_memory_budget
+
+# Validation context key: physical memory in bytes, for "70%" budgets.
+PHYSICAL_MEMORY = "physical_memory"
+
+
+def physical_memory_bytes() -> int:
+    return int(psutil.virtual_memory().total)
+
+
+def _one_or_many(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+ByteSize = Annotated[int, BeforeValidator(parse_bytes)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+Names = Annotated[list[str], BeforeValidator(_one_or_many)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+
+class ServerSection(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    api_keys: Names = []
+    default_max_tokens: int = Field(512, ge=1)
+    max_request_tokens: int = Field(32768, ge=1)
+    request_timeout_s: PositiveFloat = 300.0
+    shutdown_grace_seconds: NonNegativeFloat = 30.0
+
+
+# The same names as model.CONTENTION_STRATEGIES (a test keeps them in step).
+ContentionStrategy = Literal["fail", "wait", "wait_then_fail", "preempt", "wait_then_preempt"]
+
+
+class ContentionSection(_Section):
+    strategy: ContentionStrategy = "wait_then_fail"
+    # None takes the default; vllm-mlx files write null. 0 or less waits
+    # without limit, as in vllm-mlx.
+    wait_timeout_s: float | None = None
+    preempt_after_s: NonNegativeFloat | None = None
+
+    @field_validator("wait_timeout_s")
+    @classmethod
+    def _unbounded_when_not_positive(cls, value: float | None) -> float | None:
+        if value is not None and (math.isnan(value) or value <= 0):
+            return math.inf
+        return value
+
+
+class PrefixCacheSection(_Section):
+    """Every field optional: a model's section overrides the manager's field by field."""
+
+    max_bytes: ByteSize | None = None
+    disk_max_bytes: ByteSize | None = None
+    persist: bool | None = None
+
+
+class ManagerSection(_Section):
+    memory_budget: int | None = None
+    # vllm-mlx spelling: a number of GB, or a string with a gb/mb/b suffix.
+    memory_budget_gb: int | None = None
+    default_idle_unload_seconds: NonNegativeFloat | None = None
+    # vllm-mlx spelling of default_idle_unload_seconds (0 or less: never).
+    idle_unload_seconds: float | None = None
+    contention_policy: ContentionSection = ContentionSection()
+    cache_dir: str = "~/.cache/mlxd"
+    max_pass_over_s: NonNegativeFloat = 30.0
+    load_retry_backoff_s: PositiveFloat = 5.0
+    load_retry_backoff_max_s: PositiveFloat = 300.0
+    prefix_cache: PrefixCacheSection = PrefixCacheSection()
+
+    @field_validator("memory_budget", mode="before")
+    @classmethod
+    def _budget(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            return None
+        context = info.context or {}
+        total = context.get(PHYSICAL_MEMORY) or physical_memory_bytes()
+        return parse_memory_budget(value, total)
+
+    @field_validator("memory_budget_gb", mode="before")
+    @classmethod
+    def _budget_gb(cls, value: Any) -> Any:
+        return None if value is None else parse_gb(value)
+
+
+class SamplingSection(_Section):
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    max_tokens: int | None = Field(None, ge=1)
+    seed: int | None = None
+
+
+# vllm-mlx per-model keys mlxd accepts so their files load unchanged, but does
+# not act on (its engine options have no counterpart here).
+VLLM_MLX_IGNORED_MODEL_KEYS = (
+    "continuous_batching",
+    "enable_mtp",
+    "prefill_step_size",
+    "specprefill",
+    "specprefill_threshold",
+    "specprefill_keep_pct",
+    "specprefill_backbone_pct",
+    "specprefill_draft_model",
+    "prefix_trie_cache",
+    "prefix_trie_cache_size",
+    "prefix_trie_cache_memory_mb",
+    "stream_interval",
+    "gpu_memory_utilization",
+)
+
+# Where a model's files are: ``path`` is ours; vllm-mlx also accepts these.
+LOCATION_KEYS = ("path", "source", "model")
+
+
+class ModelEntry(_Section):
+    name: str = Field(min_length=1)
+    path: str | None = None
+    source: str | None = None
+    model: str | None = None
+    allow_download: bool = False
+    aliases: Names = []
+    description: str = ""
+    kind: Literal["text", "vision"] | None = None
+    preload: bool = False
+    pinned: bool = False
+    idle_unload_seconds: NonNegativeFloat | None = None
+    max_context: int | None = Field(None, ge=1)
+    max_concurrency: int = Field(1, ge=1)
+    max_queue: int = Field(64, ge=0)
+    kv_bits: int | None = None
+    defaults: SamplingSection = SamplingSection()
+    prefix_cache: PrefixCacheSection = PrefixCacheSection()
+    trust_remote_code: bool = False
+    local_image_dir: str | None = None
+    allow_remote_images: bool = False
+
+    # vllm-mlx keys with a meaning here.
+    estimated_memory_gb: PositiveFloat | None = None
+    mllm: bool | None = None  # true means kind: vision
+
+    # vllm-mlx keys accepted and ignored (see VLLM_MLX_IGNORED_MODEL_KEYS).
+    continuous_batching: bool | None = None
+    enable_mtp: bool | None = None
+    prefill_step_size: int | None = Field(None, ge=1)
+    specprefill: bool | None = None
+    specprefill_threshold: int | None = Field(None, ge=0)
+    specprefill_keep_pct: float | None = Field(None, ge=0, le=1)
+    specprefill_backbone_pct: float | None = Field(None, ge=0, le=1)
+    specprefill_draft_model: str | None = None
+    prefix_trie_cache: bool | None = None
+    prefix_trie_cache_size: int | None = Field(None, ge=0)
+    prefix_trie_cache_memory_mb: int | None = Field(None, ge=0)
+    stream_interval: int | None = Field(None, ge=1)
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+
+    @field_validator("name", "aliases")
+    @classmethod
+    def _clean_names(cls, value: Any) -> Any:
+        for name in [value] if isinstance(value, str) else value:
+            if not name or name != name.strip():
+                raise ValueError(f"a model name cannot be empty or start/end with spaces: {name!r}")
+        return value
+
+    @field_validator("kv_bits")
+    @classmethod
+    def _kv_bits(cls, value: int | None) -> int | None:
+        if value is not None and value not in KV_BITS_CHOICES:
+            choices = ", ".join(map(str, KV_BITS_CHOICES))
+            raise ValueError(f"must be one of {choices} (the widths mlx-lm's quantized KV cache supports)")
+        return value
+
+    def location(self) -> tuple[str, str] | None:
+        """The (key, value) naming the model's files, if exactly one is set."""
+        given = [(k, getattr(self, k)) for k in LOCATION_KEYS if getattr(self, k) is not None]
+        return given[0] if len(given) == 1 else None
+
+
+class RegistryFile(_Section):
+    server: ServerSection = ServerSection()
+    manager: ManagerSection = ManagerSection()
+    models: list[ModelEntry] = Field(min_length=1)
+
+
+def section_for_path(loc: tuple[str | int, ...]) -> type[BaseModel] | None:
+    """The schema class of the mapping at ``loc`` (to list its valid keys)."""
+    current: type[BaseModel] = RegistryFile
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = current.model_fields.get(part)
+        if field is None:
+            return None
+        target = _model_class(field.annotation)
+        if target is None:
+            return None
+        current = target
+    return current
+
+
+def _model_class(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_class(arg)
+        if found is not None:
+            return found
+    return None

@@ -1,0 +1,485 @@
+"""Every bad registry file is a ConfigError naming its file, line and key."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mlxd.errors import ConfigError
+from mlxd.registry.loader import load_registry, load_registry_text
+
+GIB = 1024**3
+
+# (id, file text, line, key, fragment of the message). ``{model}`` is replaced
+# by a valid model folder, ``{nomodel}`` by a folder without config.json.
+BAD_FILES = [
+    (
+        "unknown top-level key",
+        """\
+        modles:
+          - name: a
+        """,
+        1, "modles", "unknown key `modles`; did you mean `models`?",
+    ),
+    (
+        "unknown model key suggests the closest",
+        """\
+        models:
+          - name: a
+            path: {model}
+            max_contxt: 8192
+        """,
+        4, "models[0].max_contxt", "did you mean `max_context`?",
+    ),
+    (
+        "unknown key without a close match lists the valid ones",
+        """\
+        server:
+          colour: blue
+        models:
+          - name: a
+            path: {model}
+        """,
+        2, "server.colour", "valid keys here: api_keys, default_max_tokens",
+    ),
+    (
+        "unknown nested key",
+        """\
+        manager:
+          memory_budget: 1GB
+          contention_policy:
+            stratgy: fail
+        models:
+          - name: a
+            path: {model}
+        """,
+        4, "manager.contention_policy.stratgy", "did you mean `strategy`?",
+    ),
+    (
+        "bad contention strategy",
+        """\
+        manager:
+          contention_policy:
+            strategy: evict
+        models:
+          - name: a
+            path: {model}
+        """,
+        3, "manager.contention_policy.strategy", "'wait_then_preempt'",
+    ),
+    (
+        "value of the wrong type",
+        """\
+        models:
+          - name: a
+            path: {model}
+          - name: b
+            path: {model}
+            max_context: lots
+        """,
+        6, "models[1].max_context", "should be a valid integer, unable to parse string as an integer, got 'lots'",
+    ),
+    (
+        "out of range",
+        """\
+        models:
+          - name: a
+            path: {model}
+            max_concurrency: 0
+        """,
+        4, "models[0].max_concurrency", "greater than or equal to 1, got 0",
+    ),
+    (
+        "yaml syntax error",
+        """\
+        models:
+          - name: a
+            path: {model}
+            aliases: [x, y
+          - name: b
+        """,
+        5, None, "YAML syntax error",
+    ),
+    (
+        "top level is a list",
+        """\
+        - name: a
+        """,
+        1, None, "top level must be a mapping",
+    ),
+    (
+        "missing models",
+        """\
+        server:
+          port: 9000
+        """,
+        1, "models", "needs a `models` list",
+    ),
+    (
+        "empty models",
+        """\
+        server:
+          port: 9000
+        models: []
+        """,
+        3, "models", "`models` is empty",
+    ),
+    (
+        "entry without a name",
+        """\
+        models:
+          - name: a
+            path: {model}
+          - path: {model}
+            preload: true
+        """,
+        4, "models[1].name", "required key `name` is missing",
+    ),
+    (
+        "entry is not a mapping",
+        """\
+        models:
+          - just-a-string
+        """,
+        2, "models[0]", "expected a mapping",
+    ),
+    (
+        "duplicate name",
+        """\
+        models:
+          - name: a
+            path: {model}
+          - name: a
+            path: {model}
+        """,
+        4, "models[1].name", "the name `a` is already used by models[0].name on line 2",
+    ),
+    (
+        "alias collides with another model's name",
+        """\
+        models:
+          - name: a
+            path: {model}
+          - name: b
+            path: {model}
+            aliases: [c, a]
+        """,
+        6, "models[1].aliases[1]", "already used by models[0].name on line 2",
+    ),
+    (
+        "alias equal to its own name",
+        """\
+        models:
+          - name: a
+            aliases:
+              - a
+            path: {model}
+        """,
+        4, "models[0].aliases[0]", "already used by models[0].name",
+    ),
+    (
+        "path that does not exist",
+        """\
+        models:
+          - name: a
+            description: first
+            path: ./not-here
+        """,
+        4, "models[0].path", "does not exist",
+    ),
+    (
+        "folder without config.json",
+        """\
+        models:
+          - name: a
+            path: {nomodel}
+        """,
+        3, "models[0].path", "has no config.json",
+    ),
+    (
+        "repo id not in the cache",
+        """\
+        models:
+          - name: a
+            source: org/not-cached
+        """,
+        3, "models[0].source", "not in the local Hugging Face cache",
+    ),
+    (
+        "no location at all",
+        """\
+        models:
+          - name: a
+            preload: true
+        """,
+        2, "models[0]", "needs a `path`",
+    ),
+    (
+        "two locations",
+        """\
+        models:
+          - name: a
+            path: {model}
+            model: {model}
+        """,
+        4, "models[0].model", "set only one of `path`, `model`",
+    ),
+    (
+        "model larger than the budget",
+        """\
+        manager:
+          memory_budget: 64MB
+          prefix_cache:
+            max_bytes: 1MB
+        models:
+          - name: small
+            path: {model}
+          - name: big
+            path: {model}
+            prefix_cache:
+              max_bytes: 128MB
+        """,
+        8, "models[1]", "`big` needs 132.0 MB but the budget is 64.0 MB",
+    ),
+    (
+        "estimated_memory_gb larger than the budget",
+        """\
+        manager:
+          memory_budget_gb: 2
+        models:
+          - name: big
+            path: {model}
+            estimated_memory_gb: 3.1
+        """,
+        4, "models[0]", "`big` needs 3.1 GB but the budget is 2.0 GB (estimated_memory_gb)",
+    ),
+    (
+        "bad size string",
+        """\
+        manager:
+          prefix_cache:
+            max_bytes: 12 parsecs
+        models:
+          - name: a
+            path: {model}
+        """,
+        3, "manager.prefix_cache.max_bytes", "cannot read '12 parsecs' as a size",
+    ),
+    (
+        "tiny integer budget",
+        """\
+        manager:
+          memory_budget: 48
+        models:
+          - name: a
+            path: {model}
+        """,
+        2, "manager.memory_budget", "write '48GB' or use memory_budget_gb: 48",
+    ),
+    (
+        "both budget spellings",
+        """\
+        manager:
+          memory_budget: 4GB
+          memory_budget_gb: 4
+        models:
+          - name: a
+            path: {model}
+        """,
+        3, "manager.memory_budget_gb", "set either `memory_budget` or `memory_budget_gb`",
+    ),
+    (
+        "gpu_memory_utilization out of (0, 1]",
+        """\
+        models:
+          - name: a
+            path: {model}
+            gpu_memory_utilization: 1.5
+        """,
+        4, "models[0].gpu_memory_utilization", "less than or equal to 1",
+    ),
+    (
+        "kv_bits the cache cannot pack",
+        """\
+        models:
+          - name: a
+            path: {model}
+            kv_bits: 3
+        """,
+        4, "models[0].kv_bits", "must be one of 2, 4, 8",
+    ),
+    (
+        "kind that does not exist",
+        """\
+        models:
+          - name: a
+            path: {model}
+            kind: audio
+        """,
+        4, "models[0].kind", "'text' or 'vision'",
+    ),
+    (
+        "duplicate yaml key",
+        """\
+        models:
+          - name: a
+            path: {model}
+            name: b
+        """,
+        4, "models[0].name", "`name` appears twice in this mapping (first on line 2)",
+    ),
+    (
+        "default max_tokens above the request limit",
+        """\
+        server:
+          max_request_tokens: 1000
+        models:
+          - name: a
+            path: {model}
+            defaults:
+              temperature: 0.2
+              max_tokens: 2000
+        """,
+        8, "models[0].defaults.max_tokens", "above server.max_request_tokens (1000)",
+    ),
+    (
+        "preemption that could never start",
+        """\
+        manager:
+          contention_policy:
+            strategy: wait_then_preempt
+            wait_timeout_s: 10
+            preempt_after_s: 20
+        models:
+          - name: a
+            path: {model}
+        """,
+        5, "manager.contention_policy.preempt_after_s", "preemption would never start",
+    ),
+    (
+        "port out of range",
+        """\
+        server:
+          host: 0.0.0.0
+          port: 70000
+        models:
+          - name: a
+            path: {model}
+        """,
+        3, "server.port", "less than or equal to 65535",
+    ),
+    (
+        "local_image_dir that does not exist",
+        """\
+        models:
+          - name: a
+            path: {model}
+            kind: vision
+            local_image_dir: ./images
+        """,
+        5, "models[0].local_image_dir", "does not exist",
+    ),
+    (
+        "a section that is not a mapping",
+        """\
+        manager: 12GB
+        models:
+          - name: a
+            path: {model}
+        """,
+        1, "manager", "expected a mapping of keys, got '12GB'",
+    ),
+    (
+        "several problems report the first and count the rest",
+        """\
+        models:
+          - name: a
+            path: {model}
+            max_queue: -1
+            top_p: 0.5
+        """,
+        4, "models[0].max_queue", "(and 1 more problem in this file)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "key", "fragment"),
+    [case[1:] for case in BAD_FILES],
+    ids=[case[0] for case in BAD_FILES],
+)
+def test_bad_file_names_file_line_and_key(tmp_path, make_model, text, line, key, fragment):
+    model = make_model(tmp_path / "model", weight_bytes=4096)
+    (tmp_path / "empty-folder").mkdir()
+    path = tmp_path / "models.yaml"
+    path.write_text(textwrap.dedent(text).format(model=model, nomodel=tmp_path / "empty-folder"))
+    with pytest.raises(ConfigError) as caught:
+        load_registry(path, env={"HF_HUB_CACHE": str(tmp_path / "hub")}, physical_memory=16 * GIB)
+    error = caught.value
+    assert (error.file, error.line, error.key) == (str(path), line, key), error.detail
+    assert fragment in error.detail
+
+
+def test_error_renders_as_file_line_key_message(tmp_path, model_dir):
+    path = tmp_path / "models.yaml"
+    path.write_text(f"models:\n  - name: a\n    path: {model_dir}\n    max_queue: -2\n")
+    with pytest.raises(ConfigError) as caught:
+        load_registry(path)
+    assert str(caught.value) == (
+        f"{path}:4: models[0].max_queue: input should be greater than or equal to 0, got -2"
+    )
+    assert caught.value.as_dict()["line"] == 4
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        load_registry(tmp_path / "nope.yaml")
+    assert caught.value.file == str(tmp_path / "nope.yaml")
+    assert "not found" in caught.value.detail
+
+
+def test_empty_file(tmp_path):
+    path = tmp_path / "models.yaml"
+    path.write_text("# nothing yet\n")
+    with pytest.raises(ConfigError, match="empty") as caught:
+        load_registry(path)
+    assert caught.value.line == 1
+
+
+def test_text_without_a_path_is_labelled(model_dir):
+    with pytest.raises(ConfigError) as caught:
+        load_registry_text("models:\n  - name: a\n    path: /nope\n")
+    assert caught.value.file == "<string>"
+    assert caught.value.line == 3
+
+
+def test_error_message_carries_no_traceback_text(tmp_path):
+    bad = tmp_path / "model"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    (bad / "model.safetensors").write_bytes(b"\x00" * 4)
+    with pytest.raises(ConfigError) as caught:
+        load_registry_text(f"models:\n  - name: a\n    path: {bad}\n", tmp_path / "m.yaml")
+    assert "Traceback" not in str(caught.value)
+    assert "not valid JSON" in caught.value.detail
+    assert caught.value.line == 3
+
+
+def test_strings_with_yaml_anchors_still_locate_keys(tmp_path, model_dir):
+    text = textwrap.dedent(
+        f"""\
+        base: &base
+          path: {model_dir}
+        models:
+          - <<: *base
+            name: a
+            max_context: 0
+        """
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_registry_text(text, tmp_path / "m.yaml")
+    # ``base`` is an unknown top-level key and comes first.
+    assert (caught.value.line, caught.value.key) == (1, "base")
+    assert "(and 1 more problem" in caught.value.detail
