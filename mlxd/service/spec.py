@@ -1,0 +1,148 @@
+"""What a service install needs to know, gathered once from the environment.
+
+Everything platform-specific (plist, unit file, commands) is derived from one
+``ServiceSpec``; nothing downstream reads ``os.environ`` or the config file.
+"""
+
+from __future__ import annotations
+
+import getpass
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from mlxd.errors import ConfigError
+from mlxd.registry.model import ServerSpec
+
+DEFAULT_LABEL = "com.mlxd.daemon"
+# launchd labels are reverse-DNS names; systemd unit names allow the same set.
+_LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# SIGTERM to SIGKILL must outlast the drain, or a slow drain ends in a kill
+# (which KeepAlive / Restart=on-failure then count as a crash).
+STOP_TIMEOUT_MARGIN_SECONDS = 30
+RESTART_DELAY_SECONDS = 10
+
+
+@dataclass(frozen=True)
+class ServiceTarget:
+    """Which service: enough to find its file and drive it, no config needed."""
+
+    label: str
+    home: Path
+    uid: int
+    # System-wide (launchd system domain / systemd system manager) instead of per-user.
+    system: bool = False
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """Everything the unit file says."""
+
+    target: ServiceTarget
+    config_path: Path
+    python: str
+    working_directory: Path
+    # PATH and every MLXD_* variable, sorted by name so renders are stable.
+    environment: tuple[tuple[str, str], ...]
+    shutdown_grace_seconds: float
+    # Who a system-wide service runs as (never root by accident).
+    run_as_user: str | None = None
+
+    @property
+    def stop_timeout_seconds(self) -> int:
+        return math.ceil(self.shutdown_grace_seconds) + STOP_TIMEOUT_MARGIN_SECONDS
+
+    @property
+    def serve_argv(self) -> tuple[str, ...]:
+        return (self.python, "-m", "mlxd", "serve", "--config", str(self.config_path))
+
+
+def validate_label(label: str) -> str:
+    if not _LABEL_PATTERN.match(label):
+        raise ConfigError(
+            "must start with a letter or digit and use only letters, digits, '.', '_' and '-'",
+            key="--label",
+        )
+    return label
+
+
+def service_environment(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """PATH plus every MLXD_* variable: what the daemon reads besides its config."""
+    chosen = {k: v for k, v in environ.items() if k.startswith("MLXD_")}
+    if "PATH" in environ:
+        chosen["PATH"] = environ["PATH"]
+    return tuple(sorted(chosen.items()))
+
+
+def read_shutdown_grace(config_path: Path) -> float:
+    """``server.shutdown_grace_seconds`` from the config, or the ServerSpec default.
+
+    Only this one key is read: the daemon validates the whole file when it
+    starts, and the installer must not need the models to be present.
+    """
+    default = ServerSpec().shutdown_grace_seconds
+    try:
+        document = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        line = exc.problem_mark.line + 1 if getattr(exc, "problem_mark", None) else None
+        raise ConfigError("not valid YAML", file=str(config_path), line=line) from None
+    except (OSError, UnicodeDecodeError):
+        raise ConfigError("cannot be read", file=str(config_path)) from None
+    server = document.get("server") if isinstance(document, dict) else None
+    if not isinstance(server, dict) or "shutdown_grace_seconds" not in server:
+        return default
+    value = server["shutdown_grace_seconds"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 86400:
+        raise ConfigError(
+            "must be a number of seconds between 0 and 86400",
+            file=str(config_path),
+            key="server.shutdown_grace_seconds",
+        )
+    return float(value)
+
+
+def absolute_config_path(raw: Path, home: Path) -> Path:
+    """As a shell would expand it, against this HOME, without resolving symlinks."""
+    text = str(raw)
+    if text == "~" or text.startswith("~/"):
+        text = str(home) + text[1:]
+    return Path(os.path.abspath(text))
+
+
+def build_target(*, label: str, system: bool, environ: Mapping[str, str]) -> ServiceTarget:
+    """Raises ConfigError (exit status 2) for a label launchd or systemd would reject."""
+    validate_label(label)
+    home = Path(environ.get("HOME") or Path.home())
+    return ServiceTarget(label=label, home=home, uid=os.getuid(), system=system)
+
+
+def build_service_spec(
+    *,
+    target: ServiceTarget,
+    config: Path,
+    environ: Mapping[str, str],
+    python: str,
+) -> ServiceSpec:
+    """Raises ConfigError (exit status 2) for a missing or unreadable config."""
+    config_path = absolute_config_path(config, target.home)
+    if not config_path.is_file():
+        raise ConfigError("config file does not exist", file=str(config_path))
+    return ServiceSpec(
+        target=target,
+        config_path=config_path,
+        python=python,
+        working_directory=config_path.parent,
+        environment=service_environment(environ),
+        shutdown_grace_seconds=read_shutdown_grace(config_path),
+        run_as_user=invoking_user(environ) if target.system else None,
+    )
+
+
+def invoking_user(environ: Mapping[str, str]) -> str:
+    """The human behind ``sudo``, so a system service is not installed to run as root."""
+    return environ.get("SUDO_USER") or environ.get("USER") or getpass.getuser()
