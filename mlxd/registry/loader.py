@@ -82,7 +82,9 @@ def load_registry(
     except IsADirectoryError:
         raise ConfigError("is a folder, not a registry file", file=str(path)) from None
     except OSError as exc:
-        raise ConfigError(f"cannot read the registry file: {exc.strerror}", file=str(path)) from None
+        raise ConfigError(
+            f"cannot read the registry file: {exc.strerror}", file=str(path)
+        ) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -201,7 +203,9 @@ class _Document:
         return ConfigError(message, file=self.label, line=self.line_of(loc), key=key_path(loc))
 
     def validate(self, physical_memory: int) -> RegistryFile:
-        data = {k: ({} if v is None and k in ("server", "manager") else v) for k, v in self.data.items()}
+        data = {
+            k: ({} if v is None and k in ("server", "manager") else v) for k, v in self.data.items()
+        }
         try:
             return RegistryFile.model_validate(data, context={PHYSICAL_MEMORY: physical_memory})
         except ValidationError as exc:
@@ -212,10 +216,11 @@ class _Document:
         problems = [self.error(_data_loc(e), _message(e, _data_loc(e))) for e in errors]
         first, more = problems[0], len(problems) - 1
         if more:
-            detail = f"{first.detail} (and {more} more problem{'s' if more > 1 else ''} in this file)"
+            detail = (
+                f"{first.detail} (and {more} more problem{'s' if more > 1 else ''} in this file)"
+            )
             first = ConfigError(detail, file=first.file, line=first.line, key=first.key)
         raise first from None
-
 
 
 def _data_loc(err: Mapping[str, Any]) -> Loc:
@@ -344,7 +349,8 @@ class _Builder:
             if s.default_max_tokens > s.max_request_tokens:
                 raise self.doc.error(
                     ("server", "default_max_tokens"),
-                    f"{s.default_max_tokens} is above server.max_request_tokens ({s.max_request_tokens})",
+                    f"{s.default_max_tokens} is above server.max_request_tokens "
+                    f"({s.max_request_tokens})",
                 )
             self._server = ServerSpec(
                 host=s.host,
@@ -359,7 +365,11 @@ class _Builder:
 
     def _build_manager(self, m: ManagerSection) -> ManagerSpec:
         both = self._either(("manager",), m, "memory_budget", "memory_budget_gb")
-        budget = both if both is not None else parse_memory_budget(DEFAULT_MEMORY_BUDGET, self.physical_memory)
+        budget = (
+            both
+            if both is not None
+            else parse_memory_budget(DEFAULT_MEMORY_BUDGET, self.physical_memory)
+        )
         idle = self._either(("manager",), m, "default_idle_unload_seconds", "idle_unload_seconds")
         if idle is None:
             idle = _DEFAULT_MANAGER.default_idle_unload_seconds
@@ -367,10 +377,17 @@ class _Builder:
         defaults = ContentionSpec()
         contention = ContentionSpec(
             strategy=policy.strategy,
-            wait_timeout_s=defaults.wait_timeout_s if policy.wait_timeout_s is None else policy.wait_timeout_s,
-            preempt_after_s=defaults.preempt_after_s if policy.preempt_after_s is None else policy.preempt_after_s,
+            wait_timeout_s=defaults.wait_timeout_s
+            if policy.wait_timeout_s is None
+            else policy.wait_timeout_s,
+            preempt_after_s=defaults.preempt_after_s
+            if policy.preempt_after_s is None
+            else policy.preempt_after_s,
         )
-        if contention.strategy == "wait_then_preempt" and contention.preempt_after_s > contention.wait_timeout_s:
+        if (
+            contention.strategy == "wait_then_preempt"
+            and contention.preempt_after_s > contention.wait_timeout_s
+        ):
             raise self.doc.error(
                 ("manager", "contention_policy", "preempt_after_s"),
                 f"{contention.preempt_after_s:g} s is after wait_timeout_s "
@@ -379,7 +396,8 @@ class _Builder:
         if m.load_retry_backoff_s > m.load_retry_backoff_max_s:
             raise self.doc.error(
                 ("manager", "load_retry_backoff_s"),
-                f"{m.load_retry_backoff_s:g} s is above load_retry_backoff_max_s ({m.load_retry_backoff_max_s:g} s)",
+                f"{m.load_retry_backoff_s:g} s is above load_retry_backoff_max_s "
+                f"({m.load_retry_backoff_max_s:g} s)",
             )
         return ManagerSpec(
             memory_budget_bytes=budget,
@@ -441,7 +459,9 @@ class _Builder:
                     (*here, given[1]),
                     f"set only one of `{'`, `'.join(given)}`; they all name the model's files",
                 )
-            raise self.doc.error(here, f"model `{entry.name}` needs a `path` (a folder or a Hugging Face repo id)")
+            raise self.doc.error(
+                here, f"model `{entry.name}` needs a `path` (a folder or a Hugging Face repo id)"
+            )
         location_key, source = located
         at_location: Loc = (*here, location_key)
         self._note_ignored_keys(i, entry)
@@ -534,7 +554,9 @@ class _Builder:
             return None
         folder = self._local_path(entry.local_image_dir)
         if not folder.is_dir():
-            raise self.doc.error(("models", i, "local_image_dir"), f"folder {folder} does not exist")
+            raise self.doc.error(
+                ("models", i, "local_image_dir"), f"folder {folder} does not exist"
+            )
         return folder.resolve()
 
     def _check_fits(self, here: Loc, spec: ModelSpec) -> None:

@@ -62,7 +62,9 @@ def find_in_hf_cache(repo_id: str, cache_dir: Path) -> Path | None:
         return None
     newest = max(candidates, key=lambda p: p.stat().st_mtime)
     if len(candidates) > 1:
-        logger.info("%s: no refs/main in the Hugging Face cache; using snapshot %s", repo_id, newest.name)
+        logger.info(
+            "%s: no refs/main in the Hugging Face cache; using snapshot %s", repo_id, newest.name
+        )
     return newest
 
 

@@ -201,7 +201,9 @@ class ModelEntry(_Section):
     def _kv_bits(cls, value: int | None) -> int | None:
         if value is not None and value not in KV_BITS_CHOICES:
             choices = ", ".join(map(str, KV_BITS_CHOICES))
-            raise ValueError(f"must be one of {choices} (the widths mlx-lm's quantized KV cache supports)")
+            raise ValueError(
+                f"must be one of {choices} (the widths mlx-lm's quantized KV cache supports)"
+            )
         return value
 
     def location(self) -> tuple[str, str] | None:

@@ -97,7 +97,9 @@ def parse_bytes(value: Any) -> int:
         match = _SIZE_RE.match(value)
         if match is None or match.group(2).lower() not in _UNITS:
             if _PERCENT_RE.match(value):
-                raise ValueError(f"a percentage ({value}) is only allowed for manager.memory_budget")
+                raise ValueError(
+                    f"a percentage ({value}) is only allowed for manager.memory_budget"
+                )
             raise ValueError(
                 f"cannot read {value!r} as a size; write a number of bytes or a string "
                 "such as 512MB, 1.5GiB or 48GB"
@@ -114,7 +116,9 @@ def parse_memory_budget(value: Any, physical_memory: int) -> int:
         if match is not None:
             percent = float(match.group(1))
             if not 0 < percent <= 100:
-                raise ValueError(f"a memory percentage must be above 0% and at most 100%, got {value}")
+                raise ValueError(
+                    f"a memory percentage must be above 0% and at most 100%, got {value}"
+                )
             return int(physical_memory * percent / 100)
     budget = parse_bytes(value)
     # A bare small integer is almost always a number of GB written the way

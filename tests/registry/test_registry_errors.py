@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -21,7 +20,9 @@ BAD_FILES = [
         modles:
           - name: a
         """,
-        1, "modles", "unknown key `modles`; did you mean `models`?",
+        1,
+        "modles",
+        "unknown key `modles`; did you mean `models`?",
     ),
     (
         "unknown model key suggests the closest",
@@ -31,7 +32,9 @@ BAD_FILES = [
             path: {model}
             max_contxt: 8192
         """,
-        4, "models[0].max_contxt", "did you mean `max_context`?",
+        4,
+        "models[0].max_contxt",
+        "did you mean `max_context`?",
     ),
     (
         "unknown key without a close match lists the valid ones",
@@ -42,7 +45,9 @@ BAD_FILES = [
           - name: a
             path: {model}
         """,
-        2, "server.colour", "valid keys here: api_keys, default_max_tokens",
+        2,
+        "server.colour",
+        "valid keys here: api_keys, default_max_tokens",
     ),
     (
         "unknown nested key",
@@ -55,7 +60,9 @@ BAD_FILES = [
           - name: a
             path: {model}
         """,
-        4, "manager.contention_policy.stratgy", "did you mean `strategy`?",
+        4,
+        "manager.contention_policy.stratgy",
+        "did you mean `strategy`?",
     ),
     (
         "bad contention strategy",
@@ -67,7 +74,9 @@ BAD_FILES = [
           - name: a
             path: {model}
         """,
-        3, "manager.contention_policy.strategy", "'wait_then_preempt'",
+        3,
+        "manager.contention_policy.strategy",
+        "'wait_then_preempt'",
     ),
     (
         "value of the wrong type",
@@ -79,7 +88,9 @@ BAD_FILES = [
             path: {model}
             max_context: lots
         """,
-        6, "models[1].max_context", "should be a valid integer, unable to parse string as an integer, got 'lots'",
+        6,
+        "models[1].max_context",
+        "should be a valid integer, unable to parse string as an integer, got 'lots'",
     ),
     (
         "out of range",
@@ -89,7 +100,9 @@ BAD_FILES = [
             path: {model}
             max_concurrency: 0
         """,
-        4, "models[0].max_concurrency", "greater than or equal to 1, got 0",
+        4,
+        "models[0].max_concurrency",
+        "greater than or equal to 1, got 0",
     ),
     (
         "yaml syntax error",
@@ -100,14 +113,18 @@ BAD_FILES = [
             aliases: [x, y
           - name: b
         """,
-        5, None, "YAML syntax error",
+        5,
+        None,
+        "YAML syntax error",
     ),
     (
         "top level is a list",
         """\
         - name: a
         """,
-        1, None, "top level must be a mapping",
+        1,
+        None,
+        "top level must be a mapping",
     ),
     (
         "missing models",
@@ -115,7 +132,9 @@ BAD_FILES = [
         server:
           port: 9000
         """,
-        1, "models", "needs a `models` list",
+        1,
+        "models",
+        "needs a `models` list",
     ),
     (
         "empty models",
@@ -124,7 +143,9 @@ BAD_FILES = [
           port: 9000
         models: []
         """,
-        3, "models", "`models` is empty",
+        3,
+        "models",
+        "`models` is empty",
     ),
     (
         "entry without a name",
@@ -135,7 +156,9 @@ BAD_FILES = [
           - path: {model}
             preload: true
         """,
-        4, "models[1].name", "required key `name` is missing",
+        4,
+        "models[1].name",
+        "required key `name` is missing",
     ),
     (
         "entry is not a mapping",
@@ -143,7 +166,9 @@ BAD_FILES = [
         models:
           - just-a-string
         """,
-        2, "models[0]", "expected a mapping",
+        2,
+        "models[0]",
+        "expected a mapping",
     ),
     (
         "duplicate name",
@@ -154,7 +179,9 @@ BAD_FILES = [
           - name: a
             path: {model}
         """,
-        4, "models[1].name", "the name `a` is already used by models[0].name on line 2",
+        4,
+        "models[1].name",
+        "the name `a` is already used by models[0].name on line 2",
     ),
     (
         "alias collides with another model's name",
@@ -166,7 +193,9 @@ BAD_FILES = [
             path: {model}
             aliases: [c, a]
         """,
-        6, "models[1].aliases[1]", "already used by models[0].name on line 2",
+        6,
+        "models[1].aliases[1]",
+        "already used by models[0].name on line 2",
     ),
     (
         "alias equal to its own name",
@@ -177,7 +206,9 @@ BAD_FILES = [
               - a
             path: {model}
         """,
-        4, "models[0].aliases[0]", "already used by models[0].name",
+        4,
+        "models[0].aliases[0]",
+        "already used by models[0].name",
     ),
     (
         "path that does not exist",
@@ -187,7 +218,9 @@ BAD_FILES = [
             description: first
             path: ./not-here
         """,
-        4, "models[0].path", "does not exist",
+        4,
+        "models[0].path",
+        "does not exist",
     ),
     (
         "folder without config.json",
@@ -196,7 +229,9 @@ BAD_FILES = [
           - name: a
             path: {nomodel}
         """,
-        3, "models[0].path", "has no config.json",
+        3,
+        "models[0].path",
+        "has no config.json",
     ),
     (
         "repo id not in the cache",
@@ -205,7 +240,9 @@ BAD_FILES = [
           - name: a
             source: org/not-cached
         """,
-        3, "models[0].source", "not in the local Hugging Face cache",
+        3,
+        "models[0].source",
+        "not in the local Hugging Face cache",
     ),
     (
         "no location at all",
@@ -214,7 +251,9 @@ BAD_FILES = [
           - name: a
             preload: true
         """,
-        2, "models[0]", "needs a `path`",
+        2,
+        "models[0]",
+        "needs a `path`",
     ),
     (
         "two locations",
@@ -224,7 +263,9 @@ BAD_FILES = [
             path: {model}
             model: {model}
         """,
-        4, "models[0].model", "set only one of `path`, `model`",
+        4,
+        "models[0].model",
+        "set only one of `path`, `model`",
     ),
     (
         "model larger than the budget",
@@ -241,7 +282,9 @@ BAD_FILES = [
             prefix_cache:
               max_bytes: 128MB
         """,
-        8, "models[1]", "`big` needs 132.0 MB but the budget is 64.0 MB",
+        8,
+        "models[1]",
+        "`big` needs 132.0 MB but the budget is 64.0 MB",
     ),
     (
         "estimated_memory_gb larger than the budget",
@@ -253,7 +296,9 @@ BAD_FILES = [
             path: {model}
             estimated_memory_gb: 3.1
         """,
-        4, "models[0]", "`big` needs 3.1 GB but the budget is 2.0 GB (estimated_memory_gb)",
+        4,
+        "models[0]",
+        "`big` needs 3.1 GB but the budget is 2.0 GB (estimated_memory_gb)",
     ),
     (
         "bad size string",
@@ -265,7 +310,9 @@ BAD_FILES = [
           - name: a
             path: {model}
         """,
-        3, "manager.prefix_cache.max_bytes", "cannot read '12 parsecs' as a size",
+        3,
+        "manager.prefix_cache.max_bytes",
+        "cannot read '12 parsecs' as a size",
     ),
     (
         "tiny integer budget",
@@ -276,7 +323,9 @@ BAD_FILES = [
           - name: a
             path: {model}
         """,
-        2, "manager.memory_budget", "write '48GB' or use memory_budget_gb: 48",
+        2,
+        "manager.memory_budget",
+        "write '48GB' or use memory_budget_gb: 48",
     ),
     (
         "both budget spellings",
@@ -288,7 +337,9 @@ BAD_FILES = [
           - name: a
             path: {model}
         """,
-        3, "manager.memory_budget_gb", "set either `memory_budget` or `memory_budget_gb`",
+        3,
+        "manager.memory_budget_gb",
+        "set either `memory_budget` or `memory_budget_gb`",
     ),
     (
         "gpu_memory_utilization out of (0, 1]",
@@ -298,7 +349,9 @@ BAD_FILES = [
             path: {model}
             gpu_memory_utilization: 1.5
         """,
-        4, "models[0].gpu_memory_utilization", "less than or equal to 1",
+        4,
+        "models[0].gpu_memory_utilization",
+        "less than or equal to 1",
     ),
     (
         "kv_bits the cache cannot pack",
@@ -308,7 +361,9 @@ BAD_FILES = [
             path: {model}
             kv_bits: 3
         """,
-        4, "models[0].kv_bits", "must be one of 2, 4, 8",
+        4,
+        "models[0].kv_bits",
+        "must be one of 2, 4, 8",
     ),
     (
         "kind that does not exist",
@@ -318,7 +373,9 @@ BAD_FILES = [
             path: {model}
             kind: audio
         """,
-        4, "models[0].kind", "'text' or 'vision'",
+        4,
+        "models[0].kind",
+        "'text' or 'vision'",
     ),
     (
         "duplicate yaml key",
@@ -328,7 +385,9 @@ BAD_FILES = [
             path: {model}
             name: b
         """,
-        4, "models[0].name", "`name` appears twice in this mapping (first on line 2)",
+        4,
+        "models[0].name",
+        "`name` appears twice in this mapping (first on line 2)",
     ),
     (
         "default max_tokens above the request limit",
@@ -342,7 +401,9 @@ BAD_FILES = [
               temperature: 0.2
               max_tokens: 2000
         """,
-        8, "models[0].defaults.max_tokens", "above server.max_request_tokens (1000)",
+        8,
+        "models[0].defaults.max_tokens",
+        "above server.max_request_tokens (1000)",
     ),
     (
         "preemption that could never start",
@@ -356,7 +417,9 @@ BAD_FILES = [
           - name: a
             path: {model}
         """,
-        5, "manager.contention_policy.preempt_after_s", "preemption would never start",
+        5,
+        "manager.contention_policy.preempt_after_s",
+        "preemption would never start",
     ),
     (
         "port out of range",
@@ -368,7 +431,9 @@ BAD_FILES = [
           - name: a
             path: {model}
         """,
-        3, "server.port", "less than or equal to 65535",
+        3,
+        "server.port",
+        "less than or equal to 65535",
     ),
     (
         "local_image_dir that does not exist",
@@ -379,7 +444,9 @@ BAD_FILES = [
             kind: vision
             local_image_dir: ./images
         """,
-        5, "models[0].local_image_dir", "does not exist",
+        5,
+        "models[0].local_image_dir",
+        "does not exist",
     ),
     (
         "a section that is not a mapping",
@@ -389,7 +456,9 @@ BAD_FILES = [
           - name: a
             path: {model}
         """,
-        1, "manager", "expected a mapping of keys, got '12GB'",
+        1,
+        "manager",
+        "expected a mapping of keys, got '12GB'",
     ),
     (
         "several problems report the first and count the rest",
@@ -400,7 +469,9 @@ BAD_FILES = [
             max_queue: -1
             top_p: 0.5
         """,
-        4, "models[0].max_queue", "(and 1 more problem in this file)",
+        4,
+        "models[0].max_queue",
+        "(and 1 more problem in this file)",
     ),
 ]
 

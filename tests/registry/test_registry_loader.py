@@ -42,12 +42,16 @@ def test_minimal_file_gets_the_documented_defaults(tmp_path, model_dir):
     assert spec.path == model_dir.resolve() and spec.source == str(model_dir)
     assert spec.idle_unload_seconds == 900
     assert spec.max_context == 4096 and spec.max_concurrency == 1 and spec.max_queue == 64
-    assert spec.prefix_cache == PrefixCacheSpec(max_bytes=256 * MIB, disk_max_bytes=GIB, persist=True)
+    assert spec.prefix_cache == PrefixCacheSpec(
+        max_bytes=256 * MIB, disk_max_bytes=GIB, persist=True
+    )
     assert spec.memory_override_bytes is None
 
 
 def test_default_budget_is_seventy_percent_of_real_memory(tmp_path, model_dir):
-    registry = load_registry_text(f"models:\n  - name: a\n    path: {model_dir}\n", tmp_path / "m.yaml")
+    registry = load_registry_text(
+        f"models:\n  - name: a\n    path: {model_dir}\n", tmp_path / "m.yaml"
+    )
     expected = int(psutil.virtual_memory().total * 0.7)
     assert abs(registry.manager.memory_budget_bytes - expected) <= 1
 
@@ -69,15 +73,17 @@ def test_footprint_is_weights_plus_kv_plus_prefix_cache(tmp_path, tiny_model):
     assert spec.footprint.kv_cache == 2 * 2 * 2 * 32 * 2048 * 3 * 4
     assert spec.footprint.weights == weights_bytes(tiny_model)
     assert spec.footprint.prefix_cache == 16 * MIB
-    assert spec.charge_bytes == spec.footprint.total == (
-        spec.footprint.weights + spec.footprint.kv_cache + 16 * MIB
+    assert (
+        spec.charge_bytes
+        == spec.footprint.total
+        == (spec.footprint.weights + spec.footprint.kv_cache + 16 * MIB)
     )
 
 
 def test_every_key_is_read(tmp_path, make_model, llama_like):
-    model = make_model(tmp_path / "m", weight_bytes=8192)
+    make_model(tmp_path / "m", weight_bytes=8192)
     (tmp_path / "imgs").mkdir()
-    text = f"""\
+    text = """\
         server:
           host: 0.0.0.0
           port: 9001
@@ -138,7 +144,9 @@ def test_every_key_is_read(tmp_path, make_model, llama_like):
     assert m.memory_budget_bytes == 3 * GIB // 2
     assert m.default_idle_unload_seconds == 120
     assert (m.contention.strategy, m.contention.wait_timeout_s, m.contention.preempt_after_s) == (
-        "wait_then_preempt", 45, 15,
+        "wait_then_preempt",
+        45,
+        15,
     )
     assert m.cache_dir == tmp_path / "caches"
     assert (m.max_pass_over_s, m.load_retry_backoff_s, m.load_retry_backoff_max_s) == (12, 2, 60)
@@ -151,7 +159,9 @@ def test_every_key_is_read(tmp_path, make_model, llama_like):
     assert (d.temperature, d.top_p, d.top_k, d.min_p) == (0.0, 0.5, 3, 0.1)
     assert (d.repetition_penalty, d.presence_penalty, d.max_tokens, d.seed) == (1.1, -0.5, 50, 42)
     # The model's prefix_cache overrides the manager's key by key.
-    assert spec.prefix_cache == PrefixCacheSpec(max_bytes=32 * MIB, disk_max_bytes=10 * MIB, persist=False)
+    assert spec.prefix_cache == PrefixCacheSpec(
+        max_bytes=32 * MIB, disk_max_bytes=10 * MIB, persist=False
+    )
     assert spec.trust_remote_code and spec.allow_remote_images
     assert spec.local_image_dir == (tmp_path / "imgs").resolve()
     assert spec.footprint.kv_cache == kv_cache_bytes(llama_like, 1000, 4, kv_bits=8)
@@ -159,22 +169,34 @@ def test_every_key_is_read(tmp_path, make_model, llama_like):
 
 
 def test_kind_is_detected_from_vision_config(tmp_path, make_model, llama_like):
-    vlm = make_model(tmp_path / "vlm", config={"vision_config": {"depth": 2}, "text_config": llama_like})
-    text = make_model(tmp_path / "txt")
-    registry = load_registry_text(
-        f"manager:\n  memory_budget: 1GB\nmodels:\n  - name: v\n    path: {vlm}\n  - name: t\n    path: {text}\n",
-        tmp_path / "m.yaml",
+    vlm = make_model(
+        tmp_path / "vlm", config={"vision_config": {"depth": 2}, "text_config": llama_like}
     )
+    text = make_model(tmp_path / "txt")
+    yaml_text = f"""\
+        manager:
+          memory_budget: 1GB
+        models:
+          - name: v
+            path: {vlm}
+          - name: t
+            path: {text}
+        """
+    registry = load_registry_text(textwrap.dedent(yaml_text), tmp_path / "m.yaml")
     assert [m.kind for m in registry.models] == ["vision", "text"]
 
 
 def test_max_context_defaults_to_what_the_model_was_trained_for(tmp_path, make_model, llama_like):
     short = make_model(tmp_path / "short", config={**llama_like, "max_position_embeddings": 1024})
-    spec = load_registry_text(f"models:\n  - name: s\n    path: {short}\n", tmp_path / "m.yaml").models[0]
+    spec = load_registry_text(
+        f"models:\n  - name: s\n    path: {short}\n", tmp_path / "m.yaml"
+    ).models[0]
     assert spec.max_context == 1024
 
 
-def test_max_context_beyond_training_is_allowed_with_a_warning(tmp_path, make_model, llama_like, caplog):
+def test_max_context_beyond_training_is_allowed_with_a_warning(
+    tmp_path, make_model, llama_like, caplog
+):
     short = make_model(tmp_path / "short", config={**llama_like, "max_position_embeddings": 1024})
     with caplog.at_level(logging.WARNING, logger="mlxd.registry.loader"):
         spec = load_registry_text(
@@ -185,8 +207,16 @@ def test_max_context_beyond_training_is_allowed_with_a_warning(tmp_path, make_mo
 
 
 def test_wait_timeout_of_zero_or_less_means_no_limit(tmp_path, model_dir):
-    text = f"manager:\n  contention_policy:\n    strategy: wait\n    wait_timeout_s: 0\nmodels:\n  - name: a\n    path: {model_dir}\n"
-    registry = load_registry_text(text, tmp_path / "m.yaml")
+    text = f"""\
+        manager:
+          contention_policy:
+            strategy: wait
+            wait_timeout_s: 0
+        models:
+          - name: a
+            path: {model_dir}
+        """
+    registry = load_registry_text(textwrap.dedent(text), tmp_path / "m.yaml")
     assert registry.manager.contention.wait_timeout_s == math.inf
 
 
@@ -243,11 +273,17 @@ def test_a_vllm_mlx_registry_file_is_accepted_unchanged(tmp_path, make_model, ca
     assert m.memory_budget_bytes == 100 * GIB
     assert m.default_idle_unload_seconds == 300
     assert (m.contention.strategy, m.contention.wait_timeout_s, m.contention.preempt_after_s) == (
-        "wait_then_preempt", 45, 15,
+        "wait_then_preempt",
+        45,
+        15,
     )
     fast, smart, vision = registry.models
     assert [s.path for s in registry.models] == [f.resolve() for f in folders.values()]
-    assert (fast.charge_bytes, smart.charge_bytes, vision.charge_bytes) == (4 * GIB, 36 * GIB, 44 * GIB)
+    assert (fast.charge_bytes, smart.charge_bytes, vision.charge_bytes) == (
+        4 * GIB,
+        36 * GIB,
+        44 * GIB,
+    )
     assert fast.preload
     assert vision.kind == "vision"  # mllm: true
     assert smart.kind == "text"
@@ -278,12 +314,22 @@ def test_models_yaml_example_is_valid(tmp_path, make_model, llama_like):
     """The documented example loads, given its Hugging Face repos in the cache."""
     example = (REPO_ROOT / "models.yaml.example").read_text()
     cache = tmp_path / "hub"
-    for repo_id in ("mlx-community/Qwen2.5-0.5B-Instruct-4bit", "mlx-community/Qwen2.5-Coder-1.5B-Instruct-4bit"):
-        make_model(cache / f"models--{repo_id.replace('/', '--')}" / "snapshots" / "r1", config=llama_like)
+    for repo_id in (
+        "mlx-community/Qwen2.5-0.5B-Instruct-4bit",
+        "mlx-community/Qwen2.5-Coder-1.5B-Instruct-4bit",
+    ):
+        make_model(
+            cache / f"models--{repo_id.replace('/', '--')}" / "snapshots" / "r1", config=llama_like
+        )
     vlm = {"vision_config": {"depth": 1}, "text_config": llama_like}
-    make_model(cache / "models--mlx-community--Qwen2-VL-2B-Instruct-4bit" / "snapshots" / "r1", config=vlm)
+    make_model(
+        cache / "models--mlx-community--Qwen2-VL-2B-Instruct-4bit" / "snapshots" / "r1", config=vlm
+    )
     registry = load_registry_text(
-        example, tmp_path / "models.yaml", env={"HF_HUB_CACHE": str(cache)}, physical_memory=64 * GIB
+        example,
+        tmp_path / "models.yaml",
+        env={"HF_HUB_CACHE": str(cache)},
+        physical_memory=64 * GIB,
     )
     assert [m.name for m in registry.models] == ["qwen-0.5b", "coder", "vision"]
     assert registry.lookup("fast").name == "qwen-0.5b"
@@ -295,6 +341,8 @@ def test_contention_strategies_match_the_contract():
 
 
 def test_registry_is_frozen(tmp_path, model_dir):
-    registry = load_registry_text(f"models:\n  - name: a\n    path: {model_dir}\n", tmp_path / "m.yaml")
+    registry = load_registry_text(
+        f"models:\n  - name: a\n    path: {model_dir}\n", tmp_path / "m.yaml"
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         registry.models[0].max_context = 1  # type: ignore[misc]

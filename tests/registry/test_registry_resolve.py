@@ -12,7 +12,9 @@ from mlxd.registry.loader import load_registry_text
 from mlxd.registry.resolve import hf_hub_cache, looks_like_repo_id, resolve_model_dir
 
 
-def fake_hf_repo(cache: Path, repo_id: str, make_model, revisions=("abc123",), main="abc123") -> Path:
+def fake_hf_repo(
+    cache: Path, repo_id: str, make_model, revisions=("abc123",), main="abc123"
+) -> Path:
     """The layout huggingface_hub writes: models--org--name/{refs/main,snapshots/<rev>}."""
     repo = cache / ("models--" + repo_id.replace("/", "--"))
     for rev in revisions:
@@ -57,7 +59,9 @@ def test_what_counts_as_a_repo_id(source, is_repo):
 
 def test_repo_id_resolves_to_the_snapshot_refs_main_names(tmp_path, make_model):
     cache = tmp_path / "hub"
-    repo = fake_hf_repo(cache, "org/model", make_model, revisions=("old111", "new222"), main="new222")
+    repo = fake_hf_repo(
+        cache, "org/model", make_model, revisions=("old111", "new222"), main="new222"
+    )
     # Make the other snapshot newer on disk, so only refs/main can explain the pick.
     os.utime(repo / "snapshots" / "old111", (2_000_000_000, 2_000_000_000))
     found = resolve_model_dir("org/model", base_dir=tmp_path, env={"HF_HUB_CACHE": str(cache)})
@@ -101,11 +105,15 @@ def test_download_happens_only_when_allowed(tmp_path, make_model):
     with pytest.raises(ConfigError):
         resolve_model_dir("org/new", base_dir=tmp_path, env=env, downloader=downloader)
     assert calls == []
-    found = resolve_model_dir("org/new", base_dir=tmp_path, env=env, allow_download=True, downloader=downloader)
+    found = resolve_model_dir(
+        "org/new", base_dir=tmp_path, env=env, allow_download=True, downloader=downloader
+    )
     assert calls == [("org/new", cache)]
     assert (found / "config.json").is_file()
     # Once cached, resolution no longer downloads.
-    resolve_model_dir("org/new", base_dir=tmp_path, env=env, allow_download=True, downloader=downloader)
+    resolve_model_dir(
+        "org/new", base_dir=tmp_path, env=env, allow_download=True, downloader=downloader
+    )
     assert len(calls) == 1
 
 
@@ -120,14 +128,16 @@ def test_an_incomplete_snapshot_is_rejected(tmp_path, make_model):
 def test_an_existing_local_folder_wins_over_a_repo_id(tmp_path, make_model):
     local = make_model(tmp_path / "org" / "model")
     fake_hf_repo(tmp_path / "hub", "org/model", make_model)
-    found = resolve_model_dir("org/model", base_dir=tmp_path, env={"HF_HUB_CACHE": str(tmp_path / "hub")})
+    found = resolve_model_dir(
+        "org/model", base_dir=tmp_path, env={"HF_HUB_CACHE": str(tmp_path / "hub")}
+    )
     assert found == local.resolve()
 
 
 def test_registry_entries_resolve_repo_ids_from_the_cache(tmp_path, make_model):
     cache = tmp_path / "hub"
     repo = fake_hf_repo(cache, "mlx-community/Tiny-4bit", make_model)
-    text = "manager:\n  memory_budget: 1GB\nmodels:\n  - name: tiny\n    path: mlx-community/Tiny-4bit\n"
+    text = "models:\n  - name: tiny\n    path: mlx-community/Tiny-4bit\n"
     registry = load_registry_text(text, tmp_path / "models.yaml", env={"HF_HUB_CACHE": str(cache)})
     spec = registry.models[0]
     assert spec.path == repo / "snapshots" / "abc123"

@@ -71,7 +71,12 @@ def test_memory_budget_accepts_a_share_of_physical_memory():
 
 @pytest.mark.parametrize(
     ("value", "fragment"),
-    [("0%", "above 0%"), ("150%", "at most 100%"), (100, "read as 100 bytes"), ("0GB", "larger than 0")],
+    [
+        ("0%", "above 0%"),
+        ("150%", "at most 100%"),
+        (100, "read as 100 bytes"),
+        ("0GB", "larger than 0"),
+    ],
 )
 def test_memory_budget_rejects_nonsense(value, fragment):
     with pytest.raises(ValueError, match=fragment):
@@ -80,7 +85,14 @@ def test_memory_budget_rejects_nonsense(value, fragment):
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [(100, 100 * GIB), (1.5, 3 * GIB // 2), ("64", 64 * GIB), ("64GB", 64 * GIB), ("512mb", 512 * MIB), ("2048b", 2048)],
+    [
+        (100, 100 * GIB),
+        (1.5, 3 * GIB // 2),
+        ("64", 64 * GIB),
+        ("64GB", 64 * GIB),
+        ("512mb", 512 * MIB),
+        ("2048b", 2048),
+    ],
 )
 def test_vllm_mlx_memory_budget_gb(value, expected):
     assert parse_gb(value) == expected

@@ -1,0 +1,151 @@
+"""Old registry vs new registry: what hot reload must do for each model.
+
+Pure functions over frozen values. Each model lands in exactly one class:
+
+- ``added``: a new name; load it lazily (or now, if it is preloaded).
+- ``removed``: gone; drain its requests, then unload.
+- ``reload``: a field in ``ModelSpec.RELOAD_FIELDS`` changed, so what is in
+  memory is wrong; drain, then load again.
+- ``live``: other fields changed (aliases, defaults, timeouts, queue limits):
+  apply them to the resident engine without unloading.
+- ``renamed``: the name changed but the files and every reload-relevant
+  setting are the same, so the resident engine is kept under the new name
+  (other fields may also have changed; they apply live).
+- ``unchanged``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Literal
+
+from mlxd.registry.model import ModelSpec, Registry
+
+ChangeKind = Literal["added", "removed", "reload", "live", "renamed", "unchanged"]
+
+# Changing where the daemon listens needs a restart; other server fields apply live.
+SERVER_RESTART_FIELDS = ("host", "port")
+
+
+@dataclass(frozen=True)
+class ModelChange:
+    kind: ChangeKind
+    # The name in the new registry; for ``removed``, the old name.
+    name: str
+    old: ModelSpec | None
+    new: ModelSpec | None
+    # Fields whose values differ between ``old`` and ``new`` (empty for
+    # added/removed/unchanged; includes ``name`` for renamed).
+    fields: tuple[str, ...] = ()
+
+    @property
+    def old_name(self) -> str | None:
+        return self.old.name if self.old is not None else None
+
+
+@dataclass(frozen=True)
+class RegistryDiff:
+    changes: tuple[ModelChange, ...]
+    manager_fields: tuple[str, ...] = ()
+    server_fields: tuple[str, ...] = ()
+
+    def names(self, kind: ChangeKind) -> tuple[str, ...]:
+        return tuple(c.name for c in self.changes if c.kind == kind)
+
+    @property
+    def added(self) -> tuple[str, ...]:
+        return self.names("added")
+
+    @property
+    def removed(self) -> tuple[str, ...]:
+        return self.names("removed")
+
+    @property
+    def reload(self) -> tuple[str, ...]:
+        return self.names("reload")
+
+    @property
+    def live(self) -> tuple[str, ...]:
+        return self.names("live")
+
+    @property
+    def unchanged(self) -> tuple[str, ...]:
+        return self.names("unchanged")
+
+    @property
+    def renamed(self) -> tuple[tuple[str, str], ...]:
+        """``(old_name, new_name)`` pairs."""
+        return tuple((c.old.name, c.name) for c in self.changes if c.kind == "renamed" and c.old)
+
+    @property
+    def server_needs_restart(self) -> bool:
+        return any(f in SERVER_RESTART_FIELDS for f in self.server_fields)
+
+    @property
+    def is_empty(self) -> bool:
+        return (
+            all(c.kind == "unchanged" for c in self.changes)
+            and not self.manager_fields
+            and not self.server_fields
+        )
+
+    def summary(self) -> str:
+        """One line for the log, e.g. ``added: c; reload: a; renamed: b->b2``."""
+        parts = [
+            f"{kind}: {', '.join(self.names(kind))}"
+            for kind in ("added", "removed", "reload", "live")
+            if self.names(kind)
+        ]
+        if self.renamed:
+            parts.append("renamed: " + ", ".join(f"{a}->{b}" for a, b in self.renamed))
+        if self.manager_fields:
+            parts.append("manager: " + ", ".join(self.manager_fields))
+        if self.server_fields:
+            parts.append("server: " + ", ".join(self.server_fields))
+        return "; ".join(parts) or "no changes"
+
+
+def _changed(old: object, new: object) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(new) if getattr(old, f.name) != getattr(new, f.name))  # type: ignore[arg-type]
+
+
+def _engine_identity(spec: ModelSpec) -> tuple[object, ...]:
+    """What decides whether a resident engine can serve this spec as is."""
+    return tuple(getattr(spec, f) for f in ModelSpec.RELOAD_FIELDS)
+
+
+def diff_registries(old: Registry, new: Registry) -> RegistryDiff:
+    old_by_name = {m.name: m for m in old.models}
+    new_names = {m.name for m in new.models}
+    removed_pool = [m for m in old.models if m.name not in new_names]
+
+    changes: list[ModelChange] = []
+    for spec in new.models:
+        before = old_by_name.get(spec.name)
+        if before is not None:
+            changes.append(_classify(before, spec))
+            continue
+        # A new name: is it an old model under a new name? Match the first
+        # removed model with the same engine identity, one to one.
+        twin = next(
+            (m for m in removed_pool if _engine_identity(m) == _engine_identity(spec)), None
+        )
+        if twin is not None:
+            removed_pool.remove(twin)
+            changes.append(ModelChange("renamed", spec.name, twin, spec, _changed(twin, spec)))
+        else:
+            changes.append(ModelChange("added", spec.name, None, spec))
+    changes += [ModelChange("removed", m.name, m, None) for m in removed_pool]
+    return RegistryDiff(
+        changes=tuple(changes),
+        manager_fields=_changed(old.manager, new.manager),
+        server_fields=_changed(old.server, new.server),
+    )
+
+
+def _classify(old: ModelSpec, new: ModelSpec) -> ModelChange:
+    changed = tuple(new.changed_fields(old))
+    if not changed:
+        return ModelChange("unchanged", new.name, old, new)
+    kind: ChangeKind = "reload" if new.needs_reload_from(old) else "live"
+    return ModelChange(kind, new.name, old, new, changed)
