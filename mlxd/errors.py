@@ -152,3 +152,12 @@ class ConfigError(MlxdError):
 
     def as_dict(self) -> dict[str, Any]:
         return {"file": self.file, "line": self.line, "key": self.key, "message": self.detail}
+
+
+def describe_exception(exc: BaseException, limit: int = 300) -> str:
+    """One safe line for logs, /v1/status and client messages: the exception's
+    type and first line, control characters escaped, length bounded."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in text)
+    line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return line if len(line) <= limit else line[: limit - 3] + "..."

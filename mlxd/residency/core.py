@@ -74,6 +74,8 @@ class Grant:
     request_id: int
     model: str
     instance: int
+    # False for an admin load: the model is ready, but no lease was taken.
+    takes_lease: bool = True
 
 
 @dataclass(frozen=True)
@@ -472,7 +474,7 @@ class ResidencyCore:
             r = self.residents[w.model]
             if not w.takes_lease and r.state is State.LOADED:
                 self.waiters.remove(w)
-                actions.append(Grant(w.request_id, w.model, r.instance))
+                actions.append(Grant(w.request_id, w.model, r.instance, takes_lease=False))
             elif w.takes_lease and self._can_grant(r):
                 self.waiters.remove(w)
                 r.active += 1

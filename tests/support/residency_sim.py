@@ -48,6 +48,8 @@ class Sim:
     # request id -> (model, instance) for granted leases
     leases: dict[int, tuple[str, int]] = field(default_factory=dict)
     rejected: dict[int, Exception] = field(default_factory=dict)
+    # admin loads that completed (they hold no lease)
+    loaded_for_admin: set[int] = field(default_factory=set)
 
     @classmethod
     def of(cls, mgr: ManagerSpec, *specs: ModelSpec) -> Sim:
@@ -55,8 +57,10 @@ class Sim:
 
     def _record(self, actions: list[Action]) -> list[Action]:
         for a in actions:
-            if isinstance(a, Grant):
+            if isinstance(a, Grant) and a.takes_lease:
                 self.leases[a.request_id] = (a.model, a.instance)
+            elif isinstance(a, Grant):
+                self.loaded_for_admin.add(a.request_id)
             elif isinstance(a, Reject):
                 self.rejected[a.request_id] = a.error
         self.log.extend(actions)

@@ -1,0 +1,378 @@
+"""The async shell around the residency core.
+
+It owns what the core must not: engines, tasks, timers and futures. Every
+public method feeds one event to the core and carries out the actions that
+come back, all on the event loop thread, so the core needs no lock. Slow work
+(loading, saving a cache, unloading) runs in tasks and returns as another
+event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from mlxd.errors import ModelNotFound, RequestTimeout, describe_exception
+from mlxd.registry.model import ModelSpec, Registry
+from mlxd.residency.core import (
+    AbortGenerations,
+    Action,
+    Grant,
+    Note,
+    Reject,
+    ResidencyCore,
+    StartLoad,
+    StartUnload,
+    State,
+)
+from mlxd.residency.events import EventLog
+
+log = logging.getLogger("mlxd.residency")
+
+Clock = Callable[[], float]
+
+
+class ManagedEngine(Protocol):
+    async def abort_all(self, reason: str) -> int: ...
+    async def close(self) -> None: ...
+
+
+EngineFactory = Callable[[ModelSpec], Awaitable[Any]]
+
+
+class LifecycleHooks(Protocol):
+    """What the daemon wants to happen around loads and unloads (e.g. the
+    prefix cache is saved before unload). Errors here are logged, never fatal."""
+
+    async def before_unload(self, spec: ModelSpec, engine: Any, reason: str) -> None: ...
+
+
+class _NoHooks:
+    async def before_unload(self, spec: ModelSpec, engine: Any, reason: str) -> None:
+        return None
+
+
+class Lease:
+    """The right to use one engine instance until released. Release happens
+    exactly once, however the request ends; extra calls are no-ops."""
+
+    def __init__(self, manager: ResidencyManager, spec: ModelSpec, instance: int, engine: Any, requested: str) -> None:
+        self.spec = spec
+        self.model = spec.name
+        self.requested_name = requested
+        self.instance = instance
+        self.engine = engine
+        self._manager = manager
+        self._released = False
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        self._manager._release(self.model, self.instance)
+
+    async def __aenter__(self) -> Lease:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+
+@dataclass
+class ModelStats:
+    """Per-model figures the core does not need but operators do."""
+
+    requests: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class ResidencyManager:
+    def __init__(
+        self,
+        registry: Registry,
+        factory: EngineFactory,
+        *,
+        clock: Clock = time.monotonic,
+        events: EventLog | None = None,
+        hooks: LifecycleHooks | None = None,
+        measured: dict[str, int] | None = None,
+        on_measured: Callable[[ModelSpec, int], None] | None = None,
+        auto_tick: bool = True,
+    ) -> None:
+        self.registry = registry
+        self.core = ResidencyCore.from_specs(registry.manager, registry.models)
+        self.events = events or EventLog()
+        self._factory = factory
+        self._clock = clock
+        self._hooks: LifecycleHooks = hooks or _NoHooks()
+        self._on_measured = on_measured
+        self._auto_tick = auto_tick
+        self._engines: dict[str, tuple[int, Any]] = {}
+        self._futures: dict[int, asyncio.Future[tuple[str, int]]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._wake = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._timer: asyncio.Task[None] | None = None
+        self.stats: dict[str, ModelStats] = {s.name: ModelStats() for s in registry.models}
+        for name, nbytes in (measured or {}).items():
+            if name in self.core.residents:
+                self.core.residents[name].measured_bytes = nbytes
+
+    # --- lifecycle -----------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the timer and preload what the registry asks for. A failed
+        preload marks that model failed; the others are still served."""
+        if self._auto_tick and self._timer is None:
+            self._timer = asyncio.create_task(self._timer_loop(), name="mlxd-residency-timer")
+        await self.preload([s.name for s in self.registry.models if s.preload])
+
+    async def preload(self, names: list[str]) -> None:
+        results = await asyncio.gather(*(self.load(n) for n in names), return_exceptions=True)
+        for name, result in zip(names, results):
+            if isinstance(result, BaseException):
+                log.warning("preload of %s failed: %s", name, describe_exception(result))
+
+    async def shutdown(self, grace_seconds: float) -> None:
+        """Stop admitting, let leases finish up to the grace, abort the rest,
+        then unload everything (each unload saves its cache first)."""
+        self._apply(self.core.begin_shutdown(self._clock()))
+        # The grace is real waiting, not a residency decision: loop time, even
+        # when the core runs on a fake clock.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_seconds
+        while self._active_leases() and loop.time() < deadline:
+            await self._wait_changed(min(0.1, max(0.0, deadline - loop.time())))
+        if self._active_leases():
+            self._apply(self.core.abort_all("mlxd is shutting down"))
+            while self._active_leases():
+                await self._wait_changed(0.1)
+        await self.quiesce()
+        if self._timer:
+            self._timer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._timer
+            self._timer = None
+
+    async def quiesce(self) -> None:
+        """Wait until no load, unload or abort task is running."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    # --- requests ------------------------------------------------------------
+
+    def resolve(self, name: str) -> ModelSpec:
+        spec = self.registry.lookup(name)
+        if spec is None or spec.name not in self.core.residents or self.core.residents[spec.name].removed:
+            raise ModelNotFound(name, self.registry.model_names())
+        return spec
+
+    async def acquire(self, name: str, timeout: float | None = None) -> Lease:
+        """Wait for a lease on ``name`` (an alias works too). ``timeout``
+        bounds the wait for a load or for capacity: RequestTimeout (504)."""
+        spec = self.resolve(name)
+        rid = self.core.new_request_id()
+        fut: asyncio.Future[tuple[str, int]] = asyncio.get_running_loop().create_future()
+        self._futures[rid] = fut
+        self._apply(self.core.request(rid, spec.name, self._clock()))
+        try:
+            model, instance = await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except asyncio.TimeoutError:
+            self._abandon(rid, fut)
+            raise RequestTimeout(
+                f"Request timed out after {timeout:.1f} seconds waiting for model `{name}`"
+            ) from None
+        except asyncio.CancelledError:
+            self._abandon(rid, fut)
+            raise
+        engine = self._engines[model][1]
+        self.stats[model].requests += 1
+        return Lease(self, self.core.residents[model].spec, instance, engine, requested=name)
+
+    @contextlib.asynccontextmanager
+    async def lease(self, name: str, timeout: float | None = None) -> AsyncIterator[Lease]:
+        held = await self.acquire(name, timeout)
+        try:
+            yield held
+        finally:
+            held.release()
+
+    def _abandon(self, rid: int, fut: asyncio.Future[tuple[str, int]], holds_lease: bool = True) -> None:
+        """The waiter is gone (disconnect or timeout). A lease granted in the
+        meantime is given straight back; otherwise the core forgets the wait."""
+        self._futures.pop(rid, None)
+        if fut.done() and not fut.cancelled() and fut.exception() is None:
+            if not holds_lease:
+                return
+            model, instance = fut.result()
+            self._release(model, instance)
+        elif not fut.done():
+            fut.cancel()
+            self._apply(self.core.cancel(rid, self._clock()))
+
+    def _release(self, model: str, instance: int) -> None:
+        self._apply(self.core.release(model, instance, self._clock()))
+
+    # --- admin ---------------------------------------------------------------
+
+    async def load(self, name: str) -> None:
+        """Load ``name`` now (skipping any failure backoff) and wait until it is
+        loaded; raises the load's error if it fails."""
+        spec = self.resolve(name)
+        rid = self.core.new_request_id()
+        fut: asyncio.Future[tuple[str, int]] = asyncio.get_running_loop().create_future()
+        self._futures[rid] = fut
+        self._apply(self.core.admin_load(rid, spec.name, self._clock()))
+        try:
+            await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            self._abandon(rid, fut, holds_lease=False)
+            raise
+
+    async def unload(self, name: str, wait: bool = True) -> str:
+        """Unload ``name``: at once if idle, else once its leases are released."""
+        spec = self.resolve(name)
+        self._apply(self.core.admin_unload(spec.name, self._clock()))
+        if wait:
+            while self.core.residents.get(spec.name) and self.core.residents[spec.name].state in (
+                State.UNLOADING,
+            ):
+                await self._wait_changed(1.0)
+        r = self.core.residents.get(spec.name)
+        return r.state.value if r else "removed"
+
+    async def reconfigure(self, registry: Registry, renames: dict[str, str] | None = None) -> None:
+        for old, new in (renames or {}).items():
+            if old in self._engines:
+                self._engines[new] = self._engines.pop(old)
+            if old in self.stats:
+                self.stats[new] = self.stats.pop(old)
+        self.registry = registry
+        for spec in registry.models:
+            self.stats.setdefault(spec.name, ModelStats())
+        self._apply(self.core.reconfigure(registry.manager, registry.models, self._clock(), renames))
+        await self.preload([s.name for s in registry.models if s.preload and self.core.residents[s.name].state is State.UNLOADED])
+
+    def tick(self) -> None:
+        """Let time-driven decisions happen (idle unloads, wait timeouts). The
+        timer calls this; tests with a fake clock call it by hand."""
+        self._apply(self.core.tick(self._clock()))
+
+    # --- queries -------------------------------------------------------------
+
+    def engine(self, name: str) -> Any | None:
+        entry = self._engines.get(name)
+        return entry[1] if entry else None
+
+    def wall_time(self, t: float | None) -> float | None:
+        """Core timestamps are on the injected (monotonic) clock; status shows wall time."""
+        return None if t is None else time.time() - (self._clock() - t)
+
+    def _active_leases(self) -> int:
+        return sum(r.active for r in self.core.residents.values())
+
+    # --- carrying actions out ------------------------------------------------
+
+    def _apply(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Grant):
+                self._grant(action)
+            elif isinstance(action, Reject):
+                fut = self._futures.pop(action.request_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_exception(action.error)
+            elif isinstance(action, StartLoad):
+                self._spawn(self._load(action.model, action.instance), f"load-{action.model}")
+            elif isinstance(action, StartUnload):
+                self._spawn(self._unload(action), f"unload-{action.model}")
+            elif isinstance(action, AbortGenerations):
+                self._spawn(self._abort(action), f"abort-{action.model}")
+            elif isinstance(action, Note):
+                kind = "evict" if action.kind == "unload" and "evicted" in action.message else action.kind
+                self.events.add(kind, action.model, action.message)
+                log.info("%s", action.message)
+        self._changed.set()
+        self._wake.set()
+
+    def _grant(self, action: Grant) -> None:
+        fut = self._futures.pop(action.request_id, None)
+        if fut is None or fut.done():
+            # Nobody is waiting any more: hand the lease straight back.
+            if action.takes_lease:
+                self._release(action.model, action.instance)
+            return
+        fut.set_result((action.model, action.instance))
+
+    def _spawn(self, coro: Awaitable[None], name: str) -> None:
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _load(self, model: str, instance: int) -> None:
+        spec = self.core.residents[model].spec
+        try:
+            engine = await self._factory(spec)
+        except Exception as exc:  # any failure becomes the model's failed state
+            reason = describe_exception(exc)
+            log.error("loading %s failed: %s", model, reason)
+            self._apply(self.core.load_finished(model, instance, self._clock(), error=reason))
+            return
+        self._engines[model] = (instance, engine)
+        measured = getattr(engine, "measured_bytes", None)
+        if measured and self._on_measured:
+            self._on_measured(spec, measured)
+        self._apply(self.core.load_finished(model, instance, self._clock(), measured_bytes=measured))
+
+    async def _unload(self, action: StartUnload) -> None:
+        model = action.model
+        entry = self._engines.pop(model, None)
+        spec = self.core.residents[model].spec
+        if entry is not None:
+            engine = entry[1]
+            try:
+                await self._hooks.before_unload(spec, engine, action.reason)
+            except Exception as exc:
+                log.warning("before unloading %s: %s", model, describe_exception(exc))
+            try:
+                await engine.close()
+            except Exception as exc:
+                log.warning("closing %s: %s", model, describe_exception(exc))
+        self._apply(self.core.unload_finished(model, action.instance, self._clock()))
+
+    async def _abort(self, action: AbortGenerations) -> None:
+        entry = self._engines.get(action.model)
+        if entry is None or entry[0] != action.instance:
+            return
+        try:
+            await entry[1].abort_all(action.reason)
+        except Exception as exc:
+            log.warning("aborting %s: %s", action.model, describe_exception(exc))
+
+    async def _wait_changed(self, timeout: float) -> None:
+        self._changed.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout)
+
+    async def _timer_loop(self) -> None:
+        while True:
+            self._wake.clear()
+            deadline = self.core.next_deadline()
+            timeout = None if deadline is None else max(0.0, deadline - self._clock())
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            try:
+                self.tick()
+            except Exception:  # a bug here must not stop idle unloads for good
+                log.exception("residency tick failed")
