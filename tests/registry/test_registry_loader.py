@@ -346,3 +346,39 @@ def test_registry_is_frozen(tmp_path, model_dir):
     )
     with pytest.raises(dataclasses.FrozenInstanceError):
         registry.models[0].max_context = 1  # type: ignore[misc]
+
+
+def test_allow_download_is_passed_to_the_downloader(tmp_path, make_model):
+    fetched = []
+
+    def downloader(repo_id: str, cache_dir: Path) -> Path:
+        fetched.append(repo_id)
+        return make_model(cache_dir / "fetched" / repo_id)
+
+    text = """\
+        models:
+          - name: cached-only
+            path: org/first
+            allow_download: true
+        """
+    env = {"HF_HUB_CACHE": str(tmp_path / "hub")}
+    registry = load_registry_text(
+        textwrap.dedent(text), tmp_path / "m.yaml", env=env, downloader=downloader
+    )
+    assert fetched == ["org/first"]
+    assert registry.models[0].path == tmp_path / "hub" / "fetched" / "org" / "first"
+
+
+def test_pinned_models_that_cannot_all_stay_resident_are_logged(tmp_path, make_model, caplog):
+    make_model(tmp_path / "m", weight_bytes=1 << 20)
+    text = """\
+        manager:
+          memory_budget: 10MB
+          prefix_cache: {max_bytes: 1MB}
+        models:
+          - {name: a, path: m, pinned: true}
+          - {name: b, path: m, pinned: true}
+        """
+    with caplog.at_level(logging.WARNING, logger="mlxd.registry.loader"):
+        load_registry_text(textwrap.dedent(text), tmp_path / "m.yaml")
+    assert "pinned models (a, b) need 12.0 MB together but the budget is 10.0 MB" in caplog.text
