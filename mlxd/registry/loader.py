@@ -59,6 +59,7 @@ _DEFAULT_MODEL = ModelSpec(name="", path=Path(), source="")
 _DEFAULT_MANAGER = ManagerSpec(memory_budget_bytes=1)
 DEFAULT_MAX_CONTEXT = _DEFAULT_MODEL.max_context
 TEXT_FILE_LABEL = "<string>"
+_SECRET_KEYS = frozenset({"api_keys"})
 
 
 def load_registry(
@@ -291,7 +292,11 @@ def _message(err: Mapping[str, Any], loc: Loc) -> str:
     message = str(err["msg"]).removeprefix("Value error, ")
     if kind == "value_error":
         return message
-    return f"{message[:1].lower()}{message[1:]}, got {_show(err.get('input'))}"
+    message = f"{message[:1].lower()}{message[1:]}"
+    # Errors reach logs and /v1/status; never echo what may be a secret.
+    if any(part in _SECRET_KEYS for part in loc):
+        return message
+    return f"{message}, got {_show(err.get('input'))}"
 
 
 def _show(value: Any) -> str:

@@ -504,6 +504,20 @@ def test_error_renders_as_file_line_key_message(tmp_path, model_dir):
     assert caught.value.as_dict()["line"] == 4
 
 
+def test_a_bad_api_key_is_not_echoed(tmp_path, model_dir):
+    text = f"""\
+        server:
+          api_keys: [sk-good, 998877665544]
+        models:
+          - name: a
+            path: {model_dir}
+        """
+    with pytest.raises(ConfigError) as caught:
+        load_registry_text(textwrap.dedent(text), tmp_path / "m.yaml")
+    assert caught.value.key == "server.api_keys[1]"
+    assert "998877665544" not in str(caught.value)
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError) as caught:
         load_registry(tmp_path / "nope.yaml")
