@@ -113,9 +113,12 @@ def install(
         spec = build_service_spec(
             target=manager.target, config=config, environ=os.environ, python=sys.executable
         )
+        plan = plan_install(manager, spec)
     except ConfigError as exc:
         raise _fail(str(exc)) from None
-    _finish(plan_install(manager, spec), dry_run)
+    except OSError as exc:  # the installed file exists but cannot be read
+        raise _fail(f"{exc.strerror or exc}: {exc.filename}", code=1) from None
+    _finish(plan, dry_run)
 
 
 def _add_plain_command(name: str, help_text: str, plan_for: Callable[[ServiceManager, str], Plan]) -> None:

@@ -106,6 +106,7 @@ def _run_command(
 def execute(plan: Plan, runner: CommandRunner, say: Printer) -> int:
     if plan.summary:
         say(plan.summary, False)
+    wrote = False
     for step in plan.steps:
         if isinstance(step, Command):
             result = _run_command(step, runner, plan.interactive, say)
@@ -113,15 +114,32 @@ def execute(plan: Plan, runner: CommandRunner, say: Printer) -> int:
                 code = result.returncode
                 say(f"error: `{step.shell()}` failed with exit status {code}", True)
                 say(f"hint: {hint_for(step.argv, code, result.stderr)}", True)
+                if wrote:
+                    _undo(plan, say)
                 return code
             continue
+        wrote = wrote or isinstance(step, WriteFile)
         try:
             _file_step(step, say)
         except OSError as exc:
-            say(f"error: {exc.strerror or exc} ({step.path})", True)
-            say("hint: a system-wide service (--system) must be installed with sudo", True)
+            say(f"error: {exc.strerror or exc}: {exc.filename or step.path}", True)
+            if isinstance(exc, PermissionError):
+                say("hint: a system-wide service (--system) must be installed with sudo", True)
+            else:
+                say("hint: every folder on that path must be a folder you can write to", True)
             return 1
     if plan.done:
         say(plan.done, False)
     return 0
 
+
+
+def _undo(plan: Plan, say: Printer) -> None:
+    for step in plan.undo_on_failure:
+        try:
+            _file_step(step, lambda _text, _err: None)
+        except OSError as exc:
+            say(f"could not put back {step.path}: {exc.strerror or exc}", True)
+            continue
+        state = "removed" if isinstance(step, RemoveFile) else "put back as it was"
+        say(f"{step.path} {state}, so the next install starts over.", True)

@@ -57,6 +57,10 @@ class Plan:
     done: str = ""
     # Inherit the terminal (``logs --follow``) instead of capturing output.
     interactive: bool = False
+    # File steps that put the unit file back as it was when a command fails
+    # after it was written, so the file always means "last install that
+    # worked" and the next install does not wrongly say "unchanged".
+    undo_on_failure: tuple[RemoveFile | WriteFile, ...] = ()
 
 
 class ServiceManager(Protocol):
@@ -93,7 +97,8 @@ class ServiceManager(Protocol):
 def read_existing(path: Path) -> bytes | None:
     try:
         return path.read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
+        # Not there (or a parent is not a folder): writing it will say why.
         return None
 
 
@@ -112,14 +117,24 @@ def plan_install(manager: ServiceManager, spec: ServiceSpec) -> Plan:
     write = WriteFile(path, rendered, manager.file_mode)
     if existing is None:
         steps: tuple[Step, ...] = (*manager.directories(spec), write, *manager.start_new())
-        return Plan(steps, summary=f"Installing {label}: {path}", done=f"{label} installed and started.")
+        return Plan(
+            steps,
+            summary=f"Installing {label}: {path}",
+            done=f"{label} installed and started.",
+            undo_on_failure=(RemoveFile(path),),
+        )
     steps = (
         *manager.stop_before_replace(),
         *manager.directories(spec),
         write,
         *manager.start_replaced(),
     )
-    return Plan(steps, summary=f"Replacing {label} (its file changed): {path}", done=f"{label} updated and restarted.")
+    return Plan(
+        steps,
+        summary=f"Replacing {label} (its file changed): {path}",
+        done=f"{label} updated and restarted.",
+        undo_on_failure=(WriteFile(path, existing, manager.file_mode),),
+    )
 
 
 def plan_uninstall(manager: ServiceManager, label: str) -> Plan:
@@ -151,5 +166,8 @@ def describe(plan: Plan) -> list[str]:
             lines.append(f"Would run: {step.shell()}{note}")
     if not plan.steps:
         lines.append("Would run nothing.")
+    for undo in plan.undo_on_failure:
+        verb = "remove" if isinstance(undo, RemoveFile) else "restore the previous"
+        lines.append(f"If a command fails after the write: would {verb} {undo.path}")
     return lines
 

@@ -130,8 +130,10 @@ def build_service_spec(
 ) -> ServiceSpec:
     """Raises ConfigError (exit status 2) for a missing or unreadable config."""
     config_path = absolute_config_path(config, target.home)
-    if not config_path.is_file():
+    if not config_path.exists():
         raise ConfigError("config file does not exist", file=str(config_path))
+    if not config_path.is_file():
+        raise ConfigError("is not a file (give the path of the models.yaml)", file=str(config_path))
     return ServiceSpec(
         target=target,
         config_path=config_path,

@@ -138,6 +138,33 @@ def test_a_failing_tool_shows_its_words_a_hint_and_its_status(
     assert [a[1] for a in fake_tools.argvs()] == ran
 
 
+def test_after_a_failed_first_install_the_next_install_starts_over(
+    cli, home: Path, config_file: Path, fake_tools: FakeTools
+) -> None:
+    fake_tools.respond("launchctl bootstrap", status=5, stderr="Bootstrap failed: 5: Input/output error\n")
+    assert install(cli, config_file, "macos").exit_code == 5
+    assert not agent_plist(home).exists()
+    fake_tools.clear()
+    fake_tools.respond("launchctl bootstrap", status=0)
+    retry = install(cli, config_file, "macos")
+    assert retry.exit_code == 0
+    assert [a[1] for a in fake_tools.argvs()] == ["bootstrap", "enable", "kickstart"]
+
+
+def test_a_failed_replace_puts_the_previous_unit_back(
+    cli, home: Path, config_file: Path, fake_tools: FakeTools
+) -> None:
+    assert install(cli, config_file, "linux").exit_code == 0
+    before = user_unit(home).read_bytes()
+    fake_tools.respond("systemctl restart", status=1, stderr="Job for mlxd.service failed.\n")
+    config_file.write_text("server:\n  shutdown_grace_seconds: 90\n")
+    result = install(cli, config_file, "linux")
+    assert result.exit_code == 1
+    assert "Job for mlxd.service failed." in result.stderr
+    assert "put back as it was" in result.stderr
+    assert user_unit(home).read_bytes() == before
+
+
 def test_uninstall_boots_out_then_removes_the_plist(
     cli, home: Path, config_file: Path, fake_tools: FakeTools
 ) -> None:
@@ -234,6 +261,17 @@ def test_a_bad_grace_in_the_config_is_exit_status_2(cli, home: Path, fake_tools:
     result = install(cli, config, "linux")
     assert result.exit_code == 2
     assert "server.shutdown_grace_seconds" in result.stderr
+
+
+def test_a_file_that_cannot_be_written_stops_before_launchctl(
+    cli, home: Path, config_file: Path, fake_tools: FakeTools
+) -> None:
+    (home / "Library").write_text("not a folder")
+    result = install(cli, config_file, "macos")
+    assert result.exit_code == 1
+    assert f"{home / 'Library'}" in result.stderr
+    assert "hint:" in result.stderr
+    assert fake_tools.argvs() == []
 
 
 def test_launchctl_missing_from_path_is_explained(

@@ -36,17 +36,30 @@ def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
     return sections
 
 
-def unescape_word(word: str) -> str:
-    """What systemd makes of one already-unquoted word: %% and $$ are literal."""
-    return word.replace("%%", "%").replace("$$", "$")
+def unescape_word(word: str, *, expands: str) -> str:
+    """What systemd makes of one already-unquoted word.
+
+    ``expands`` lists the characters systemd expands there ('%' specifiers
+    everywhere, '$' variables in ExecStart=). Doubled, they are literal; alone,
+    systemd would substitute something, which our renderer must never allow.
+    """
+    out, i = [], 0
+    while i < len(word):
+        ch = word[i]
+        if ch in expands:
+            assert word[i : i + 2] == ch * 2, f"systemd would expand {word[i:i+2]!r} in {word!r}"
+            i += 1
+        out.append(ch)
+        i += 1
+    return "".join(out)
 
 
 def exec_start_argv(value: str) -> list[str]:
-    return [unescape_word(w) for w in shlex.split(value)]
+    return [unescape_word(w, expands="%$") for w in shlex.split(value)]
 
 
 def environment_entries(values: list[str]) -> dict[str, str]:
-    pairs = [unescape_word(shlex.split(v)[0]).split("=", 1) for v in values]
+    pairs = [unescape_word(shlex.split(v)[0], expands="%").split("=", 1) for v in values]
     return {k: v for k, v in pairs}
 
 
@@ -96,6 +109,17 @@ def test_system_unit_runs_as_the_sudo_user(home: Path, config_file: Path) -> Non
 @given(st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), min_size=1))
 def test_any_argument_survives_exec_start_quoting(arg: str) -> None:
     assert exec_start_argv(exec_word(arg)) == [arg]
+
+
+@pytest.mark.parametrize("arg", ["100%", "%h/models.yaml", "$HOME/x", "${HOME}", 'say "hi"', "a\\b", "two words", ";"])
+def test_specifiers_variables_and_quotes_are_literal_in_exec_start(arg: str) -> None:
+    assert exec_start_argv(exec_word(arg)) == [arg]
+
+
+def test_environment_values_keep_percent_and_dollar(home: Path, config_file: Path) -> None:
+    _, text = render(home, config_file, {"MLXD_NOTE": 'costs 5% of $BUDGET "now"'})
+    env = environment_entries(parse_unit(text)["Service"]["Environment"])
+    assert env["MLXD_NOTE"] == 'costs 5% of $BUDGET "now"'
 
 
 # --- systemd's own parser -------------------------------------------------------------
