@@ -57,6 +57,15 @@ class _Failure:
         self.exc = exc
 
 
+class _Cancel:
+    """Inbox notice: close this channel's generator at the next drain, between steps."""
+
+    __slots__ = ("channel",)
+
+    def __init__(self, channel: _Channel) -> None:
+        self.channel = channel
+
+
 class _Call:
     """A one-shot function call whose outcome goes back to one asyncio future."""
 
@@ -227,12 +236,15 @@ class WorkerStream(Generic[T]):
         return item  # type: ignore[no-any-return]
 
     def cancel(self) -> None:
-        """Ask the worker to close the generator before its next step."""
+        """Ask the worker to close the generator before its next step.
+
+        The close is queued like a call, so once any later ``worker.call``
+        has returned, the generator is closed.
+        """
         if not self._finished:
             self._finished = True
-            self._channel.cancelled = True
             self._channel.items.clear()
-            self._worker._wake()
+            self._worker._cancel(self._channel)
 
     async def aclose(self) -> None:
         self.cancel()
@@ -241,8 +253,7 @@ class WorkerStream(Generic[T]):
         # A consumer that breaks out of ``async for`` and drops the iterator
         # must still stop generation.
         if not getattr(self, "_finished", True):
-            self._channel.cancelled = True
-            self._worker._wake()
+            self._worker._cancel(self._channel)
 
 
 class MlxWorker:
@@ -251,7 +262,7 @@ class MlxWorker:
     def __init__(self, name: str = "mlx-worker") -> None:
         self._name = name
         # Appends from any thread; only the worker pops. deque ops are atomic.
-        self._inbox: collections.deque[_Call | _Channel] = collections.deque()
+        self._inbox: collections.deque[_Call | _Cancel | _Channel] = collections.deque()
         self._wakeup = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -325,6 +336,11 @@ class MlxWorker:
     def _wake(self) -> None:
         self._wakeup.set()
 
+    def _cancel(self, channel: _Channel) -> None:
+        channel.cancelled = True
+        self._inbox.append(_Cancel(channel))
+        self._wakeup.set()
+
     # ----------------------------------------------------------- the thread
     def _run(self) -> None:
         inbox = self._inbox
@@ -337,6 +353,11 @@ class MlxWorker:
                     if isinstance(job, _Call):
                         self.calls += 1
                         job.run()
+                    elif isinstance(job, _Cancel):
+                        job.channel.close_iter()
+                        if job.channel in ring:
+                            ring.remove(job.channel)
+                        self.active_streams = len(ring)
                     else:
                         ring.append(job)
                 if self._stopping:
@@ -368,5 +389,7 @@ class MlxWorker:
             exc = ShuttingDown("The model worker shut down.")
             if isinstance(job, _Call):
                 job.fail(exc)
+            elif isinstance(job, _Cancel):
+                job.channel.close_iter()
             else:
                 job.abandon(exc)
