@@ -1,0 +1,1 @@
+"""How the daemon speaks HTTP and lives as a process."""

@@ -1,0 +1,152 @@
+"""OpenAI request bodies as pydantic models, with the ranges OpenAI documents.
+
+Unknown fields are ignored (clients send many), but a field that would change
+the answer and that mlxd cannot honour is refused with a clear 400 by
+``unsupported()`` rather than silently dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from mlxd.errors import BadRequest
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repetition_penalty: float | None = Field(default=None, gt=0)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: bool | int | None = None
+    # Total seconds for this request, queueing and loading included.
+    timeout: float | None = Field(default=None, gt=0)
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        items = [value] if isinstance(value, str) else (value or [])
+        if len(items) > 4:
+            raise ValueError("at most 4 stop sequences")
+        if any(s == "" for s in items):
+            raise ValueError("stop sequences must not be empty")
+        return value
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def unsupported(self) -> None:
+        if self.n != 1:
+            raise BadRequest("Only n=1 is supported", param="n")
+        if self.logprobs:
+            raise BadRequest("logprobs are not supported", param="logprobs")
+        if self.frequency_penalty:
+            raise BadRequest(
+                "frequency_penalty is not supported; use presence_penalty or repetition_penalty",
+                param="frequency_penalty",
+            )
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def unsupported(self) -> None:
+        super().unsupported()
+        if self.tools:
+            raise BadRequest("Tool calling is not supported by mlxd yet", param="tools")
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            raise BadRequest(
+                f"response_format type {self.response_format.get('type')!r} is not supported",
+                param="response_format",
+            )
+        for i, message in enumerate(self.messages):
+            if isinstance(message.content, list):
+                for part in message.content:
+                    if part.get("type") not in ("text", "image_url", "input_image"):
+                        raise BadRequest(
+                            f"Unsupported content part type {part.get('type')!r}",
+                            param=f"messages[{i}].content",
+                        )
+
+    def plain_messages(self) -> list[dict[str, Any]]:
+        """Messages as chat templates expect them: ``developer`` is ``system``."""
+        out = []
+        for m in self.messages:
+            role = "system" if m.role == "developer" else m.role
+            out.append({"role": role, "content": m.content if m.content is not None else ""})
+        return out
+
+    def has_images(self) -> bool:
+        return any(
+            isinstance(m.content, list) and any(p.get("type") in ("image_url", "input_image") for p in m.content)
+            for m in self.messages
+        )
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str]
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_empty(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and not value:
+            raise ValueError("prompt must not be an empty list")
+        return value
+
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+    def unsupported(self) -> None:
+        super().unsupported()
+        if self.echo:
+            raise BadRequest("echo is not supported", param="echo")
+        if self.suffix:
+            raise BadRequest("suffix is not supported", param="suffix")
+        if self.best_of not in (None, 1):
+            raise BadRequest("best_of is not supported", param="best_of")

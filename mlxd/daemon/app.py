@@ -1,0 +1,62 @@
+"""The FastAPI application, built around one DaemonContext."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from mlxd import __version__
+from mlxd.daemon.auth import check_api_key
+from mlxd.daemon.context import DaemonContext
+from mlxd.daemon.errors import error_response, install_error_handlers
+from mlxd.daemon.routes import admin, monitoring, openai
+from mlxd.errors import MlxdError, ShuttingDown
+
+log = logging.getLogger("mlxd.http")
+
+# Routes that answer without a key and stay up while draining.
+OPEN_PATHS = ("/health",)
+
+
+def create_app(ctx: DaemonContext) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ctx.worker.start()
+        await ctx.manager.start()
+        try:
+            yield
+        finally:
+            # A SIGTERM drain has already done this; a plain stop has not.
+            if not ctx.manager.core.shutting_down:
+                await ctx.manager.shutdown(ctx.settings.server.shutdown_grace_seconds)
+            await ctx.worker.shutdown()
+
+    app = FastAPI(title="mlxd", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.ctx = ctx
+    install_error_handlers(app)
+
+    @app.middleware("http")
+    async def gatekeeper(request: Request, call_next):  # type: ignore[no-untyped-def]
+        path = request.url.path
+        try:
+            if path not in OPEN_PATHS and (path.startswith("/v1/") or path == "/metrics"):
+                check_api_key(request, ctx.settings.server.api_keys)
+            if ctx.draining and request.method == "POST" and path.startswith("/v1/"):
+                raise ShuttingDown("mlxd is shutting down; retry shortly", retry_after=5)
+        except MlxdError as exc:
+            return error_response(exc)
+        return await call_next(request)
+
+    app.include_router(openai.router())
+    app.include_router(admin.router())
+    app.include_router(monitoring.router())
+
+    @app.get("/")
+    async def root() -> JSONResponse:
+        return JSONResponse({"name": "mlxd", "version": __version__, "status": "/v1/status"})
+
+    return app

@@ -1,0 +1,72 @@
+"""A small client for the CLI's commands that talk to a running daemon."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import httpx
+
+from mlxd.errors import MlxdError, ServiceUnavailable
+
+
+class DaemonClient:
+    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 600.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+
+    @classmethod
+    def discover(cls, url: str | None = None, api_key: str | None = None) -> DaemonClient:
+        """The daemon the same settings as ``mlxd serve`` would start."""
+        if url is None:
+            host = os.environ.get("MLXD_HOST")
+            port = os.environ.get("MLXD_PORT")
+            config = os.environ.get("MLXD_CONFIG")
+            if (host is None or port is None) and config:
+                server = _server_section(config)
+                host = host or server.get("host")
+                port = port or server.get("port")
+            host = host or "127.0.0.1"
+            if host in ("0.0.0.0", "::"):
+                host = "127.0.0.1"
+            url = f"http://{host}:{port or 8080}"
+        if api_key is None:
+            keys = os.environ.get("MLXD_API_KEYS", "")
+            api_key = keys.split(",")[0].strip() or None
+        return cls(url, api_key)
+
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kw)
+        except httpx.ConnectError:
+            raise ServiceUnavailable(f"no mlxd is running at {self.base_url}") from None
+        except httpx.HTTPError as exc:
+            raise ServiceUnavailable(f"could not reach mlxd at {self.base_url}: {exc}") from None
+        if response.status_code >= 400:
+            try:
+                message = response.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = response.text[:200]
+            error = MlxdError(f"{response.status_code}: {message}")
+            error.status_code = response.status_code
+            raise error
+        return response.json()
+
+    def get(self, path: str) -> Any:
+        return self.request("GET", path)
+
+    def post(self, path: str, **kw: Any) -> Any:
+        return self.request("POST", path, **kw)
+
+
+def _server_section(config: str) -> dict[str, Any]:
+    try:
+        import yaml
+
+        with open(config, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle) or {}
+        server = data.get("server") or {}
+        return server if isinstance(server, dict) else {}
+    except (OSError, ValueError):
+        return {}

@@ -1,0 +1,125 @@
+"""The one object the app is built around: settings, registry state, the
+residency manager, the MLX worker, events and metrics. Nothing lives at module
+level; tests build as many contexts as they like."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mlxd.daemon.metrics import Metrics
+from mlxd.daemon.settings import EffectiveSettings
+from mlxd.engine.worker import MlxWorker
+from mlxd.errors import ConfigError, ModelLoadFailed
+from mlxd.registry.model import ModelSpec, Registry
+from mlxd.residency.events import EventLog
+from mlxd.residency.footprints import FootprintStore
+from mlxd.residency.shell import ResidencyManager
+
+if TYPE_CHECKING:
+    from mlxd.daemon.generation import Plan
+
+log = logging.getLogger("mlxd.requests")
+
+
+@dataclass
+class ConfigState:
+    """What /v1/status says about models.yaml."""
+
+    path: Path | None
+    generation: int
+    file_hash: str
+    applied_at: float
+    last_reload: dict[str, Any] | None = None
+    # The file on disk is invalid: the previous registry keeps serving.
+    error: ConfigError | None = None
+
+
+class EngineFactory:
+    """Builds the right engine for a spec on the shared worker."""
+
+    def __init__(self, worker: MlxWorker) -> None:
+        self.worker = worker
+
+    async def __call__(self, spec: ModelSpec) -> Any:
+        if spec.kind == "vision":
+            try:
+                from mlxd.engine.vision import load_vision_engine
+            except ImportError as exc:
+                raise ModelLoadFailed(
+                    f"Model `{spec.name}` is a vision model but mlx-vlm is not installed "
+                    "(pip install 'mlxd[vision]')"
+                ) from exc
+            return await load_vision_engine(spec, self.worker)
+        from mlxd.engine.loader import load_text_engine
+
+        return await load_text_engine(spec, self.worker)
+
+
+@dataclass
+class DaemonContext:
+    settings: EffectiveSettings
+    manager: ResidencyManager
+    worker: MlxWorker
+    config: ConfigState
+    events: EventLog
+    metrics: Metrics = field(default_factory=Metrics)
+    started_at: float = field(default_factory=time.time)
+    # Set on SIGTERM: new requests get 503 while in-flight ones finish.
+    draining: bool = False
+    blas: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def registry(self) -> Registry:
+        return self.manager.registry
+
+    @classmethod
+    def create(
+        cls,
+        settings: EffectiveSettings,
+        registry: Registry,
+        *,
+        worker: MlxWorker | None = None,
+        factory: Any = None,
+        hooks: Any = None,
+    ) -> DaemonContext:
+        worker = worker or MlxWorker()
+        events = EventLog()
+        footprints = FootprintStore(settings.state_dir / "footprints.json")
+        manager = ResidencyManager(
+            registry,
+            factory or EngineFactory(worker),
+            events=events,
+            hooks=hooks,
+            measured=footprints.known(registry.models),
+            on_measured=footprints.remember,
+        )
+        config = ConfigState(
+            path=registry.source_path, generation=1, file_hash=registry.file_hash, applied_at=time.time()
+        )
+        return cls(settings=settings, manager=manager, worker=worker, config=config, events=events)
+
+    def record_request(
+        self, model: str, status: int, plan: Plan, tokens_in: int = 0, tokens_out: int = 0
+    ) -> None:
+        seconds = time.monotonic() - plan.started
+        self.metrics.requests.labels(model, str(status)).inc()
+        self.metrics.request_seconds.labels(model).observe(seconds)
+        if tokens_in:
+            self.metrics.tokens.labels(model, "in").inc(tokens_in)
+        if tokens_out:
+            self.metrics.tokens.labels(model, "out").inc(tokens_out)
+        stats = self.manager.stats.get(model)
+        if stats is not None:
+            stats.tokens_in += tokens_in
+            stats.tokens_out += tokens_out
+        extra = ""
+        if self.settings.log_prompts:
+            extra = " prompt=" + repr([r.messages or r.prompt for r in plan.requests])[:2000]
+        log.info(
+            "%s model=%s status=%d tokens_in=%d tokens_out=%d seconds=%.3f stream=%s%s",
+            plan.kind, model, status, tokens_in, tokens_out, seconds, plan.stream, extra,
+        )

@@ -1,0 +1,45 @@
+"""From settings and a registry file to a running daemon and an exit status."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from mlxd.daemon.context import DaemonContext
+from mlxd.daemon.lockfile import StateLock
+from mlxd.daemon.logs import configure_logging
+from mlxd.daemon.server import build_server
+from mlxd.daemon.settings import DaemonSettings, effective
+from mlxd.engine.blas import blas_report
+from mlxd.registry.loader import load_registry
+
+log = logging.getLogger("mlxd")
+
+
+def run_daemon(settings: DaemonSettings, registry_path: Path) -> int:
+    """Serve until a signal drains the daemon. Raises ConfigError for bad
+    input (the CLI exits 2); returns 0 after a clean drain."""
+    configure_logging(settings.log_format, settings.log_level)
+    registry = load_registry(registry_path)
+    eff = effective(settings, registry.server)
+    lock = StateLock(eff.state_dir)
+    lock.acquire()
+    try:
+        ctx = DaemonContext.create(eff, registry)
+        ctx.blas = blas_report()
+        log.info("mlxd serving %d models from %s on http://%s:%d", len(registry.models), registry_path,
+                 eff.server.host, eff.server.port)
+        log.info("BLAS: %s", ctx.blas["active"])
+        if ctx.blas.get("warning"):
+            log.warning("%s", ctx.blas["warning"])
+        if not eff.server.api_keys and eff.server.host not in ("127.0.0.1", "localhost", "::1"):
+            log.warning("no API keys configured and bound to %s: anyone on the network can use the models",
+                        eff.server.host)
+        server = build_server(ctx, on_reload=None)
+        server.run()
+        if not server.started:
+            log.error("the server did not start (is port %d already in use?)", eff.server.port)
+            return 1
+        return 0
+    finally:
+        lock.release()

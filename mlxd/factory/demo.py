@@ -1,0 +1,58 @@
+"""The built-in demo registry: a few small real models and a models.yaml naming them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlxd.factory.build import ModelRecipe, build_model
+
+DEMO_MODELS: tuple[tuple[str, ModelRecipe, tuple[str, ...], str], ...] = (
+    ("qwen-tiny", ModelRecipe("qwen2", "tiny"), ("default",), "Tiny Qwen2-shaped model with seeded weights"),
+    ("llama-tiny", ModelRecipe("llama", "tiny", seed=1), (), "Tiny Llama-shaped model with seeded weights"),
+    ("qwen-small", ModelRecipe("qwen2", "small", seed=2), (), "Small Qwen2-shaped model (realistic layer shapes)"),
+)
+
+
+def write_demo(directory: Path, *, sizes: tuple[str, ...] = ("tiny", "small")) -> Path:
+    """Build the demo models into ``directory/models`` and write
+    ``directory/models.yaml``. Returns the registry file's path."""
+    directory = directory.expanduser().resolve()
+    models_dir = directory / "models"
+    entries = []
+    for name, recipe, aliases, description in DEMO_MODELS:
+        if recipe.size not in sizes:
+            continue
+        path = build_model(recipe, cache_dir=models_dir)
+        entries.append((name, path.relative_to(directory), aliases, description))
+    lines = [
+        "# The mlxd demo registry: small real models made offline by `mlxd demo`.",
+        "# Every key is documented in models.yaml.example and docs/registry.md.",
+        "server:",
+        "  host: 127.0.0.1",
+        "  port: 8080",
+        "manager:",
+        '  memory_budget: "2GB"',
+        "  default_idle_unload_seconds: 300",
+        "  contention_policy:",
+        "    strategy: wait_then_fail",
+        "    wait_timeout_s: 30",
+        "models:",
+    ]
+    for name, path, aliases, description in entries:
+        lines += [
+            f"  - name: {name}",
+            f"    path: {path}",
+            f"    description: {description}",
+            "    max_context: 4096",
+            "    max_concurrency: 4",
+            "    prefix_cache:",
+            '      max_bytes: "64MB"',
+        ]
+        if aliases:
+            lines.append(f"    aliases: [{', '.join(aliases)}]")
+    target = directory / "models.yaml"
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".yaml.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(target)
+    return target
