@@ -1,0 +1,154 @@
+"""Real daemons for end-to-end tests: tiny real models, a models.yaml written
+per test, and uvicorn serving on a free loopback port, either in a thread of
+the test process or as a separate `mlxd serve` process."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from mlxd.factory import ModelRecipe, build_model
+
+TINY = {
+    "qwen": ModelRecipe("qwen2", "tiny", seed=0),
+    "llama": ModelRecipe("llama", "tiny", seed=1),
+    "qwen-b": ModelRecipe("qwen2", "tiny", seed=2),
+}
+
+
+def tiny_model(kind: str = "qwen") -> Path:
+    return build_model(TINY[kind])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_registry(
+    directory: Path,
+    models: list[dict[str, Any]],
+    manager: dict[str, Any] | None = None,
+    server: dict[str, Any] | None = None,
+) -> Path:
+    """models: entries like {"name": "a", "model": "qwen", ...}; "model" picks
+    a tiny model from TINY and becomes the entry's path."""
+    entries = []
+    for m in models:
+        entry = dict(m)
+        kind = entry.pop("model", None)
+        if kind is not None:
+            entry["path"] = str(tiny_model(kind))
+        entries.append(entry)
+    doc = {
+        "manager": {"memory_budget": "2GB", "cache_dir": str(directory / "cache"), **(manager or {})},
+        "models": entries,
+    }
+    if server:
+        doc["server"] = server
+    path = directory / "models.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+@dataclass
+class Daemon:
+    url: str
+    ctx: Any = None
+    process: subprocess.Popen | None = None
+    log_path: Path | None = None
+
+    def client(self, **kw: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=60, **kw)
+
+    def status(self) -> dict[str, Any]:
+        return httpx.get(f"{self.url}/v1/status", timeout=10).json()
+
+    def model(self, name: str) -> dict[str, Any]:
+        return next(m for m in self.status()["models"] if m["name"] == name)
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path else ""
+
+
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.02) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(interval)
+
+
+@contextlib.contextmanager
+def daemon_in_thread(registry: Path, tmp_path: Path, **settings: Any) -> Iterator[Daemon]:
+    from mlxd.daemon.context import DaemonContext
+    from mlxd.daemon.server import build_server
+    from mlxd.daemon.settings import DaemonSettings, effective
+    from mlxd.registry.loader import load_registry
+
+    port = free_port()
+    s = DaemonSettings(config=registry, port=port, state_dir=tmp_path / "state", watch_config=False, **settings)
+    reg = load_registry(registry)
+    ctx = DaemonContext.create(effective(s, reg.server), reg)
+    server = build_server(ctx)
+    thread = threading.Thread(target=server.run, name="test-daemon", daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, timeout=30)
+    try:
+        yield Daemon(url=f"http://127.0.0.1:{port}", ctx=ctx)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "daemon thread did not stop"
+
+
+@contextlib.contextmanager
+def daemon_process(
+    registry: Path, tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[Daemon]:
+    port = free_port()
+    log_path = tmp_path / f"daemon-{port}.log"
+    full_env = {**os.environ, "MLXD_STATE_DIR": str(tmp_path / "state"), **(env or {})}
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "mlxd", "serve", "--config", str(registry), "--port", str(port), *args],
+            stdout=log, stderr=subprocess.STDOUT, env=full_env,
+        )
+    daemon = Daemon(url=f"http://127.0.0.1:{port}", process=process, log_path=log_path)
+
+    def up() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"daemon exited early ({process.returncode}):\n{daemon.log()}")
+        try:
+            return httpx.get(f"{daemon.url}/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(up, timeout=60, interval=0.1)
+    try:
+        yield daemon
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
