@@ -57,6 +57,31 @@ class _NoHooks:
         return None
 
 
+class ResidencyObserver(Protocol):
+    """Told when a load or unload has finished, e.g. to count it as a metric.
+    Called on the event loop; must be quick. Errors are logged, never fatal."""
+
+    def model_loaded(self, model: str, seconds: float) -> None: ...
+    def model_load_failed(self, model: str, seconds: float) -> None: ...
+    def model_unloaded(self, model: str, reason: str, evicted: bool) -> None: ...
+
+
+class _NoObserver:
+    def model_loaded(self, model: str, seconds: float) -> None:
+        return None
+
+    def model_load_failed(self, model: str, seconds: float) -> None:
+        return None
+
+    def model_unloaded(self, model: str, reason: str, evicted: bool) -> None:
+        return None
+
+
+def _is_eviction(reason: str) -> bool:
+    # The core words every eviction as "evicted to make room for ...".
+    return "evicted" in reason
+
+
 class Lease:
     """The right to use one engine instance until released. Release happens
     exactly once, however the request ends; extra calls are no-ops."""
@@ -109,6 +134,7 @@ class ResidencyManager:
         measured: dict[str, int] | None = None,
         on_measured: Callable[[ModelSpec, int], None] | None = None,
         auto_tick: bool = True,
+        observer: ResidencyObserver | None = None,
     ) -> None:
         self.registry = registry
         self.core = ResidencyCore.from_specs(registry.manager, registry.models)
@@ -116,6 +142,7 @@ class ResidencyManager:
         self._factory = factory
         self._clock = clock
         self._hooks: LifecycleHooks = hooks or _NoHooks()
+        self._observer: ResidencyObserver = observer or _NoObserver()
         self._on_measured = on_measured
         self._auto_tick = auto_tick
         self._engines: dict[str, tuple[int, Any]] = {}
@@ -299,7 +326,7 @@ class ResidencyManager:
             elif isinstance(action, AbortGenerations):
                 self._spawn(self._abort(action), f"abort-{action.model}")
             elif isinstance(action, Note):
-                kind = "evict" if action.kind == "unload" and "evicted" in action.message else action.kind
+                kind = "evict" if action.kind == "unload" and _is_eviction(action.message) else action.kind
                 self.events.add(kind, action.model, action.message)
                 log.info("%s", action.message)
         self._changed.set()
@@ -322,18 +349,21 @@ class ResidencyManager:
 
     async def _load(self, model: str, instance: int) -> None:
         spec = self.core.residents[model].spec
+        started = time.monotonic()
         try:
             engine = await self._factory(spec)
         except Exception as exc:  # any failure becomes the model's failed state
             reason = describe_exception(exc)
             log.error("loading %s failed: %s", model, reason)
             self._apply(self.core.load_finished(model, instance, self._clock(), error=reason))
+            self._observe(self._observer.model_load_failed, model, time.monotonic() - started)
             return
         self._engines[model] = (instance, engine)
         measured = getattr(engine, "measured_bytes", None)
         if measured and self._on_measured:
             self._on_measured(spec, measured)
         self._apply(self.core.load_finished(model, instance, self._clock(), measured_bytes=measured))
+        self._observe(self._observer.model_loaded, model, time.monotonic() - started)
 
     async def _unload(self, action: StartUnload) -> None:
         model = action.model
@@ -350,6 +380,13 @@ class ResidencyManager:
             except Exception as exc:
                 log.warning("closing %s: %s", model, describe_exception(exc))
         self._apply(self.core.unload_finished(model, action.instance, self._clock()))
+        self._observe(self._observer.model_unloaded, model, action.reason, _is_eviction(action.reason))
+
+    def _observe(self, callback: Callable[..., None], *args: Any) -> None:
+        try:
+            callback(*args)
+        except Exception as exc:  # observing must never break residency
+            log.warning("residency observer %s: %s", callback.__name__, describe_exception(exc))
 
     async def _abort(self, action: AbortGenerations) -> None:
         entry = self._engines.get(action.model)
