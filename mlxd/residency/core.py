@@ -35,6 +35,11 @@ from mlxd.registry.model import ManagerSpec, ModelSpec
 
 GB = 1024**3
 
+# Drain reasons that reconfigure itself sets, so a later reconfigure can tell
+# its own drains from an operator's or a preemption's.
+REMOVED_REASON = "removed from the registry"
+RELOAD_REASON = "configuration changed; reloading"
+
 
 class State(str, Enum):
     UNLOADED = "unloaded"
@@ -117,6 +122,9 @@ class Resident:
     retry_at: float | None = None
     drain_reason: str | None = None
     removed: bool = False
+    # It was in memory when a reload-class change arrived: load it again
+    # once the old instance has unloaded, so the warm set stays warm.
+    reload_pending: bool = False
 
     @property
     def name(self) -> str:
@@ -232,6 +240,9 @@ class ResidencyCore:
         actions: list[Action] = []
         if r.state is State.DRAINING and r.active == 0:
             actions += self._unload(r, r.drain_reason or "drained")
+        # The budget was lowered while every model was busy: each model that
+        # goes idle is a chance to get back under it.
+        actions += self._fit_budget(now, reason="over the memory budget")
         return actions + self._schedule(now)
 
     def load_finished(
@@ -292,7 +303,15 @@ class ResidencyCore:
         r.drain_reason = None
         if r.removed:
             del self.residents[model]
-        return self._schedule(now)
+            return self._schedule(now)
+        actions = self._schedule(now)
+        if r.reload_pending:
+            r.reload_pending = False
+            # Only into free memory: warming a model back up never evicts or
+            # preempts anyone; a request for it would (by the usual policy).
+            if r.state is State.UNLOADED and not self.shutting_down and r.charge() <= self.budget - self.committed():
+                actions += self._start_load(r, now)
+        return actions
 
     def tick(self, now: float) -> list[Action]:
         actions: list[Action] = []
@@ -356,22 +375,29 @@ class ResidencyCore:
             spec = new_specs.get(name)
             if spec is None:
                 r.removed = True
+                r.reload_pending = False
                 for w in [w for w in self.waiters if w.model == name]:
                     self.waiters.remove(w)
                     actions.append(Reject(w.request_id, ModelNotFound(name, list(new_specs))))
                 if r.state in (State.UNLOADED, State.FAILED):
                     del self.residents[name]
                 else:
-                    actions += self._drain(r, "removed from the registry", now)
+                    actions += self._drain(r, REMOVED_REASON, now)
                 continue
+            if r.removed:
+                # Removed by an earlier reconfigure and back before its drain
+                # finished: it is a registered model again, not a leftover.
+                self._restore(r)
             needs_reload = spec.needs_reload_from(r.spec)
             r.spec = spec
             if needs_reload:
                 r.measured_bytes = None
                 if r.state is State.FAILED:
                     r.state, r.retry_at, r.failures = State.UNLOADED, None, 0
+                if r.state in (State.LOADED, State.LOADING):
+                    r.reload_pending = True
                 if r.state in (State.LOADED, State.LOADING, State.DRAINING):
-                    actions += self._drain(r, "configuration changed; reloading", now)
+                    actions += self._drain(r, RELOAD_REASON, now)
         for name, spec in new_specs.items():
             if name not in self.residents:
                 self.residents[name] = Resident(spec=spec)
@@ -379,6 +405,13 @@ class ResidencyCore:
         return actions + self._schedule(now)
 
     # --- internals -----------------------------------------------------------
+
+    def _restore(self, r: Resident) -> None:
+        r.removed = False
+        if r.drain_reason == REMOVED_REASON:
+            r.drain_reason = None
+            if r.state is State.DRAINING:
+                r.state = State.LOADED
 
     def _enqueue(self, waiter: Waiter, now: float) -> list[Action]:
         if self.shutting_down:

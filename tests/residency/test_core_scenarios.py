@@ -355,3 +355,94 @@ def test_lowered_budget_evicts_idle_models_until_it_fits():
         sim.now += 1
     sim.call("reconfigure", manager(4), list(r.spec for r in sim.core.residents.values()), sim.now)
     assert [u.model for u in sim.unloads()] == ["a"]
+
+
+def test_reconfigure_reloads_a_resident_model_after_its_drain_without_a_request():
+    a = spec("a", 1)
+    sim = Sim.of(manager(4), a)
+    held = sim.request("a")
+    sim.finish_load("a")
+    sim.call("reconfigure", sim.core.manager, [replace(a, max_context=8192)], sim.now)
+    assert sim.state("a") is State.DRAINING and len(sim.loads("a")) == 1
+    sim.release(held)
+    sim.finish_unload("a")
+    assert [(x.model, x.instance) for x in sim.loads("a")] == [("a", 1), ("a", 2)]
+    sim.finish_load("a")
+    assert sim.state("a") is State.LOADED
+    assert sim.core.residents["a"].spec.max_context == 8192
+
+
+def test_reconfigure_does_not_warm_up_a_model_that_was_not_in_memory():
+    a = spec("a", 1)
+    sim = Sim.of(manager(4), a)
+    sim.call("reconfigure", sim.core.manager, [replace(a, max_context=8192)], sim.now)
+    assert sim.state("a") is State.UNLOADED and sim.loads() == []
+
+
+def test_reload_warm_up_never_evicts_another_model():
+    a, b = spec("a", 2), spec("b", 2)
+    sim = Sim.of(manager(4), a, b)
+    sim.ready("a")
+    sim.ready("b")
+    bigger = replace(a, max_context=8192, memory_override_bytes=3 * GB)
+    sim.call("reconfigure", sim.core.manager, [bigger, b], sim.now)
+    sim.finish_unload("a")
+    assert sim.state("a") is State.UNLOADED and sim.state("b") is State.LOADED
+    assert len(sim.loads("a")) == 1 and sim.unloads("b") == []
+
+
+def test_two_reloads_during_one_drain_load_the_model_once_with_the_last_spec():
+    a = spec("a", 1)
+    sim = Sim.of(manager(4), a)
+    held = sim.request("a")
+    sim.finish_load("a")
+    v2 = replace(a, path=a.path.with_name("a-v2"), source="/models/a-v2")
+    v3 = replace(a, path=a.path.with_name("a-v3"), source="/models/a-v3")
+    sim.call("reconfigure", sim.core.manager, [v2], sim.now)
+    sim.call("reconfigure", sim.core.manager, [v3], sim.now)
+    sim.release(held)
+    sim.finish_unload("a")
+    assert len(sim.loads("a")) == 2, "one initial load, one reload"
+    sim.finish_load("a")
+    assert sim.core.residents["a"].spec.path.name == "a-v3"
+
+
+def test_model_removed_then_restored_before_its_drain_ends_stays_registered():
+    a = spec("a", 1, max_concurrency=2)
+    sim = Sim.of(manager(4), a, spec("b", 1))
+    held = sim.request("a")
+    sim.finish_load("a")
+    sim.call("reconfigure", sim.core.manager, [spec("b", 1)], sim.now)
+    assert sim.state("a") is State.DRAINING
+    sim.call("reconfigure", sim.core.manager, [a, spec("b", 1)], sim.now)
+    assert sim.state("a") is State.LOADED, "same files: the engine is kept"
+    nxt = sim.request("a")
+    assert sim.granted(nxt)
+    sim.release(held)
+    sim.release(nxt)
+    assert "a" in sim.core.residents and sim.unloads("a") == []
+
+
+def test_model_removed_while_loading_and_restored_ends_loaded():
+    a = spec("a", 1)
+    sim = Sim.of(manager(4), a)
+    rid = sim.request("a")
+    sim.call("reconfigure", sim.core.manager, [], sim.now)
+    assert isinstance(sim.rejected[rid], ModelNotFound)
+    sim.call("reconfigure", sim.core.manager, [a], sim.now)
+    sim.finish_load("a")
+    assert sim.state("a") is State.LOADED and sim.unloads() == []
+
+
+def test_lowered_budget_with_every_model_busy_evicts_as_they_go_idle():
+    sim = Sim.of(manager(4), spec("a", 2), spec("b", 2))
+    held_a, held_b = sim.request("a"), sim.request("b")
+    sim.finish_load("a")
+    sim.finish_load("b")
+    sim.call("reconfigure", manager(3), [spec("a", 2), spec("b", 2)], sim.now)
+    assert sim.unloads() == [], "busy models are never unloaded"
+    sim.release(held_a)
+    assert [u.model for u in sim.unloads()] == ["a"]
+    sim.finish_unload("a")
+    sim.release(held_b)
+    assert [u.model for u in sim.unloads()] == ["a"], "b alone fits the new budget"
