@@ -72,6 +72,9 @@ class DaemonContext:
     draining: bool = False
     blas: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.metrics.attach(self)
+
     @property
     def registry(self) -> Registry:
         return self.manager.registry
@@ -89,6 +92,7 @@ class DaemonContext:
         worker = worker or MlxWorker()
         events = EventLog()
         footprints = FootprintStore(settings.state_dir / "footprints.json")
+        metrics = Metrics()
         manager = ResidencyManager(
             registry,
             factory or EngineFactory(worker),
@@ -96,11 +100,14 @@ class DaemonContext:
             hooks=hooks,
             measured=footprints.known(registry.models),
             on_measured=footprints.remember,
+            observer=metrics,
         )
         config = ConfigState(
             path=registry.source_path, generation=1, file_hash=registry.file_hash, applied_at=time.time()
         )
-        return cls(settings=settings, manager=manager, worker=worker, config=config, events=events)
+        return cls(
+            settings=settings, manager=manager, worker=worker, config=config, events=events, metrics=metrics
+        )
 
     def record_request(
         self, model: str, status: int, plan: Plan, tokens_in: int = 0, tokens_out: int = 0

@@ -185,11 +185,13 @@ class Outcome:
 
 async def _generate_all(ctx: DaemonContext, plan: Plan, lease: Lease) -> Outcome:
     outcome = Outcome(texts=[], finish_reasons=[])
+    meter = ctx.metrics.meter(plan.spec.name, plan.started)
     for request in plan.requests:
         parts: list[str] = []
         last = GenerationChunk(text="")
         async with contextlib.aclosing(lease.engine.generate(request)) as chunks:
             async for chunk in chunks:
+                meter.chunk(request.request_id, chunk)
                 parts.append(chunk.text)
                 last = chunk
         if last.finish_reason == "abort":
@@ -325,6 +327,7 @@ async def _events(ctx: DaemonContext, plan: Plan, lease: Lease) -> AsyncIterator
     queue: asyncio.Queue[Any] = asyncio.Queue()
     producer = asyncio.ensure_future(_pump(lease.engine, plan.requests, queue))
     frames = _Frames(plan)
+    meter = ctx.metrics.meter(plan.spec.name, plan.started)
     heartbeat = ctx.settings.heartbeat_seconds
     inactivity = ctx.settings.server.request_timeout_s
     loop = asyncio.get_running_loop()
@@ -353,6 +356,7 @@ async def _events(ctx: DaemonContext, plan: Plan, lease: Lease) -> AsyncIterator
                 yield _sse(frames.error(item))
                 break
             index, chunk = item
+            meter.chunk(index, chunk)
             if chunk.finish_reason == "abort":
                 status = 503
                 yield _sse(frames.error(ModelPreempted(

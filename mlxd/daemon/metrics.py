@@ -1,21 +1,211 @@
-"""Prometheus metrics, in a registry of the app's own (no process globals)."""
+"""Prometheus metrics, in a registry of the app's own (no process globals).
+
+Counters and histograms are updated where things happen: the residency
+observer hooks (loads, unloads, evictions, failures) and the request path
+(requests, tokens, time to first token). Per-model gauges are computed at
+scrape time from the daemon context by a custom collector, so they can never
+drift from the state they describe. Everything here runs on the event loop.
+"""
 
 from __future__ import annotations
 
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from mlxd import __version__
+from mlxd.residency.core import State
+
+if TYPE_CHECKING:
+    from mlxd.daemon.context import DaemonContext
+    from mlxd.engine.types import GenerationChunk
+
+Clock = Callable[[], float]
+
+LOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+FIRST_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+REQUEST_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class ThroughputWindow:
+    """Output tokens per model over the last ``window_seconds``, kept in
+    one-second buckets so memory stays bounded however fast a model runs."""
+
+    def __init__(self, window_seconds: float = 60.0, clock: Clock = time.monotonic) -> None:
+        self.window_seconds = window_seconds
+        self._clock = clock
+        # model -> deque of [bucket second, tokens], oldest first.
+        self._buckets: dict[str, deque[list[int]]] = {}
+
+    def add(self, model: str, tokens: int) -> None:
+        if tokens <= 0:
+            return
+        second = int(self._clock())
+        buckets = self._buckets.setdefault(model, deque())
+        if buckets and buckets[-1][0] == second:
+            buckets[-1][1] += tokens
+        else:
+            buckets.append([second, tokens])
+        self._prune(buckets, second)
+
+    def tokens(self, model: str) -> int:
+        """Tokens produced within the window."""
+        buckets = self._buckets.get(model)
+        if not buckets:
+            return 0
+        self._prune(buckets, int(self._clock()))
+        return sum(count for _, count in buckets)
+
+    def rate(self, model: str) -> float:
+        """Average tokens per second over the window."""
+        return self.tokens(model) / self.window_seconds
+
+    def _prune(self, buckets: deque[list[int]], second: int) -> None:
+        oldest = second - int(self.window_seconds)
+        while buckets and buckets[0][0] <= oldest:
+            buckets.popleft()
+
+
+class OutputMeter:
+    """Watches one request's chunks as they reach the client: the first chunk
+    gives the time to first token, every chunk feeds the throughput window,
+    and each prompt's final chunk says whether the prefix cache helped."""
+
+    def __init__(self, metrics: Metrics, model: str, started: float) -> None:
+        self._metrics = metrics
+        self._model = model
+        self._started = started
+        self._first_seen = False
+        # Chunks carry cumulative counts per prompt: remember where each was.
+        self._seen: dict[Any, int] = {}
+
+    def chunk(self, prompt_key: Any, chunk: GenerationChunk) -> None:
+        # An abort before any output produced no first token.
+        if not self._first_seen and (chunk.text or chunk.completion_tokens):
+            self._first_seen = True
+            self._metrics.first_token_seconds.labels(self._model).observe(time.monotonic() - self._started)
+        previous = self._seen.get(prompt_key, 0)
+        if chunk.completion_tokens > previous:
+            self._metrics.throughput.add(self._model, chunk.completion_tokens - previous)
+            self._seen[prompt_key] = chunk.completion_tokens
+        if chunk.finish_reason and chunk.cached_tokens > 0:
+            self._metrics.prefix_cache_hits.labels(self._model).inc()
+            self._metrics.tokens.labels(self._model, "cached").inc(chunk.cached_tokens)
 
 
 class Metrics:
-    def __init__(self) -> None:
+    """The app's metrics. Also the residency manager's observer."""
+
+    def __init__(self, throughput_window_seconds: float = 60.0) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
         self.requests = Counter(
-            "mlxd_requests", "Generation requests by model and HTTP status", ["model", "status"], registry=self.registry
+            "mlxd_requests", "Generation requests by model and HTTP status", ["model", "status"], registry=r
         )
-        self.tokens = Counter("mlxd_tokens", "Tokens processed", ["model", "direction"], registry=self.registry)
+        self.tokens = Counter(
+            "mlxd_tokens", "Tokens by model and direction (in, out, cached)", ["model", "direction"], registry=r
+        )
+        self.loads = Counter("mlxd_model_loads", "Successful model loads", ["model"], registry=r)
+        self.load_failures = Counter("mlxd_model_load_failures", "Failed model loads", ["model"], registry=r)
+        self.unloads = Counter("mlxd_model_unloads", "Finished unloads, evictions included", ["model"], registry=r)
+        self.evictions = Counter(
+            "mlxd_model_evictions", "Unloads made to free memory for another model", ["model"], registry=r
+        )
+        self.prefix_cache_hits = Counter(
+            "mlxd_prefix_cache_hits", "Prompts that reused cached prefix tokens", ["model"], registry=r
+        )
+        self.load_seconds = Histogram(
+            "mlxd_model_load_seconds", "Time to load a model", ["model"], registry=r, buckets=LOAD_BUCKETS
+        )
+        self.first_token_seconds = Histogram(
+            "mlxd_time_to_first_token_seconds",
+            "From request arrival to the first generated chunk (queueing and loading included)",
+            ["model"], registry=r, buckets=FIRST_TOKEN_BUCKETS,
+        )
         self.request_seconds = Histogram(
-            "mlxd_request_seconds", "Request duration", ["model"], registry=self.registry,
-            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+            "mlxd_request_seconds", "Request duration", ["model"], registry=r, buckets=REQUEST_BUCKETS
         )
+        self.throughput = ThroughputWindow(throughput_window_seconds)
+        self._attached = False
+
+    def attach(self, ctx: DaemonContext) -> None:
+        """Compute the per-model gauges from ``ctx`` at every scrape."""
+        if not self._attached:
+            self.registry.register(_ContextGauges(ctx))
+            self._attached = True
+
+    def meter(self, model: str, started: float) -> OutputMeter:
+        return OutputMeter(self, model, started)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    # --- residency observer -------------------------------------------------
+
+    def model_loaded(self, model: str, seconds: float) -> None:
+        self.loads.labels(model).inc()
+        self.load_seconds.labels(model).observe(seconds)
+
+    def model_load_failed(self, model: str, seconds: float) -> None:
+        self.load_failures.labels(model).inc()
+
+    def model_unloaded(self, model: str, reason: str, evicted: bool) -> None:
+        self.unloads.labels(model).inc()
+        if evicted:
+            self.evictions.labels(model).inc()
+
+
+class _ContextGauges:
+    """Gauges read from the context when Prometheus scrapes."""
+
+    def __init__(self, ctx: DaemonContext) -> None:
+        self._ctx = ctx
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        families = self._families()
+        by_name = {f.name: f for f in families}
+        ctx = self._ctx
+        core = ctx.manager.core
+        for name, r in list(core.residents.items()):
+            for state in State:
+                by_name["mlxd_model_state"].add_metric([name, state.value], 1.0 if r.state is state else 0.0)
+            by_name["mlxd_model_resident_bytes"].add_metric([name], r.reserved)
+            by_name["mlxd_model_estimated_bytes"].add_metric([name], r.spec.charge_bytes)
+            by_name["mlxd_model_active_leases"].add_metric([name], r.active)
+            by_name["mlxd_model_queued_requests"].add_metric([name], core.queued(name))
+            by_name["mlxd_model_recent_tokens_per_second"].add_metric([name], ctx.metrics.throughput.rate(name))
+        by_name["mlxd_memory_budget_bytes"].add_metric([], core.budget)
+        by_name["mlxd_memory_committed_bytes"].add_metric([], core.committed())
+        by_name["mlxd_config_generation"].add_metric([], ctx.config.generation)
+        by_name["mlxd_config_error"].add_metric([], 1.0 if ctx.config.error else 0.0)
+        by_name["mlxd_draining"].add_metric([], 1.0 if ctx.draining else 0.0)
+        by_name["mlxd_build_info"].add_metric([__version__], 1.0)
+        return iter(families)
+
+    @staticmethod
+    def _families() -> list[GaugeMetricFamily]:
+        model = ["model"]
+        return [
+            GaugeMetricFamily("mlxd_model_state", "1 for the model's current state, 0 for the others",
+                              labels=["model", "state"]),
+            GaugeMetricFamily("mlxd_model_resident_bytes", "Bytes reserved in the budget for the model",
+                              labels=model),
+            GaugeMetricFamily("mlxd_model_estimated_bytes", "Footprint estimated before loading", labels=model),
+            GaugeMetricFamily("mlxd_model_active_leases", "Requests holding the model now", labels=model),
+            GaugeMetricFamily("mlxd_model_queued_requests", "Requests waiting for the model", labels=model),
+            GaugeMetricFamily("mlxd_model_recent_tokens_per_second",
+                              "Output tokens per second averaged over the last 60 s", labels=model),
+            GaugeMetricFamily("mlxd_memory_budget_bytes", "The configured memory budget"),
+            GaugeMetricFamily("mlxd_memory_committed_bytes", "Bytes reserved by all models"),
+            GaugeMetricFamily("mlxd_config_generation", "How many registries have been applied"),
+            GaugeMetricFamily("mlxd_config_error", "1 while models.yaml on disk is invalid"),
+            GaugeMetricFamily("mlxd_draining", "1 while the daemon drains for shutdown"),
+            GaugeMetricFamily("mlxd_build_info", "Always 1; the version is a label", labels=["version"]),
+        ]
