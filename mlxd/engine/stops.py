@@ -4,7 +4,8 @@ The model's text arrives in pieces that need not line up with a stop string:
 ``"END"`` may come as ``"E"`` then ``"ND"``. The matcher therefore holds back
 the longest tail of the text seen so far that could still be the start of a
 stop string, and releases it once the next piece rules that out. The output
-never contains a stop string or anything after it.
+never contains a stop string or anything after it, and does not depend on how
+the text was split into pieces.
 """
 
 from __future__ import annotations
@@ -50,12 +51,21 @@ class StopMatcher:
 
 
 def _first_stop(buf: str, stops: tuple[str, ...]) -> int | None:
-    first: int | None = None
+    """Where to cut ``buf``: at the stop that is complete first, as if read char by char.
+
+    Generation ends the moment any stop string is complete, so the match that
+    *ends* first wins, however the text was split into pieces. Of the stops
+    ending there, the longest starts earliest and sets the cut ("<b<" ends
+    with "b": in "x<b<" the stop "b" completes first and the cut is at "b").
+    """
+    end: int | None = None
     for stop in stops:
         at = buf.find(stop)
-        if at != -1 and (first is None or at < first):
-            first = at
-    return first
+        if at != -1 and (end is None or at + len(stop) < end):
+            end = at + len(stop)
+    if end is None:
+        return None
+    return min(end - len(stop) for stop in stops if buf.startswith(stop, end - len(stop)))
 
 
 def _longest_stop_prefix_tail(buf: str, stops: tuple[str, ...]) -> int:

@@ -21,8 +21,13 @@ def stream(stops: list[str], pieces: list[str]) -> tuple[list[str], bool]:
 
 
 def expected(text: str, stops: list[str]) -> tuple[str, bool]:
-    hits = [i for i in (text.find(s) for s in stops if s) if i != -1]
-    return (text[: min(hits)], True) if hits else (text, False)
+    """Read one character at a time; stop as soon as any stop string is complete."""
+    for end in range(1, len(text) + 1):
+        seen = text[:end]
+        hits = [seen.find(s) for s in stops if s and s in seen]
+        if hits:
+            return seen[: min(hits)], True
+    return text, False
 
 
 def test_stop_split_across_pieces_is_cut_without_leaking_its_start():
@@ -41,6 +46,14 @@ def test_the_earliest_of_several_stops_wins():
     out, stopped = stream(["world", "lo w"], ["hello world"])
     assert stopped
     assert "".join(out) == "hel"
+
+
+def test_the_stop_completed_first_wins_however_the_text_is_split():
+    # "b" is complete before "<b<" could be; generation would end right there.
+    for pieces in (["<b<"], ["<b", "<"], ["<", "b", "<"]):
+        out, stopped = stream(["b", "<b<"], pieces)
+        assert stopped
+        assert "".join(out) == "<"
 
 
 def test_without_stops_every_piece_passes_through_unchanged():

@@ -279,3 +279,69 @@ def test_streamed_text_never_splits_a_character(worker, qwen_tiny):
     assert split_tokens > 0, "no character of the sample spans two tokens"
     assert "".join(out) == text
     assert not any("\ufffd" in piece for piece in out)
+
+
+def long_prompt(words: int) -> str:
+    import keyword
+
+    names = [w for w in keyword.kwlist if w.isalpha()]
+    return " ".join(f"{names[i % len(names)]}_{i}" for i in range(words))
+
+
+def test_chunked_prefill_gives_the_same_tokens_as_mlx_lm(worker, qwen_tiny):
+    prompt = long_prompt(60)
+
+    async def main():
+        engine = await load_text_engine(spec_for(qwen_tiny), worker, prefill_chunk=16)
+        try:
+            n_prompt = len(await worker.call(engine.prompt_tokens, greedy(prompt=prompt)))
+            steps = worker.steps
+            chunks = await collect(engine, greedy(prompt=prompt, max_tokens=16))
+            return n_prompt, worker.steps - steps, chunks
+        finally:
+            await engine.close()
+
+    n_prompt, steps, chunks = run(main())
+    assert n_prompt > 16 * 4
+    assert steps > n_prompt // 16 - 2  # the prefill really was split into worker steps
+    assert text_of(chunks) == direct_mlx_lm(worker, qwen_tiny, prompt, 16)
+
+
+def test_abort_during_a_long_prefill_ends_before_any_token(worker, qwen_tiny):
+    prompt = long_prompt(600)
+
+    async def main():
+        engine = await load_text_engine(spec_for(qwen_tiny), worker, prefill_chunk=1)
+        try:
+            task = asyncio.create_task(collect(engine, greedy(prompt=prompt, max_tokens=8)))
+            while engine.stats()["running"] == 0:
+                await worker.call(lambda: None)
+            aborted = await engine.abort_all("shutdown")
+            return aborted, await task
+        finally:
+            await engine.close()
+
+    aborted, chunks = run(main())
+    assert aborted == 1
+    assert [c.finish_reason for c in chunks] == ["abort"]
+    assert chunks[0].completion_tokens == 0
+
+
+def test_close_during_a_generation_aborts_it_and_frees_the_model(worker, qwen_tiny):
+    from mlxd.engine import memory
+
+    async def main():
+        await worker.call(memory.release_memory)
+        baseline = await worker.call(memory.active_bytes)
+        engine = await load_text_engine(spec_for(qwen_tiny), worker)
+        chunks = []
+        async for chunk in engine.generate(greedy(max_tokens=2000)):
+            chunks.append(chunk)
+            if len(chunks) == 2:
+                closing = asyncio.create_task(engine.close())
+        await closing
+        return chunks, baseline, await worker.call(memory.active_bytes), engine.load_bytes
+
+    chunks, baseline, after, load_bytes = run(main())
+    assert chunks[-1].finish_reason == "abort"
+    assert after - baseline < load_bytes * 0.05
