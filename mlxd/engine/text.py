@@ -24,7 +24,7 @@ from mlxd.engine import memory, sampling
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.engine.worker import SKIP, MlxWorker
-from mlxd.errors import BadRequest, MlxdError, ServiceUnavailable
+from mlxd.errors import BadRequest, MlxdError, ServiceUnavailable, ShuttingDown
 from mlxd.registry.model import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -141,11 +141,16 @@ class TextEngine:
             return
         self._closed = True
         await self.abort_all("unloaded")
-        # Aborted generations end at their next step; the model must not be
-        # referenced by any of them when we release memory.
-        while self._running:
-            await self._worker.call(_noop)
-        await self._worker.call(self._release)
+        try:
+            # Aborted generations end at their next step; the model must not
+            # be referenced by any of them when we release memory.
+            while self._running:
+                await self._worker.call(_noop)
+            await self._worker.call(self._release)
+        except ShuttingDown:
+            # The worker is gone (process exit): nothing left to release on it.
+            self._model = None
+            self._tokenizer = None
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -332,6 +337,11 @@ def _render_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
         from jinja2 import TemplateError
     except ImportError:  # pragma: no cover - transformers depends on jinja2
         TemplateError = ValueError  # type: ignore[misc,assignment]  # noqa: N806
+    if not getattr(tokenizer, "has_chat_template", True):
+        raise BadRequest(
+            "This model has no chat template; send a raw prompt to /v1/completions instead.",
+            param="messages",
+        )
     flat = [_flatten_message(m) for m in messages]
     try:
         tokens = tokenizer.apply_chat_template(flat, add_generation_prompt=True)
