@@ -7,7 +7,6 @@ import logging
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 
 from mlxd import __version__
 from mlxd.daemon.auth import check_api_key
@@ -53,10 +52,7 @@ def create_app(ctx: DaemonContext) -> FastAPI:
 
     app.include_router(openai.router())
     app.include_router(admin.router())
+    # Also serves GET / and /dashboard, the status page.
     app.include_router(monitoring.router())
-
-    @app.get("/")
-    async def root() -> JSONResponse:
-        return JSONResponse({"name": "mlxd", "version": __version__, "status": "/v1/status"})
 
     return app

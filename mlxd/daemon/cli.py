@@ -157,6 +157,23 @@ def unload(
     _admin("unload", name, url, api_key)
 
 
+@app.command()
+def status(
+    json_output: bool = typer.Option(False, "--json", help="Print the /v1/status document as JSON."),
+    watch: bool = typer.Option(False, "--watch", "-w", help="Refresh until Ctrl-C."),
+    interval: float = typer.Option(2.0, help="Seconds between refreshes with --watch."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="The models.yaml the daemon serves (for its address)."),
+    url: Optional[str] = typer.Option(None, help="Daemon URL (default: from settings)."),
+    api_key: Optional[str] = typer.Option(None, envvar="MLXD_API_KEY"),
+) -> None:
+    """Show the running daemon's models, memory and recent events (docs/status.md)."""
+    from mlxd.daemon.status_cli import run_status
+
+    raise typer.Exit(
+        run_status(url=url, api_key=api_key, config=config, as_json=json_output, watch=watch, interval=interval)
+    )
+
+
 def _admin(action: str, name: str, url: Optional[str], api_key: Optional[str]) -> None:
     client = _client(url, api_key)
     try:

@@ -17,14 +17,22 @@ class DaemonClient:
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
 
     @classmethod
-    def discover(cls, url: str | None = None, api_key: str | None = None) -> DaemonClient:
-        """The daemon the same settings as ``mlxd serve`` would start."""
+    def discover(
+        cls,
+        url: str | None = None,
+        api_key: str | None = None,
+        *,
+        config: str | os.PathLike[str] | None = None,
+        timeout: float = 600.0,
+    ) -> DaemonClient:
+        """The daemon the same settings as ``mlxd serve`` would start
+        (``config`` is what ``serve --config`` was given, if anything)."""
         if url is None:
             host = os.environ.get("MLXD_HOST")
             port = os.environ.get("MLXD_PORT")
-            config = os.environ.get("MLXD_CONFIG")
+            config = config or os.environ.get("MLXD_CONFIG")
             if (host is None or port is None) and config:
-                server = _server_section(config)
+                server = _server_section(str(config))
                 host = host or server.get("host")
                 port = port or server.get("port")
             host = host or "127.0.0.1"
@@ -34,7 +42,7 @@ class DaemonClient:
         if api_key is None:
             keys = os.environ.get("MLXD_API_KEYS", "")
             api_key = keys.split(",")[0].strip() or None
-        return cls(url, api_key)
+        return cls(url, api_key, timeout=timeout)
 
     def request(self, method: str, path: str, **kw: Any) -> Any:
         try:

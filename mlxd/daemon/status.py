@@ -1,11 +1,21 @@
-"""The /v1/status document: everything an operator needs, read from state
-without waiting on any model. Its schema is documented in docs/status.md."""
+"""The /v1/status and /health documents: read from state, never waiting on a
+model. The status schema is documented field by field in docs/status.md; bump
+SCHEMA_VERSION when a field changes meaning or goes away (adding one does not).
+
+Why MLX memory is read here, on the event loop, although every other MLX call
+runs on the worker thread: ``get_active_memory``, ``get_peak_memory`` and
+``get_cache_memory`` only read the allocator's byte counters. They take no
+lock, touch no stream and cannot block (MLX's CPU, Metal and CUDA allocators
+alike); measured at 0.4 µs for all three while the worker computes. A value
+can be a few allocations old, which is all a status page needs.
+"""
 
 from __future__ import annotations
 
 import os
 import platform
 import time
+from functools import cache
 from typing import Any
 
 import psutil
@@ -15,17 +25,64 @@ from mlxd.daemon.context import DaemonContext
 from mlxd.residency.core import State
 
 SCHEMA_VERSION = 1
+EVENTS_LIMIT = 100
+
+# The prefix cache's figures, as an engine reports them under
+# ``stats()["prefix_cache"]``; absent ones are null.
+PREFIX_CACHE_FIELDS = (
+    "memory_entries",
+    "memory_bytes",
+    "disk_entries",
+    "disk_bytes",
+    "hits",
+    "misses",
+    "tokens_reused",
+    "restored_entries",
+    "last_save_seconds",
+)
+BLAS_FIELDS = ("active", "mode", "openblas_path", "ld_preload", "warning")
 
 
-def _mlx_info() -> dict[str, Any]:
+@cache
+def _mlx_runtime() -> dict[str, str | None]:
+    # Fixed for the life of the process: look it up once.
     try:
         import mlx.core as mx
 
-        from mlxd.engine.memory import mlx_memory
-
-        return {"version": mx.__version__, "device": str(mx.default_device()), "memory": mlx_memory()}
+        return {"version": mx.__version__, "device": str(mx.default_device())}
     except Exception:  # status must answer even if MLX is unhappy
-        return {"version": None, "device": None, "memory": {}}
+        return {"version": None, "device": None}
+
+
+def mlx_memory_now() -> dict[str, int | None]:
+    """MLX allocator counters in bytes; safe off the worker (module docstring)."""
+    try:
+        import mlx.core as mx
+
+        return {
+            "active_bytes": int(mx.get_active_memory()),
+            "peak_bytes": int(mx.get_peak_memory()),
+            "cache_bytes": int(mx.get_cache_memory()),
+        }
+    except Exception:
+        return {"active_bytes": None, "peak_bytes": None, "cache_bytes": None}
+
+
+def _engine_stats(engine: Any) -> dict[str, Any]:
+    if engine is None or not hasattr(engine, "stats"):
+        return {}
+    try:
+        stats = engine.stats()
+    except Exception:
+        return {}
+    return stats if isinstance(stats, dict) else {}
+
+
+def prefix_cache_status(engine_stats: dict[str, Any]) -> dict[str, Any]:
+    reported = engine_stats.get("prefix_cache")
+    if not isinstance(reported, dict):
+        reported = {}
+    return {key: reported.get(key) for key in PREFIX_CACHE_FIELDS}
 
 
 def model_status(ctx: DaemonContext, name: str) -> dict[str, Any]:
@@ -33,13 +90,8 @@ def model_status(ctx: DaemonContext, name: str) -> dict[str, Any]:
     r = manager.core.residents[name]
     spec = r.spec
     stats = manager.stats.get(name)
-    engine = manager.engine(name)
-    engine_stats: dict[str, Any] = {}
-    if engine is not None and hasattr(engine, "stats"):
-        try:
-            engine_stats = engine.stats()
-        except Exception:
-            engine_stats = {}
+    engine_stats = _engine_stats(manager.engine(name))
+    idle_unload_at = manager.wall_time(r.idle_deadline())
     return {
         "name": name,
         "aliases": list(spec.aliases),
@@ -53,10 +105,12 @@ def model_status(ctx: DaemonContext, name: str) -> dict[str, Any]:
         "active_leases": r.active,
         "queued": manager.core.queued(name),
         "max_concurrency": spec.max_concurrency,
+        "max_queue": spec.max_queue,
         "loaded_at": manager.wall_time(r.loaded_at),
         "last_used_at": manager.wall_time(r.last_used),
         "idle_unload_seconds": spec.idle_unload_seconds,
-        "idle_unload_at": manager.wall_time(r.idle_deadline()),
+        "idle_unload_at": idle_unload_at,
+        "idle_unload_in_seconds": None if idle_unload_at is None else max(0.0, idle_unload_at - time.time()),
         "memory": {
             "estimated_bytes": spec.charge_bytes,
             "weights_bytes": spec.footprint.weights,
@@ -73,8 +127,23 @@ def model_status(ctx: DaemonContext, name: str) -> dict[str, Any]:
         "requests": stats.requests if stats else 0,
         "tokens_in": stats.tokens_in if stats else 0,
         "tokens_out": stats.tokens_out if stats else 0,
+        "recent_output_tokens": ctx.metrics.throughput.tokens(name),
+        "recent_tokens_per_second": round(ctx.metrics.throughput.rate(name), 3),
+        "prefix_cache": prefix_cache_status(engine_stats),
         "engine": engine_stats,
     }
+
+
+def problems(ctx: DaemonContext) -> list[str]:
+    """What makes the daemon degraded, for operators (names models)."""
+    found = [
+        f"model `{r.name}` failed to load: {r.last_error}"
+        for r in ctx.manager.core.residents.values()
+        if r.state is State.FAILED
+    ]
+    if ctx.config.error is not None:
+        found.append(f"the configuration file is invalid: {ctx.config.error}")
+    return found
 
 
 def status_document(ctx: DaemonContext) -> dict[str, Any]:
@@ -84,8 +153,11 @@ def status_document(ctx: DaemonContext) -> dict[str, Any]:
     vm = psutil.virtual_memory()
     config = ctx.config
     server = ctx.settings.server
+    found = problems(ctx)
     return {
         "schema_version": SCHEMA_VERSION,
+        "generated_at": time.time(),
+        "health": {"status": "degraded" if found else "ok", "problems": found},
         "daemon": {
             "version": __version__,
             "pid": os.getpid(),
@@ -93,9 +165,11 @@ def status_document(ctx: DaemonContext) -> dict[str, Any]:
             "uptime_seconds": time.time() - ctx.started_at,
             "platform": f"{platform.system()} {platform.machine()}",
             "python": platform.python_version(),
-            "mlx": _mlx_info(),
-            "blas": ctx.blas,
+            "mlx": _mlx_runtime(),
+            "blas": {key: ctx.blas.get(key) for key in BLAS_FIELDS},
             "bind": {"host": server.host, "port": server.port},
+            "auth_required": bool(server.api_keys),
+            "metrics_enabled": ctx.settings.metrics,
             "draining": ctx.draining,
         },
         "config": {
@@ -113,17 +187,25 @@ def status_document(ctx: DaemonContext) -> dict[str, Any]:
             "process_rss_bytes": psutil.Process().memory_info().rss,
             "system_total_bytes": vm.total,
             "system_available_bytes": vm.available,
+            "mlx": mlx_memory_now(),
         },
-        "models": [model_status(ctx, name) for name in manager.core.residents],
-        "events": [e.as_dict() for e in ctx.events.recent(100)],
+        "models": [model_status(ctx, name) for name in list(manager.core.residents)],
+        "events": [e.as_dict() for e in ctx.events.recent(EVENTS_LIMIT)],
     }
 
 
 def health_document(ctx: DaemonContext) -> dict[str, Any]:
+    """Open to anyone: counts and generic reasons, no names, paths or errors."""
     states = [r.state for r in ctx.manager.core.residents.values()]
     failed = sum(1 for s in states if s is State.FAILED)
+    reasons = []
+    if failed:
+        reasons.append(f"{failed} model(s) failed to load")
+    if ctx.config.error is not None:
+        reasons.append("the configuration file on disk is invalid")
     return {
-        "status": "degraded" if failed or ctx.config.error else "ok",
+        "status": "degraded" if reasons else "ok",
+        "reasons": reasons,
         "version": __version__,
         "draining": ctx.draining,
         "models": {

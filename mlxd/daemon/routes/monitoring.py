@@ -1,29 +1,75 @@
-"""Health, status and metrics."""
+"""Health, status, metrics and the dashboard page.
+
+The app's gatekeeper asks for the API key on /v1/status and /metrics; /health
+and the dashboard page are open (the page holds no data: it fetches
+/v1/status with the key the browser keeps)."""
 
 from __future__ import annotations
 
+import json
+from functools import cache
+from importlib import resources
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from mlxd import __version__
+from mlxd.daemon.context import DaemonContext
 from mlxd.daemon.status import health_document, status_document
+from mlxd.errors import MlxdError
+
+NO_STORE = {"Cache-Control": "no-store"}
+
+
+class MetricsDisabled(MlxdError):
+    status_code = 404
+    error_type = "invalid_request_error"
+    code = "metrics_disabled"
+
+
+@cache
+def dashboard_html() -> str:
+    # Package data, read once: it cannot change while the process runs.
+    return resources.files("mlxd.daemon").joinpath("static/dashboard.html").read_text(encoding="utf-8")
+
+
+def _wants_html(request: Request) -> bool:
+    return "text/html" in request.headers.get("accept", "")
 
 
 def router() -> APIRouter:
     api = APIRouter()
 
     @api.get("/health")
-    async def health(request: Request) -> dict[str, Any]:
-        return health_document(request.app.state.ctx)
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse(health_document(request.app.state.ctx), headers=NO_STORE)
 
     @api.get("/v1/status")
-    async def status(request: Request) -> dict[str, Any]:
-        return status_document(request.app.state.ctx)
+    async def status(request: Request) -> Response:
+        # Serialised directly: FastAPI's encoder would walk the whole
+        # document again, and this endpoint must stay cheap under load.
+        body = json.dumps(status_document(request.app.state.ctx), separators=(",", ":"), allow_nan=False)
+        return Response(body, media_type="application/json", headers=NO_STORE)
 
     @api.get("/metrics")
     async def metrics(request: Request) -> Response:
-        return Response(request.app.state.ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        ctx: DaemonContext = request.app.state.ctx
+        if not ctx.settings.metrics:
+            raise MetricsDisabled("The metrics endpoint is disabled (MLXD_METRICS=false)")
+        return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @api.get("/", response_model=None)
+    async def root(request: Request) -> HTMLResponse | JSONResponse:
+        if _wants_html(request):
+            return HTMLResponse(dashboard_html(), headers=NO_STORE)
+        return JSONResponse(
+            {"name": "mlxd", "version": __version__, "status": "/v1/status", "dashboard": "/dashboard"}
+        )
+
+    @api.get("/dashboard")
+    async def dashboard() -> HTMLResponse:
+        return HTMLResponse(dashboard_html(), headers=NO_STORE)
 
     return api
