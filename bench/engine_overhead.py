@@ -84,6 +84,25 @@ async def run_engine(engine: Any, max_tokens: int) -> Run:
     return measure(seen, started)
 
 
+async def handoff_cost_us(items: int = 50_000) -> float:
+    """The worker's own cost per item: step, hand-off to the loop, consumer wake-up."""
+    from mlxd.engine.types import GenerationChunk
+    from mlxd.engine.worker import MlxWorker
+
+    worker = MlxWorker().start()
+    try:
+        best = float("inf")
+        for _ in range(3):
+            started = time.perf_counter()
+            make = lambda: (GenerationChunk(text="x", completion_tokens=i) for i in range(items))  # noqa: E731
+            async for _ in worker.stream(make):
+                pass
+            best = min(best, (time.perf_counter() - started) / items)
+    finally:
+        await worker.shutdown()
+    return round(best * 1e6, 2)
+
+
 async def bench(size: str, arch: str, max_tokens: int, repeats: int) -> dict[str, Any]:
     import mlx_lm
 
@@ -145,6 +164,7 @@ async def bench(size: str, arch: str, max_tokens: int, repeats: int) -> dict[str
         "decode_ratio_vs_direct_on_worker": round(e["decode_tok_s"] / w["decode_tok_s"], 3),
         "ttft_overhead_ms": round(e["ttft_ms"] - d["ttft_ms"], 2),
         "identical_text": len(texts) == 1,
+        "worker_handoff_us_per_item": await handoff_cost_us(),
         "decode_tok_s_runs": {name: [round(r.decode_tok_s, 1) for r in rs] for name, rs in runs.items()},
         "blas": active_blas(),
         "machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.system()}",
@@ -176,6 +196,7 @@ def print_table(result: dict[str, Any]) -> None:
         f"TTFT overhead: {result['ttft_overhead_ms']:+.2f} ms  "
         f"same text: {result['identical_text']}"
     )
+    print(f"worker hand-off alone (no model): {result['worker_handoff_us_per_item']:.1f} us per chunk")
 
 
 def save(result: dict[str, Any]) -> None:
