@@ -26,6 +26,7 @@ from mlxd.residency.core import (
     Note,
     Reject,
     ResidencyCore,
+    Resident,
     StartLoad,
     StartUnload,
     State,
@@ -35,6 +36,9 @@ from mlxd.residency.events import EventLog
 log = logging.getLogger("mlxd.residency")
 
 Clock = Callable[[], float]
+# What a waiter's future gets: the resident itself rather than its name, which
+# a hot reload may change before the waiter runs again.
+Granted = tuple[Resident, int]
 
 
 class ManagedEngine(Protocol):
@@ -86,14 +90,22 @@ class Lease:
     """The right to use one engine instance until released. Release happens
     exactly once, however the request ends; extra calls are no-ops."""
 
-    def __init__(self, manager: ResidencyManager, spec: ModelSpec, instance: int, engine: Any, requested: str) -> None:
-        self.spec = spec
-        self.model = spec.name
+    def __init__(
+        self, manager: ResidencyManager, resident: Resident, instance: int, engine: Any, requested: str
+    ) -> None:
+        # The spec as it was when the lease was granted; the model's name is
+        # read live, because a hot reload may rename the model meanwhile.
+        self.spec = resident.spec
+        self._resident = resident
         self.requested_name = requested
         self.instance = instance
         self.engine = engine
         self._manager = manager
         self._released = False
+
+    @property
+    def model(self) -> str:
+        return self._resident.name
 
     @property
     def released(self) -> bool:
@@ -146,7 +158,11 @@ class ResidencyManager:
         self._on_measured = on_measured
         self._auto_tick = auto_tick
         self._engines: dict[str, tuple[int, Any]] = {}
-        self._futures: dict[int, asyncio.Future[tuple[str, int]]] = {}
+        # The spec each resident engine was built from: after a reload-class
+        # change the registry's spec no longer describes the engine that is
+        # still draining, and the unload hooks must see the engine's own.
+        self._engine_specs: dict[str, ModelSpec] = {}
+        self._futures: dict[int, asyncio.Future[Granted]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()
@@ -210,11 +226,11 @@ class ResidencyManager:
         bounds the wait for a load or for capacity: RequestTimeout (504)."""
         spec = self.resolve(name)
         rid = self.core.new_request_id()
-        fut: asyncio.Future[tuple[str, int]] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Granted] = asyncio.get_running_loop().create_future()
         self._futures[rid] = fut
         self._apply(self.core.request(rid, spec.name, self._clock()))
         try:
-            model, instance = await asyncio.wait_for(asyncio.shield(fut), timeout)
+            resident, instance = await asyncio.wait_for(asyncio.shield(fut), timeout)
         except asyncio.TimeoutError:
             self._abandon(rid, fut)
             raise RequestTimeout(
@@ -223,9 +239,9 @@ class ResidencyManager:
         except asyncio.CancelledError:
             self._abandon(rid, fut)
             raise
-        engine = self._engines[model][1]
-        self.stats[model].requests += 1
-        return Lease(self, self.core.residents[model].spec, instance, engine, requested=name)
+        engine = self._engines[resident.name][1]
+        self.stats[resident.name].requests += 1
+        return Lease(self, resident, instance, engine, requested=name)
 
     @contextlib.asynccontextmanager
     async def lease(self, name: str, timeout: float | None = None) -> AsyncIterator[Lease]:
@@ -235,15 +251,15 @@ class ResidencyManager:
         finally:
             held.release()
 
-    def _abandon(self, rid: int, fut: asyncio.Future[tuple[str, int]], holds_lease: bool = True) -> None:
+    def _abandon(self, rid: int, fut: asyncio.Future[Granted], holds_lease: bool = True) -> None:
         """The waiter is gone (disconnect or timeout). A lease granted in the
         meantime is given straight back; otherwise the core forgets the wait."""
         self._futures.pop(rid, None)
         if fut.done() and not fut.cancelled() and fut.exception() is None:
             if not holds_lease:
                 return
-            model, instance = fut.result()
-            self._release(model, instance)
+            resident, instance = fut.result()
+            self._release(resident.name, instance)
         elif not fut.done():
             fut.cancel()
             self._apply(self.core.cancel(rid, self._clock()))
@@ -258,7 +274,7 @@ class ResidencyManager:
         loaded; raises the load's error if it fails."""
         spec = self.resolve(name)
         rid = self.core.new_request_id()
-        fut: asyncio.Future[tuple[str, int]] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Granted] = asyncio.get_running_loop().create_future()
         self._futures[rid] = fut
         self._apply(self.core.admin_load(rid, spec.name, self._clock()))
         try:
@@ -279,17 +295,46 @@ class ResidencyManager:
         r = self.core.residents.get(spec.name)
         return r.state.value if r else "removed"
 
-    async def reconfigure(self, registry: Registry, renames: dict[str, str] | None = None) -> None:
-        for old, new in (renames or {}).items():
+    async def reconfigure(self, registry: Registry, renames: dict[str, str] | None = None) -> list[str]:
+        """Apply ``registry`` as a difference (see ``ResidencyCore.reconfigure``).
+        ``renames`` maps old names to new ones whose engine is kept. Returns the
+        models now being preloaded in the background: added ones, and those
+        whose ``preload`` was just switched on."""
+        # A load or unload task in flight knows its model by name: such a model
+        # is replaced (drained, registered anew) rather than renamed.
+        renames = {
+            old: new
+            for old, new in (renames or {}).items()
+            if old in self.core.residents
+            and self.core.residents[old].state not in (State.LOADING, State.UNLOADING)
+        }
+        before = {name: r.spec for name, r in self.core.residents.items() if not r.removed}
+        for old, new in renames.items():
             if old in self._engines:
                 self._engines[new] = self._engines.pop(old)
+            if old in self._engine_specs:
+                self._engine_specs[new] = self._engine_specs.pop(old)
             if old in self.stats:
                 self.stats[new] = self.stats.pop(old)
+            if old in before:
+                before[new] = before.pop(old)
         self.registry = registry
         for spec in registry.models:
             self.stats.setdefault(spec.name, ModelStats())
+            built = self._engine_specs.get(spec.name)
+            if built is not None and not spec.needs_reload_from(built):
+                self._engine_specs[spec.name] = spec
         self._apply(self.core.reconfigure(registry.manager, registry.models, self._clock(), renames))
-        await self.preload([s.name for s in registry.models if s.preload and self.core.residents[s.name].state is State.UNLOADED])
+        warm = [
+            s.name
+            for s in registry.models
+            if s.preload
+            and (s.name not in before or not before[s.name].preload)
+            and self.core.residents[s.name].state is State.UNLOADED
+        ]
+        for name in warm:
+            self._spawn(self.preload([name]), f"preload-{name}")
+        return warm
 
     def tick(self) -> None:
         """Let time-driven decisions happen (idle unloads, wait timeouts). The
@@ -339,7 +384,7 @@ class ResidencyManager:
             if action.takes_lease:
                 self._release(action.model, action.instance)
             return
-        fut.set_result((action.model, action.instance))
+        fut.set_result((self.core.residents[action.model], action.instance))
 
     def _spawn(self, coro: Awaitable[None], name: str) -> None:
         task = asyncio.ensure_future(coro)
@@ -359,6 +404,7 @@ class ResidencyManager:
             self._observe(self._observer.model_load_failed, model, time.monotonic() - started)
             return
         self._engines[model] = (instance, engine)
+        self._engine_specs[model] = spec
         measured = getattr(engine, "measured_bytes", None)
         if measured and self._on_measured:
             self._on_measured(spec, measured)
@@ -368,7 +414,7 @@ class ResidencyManager:
     async def _unload(self, action: StartUnload) -> None:
         model = action.model
         entry = self._engines.pop(model, None)
-        spec = self.core.residents[model].spec
+        spec = self._engine_specs.pop(model, None) or self.core.residents[model].spec
         if entry is not None:
             engine = entry[1]
             try:

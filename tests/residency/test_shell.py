@@ -2,6 +2,7 @@
 the core, now with real tasks, futures, cancellation and timeouts."""
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -219,3 +220,68 @@ async def test_measured_footprint_is_reported_for_remembering():
         pass
     assert remembered == {"a": int(1.5 * GB)}
     assert mgr.core.residents["a"].charge() == int(1.5 * GB)
+
+
+def _registry(*specs, budget_gb=8):
+    return Registry(Path("/tmp/models.yaml"), "y", manager(budget_gb), ServerSpec(), tuple(specs))
+
+
+async def test_lease_held_across_a_rename_is_released_under_the_new_name():
+    mgr, factory, _, _ = make(8, spec("old", 1))
+    held = await mgr.acquire("old")
+    renamed = dataclasses.replace(spec("old", 1), name="new")
+    await mgr.reconfigure(_registry(renamed), {"old": "new"})
+    assert held.model == "new"
+    held.release()
+    r = mgr.core.residents["new"]
+    assert r.active == 0 and r.state.value == "loaded" and len(factory.built) == 1
+    assert mgr.engine("new") is factory.built[0]
+
+
+async def test_lease_granted_just_before_a_rename_resumes_under_the_new_name():
+    mgr, factory, _, _ = make(8, spec("old", 1))
+    factory.gate["old"] = asyncio.Event()
+    waiter = asyncio.create_task(mgr.acquire("old"))
+    await settle()
+    factory.gate["old"].set()
+    while mgr.core.residents["old"].active == 0:
+        await asyncio.sleep(0)
+    assert not waiter.done(), "the rename must land between the grant and the waiter resuming"
+    renamed = dataclasses.replace(spec("old", 1), name="new")
+    await mgr.reconfigure(_registry(renamed), {"old": "new"})
+    lease = await waiter
+    assert lease.model == "new" and lease.engine is factory.built[0]
+    lease.release()
+    assert mgr.core.residents["new"].active == 0
+
+
+async def test_unload_after_a_reload_change_shows_hooks_the_engine_own_spec():
+    a = spec("a", 1)
+    mgr, factory, _, hooks = make(8, a)
+    seen = []
+    hooks.before_unload = lambda s, engine, reason: _record(seen, s)
+    async with mgr.lease("a"):
+        pass
+    moved = dataclasses.replace(a, path=Path("/models/a-q4"), source="/models/a-q4")
+    await mgr.reconfigure(_registry(moved))
+    await mgr.quiesce()
+    assert [s.path for s in seen] == [Path("/models/a")], "the old engine's cache is saved under its own identity"
+    assert len(factory.built) == 2, "the model was in memory, so it is loaded again"
+    assert mgr.core.residents["a"].state.value == "loaded"
+
+
+async def _record(seen, s):
+    seen.append(s)
+
+
+async def test_added_preload_model_loads_in_the_background():
+    mgr, factory, _, _ = make(8, spec("a", 1))
+    factory.gate["b"] = asyncio.Event()
+    warm = await mgr.reconfigure(_registry(spec("a", 1), spec("b", 1, preload=True)))
+    assert warm == ["b"]
+    await settle()
+    assert mgr.core.residents["b"].state.value == "loading", "reconfigure returned before the load finished"
+    factory.gate["b"].set()
+    await mgr.quiesce()
+    assert mgr.core.residents["b"].state.value == "loaded"
+    assert mgr.core.residents["a"].state.value == "unloaded"
