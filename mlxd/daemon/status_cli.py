@@ -143,7 +143,7 @@ def _memory(doc: dict[str, Any]) -> Text:
 
 
 def _models(doc: dict[str, Any]) -> Table:
-    table = Table(expand=False, pad_edge=False, header_style="bold")
+    table = Table(header_style="bold")
     for column, justify in (
         ("Model", "left"), ("State", "left"), ("Memory", "right"), ("Leases", "right"), ("Queued", "right"),
         ("Idle unload", "right"), ("Tok/s", "right"), ("Loads", "right"), ("Last error", "left"),

@@ -1,0 +1,132 @@
+"""`mlxd status` as a user runs it: a separate process that finds the daemon
+from the same settings as `mlxd serve`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from monitoring.monitoring_support import chat
+from support.daemon import daemon_in_thread, free_port, write_registry
+
+pytestmark = pytest.mark.mlx
+
+KEY = "sk-cli-test"
+
+
+def mlxd(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mlxd", *args], capture_output=True, text=True, env=clean_env(env), timeout=timeout
+    )
+
+
+def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLXD_")}
+    env["COLUMNS"] = "160"  # rich wraps to the terminal width; keep rows on one line
+    return {**env, **(extra or {})}
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cli")
+    registry = write_registry(
+        tmp,
+        [
+            {"name": "qwen", "model": "qwen", "aliases": ["default"], "idle_unload_seconds": 600},
+            {"name": "llama", "model": "llama", "pinned": True},
+        ],
+    )
+    with daemon_in_thread(registry, tmp, api_keys=KEY) as d:
+        assert chat(d, "qwen", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+        yield d
+
+
+def port_of(daemon) -> str:
+    return daemon.url.rsplit(":", 1)[1]
+
+
+def test_table_shows_every_model_with_state_memory_leases_and_idle_countdown(daemon):
+    result = mlxd("status", env={"MLXD_PORT": port_of(daemon), "MLXD_API_KEY": KEY})
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    rows = {}
+    for line in out.splitlines():
+        if line.startswith("│"):
+            cells = [cell.strip() for cell in line.strip("│").split("│")]
+            rows[cells[0].split()[0]] = cells
+    model, state, memory, leases, queued, idle, rate, loads, error = rows["qwen"]
+    assert (model, state, leases, queued, loads, error) == ("qwen (default)", "loaded", "0/1", "0", "1", "")
+    assert memory.endswith("MB") and float(rate) > 0
+    assert idle.startswith(("in 10 min", "in 9 min")), idle
+    assert rows["llama"][1] == "unloaded · pinned" and rows["llama"][5] == "pinned"
+    assert rows["llama"][2].endswith("est.")
+    assert "health: ok" in out and "memory [" in out
+    assert "recent events" in out and "loaded qwen in" in out
+
+
+def test_json_is_the_status_document(daemon):
+    result = mlxd("status", "--json", "--url", daemon.url, "--api-key", KEY)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["schema_version"] == 1
+    assert {m["name"]: m["state"] for m in doc["models"]} == {"qwen": "loaded", "llama": "unloaded"}
+
+
+def test_the_address_comes_from_the_config_file_like_serve(daemon, tmp_path):
+    config = tmp_path / "models.yaml"
+    config.write_text(yaml.safe_dump({"server": {"port": int(port_of(daemon))}, "models": []}))
+    by_flag = mlxd("status", "--json", "--config", str(config), env={"MLXD_API_KEYS": f"{KEY},other"})
+    by_env = mlxd("status", "--json", env={"MLXD_CONFIG": str(config), "MLXD_API_KEY": KEY})
+    for result in (by_flag, by_env):
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["daemon"]["bind"]["port"] == int(port_of(daemon))
+
+
+def test_no_daemon_running_is_one_plain_line_and_status_1():
+    port = free_port()
+    result = mlxd("status", env={"MLXD_PORT": str(port)})
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.strip() == f"mlxd: error: no mlxd is running at http://127.0.0.1:{port}"
+    assert "Traceback" not in result.stderr
+
+
+def test_a_missing_key_is_one_line_that_says_what_to_do(daemon):
+    result = mlxd("status", env={"MLXD_PORT": port_of(daemon)})
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "401" in lines[0] and "MLXD_API_KEY" in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_watch_refreshes_until_interrupted(daemon):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mlxd", "status", "--watch", "--json", "--interval", "0.3"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=clean_env({"MLXD_PORT": port_of(daemon), "MLXD_API_KEY": KEY}),
+    )
+    try:
+        first = json.loads(process.stdout.readline())
+        assert httpx.post(f"{daemon.url}/v1/models/llama/load", headers={"Authorization": f"Bearer {KEY}"},
+                          timeout=60).status_code == 200
+        for _ in range(50):
+            later = json.loads(process.stdout.readline())
+            if {m["name"]: m["state"] for m in later["models"]}["llama"] == "loaded":
+                break
+        else:
+            pytest.fail("the watch never showed llama loaded")
+        assert later["generated_at"] > first["generated_at"]
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+        assert "Traceback" not in process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
