@@ -39,6 +39,8 @@ class _Common(BaseModel):
     logprobs: bool | int | None = None
     # Total seconds for this request, queueing and loading included.
     timeout: float | None = Field(default=None, gt=0)
+    # vLLM's extension: decode to max_tokens even past the end token.
+    ignore_eos: bool = False
     user: str | None = None
 
     @field_validator("stop")

@@ -101,6 +101,7 @@ def plan_chat(ctx: DaemonContext, body: ChatCompletionRequest) -> Plan:
         sampling=resolve_sampling(body, spec),
         stop=body.stop_list(),
         messages=body.plain_messages(),
+        ignore_eos=body.ignore_eos,
     )
     return Plan(
         kind="chat",
@@ -123,7 +124,7 @@ def plan_completion(ctx: DaemonContext, body: CompletionRequest) -> Plan:
     requests = [
         GenerationRequest(
             request_id=f"{plan_id}-{i}", max_tokens=max_tokens, sampling=sampling,
-            stop=body.stop_list(), prompt=prompt,
+            stop=body.stop_list(), prompt=prompt, ignore_eos=body.ignore_eos,
         )
         for i, prompt in enumerate(body.prompts())
     ]

@@ -86,3 +86,19 @@ def make_logits_processors(params: SamplingParams) -> list[LogitsProcessor]:
         ),
         presence_penalty=params.presence_penalty or None,
     )
+
+
+def suppress_tokens(token_ids: set[int] | list[int], vocab_size: int) -> LogitsProcessor:
+    """A processor that makes ``token_ids`` impossible (``ignore_eos``)."""
+    import mlx.core as mx
+
+    penalty = [0.0] * vocab_size
+    for token in token_ids:
+        if 0 <= token < vocab_size:
+            penalty[token] = float("-inf")
+    mask = mx.array(penalty)
+
+    def processor(tokens: Any, logits: Any) -> Any:
+        return logits + mask.astype(logits.dtype)
+
+    return processor

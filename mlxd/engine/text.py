@@ -237,9 +237,16 @@ class TextEngine:
             # The KV cache was budgeted for max_context tokens: never decode past it.
             max_tokens=min(request.max_tokens, max(1, limit - n_prompt)),
             sampler=sampling.make_sampler(request.sampling, self._vocab_size),
-            processors=sampling.make_logits_processors(request.sampling),
+            processors=self._processors(request),
             stops=StopMatcher(request.stop),
         )
+
+    def _processors(self, request: GenerationRequest) -> list[Any]:
+        processors = sampling.make_logits_processors(request.sampling)
+        if request.ignore_eos:
+            eos = set(getattr(self._tokenizer, "eos_token_ids", None) or ())
+            processors.append(sampling.suppress_tokens(eos, self._vocab_size))
+        return processors
 
     def _decode(
         self, model: Any, tokenizer: Any, prepared: _Prepared, control: _Generation

@@ -31,6 +31,8 @@ class GenerationRequest:
     messages: list[dict[str, Any]] | None = None
     # Vision: decoded images (PIL) in message order.
     images: list[Any] = field(default_factory=list)
+    # Decode to max_tokens even past the end-of-sequence token (benchmarks, tests).
+    ignore_eos: bool = False
 
 
 @dataclass

@@ -345,3 +345,15 @@ def test_close_during_a_generation_aborts_it_and_frees_the_model(worker, qwen_ti
     chunks, baseline, after, load_bytes = run(main())
     assert chunks[-1].finish_reason == "abort"
     assert after - baseline < load_bytes * 0.05
+
+
+def test_ignore_eos_decodes_past_the_end_token_to_max_tokens(engine):
+    messages = [{"role": "user", "content": "List the files"}]
+    natural = run(collect(engine, greedy(max_tokens=600, messages=messages)))
+    assert natural[-1].finish_reason == "stop"
+    ended_at = natural[-1].completion_tokens
+    assert ended_at < 600
+    forced = run(collect(engine, greedy(max_tokens=ended_at + 20, messages=messages, ignore_eos=True)))
+    assert forced[-1].finish_reason == "length"
+    assert forced[-1].completion_tokens == ended_at + 20
+    assert "<|im_end|>" not in text_of(forced)
