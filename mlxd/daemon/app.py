@@ -26,9 +26,15 @@ def create_app(ctx: DaemonContext) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         ctx.worker.start()
         await ctx.manager.start()
+        # Set by wire_reloader (mlxd.daemon.reload) when the daemon can reload.
+        reloader = getattr(app.state, "reloader", None)
+        if reloader is not None and ctx.settings.watch_config:
+            await reloader.start_watching()
         try:
             yield
         finally:
+            if reloader is not None:
+                await reloader.stop_watching()
             # A SIGTERM drain has already done this; a plain stop has not.
             if not ctx.manager.core.shutting_down:
                 await ctx.manager.shutdown(ctx.settings.server.shutdown_grace_seconds)

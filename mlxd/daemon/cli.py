@@ -174,6 +174,30 @@ def status(
     )
 
 
+@app.command("reload")
+def reload_command(
+    json_output: bool = typer.Option(False, "--json", help="Print the reload's full report as JSON."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="The models.yaml the daemon serves (for its address)."),
+    url: Optional[str] = typer.Option(None, help="Daemon URL (default: from settings)."),
+    api_key: Optional[str] = typer.Option(None, envvar="MLXD_API_KEY"),
+) -> None:
+    """Apply the edited models.yaml to the running daemon now (docs/hot-reload.md).
+    An invalid file is reported and changes nothing (exit status 2)."""
+    from mlxd.daemon.client import DaemonClient
+    from mlxd.daemon.reload import reload_summary
+
+    client = DaemonClient.discover(url=url, api_key=api_key, config=config, timeout=60.0)
+    try:
+        report = client.post("/v1/admin/reload")
+    except MlxdError as exc:
+        if exc.status_code == 400:
+            # The client prefixes the status; the daemon's message is already
+            # the one-line ``file:line: key: message``.
+            raise _fail(exc.message.removeprefix("400: ")) from None
+        raise _fail(exc.message, 1) from None
+    typer.echo(json.dumps(report) if json_output else reload_summary(report))
+
+
 def _admin(action: str, name: str, url: Optional[str], api_key: Optional[str]) -> None:
     client = _client(url, api_key)
     try:

@@ -8,6 +8,7 @@ from pathlib import Path
 from mlxd.daemon.context import DaemonContext
 from mlxd.daemon.lockfile import StateLock
 from mlxd.daemon.logs import configure_logging
+from mlxd.daemon.reload import Reloader, wire_reloader
 from mlxd.daemon.server import build_server
 from mlxd.daemon.settings import DaemonSettings, effective
 from mlxd.engine.blas import blas_report
@@ -35,7 +36,8 @@ def run_daemon(settings: DaemonSettings, registry_path: Path) -> int:
         if not eff.server.api_keys and eff.server.host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("no API keys configured and bound to %s: anyone on the network can use the models",
                         eff.server.host)
-        server = build_server(ctx, on_reload=None)
+        server = build_server(ctx)
+        wire_reloader(server, Reloader(ctx, settings, registry_path))
         server.run()
         if not server.started:
             log.error("the server did not start (is port %d already in use?)", eff.server.port)

@@ -1,12 +1,14 @@
-"""Operator actions: load and unload a model now."""
+"""Operator actions: load and unload a model now, reload models.yaml."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 
 from mlxd.daemon.context import DaemonContext
+from mlxd.errors import ConfigError, ServiceUnavailable
 
 
 def router() -> APIRouter:
@@ -26,4 +28,22 @@ def router() -> APIRouter:
         state = await ctx.manager.unload(spec.name)
         return {"model": spec.name, "state": state}
 
+    @api.post("/v1/admin/reload", response_model=None)
+    async def reload(request: Request) -> dict[str, Any] | JSONResponse:
+        reloader = getattr(request.app.state, "reloader", None)
+        if reloader is None:
+            raise ServiceUnavailable("This mlxd was started without a registry file to reload")
+        try:
+            return await reloader.reload("api")
+        except ConfigError as exc:
+            return config_error_response(exc)
+
     return api
+
+
+def config_error_response(exc: ConfigError) -> JSONResponse:
+    """OpenAI's error body, whose message is the one-line ``file:line: key:
+    msg``, plus the same location as separate fields for programs."""
+    body = exc.body()
+    body["error"].update(file=exc.file, line=exc.line, key=exc.key, detail=exc.detail)
+    return JSONResponse(body, status_code=exc.status_code)
