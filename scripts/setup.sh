@@ -29,3 +29,18 @@ if [ "$(uname -s)" = Linux ] && ! ls /usr/lib/*-linux-gnu/libopenblas.so.0 >/dev
     fi
   fi
 fi
+# The dashboard test drives a real headless Chromium (tests/monitoring/test_dashboard.py).
+if [ "$(uname -s)" = Linux ] && ! { command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; }; then
+  if command -v apt-get >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then
+      (apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 ||
+        { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null; }) ||
+        echo "warning: could not install chromium and chromium-driver; the dashboard test will fail" >&2
+    elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+      sudo apt-get install -y -q chromium chromium-driver >/dev/null ||
+        echo "warning: could not install chromium and chromium-driver; the dashboard test will fail" >&2
+    else
+      echo "hint: 'sudo apt-get install chromium chromium-driver' is needed by the dashboard test" >&2
+    fi
+  fi
+fi
