@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -27,16 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results" / "engine_overhead.json"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-# Real source text: a random model fed repeated words tends to stop at once.
-PROMPT = (
-    "import argparse\nimport json\nfrom pathlib import Path\n\n\n"
-    "def parse_arguments(argv):\n"
-    '    """Read the command line and return the options."""\n'
-    "    parser = argparse.ArgumentParser(description="
-)
+from bench.common import PROMPT, ROOT, environment, reexec_with_openblas, save  # noqa: E402
 
 
 @dataclass
@@ -106,7 +96,6 @@ async def handoff_cost_us(items: int = 50_000) -> float:
 async def bench(size: str, arch: str, max_tokens: int, repeats: int) -> dict[str, Any]:
     import mlx_lm
 
-    from mlxd.engine.blas import active_blas
     from mlxd.engine.loader import load_text_engine
     from mlxd.engine.worker import MlxWorker
     from mlxd.factory import ModelRecipe, build_model
@@ -166,11 +155,7 @@ async def bench(size: str, arch: str, max_tokens: int, repeats: int) -> dict[str
         "identical_text": len(texts) == 1,
         "worker_handoff_us_per_item": await handoff_cost_us(),
         "decode_tok_s_runs": {name: [round(r.decode_tok_s, 1) for r in rs] for name, rs in runs.items()},
-        "blas": active_blas(),
-        "machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.system()}",
-        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        "python": platform.python_version(),
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        **environment(),
     }
 
 
@@ -199,27 +184,6 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"worker hand-off alone (no model): {result['worker_handoff_us_per_item']:.1f} us per chunk")
 
 
-def save(result: dict[str, Any]) -> None:
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    existing: dict[str, Any] = {}
-    if RESULTS.exists():
-        try:
-            existing = json.loads(RESULTS.read_text())
-        except json.JSONDecodeError:
-            existing = {}
-    existing[f"{result['arch']}-{result['size']}"] = result
-    RESULTS.write_text(json.dumps(existing, indent=2, sort_keys=True) + "\n")
-
-
-def reexec_with_openblas() -> None:
-    """Benchmarks on the bundled reference BLAS measure the wrong thing."""
-    from mlxd.engine.blas import preload_env
-
-    env = preload_env(os.environ)
-    if env is not None:
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", choices=["tiny", "small", "bench"], default="tiny")
@@ -230,11 +194,10 @@ def main() -> None:
     reexec_with_openblas()
     max_tokens = args.max_tokens or {"tiny": 256, "small": 256, "bench": 64}[args.size]
     repeats = args.repeats or {"tiny": 7, "small": 5, "bench": 3}[args.size]
-    sys.path.insert(0, str(ROOT))
     result = asyncio.run(bench(args.size, args.arch, max_tokens, repeats))
     print_table(result)
-    save(result)
-    print(f"\nwrote {RESULTS.relative_to(ROOT)}")
+    path = save("engine_overhead", f"{result['arch']}-{result['size']}", result)
+    print(f"\nwrote {path.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,123 @@
+"""Shared pieces of the benchmarks: OpenBLAS, result files, a daemon process."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = ROOT / "bench" / "results"
+
+# Real source text: a random model fed repeated words tends to stop at once.
+PROMPT = (
+    "import argparse\nimport json\nfrom pathlib import Path\n\n\n"
+    "def parse_arguments(argv):\n"
+    '    """Read the command line and return the options."""\n'
+    "    parser = argparse.ArgumentParser(description="
+)
+
+
+def reexec_with_openblas() -> None:
+    """Benchmarks on the bundled reference BLAS measure the wrong thing."""
+    from mlxd.engine.blas import preload_env
+
+    env = preload_env(os.environ)
+    if env is not None:
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
+def environment() -> dict[str, Any]:
+    from mlxd.engine.blas import active_blas
+
+    return {
+        "blas": active_blas(),
+        "machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.system()}",
+        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "python": platform.python_version(),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def save(name: str, key: str, result: dict[str, Any]) -> Path:
+    """Merge ``result`` under ``key`` into bench/results/<name>.json."""
+    path = RESULTS_DIR / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    existing: dict[str, Any] = {}
+    if path.exists():
+        try:
+            existing = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            existing = {}
+    existing[key] = result
+    path.write_text(json.dumps(existing, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [[str(c) for c in row] for row in [headers, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def daemon(models: list[dict[str, Any]], manager: dict[str, Any] | None = None) -> Iterator[str]:
+    """A `mlxd serve` process (which preloads OpenBLAS itself) on a temporary
+    registry. Yields its base URL."""
+    with tempfile.TemporaryDirectory(prefix="mlxd-bench-") as tmp:
+        registry = Path(tmp) / "models.yaml"
+        doc = {
+            "manager": {"memory_budget": "70%", "cache_dir": str(Path(tmp) / "cache"), **(manager or {})},
+            "models": models,
+        }
+        registry.write_text(yaml.safe_dump(doc, sort_keys=False))
+        port = free_port()
+        env = {**os.environ, "MLXD_STATE_DIR": str(Path(tmp) / "state")}
+        log = open(Path(tmp) / "daemon.log", "w")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "mlxd", "serve", "--config", str(registry), "--port", str(port), "--no-watch"],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                if process.poll() is not None:
+                    raise RuntimeError(f"daemon exited: {(Path(tmp) / 'daemon.log').read_text()}")
+                try:
+                    if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError("daemon did not start")
+                time.sleep(0.1)
+            yield url
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            log.close()

@@ -1,0 +1,130 @@
+"""What the daemon costs: streamed decode and time to first token through
+`mlxd serve` versus calling mlx_lm.stream_generate directly, same model, same
+prompt, greedy, same number of tokens, in one run.
+
+    python bench/overhead.py --size tiny
+    python bench/overhead.py --size small --tokens 256 --repeats 5
+
+Both sides run on OpenBLAS (this script re-executes itself with it; `mlxd
+serve` does the same). Runs alternate (direct, daemon, direct, ...) after a
+warm-up so drift hits both alike; medians are reported. Targets (issue #2):
+decode >= 0.95 of direct, under 10 ms added time to first token. Prints a
+table and merges the figures into bench/results/overhead.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx  # noqa: E402
+
+from bench.common import PROMPT, daemon, environment, reexec_with_openblas, save, table  # noqa: E402
+
+
+def rate(times: list[float], tokens: int) -> float:
+    """Decode tokens per second between the first and the last token."""
+    return (tokens - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else float("nan")
+
+
+def run_direct(model: Any, tokenizer: Any, tokens: int) -> dict[str, float]:
+    import mlx_lm
+
+    from mlxd.engine.sampling import suppress_tokens
+
+    # The daemon is asked for ignore_eos; the direct path gets the same mask.
+    vocab = model.args.vocab_size
+    processors = [suppress_tokens(set(tokenizer.eos_token_ids), vocab)]
+    times: list[float] = []
+    started = time.perf_counter()
+    for response in mlx_lm.stream_generate(model, tokenizer, PROMPT, max_tokens=tokens, logits_processors=processors):
+        times.append(time.perf_counter())
+    return {"ttft_s": times[0] - started, "decode_tok_s": rate(times, len(times)), "tokens": len(times)}
+
+
+def run_daemon(http: httpx.Client, tokens: int) -> dict[str, float]:
+    body = {"model": "m", "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    times: list[float] = []
+    generated = 0
+    started = time.perf_counter()
+    with http.stream("POST", "/v1/completions", json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            frame = json.loads(line[6:])
+            if frame["choices"] and frame["choices"][0]["text"]:
+                times.append(time.perf_counter())
+            if frame.get("usage") and not frame["choices"]:
+                generated = frame["usage"]["completion_tokens"]
+    # One frame can carry several tokens when the detokenizer holds text back;
+    # the rate uses the token count and the first/last arrival.
+    return {"ttft_s": times[0] - started, "decode_tok_s": rate(times, generated) if generated else float("nan"),
+            "tokens": generated}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", choices=["tiny", "small", "bench"], default="tiny")
+    parser.add_argument("--tokens", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None)
+    args = parser.parse_args()
+    reexec_with_openblas()
+    tokens = args.tokens or {"tiny": 512, "small": 256, "bench": 64}[args.size]
+    repeats = args.repeats or {"tiny": 7, "small": 5, "bench": 3}[args.size]
+
+    import mlx_lm
+
+    from mlxd.factory import ModelRecipe, build_model
+
+    path = build_model(ModelRecipe("qwen2", args.size))
+    model, tokenizer = mlx_lm.load(str(path))
+    runs: dict[str, list[dict[str, float]]] = {"direct": [], "daemon": []}
+    entry = {"name": "m", "path": str(path), "preload": True, "max_context": 32768, "idle_unload_seconds": 0}
+    with daemon([entry]) as url, httpx.Client(base_url=url, timeout=600) as http:
+        run_direct(model, tokenizer, 16)  # warm-up: MLX compiles CPU kernels on first use
+        run_daemon(http, 16)
+        for _ in range(repeats):
+            runs["direct"].append(run_direct(model, tokenizer, tokens))
+            runs["daemon"].append(run_daemon(http, tokens))
+        blas_in_daemon = http.get("/health").json().get("blas")
+
+    def median(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[name])
+
+    result = {
+        "size": args.size,
+        "tokens": tokens,
+        "repeats": repeats,
+        "direct": {"ttft_ms": round(median("direct", "ttft_s") * 1000, 2),
+                   "decode_tok_s": round(median("direct", "decode_tok_s"), 1)},
+        "daemon": {"ttft_ms": round(median("daemon", "ttft_s") * 1000, 2),
+                   "decode_tok_s": round(median("daemon", "decode_tok_s"), 1)},
+        "runs": {k: [round(r["decode_tok_s"], 1) for r in v] for k, v in runs.items()},
+        "daemon_blas": blas_in_daemon,
+        **environment(),
+    }
+    result["decode_ratio"] = round(result["daemon"]["decode_tok_s"] / result["direct"]["decode_tok_s"], 3)
+    result["ttft_added_ms"] = round(result["daemon"]["ttft_ms"] - result["direct"]["ttft_ms"], 2)
+    print(f"\nqwen2-{args.size}: {tokens} tokens, median of {repeats}, BLAS here {result['blas']}, "
+          f"in the daemon {blas_in_daemon}")
+    print(table(
+        ["path", "TTFT ms", "decode tok/s"],
+        [["mlx_lm.stream_generate", result["direct"]["ttft_ms"], result["direct"]["decode_tok_s"]],
+         ["mlxd serve (HTTP, SSE)", result["daemon"]["ttft_ms"], result["daemon"]["decode_tok_s"]]],
+    ))
+    print(f"daemon/direct decode: {result['decode_ratio']:.3f} (target >= 0.95); "
+          f"added TTFT: {result['ttft_added_ms']:+.2f} ms (target < 10)")
+    print(f"wrote {save('overhead', f'qwen2-{args.size}', result)}")
+
+
+if __name__ == "__main__":
+    main()
