@@ -190,7 +190,11 @@ def status_document(ctx: DaemonContext) -> dict[str, Any]:
             "mlx": mlx_memory_now(),
         },
         "models": [model_status(ctx, name) for name in list(manager.core.residents)],
-        "events": [e.as_dict() for e in ctx.events.recent(EVENTS_LIMIT)],
+        # Built by hand: dataclasses.asdict costs ~20 µs an event, 2 ms for a full ring.
+        "events": [
+            {"at": e.at, "kind": e.kind, "model": e.model, "message": e.message}
+            for e in ctx.events.recent(EVENTS_LIMIT)
+        ],
     }
 
 
