@@ -294,6 +294,18 @@ class ResidencyCore:
         actions += self._fit_budget(now, reason="measured footprint above estimate")
         return actions + self._schedule(now)
 
+    def measured(self, model: str, instance: int, nbytes: int, now: float) -> list[Action]:
+        """A better measurement arrived (e.g. the first generation's peak).
+        It raises the model's charge; if that overshoots the budget, idle
+        models make room."""
+        r = self.residents.get(model)
+        if r is None or r.instance != instance or nbytes <= (r.measured_bytes or 0):
+            return []
+        r.measured_bytes = nbytes
+        if r.state in (State.LOADED, State.DRAINING, State.LOADING):
+            r.reserved = max(r.reserved, nbytes)
+        return self._fit_budget(now, reason="measured footprint above estimate")
+
     def unload_finished(self, model: str, instance: int, now: float) -> list[Action]:
         r = self.residents[model]
         assert r.state is State.UNLOADING and r.instance == instance, (model, r.state)

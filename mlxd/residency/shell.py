@@ -266,6 +266,20 @@ class ResidencyManager:
 
     def _release(self, model: str, instance: int) -> None:
         self._apply(self.core.release(model, instance, self._clock()))
+        self._note_measurement(model, instance)
+
+    def _note_measurement(self, model: str, instance: int) -> None:
+        """Engines refine their footprint after the first generation (its peak):
+        the core charges the larger figure, and it is remembered for restarts."""
+        entry = self._engines.get(model)
+        r = self.core.residents.get(model)
+        if entry is None or r is None or entry[0] != instance:
+            return
+        measured = getattr(entry[1], "measured_bytes", None)
+        if measured and measured > (r.measured_bytes or 0):
+            if self._on_measured:
+                self._on_measured(r.spec, measured)
+            self._apply(self.core.measured(model, instance, measured, self._clock()))
 
     # --- admin ---------------------------------------------------------------
 

@@ -446,3 +446,13 @@ def test_lowered_budget_with_every_model_busy_evicts_as_they_go_idle():
     sim.finish_unload("a")
     sim.release(held_b)
     assert [u.model for u in sim.unloads()] == ["a"], "b alone fits the new budget"
+
+
+def test_a_larger_measurement_after_the_first_generation_raises_the_charge():
+    sim = Sim.of(manager(5), spec("a", 2), spec("b", 2))
+    sim.ready("a")
+    sim.call("measured", "a", 1, int(3.5 * GB), sim.now)
+    assert sim.core.residents["a"].charge() == int(3.5 * GB)
+    assert sim.core.committed() == int(3.5 * GB)
+    sim.request("b")  # 3.5 + 2 > 5: the idle a makes room
+    assert [u.model for u in sim.unloads()] == ["a"]

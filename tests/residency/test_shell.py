@@ -285,3 +285,21 @@ async def test_added_preload_model_loads_in_the_background():
     await mgr.quiesce()
     assert mgr.core.residents["b"].state.value == "loaded"
     assert mgr.core.residents["a"].state.value == "unloaded"
+
+
+async def test_a_measurement_refined_during_use_is_charged_and_remembered():
+    remembered = {}
+    registry = Registry(None, "x", manager(8), ServerSpec(), (spec("a", 1),))
+    engines = []
+
+    async def factory(s):
+        engine = FakeEngine(s.name)
+        engine.measured_bytes = int(0.5 * GB)
+        engines.append(engine)
+        return engine
+
+    mgr = ResidencyManager(registry, factory, auto_tick=False, on_measured=lambda s, n: remembered.update({s.name: n}))
+    async with mgr.lease("a"):
+        engines[0].measured_bytes = int(1.5 * GB)  # the first generation's peak
+    assert remembered == {"a": int(1.5 * GB)}
+    assert mgr.core.residents["a"].charge() == int(1.5 * GB)
