@@ -11,14 +11,14 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from monitoring.monitoring_support import chat, corrupt_model
-from support.daemon import daemon_in_thread, write_registry
+from reload.harness import reloading_daemon
+from support.daemon import write_registry
 
 from mlxd.daemon.status import SCHEMA_VERSION
-from mlxd.errors import ConfigError
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "status.md"
 # Objects whose keys belong to another component; documented as opaque.
-OPAQUE = {"models[].engine", "config.last_reload"}
+OPAQUE = {"models[].engine", "config.last_reload.models"}
 
 
 def documented(section: str) -> dict[str, str]:
@@ -64,16 +64,17 @@ def leaves(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
 @pytest.fixture(scope="module")
 def rich_status(tmp_path_factory) -> tuple[dict[str, Any], dict[str, Any], str]:
     """A status document in which every optional part is filled in: a loaded
-    model, a failed one, events, and an invalid config file on disk."""
+    model, a failed one, events, and a reload rejected because the file on
+    disk became invalid."""
     tmp = tmp_path_factory.mktemp("docs")
     registry = write_registry(
         tmp, [{"name": "qwen", "model": "qwen", "aliases": ["q"]}, {"name": "broken", "path": str(corrupt_model(tmp))}]
     )
-    with daemon_in_thread(registry, tmp) as d:
+    with reloading_daemon(registry, tmp, watch=False) as d:
         assert chat(d, "qwen").status_code == 200
         assert chat(d, "broken").status_code == 503
-        # Set the way the hot-reload code reports a file that stopped validating.
-        d.ctx.config.error = ConfigError("expected an integer", file=str(registry), line=4, key="models[0].max_context")
+        registry.write_text(registry.read_text() + "surprise: 1\n")
+        assert d.reload().status_code == 400
         yield d.status(), httpx.get(f"{d.url}/health").json(), httpx.get(f"{d.url}/metrics").text
 
 

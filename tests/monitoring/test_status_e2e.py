@@ -1,6 +1,6 @@
 """/v1/status, /health and /metrics of a real daemon on tiny real models,
 followed through real state changes: load, use, idle unload, eviction, a
-failed load and an invalid config file on disk."""
+failed load and a reload of an invalid config file."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import re
 import httpx
 import pytest
 from monitoring.monitoring_support import chat, corrupt_model, sample, scrape
+from reload.harness import reloading_daemon
 from support.daemon import daemon_in_thread, wait_until, write_registry
 
 from mlxd.daemon.status import PREFIX_CACHE_FIELDS, SCHEMA_VERSION
 from mlxd.errors import ConfigError
-from mlxd.registry.loader import load_registry
 
 pytestmark = pytest.mark.mlx
 
@@ -177,32 +177,36 @@ def test_a_failed_load_is_reported_sanitized_and_degrades_health(daemon):
     assert sample(metrics, "mlxd_model_state", model="broken", state="failed") == 1
 
 
-def test_an_invalid_config_file_on_disk_is_shown_and_degrades_health(daemon, tmp_path):
-    # The hot-reload code sets ctx.config.error when models.yaml on disk stops
-    # validating (the previous registry keeps serving). It is not wired in this
-    # build yet, so the test does what it does: load the bad file, keep the
-    # ConfigError the loader raises, and store it on the context.
-    bad = tmp_path / "models.yaml"
-    bad.write_text("manager:\n  memory_budget: 2GB\nmodels:\n  - name: a\n    max_context: lots\n")
-    with pytest.raises(ConfigError) as caught:
-        load_registry(bad)
-    daemon.ctx.config.error = caught.value
-    try:
-        doc = daemon.status()
+def test_a_rejected_reload_shows_the_error_and_degrades_health_until_the_file_is_fixed(tmp_path):
+    registry = write_registry(tmp_path, [{"name": "a", "model": "qwen"}])
+    good = registry.read_text()
+    with reloading_daemon(registry, tmp_path, watch=False) as d:
+        registry.write_text(good.replace("models:", "models:\n- name: b\n  max_context: lots"))
+        rejected = d.reload()
+        assert rejected.status_code == 400
+        doc = d.status()
         error = doc["config"]["error"]
-        assert error["file"] == str(bad) and error["line"] is not None and error["message"]
-        assert error == caught.value.as_dict()
-        assert doc["health"]["status"] == "degraded"
-        assert any("configuration file is invalid" in p for p in doc["health"]["problems"])
-        health = httpx.get(f"{daemon.url}/health").json()
-        assert health["status"] == "degraded"
-        assert "the configuration file on disk is invalid" in health["reasons"]
-        assert str(bad) not in httpx.get(f"{daemon.url}/health").text
-        assert sample(scrape(daemon), "mlxd_config_error") == 1
-    finally:
-        daemon.ctx.config.error = None
-    assert daemon.status()["config"]["error"] is None
-    assert sample(scrape(daemon), "mlxd_config_error") == 0
+        assert error["file"] == str(registry) and error["line"] is not None and error["message"]
+        assert error["key"] == rejected.json()["error"]["key"]
+        assert doc["config"]["last_reload"]["outcome"] == "invalid" and doc["config"]["generation"] == 1
+        assert any(e["kind"] == "reload" and "rejected" in e["message"] for e in doc["events"])
+        assert doc["health"] == {"status": "degraded", "problems": [f"the configuration file is invalid: {error_line(error)}"]}
+        health = httpx.get(f"{d.url}/health")
+        assert health.json()["status"] == "degraded"
+        assert health.json()["reasons"] == ["the configuration file on disk is invalid"]
+        assert str(registry) not in health.text and "max_context" not in health.text
+        assert sample(scrape(d), "mlxd_config_error") == 1
+
+        registry.write_text(good)
+        assert d.reload().status_code == 200
+        doc = d.status()
+        assert doc["config"]["error"] is None and doc["health"]["status"] == "ok"
+        assert httpx.get(f"{d.url}/health").json()["status"] == "ok"
+        assert sample(scrape(d), "mlxd_config_error") == 0
+
+
+def error_line(error: dict) -> str:
+    return str(ConfigError(error["message"], file=error["file"], line=error["line"], key=error["key"]))
 
 
 def test_status_answers_while_a_model_generates(daemon):
