@@ -16,30 +16,21 @@ nothing here passes or fails.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import platform
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import httpx
-import yaml
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results" / "status_latency.json"
+import httpx  # noqa: E402
+
+from bench.common import PROMPT, daemon, environment, save, table  # noqa: E402
+
 TARGET_P99_MS = 20.0
-# Real text as the prompt: a random model fed repeated words may stop at once.
-PROMPT = "Read the configuration file, list every section and explain what each key does."
 
 
 @dataclass
@@ -54,54 +45,13 @@ class Phase:
     generated_tokens_per_s: float
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def write_registry(directory: Path, size: str) -> Path:
+def models(size: str) -> list[dict[str, object]]:
     from mlxd.factory import ModelRecipe, build_model
 
-    models = [
-        {"name": "first", "path": str(build_model(ModelRecipe("qwen2", size, seed=0))), "max_context": 4096},
-        {"name": "second", "path": str(build_model(ModelRecipe("llama", size, seed=1))), "max_context": 4096},
+    return [
+        {"name": "first", "path": str(build_model(ModelRecipe("qwen2", size, seed=0)))},
+        {"name": "second", "path": str(build_model(ModelRecipe("llama", size, seed=1)))},
     ]
-    doc = {"manager": {"memory_budget": "80%", "cache_dir": str(directory / "cache")}, "models": models}
-    path = directory / "models.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
-@contextlib.contextmanager
-def daemon(registry: Path, directory: Path) -> Iterator[str]:
-    port = free_port()
-    env = {**os.environ, "MLXD_STATE_DIR": str(directory / "state"), "MLXD_LOG_LEVEL": "warning"}
-    log = open(directory / "daemon.log", "w")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "mlxd", "serve", "--config", str(registry), "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT, env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None:
-                raise SystemExit(f"the daemon exited:\n{(directory / 'daemon.log').read_text()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise SystemExit("the daemon did not start in 120 s")
-            time.sleep(0.2)
-        yield url
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
 
 
 class Generator(threading.Thread):
@@ -170,56 +120,48 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=512)
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory(prefix="mlxd-bench-status-") as tmp:
-        directory = Path(tmp)
-        registry = write_registry(directory, args.size)
-        with daemon(registry, directory) as url:
-            for model in ("first", "second"):  # load both and warm the kernels up
-                httpx.post(f"{url}/v1/chat/completions", timeout=300, json={
-                    "model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8})
-            short = max(3.0, args.seconds / 4)
-            # /health is the floor: the same HTTP stack with almost nothing to read.
-            phases = [phase("idle", url, "/v1/status", short, []), phase("idle", url, "/health", short, [])]
-            generators = [Generator(url, m, args.max_tokens) for m in ("first", "second")]
-            for g in generators:
-                g.start()
-            deadline = time.monotonic() + 120
-            while not all(g.chunks for g in generators) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            phases.append(phase("2 models generating", url, "/v1/status", args.seconds, generators))
-            phases.append(phase("2 models generating", url, "/health", short, generators))
-            phases.append(phase("2 models generating", url, "/metrics", short, generators))
-            status = httpx.get(f"{url}/v1/status").json()
-            for g in generators:
-                g.stop.set()
-            for g in generators:
-                g.join(timeout=60)
+    with daemon(models(args.size)) as url:
+        for model in ("first", "second"):  # load both and warm the kernels up
+            httpx.post(f"{url}/v1/chat/completions", timeout=300, json={
+                "model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8})
+        short = max(3.0, args.seconds / 4)
+        # /health is the floor: the same HTTP stack with almost nothing to read.
+        phases = [phase("idle", url, "/v1/status", short, []), phase("idle", url, "/health", short, [])]
+        generators = [Generator(url, m, args.max_tokens) for m in ("first", "second")]
+        for g in generators:
+            g.start()
+        deadline = time.monotonic() + 120
+        while not all(g.chunks for g in generators) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        phases.append(phase("2 models generating", url, "/v1/status", args.seconds, generators))
+        phases.append(phase("2 models generating", url, "/health", short, generators))
+        phases.append(phase("2 models generating", url, "/metrics", short, generators))
+        status = httpx.get(f"{url}/v1/status").json()
+        for g in generators:
+            g.stop.set()
+        for g in generators:
+            g.join(timeout=60)
 
+    env = environment()
+    print(f"\n{args.size} models, {env['machine']}, load average {env['load_average']:.1f}, "
+          f"MLX {status['daemon']['mlx']['version']}, BLAS {status['daemon']['blas']['active']}")
+    print(table(
+        ["phase", "endpoint", "requests", "p50 ms", "p90 ms", "p99 ms", "max ms", "gen tok/s"],
+        [[p.name, p.endpoint, p.requests, f"{p.p50_ms:.2f}", f"{p.p90_ms:.2f}", f"{p.p99_ms:.2f}",
+          f"{p.max_ms:.2f}", f"{p.generated_tokens_per_s:.1f}"] for p in phases],
+    ))
     under_load = phases[2]
-    print(f"\n/v1/status latency, {args.size} models, {os.cpu_count()} cores, "
-          f"MLX {status['daemon']['mlx']['version']} on {status['daemon']['mlx']['device']}, "
-          f"BLAS {status['daemon']['blas']['active']}")
-    header = f"{'phase':<22} {'endpoint':<11} {'requests':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8} {'gen tok/s':>10}"
-    print(header)
-    print("-" * len(header))
-    for p in phases:
-        print(f"{p.name:<22} {p.endpoint:<11} {p.requests:>8} {p.p50_ms:>8.2f} {p.p90_ms:>8.2f} "
-              f"{p.p99_ms:>8.2f} {p.max_ms:>8.2f} {p.generated_tokens_per_s:>10.1f}")
     verdict = "meets" if under_load.p99_ms < TARGET_P99_MS else "misses"
     print(f"\n/v1/status p99 under load: {under_load.p99_ms:.2f} ms ({verdict} the {TARGET_P99_MS:g} ms target)")
-
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
-        "size": args.size,
+    path = save("status_latency", args.size, {
+        "environment": env,
         "seconds": args.seconds,
         "target_p99_ms": TARGET_P99_MS,
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                    "mlx": status["daemon"]["mlx"], "blas": status["daemon"]["blas"]["active"]},
         "status_bytes": len(json.dumps(status)),
         "phases": [asdict(p) for p in phases],
         "generator_errors": sum(g.errors for g in generators),
-    }, indent=2) + "\n")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    })
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
