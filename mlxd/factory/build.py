@@ -17,7 +17,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,18 +100,28 @@ def build_model(recipe: ModelRecipe, cache_dir: Path | None = None) -> Path:
     crash never leaves a half-written model behind.
     """
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-    cache_dir.mkdir(parents=True, exist_ok=True)
     files = stdlib_files(recipe.shape.corpus_bytes)
     key = _content_key(recipe, corpus_digest(files))
     target = cache_dir / f"{recipe.slug()}-{key}"
+    return build_once(target, lambda out: _write_model(recipe, files, out))
+
+
+def build_once(target: Path, write: Callable[[Path], None]) -> Path:
+    """Return the model folder ``target``, running ``write(folder)`` first if it is missing.
+
+    ``write`` fills a temporary sibling folder that is renamed into place, and
+    builders of the same target wait on a lock file, so every factory (text or
+    vision) gets the same crash and concurrency safety.
+    """
     if (target / "config.json").exists():
         return target
-    with _locked(cache_dir / f".{target.name}.lock"):
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(target.parent / f".{target.name}.lock"):
         if (target / "config.json").exists():
             return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=cache_dir))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
-            _write_model(recipe, files, tmp)
+            write(tmp)
             os.replace(tmp, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
