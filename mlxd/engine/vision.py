@@ -1,0 +1,488 @@
+"""The mlx-vlm vision engine: chat messages and decoded images in, streamed text out.
+
+The same contract as the text engine (``engine/text.py``): a generation is a
+synchronous generator stepped on the shared worker thread, one token per
+step, so other models keep decoding between this model's tokens. The model
+is loaded with ``mlx_vlm.load``, the prompt rendered with mlx-vlm's
+``apply_chat_template`` and tokenized with its ``prepare_inputs`` (which also
+runs the image processor), and decoded with ``mlx_vlm.stream_generate``.
+
+Everything that touches mlx-vlm runs on the worker, its import included:
+mlx-vlm makes its generation stream when it is imported, and MLX streams
+belong to a thread.
+
+One generation at a time per vision model: mlx-vlm keeps per-generation
+state on the model object (Qwen-VL's M-RoPE position deltas live on the
+language model between steps), so two interleaved generations on one model
+would corrupt each other. Requests for the same vision model therefore take
+turns in arrival order, on the worker; other models are not held up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import importlib.util
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from mlxd.engine import memory, sampling
+from mlxd.engine.stops import StopMatcher
+from mlxd.engine.types import GenerationChunk, GenerationRequest
+from mlxd.engine.worker import SKIP, MlxWorker
+from mlxd.errors import (
+    BadRequest,
+    MlxdError,
+    ModelLoadFailed,
+    ServiceUnavailable,
+    ShuttingDown,
+    describe_exception,
+)
+from mlxd.registry.model import ModelSpec
+
+log = logging.getLogger(__name__)
+
+_IMAGE_PARTS = ("image", "image_url", "input_image")
+
+
+@dataclass
+class LoadedVision:
+    """What the worker hands back from a load: the model, its processor and what they cost."""
+
+    model: Any
+    processor: Any
+    load_bytes: int
+    load_seconds: float
+
+
+@dataclass(eq=False)
+class _Generation:
+    """One in-flight request; the event loop flags it, the worker reads the flag."""
+
+    request_id: str
+    abort_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class _Prepared:
+    prompt: str
+    inputs: dict[str, Any]
+    max_tokens: int
+    sampler: Any
+    processors: list[Any]
+    stops: StopMatcher
+
+
+# --- loading ---------------------------------------------------------------------
+
+
+async def load_vision_engine(spec: ModelSpec, worker: MlxWorker) -> VisionEngine:
+    """Load ``spec`` with ``mlx_vlm.load`` on the worker and wrap it as a VisionEngine.
+
+    A load cancelled by its caller still finishes on the worker (it cannot be
+    interrupted) and is then unloaded, so it never leaves memory behind.
+    """
+    if importlib.util.find_spec("mlx_vlm") is None:
+        raise ModelLoadFailed(
+            f"Model `{spec.name}` is a vision model but mlx-vlm is not installed "
+            "(pip install 'mlxd[vision]')"
+        )
+    load = asyncio.ensure_future(worker.call(load_vision_model, spec))
+    try:
+        loaded = await asyncio.shield(load)
+    except asyncio.CancelledError:
+        load.add_done_callback(lambda task: _discard_orphan(task, worker))
+        raise
+    return VisionEngine(spec, worker, loaded)
+
+
+def load_vision_model(spec: ModelSpec) -> LoadedVision:
+    """Worker thread: ``mlx_vlm.load`` plus the active memory it added."""
+    before = memory.active_bytes()
+    started = time.perf_counter()
+    try:
+        import mlx_vlm
+
+        # lazy=False (the default) evaluates the weights: the figure below is real.
+        model, processor = mlx_vlm.load(str(spec.path), trust_remote_code=spec.trust_remote_code)
+    except Exception as exc:
+        log.exception("loading vision model %s from %s failed", spec.name, spec.path)
+        _release_vlm_memory()
+        raise ModelLoadFailed(
+            f"The model `{spec.name}` could not be loaded ({type(exc).__name__}); "
+            "see the daemon log for details."
+        ) from exc
+    seconds = time.perf_counter() - started
+    loaded_bytes = max(0, memory.active_bytes() - before)
+    log.info("loaded vision model %s in %.2fs (%d MB)", spec.name, seconds, loaded_bytes >> 20)
+    return LoadedVision(model, processor, load_bytes=loaded_bytes, load_seconds=seconds)
+
+
+def _discard_orphan(task: asyncio.Future[Any], worker: MlxWorker) -> None:
+    if task.cancelled() or task.exception() is not None or not worker.running:
+        return
+    loaded: LoadedVision = task.result()
+
+    def unload() -> None:
+        loaded.model = loaded.processor = None
+        _release_vlm_memory()
+
+    future = asyncio.ensure_future(worker.call(unload))
+    future.add_done_callback(_log_failed_unload)
+
+
+def _log_failed_unload(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("unloading after a cancelled load failed: %s", describe_exception(task.exception()))
+
+
+def _release_vlm_memory() -> dict[str, Any]:
+    """Worker thread: finish mlx-vlm's pending work (an aborted generation
+    leaves some queued on its stream, holding buffers), then free as the text
+    engine does."""
+    import mlx.core as mx
+
+    try:
+        from mlx_vlm.generate.common import generation_stream
+    except ImportError:  # the import itself failed during a load
+        pass
+    else:
+        mx.synchronize(generation_stream)
+    return memory.release_memory()
+
+
+# --- the engine --------------------------------------------------------------------
+
+
+class VisionEngine:
+    """A loaded mlx-vlm model implementing ``mlxd.engine.types.Engine``."""
+
+    kind = "vision"
+
+    def __init__(self, spec: ModelSpec, worker: MlxWorker, loaded: LoadedVision) -> None:
+        self.name = spec.name
+        self.spec = spec
+        self._worker = worker
+        self._model: Any = loaded.model
+        self._processor: Any = loaded.processor
+        self._vocab_size = _vocab_size(loaded.model)
+        self.load_bytes = loaded.load_bytes
+        self.load_seconds = loaded.load_seconds
+        self.peak_bytes: int | None = None
+        self._peak_measure_pending = True
+        # Touched only on the event loop.
+        self._in_flight: set[_Generation] = set()
+        self._closed = False
+        # Touched only on the worker thread: generations in arrival order;
+        # the first one runs, the others wait their turn.
+        self._turns: collections.deque[_Generation] = collections.deque()
+        self._running = 0
+        self._generations = 0
+        self._tokens_generated = 0
+        self._prompt_tokens = 0
+        self._images = 0
+        self._aborted = 0
+
+    @property
+    def measured_bytes(self) -> int:
+        """The model's real cost: its load footprint, raised to the first generation's peak."""
+        return max(self.load_bytes, self.peak_bytes or 0)
+
+    # ------------------------------------------------------------ protocol
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        return self._generate(request)
+
+    async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        if self._closed:
+            raise ServiceUnavailable(f"The model `{self.name}` was unloaded; retry the request.")
+        control = _Generation(request.request_id)
+        self._in_flight.add(control)
+        stream = self._worker.stream(lambda: self._run(request, control))
+        try:
+            async for chunk in stream:
+                yield chunk
+        except MlxdError:
+            raise
+        except Exception as exc:
+            log.exception("generation %s on %s failed", request.request_id, self.name)
+            raise MlxdError(f"The model `{self.name}` failed while generating.") from exc
+        finally:
+            self._in_flight.discard(control)
+            await stream.aclose()
+
+    async def abort_all(self, reason: str) -> int:
+        aborted = 0
+        for control in list(self._in_flight):
+            if control.abort_reason is None:
+                control.abort_reason = reason
+                aborted += 1
+        return aborted
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self.abort_all("unloaded")
+        try:
+            # Aborted generations end at their next step; none may hold the
+            # model when the memory is released.
+            while self._running:
+                await self._worker.call(_noop)
+            await self._worker.call(self._release)
+        except ShuttingDown:
+            self._model = None
+            self._processor = None
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "in_flight": len(self._in_flight),
+            "running": self._running,
+            "waiting": max(0, len(self._turns) - self._running),
+            "generations": self._generations,
+            "prompt_tokens": self._prompt_tokens,
+            "tokens_generated": self._tokens_generated,
+            "images": self._images,
+            "aborted": self._aborted,
+            "load_bytes": self.load_bytes,
+            "peak_bytes": self.peak_bytes,
+            "measured_bytes": self.measured_bytes,
+            "load_seconds": round(self.load_seconds, 3),
+            "closed": self._closed,
+        }
+
+    # ------------------------------------------------------ worker thread
+    def _release(self) -> dict[str, Any]:
+        self._model = None
+        self._processor = None
+        return _release_vlm_memory()
+
+    def _run(self, request: GenerationRequest, control: _Generation) -> Iterator[Any]:
+        self._turns.append(control)
+        try:
+            while self._turns[0] is not control and control.abort_reason is None:
+                yield SKIP
+            if control.abort_reason is not None:
+                # Aborted before its turn: end without touching the model (it
+                # may be about to be released).
+                self._aborted += 1
+                yield GenerationChunk(text="", finish_reason="abort")
+                return
+            model, processor = self._model, self._processor
+            if model is None:
+                raise ServiceUnavailable(f"The model `{self.name}` was unloaded; retry the request.")
+            self._running += 1
+            self._generations += 1
+            try:
+                prepared = self._prepare(model, processor, request, control)
+                others = self._start_peak_measure()
+                try:
+                    yield from self._decode(model, processor, prepared, control)
+                finally:
+                    if others is not None:
+                        self.peak_bytes = max(0, memory.peak_bytes() - others)
+            finally:
+                self._running -= 1
+                self._prompt_tokens += control.prompt_tokens
+                self._tokens_generated += control.completion_tokens
+        finally:
+            self._turns.remove(control)
+
+    def _prepare(
+        self, model: Any, processor: Any, request: GenerationRequest, control: _Generation
+    ) -> _Prepared:
+        """Render, tokenize and process the images: everything that can fail before decoding."""
+        from mlx_vlm import apply_chat_template, prepare_inputs
+        from mlx_vlm.utils import should_add_special_tokens
+
+        if request.max_tokens < 1:
+            raise BadRequest("max_tokens must be at least 1.", param="max_tokens")
+        if (request.prompt is None) == (request.messages is None):
+            raise BadRequest("Give exactly one of `prompt` and `messages`.", param="messages")
+        images = list(request.images)
+        param = "messages" if request.messages is not None else "prompt"
+        if request.messages is not None:
+            messages = _template_messages(request.messages, len(images))
+            try:
+                prompt = apply_chat_template(processor, model.config, messages, num_images=len(images))
+            except Exception as exc:  # templates and mlx-vlm's formatter raise their own types
+                raise BadRequest(
+                    f"The chat template rejected the messages: {describe_exception(exc)}", param=param
+                ) from exc
+        else:
+            if images:
+                raise BadRequest("Images need chat messages; use /v1/chat/completions.", param="prompt")
+            prompt = request.prompt or ""
+        if not isinstance(prompt, str):
+            raise BadRequest("This model's chat template does not render a text prompt.", param=param)
+        try:
+            inputs = dict(
+                prepare_inputs(
+                    processor,
+                    images=images or None,
+                    prompts=prompt,
+                    image_token_index=getattr(model.config, "image_token_index", None),
+                    add_special_tokens=should_add_special_tokens(model.config.model_type, processor),
+                )
+            )
+        except Exception as exc:
+            log.warning("preparing inputs for %s failed: %s", self.name, describe_exception(exc))
+            raise BadRequest(
+                "The images could not be prepared for this model (too small, or an unusual shape).",
+                param=param,
+            ) from exc
+        n_prompt = int(inputs["input_ids"].shape[-1])
+        if n_prompt == 0:
+            raise BadRequest("The prompt is empty.", param=param)
+        limit = self.spec.max_context
+        if n_prompt > limit:
+            raise BadRequest(
+                f"This model's maximum context length is {limit} tokens, but the prompt has "
+                f"{n_prompt} tokens (images included). Shorten the {param} or send fewer images.",
+                param=param,
+                code="context_length_exceeded",
+            )
+        control.prompt_tokens = n_prompt
+        self._images += len(images)
+        return _Prepared(
+            prompt=prompt,
+            inputs=inputs,
+            max_tokens=min(request.max_tokens, max(1, limit - n_prompt)),
+            sampler=sampling.make_sampler(request.sampling, self._vocab_size),
+            processors=self._processors(request, processor),
+            stops=StopMatcher(request.stop),
+        )
+
+    def _processors(self, request: GenerationRequest, processor: Any) -> list[Any]:
+        processors = sampling.make_logits_processors(request.sampling)
+        if request.ignore_eos:
+            tokenizer = getattr(processor, "tokenizer", processor)
+            criteria = getattr(tokenizer, "stopping_criteria", None)
+            eos = set(getattr(criteria, "eos_token_ids", None) or ())
+            processors.append(sampling.suppress_tokens(eos, self._vocab_size))
+        return processors
+
+    def _decode(self, model: Any, processor: Any, prepared: _Prepared, control: _Generation) -> Iterator[Any]:
+        from mlx_vlm import stream_generate
+
+        n_prompt = control.prompt_tokens
+        stops = prepared.stops
+
+        def chunk(text: str, finish: str | None = None) -> GenerationChunk:
+            if finish == "abort":
+                self._aborted += 1
+            return GenerationChunk(
+                text=text,
+                finish_reason=finish,
+                prompt_tokens=n_prompt,
+                completion_tokens=control.completion_tokens,
+            )
+
+        inputs = dict(prepared.inputs)
+        extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "pixel_values", "attention_mask")}
+        # The footprint estimate assumes a quantised KV cache from the first token.
+        kv_options = {"kv_bits": self.spec.kv_bits, "quantized_kv_start": 0} if self.spec.kv_bits else {}
+        # Inputs prepared above are passed in, so mlx-vlm does not process the images twice.
+        responses = stream_generate(
+            model,
+            processor,
+            prepared.prompt,
+            input_ids=inputs["input_ids"],
+            pixel_values=inputs.get("pixel_values"),
+            mask=inputs.get("attention_mask"),
+            max_tokens=prepared.max_tokens,
+            sampler=prepared.sampler,
+            logits_processors=prepared.processors or None,
+            **extra,
+            **kv_options,
+        )
+        try:
+            while True:
+                if control.abort_reason is not None:
+                    yield chunk(stops.flush(), "abort")
+                    return
+                try:
+                    response = next(responses)
+                except StopIteration:
+                    yield chunk(stops.flush(), "stop")
+                    return
+                control.completion_tokens = response.generation_tokens
+                text, stopped = stops.feed(response.text)
+                if stopped:
+                    yield chunk(text, "stop")
+                    return
+                if response.finish_reason is not None:
+                    yield chunk(text + stops.flush(), response.finish_reason)
+                    return
+                yield chunk(text) if text else SKIP
+        finally:
+            responses.close()
+
+    def _start_peak_measure(self) -> int | None:
+        """On the first generation: reset MLX's peak; return the bytes not ours."""
+        if not self._peak_measure_pending:
+            return None
+        self._peak_measure_pending = False
+        others = max(0, memory.active_bytes() - self.load_bytes)
+        memory.reset_peak()
+        return others
+
+
+def _noop() -> None:
+    return None
+
+
+def _vocab_size(model: Any) -> int:
+    config = getattr(model, "config", None)
+    text = getattr(config, "text_config", None)
+    for source in (text, config):
+        size = getattr(source, "vocab_size", None)
+        if isinstance(size, int) and size > 0:
+            return size
+    return 0
+
+
+def _template_messages(messages: list[dict[str, Any]], n_images: int) -> list[dict[str, Any]]:
+    """OpenAI messages as mlx-vlm's formatter takes them: image parts (whatever
+    their payload) become ``{"type": "image"}`` in place, so the template puts
+    each image where the client put it. The count must match the images given."""
+    out = []
+    seen = 0
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise BadRequest("Each message must be an object.", param=f"messages[{i}]")
+        content = message.get("content")
+        if content is None:
+            content = ""
+        elif isinstance(content, list):
+            parts = []
+            for part in content:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind in _IMAGE_PARTS:
+                    if message.get("role") != "user":
+                        # mlx-vlm's formatter would drop it from the prompt.
+                        raise BadRequest(
+                            "Images are accepted in user messages only.", param=f"messages[{i}].content"
+                        )
+                    parts.append({"type": "image"})
+                    seen += 1
+                elif kind == "text":
+                    parts.append({"type": "text", "text": str(part.get("text", ""))})
+                else:
+                    raise BadRequest(
+                        f"Message content of type `{kind}` is not supported.", param=f"messages[{i}].content"
+                    )
+            content = parts
+        elif not isinstance(content, str):
+            raise BadRequest("Message content must be a string or a list of parts.", param=f"messages[{i}]")
+        out.append({**message, "content": content})
+    if seen != n_images:
+        raise BadRequest(
+            f"The messages hold {seen} image parts but {n_images} images were decoded.", param="messages"
+        )
+    return out
