@@ -48,8 +48,11 @@ def _require(program: str) -> str:
 @pytest.fixture
 def browser() -> Iterator[object]:
     chromium, driver_path = _require("chromium"), _require("chromedriver")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        pytest.fail("selenium is not installed: pip install -e '.[test]' (or run scripts/setup.sh)", pytrace=False)
 
     profile = tempfile.mkdtemp(prefix="mlxd-chromium-")
     options = webdriver.ChromeOptions()

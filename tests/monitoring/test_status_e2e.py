@@ -108,6 +108,9 @@ def test_using_a_model_counts_requests_tokens_and_recent_throughput(daemon):
     assert llama["recent_tokens_per_second"] == pytest.approx(llama["recent_output_tokens"] / 60, abs=1e-3)
     assert llama["last_used_at"] >= llama["loaded_at"]
     assert llama["active_leases"] == 0 and llama["queued"] == 0
+    # The prefix-cache figures are the engine's own, under the documented names.
+    reported = llama["engine"].get("prefix_cache") or {}
+    assert llama["prefix_cache"] == {key: reported.get(key) for key in PREFIX_CACHE_FIELDS}
     metrics = scrape(daemon)
     assert sample(metrics, "mlxd_requests_total", model="llama", status="200") >= 2
     assert sample(metrics, "mlxd_tokens_total", model="llama", direction="out") == llama["tokens_out"]
