@@ -4,8 +4,10 @@ level; tests build as many contexts as they like."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,10 +41,15 @@ class ConfigState:
 
 
 class EngineFactory:
-    """Builds the right engine for a spec on the shared worker."""
+    """Builds the right engine for a spec on the shared worker.
 
-    def __init__(self, worker: MlxWorker) -> None:
+    ``cache_dir`` gives the manager's cache dir at load time (hot reload may
+    change it); text models persist their prefix cache under it.
+    """
+
+    def __init__(self, worker: MlxWorker, cache_dir: Callable[[], Path] | None = None) -> None:
         self.worker = worker
+        self.cache_dir = cache_dir
 
     async def __call__(self, spec: ModelSpec) -> Any:
         if spec.kind == "vision":
@@ -56,7 +63,39 @@ class EngineFactory:
             return await load_vision_engine(spec, self.worker)
         from mlxd.engine.loader import load_text_engine
 
-        return await load_text_engine(spec, self.worker)
+        cache_dir = self.cache_dir() if self.cache_dir is not None else None
+        return await load_text_engine(spec, self.worker, cache_dir=cache_dir)
+
+
+class PrefixCacheHooks:
+    """The daemon's lifecycle hooks: save a model's prefix cache before it
+    unloads (idle, eviction, admin, reload or shutdown), then keep the whole
+    ``<cache_dir>/prefix`` within the sum of the models' disk bounds.
+
+    The save's MLX part runs on the worker and its file I/O in a thread, one
+    entry at a time: the event loop and other models keep going meanwhile.
+    """
+
+    def __init__(self, registry: Callable[[], Registry]) -> None:
+        self._registry = registry
+
+    async def before_unload(self, spec: ModelSpec, engine: Any, reason: str) -> None:
+        save = getattr(engine, "save_prefix_cache", None)
+        persistence = getattr(engine, "persistence", None)
+        if save is None or persistence is None:
+            return
+        await save()
+        from mlxd.engine.cache_store import enforce_total_bound
+
+        registry = self._registry()
+        total = sum(
+            m.prefix_cache.disk_max_bytes for m in registry.models if m.prefix_cache.persist
+        )
+        root = persistence.store.root
+        try:
+            await asyncio.to_thread(enforce_total_bound, root, total, {persistence.fingerprint})
+        except OSError as exc:
+            log.warning("bounding the prefix cache dir %s failed: %s", root, exc)
 
 
 @dataclass
@@ -93,15 +132,19 @@ class DaemonContext:
         events = EventLog()
         footprints = FootprintStore(settings.state_dir / "footprints.json")
         metrics = Metrics()
+        engines = factory or EngineFactory(worker)
+        # The lambdas read the manager's live registry: hot reload replaces it.
         manager = ResidencyManager(
             registry,
-            factory or EngineFactory(worker),
+            engines,
             events=events,
-            hooks=hooks,
+            hooks=hooks or PrefixCacheHooks(lambda: manager.registry),
             measured=footprints.known(registry.models),
             on_measured=footprints.remember,
             observer=metrics,
         )
+        if isinstance(engines, EngineFactory) and engines.cache_dir is None:
+            engines.cache_dir = lambda: manager.registry.manager.cache_dir
         config = ConfigState(
             path=registry.source_path, generation=1, file_hash=registry.file_hash, applied_at=time.time()
         )

@@ -1,37 +1,71 @@
-"""Loading an mlx-lm model onto the worker thread and measuring what it costs."""
+"""Loading an mlx-lm model onto the worker thread and measuring what it costs.
+
+With a cache dir, the model's saved prefix cache is restored before the
+engine is handed back, i.e. before the model is reported loaded.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from mlxd.engine import memory
+from mlxd.engine.cache_store import CacheStore, PrefixCachePersistence
+from mlxd.engine.fingerprint import model_fingerprint
 from mlxd.engine.text import LoadedText, TextEngine
 from mlxd.engine.worker import MlxWorker
-from mlxd.errors import ModelLoadFailed
+from mlxd.errors import ModelLoadFailed, describe_exception
 from mlxd.registry.model import ModelSpec
 
 log = logging.getLogger(__name__)
 
 
 async def load_text_engine(
-    spec: ModelSpec, worker: MlxWorker, *, prefill_chunk: int = 512
+    spec: ModelSpec, worker: MlxWorker, *, prefill_chunk: int = 512, cache_dir: Path | None = None
 ) -> TextEngine:
     """Load ``spec`` with ``mlx_lm.load`` on the worker and wrap it as a TextEngine.
 
     If the caller is cancelled mid-load, the load still finishes on the worker
     (it cannot be interrupted) and the model is then unloaded, so a cancelled
     load never leaves memory behind.
+
+    ``cache_dir`` (the manager's) turns on prefix cache persistence under
+    ``cache_dir/prefix/<fingerprint>/`` when the spec asks for it; the saved
+    entries are restored here. A restore problem is logged, never fatal.
     """
+    fingerprint = await _fingerprint(spec) if cache_dir is not None and _persists(spec) else None
     load = asyncio.ensure_future(worker.call(load_text_model, spec))
     try:
         loaded = await asyncio.shield(load)
     except asyncio.CancelledError:
         load.add_done_callback(lambda task: _discard_orphan(task, worker))
         raise
-    return TextEngine(spec, worker, loaded, prefill_chunk=prefill_chunk)
+    engine = TextEngine(spec, worker, loaded, prefill_chunk=prefill_chunk)
+    if fingerprint is not None and cache_dir is not None and engine.prefix_cache is not None:
+        store = CacheStore(Path(cache_dir) / "prefix", fingerprint, spec.prefix_cache.disk_max_bytes)
+        engine.persistence = PrefixCachePersistence(store, worker, engine.prefix_cache)
+        try:
+            await engine.persistence.restore()
+        except asyncio.CancelledError:
+            asyncio.ensure_future(engine.close())
+            raise
+    return engine
+
+
+def _persists(spec: ModelSpec) -> bool:
+    cache = spec.prefix_cache
+    return cache.persist and cache.max_bytes > 0 and cache.disk_max_bytes > 0
+
+
+async def _fingerprint(spec: ModelSpec) -> str | None:
+    try:
+        return await asyncio.to_thread(model_fingerprint, spec.path, spec.kv_bits)
+    except OSError as exc:
+        log.warning("prefix cache of %s not persisted: %s", spec.name, describe_exception(exc))
+        return None
 
 
 def load_text_model(spec: ModelSpec) -> LoadedText:

@@ -11,6 +11,12 @@ its whole prefill nor delays an abort or a disconnect until it is done. The
 last part of the prompt (and the decoding) goes through
 ``mlx_lm.stream_generate``, which owns sampling, EOS handling and the
 streaming detokenizer (it never emits half a UTF-8 character).
+
+The prefix cache (``engine/prefix_cache.py``): a request starts from a copy
+of the longest cached prefix of its prompt and prefills only the rest; when
+it finishes normally, its cache (prompt plus reply) is kept for the next
+turn. An aborted, cancelled or failed generation never inserts anything: its
+cache may be half-built.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxd.engine import memory, sampling
+from mlxd.engine.prefix_cache import PrefixCache
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.engine.worker import SKIP, MlxWorker
@@ -33,6 +40,8 @@ log = logging.getLogger(__name__)
 # mlx-lm's repetition and presence penalties look back 20 tokens, and they only
 # see the tokens stream_generate itself processed.
 _PENALTY_CONTEXT = 32
+# mlx-lm's default group size for a quantised KV cache (stream_generate's too).
+_KV_GROUP_SIZE = 64
 
 
 @dataclass
@@ -62,6 +71,8 @@ class _Prepared:
     sampler: Any
     processors: list[Any]
     stops: StopMatcher
+    # Prompt tokens left for stream_generate even on a prefix cache hit.
+    keep: int = 1
 
 
 class TextEngine:
@@ -89,6 +100,12 @@ class TextEngine:
         # Peak bytes attributable to this model during its first generation.
         self.peak_bytes: int | None = None
         self._peak_measure_pending = True
+        self.prefix_cache: PrefixCache | None = (
+            PrefixCache(spec.prefix_cache.max_bytes) if spec.prefix_cache.max_bytes > 0 else None
+        )
+        # Set by the loader when the cache is saved to and restored from disk
+        # (a ``cache_store.PrefixCachePersistence``).
+        self.persistence: Any = None
         # Touched only on the event loop.
         self._in_flight: set[_Generation] = set()
         self._closed = False
@@ -136,6 +153,11 @@ class TextEngine:
                 aborted += 1
         return aborted
 
+    async def save_prefix_cache(self) -> None:
+        """Save the prefix cache to disk (before an unload). Never raises."""
+        if self.persistence is not None and not self._closed:
+            await self.persistence.save()
+
     async def close(self) -> None:
         if self._closed:
             return
@@ -166,12 +188,36 @@ class TextEngine:
             "measured_bytes": self.measured_bytes,
             "load_seconds": round(self.load_seconds, 3),
             "closed": self._closed,
+            "prefix_cache": self.prefix_cache_stats(),
+        }
+
+    def prefix_cache_stats(self) -> dict[str, Any]:
+        cache, saved = self.prefix_cache, getattr(self.persistence, "stats", None)
+        entries = cache.entries if cache else 0
+        nbytes = cache.nbytes if cache else 0
+        return {
+            "entries": entries,
+            "bytes": nbytes,
+            # The names /v1/status documents for the same two figures.
+            "memory_entries": entries,
+            "memory_bytes": nbytes,
+            "max_bytes": cache.max_bytes if cache else 0,
+            "disk_entries": saved.disk_entries if saved else None,
+            "disk_bytes": saved.disk_bytes if saved else None,
+            "hits": cache.hits if cache else 0,
+            "misses": cache.misses if cache else 0,
+            "tokens_reused": cache.tokens_reused if cache else 0,
+            "restored_entries": saved.restored_entries if saved else 0,
+            "last_save_seconds": saved.last_save_seconds if saved else None,
+            "last_restore_seconds": saved.last_restore_seconds if saved else None,
         }
 
     # ------------------------------------------------------ worker thread
     def _release(self) -> dict[str, Any]:
         self._model = None
         self._tokenizer = None
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
         return memory.release_memory()
 
     def prompt_tokens(self, request: GenerationRequest) -> list[int]:
@@ -232,6 +278,7 @@ class TextEngine:
                 code="context_length_exceeded",
             )
         control.prompt_tokens = n_prompt
+        penalties = request.sampling.repetition_penalty != 1.0 or bool(request.sampling.presence_penalty)
         return _Prepared(
             tokens=tokens,
             # The KV cache was budgeted for max_context tokens: never decode past it.
@@ -239,6 +286,9 @@ class TextEngine:
             sampler=sampling.make_sampler(request.sampling, self._vocab_size),
             processors=self._processors(request),
             stops=StopMatcher(request.stop),
+            # Penalties look back over tokens stream_generate itself processed:
+            # give it as many as on a cold start, so the output is the same.
+            keep=_PENALTY_CONTEXT if penalties else 1,
         )
 
     def _processors(self, request: GenerationRequest) -> list[Any]:
@@ -252,11 +302,16 @@ class TextEngine:
         self, model: Any, tokenizer: Any, prepared: _Prepared, control: _Generation
     ) -> Iterator[Any]:
         import mlx.core as mx
-        from mlx_lm.generate import generation_stream, stream_generate
+        from mlx_lm.generate import generation_stream, maybe_quantize_kv_cache, stream_generate
         from mlx_lm.models.cache import make_prompt_cache
 
         n_prompt = len(prepared.tokens)
         stops = prepared.stops
+        prefix = self.prefix_cache
+        cache, reused = prefix.fetch(prepared.tokens, prepared.keep) if prefix else (None, 0)
+        if cache is None:
+            cache = make_prompt_cache(model)
+        generated: list[int] = []
 
         def chunk(text: str, finish: str | None = None) -> GenerationChunk:
             if finish == "abort":
@@ -266,11 +321,14 @@ class TextEngine:
                 finish_reason=finish,
                 prompt_tokens=n_prompt,
                 completion_tokens=control.completion_tokens,
+                cached_tokens=reused,
             )
 
+        # The footprint estimate assumes a quantised KV cache from the first token.
+        kv_bits = self.spec.kv_bits
+        kv_options = {"kv_bits": kv_bits, "quantized_kv_start": 0} if kv_bits else {}
         prompt = mx.array(prepared.tokens)
-        cache = make_prompt_cache(model)
-        done = 0
+        done = reused
         step = self._prefill_chunk
         while n_prompt - done > step + _PENALTY_CONTEXT:
             if control.abort_reason is not None:
@@ -278,12 +336,11 @@ class TextEngine:
                 return
             with mx.stream(generation_stream):
                 model(prompt[done : done + step][None], cache=cache)
+                maybe_quantize_kv_cache(cache, 0, _KV_GROUP_SIZE, kv_bits)
                 mx.eval([c.state for c in cache])
             done += step
             yield SKIP
 
-        # The footprint estimate assumes a quantised KV cache from the first token.
-        kv_options = {"kv_bits": self.spec.kv_bits, "quantized_kv_start": 0} if self.spec.kv_bits else {}
         responses = stream_generate(
             model,
             tokenizer,
@@ -295,6 +352,15 @@ class TextEngine:
             prefill_step_size=step,
             **kv_options,
         )
+
+        def finished(text: str, reason: str) -> GenerationChunk:
+            """The last chunk of a generation that ended normally. Its cache is
+            kept first: a consumer may close us as soon as it has this chunk."""
+            responses.close()
+            if prefix is not None:
+                self._keep_prefix(prefix, prepared.tokens + generated, cache)
+            return chunk(text, reason)
+
         try:
             while True:
                 if control.abort_reason is not None:
@@ -303,19 +369,26 @@ class TextEngine:
                 try:
                     response = next(responses)
                 except StopIteration:
-                    yield chunk(stops.flush(), "stop")
+                    yield finished(stops.flush(), "stop")
                     return
                 control.completion_tokens = response.generation_tokens
+                generated.append(response.token)
                 text, stopped = stops.feed(response.text)
                 if stopped:
-                    yield chunk(text, "stop")
+                    yield finished(text, "stop")
                     return
                 if response.finish_reason is not None:
-                    yield chunk(text + stops.flush(), response.finish_reason)
+                    yield finished(text + stops.flush(), response.finish_reason)
                     return
                 yield chunk(text) if text else SKIP
         finally:
             responses.close()
+
+    def _keep_prefix(self, prefix: PrefixCache, tokens: list[int], cache: list[Any]) -> None:
+        try:
+            prefix.insert(tokens, cache)
+        except Exception:  # the answer is complete: a cache problem must not fail it
+            log.exception("keeping the prefix cache of a %s generation failed", self.name)
 
     def _start_peak_measure(self) -> int | None:
         """On the first generation: reset MLX's peak; return the bytes not ours."""
