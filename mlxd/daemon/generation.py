@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from mlxd.daemon.api_models import ChatCompletionRequest, CompletionRequest
 from mlxd.daemon.context import DaemonContext
+from mlxd.daemon.images import ImagePolicy, PendingImages, collect_images, without_image_data
 from mlxd.engine.types import GenerationChunk, GenerationRequest, SamplingParams
 from mlxd.errors import (
     BadRequest,
@@ -53,6 +54,8 @@ class Plan:
     started: float = field(default_factory=time.monotonic)
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    # Vision chat: images checked against the model's rules, read before the lease.
+    images: PendingImages | None = None
 
     def remaining(self) -> float:
         return self.timeout - (time.monotonic() - self.started)
@@ -95,12 +98,17 @@ def plan_chat(ctx: DaemonContext, body: ChatCompletionRequest) -> Plan:
         raise BadRequest(
             f"Model `{body.model}` is a text model and does not accept images", param="messages"
         )
+    messages = body.plain_messages()
+    images = None
+    if spec.kind == "vision":
+        images = collect_images(messages, ImagePolicy.for_model(spec))
+        messages = without_image_data(messages)
     request = GenerationRequest(
         request_id=f"chatcmpl-{uuid.uuid4().hex[:24]}",
         max_tokens=resolve_max_tokens(ctx, body, spec),
         sampling=resolve_sampling(body, spec),
         stop=body.stop_list(),
-        messages=body.plain_messages(),
+        messages=messages,
         ignore_eos=body.ignore_eos,
     )
     return Plan(
@@ -112,6 +120,7 @@ def plan_chat(ctx: DaemonContext, body: ChatCompletionRequest) -> Plan:
         include_usage=body.include_usage,
         timeout=body.timeout or ctx.settings.server.request_timeout_s,
         id=request.request_id,
+        images=images,
     )
 
 
@@ -209,9 +218,17 @@ async def _generate_all(ctx: DaemonContext, plan: Plan, lease: Lease) -> Outcome
     return outcome
 
 
+async def _read_images_and_acquire(ctx: DaemonContext, plan: Plan) -> Lease:
+    """Images are read (files, remote fetches, decoding) before the lease, so
+    a bad image is a 400 that never loads a model or holds a slot."""
+    if plan.images is not None and plan.images.sources:
+        plan.requests[0].images = await plan.images.load()
+    return await ctx.manager.acquire(plan.requested_name, timeout=plan.remaining())
+
+
 async def complete(ctx: DaemonContext, plan: Plan, request: Request) -> dict[str, Any]:
     async def work() -> Outcome:
-        lease = await ctx.manager.acquire(plan.requested_name, timeout=plan.remaining())
+        lease = await _read_images_and_acquire(ctx, plan)
         with _released(lease):
             return await _generate_all(ctx, plan, lease)
 
@@ -301,7 +318,7 @@ async def open_stream(ctx: DaemonContext, plan: Plan, request: Request) -> Lease
     """Acquire before answering, so a 404/503/504 is a real status code; once
     the 200 is sent, errors travel in the stream."""
     try:
-        lease = await guarded(request, ctx.manager.acquire(plan.requested_name, timeout=plan.remaining()), plan.remaining())
+        lease = await guarded(request, _read_images_and_acquire(ctx, plan), plan.remaining())
     except MlxdError as exc:
         ctx.record_request(plan.spec.name, exc.status_code, plan)
         raise
