@@ -77,9 +77,7 @@ def fetch_status(client: DaemonClient) -> dict[str, Any]:
     try:
         doc = client.get("/v1/status")
     except MlxdError as exc:
-        hint = ""
-        if getattr(exc, "status_code", None) == 401:
-            hint = " (pass --api-key or set MLXD_API_KEY)"
+        hint = " (pass --api-key or set MLXD_API_KEY)" if exc.status_code == 401 else ""
         raise StatusUnavailable(f"{exc.message}{hint}") from None
     except ValueError:
         raise StatusUnavailable(f"{client.base_url} answered, but not with mlxd's status") from None
@@ -189,7 +187,15 @@ def _events(doc: dict[str, Any]) -> Text:
 
 
 def render(doc: dict[str, Any]) -> RenderableType:
-    return Group(_header(doc), Text(""), _memory(doc), _models(doc), _events(doc))
+    try:
+        return Group(_header(doc), Text(""), _memory(doc), _models(doc), _events(doc))
+    except (KeyError, TypeError, AttributeError):
+        # A daemon from another release: its schema is not the one drawn here.
+        return Text(
+            f"This daemon's status (schema {doc.get('schema_version')}) cannot be drawn by this mlxd "
+            "release; `mlxd status --json` shows it as it is.",
+            style="yellow",
+        )
 
 
 def run_status(
