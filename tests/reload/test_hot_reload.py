@@ -211,3 +211,18 @@ def test_fifty_rapid_edits_load_each_changed_model_once(tmp_path):
 
 def reached(daemon, digest: str) -> bool:
     return daemon.config()["file_hash"] == digest and daemon.config()["error"] is None
+
+
+def test_renamed_model_keeps_its_engine_and_every_report_field_is_documented(tmp_path):
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "hot-reload.md").read_text()
+    with start(tmp_path, [A], watch=False) as d:
+        before = answer(d.chat("a"))
+        edit(d, [{**A, "name": "renamed"}])
+        report = d.reload().json()
+        assert answer(d.chat("renamed")) == before
+        assert d.chat("a").status_code == 404
+        assert d.factory.loads == [("a", tiny_model("qwen").name)], "no second load under the new name"
+        assert d.model("renamed")["load_count"] == 1
+    assert report["models"]["renamed"] == {"change": "renamed", "fields": ["name"], "renamed_from": "a"}
+    keys = [*report, *report["server"], *report["models"]["renamed"]]
+    assert [k for k in keys if f"`{k}`" not in doc] == []
