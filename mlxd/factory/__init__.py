@@ -1,9 +1,19 @@
 """Builds small but real MLX models offline: a trained tokenizer, a real
-mlx-lm architecture with seeded weights, loadable by ``mlx_lm.load``.
+mlx-lm architecture with seeded weights, loadable by ``mlx_lm.load`` (or, for
+the Qwen2-VL-shaped vision models, by ``mlx_vlm.load``).
 
 The demo registry, the tests and the benchmarks all take their models from here.
 """
 
 from mlxd.factory.build import ModelRecipe, SIZES, build_model, default_cache_dir
+from mlxd.factory.vision import VISION_SIZES, VisionRecipe, build_vision_model
 
-__all__ = ["ModelRecipe", "SIZES", "build_model", "default_cache_dir"]
+__all__ = [
+    "ModelRecipe",
+    "SIZES",
+    "VISION_SIZES",
+    "VisionRecipe",
+    "build_model",
+    "build_vision_model",
+    "default_cache_dir",
+]

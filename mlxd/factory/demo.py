@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from mlxd.factory.build import ModelRecipe, build_model
+from mlxd.factory.vision import VisionRecipe, build_vision_model
 
-DEMO_MODELS: tuple[tuple[str, ModelRecipe, tuple[str, ...], str], ...] = (
+DEMO_MODELS: tuple[tuple[str, ModelRecipe | VisionRecipe, tuple[str, ...], str], ...] = (
     ("qwen-tiny", ModelRecipe("qwen2", "tiny"), ("default",), "Tiny Qwen2-shaped model with seeded weights"),
     ("llama-tiny", ModelRecipe("llama", "tiny", seed=1), (), "Tiny Llama-shaped model with seeded weights"),
     ("qwen-small", ModelRecipe("qwen2", "small", seed=2), (), "Small Qwen2-shaped model (realistic layer shapes)"),
+    ("vision-tiny", VisionRecipe("tiny"), (), "Tiny Qwen2-VL-shaped vision model with seeded weights"),
 )
 
 
@@ -22,8 +25,16 @@ def write_demo(directory: Path, *, sizes: tuple[str, ...] = ("tiny", "small")) -
     for name, recipe, aliases, description in DEMO_MODELS:
         if recipe.size not in sizes:
             continue
-        path = build_model(recipe, cache_dir=models_dir)
-        entries.append((name, path.relative_to(directory), aliases, description))
+        if isinstance(recipe, VisionRecipe):
+            # A text-only install (no mlx-vlm extra) gets a text-only demo.
+            if importlib.util.find_spec("mlx_vlm") is None:
+                continue
+            path = build_vision_model(recipe, cache_dir=models_dir)
+        else:
+            path = build_model(recipe, cache_dir=models_dir)
+        # Vision models keep no prefix cache: reserve no memory for one.
+        prefix_cache = '"0"' if isinstance(recipe, VisionRecipe) else '"64MB"'
+        entries.append((name, path.relative_to(directory), aliases, description, prefix_cache))
     lines = [
         "# The mlxd demo registry: small real models made offline by `mlxd demo`.",
         "# Every key is documented in models.yaml.example and docs/registry.md.",
@@ -38,7 +49,7 @@ def write_demo(directory: Path, *, sizes: tuple[str, ...] = ("tiny", "small")) -
         "    wait_timeout_s: 30",
         "models:",
     ]
-    for name, path, aliases, description in entries:
+    for name, path, aliases, description, prefix_cache in entries:
         lines += [
             f"  - name: {name}",
             f"    path: {path}",
@@ -46,7 +57,7 @@ def write_demo(directory: Path, *, sizes: tuple[str, ...] = ("tiny", "small")) -
             "    max_context: 4096",
             "    max_concurrency: 4",
             "    prefix_cache:",
-            '      max_bytes: "64MB"',
+            f"      max_bytes: {prefix_cache}",
         ]
         if aliases:
             lines.append(f"    aliases: [{', '.join(aliases)}]")
