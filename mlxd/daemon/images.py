@@ -22,12 +22,13 @@ import asyncio
 import base64
 import binascii
 import io
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from mlxd.errors import BadRequest
+from mlxd.errors import BadRequest, describe_exception
 from mlxd.registry.model import ModelSpec
 from mlxd.registry.sizing import format_bytes
 
@@ -37,6 +38,8 @@ IMAGE_PART_TYPES = ("image_url", "input_image")
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP")
 _FORMAT_NAMES = "PNG, JPEG or WebP"
 _DATA_MEDIA_TYPES = ("image/png", "image/jpeg", "image/jpg", "image/webp")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,8 @@ def decode_image(raw: bytes, param: str, limits: ImageLimits) -> Any:
             return image.convert("RGB")
     except UnidentifiedImageError:
         raise BadRequest(f"The image is not a {_FORMAT_NAMES} image.", param=param) from None
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        log.info("image at %s does not decode: %s", param, describe_exception(exc))
         raise BadRequest("The image data is truncated or corrupt.", param=param) from None
 
 
@@ -305,5 +309,6 @@ async def _fetch(client: Any, url: str, param: str, limits: ImageLimits) -> byte
         raise BadRequest(
             f"Fetching the image took longer than {limits.fetch_timeout_s:g} s.", param=param
         ) from None
-    except (httpx.HTTPError, httpx.InvalidURL):
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        log.info("fetching the image at %s failed: %s", param, describe_exception(exc))
         raise BadRequest("Fetching the image failed: the server could not be reached.", param=param) from None
