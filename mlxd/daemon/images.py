@@ -221,10 +221,11 @@ def _local_path(url: str, param: str, policy: ImagePolicy) -> Path:
             param=param,
         )
     parsed = urlparse(url)
-    if parsed.netloc not in ("", "localhost"):
+    path = Path(unquote(parsed.path))
+    if parsed.netloc not in ("", "localhost") or not path.is_absolute():
         raise BadRequest("A file:// URL must name a local file (file:///path/to/image.png).", param=param)
     # resolve() follows symlinks and "..": the check is on where the file really is.
-    path = Path(unquote(parsed.path)).resolve()
+    path = path.resolve()
     if not path.is_relative_to(policy.local_dir):
         raise BadRequest(
             f"The file is outside the folder model `{policy.model}` may read images from "

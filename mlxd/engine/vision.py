@@ -201,8 +201,8 @@ class VisionEngine:
         if self._closed:
             raise ServiceUnavailable(f"The model `{self.name}` was unloaded; retry the request.")
         control = _Generation(request.request_id)
-        self._in_flight.add(control)
         stream = self._worker.stream(lambda: self._run(request, control))
+        self._in_flight.add(control)
         try:
             async for chunk in stream:
                 yield chunk
@@ -230,7 +230,10 @@ class VisionEngine:
         await self.abort_all("unloaded")
         try:
             # Aborted generations end at their next step; none may hold the
-            # model when the memory is released.
+            # model when the memory is released. A call runs between two
+            # steps, so after the first one ``_running`` counts every
+            # generation that got past its abort check.
+            await self._worker.call(_noop)
             while self._running:
                 await self._worker.call(_noop)
             await self._worker.call(self._release)

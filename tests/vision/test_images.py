@@ -157,6 +157,12 @@ def test_a_missing_file_under_the_folder_is_a_bad_request(image_dir: Path):
     assert "no image file" in err.message
 
 
+@pytest.mark.parametrize("url", ["file://host/red.png", "file:red.png"])
+def test_file_urls_must_name_an_absolute_local_path(image_dir: Path, url: str):
+    with pytest.raises(BadRequest, match="must name a local file"):
+        collect_images(image_chat(url), policy(local_dir=image_dir))
+
+
 def test_unknown_url_schemes_are_refused():
     with pytest.raises(BadRequest, match="Unsupported image URL"):
         collect_images(image_chat("ftp://example.invalid/a.png"), policy())
