@@ -213,3 +213,51 @@ def test_close_releases_the_model_memory_and_is_idempotent(worker, vision_tiny):
     assert in_use - baseline >= load_bytes
     assert after - baseline < load_bytes * 0.05
     assert stats["closed"] and stats["measured_bytes"] >= load_bytes
+
+
+def test_a_broken_model_folder_is_a_load_failure_that_frees_what_it_took(worker, vision_tiny, tmp_path):
+    import shutil
+
+    from mlxd.engine import memory
+    from mlxd.errors import ModelLoadFailed
+
+    broken = tmp_path / "broken"
+    shutil.copytree(vision_tiny, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+    async def main():
+        await worker.call(memory.release_memory)
+        baseline = await worker.call(memory.active_bytes)
+        with pytest.raises(ModelLoadFailed) as err:
+            await loaded(worker, broken)
+        return err.value, await worker.call(memory.active_bytes) - baseline
+
+    error, leftover = run(main())
+    assert "`eyes` could not be loaded" in error.message and "daemon log" in error.message
+    assert leftover < 100_000
+
+
+def test_a_load_cancelled_by_its_caller_is_unloaded_when_it_finishes(worker, vision_tiny):
+    from mlxd.engine import memory
+
+    def held() -> int:
+        # Dropping the last reference frees the arrays into MLX's cache; only
+        # an unload hands the cache back.
+        figures = memory.mlx_memory()
+        return figures["active"] + figures["cache"]
+
+    async def main():
+        await (await loaded(worker, vision_tiny)).close()  # pays mlx-vlm's import first
+        baseline = await worker.call(held)
+        task = asyncio.ensure_future(loaded(worker, vision_tiny))
+        await asyncio.sleep(0)  # the load is queued on the worker
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # The orphaned load finishes, then its unload is queued behind it.
+        for _ in range(3):
+            await worker.call(lambda: None)
+        return await worker.call(held) - baseline
+
+    assert run(main()) < 100_000
