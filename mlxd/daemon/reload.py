@@ -89,24 +89,27 @@ class Reloader:
         ``ctx.config.last_reload``); raises ConfigError if the file is invalid
         (the old registry keeps serving)."""
         async with self._lock:
-            if self.ctx.draining:
-                raise ShuttingDown("mlxd is shutting down; not reloading", retry_after=5)
-            digest = file_digest(self.path)
-            try:
-                # Parsing and sizing read files: keep them off the event loop.
-                registry = await asyncio.to_thread(self._loader, self.path)
-            except ConfigError as error:
-                self._seen_hash = digest
-                self._reject(error, trigger)
-                raise
-            except Exception as exc:  # a loader bug must not look like a crash to the client
-                log.exception("loading %s failed unexpectedly", self.path)
-                self._seen_hash = digest
-                error = ConfigError(describe_exception(exc), file=str(self.path))
-                self._reject(error, trigger)
-                raise error from None
-            self._seen_hash = registry.file_hash
-            return await self._apply(registry, trigger)
+            return await self._reload(trigger)
+
+    async def _reload(self, trigger: str) -> dict[str, Any]:
+        if self.ctx.draining:
+            raise ShuttingDown("mlxd is shutting down; not reloading", retry_after=5)
+        digest = file_digest(self.path)
+        try:
+            # Parsing and sizing read files: keep them off the event loop.
+            registry = await asyncio.to_thread(self._loader, self.path)
+        except ConfigError as error:
+            self._seen_hash = digest
+            self._reject(error, trigger)
+            raise
+        except Exception as exc:  # a loader bug must not look like a crash to the client
+            log.exception("loading %s failed unexpectedly", self.path)
+            self._seen_hash = digest
+            error = ConfigError(describe_exception(exc), file=str(self.path))
+            self._reject(error, trigger)
+            raise error from None
+        self._seen_hash = registry.file_hash
+        return await self._apply(registry, trigger)
 
     async def on_signal(self) -> None:
         """SIGHUP: errors are already in the log and in /v1/status."""
@@ -121,10 +124,13 @@ class Reloader:
 
     async def on_file_event(self) -> None:
         """The watcher saw the folder change and things have settled."""
-        if self.ctx.draining or file_digest(self.path) == self._seen_hash:
-            return
-        with contextlib.suppress(ConfigError, ShuttingDown):
-            await self.reload("watch")
+        async with self._lock:
+            # Checked under the lock: an explicit reload may just have read
+            # this very content, and a second report would only say "unchanged".
+            if self.ctx.draining or file_digest(self.path) == self._seen_hash:
+                return
+            with contextlib.suppress(ConfigError):
+                await self._reload("watch")
 
     async def start_watching(self) -> None:
         if self._watcher is None:

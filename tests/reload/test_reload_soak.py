@@ -114,7 +114,8 @@ def test_continuous_traffic_survives_continuous_edits(tmp_path):
         loads_of_b = d.factory.count("b")
         status = d.status()
     assert tally.failures == [], tally.failures[:5]
-    assert tally.ok > 100, "the clients were not busy"
-    assert writes >= len(STEPS) and generation > writes // 2, (writes, generation)
+    # Liveness only: how many requests fit in the time depends on the machine.
+    assert tally.ok >= 10 * CLIENTS, "the clients were not busy"
+    assert writes >= len(STEPS) and generation >= 4, (writes, generation)
     assert loads_of_b <= 1 + b_path_changes, "a reload must never load a model twice"
     assert all(m["active_leases"] == 0 for m in status["models"])
