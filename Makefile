@@ -8,7 +8,7 @@ demo: setup
 	.venv/bin/mlxd serve
 
 test: setup
-	.venv/bin/python -m pytest
+	.venv/bin/python -m pytest -n auto --dist loadfile
 
 bench: setup
 	.venv/bin/python bench/run_all.py
