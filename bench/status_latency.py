@@ -120,6 +120,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=512)
     args = parser.parse_args()
 
+    # Other processes compete for the same cores: say how busy the machine was.
+    load_before = environment()["load_average"]
     with daemon(models(args.size)) as url:
         for model in ("first", "second"):  # load both and warm the kernels up
             httpx.post(f"{url}/v1/chat/completions", timeout=300, json={
@@ -143,7 +145,7 @@ def main() -> None:
             g.join(timeout=60)
 
     env = environment()
-    print(f"\n{args.size} models, {env['machine']}, load average {env['load_average']:.1f}, "
+    print(f"\n{args.size} models, {env['machine']}, load average {load_before:.1f} -> {env['load_average']:.1f}, "
           f"MLX {status['daemon']['mlx']['version']}, BLAS {status['daemon']['blas']['active']}")
     print(table(
         ["phase", "endpoint", "requests", "p50 ms", "p90 ms", "p99 ms", "max ms", "gen tok/s"],
@@ -155,6 +157,7 @@ def main() -> None:
     print(f"\n/v1/status p99 under load: {under_load.p99_ms:.2f} ms ({verdict} the {TARGET_P99_MS:g} ms target)")
     path = save("status_latency", args.size, {
         "environment": env,
+        "load_average_before": load_before,
         "seconds": args.seconds,
         "target_p99_ms": TARGET_P99_MS,
         "status_bytes": len(json.dumps(status)),
