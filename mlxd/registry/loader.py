@@ -487,6 +487,10 @@ class _Builder:
         kind = entry.kind or ("vision" if entry.mllm else detect_kind(config))
         max_context = self._max_context(i, entry, config)
         prefix_cache = self._prefix_cache(entry)
+        if kind == "vision":
+            # Vision engines keep no prefix cache: reserving memory for one
+            # would only crowd other models out.
+            prefix_cache = PrefixCacheSpec(max_bytes=0, disk_max_bytes=0, persist=False)
         override = None
         if entry.estimated_memory_gb is not None:
             override = int(entry.estimated_memory_gb * 1024**3)

@@ -184,6 +184,9 @@ def test_kind_is_detected_from_vision_config(tmp_path, make_model, llama_like):
         """
     registry = load_registry_text(textwrap.dedent(yaml_text), tmp_path / "m.yaml")
     assert [m.kind for m in registry.models] == ["vision", "text"]
+    vision, text_model = registry.models
+    assert vision.footprint.prefix_cache == 0, "vision engines keep no prefix cache to charge for"
+    assert text_model.footprint.prefix_cache > 0
 
 
 def test_max_context_defaults_to_what_the_model_was_trained_for(tmp_path, make_model, llama_like):
