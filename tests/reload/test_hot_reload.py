@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -117,9 +118,15 @@ def test_path_change_finishes_in_flight_on_the_old_engine_and_serves_the_next_on
             change = d.reload().json()["models"]["a"]
             assert change["change"] == "reload" and "path" in change["fields"]
             assert d.model("a")["state"] == "draining"
+            waiting: list[httpx.Response] = []
+            waiter = threading.Thread(target=lambda: waiting.append(d.chat("a")))
+            waiter.start()
+            wait_until(lambda: d.model("a")["queued"] == 1)
         assert completed_normally(frames)
         assert stream_text(frames) == old_stream, "the in-flight request finished on the old weights"
-        assert answer(d.chat("a")) == llama_answer, "the next request runs on the new weights"
+        waiter.join(timeout=60)
+        assert answer(waiting[0]) == llama_answer, "a request that came during the drain waited for the new weights"
+        assert answer(d.chat("a")) == llama_answer
         assert [path for name, path in d.factory.loads if name == "a"] == [
             tiny_model("qwen").name,
             tiny_model("llama").name,
