@@ -112,7 +112,7 @@ def test_every_key_is_read(tmp_path, make_model, llama_like):
             path: m
             aliases: solo
             description: the one
-            kind: vision
+            kind: text
             preload: true
             pinned: true
             idle_unload_seconds: 0
@@ -152,7 +152,7 @@ def test_every_key_is_read(tmp_path, make_model, llama_like):
     assert (m.max_pass_over_s, m.load_retry_backoff_s, m.load_retry_backoff_max_s) == (12, 2, 60)
     (spec,) = registry.models
     assert spec.aliases == ("solo",) and spec.description == "the one"
-    assert spec.kind == "vision" and spec.preload and spec.pinned
+    assert spec.kind == "text" and spec.preload and spec.pinned
     assert spec.idle_unload_seconds == 0
     assert (spec.max_context, spec.max_concurrency, spec.max_queue, spec.kv_bits) == (1000, 4, 7, 8)
     d = spec.defaults
