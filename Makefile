@@ -7,7 +7,8 @@ setup:
 demo: setup
 	.venv/bin/mlxd serve
 
-test: setup
+test:
+	@scripts/setup.sh --tests
 	.venv/bin/python -m pytest -n auto --dist loadfile
 
 bench: setup
