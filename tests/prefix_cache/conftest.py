@@ -1,32 +1,14 @@
-"""Fixtures for the prefix cache tests: a fresh worker per test, real tiny models."""
+"""Fixtures for the prefix cache tests: the engine tests' worker and tiny
+models, plus a model whose KV cache can be quantised."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prefix_cache.cache_support import run
+from engine.conftest import llama_tiny, qwen_tiny, worker  # noqa: F401 - shared fixtures
 
-from mlxd.engine.worker import MlxWorker
 from mlxd.factory import ModelRecipe, build_model
-
-
-@pytest.fixture
-def worker() -> Iterator[MlxWorker]:
-    w = MlxWorker().start()
-    yield w
-    run(w.shutdown())
-
-
-@pytest.fixture(scope="session")
-def qwen_tiny() -> Path:
-    return build_model(ModelRecipe(arch="qwen2", size="tiny"))
-
-
-@pytest.fixture(scope="session")
-def llama_tiny() -> Path:
-    return build_model(ModelRecipe(arch="llama", size="tiny", seed=1))
 
 
 @pytest.fixture(scope="session")
