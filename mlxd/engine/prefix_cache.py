@@ -263,7 +263,8 @@ def decode_entry(payload: bytes, fingerprint: str, expected_tokens: int) -> tupl
 
 
 def _array_lengths(layer: Any) -> set[int]:
-    arrays = [*layer.keys, *layer.values] if isinstance(layer.keys, tuple) else [layer.keys, layer.values]
+    quantized = isinstance(layer.keys, (tuple, list))
+    arrays = [*layer.keys, *layer.values] if quantized else [layer.keys, layer.values]
     return {int(a.shape[-2]) for a in arrays}
 
 

@@ -95,3 +95,26 @@ def fingerprint_folder(cache_dir: Path) -> Path:
 
 def prefix_stats(engine: TextEngine) -> dict[str, Any]:
     return engine.stats()["prefix_cache"]
+
+
+async def populate(
+    worker: MlxWorker, spec: ModelSpec, cache_dir: Path, requests: list[GenerationRequest]
+) -> list[str]:
+    """One session: answer ``requests`` in order, then unload (which saves).
+    Returns the answers."""
+    engine = await open_engine(worker, spec, cache_dir)
+    try:
+        return [(await ask(engine, r))[0] for r in requests]
+    finally:
+        await unload(engine)
+
+
+def manifest_of(cache_dir: Path) -> dict[str, Any]:
+    import json
+
+    return json.loads((fingerprint_folder(cache_dir) / "manifest.json").read_text())
+
+
+def sessions(n: int) -> list[GenerationRequest]:
+    """Prompts sharing no prefix beyond the chat template's first tokens."""
+    return [greedy(messages=chat(q, system=f"Session {i}. " + SYSTEM)) for i, q in enumerate(QUESTIONS[:n])]

@@ -1,0 +1,99 @@
+"""Which cache folder a model reads: everything that changes the KV values
+changes the fingerprint; the folder's location does not. And the manager-wide
+bound on the cache dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from mlxd.engine.cache_store import enforce_total_bound
+from mlxd.engine.fingerprint import model_fingerprint
+from mlxd.factory import ModelRecipe, build_model
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    source = build_model(ModelRecipe(arch="qwen2", size="tiny"))
+    copy = tmp_path_factory.mktemp("model") / "qwen"
+    shutil.copytree(source, copy)
+    return copy
+
+
+def _edited(folder, tmp_path, name, edit):
+    copy = tmp_path / "edited"
+    shutil.copytree(folder, copy)
+    path = copy / name
+    path.write_bytes(edit(path.read_bytes()))
+    return copy
+
+
+def _json_edit(change):
+    def edit(raw: bytes) -> bytes:
+        doc = json.loads(raw)
+        change(doc)
+        return json.dumps(doc).encode()
+
+    return edit
+
+
+def test_the_same_files_anywhere_share_a_fingerprint(folder, tmp_path):
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(folder, moved)
+    assert model_fingerprint(moved, None) == model_fingerprint(folder, None)
+
+
+def test_kv_quantisation_changes_it(folder):
+    prints = {model_fingerprint(folder, bits) for bits in (None, 4, 8)}
+    assert len(prints) == 3
+
+
+def test_other_weights_of_the_same_shapes_change_it(folder):
+    # Same architecture, sizes and safetensors header; only the values differ.
+    other = build_model(ModelRecipe(arch="qwen2", size="tiny", seed=2))
+    assert model_fingerprint(other, None) != model_fingerprint(folder, None)
+
+
+@pytest.mark.parametrize(
+    ("name", "edit"),
+    [
+        ("config.json", _json_edit(lambda d: d.update(rope_theta=d.get("rope_theta", 10000.0) * 2))),
+        ("tokenizer.json", lambda raw: raw.replace(b'"<|im_end|>"', b'"<|im_stop|>"', 1)),
+        ("tokenizer_config.json", _json_edit(lambda d: d.update(chat_template=d["chat_template"] + " "))),
+    ],
+    ids=["config", "tokenizer", "chat template"],
+)
+def test_config_tokenizer_and_chat_template_change_it(folder, tmp_path, name, edit):
+    assert model_fingerprint(_edited(folder, tmp_path, name, edit), None) != model_fingerprint(folder, None)
+
+
+def test_a_separate_chat_template_file_changes_it(folder, tmp_path):
+    copy = tmp_path / "with-template"
+    shutil.copytree(folder, copy)
+    (copy / "chat_template.jinja").write_text("{{ messages }}")
+    assert model_fingerprint(copy, None) != model_fingerprint(folder, None)
+
+
+def test_a_folder_without_weights_has_none(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(OSError):
+        model_fingerprint(tmp_path, None)
+
+
+def test_the_cache_dir_bound_removes_the_least_recently_saved_folders(tmp_path):
+    root = tmp_path / "prefix"
+    for age, name in enumerate(["newest", "middle", "oldest"]):
+        folder = root / name
+        folder.mkdir(parents=True)
+        (folder / "entry.safetensors").write_bytes(b"x" * 1000)
+        stamp = 1_700_000_000 - age * 1000
+        os.utime(folder / "entry.safetensors", (stamp, stamp))
+    (root / ".locks").mkdir()
+
+    assert enforce_total_bound(root, 2500, keep={"oldest"}) == ["middle"]
+    assert sorted(p.name for p in root.iterdir()) == [".locks", "newest", "oldest"]
+    assert enforce_total_bound(root, 2500) == []
+    assert enforce_total_bound(root, 1000) == ["oldest"]
