@@ -1,0 +1,84 @@
+"""End to end through HTTP on a real tiny model: with greedy sampling the
+answer is the same served cold, from memory, from a cache restored after an
+unload (admin, idle, eviction) and after a daemon restart; the reused tokens
+show in ``usage`` and the figures in /v1/status."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from prefix_cache.cache_support import QUESTIONS, SYSTEM, chat
+from support.daemon import daemon_in_thread, daemon_process, wait_until, write_registry
+
+pytestmark = pytest.mark.mlx
+
+
+def ask(daemon, model: str, question: str = QUESTIONS[0]) -> tuple[str, int]:
+    """The answer and ``usage.prompt_tokens_details.cached_tokens`` (0 if absent)."""
+    r = httpx.post(
+        f"{daemon.url}/v1/chat/completions",
+        json={"model": model, "messages": chat(question), "max_tokens": 12, "temperature": 0},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    cached = (body["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return body["choices"][0]["message"]["content"], cached
+
+
+def state(daemon, model: str) -> str:
+    return daemon.model(model)["state"]
+
+
+def test_cold_warm_restored_and_restarted_answers_are_the_same(tmp_path):
+    registry = write_registry(tmp_path, [{"name": "q", "model": "qwen"}])
+    with daemon_in_thread(registry, tmp_path) as d:
+        cold, cached = ask(d, "q")
+        assert cached == 0
+        warm, cached = ask(d, "q")
+        assert (warm, cached > 0) == (cold, True)
+        figures = d.model("q")["prefix_cache"]
+        assert figures["hits"] == 1 and figures["misses"] == 1 and figures["memory_entries"] == 1
+
+        assert httpx.post(f"{d.url}/v1/models/q/unload", timeout=60).json()["state"] == "unloaded"
+        assert list((tmp_path / "cache" / "prefix").glob("*/manifest.json"))
+        restored, cached = ask(d, "q")
+        assert (restored, cached > 0) == (cold, True)
+        model = d.model("q")
+        assert model["prefix_cache"]["restored_entries"] == 1
+        assert model["prefix_cache"]["disk_entries"] == 1
+        assert model["prefix_cache"]["last_save_seconds"] is not None
+        assert model["engine"]["prefix_cache"]["last_restore_seconds"] is not None
+        # Another question after the same system prompt reuses it.
+        _, cached = ask(d, "q", QUESTIONS[1])
+        assert cached > len(SYSTEM) // 8
+    # The daemon stopped (saving on the way out); a new process restores.
+    with daemon_process(registry, tmp_path) as d:
+        again, cached = ask(d, "q")
+        assert (again, cached > 0) == (cold, True)
+        assert d.model("q")["prefix_cache"]["restored_entries"] == 2
+
+
+def test_idle_unload_and_eviction_save_the_cache_too(tmp_path):
+    each = {"estimated_memory_gb": 0.01}  # the budget holds one model at a time
+    registry = write_registry(
+        tmp_path,
+        [
+            {"name": "q", "model": "qwen", "idle_unload_seconds": 1, **each},
+            {"name": "l", "model": "llama", **each},
+        ],
+        manager={"memory_budget": "15MB"},
+    )
+    with daemon_in_thread(registry, tmp_path) as d:
+        cold, _ = ask(d, "q")
+        wait_until(lambda: state(d, "q") == "unloaded", timeout=30)
+        answer, cached = ask(d, "q")
+        assert (answer, cached > 0) == (cold, True)
+
+        llama_cold, _ = ask(d, "l")  # evicts q
+        assert state(d, "q") == "unloaded"
+        answer, cached = ask(d, "q")  # evicts l
+        assert (answer, cached > 0) == (cold, True)
+        assert state(d, "l") == "unloaded"
+        answer, cached = ask(d, "l")
+        assert (answer, cached > 0) == (llama_cold, True)
