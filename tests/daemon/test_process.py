@@ -158,3 +158,34 @@ def test_concurrent_streams_all_finish_during_a_drain(tmp_path):
             t.join(120)
         assert results == ["data: [DONE]"] * 3
         assert d.process.wait(timeout=60) == 0
+
+
+def test_a_second_signal_forces_a_fast_exit(tmp_path):
+    registry = write_registry(tmp_path, [{"name": "a", "model": "llama"}], server={"shutdown_grace_seconds": 300})
+    with daemon_process(registry, tmp_path) as d:
+        body = {"model": "a", "messages": CHAT, "max_tokens": 4000, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", f"{d.url}/v1/chat/completions", json=body, timeout=120) as r:
+            lines = r.iter_lines()
+            next(lines)
+            d.process.send_signal(signal.SIGTERM)
+            wait_until(lambda: "draining" in d.log(), timeout=10)
+            d.process.send_signal(signal.SIGTERM)
+            # Well inside the 300 s grace the first signal would have granted.
+            d.process.wait(timeout=30)
+        assert "second signal" in d.log()
+
+
+def test_load_and_unload_commands_talk_to_the_running_daemon(tmp_path):
+    registry = write_registry(tmp_path, [{"name": "a", "model": "qwen"}])
+    with daemon_process(registry, tmp_path) as d:
+        port = d.url.rsplit(":", 1)[1]
+        env = {"MLXD_PORT": port}
+        loaded = run_cli("load", "a", env=env)
+        assert loaded.returncode == 0 and json.loads(loaded.stdout)["state"] == "loaded"
+        assert httpx.get(f"{d.url}/v1/status").json()["models"][0]["state"] == "loaded"
+        unloaded = run_cli("unload", "a", env=env)
+        assert unloaded.returncode == 0 and json.loads(unloaded.stdout)["state"] == "unloaded"
+        missing = run_cli("load", "nope", env=env)
+        assert missing.returncode == 1 and "does not exist" in missing.stderr
+    nobody = run_cli("load", "a", env={"MLXD_PORT": str(free_port())})
+    assert nobody.returncode == 1 and "no mlxd is running" in nobody.stderr
