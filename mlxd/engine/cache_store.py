@@ -39,7 +39,7 @@ import os
 import shutil
 import struct
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -304,11 +304,11 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def enforce_total_bound(root: Path, max_bytes: int, keep: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
+def enforce_total_bound(root: Path, max_bytes: int, keep: Collection[str] = ()) -> list[str]:
     """Keep all of ``root``'s cache folders within ``max_bytes`` together by
     deleting whole folders, least recently saved first (stale fingerprints of
-    replaced models go first), never one named in ``keep`` nor one being
-    written. Returns the folders removed."""
+    replaced models go first), never one named in ``keep`` nor one whose
+    manifest is being updated. Returns the folders removed."""
     root = Path(root)
     if not root.is_dir():
         return []

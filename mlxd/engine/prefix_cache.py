@@ -30,15 +30,12 @@ from __future__ import annotations
 
 import base64
 import io
-import logging
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from mlxd.engine.fingerprint import CACHE_FORMAT_VERSION
-
-log = logging.getLogger(__name__)
 
 # One LRUPromptCache per engine, so the trie's "model" key is a constant; and
 # one cache type, so its LRU order is plain recency of insertion.
