@@ -7,6 +7,7 @@ status 2; nothing prints a stack trace for a user's mistake.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -102,7 +103,14 @@ def serve(
         status = run_daemon(settings, _registry_path(settings.config))
     except ConfigError as exc:
         raise _fail(str(exc)) from None
-    raise typer.Exit(status)
+    # Everything is drained and saved by now. MLX's C++ teardown at interpreter
+    # exit can abort ("terminate called without an active exception") after a
+    # worker thread ends, and launchd or systemd would take that for a crash
+    # and restart the daemon: leave without running it.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 @app.command()

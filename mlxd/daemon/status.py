@@ -39,6 +39,7 @@ PREFIX_CACHE_FIELDS = (
     "tokens_reused",
     "restored_entries",
     "last_save_seconds",
+    "last_restore_seconds",
 )
 BLAS_FIELDS = ("active", "mode", "openblas_path", "ld_preload", "warning")
 

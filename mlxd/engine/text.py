@@ -196,9 +196,6 @@ class TextEngine:
         entries = cache.entries if cache else 0
         nbytes = cache.nbytes if cache else 0
         return {
-            "entries": entries,
-            "bytes": nbytes,
-            # The names /v1/status documents for the same two figures.
             "memory_entries": entries,
             "memory_bytes": nbytes,
             "max_bytes": cache.max_bytes if cache else 0,

@@ -56,7 +56,7 @@ def test_a_restored_cache_gives_the_cold_output(worker, qwen_tiny, tmp_path):
     cold = run(populate(worker, spec, tmp_path, [first, second]))
     before = [e["file"] for e in manifest_of(tmp_path)["entries"]]
     stats, (text, last) = _restore(worker, spec, tmp_path, first)
-    assert stats["restored_entries"] == 2 and stats["entries"] == 2
+    assert stats["restored_entries"] == 2 and stats["memory_entries"] == 2
     assert stats["disk_entries"] == 2 and stats["disk_bytes"] > 0
     assert stats["last_restore_seconds"] is not None and stats["last_save_seconds"] is not None
     assert text == cold[0]

@@ -124,10 +124,10 @@ def test_an_aborted_prefill_or_a_closed_stream_keeps_nothing(worker, qwen_tiny):
                 break
             await stream.aclose()
             await worker.call(lambda: None)  # the close is queued before this call
-            assert prefix_stats(engine)["entries"] == 0
+            assert prefix_stats(engine)["memory_entries"] == 0
             _, fresh = await ask(engine, long_prompt)
             assert fresh.cached_tokens == 0 and fresh.finish_reason in ("stop", "length")
-            assert prefix_stats(engine)["entries"] == 1
+            assert prefix_stats(engine)["memory_entries"] == 1
         finally:
             await engine.close()
 
@@ -140,7 +140,7 @@ def test_memory_stays_within_max_bytes_least_recently_used_first(worker, qwen_ti
     async def main():
         probe = await open_engine(worker, spec_for(qwen_tiny))
         await ask(probe, prompts[0])
-        one_entry = prefix_stats(probe)["bytes"]
+        one_entry = prefix_stats(probe)["memory_bytes"]
         await probe.close()
 
         budget = int(one_entry * 2.5)
@@ -149,7 +149,7 @@ def test_memory_stays_within_max_bytes_least_recently_used_first(worker, qwen_ti
             for p in prompts:
                 await ask(engine, p)
             stats = prefix_stats(engine)
-            assert stats["entries"] == 2 and 0 < stats["bytes"] <= budget
+            assert stats["memory_entries"] == 2 and 0 < stats["memory_bytes"] <= budget
             assert (await ask(engine, prompts[-1]))[1].cached_tokens > 0
             # The oldest is gone: only the first token of the chat template is shared.
             assert (await ask(engine, prompts[0]))[1].cached_tokens < 10
@@ -159,7 +159,7 @@ def test_memory_stays_within_max_bytes_least_recently_used_first(worker, qwen_ti
         tight = await open_engine(worker, spec_for(qwen_tiny, max_bytes=one_entry // 2))
         try:
             await ask(tight, prompts[0])
-            assert prefix_stats(tight)["entries"] == 0
+            assert prefix_stats(tight)["memory_entries"] == 0
         finally:
             await tight.close()
 
@@ -176,10 +176,10 @@ def test_stats_carry_every_documented_key(worker, qwen_tiny):
             await engine.close()
 
     stats = run(main())
-    for key in ("entries", "bytes", "disk_entries", "disk_bytes", "hits", "misses", "tokens_reused",
+    for key in ("memory_entries", "memory_bytes", "disk_entries", "disk_bytes", "hits", "misses", "tokens_reused",
                 "restored_entries", "last_save_seconds", "last_restore_seconds"):
         assert key in stats
-    assert stats["entries"] == 1 and stats["bytes"] > 0 and stats["misses"] == 1
+    assert stats["memory_entries"] == 1 and stats["memory_bytes"] > 0 and stats["misses"] == 1
 
 
 # ----------------------------------------------------- PrefixCache alone
