@@ -284,6 +284,10 @@ def _usage(prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:
 
 
 # --- streaming ---------------------------------------------------------------
+# Server-sent events are framed here on Starlette's StreamingResponse rather
+# than with sse-starlette: the lease must be given back even when the body is
+# never iterated, heartbeats must flow while the engine is silent without
+# counting as progress, and OpenAI clients expect exactly "data: [DONE]\n\n".
 
 
 def _sse(payload: dict[str, Any] | str) -> str:
