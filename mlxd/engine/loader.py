@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxd.engine import memory
+from mlxd.engine.batch import supports_batching
 from mlxd.engine.cache_store import CacheStore, PrefixCachePersistence
 from mlxd.engine.fingerprint import model_fingerprint
 from mlxd.engine.text import LoadedText, TextEngine
@@ -88,7 +89,9 @@ def load_text_model(spec: ModelSpec) -> LoadedText:
     seconds = time.perf_counter() - started
     loaded_bytes = max(0, memory.active_bytes() - before)
     log.info("loaded %s in %.2fs (%d MB)", spec.name, seconds, loaded_bytes >> 20)
-    return LoadedText(model, tokenizer, load_bytes=loaded_bytes, load_seconds=seconds)
+    return LoadedText(
+        model, tokenizer, load_bytes=loaded_bytes, load_seconds=seconds, batchable=supports_batching(model)
+    )
 
 
 def _discard_orphan(task: asyncio.Future[Any], worker: MlxWorker) -> None:

@@ -17,6 +17,11 @@ of the longest cached prefix of its prompt and prefills only the rest; when
 it finishes normally, its cache (prompt plus reply) is kept for the next
 turn. An aborted, cancelled or failed generation never inserts anything: its
 cache may be half-built.
+
+A model with ``max_concurrency`` above 1 serves its requests through one
+continuous batch instead (``engine/batch.py``); this module then only
+validates and tokenizes them. ``max_concurrency: 1`` and models with a
+quantised KV cache (``kv_bits``, which mlx-lm cannot batch) keep the path above.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxd.engine import memory, sampling
+from mlxd.engine.batch import BatchScheduler
 from mlxd.engine.prefix_cache import PrefixCache
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationChunk, GenerationRequest
@@ -52,10 +58,12 @@ class LoadedText:
     tokenizer: Any
     load_bytes: int
     load_seconds: float
+    # Whether mlx-lm's BatchGenerator can batch this model's KV cache layers.
+    batchable: bool = False
 
 
 @dataclass(eq=False)
-class _Generation:
+class GenerationControl:
     """One in-flight request; the event loop flags it, the worker reads the flag."""
 
     request_id: str
@@ -65,7 +73,18 @@ class _Generation:
 
 
 @dataclass
-class _Prepared:
+class GenerationCounts:
+    """Figures for ``stats()``: written only on the worker thread, read anywhere."""
+
+    running: int = 0
+    generations: int = 0
+    prompt_tokens: int = 0
+    tokens_generated: int = 0
+    aborted: int = 0
+
+
+@dataclass
+class Prepared:
     tokens: list[int]
     max_tokens: int
     sampler: Any
@@ -107,14 +126,14 @@ class TextEngine:
         # (a ``cache_store.PrefixCachePersistence``).
         self.persistence: Any = None
         # Touched only on the event loop.
-        self._in_flight: set[_Generation] = set()
+        self._in_flight: set[GenerationControl] = set()
         self._closed = False
-        # Written only on the worker thread.
-        self._running = 0
-        self._generations = 0
-        self._tokens_generated = 0
-        self._prompt_tokens = 0
-        self._aborted = 0
+        self.counts = GenerationCounts()
+        self._batch: BatchScheduler | None = None
+        if spec.max_concurrency > 1 and spec.kv_bits is None and loaded.batchable:
+            self._batch = BatchScheduler(
+                self, worker, max_batch=spec.max_concurrency, prefill_chunk=self._prefill_chunk
+            )
 
     @property
     def measured_bytes(self) -> int:
@@ -128,11 +147,17 @@ class TextEngine:
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         if self._closed:
             raise ServiceUnavailable(f"The model `{self.name}` was unloaded; retry the request.")
-        control = _Generation(request.request_id)
-        self._in_flight.add(control)
-        stream = self._worker.stream(lambda: self._run(request, control))
+        control = GenerationControl(request.request_id)
+        source: Any = None
         try:
-            async for chunk in stream:
+            # Registered inside the try: starting the stream can raise
+            # ShuttingDown, and the entry must not outlive the request.
+            self._in_flight.add(control)
+            if self._batch is not None:
+                source = self._batch.generate(request, control)
+            else:
+                source = self._worker.stream(lambda: self._run(request, control))
+            async for chunk in source:
                 yield chunk
         except MlxdError:
             raise
@@ -141,9 +166,10 @@ class TextEngine:
             raise MlxdError(f"The model `{self.name}` failed while generating.") from exc
         finally:
             self._in_flight.discard(control)
-            # A consumer that left early: the worker closes the generator
+            # A consumer that left early: the worker drops the generation
             # before its next step (prefill chunks are steps too).
-            await stream.aclose()
+            if source is not None:
+                await source.aclose()
 
     async def abort_all(self, reason: str) -> int:
         aborted = 0
@@ -164,9 +190,13 @@ class TextEngine:
         self._closed = True
         await self.abort_all("unloaded")
         try:
-            # Aborted generations end at their next step; the model must not
-            # be referenced by any of them when we release memory.
-            while self._running:
+            # Aborted generations end at their next step; none may hold the
+            # model when the memory is released. ``counts.running`` is written
+            # on the worker mid-step: a call runs between two steps, so after
+            # the first one it counts every generation that got past its abort
+            # check (and the batch loop, if any, has seen the aborts).
+            await self._worker.call(_noop)
+            while self._busy():
                 await self._worker.call(_noop)
             await self._worker.call(self._release)
         except ShuttingDown:
@@ -174,15 +204,24 @@ class TextEngine:
             self._model = None
             self._tokenizer = None
 
+    def _busy(self) -> bool:
+        return self.counts.running > 0 or (self._batch is not None and self._batch.alive)
+
     def stats(self) -> dict[str, Any]:
+        counts, batch = self.counts, self._batch
         return {
             "kind": self.kind,
             "in_flight": len(self._in_flight),
-            "running": self._running,
-            "generations": self._generations,
-            "prompt_tokens": self._prompt_tokens,
-            "tokens_generated": self._tokens_generated,
-            "aborted": self._aborted,
+            "running": counts.running,
+            "generations": counts.generations,
+            "prompt_tokens": counts.prompt_tokens,
+            "tokens_generated": counts.tokens_generated,
+            "aborted": counts.aborted,
+            # Continuous batching (max_concurrency > 1): sequences decoding in
+            # the batch now, and how many batched decode steps ran so far.
+            "batching": batch is not None,
+            "batch_size": batch.size if batch else 0,
+            "batched_steps": batch.steps if batch else 0,
             "load_bytes": self.load_bytes,
             "peak_bytes": self.peak_bytes,
             "measured_bytes": self.measured_bytes,
@@ -217,6 +256,13 @@ class TextEngine:
             self.prefix_cache.clear()
         return memory.release_memory()
 
+    def model_and_tokenizer(self) -> tuple[Any, Any]:
+        """The loaded model and tokenizer (worker thread); raises once unloaded."""
+        model, tokenizer = self._model, self._tokenizer
+        if model is None or tokenizer is None:
+            raise ServiceUnavailable(f"The model `{self.name}` was unloaded; retry the request.")
+        return model, tokenizer
+
     def prompt_tokens(self, request: GenerationRequest) -> list[int]:
         """The request's prompt as token ids (chat template applied). Worker thread."""
         tokenizer = self._tokenizer
@@ -232,32 +278,30 @@ class TextEngine:
         tokens = tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
         return list(tokens)
 
-    def _run(self, request: GenerationRequest, control: _Generation) -> Iterator[Any]:
+    def _run(self, request: GenerationRequest, control: GenerationControl) -> Iterator[Any]:
         if control.abort_reason is not None:
             # Aborted while queued: end without touching the model (it may be
             # about to be released).
-            self._aborted += 1
+            self.counts.aborted += 1
             yield GenerationChunk(text="", finish_reason="abort")
             return
-        model, tokenizer = self._model, self._tokenizer
-        if model is None:
-            raise ServiceUnavailable(f"The model `{self.name}` was unloaded; retry the request.")
-        self._running += 1
-        self._generations += 1
+        model, tokenizer = self.model_and_tokenizer()
+        counts = self.counts
+        counts.running += 1
+        counts.generations += 1
         try:
-            prepared = self._prepare(request, control)
-            others = self._start_peak_measure()
+            prepared = self.prepare(request, control)
+            others = self.begin_peak_measure()
             try:
                 yield from self._decode(model, tokenizer, prepared, control)
             finally:
-                if others is not None:
-                    self.peak_bytes = max(0, memory.peak_bytes() - others)
+                self.end_peak_measure(others)
         finally:
-            self._running -= 1
-            self._prompt_tokens += control.prompt_tokens
-            self._tokens_generated += control.completion_tokens
+            counts.running -= 1
+            counts.prompt_tokens += control.prompt_tokens
+            counts.tokens_generated += control.completion_tokens
 
-    def _prepare(self, request: GenerationRequest, control: _Generation) -> _Prepared:
+    def prepare(self, request: GenerationRequest, control: GenerationControl) -> Prepared:
         """Validate and tokenize: everything that can fail before the model runs."""
         if request.max_tokens < 1:
             raise BadRequest("max_tokens must be at least 1.", param="max_tokens")
@@ -276,7 +320,7 @@ class TextEngine:
             )
         control.prompt_tokens = n_prompt
         penalties = request.sampling.repetition_penalty != 1.0 or bool(request.sampling.presence_penalty)
-        return _Prepared(
+        return Prepared(
             tokens=tokens,
             # The KV cache was budgeted for max_context tokens: never decode past it.
             max_tokens=min(request.max_tokens, max(1, limit - n_prompt)),
@@ -296,7 +340,7 @@ class TextEngine:
         return processors
 
     def _decode(
-        self, model: Any, tokenizer: Any, prepared: _Prepared, control: _Generation
+        self, model: Any, tokenizer: Any, prepared: Prepared, control: GenerationControl
     ) -> Iterator[Any]:
         import mlx.core as mx
         from mlx_lm.generate import generation_stream, maybe_quantize_kv_cache, stream_generate
@@ -312,7 +356,7 @@ class TextEngine:
 
         def chunk(text: str, finish: str | None = None) -> GenerationChunk:
             if finish == "abort":
-                self._aborted += 1
+                self.counts.aborted += 1
             return GenerationChunk(
                 text=text,
                 finish_reason=finish,
@@ -354,8 +398,7 @@ class TextEngine:
             """The last chunk of a generation that ended normally. Its cache is
             kept first: a consumer may close us as soon as it has this chunk."""
             responses.close()
-            if prefix is not None:
-                self._keep_prefix(prefix, prepared.tokens + generated, cache)
+            self.keep_prefix(prepared.tokens + generated, cache)
             return chunk(text, reason)
 
         try:
@@ -381,13 +424,16 @@ class TextEngine:
         finally:
             responses.close()
 
-    def _keep_prefix(self, prefix: PrefixCache, tokens: list[int], cache: list[Any]) -> None:
+    def keep_prefix(self, tokens: list[int], cache: list[Any]) -> None:
+        """Keep a finished generation's KV cache for the next turn (worker thread)."""
+        if self.prefix_cache is None:
+            return
         try:
-            prefix.insert(tokens, cache)
+            self.prefix_cache.insert(tokens, cache)
         except Exception:  # the answer is complete: a cache problem must not fail it
             log.exception("keeping the prefix cache of a %s generation failed", self.name)
 
-    def _start_peak_measure(self) -> int | None:
+    def begin_peak_measure(self) -> int | None:
         """On the first generation: reset MLX's peak; return the bytes not ours."""
         if not self._peak_measure_pending:
             return None
@@ -395,6 +441,11 @@ class TextEngine:
         others = max(0, memory.active_bytes() - self.load_bytes)
         memory.reset_peak()
         return others
+
+    def end_peak_measure(self, others: int | None) -> None:
+        """After that first generation: its peak, less what was not ours, is our cost."""
+        if others is not None:
+            self.peak_bytes = max(0, memory.peak_bytes() - others)
 
 
 def _noop() -> None:

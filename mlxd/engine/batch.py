@@ -1,0 +1,478 @@
+"""Continuous batching for a text model: many requests, one decode step.
+
+A model with ``max_concurrency`` above 1 serves all its requests through one
+mlx-lm ``BatchGenerator``: every decode step advances every sequence in the
+batch at once, and requests join and leave the batch between steps. On a CPU
+a batched step of four sequences costs little more than a single one, so the
+aggregate throughput grows with the number of clients.
+
+The batch loop. One worker stream per engine (``worker.stream``) drives the
+batch; it exists only while the engine has work and ends when the last
+request has left. Each of its turns is one worker step, so other models'
+streams and one-shot calls (loads, unloads, cache saves) run in between:
+
+1. admit new requests: validate and tokenize them, fetch the longest cached
+   prefix of the prompt (a request aborted while it waited ends here, without
+   touching the model);
+2. drop leavers: a request whose consumer went away or that was aborted is
+   removed from the batch (``remove([uid])``) — the rest go on untouched;
+3. prefill: at most ``prefill_chunk`` prompt tokens in total, one request at a
+   time, into that request's own KV cache, exactly as the single path does it.
+   A long prompt therefore never holds the worker for more than one chunk;
+4. join: a request whose prompt is in its cache but for the last token is
+   inserted into the batch with that cache (``insert(..., caches=)``);
+5. one ``BatchGenerator.next()``: a decode step for every sequence (and the
+   first step of those that just joined). Each token is detokenized with the
+   request's own detokenizer and matched against its own stop strings, and
+   the chunks go to the requests' consumers, one hand-over per event loop.
+
+What is per request: sampler (temperature, top_p, top_k, min_p, seed),
+logits processors (repetition/presence penalty, ``ignore_eos``), the token
+stop list (EOS, or nothing with ``ignore_eos``), stop strings, max_tokens and
+the detokenizer. A finished request's KV cache (extracted by mlx-lm) goes to
+the prefix cache, as on the single path.
+
+Threads: the event loop hands requests over through ``_pending`` (under a
+lock, which also decides whether a new batch loop must be started) and flags
+them (``cancelled``, ``control.abort_reason``); everything else here is
+touched only on the worker. Chunks are delivered to each request's own event
+loop, so a batch loop is never tied to the loop that happened to start it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from mlxd.engine import sampling
+from mlxd.engine.types import GenerationChunk, GenerationRequest
+from mlxd.engine.worker import SKIP, MlxWorker, WorkerStream
+from mlxd.errors import MlxdError, ShuttingDown
+
+if TYPE_CHECKING:
+    from mlxd.engine.text import GenerationControl, Prepared, TextEngine
+
+log = logging.getLogger(__name__)
+
+# How often a waiting consumer checks that the worker is still there: if the
+# worker stops before the batch loop ever ran, nobody else would tell it.
+_LIVENESS_SECONDS = 1.0
+
+
+def supports_batching(model: Any) -> bool:
+    """Whether every layer of the model's KV cache can be merged into a batch
+    (what mlx-lm's server checks). Worker thread."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    try:
+        cache = make_prompt_cache(model)
+    except Exception:  # noqa: BLE001 - an exotic model simply is not batched
+        return False
+    return bool(cache) and all(hasattr(layer, "merge") for layer in cache)
+
+
+@dataclass(eq=False)
+class _Sequence:
+    """One request in the batch."""
+
+    request: GenerationRequest
+    control: GenerationControl
+    loop: asyncio.AbstractEventLoop
+    # Event loop side: delivered chunks (or an exception) and who waits for them.
+    items: collections.deque[Any] = field(default_factory=collections.deque)
+    waiter: asyncio.Future[None] | None = None
+    # Set by the consumer when it leaves; read by the worker.
+    cancelled: bool = False
+    # Worker side.
+    prepared: Prepared | None = None
+    prompt: Any = None  # the prompt as an mx.array, while prefilling
+    cache: list[Any] | None = None  # its own KV cache, until it joins the batch
+    done: int = 0  # prompt tokens in ``cache``
+    reused: int = 0  # of which came from the prefix cache
+    uid: int | None = None  # its id in the BatchGenerator once it joined
+    detokenizer: Any = None
+
+    def leaving(self) -> bool:
+        return self.cancelled or self.control.abort_reason is not None
+
+
+class BatchScheduler:
+    """Runs one text engine's requests as a continuous batch; see the module docstring."""
+
+    def __init__(
+        self, engine: TextEngine, worker: MlxWorker, *, max_batch: int, prefill_chunk: int = 512
+    ) -> None:
+        self._engine = engine
+        self._worker = worker
+        self._max_batch = max(1, max_batch)
+        self._prefill_chunk = max(1, prefill_chunk)
+        # Shared with the event loop: the lock covers ``_pending`` and ``_alive``.
+        self._lock = threading.Lock()
+        self._pending: collections.deque[_Sequence] = collections.deque()
+        self._alive = False
+        # The batch loop's stream, held so that it is never collected (which
+        # would cancel it) while it runs; it never delivers anything itself.
+        self._stream: WorkerStream[Any] | None = None
+        # Worker side.
+        self._generator: Any = None
+        self._eos_stops: Any = None
+        self._no_stops: Any = None
+        self._samplers: dict[tuple[float, float, float, int], Any] = {}
+        self._prefilling: collections.deque[_Sequence] = collections.deque()
+        self._decoding: dict[int, _Sequence] = {}
+        self._outgoing: list[tuple[_Sequence, Any]] = []
+        self._peak_others: int | None = None
+        # Read by stats(): sequences in the decode batch, batched decode steps.
+        self.size = 0
+        self.steps = 0
+
+    @property
+    def alive(self) -> bool:
+        """Whether a batch loop exists (it may hold the model)."""
+        return self._alive
+
+    # ------------------------------------------------------------ event loop
+    async def generate(
+        self, request: GenerationRequest, control: GenerationControl
+    ) -> AsyncIterator[GenerationChunk]:
+        """The request's chunks. Leaving early (close, cancel, disconnect)
+        removes the request from the batch at the loop's next turn."""
+        seq = _Sequence(request, control, asyncio.get_running_loop())
+        self._submit(seq)
+        try:
+            while True:
+                item = await self._next_item(seq)
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            seq.cancelled = True
+
+    def _submit(self, seq: _Sequence) -> None:
+        with self._lock:
+            self._pending.append(seq)
+            start = not self._alive
+            self._alive = True
+        if not start:
+            return
+        try:
+            self._stream = self._worker.stream(self._turns)
+        except BaseException:
+            with self._lock:
+                self._pending.remove(seq)
+                self._alive = False
+            raise
+
+    async def _next_item(self, seq: _Sequence) -> Any:
+        while not seq.items:
+            waiter = seq.waiter = seq.loop.create_future()
+            timer = seq.loop.call_later(_LIVENESS_SECONDS, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                seq.waiter = None
+            if not seq.items and not self._worker.running:
+                raise ShuttingDown("The model worker shut down.")
+        return seq.items.popleft()
+
+    # -------------------------------------------------------- the batch loop
+    def _turns(self) -> Iterator[Any]:
+        """The batch loop (worker thread): one turn per worker step."""
+        try:
+            while True:
+                self._admit_arrivals()
+                self._drop_leavers()
+                self._prefill()
+                if self._decoding:
+                    self._decode_step()
+                self._flush()
+                if self._prefilling or self._decoding:
+                    yield SKIP
+                    continue
+                # No work: let go of the model before saying so (close() waits for it).
+                self._drop_generator()
+                with self._lock:
+                    if not self._pending:
+                        self._alive = False
+                        return
+        except GeneratorExit:
+            # The worker is shutting down and closes every stream.
+            self._abandon(lambda: ShuttingDown("The model worker shut down."))
+            raise
+        except Exception:
+            log.exception("the batch loop of %s failed", self._engine.name)
+            name = self._engine.name
+            self._abandon(lambda: MlxdError(f"The model `{name}` failed while generating."))
+
+    def _admit_arrivals(self) -> None:
+        with self._lock:
+            arrivals = list(self._pending)
+            self._pending.clear()
+        counts = self._engine.counts
+        for seq in arrivals:
+            if seq.cancelled:
+                continue
+            if seq.control.abort_reason is not None:
+                # Aborted while it waited: end without touching the model
+                # (it may be about to be released).
+                counts.aborted += 1
+                self._post(seq, GenerationChunk(text="", finish_reason="abort"))
+                continue
+            counts.generations += 1
+            try:
+                self._start(seq)
+            except Exception as exc:  # noqa: BLE001 - this request's own failure (e.g. BadRequest)
+                self._post(seq, exc)
+
+    def _start(self, seq: _Sequence) -> None:
+        import mlx.core as mx
+        from mlx_lm.models.cache import make_prompt_cache
+
+        engine = self._engine
+        model, tokenizer = engine.model_and_tokenizer()
+        prepared = engine.prepare(seq.request, seq.control)
+        if self._generator is None:
+            self._new_generator(model, tokenizer)
+        others = engine.begin_peak_measure()
+        if others is not None:
+            self._peak_others = others
+        prefix = engine.prefix_cache
+        # The batch's logits processors see every token in the cache (mlx-lm
+        # is given them as ``all_tokens``), so one token left to prefill is
+        # enough even with penalties, unlike the single path.
+        cache, reused = prefix.fetch(prepared.tokens, 1) if prefix is not None else (None, 0)
+        seq.prepared = prepared
+        seq.prompt = mx.array(prepared.tokens)
+        seq.cache = cache if cache is not None else make_prompt_cache(model)
+        seq.done = seq.reused = reused
+        seq.detokenizer = tokenizer.detokenizer
+        engine.counts.running += 1
+        self._prefilling.append(seq)
+
+    def _drop_leavers(self) -> None:
+        for seq in [s for s in self._prefilling if s.leaving()]:
+            self._prefilling.remove(seq)
+            self._end_early(seq)
+        leavers = [s for s in self._decoding.values() if s.leaving()]
+        if not leavers:
+            return
+        self._generator.remove([s.uid for s in leavers])
+        for seq in leavers:
+            del self._decoding[seq.uid]
+            self._end_early(seq)
+        self.size = len(self._decoding)
+
+    def _end_early(self, seq: _Sequence) -> None:
+        """A cancelled request just goes; an aborted one gets its last chunk."""
+        if not seq.cancelled:
+            self._engine.counts.aborted += 1
+            assert seq.prepared is not None
+            self._post(seq, self._chunk(seq, seq.prepared.stops.flush(), "abort"))
+        self._retire(seq)
+
+    def _prefill(self) -> None:
+        """Up to one chunk of prompt tokens, then move the prefilled requests into the batch."""
+        import mlx.core as mx
+        from mlx_lm.generate import generation_stream
+
+        if not self._prefilling:
+            return
+        model, _ = self._engine.model_and_tokenizer()
+        budget = self._prefill_chunk
+        ready: list[_Sequence] = []
+        while self._prefilling:
+            seq = self._prefilling[0]
+            left = seq.prompt.size - 1 - seq.done
+            if left > 0:
+                if budget <= 0:
+                    break
+                take = min(left, budget)
+                with mx.stream(generation_stream):
+                    model(seq.prompt[seq.done : seq.done + take][None], cache=seq.cache)
+                    mx.eval([c.state for c in seq.cache])
+                seq.done += take
+                budget -= take
+                left -= take
+            if left == 0:
+                ready.append(self._prefilling.popleft())
+        if ready:
+            self._join(ready)
+
+    def _join(self, ready: list[_Sequence]) -> None:
+        """Insert prefilled requests into the batch: their cache holds all
+        but the last prompt token, which the batch feeds as its first step."""
+        prepared = [s.prepared for s in ready]
+        assert all(p is not None for p in prepared)
+        uids = self._generator.insert(
+            [[p.tokens[-1]] for p in prepared],
+            max_tokens=[p.max_tokens for p in prepared],
+            caches=[s.cache for s in ready],
+            all_tokens=[list(p.tokens[:-1]) for p in prepared],
+            samplers=[self._sampler(s) for s in ready],
+            logits_processors=[p.processors for p in prepared],
+            stop_sequences=[self._no_stops if s.request.ignore_eos else self._eos_stops for s in ready],
+        )
+        for seq, uid in zip(ready, uids):
+            seq.uid = uid
+            seq.cache = seq.prompt = None  # the batch owns a merged copy now
+            self._decoding[uid] = seq
+        self.size = len(self._decoding)
+
+    def _decode_step(self) -> None:
+        _, responses = self._generator.next()
+        self.steps += 1
+        text_stops: list[tuple[_Sequence, str]] = []
+        for response in responses:
+            seq = self._decoding.get(response.uid)
+            if seq is None:
+                continue
+            assert seq.prepared is not None
+            seq.control.completion_tokens += 1
+            detokenizer = seq.detokenizer
+            # "stop" from the batch is the end-of-sequence token: no text of its own.
+            if response.finish_reason != "stop":
+                detokenizer.add_token(response.token)
+            if response.finish_reason is not None:
+                detokenizer.finalize()
+            stops = seq.prepared.stops
+            text, stopped = stops.feed(detokenizer.last_segment)
+            if stopped and response.finish_reason is None:
+                text_stops.append((seq, text))
+            elif stopped:
+                self._finish(seq, text, "stop", response.prompt_cache, response.all_tokens)
+            elif response.finish_reason is not None:
+                self._finish(
+                    seq, text + stops.flush(), response.finish_reason,
+                    response.prompt_cache, response.all_tokens,
+                )
+            elif text:
+                self._post(seq, self._chunk(seq, text))
+        if text_stops:
+            # A stop string ended these: take them out of the batch, with their caches.
+            caches = self._generator.remove([s.uid for s, _ in text_stops], return_prompt_caches=True)
+            for seq, text in text_stops:
+                cache, tokens = caches.get(seq.uid, (None, None))
+                self._finish(seq, text, "stop", cache, tokens)
+        self.size = len(self._decoding)
+
+    def _finish(
+        self, seq: _Sequence, text: str, reason: str, cache: list[Any] | None, tokens: list[int] | None
+    ) -> None:
+        """A request that ended normally: keep its cache for the next turn
+        before its last chunk is handed over, then let it go."""
+        del self._decoding[seq.uid]
+        if cache is not None and tokens:
+            self._engine.keep_prefix(list(tokens), cache)
+        if self._peak_others is not None:
+            self._engine.end_peak_measure(self._peak_others)
+            self._peak_others = None
+        self._post(seq, self._chunk(seq, text, reason))
+        self._retire(seq)
+
+    def _retire(self, seq: _Sequence) -> None:
+        counts = self._engine.counts
+        counts.running -= 1
+        counts.prompt_tokens += seq.control.prompt_tokens
+        counts.tokens_generated += seq.control.completion_tokens
+        seq.cache = seq.prompt = None
+
+    def _abandon(self, failure: Callable[[], BaseException]) -> None:
+        """End the loop after a failure: every request still here gets ``failure()``."""
+        victims = [*self._prefilling, *self._decoding.values()]
+        self._prefilling.clear()
+        self._decoding.clear()
+        for seq in victims:
+            self._retire(seq)
+        self._drop_generator()
+        with self._lock:
+            waiting = list(self._pending)
+            self._pending.clear()
+            self._alive = False
+        for seq in [*victims, *waiting]:
+            if not seq.cancelled:
+                self._post(seq, failure())
+        self._flush()
+
+    # -------------------------------------------------------------- helpers
+    def _new_generator(self, model: Any, tokenizer: Any) -> None:
+        from mlx_lm.generate import BatchGenerator, StopSequences
+
+        self._generator = BatchGenerator(
+            model,
+            completion_batch_size=self._max_batch,
+            # Requests join with their prompt already prefilled (but for one
+            # token), so this only says how many may join in one step: all.
+            prefill_batch_size=self._max_batch,
+            prefill_step_size=self._prefill_chunk,
+        )
+        self._eos_stops = StopSequences([(t,) for t in getattr(tokenizer, "eos_token_ids", None) or ()])
+        self._no_stops = StopSequences()
+
+    def _drop_generator(self) -> None:
+        generator, self._generator = self._generator, None
+        self._samplers.clear()
+        self.size = 0
+        if generator is not None:
+            generator.close()
+
+    def _sampler(self, seq: _Sequence) -> Any:
+        """The request's sampler. Requests without a seed and with the same
+        parameters share one, so the batch samples them in one call (greedy
+        ones already share mlx-lm's greedy sampler)."""
+        assert seq.prepared is not None
+        params = seq.request.sampling
+        if params.seed is not None or params.temperature == 0:
+            return seq.prepared.sampler
+        key = (params.temperature, params.top_p, params.min_p, params.top_k)
+        shared = self._samplers.get(key)
+        if shared is None:
+            shared = self._samplers[key] = seq.prepared.sampler
+        return shared
+
+    def _chunk(self, seq: _Sequence, text: str, finish: str | None = None) -> GenerationChunk:
+        return GenerationChunk(
+            text=text,
+            finish_reason=finish,
+            prompt_tokens=seq.control.prompt_tokens,
+            completion_tokens=seq.control.completion_tokens,
+            cached_tokens=seq.reused,
+        )
+
+    def _post(self, seq: _Sequence, item: Any) -> None:
+        self._outgoing.append((seq, item))
+
+    def _flush(self) -> None:
+        """Hand this turn's chunks over: one call per event loop, not per chunk."""
+        if not self._outgoing:
+            return
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Sequence, Any]]] = {}
+        for seq, item in self._outgoing:
+            by_loop.setdefault(seq.loop, []).append((seq, item))
+        self._outgoing = []
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:
+                # That event loop is closed: its consumers are gone.
+                for seq, _ in items:
+                    seq.cancelled = True
+
+
+def _deliver(items: list[tuple[_Sequence, Any]]) -> None:
+    """Event loop: put each chunk in its request's inbox and wake the consumer."""
+    for seq, item in items:
+        seq.items.append(item)
+        _wake(seq.waiter)
+
+
+def _wake(waiter: asyncio.Future[None] | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
