@@ -1,0 +1,332 @@
+"""Continuous batching in the text engine, on real tiny models.
+
+Reference outputs come from the single path (``max_concurrency: 1``) over the
+same weights. mlx-lm's batched decode (left-padded KV, masked attention, a
+batched matmul) could in principle round differently from the single path;
+on these models it gives the very same tokens — checked over chat and
+completion prompts on qwen2 and llama, tiny and small, with and without
+OpenBLAS — so the tests compare whole texts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from engine.engine_support import CHAT, PROMPT, collect, greedy, run, spec_for, text_of
+from prefix_cache.cache_support import QUESTIONS, chat
+
+from mlxd.engine.loader import load_text_engine
+from mlxd.engine.types import GenerationChunk, GenerationRequest, SamplingParams
+from mlxd.errors import BadRequest
+
+pytestmark = pytest.mark.mlx
+
+# Different real prompts, chat and completion.
+CHATS = [
+    CHAT,
+    [{"role": "user", "content": "List the files"}],
+    [{"role": "user", "content": "Which function parses the command line arguments?"}],
+    [{"role": "user", "content": "Explain how the logging handlers are configured"}],
+]
+COMPLETIONS = [
+    PROMPT,
+    "import os\nimport sys\n\ndef main():\n",
+    "class Config:\n    def __init__(self, path):\n",
+    "The daemon loads models on demand and",
+]
+
+
+def varied(i: int, **kwargs: Any) -> GenerationRequest:
+    """The i-th of eight different prompts (even: chat, odd: completion)."""
+    if "prompt" not in kwargs and "messages" not in kwargs:
+        if i % 2:
+            kwargs["prompt"] = COMPLETIONS[(i // 2) % 4]
+        else:
+            kwargs["messages"] = CHATS[(i // 2) % 4]
+    return greedy(f"r{i}", **kwargs)
+
+
+async def steps_pass(worker, n: int) -> None:
+    """Until ``n`` more worker steps have started. The count goes up as a step
+    starts, so once it is ``n`` past, the first ``n - 1`` of them are done.
+    (Counting worker calls is not enough: two calls may run back to back.)"""
+    target = worker.steps + n
+    while worker.steps < target:
+        await worker.call(lambda: None)
+
+
+async def together(engine, requests: list[GenerationRequest]) -> list[list[GenerationChunk]]:
+    return list(await asyncio.gather(*(collect(engine, r) for r in requests)))
+
+
+async def one_by_one(engine, requests: list[GenerationRequest]) -> list[list[GenerationChunk]]:
+    return [await collect(engine, r) for r in requests]
+
+
+def test_eight_concurrent_requests_end_with_exactly_their_max_tokens(batched):
+    lengths = [5, 40, 12, 33, 1, 27, 18, 9]
+    requests = [varied(i, max_tokens=n, ignore_eos=True) for i, n in enumerate(lengths)]
+    steps_before = batched.stats()["batched_steps"]
+    results = run(together(batched, requests))
+    for chunks, n in zip(results, lengths):
+        assert chunks[-1].finish_reason == "length"
+        assert chunks[-1].completion_tokens == n
+        assert all(c.finish_reason is None for c in chunks[:-1])
+    stats = batched.stats()
+    # One decode step serves every sequence in the batch: far fewer steps than tokens.
+    assert stats["batched_steps"] - steps_before < sum(lengths) // 2
+    assert stats["tokens_generated"] == sum(lengths)
+    assert (stats["running"], stats["in_flight"], stats["batch_size"]) == (0, 0, 0)
+
+
+def test_greedy_text_in_a_batch_is_the_text_alone(batched, single):
+    requests = [varied(i, max_tokens=20 + 3 * i) for i in range(8)]
+    alone = run(one_by_one(single, requests))
+    crowd = run(together(batched, requests))
+    for solo, batch in zip(alone, crowd):
+        assert text_of(batch) == text_of(solo)
+        assert (batch[-1].finish_reason, batch[-1].completion_tokens, batch[-1].prompt_tokens) == (
+            solo[-1].finish_reason, solo[-1].completion_tokens, solo[-1].prompt_tokens,
+        )
+    assert len({text_of(c) for c in crowd}) == len(crowd)  # really eight different answers
+
+
+def test_penalties_apply_per_request_and_match_the_single_path(batched, single):
+    penalised = SamplingParams(temperature=0.0, repetition_penalty=1.5, presence_penalty=0.8)
+    requests = [varied(i, max_tokens=40, sampling=penalised if i < 2 else SamplingParams(temperature=0)) for i in range(4)]
+    alone = run(one_by_one(single, requests))
+    crowd = run(together(batched, requests))
+    assert [text_of(c) for c in crowd] == [text_of(c) for c in alone]
+    plain = run(collect(single, varied(0, max_tokens=40)))
+    assert text_of(plain) != text_of(alone[0]), "the penalty changed nothing: the test proves nothing"
+
+
+def test_a_seeded_request_samples_the_same_tokens_in_and_out_of_a_batch(batched, single):
+    def sampled(i: int, seed: int | None) -> GenerationRequest:
+        return varied(i, max_tokens=24, sampling=SamplingParams(temperature=1.0, top_p=0.9, seed=seed))
+
+    alone = text_of(run(collect(single, sampled(0, 7))))
+    crowd = run(together(batched, [sampled(0, 7), sampled(1, None), sampled(2, None), sampled(0, 8)]))
+    assert text_of(crowd[0]) == alone
+    assert text_of(crowd[3]) != alone  # another seed, another answer
+
+
+def test_stop_strings_are_per_request(batched, single):
+    requests = [varied(i, max_tokens=32) for i in range(3)]
+    full = [text_of(c) for c in run(one_by_one(single, requests))]
+    stops = [full[0][len(full[0]) // 2 :][:3], full[1][len(full[1]) // 3 :][:4]]
+    assert all(len(s) >= 3 for s in stops)
+    crowd = run(together(batched, [
+        varied(0, max_tokens=32, stop=[stops[0]]),
+        varied(1, max_tokens=32, stop=["never appears", stops[1]]),
+        varied(2, max_tokens=32),
+    ]))
+    for k in (0, 1):
+        assert text_of(crowd[k]) == full[k][: full[k].find(stops[k])]
+        assert crowd[k][-1].finish_reason == "stop"
+        assert crowd[k][-1].completion_tokens < 32
+    assert text_of(crowd[2]) == full[2]
+
+
+def test_ignore_eos_is_per_request(batched):
+    messages = [{"role": "user", "content": "List the files"}]
+    natural = run(collect(batched, greedy(max_tokens=600, messages=messages)))
+    assert natural[-1].finish_reason == "stop"
+    ended_at = natural[-1].completion_tokens
+    crowd = run(together(batched, [
+        greedy("natural", max_tokens=600, messages=messages),
+        greedy("forced", max_tokens=ended_at + 20, messages=messages, ignore_eos=True),
+    ]))
+    assert (crowd[0][-1].finish_reason, crowd[0][-1].completion_tokens) == ("stop", ended_at)
+    assert text_of(crowd[0]) == text_of(natural)
+    assert (crowd[1][-1].finish_reason, crowd[1][-1].completion_tokens) == ("length", ended_at + 20)
+    forced = text_of(crowd[1])
+    assert forced.startswith(text_of(natural)) and len(forced) > len(text_of(natural))
+    assert "<|im_end|>" not in forced
+
+
+def test_closing_one_stream_removes_only_that_sequence(batched, worker):
+    requests = [varied(i, max_tokens=150, ignore_eos=True) for i in range(3)]
+    expected = [text_of(c) for c in run(one_by_one(batched, requests[1:]))]
+
+    async def main():
+        others = [asyncio.create_task(collect(batched, r)) for r in requests[1:]]
+        victim = batched.generate(requests[0])
+        got = 0
+        async for _ in victim:
+            got += 1
+            if got == 3:
+                break
+        await victim.aclose()
+        sizes = [batched.stats()["batch_size"]]
+        # The step running now may have passed its check; the next one drops it.
+        await steps_pass(worker, 2)
+        sizes.append(batched.stats()["batch_size"])
+        still_running = not any(t.done() for t in others)
+        return sizes, still_running, await asyncio.gather(*others)
+
+    generated_before = batched.stats()["tokens_generated"]
+    sizes, still_running, results = run(main())
+    assert sizes == [3, 2] and still_running
+    assert [text_of(c) for c in results] == expected
+    assert all(c[-1].completion_tokens == 150 and c[-1].finish_reason == "length" for c in results)
+    stats = batched.stats()
+    assert stats["tokens_generated"] - generated_before < 3 * 150
+    assert (stats["in_flight"], stats["running"], stats["aborted"]) == (0, 0, 0)
+
+
+def test_a_request_arriving_mid_flight_joins_the_running_batch(batched, single):
+    first, second = varied(0, max_tokens=300, ignore_eos=True), varied(1, max_tokens=20)
+    expected = [text_of(c) for c in run(one_by_one(single, [first, second]))]
+
+    async def main():
+        sizes, chunks, joined = [], [], None
+        async for chunk in batched.generate(first):
+            chunks.append(chunk)
+            sizes.append(batched.stats()["batch_size"])
+            if len(chunks) == 5:
+                joined = asyncio.create_task(collect(batched, second))
+        assert joined is not None
+        return sizes, chunks, await joined
+
+    sizes, chunks, late = run(main())
+    assert sizes[0] == 1 and max(sizes) == 2  # joined while the first was still decoding
+    assert [text_of(chunks), text_of(late)] == expected
+
+
+def test_abort_all_ends_every_sequence_with_abort_and_the_batch_goes_on(batched, worker):
+    async def main():
+        tasks = [asyncio.create_task(collect(batched, varied(i, max_tokens=400, ignore_eos=True))) for i in range(3)]
+        while batched.stats()["batch_size"] < 3:
+            await worker.call(lambda: None)
+        aborted = await batched.abort_all("preempted")
+        return aborted, await asyncio.gather(*tasks)
+
+    aborted, results = run(main())
+    assert aborted == 3
+    for chunks in results:
+        assert chunks[-1].finish_reason == "abort"
+        assert chunks[-1].completion_tokens < 100
+    stats = batched.stats()
+    assert (stats["aborted"], stats["in_flight"], stats["running"], stats["batch_size"]) == (3, 0, 0, 0)
+    # A new request starts a new batch loop.
+    assert run(collect(batched, varied(0, max_tokens=6, ignore_eos=True)))[-1].completion_tokens == 6
+
+
+def test_close_while_a_batch_runs_aborts_it_and_frees_the_model(worker, qwen_tiny):
+    from mlxd.engine import memory
+
+    async def main():
+        await worker.call(memory.release_memory)
+        baseline = await worker.call(memory.active_bytes)
+        engine = await load_text_engine(spec_for(qwen_tiny, "closing", max_concurrency=4), worker)
+        tasks = [asyncio.create_task(collect(engine, varied(i, max_tokens=2000, ignore_eos=True))) for i in range(3)]
+        while engine.stats()["batch_size"] < 3:
+            await worker.call(lambda: None)
+        await engine.close()
+        results = await asyncio.gather(*tasks)
+        after = await worker.call(memory.active_bytes)
+        return engine, results, after - baseline
+
+    engine, results, leftover = run(main())
+    assert [c[-1].finish_reason for c in results] == ["abort"] * 3
+    assert leftover < engine.load_bytes * 0.05
+    assert engine.stats()["closed"] and engine.stats()["running"] == 0
+
+
+def test_prefix_cache_hits_in_batched_mode_give_the_same_answer(batched, single):
+    penalised = SamplingParams(temperature=0.0, repetition_penalty=1.3)
+    first = greedy("a", max_tokens=12, messages=chat(QUESTIONS[0]))
+    other = greedy("b", max_tokens=12, messages=chat(QUESTIONS[1]), sampling=penalised)
+    cold = [text_of(c) for c in run(one_by_one(single, [first, other]))]
+
+    opened = run(together(batched, [first, other]))
+    assert [text_of(c) for c in opened] == cold
+    assert [c[-1].cached_tokens for c in opened] == [0, 0]
+    # The same two again, side by side: both start from the cache.
+    again = run(together(batched, [first, other]))
+    assert [text_of(c) for c in again] == cold
+    for chunks in again:
+        assert 100 < chunks[-1].cached_tokens < chunks[-1].prompt_tokens
+    # The next turn of the first conversation reuses its prompt and reply.
+    follow = chat(QUESTIONS[0]) + [
+        {"role": "assistant", "content": cold[0]},
+        {"role": "user", "content": QUESTIONS[2]},
+    ]
+    turn = run(collect(batched, greedy("c", max_tokens=12, messages=follow)))
+    assert turn[-1].cached_tokens > again[0][-1].prompt_tokens
+    assert text_of(turn) == text_of(run(collect(single, greedy("c", max_tokens=12, messages=follow))))
+    assert batched.stats()["prefix_cache"]["hits"] >= 3
+
+
+def test_a_bad_request_fails_alone(worker, qwen_tiny):
+    async def main():
+        engine = await load_text_engine(spec_for(qwen_tiny, "ctx", max_context=40, max_concurrency=4), worker)
+        try:
+            prompt_len = len(await worker.call(engine.prompt_tokens, varied(0)))
+            good = [asyncio.create_task(collect(engine, varied(0, max_tokens=100))) for _ in range(2)]
+            with pytest.raises(BadRequest) as err:
+                await collect(engine, varied(1, prompt=PROMPT * 8))
+            return prompt_len, err.value, await asyncio.gather(*good)
+        finally:
+            await engine.close()
+
+    prompt_len, error, results = run(main())
+    assert error.code == "context_length_exceeded"
+    for chunks in results:
+        # max_tokens is capped by max_context - prompt, as on the single path.
+        assert (chunks[-1].finish_reason, chunks[-1].completion_tokens) == ("length", 40 - prompt_len)
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_between_other_streams(worker, qwen_tiny, llama_tiny):
+    """Another model's stream keeps producing while a long prompt is prefilled."""
+    import keyword
+
+    names = [w for w in keyword.kwlist if w.isalpha()]
+    long_prompt = " ".join(f"{names[i % len(names)]}_{i}" for i in range(400))
+
+    async def main():
+        batch = await load_text_engine(spec_for(qwen_tiny, "b", max_concurrency=4), worker, prefill_chunk=16)
+        other = await load_text_engine(spec_for(llama_tiny, "o"), worker)
+        try:
+            n_prompt = len(await worker.call(batch.prompt_tokens, greedy(prompt=long_prompt)))
+            arrivals: list[str] = []
+
+            async def consume(engine, request):
+                async for _ in engine.generate(request):
+                    arrivals.append(engine.name)
+
+            await asyncio.gather(
+                consume(batch, greedy("long", prompt=long_prompt, max_tokens=2)),
+                consume(other, greedy("o", max_tokens=300, ignore_eos=True, prompt=PROMPT)),
+            )
+            return n_prompt, arrivals
+        finally:
+            await batch.close()
+            await other.close()
+
+    n_prompt, arrivals = run(main())
+    assert n_prompt > 16 * 20
+    # The other model emitted many tokens before the long prompt's first one:
+    # the prefill (n_prompt / 16 turns) did not hold the worker in one go.
+    assert arrivals.index("b") > n_prompt // 16 // 2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "batching"),
+    [({"max_concurrency": 1}, False), ({"max_concurrency": 4, "kv_bits": 8}, False), ({"max_concurrency": 2}, True)],
+)
+def test_which_engines_batch_and_the_others_still_serve_concurrent_requests(worker, qwen_small, overrides, batching):
+    async def main():
+        engine = await load_text_engine(spec_for(qwen_small, "m", **overrides), worker)
+        try:
+            stats = engine.stats()["batching"]
+            return stats, await together(engine, [varied(i, max_tokens=4, ignore_eos=True) for i in range(2)])
+        finally:
+            await engine.close()
+
+    batches, results = run(main())
+    assert batches is batching
+    assert [c[-1].completion_tokens for c in results] == [4, 4]
