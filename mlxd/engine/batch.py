@@ -49,7 +49,6 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mlxd.engine import sampling
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.engine.worker import SKIP, MlxWorker, WorkerStream
 from mlxd.errors import MlxdError, ShuttingDown

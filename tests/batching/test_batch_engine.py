@@ -11,6 +11,7 @@ OpenBLAS — so the tests compare whole texts.
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -19,7 +20,8 @@ from prefix_cache.cache_support import QUESTIONS, chat
 
 from mlxd.engine.loader import load_text_engine
 from mlxd.engine.types import GenerationChunk, GenerationRequest, SamplingParams
-from mlxd.errors import BadRequest
+from mlxd.engine.worker import MlxWorker
+from mlxd.errors import BadRequest, ShuttingDown
 
 pytestmark = pytest.mark.mlx
 
@@ -95,12 +97,13 @@ def test_greedy_text_in_a_batch_is_the_text_alone(batched, single):
 
 def test_penalties_apply_per_request_and_match_the_single_path(batched, single):
     penalised = SamplingParams(temperature=0.0, repetition_penalty=1.5, presence_penalty=0.8)
-    requests = [varied(i, max_tokens=40, sampling=penalised if i < 2 else SamplingParams(temperature=0)) for i in range(4)]
+    plain = SamplingParams(temperature=0)
+    requests = [varied(i, max_tokens=40, sampling=penalised if i < 2 else plain) for i in range(4)]
     alone = run(one_by_one(single, requests))
     crowd = run(together(batched, requests))
     assert [text_of(c) for c in crowd] == [text_of(c) for c in alone]
-    plain = run(collect(single, varied(0, max_tokens=40)))
-    assert text_of(plain) != text_of(alone[0]), "the penalty changed nothing: the test proves nothing"
+    unpenalised = run(collect(single, varied(0, max_tokens=40)))
+    assert text_of(unpenalised) != text_of(alone[0]), "the penalty changed nothing: the test proves nothing"
 
 
 def test_a_seeded_request_samples_the_same_tokens_in_and_out_of_a_batch(batched, single):
@@ -330,3 +333,65 @@ def test_which_engines_batch_and_the_others_still_serve_concurrent_requests(work
     batches, results = run(main())
     assert batches is batching
     assert [c[-1].completion_tokens for c in results] == [4, 4]
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_a_worker_shutdown_ends_running_streams_and_refused_ones_leave_no_trace(qwen_tiny, concurrency):
+    worker = MlxWorker().start()  # its own: this test shuts it down
+
+    async def main():
+        engine = await load_text_engine(spec_for(qwen_tiny, "m", max_concurrency=concurrency), worker)
+        running = asyncio.create_task(collect(engine, varied(0, max_tokens=3000, ignore_eos=True)))
+        while engine.stats()["running"] == 0:
+            await worker.call(lambda: None)
+        await worker.shutdown()
+        with pytest.raises(ShuttingDown):
+            await running
+        # Starting a stream on a stopped worker fails; the request must not
+        # stay registered as in flight.
+        with pytest.raises(ShuttingDown):
+            await collect(engine, varied(1))
+        stats = engine.stats()
+        await engine.close()
+        return stats
+
+    stats = run(main())
+    assert stats["in_flight"] == 0
+    assert stats["batching"] is (concurrency > 1)
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_close_never_releases_the_model_under_a_generation_caught_mid_step(worker, qwen_tiny, concurrency):
+    """close() must not trust the running count while the worker is inside a
+    step: here the first step is held right after its abort check."""
+    entered, resume = threading.Event(), threading.Event()
+    running_at_release: list[int] = []
+
+    async def main():
+        engine = await load_text_engine(spec_for(qwen_tiny, "m", max_concurrency=concurrency), worker)
+        real_model, real_release = engine.model_and_tokenizer, engine._release
+
+        def held() -> Any:  # worker thread, first step of the generation
+            if not entered.is_set():
+                entered.set()
+                resume.wait(30)
+            return real_model()
+
+        def release() -> Any:  # worker thread
+            running_at_release.append(engine.counts.running)
+            return real_release()
+
+        engine.model_and_tokenizer = held  # type: ignore[method-assign]
+        engine._release = release  # type: ignore[method-assign]
+        task = asyncio.create_task(collect(engine, varied(0, max_tokens=50, ignore_eos=True)))
+        await asyncio.to_thread(entered.wait, 30)
+        closing = asyncio.create_task(engine.close())
+        for _ in range(3):  # let close() run up to its first wait
+            await asyncio.sleep(0)
+        resume.set()
+        await closing
+        return await task
+
+    chunks = run(main())
+    assert chunks[-1].finish_reason == "abort"
+    assert running_at_release == [0]
