@@ -395,3 +395,34 @@ def test_close_never_releases_the_model_under_a_generation_caught_mid_step(worke
     chunks = run(main())
     assert chunks[-1].finish_reason == "abort"
     assert running_at_release == [0]
+
+
+def test_a_request_whose_batch_loop_never_ran_is_told_the_worker_shut_down(qwen_tiny):
+    """The worker stops with the batch loop's stream still queued (never
+    stepped): nothing on the worker can answer the request any more, so the
+    waiting consumer notices the worker is gone by itself."""
+    worker = MlxWorker().start()  # its own: this test shuts it down
+    started, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        started.set()
+        release.wait(30)
+
+    async def main():
+        engine = await load_text_engine(spec_for(qwen_tiny, "m", max_concurrency=4), worker)
+        holding = asyncio.create_task(worker.call(hold))
+        await asyncio.to_thread(started.wait, 30)
+        request = asyncio.create_task(collect(engine, varied(0, max_tokens=8)))
+        await asyncio.sleep(0)  # the request is submitted: the batch loop's stream is queued
+        stopping = asyncio.create_task(worker.shutdown())
+        await asyncio.sleep(0)  # the worker is told to stop before it gets to that stream
+        release.set()
+        await holding
+        await stopping
+        with pytest.raises(ShuttingDown):
+            await asyncio.wait_for(request, 30)
+        await engine.close()
+        return engine.stats()
+
+    stats = run(main())
+    assert (stats["in_flight"], stats["running"], stats["generations"]) == (0, 0, 0)
