@@ -88,7 +88,9 @@ def main() -> None:
     path = build_model(ModelRecipe("qwen2", args.size))
     model, tokenizer = mlx_lm.load(str(path))
     runs: dict[str, list[dict[str, float]]] = {"direct": [], "daemon": []}
-    entry = {"name": "m", "path": str(path), "preload": True, "max_context": 32768, "idle_unload_seconds": 0}
+    # No prefix cache: a repeated prompt would be served from it and flatter the TTFT.
+    entry = {"name": "m", "path": str(path), "preload": True, "max_context": 32768, "idle_unload_seconds": 0,
+             "prefix_cache": {"max_bytes": 0, "persist": False}}
     with daemon([entry]) as url, httpx.Client(base_url=url, timeout=600) as http:
         run_direct(model, tokenizer, 16)  # warm-up: MLX compiles CPU kernels on first use
         run_daemon(http, 16)

@@ -345,66 +345,84 @@ async def _pump(engine: Any, requests: list[GenerationRequest], queue: asyncio.Q
         queue.put_nowait(exc)
 
 
+class _StreamState:
+    """Turns engine output into SSE frames and keeps the stream's accounts."""
+
+    def __init__(self, ctx: DaemonContext, plan: Plan) -> None:
+        self.plan = plan
+        self.frames = _Frames(plan)
+        self.meter = ctx.metrics.meter(plan.spec.name, plan.started)
+        self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
+        self.status = 200
+
+    def handle(self, item: Any) -> tuple[list[str], bool]:
+        """Frames for one queue item, and whether the stream is over."""
+        if item is _END:
+            return [], True
+        if isinstance(item, BaseException):
+            self.status = item.status_code if isinstance(item, MlxdError) else 500
+            log.error("stream on %s failed: %s", self.plan.spec.name, describe_exception(item))
+            return [_sse(self.frames.error(item))], True
+        index, chunk = item
+        self.meter.chunk(index, chunk)
+        if chunk.finish_reason == "abort":
+            self.status = 503
+            return [_sse(self.frames.error(ModelPreempted(
+                f"Generation on `{self.plan.requested_name}` was interrupted: the model was preempted "
+                "or the daemon is shutting down")))], True
+        out = [_sse(self.frames.content(index, chunk.text))] if chunk.text else []
+        if chunk.finish_reason:
+            self.prompt_tokens += chunk.prompt_tokens
+            self.completion_tokens += chunk.completion_tokens
+            self.cached_tokens += chunk.cached_tokens
+            usage = _usage(chunk.prompt_tokens, chunk.completion_tokens, chunk.cached_tokens)
+            out.append(_sse(self.frames.finish(index, chunk.finish_reason, usage)))
+        return out, False
+
+
 async def _events(ctx: DaemonContext, plan: Plan, lease: Lease) -> AsyncIterator[str]:
     queue: asyncio.Queue[Any] = asyncio.Queue()
     producer = asyncio.ensure_future(_pump(lease.engine, plan.requests, queue))
-    frames = _Frames(plan)
-    meter = ctx.metrics.meter(plan.spec.name, plan.started)
+    state = _StreamState(ctx, plan)
     heartbeat = ctx.settings.heartbeat_seconds
     inactivity = ctx.settings.server.request_timeout_s
     loop = asyncio.get_running_loop()
     last_progress = loop.time()
-    prompt_tokens = completion_tokens = cached_tokens = 0
-    status = 200
     try:
         if plan.kind == "chat":
-            yield _sse(frames.chat_chunk({"role": "assistant", "content": ""}, None))
-        while True:
+            yield _sse(state.frames.chat_chunk({"role": "assistant", "content": ""}, None))
+        done = False
+        while not done:
             try:
                 item = await asyncio.wait_for(queue.get(), heartbeat)
             except asyncio.TimeoutError:
                 if loop.time() - last_progress >= inactivity:
-                    status = 504
-                    yield _sse(frames.error(RequestTimeout(f"No output for {inactivity:.0f} seconds")))
+                    state.status = 504
+                    yield _sse(state.frames.error(RequestTimeout(f"No output for {inactivity:.0f} seconds")))
                     break
                 yield HEARTBEAT
                 continue
             last_progress = loop.time()
-            if item is _END:
-                break
-            if isinstance(item, BaseException):
-                status = item.status_code if isinstance(item, MlxdError) else 500
-                log.error("stream on %s failed: %s", plan.spec.name, describe_exception(item))
-                yield _sse(frames.error(item))
-                break
-            index, chunk = item
-            meter.chunk(index, chunk)
-            if chunk.finish_reason == "abort":
-                status = 503
-                yield _sse(frames.error(ModelPreempted(
-                    f"Generation on `{plan.requested_name}` was interrupted: the model was preempted "
-                    "or the daemon is shutting down")))
-                break
-            if chunk.text:
-                yield _sse(frames.content(index, chunk.text))
-            if chunk.finish_reason:
-                prompt_tokens += chunk.prompt_tokens
-                completion_tokens += chunk.completion_tokens
-                cached_tokens += chunk.cached_tokens
-                usage = _usage(chunk.prompt_tokens, chunk.completion_tokens, chunk.cached_tokens)
-                yield _sse(frames.finish(index, chunk.finish_reason, usage))
-        if status == 200 and plan.include_usage:
-            yield _sse(frames.usage(_usage(prompt_tokens, completion_tokens, cached_tokens)))
+            out, done = state.handle(item)
+            # Whatever else is already queued goes out in the same write: one
+            # send per batch of tokens instead of one per token.
+            while not done and not queue.empty():
+                more, done = state.handle(queue.get_nowait())
+                out += more
+            if out:
+                yield "".join(out)
+        if state.status == 200 and plan.include_usage:
+            yield _sse(state.frames.usage(_usage(state.prompt_tokens, state.completion_tokens, state.cached_tokens)))
         yield DONE
     except (GeneratorExit, asyncio.CancelledError):
-        status = 499  # the client went away mid-stream
+        state.status = 499  # the client went away mid-stream
         raise
     finally:
         producer.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await producer
         lease.release()
-        ctx.record_request(plan.spec.name, status, plan, prompt_tokens, completion_tokens)
+        ctx.record_request(plan.spec.name, state.status, plan, state.prompt_tokens, state.completion_tokens)
 
 
 class _Frames:
