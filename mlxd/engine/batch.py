@@ -54,7 +54,8 @@ from mlxd.engine.worker import SKIP, MlxWorker, WorkerStream
 from mlxd.errors import MlxdError, ShuttingDown
 
 if TYPE_CHECKING:
-    from mlxd.engine.text import GenerationControl, Prepared, TextEngine
+    from mlxd.engine.lifecycle import GenerationControl
+    from mlxd.engine.text import Prepared, TextEngine
 
 log = logging.getLogger(__name__)
 

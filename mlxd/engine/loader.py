@@ -10,12 +10,12 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 from mlxd.engine import memory
 from mlxd.engine.batch import supports_batching
 from mlxd.engine.cache_store import CacheStore, PrefixCachePersistence
 from mlxd.engine.fingerprint import model_fingerprint
+from mlxd.engine.lifecycle import load_on_worker
 from mlxd.engine.text import LoadedText, TextEngine
 from mlxd.engine.worker import MlxWorker
 from mlxd.errors import ModelLoadFailed, describe_exception
@@ -38,12 +38,7 @@ async def load_text_engine(
     entries are restored here. A restore problem is logged, never fatal.
     """
     fingerprint = await _fingerprint(spec) if cache_dir is not None and _persists(spec) else None
-    load = asyncio.ensure_future(worker.call(load_text_model, spec))
-    try:
-        loaded = await asyncio.shield(load)
-    except asyncio.CancelledError:
-        load.add_done_callback(lambda task: _discard_orphan(task, worker))
-        raise
+    loaded = await load_on_worker(worker, load_text_model, spec, _unload)
     engine = TextEngine(spec, worker, loaded, prefill_chunk=prefill_chunk)
     if fingerprint is not None and cache_dir is not None and engine.prefix_cache is not None:
         store = CacheStore(Path(cache_dir) / "prefix", fingerprint, spec.prefix_cache.disk_max_bytes)
@@ -92,20 +87,6 @@ def load_text_model(spec: ModelSpec) -> LoadedText:
     return LoadedText(
         model, tokenizer, load_bytes=loaded_bytes, load_seconds=seconds, batchable=supports_batching(model)
     )
-
-
-def _discard_orphan(task: asyncio.Future[Any], worker: MlxWorker) -> None:
-    if task.cancelled() or task.exception() is not None:
-        return
-    if worker.running:
-        asyncio.ensure_future(_unload_on(worker, task.result()))
-
-
-async def _unload_on(worker: MlxWorker, loaded: LoadedText) -> None:
-    try:
-        await worker.call(_unload, loaded)
-    except Exception:  # noqa: BLE001 - best effort after a cancelled load
-        log.exception("unloading after a cancelled load failed")
 
 
 def _unload(loaded: LoadedText) -> None:

@@ -33,11 +33,12 @@ from typing import Any
 
 from mlxd.engine import memory, sampling
 from mlxd.engine.batch import BatchScheduler
+from mlxd.engine.lifecycle import EngineBase, GenerationControl
 from mlxd.engine.prefix_cache import PrefixCache
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.engine.worker import SKIP, MlxWorker
-from mlxd.errors import BadRequest, MlxdError, ServiceUnavailable, ShuttingDown
+from mlxd.errors import BadRequest, ServiceUnavailable
 from mlxd.registry.model import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -62,27 +63,6 @@ class LoadedText:
     batchable: bool = False
 
 
-@dataclass(eq=False)
-class GenerationControl:
-    """One in-flight request; the event loop flags it, the worker reads the flag."""
-
-    request_id: str
-    abort_reason: str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-@dataclass
-class GenerationCounts:
-    """Figures for ``stats()``: written only on the worker thread, read anywhere."""
-
-    running: int = 0
-    generations: int = 0
-    prompt_tokens: int = 0
-    tokens_generated: int = 0
-    aborted: int = 0
-
-
 @dataclass
 class Prepared:
     tokens: list[int]
@@ -94,7 +74,7 @@ class Prepared:
     keep: int = 1
 
 
-class TextEngine:
+class TextEngine(EngineBase):
     """A loaded mlx-lm model implementing ``mlxd.engine.types.Engine``."""
 
     kind = "text"
@@ -107,102 +87,32 @@ class TextEngine:
         *,
         prefill_chunk: int = 512,
     ) -> None:
-        self.name = spec.name
-        self.spec = spec
-        self._worker = worker
+        super().__init__(spec, worker, load_bytes=loaded.load_bytes, load_seconds=loaded.load_seconds)
         self._model: Any = loaded.model
         self._tokenizer: Any = loaded.tokenizer
         self._vocab_size = _vocab_size(loaded.model, loaded.tokenizer)
         self._prefill_chunk = max(1, prefill_chunk)
-        self.load_bytes = loaded.load_bytes
-        self.load_seconds = loaded.load_seconds
-        # Peak bytes attributable to this model during its first generation.
-        self.peak_bytes: int | None = None
-        self._peak_measure_pending = True
         self.prefix_cache: PrefixCache | None = (
             PrefixCache(spec.prefix_cache.max_bytes) if spec.prefix_cache.max_bytes > 0 else None
         )
         # Set by the loader when the cache is saved to and restored from disk
         # (a ``cache_store.PrefixCachePersistence``).
         self.persistence: Any = None
-        # Touched only on the event loop.
-        self._in_flight: set[GenerationControl] = set()
-        self._closed = False
-        self.counts = GenerationCounts()
         self._batch: BatchScheduler | None = None
         if spec.max_concurrency > 1 and spec.kv_bits is None and loaded.batchable:
             self._batch = BatchScheduler(
                 self, worker, max_batch=spec.max_concurrency, prefill_chunk=self._prefill_chunk
             )
 
-    @property
-    def measured_bytes(self) -> int:
-        """The model's real cost: its load footprint, raised to the first generation's peak."""
-        return max(self.load_bytes, self.peak_bytes or 0)
-
-    # ------------------------------------------------------------ protocol
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        return self._generate(request)
-
-    async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        if self._closed:
-            raise ServiceUnavailable(f"The model `{self.name}` was unloaded; retry the request.")
-        control = GenerationControl(request.request_id)
-        source: Any = None
-        try:
-            # Registered inside the try: starting the stream can raise
-            # ShuttingDown, and the entry must not outlive the request.
-            self._in_flight.add(control)
-            if self._batch is not None:
-                source = self._batch.generate(request, control)
-            else:
-                source = self._worker.stream(lambda: self._run(request, control))
-            async for chunk in source:
-                yield chunk
-        except MlxdError:
-            raise
-        except Exception as exc:
-            log.exception("generation %s on %s failed", request.request_id, self.name)
-            raise MlxdError(f"The model `{self.name}` failed while generating.") from exc
-        finally:
-            self._in_flight.discard(control)
-            # A consumer that left early: the worker drops the generation
-            # before its next step (prefill chunks are steps too).
-            if source is not None:
-                await source.aclose()
-
-    async def abort_all(self, reason: str) -> int:
-        aborted = 0
-        for control in list(self._in_flight):
-            if control.abort_reason is None:
-                control.abort_reason = reason
-                aborted += 1
-        return aborted
+    def _open(self, request: GenerationRequest, control: GenerationControl) -> AsyncIterator[Any]:
+        if self._batch is not None:
+            return self._batch.generate(request, control)
+        return super()._open(request, control)
 
     async def save_prefix_cache(self) -> None:
         """Save the prefix cache to disk (before an unload). Never raises."""
         if self.persistence is not None and not self._closed:
             await self.persistence.save()
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        await self.abort_all("unloaded")
-        try:
-            # Aborted generations end at their next step; none may hold the
-            # model when the memory is released. ``counts.running`` is written
-            # on the worker mid-step: a call runs between two steps, so after
-            # the first one it counts every generation that got past its abort
-            # check (and the batch loop, if any, has seen the aborts).
-            await self._worker.call(_noop)
-            while self._busy():
-                await self._worker.call(_noop)
-            await self._worker.call(self._release)
-        except ShuttingDown:
-            # The worker is gone (process exit): nothing left to release on it.
-            self._model = None
-            self._tokenizer = None
 
     def _busy(self) -> bool:
         return self.counts.running > 0 or (self._batch is not None and self._batch.alive)
@@ -255,6 +165,10 @@ class TextEngine:
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
         return memory.release_memory()
+
+    def _forget(self) -> None:
+        self._model = None
+        self._tokenizer = None
 
     def model_and_tokenizer(self) -> tuple[Any, Any]:
         """The loaded model and tokenizer (worker thread); raises once unloaded."""
@@ -432,24 +346,6 @@ class TextEngine:
             self.prefix_cache.insert(tokens, cache)
         except Exception:  # the answer is complete: a cache problem must not fail it
             log.exception("keeping the prefix cache of a %s generation failed", self.name)
-
-    def begin_peak_measure(self) -> int | None:
-        """On the first generation: reset MLX's peak; return the bytes not ours."""
-        if not self._peak_measure_pending:
-            return None
-        self._peak_measure_pending = False
-        others = max(0, memory.active_bytes() - self.load_bytes)
-        memory.reset_peak()
-        return others
-
-    def end_peak_measure(self, others: int | None) -> None:
-        """After that first generation: its peak, less what was not ours, is our cost."""
-        if others is not None:
-            self.peak_bytes = max(0, memory.peak_bytes() - others)
-
-
-def _noop() -> None:
-    return None
 
 
 def _vocab_size(model: Any, tokenizer: Any) -> int:

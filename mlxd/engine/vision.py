@@ -20,25 +20,23 @@ turns in arrival order, on the worker; other models are not held up.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import importlib.util
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from mlxd.engine import memory, sampling
+from mlxd.engine.lifecycle import EngineBase, GenerationControl, load_on_worker
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.engine.worker import SKIP, MlxWorker
 from mlxd.errors import (
     BadRequest,
-    MlxdError,
     ModelLoadFailed,
     ServiceUnavailable,
-    ShuttingDown,
     describe_exception,
 )
 from mlxd.registry.model import ModelSpec
@@ -56,16 +54,6 @@ class LoadedVision:
     processor: Any
     load_bytes: int
     load_seconds: float
-
-
-@dataclass(eq=False)
-class _Generation:
-    """One in-flight request; the event loop flags it, the worker reads the flag."""
-
-    request_id: str
-    abort_reason: str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
 
 
 @dataclass
@@ -92,12 +80,7 @@ async def load_vision_engine(spec: ModelSpec, worker: MlxWorker) -> VisionEngine
             f"Model `{spec.name}` is a vision model but mlx-vlm is not installed "
             "(pip install 'mlxd[vision]')"
         )
-    load = asyncio.ensure_future(worker.call(load_vision_model, spec))
-    try:
-        loaded = await asyncio.shield(load)
-    except asyncio.CancelledError:
-        load.add_done_callback(lambda task: _discard_orphan(task, worker))
-        raise
+    loaded = await load_on_worker(worker, load_vision_model, spec, _unload)
     return VisionEngine(spec, worker, loaded)
 
 
@@ -123,22 +106,10 @@ def load_vision_model(spec: ModelSpec) -> LoadedVision:
     return LoadedVision(model, processor, load_bytes=loaded_bytes, load_seconds=seconds)
 
 
-def _discard_orphan(task: asyncio.Future[Any], worker: MlxWorker) -> None:
-    if task.cancelled() or task.exception() is not None or not worker.running:
-        return
-    loaded: LoadedVision = task.result()
-
-    def unload() -> None:
-        loaded.model = loaded.processor = None
-        _release_vlm_memory()
-
-    future = asyncio.ensure_future(worker.call(unload))
-    future.add_done_callback(_log_failed_unload)
-
-
-def _log_failed_unload(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("unloading after a cancelled load failed: %s", describe_exception(task.exception()))
+def _unload(loaded: LoadedVision) -> None:
+    """Worker thread: drop a cancelled load's model there, then free its memory."""
+    loaded.model = loaded.processor = None
+    _release_vlm_memory()
 
 
 def _release_vlm_memory() -> dict[str, Any]:
@@ -159,99 +130,33 @@ def _release_vlm_memory() -> dict[str, Any]:
 # --- the engine --------------------------------------------------------------------
 
 
-class VisionEngine:
+class VisionEngine(EngineBase):
     """A loaded mlx-vlm model implementing ``mlxd.engine.types.Engine``."""
 
     kind = "vision"
 
     def __init__(self, spec: ModelSpec, worker: MlxWorker, loaded: LoadedVision) -> None:
-        self.name = spec.name
-        self.spec = spec
-        self._worker = worker
+        super().__init__(spec, worker, load_bytes=loaded.load_bytes, load_seconds=loaded.load_seconds)
         self._model: Any = loaded.model
         self._processor: Any = loaded.processor
         self._vocab_size = _vocab_size(loaded.model)
-        self.load_bytes = loaded.load_bytes
-        self.load_seconds = loaded.load_seconds
-        self.peak_bytes: int | None = None
-        self._peak_measure_pending = True
-        # Touched only on the event loop.
-        self._in_flight: set[_Generation] = set()
-        self._closed = False
         # Touched only on the worker thread: generations in arrival order;
         # the first one runs, the others wait their turn.
-        self._turns: collections.deque[_Generation] = collections.deque()
-        self._running = 0
-        self._generations = 0
-        self._tokens_generated = 0
-        self._prompt_tokens = 0
+        self._turns: collections.deque[GenerationControl] = collections.deque()
         self._images = 0
-        self._aborted = 0
-
-    @property
-    def measured_bytes(self) -> int:
-        """The model's real cost: its load footprint, raised to the first generation's peak."""
-        return max(self.load_bytes, self.peak_bytes or 0)
-
-    # ------------------------------------------------------------ protocol
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        return self._generate(request)
-
-    async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        if self._closed:
-            raise ServiceUnavailable(f"The model `{self.name}` was unloaded; retry the request.")
-        control = _Generation(request.request_id)
-        stream = self._worker.stream(lambda: self._run(request, control))
-        self._in_flight.add(control)
-        try:
-            async for chunk in stream:
-                yield chunk
-        except MlxdError:
-            raise
-        except Exception as exc:
-            log.exception("generation %s on %s failed", request.request_id, self.name)
-            raise MlxdError(f"The model `{self.name}` failed while generating.") from exc
-        finally:
-            self._in_flight.discard(control)
-            await stream.aclose()
-
-    async def abort_all(self, reason: str) -> int:
-        aborted = 0
-        for control in list(self._in_flight):
-            if control.abort_reason is None:
-                control.abort_reason = reason
-                aborted += 1
-        return aborted
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        await self.abort_all("unloaded")
-        try:
-            # Aborted generations end at their next step; none may hold the
-            # model when the memory is released. A call runs between two
-            # steps, so after the first one ``_running`` counts every
-            # generation that got past its abort check.
-            await self._worker.call(_noop)
-            while self._running:
-                await self._worker.call(_noop)
-            await self._worker.call(self._release)
-        except ShuttingDown:
-            self._model = None
-            self._processor = None
 
     def stats(self) -> dict[str, Any]:
+        counts = self.counts
         return {
             "kind": self.kind,
             "in_flight": len(self._in_flight),
-            "running": self._running,
-            "waiting": max(0, len(self._turns) - self._running),
-            "generations": self._generations,
-            "prompt_tokens": self._prompt_tokens,
-            "tokens_generated": self._tokens_generated,
+            "running": counts.running,
+            "waiting": max(0, len(self._turns) - counts.running),
+            "generations": counts.generations,
+            "prompt_tokens": counts.prompt_tokens,
+            "tokens_generated": counts.tokens_generated,
             "images": self._images,
-            "aborted": self._aborted,
+            "aborted": counts.aborted,
             "load_bytes": self.load_bytes,
             "peak_bytes": self.peak_bytes,
             "measured_bytes": self.measured_bytes,
@@ -259,13 +164,17 @@ class VisionEngine:
             "closed": self._closed,
         }
 
+    def _forget(self) -> None:
+        self._model = None
+        self._processor = None
+
     # ------------------------------------------------------ worker thread
     def _release(self) -> dict[str, Any]:
         self._model = None
         self._processor = None
         return _release_vlm_memory()
 
-    def _run(self, request: GenerationRequest, control: _Generation) -> Iterator[Any]:
+    def _run(self, request: GenerationRequest, control: GenerationControl) -> Iterator[Any]:
         self._turns.append(control)
         try:
             while self._turns[0] is not control and control.abort_reason is None:
@@ -273,31 +182,31 @@ class VisionEngine:
             if control.abort_reason is not None:
                 # Aborted before its turn: end without touching the model (it
                 # may be about to be released).
-                self._aborted += 1
+                self.counts.aborted += 1
                 yield GenerationChunk(text="", finish_reason="abort")
                 return
             model, processor = self._model, self._processor
             if model is None:
                 raise ServiceUnavailable(f"The model `{self.name}` was unloaded; retry the request.")
-            self._running += 1
-            self._generations += 1
+            counts = self.counts
+            counts.running += 1
+            counts.generations += 1
             try:
                 prepared = self._prepare(model, processor, request, control)
-                others = self._start_peak_measure()
+                others = self.begin_peak_measure()
                 try:
                     yield from self._decode(model, processor, prepared, control)
                 finally:
-                    if others is not None:
-                        self.peak_bytes = max(0, memory.peak_bytes() - others)
+                    self.end_peak_measure(others)
             finally:
-                self._running -= 1
-                self._prompt_tokens += control.prompt_tokens
-                self._tokens_generated += control.completion_tokens
+                counts.running -= 1
+                counts.prompt_tokens += control.prompt_tokens
+                counts.tokens_generated += control.completion_tokens
         finally:
             self._turns.remove(control)
 
     def _prepare(
-        self, model: Any, processor: Any, request: GenerationRequest, control: _Generation
+        self, model: Any, processor: Any, request: GenerationRequest, control: GenerationControl
     ) -> _Prepared:
         """Render, tokenize and process the images: everything that can fail before decoding."""
         from mlx_vlm import apply_chat_template, prepare_inputs
@@ -370,7 +279,7 @@ class VisionEngine:
             processors.append(sampling.suppress_tokens(eos, self._vocab_size))
         return processors
 
-    def _decode(self, model: Any, processor: Any, prepared: _Prepared, control: _Generation) -> Iterator[Any]:
+    def _decode(self, model: Any, processor: Any, prepared: _Prepared, control: GenerationControl) -> Iterator[Any]:
         from mlx_vlm import stream_generate
 
         n_prompt = control.prompt_tokens
@@ -378,7 +287,7 @@ class VisionEngine:
 
         def chunk(text: str, finish: str | None = None) -> GenerationChunk:
             if finish == "abort":
-                self._aborted += 1
+                self.counts.aborted += 1
             return GenerationChunk(
                 text=text,
                 finish_reason=finish,
@@ -426,18 +335,7 @@ class VisionEngine:
         finally:
             responses.close()
 
-    def _start_peak_measure(self) -> int | None:
-        """On the first generation: reset MLX's peak; return the bytes not ours."""
-        if not self._peak_measure_pending:
-            return None
-        self._peak_measure_pending = False
-        others = max(0, memory.active_bytes() - self.load_bytes)
-        memory.reset_peak()
-        return others
 
-
-def _noop() -> None:
-    return None
 
 
 def _vocab_size(model: Any) -> int:

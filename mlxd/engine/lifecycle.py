@@ -1,0 +1,200 @@
+"""What every engine does alike, whatever library runs its model.
+
+- in-flight bookkeeping: each request has a ``GenerationControl`` the event
+  loop flags (abort) and the worker reads;
+- ``close()`` that aborts what runs and frees memory only once the worker has
+  let go of the model;
+- the measured footprint: the load's cost, raised to the first generation's
+  peak;
+- a load that survives its caller's cancellation without leaving memory
+  behind (``load_on_worker``).
+
+``TextEngine`` (mlx-lm) and ``VisionEngine`` (mlx-vlm) subclass ``EngineBase``
+and supply how a generation runs and how their model is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from mlxd.engine import memory
+from mlxd.engine.types import GenerationChunk, GenerationRequest
+from mlxd.engine.worker import MlxWorker
+from mlxd.errors import MlxdError, ServiceUnavailable, ShuttingDown, describe_exception
+from mlxd.registry.model import ModelSpec
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class GenerationControl:
+    """One in-flight request; the event loop flags it, the worker reads the flag."""
+
+    request_id: str
+    abort_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class GenerationCounts:
+    """Figures for ``stats()``: written only on the worker thread, read anywhere."""
+
+    running: int = 0
+    generations: int = 0
+    prompt_tokens: int = 0
+    tokens_generated: int = 0
+    aborted: int = 0
+
+
+class EngineBase:
+    kind = ""
+
+    def __init__(self, spec: ModelSpec, worker: MlxWorker, *, load_bytes: int, load_seconds: float) -> None:
+        self.name = spec.name
+        self.spec = spec
+        self._worker = worker
+        self.load_bytes = load_bytes
+        self.load_seconds = load_seconds
+        # Peak bytes attributable to this model during its first generation.
+        self.peak_bytes: int | None = None
+        self._peak_measure_pending = True
+        # Touched only on the event loop.
+        self._in_flight: set[GenerationControl] = set()
+        self._closed = False
+        self.counts = GenerationCounts()
+
+    @property
+    def measured_bytes(self) -> int:
+        """The model's real cost: its load footprint, raised to the first generation's peak."""
+        return max(self.load_bytes, self.peak_bytes or 0)
+
+    # --- what a subclass supplies ---------------------------------------------
+
+    def _open(self, request: GenerationRequest, control: GenerationControl) -> AsyncIterator[Any]:
+        """The chunk source for one request (default: ``_run`` stepped on the worker)."""
+        return self._worker.stream(lambda: self._run(request, control))
+
+    def _run(self, request: GenerationRequest, control: GenerationControl) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def _busy(self) -> bool:
+        """Whether a generation still holds the model (read between worker steps)."""
+        return self.counts.running > 0
+
+    def _release(self) -> dict[str, Any]:
+        """Worker thread: drop the model and give its memory back."""
+        raise NotImplementedError
+
+    def _forget(self) -> None:
+        """Drop the model's references when the worker is already gone."""
+        raise NotImplementedError
+
+    # --- the protocol ------------------------------------------------------------
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        return self._generate(request)
+
+    async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        if self._closed:
+            raise ServiceUnavailable(f"The model `{self.name}` was unloaded; retry the request.")
+        control = GenerationControl(request.request_id)
+        source: Any = None
+        try:
+            # Registered inside the try: starting the stream can raise
+            # ShuttingDown, and the entry must not outlive the request.
+            self._in_flight.add(control)
+            source = self._open(request, control)
+            async for chunk in source:
+                yield chunk
+        except MlxdError:
+            raise
+        except Exception as exc:
+            log.exception("generation %s on %s failed", request.request_id, self.name)
+            raise MlxdError(f"The model `{self.name}` failed while generating.") from exc
+        finally:
+            self._in_flight.discard(control)
+            # A consumer that left early: the worker drops the generation
+            # before its next step (prefill chunks are steps too).
+            if source is not None:
+                await source.aclose()
+
+    async def abort_all(self, reason: str) -> int:
+        aborted = 0
+        for control in list(self._in_flight):
+            if control.abort_reason is None:
+                control.abort_reason = reason
+                aborted += 1
+        return aborted
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self.abort_all("unloaded")
+        try:
+            # Aborted generations end at their next step; none may hold the
+            # model when the memory is released. The running count is written
+            # on the worker mid-step: a call runs between two steps, so after
+            # the first one it counts every generation that got past its
+            # abort check.
+            await self._worker.call(_noop)
+            while self._busy():
+                await self._worker.call(_noop)
+            await self._worker.call(self._release)
+        except ShuttingDown:
+            # The worker is gone (process exit): nothing left to release on it.
+            self._forget()
+
+    # --- measuring (worker thread) ------------------------------------------------
+
+    def begin_peak_measure(self) -> int | None:
+        """On the first generation: reset MLX's peak; return the bytes not ours."""
+        if not self._peak_measure_pending:
+            return None
+        self._peak_measure_pending = False
+        others = max(0, memory.active_bytes() - self.load_bytes)
+        memory.reset_peak()
+        return others
+
+    def end_peak_measure(self, others: int | None) -> None:
+        """After that first generation: its peak, less what was not ours, is our cost."""
+        if others is not None:
+            self.peak_bytes = max(0, memory.peak_bytes() - others)
+
+
+def _noop() -> None:
+    return None
+
+
+async def load_on_worker(
+    worker: MlxWorker, load: Callable[[ModelSpec], T], spec: ModelSpec, discard: Callable[[T], Any]
+) -> T:
+    """Run ``load(spec)`` on the worker. A load cannot be interrupted: if the
+    caller is cancelled meanwhile, the load finishes and what it loaded is
+    handed to ``discard`` on the worker, so a cancelled load never leaves
+    memory behind."""
+    task = asyncio.ensure_future(worker.call(load, spec))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(lambda done: _discard_orphan(done, worker, discard))
+        raise
+
+
+def _discard_orphan(task: asyncio.Future[Any], worker: MlxWorker, discard: Callable[[Any], Any]) -> None:
+    if task.cancelled() or task.exception() is not None or not worker.running:
+        return
+    loaded = task.result()
+    future = asyncio.ensure_future(worker.call(discard, loaded))
+    future.add_done_callback(_log_failed_discard)
+
+
+def _log_failed_discard(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("unloading after a cancelled load failed: %s", describe_exception(task.exception()))
