@@ -139,7 +139,7 @@ class DaemonContext:
             engines,
             events=events,
             hooks=hooks or PrefixCacheHooks(lambda: manager.registry),
-            measured=footprints.known(registry.models),
+            recall=footprints.known,
             on_measured=footprints.remember,
             observer=metrics,
         )

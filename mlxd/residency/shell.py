@@ -143,7 +143,7 @@ class ResidencyManager:
         clock: Clock = time.monotonic,
         events: EventLog | None = None,
         hooks: LifecycleHooks | None = None,
-        measured: dict[str, int] | None = None,
+        recall: Callable[[tuple[ModelSpec, ...]], dict[str, int]] | None = None,
         on_measured: Callable[[ModelSpec, int], None] | None = None,
         auto_tick: bool = True,
         observer: ResidencyObserver | None = None,
@@ -168,9 +168,18 @@ class ResidencyManager:
         self._changed = asyncio.Event()
         self._timer: asyncio.Task[None] | None = None
         self.stats: dict[str, ModelStats] = {s.name: ModelStats() for s in registry.models}
-        for name, nbytes in (measured or {}).items():
-            if name in self.core.residents:
-                self.core.residents[name].measured_bytes = nbytes
+        # Footprints measured in earlier runs (or before a reload re-registered
+        # the model): admission starts from what the model really costs.
+        self._recall = recall
+        self._recall_measurements(registry.models)
+
+    def _recall_measurements(self, specs: tuple[ModelSpec, ...]) -> None:
+        if self._recall is None:
+            return
+        for name, nbytes in self._recall(specs).items():
+            r = self.core.residents.get(name)
+            if r is not None and r.measured_bytes is None and r.state is State.UNLOADED:
+                r.measured_bytes = nbytes
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -339,6 +348,7 @@ class ResidencyManager:
             if built is not None and not spec.needs_reload_from(built):
                 self._engine_specs[spec.name] = spec
         self._apply(self.core.reconfigure(registry.manager, registry.models, self._clock(), renames))
+        self._recall_measurements(registry.models)
         warm = [
             s.name
             for s in registry.models

@@ -303,3 +303,17 @@ async def test_a_measurement_refined_during_use_is_charged_and_remembered():
         engines[0].measured_bytes = int(1.5 * GB)  # the first generation's peak
     assert remembered == {"a": int(1.5 * GB)}
     assert mgr.core.residents["a"].charge() == int(1.5 * GB)
+
+
+async def test_remembered_footprints_are_charged_at_start_and_for_models_a_reload_adds():
+    remembered = {"/models/a": int(3 * GB), "/models/b": int(2.5 * GB)}
+
+    def recall(specs):
+        return {s.name: remembered[str(s.path)] for s in specs if str(s.path) in remembered}
+
+    registry = Registry(None, "x", manager(8), ServerSpec(), (spec("a", 1),))
+    mgr = ResidencyManager(registry, Factory(), auto_tick=False, recall=recall)
+    assert mgr.core.residents["a"].charge() == int(3 * GB)
+    grown = Registry(None, "y", manager(8), ServerSpec(), (spec("a", 1), spec("b", 1)))
+    await mgr.reconfigure(grown)
+    assert mgr.core.residents["b"].charge() == int(2.5 * GB)
