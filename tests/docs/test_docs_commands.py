@@ -104,3 +104,17 @@ def _health(port: int) -> bool:
         return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_every_relative_link_in_the_docs_resolves():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken, checked = [], 0
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            checked += 1
+            if not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert checked > 10, "the link pattern found nothing to check"
+    assert not broken, broken
