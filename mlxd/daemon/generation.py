@@ -228,8 +228,7 @@ async def _read_images_and_acquire(ctx: DaemonContext, plan: Plan) -> Lease:
 
 async def complete(ctx: DaemonContext, plan: Plan, request: Request) -> dict[str, Any]:
     async def work() -> Outcome:
-        lease = await _read_images_and_acquire(ctx, plan)
-        with _released(lease):
+        async with await _read_images_and_acquire(ctx, plan) as lease:
             return await _generate_all(ctx, plan, lease)
 
     try:
@@ -266,14 +265,6 @@ async def complete(ctx: DaemonContext, plan: Plan, request: Request) -> dict[str
         ],
         "usage": usage,
     }
-
-
-@contextlib.contextmanager
-def _released(lease: Lease) -> Any:
-    try:
-        yield lease
-    finally:
-        lease.release()
 
 
 def _usage(prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:

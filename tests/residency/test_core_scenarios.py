@@ -245,8 +245,9 @@ def test_waiting_requests_are_grouped_by_model_instead_of_swapping_per_request()
 
 def test_a_request_passed_over_too_long_drains_the_busy_model():
     sim = Sim.of(manager(4, "wait", max_pass_over_s=10), spec("a", 3, max_concurrency=8), spec("b", 3))
-    lease = sim.request("a")
+    first = sim.request("a")
     sim.finish_load("a")
+    assert sim.granted(first)
     sim.request("b")
     sim.advance(9)
     assert sim.state("a") is State.LOADED and sim.granted(sim.request("a"))

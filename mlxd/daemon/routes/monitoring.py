@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from functools import cache
 from importlib import resources
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
