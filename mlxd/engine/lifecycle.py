@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -24,7 +25,7 @@ from typing import Any, TypeVar
 from mlxd.engine import memory
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.engine.worker import MlxWorker
-from mlxd.errors import MlxdError, ServiceUnavailable, ShuttingDown, describe_exception
+from mlxd.errors import MlxdError, ModelLoadFailed, ServiceUnavailable, ShuttingDown, describe_exception
 from mlxd.registry.model import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,40 @@ class EngineBase:
 
 def _noop() -> None:
     return None
+
+
+@dataclass
+class MeasuredLoad:
+    """What a load returned and what it cost."""
+
+    result: Any
+    load_bytes: int
+    load_seconds: float
+
+
+def measured_load(spec: ModelSpec, load: Callable[[], Any], release: Callable[[], Any]) -> MeasuredLoad:
+    """Worker thread: run ``load()`` and measure the active memory it added.
+
+    Loads evaluate their weights (``lazy=False``, the mlx-lm and mlx-vlm
+    default), so the figure is the real resident size. A failure frees what
+    the load left behind (``release``) and becomes ``ModelLoadFailed`` with the
+    details in the log only.
+    """
+    before = memory.active_bytes()
+    started = time.perf_counter()
+    try:
+        result = load()
+    except Exception as exc:
+        log.exception("loading model %s from %s failed", spec.name, spec.path)
+        release()
+        raise ModelLoadFailed(
+            f"The model `{spec.name}` could not be loaded ({type(exc).__name__}); "
+            "see the daemon log for details."
+        ) from exc
+    seconds = time.perf_counter() - started
+    loaded_bytes = max(0, memory.active_bytes() - before)
+    log.info("loaded %s in %.2fs (%d MB)", spec.name, seconds, loaded_bytes >> 20)
+    return MeasuredLoad(result, loaded_bytes, seconds)
 
 
 async def load_on_worker(

@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from pathlib import Path
 
 from mlxd.engine import memory
 from mlxd.engine.batch import supports_batching
 from mlxd.engine.cache_store import CacheStore, PrefixCachePersistence
 from mlxd.engine.fingerprint import model_fingerprint
-from mlxd.engine.lifecycle import load_on_worker
+from mlxd.engine.lifecycle import load_on_worker, measured_load
 from mlxd.engine.text import LoadedText, TextEngine
 from mlxd.engine.worker import MlxWorker
-from mlxd.errors import ModelLoadFailed, describe_exception
+from mlxd.errors import describe_exception
 from mlxd.registry.model import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -68,24 +67,15 @@ def load_text_model(spec: ModelSpec) -> LoadedText:
     """Worker thread: ``mlx_lm.load`` plus the active memory it added."""
     import mlx_lm
 
-    before = memory.active_bytes()
-    started = time.perf_counter()
-    try:
-        # lazy=False (the default) evaluates the weights, so the memory
-        # figure below is the real resident size, not a promise.
-        model, tokenizer = mlx_lm.load(str(spec.path), trust_remote_code=spec.trust_remote_code)
-    except Exception as exc:
-        log.exception("loading model %s from %s failed", spec.name, spec.path)
-        memory.release_memory()
-        raise ModelLoadFailed(
-            f"The model `{spec.name}` could not be loaded ({type(exc).__name__}); "
-            "see the daemon log for details."
-        ) from exc
-    seconds = time.perf_counter() - started
-    loaded_bytes = max(0, memory.active_bytes() - before)
-    log.info("loaded %s in %.2fs (%d MB)", spec.name, seconds, loaded_bytes >> 20)
+    done = measured_load(
+        spec,
+        lambda: mlx_lm.load(str(spec.path), trust_remote_code=spec.trust_remote_code),
+        memory.release_memory,
+    )
+    model, tokenizer = done.result
     return LoadedText(
-        model, tokenizer, load_bytes=loaded_bytes, load_seconds=seconds, batchable=supports_batching(model)
+        model, tokenizer, load_bytes=done.load_bytes, load_seconds=done.load_seconds,
+        batchable=supports_batching(model),
     )
 
 

@@ -23,13 +23,12 @@ from __future__ import annotations
 import collections
 import importlib.util
 import logging
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from mlxd.engine import memory, sampling
-from mlxd.engine.lifecycle import EngineBase, GenerationControl, load_on_worker
+from mlxd.engine.lifecycle import EngineBase, GenerationControl, load_on_worker, measured_load
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.engine.worker import SKIP, MlxWorker
@@ -86,24 +85,15 @@ async def load_vision_engine(spec: ModelSpec, worker: MlxWorker) -> VisionEngine
 
 def load_vision_model(spec: ModelSpec) -> LoadedVision:
     """Worker thread: ``mlx_vlm.load`` plus the active memory it added."""
-    before = memory.active_bytes()
-    started = time.perf_counter()
-    try:
+
+    def load() -> Any:
         import mlx_vlm
 
-        # lazy=False (the default) evaluates the weights: the figure below is real.
-        model, processor = mlx_vlm.load(str(spec.path), trust_remote_code=spec.trust_remote_code)
-    except Exception as exc:
-        log.exception("loading vision model %s from %s failed", spec.name, spec.path)
-        _release_vlm_memory()
-        raise ModelLoadFailed(
-            f"The model `{spec.name}` could not be loaded ({type(exc).__name__}); "
-            "see the daemon log for details."
-        ) from exc
-    seconds = time.perf_counter() - started
-    loaded_bytes = max(0, memory.active_bytes() - before)
-    log.info("loaded vision model %s in %.2fs (%d MB)", spec.name, seconds, loaded_bytes >> 20)
-    return LoadedVision(model, processor, load_bytes=loaded_bytes, load_seconds=seconds)
+        return mlx_vlm.load(str(spec.path), trust_remote_code=spec.trust_remote_code)
+
+    done = measured_load(spec, load, _release_vlm_memory)
+    model, processor = done.result
+    return LoadedVision(model, processor, load_bytes=done.load_bytes, load_seconds=done.load_seconds)
 
 
 def _unload(loaded: LoadedVision) -> None:
