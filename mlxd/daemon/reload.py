@@ -172,7 +172,8 @@ class Reloader:
         # The settings and the registry change together (reconfigure does not
         # yield to the event loop): no request sees one without the other.
         ctx.settings = settings
-        preloading = await ctx.manager.reconfigure(registry, dict(diff.renamed))
+        renames = ctx.manager.renamable(dict(diff.renamed))
+        preloading = await ctx.manager.reconfigure(registry, renames)
         config.file_hash = registry.file_hash
         config.error = None
         if applied:
@@ -185,7 +186,7 @@ class Reloader:
             "outcome": "applied" if applied else "unchanged",
             "file_hash": registry.file_hash,
             "summary": diff.summary(),
-            "models": _model_outcomes(diff, preloading),
+            "models": _model_outcomes(diff, preloading, renames),
             "manager": list(diff.manager_fields),
             "server": server,
             "error": None,
@@ -227,11 +228,17 @@ def _changed_fields(old: ServerSpec, new: ServerSpec) -> list[str]:
     return [f.name for f in fields(new) if getattr(old, f.name) != getattr(new, f.name)]
 
 
-def _model_outcomes(diff: RegistryDiff, preloading: list[str]) -> dict[str, dict[str, Any]]:
+def _model_outcomes(
+    diff: RegistryDiff, preloading: list[str], renames: dict[str, str]
+) -> dict[str, dict[str, Any]]:
     outcomes: dict[str, dict[str, Any]] = {}
     for change in diff.changes:
         entry: dict[str, Any] = {"change": change.kind, "fields": list(change.fields)}
-        if change.kind == "renamed":
+        if change.kind == "renamed" and renames.get(change.old_name or "") != change.name:
+            # Caught mid-load or mid-unload: registered anew, not renamed.
+            entry["change"] = "added"
+            outcomes[change.old_name or ""] = {"change": "removed", "fields": []}
+        elif change.kind == "renamed":
             entry["renamed_from"] = change.old_name
         if change.name in preloading:
             entry["preloading"] = True

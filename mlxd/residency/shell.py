@@ -318,19 +318,23 @@ class ResidencyManager:
         r = self.core.residents.get(spec.name)
         return r.state.value if r else "removed"
 
+    def renamable(self, renames: dict[str, str]) -> dict[str, str]:
+        """The renames that can keep their engine. A load or unload task in
+        flight knows its model by name: such a model is replaced (drained,
+        registered anew) rather than renamed."""
+        return {
+            old: new
+            for old, new in renames.items()
+            if old in self.core.residents
+            and self.core.residents[old].state not in (State.LOADING, State.UNLOADING)
+        }
+
     async def reconfigure(self, registry: Registry, renames: dict[str, str] | None = None) -> list[str]:
         """Apply ``registry`` as a difference (see ``ResidencyCore.reconfigure``).
         ``renames`` maps old names to new ones whose engine is kept. Returns the
         models now being preloaded in the background: added ones, and those
         whose ``preload`` was just switched on."""
-        # A load or unload task in flight knows its model by name: such a model
-        # is replaced (drained, registered anew) rather than renamed.
-        renames = {
-            old: new
-            for old, new in (renames or {}).items()
-            if old in self.core.residents
-            and self.core.residents[old].state not in (State.LOADING, State.UNLOADING)
-        }
+        renames = self.renamable(renames or {})
         before = {name: r.spec for name, r in self.core.residents.items() if not r.removed}
         for old, new in renames.items():
             if old in self._engines:
