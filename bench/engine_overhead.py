@@ -99,14 +99,18 @@ async def bench(size: str, arch: str, max_tokens: int, repeats: int) -> dict[str
     from mlxd.engine.loader import load_text_engine
     from mlxd.engine.worker import MlxWorker
     from mlxd.factory import ModelRecipe, build_model
-    from mlxd.registry.model import ModelSpec
+    from mlxd.registry.model import ModelSpec, PrefixCacheSpec
 
     path = build_model(ModelRecipe(arch=arch, size=size))
     model, tokenizer = mlx_lm.load(str(path))
     prompt_tokens = len(tokenizer.encode(PROMPT))
 
     worker = MlxWorker().start()
-    spec = ModelSpec(name=f"{arch}-{size}", path=path, source=str(path), max_context=32768)
+    # No prefix cache: the runs repeat one prompt, which it would serve.
+    spec = ModelSpec(
+        name=f"{arch}-{size}", path=path, source=str(path), max_context=32768,
+        prefix_cache=PrefixCacheSpec(max_bytes=0, disk_max_bytes=0, persist=False),
+    )
     engine = await load_text_engine(spec, worker)
     paths = {
         # Plain mlx-lm on the main thread, as a user's script would call it.
