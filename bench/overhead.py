@@ -43,10 +43,16 @@ def run_direct(model: Any, tokenizer: Any, tokens: int) -> dict[str, float]:
     vocab = model.args.vocab_size
     processors = [suppress_tokens(set(tokenizer.eos_token_ids), vocab)]
     times: list[float] = []
+    first_text = None
     started = time.perf_counter()
     for response in mlx_lm.stream_generate(model, tokenizer, PROMPT, max_tokens=tokens, logits_processors=processors):
         times.append(time.perf_counter())
-    return {"ttft_s": times[0] - started, "decode_tok_s": rate(times, len(times)), "tokens": len(times)}
+        if response.text and first_text is None:
+            first_text = times[-1]
+    # Time to the first visible text on both paths: the streaming detokenizer
+    # can hold a token's text back until the next one, for mlx-lm as for mlxd.
+    return {"ttft_s": (first_text or times[0]) - started, "decode_tok_s": rate(times, len(times)),
+            "tokens": len(times)}
 
 
 def run_daemon(http: httpx.Client, tokens: int) -> dict[str, float]:
@@ -69,6 +75,22 @@ def run_daemon(http: httpx.Client, tokens: int) -> dict[str, float]:
     # the rate uses the token count and the first/last arrival.
     return {"ttft_s": times[0] - started, "decode_tok_s": rate(times, generated) if generated else float("nan"),
             "tokens": generated}
+
+
+def first_token_direct(model: Any, tokenizer: Any) -> float:
+    import mlx_lm
+
+    started = time.perf_counter()
+    for _ in mlx_lm.stream_generate(model, tokenizer, PROMPT, max_tokens=1):
+        pass
+    return time.perf_counter() - started
+
+
+def first_token_daemon(http: httpx.Client) -> float:
+    started = time.perf_counter()
+    http.post("/v1/completions", json={"model": "m", "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
+              ).raise_for_status()
+    return time.perf_counter() - started
 
 
 def main() -> None:
@@ -94,9 +116,12 @@ def main() -> None:
     with daemon([entry]) as url, httpx.Client(base_url=url, timeout=600) as http:
         run_direct(model, tokenizer, 16)  # warm-up: MLX compiles CPU kernels on first use
         run_daemon(http, 16)
+        first: dict[str, list[float]] = {"direct": [], "daemon": []}
         for _ in range(repeats):
             runs["direct"].append(run_direct(model, tokenizer, tokens))
             runs["daemon"].append(run_daemon(http, tokens))
+            first["direct"].append(first_token_direct(model, tokenizer))
+            first["daemon"].append(first_token_daemon(http))
         blas_in_daemon = http.get("/health").json().get("blas")
 
     def median(name: str, key: str) -> float:
@@ -115,13 +140,18 @@ def main() -> None:
         **environment(),
     }
     result["decode_ratio"] = round(result["daemon"]["decode_tok_s"] / result["direct"]["decode_tok_s"], 3)
-    result["ttft_added_ms"] = round(result["daemon"]["ttft_ms"] - result["direct"]["ttft_ms"], 2)
+    # Prompt in, first token out, HTTP included: the cleanest time-to-first-token
+    # comparison (a stream's first *visible* text can wait on the detokenizer).
+    result["first_token_ms"] = {k: round(statistics.median(v) * 1000, 2) for k, v in first.items()}
+    result["ttft_added_ms"] = round(result["first_token_ms"]["daemon"] - result["first_token_ms"]["direct"], 2)
     print(f"\nqwen2-{args.size}: {tokens} tokens, median of {repeats}, BLAS here {result['blas']}, "
           f"in the daemon {blas_in_daemon}")
     print(table(
-        ["path", "TTFT ms", "decode tok/s"],
-        [["mlx_lm.stream_generate", result["direct"]["ttft_ms"], result["direct"]["decode_tok_s"]],
-         ["mlxd serve (HTTP, SSE)", result["daemon"]["ttft_ms"], result["daemon"]["decode_tok_s"]]],
+        ["path", "first token ms", "first streamed text ms", "decode tok/s"],
+        [["mlx_lm.stream_generate", result["first_token_ms"]["direct"], result["direct"]["ttft_ms"],
+          result["direct"]["decode_tok_s"]],
+         ["mlxd serve (HTTP, SSE)", result["first_token_ms"]["daemon"], result["daemon"]["ttft_ms"],
+          result["daemon"]["decode_tok_s"]]],
     ))
     print(f"daemon/direct decode: {result['decode_ratio']:.3f} (target >= 0.95); "
           f"added TTFT: {result['ttft_added_ms']:+.2f} ms (target < 10)")
