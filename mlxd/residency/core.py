@@ -65,6 +65,8 @@ class StartUnload:
     model: str
     instance: int
     reason: str
+    # Unloaded to make room for another model (LRU eviction), not for itself.
+    evicted: bool = False
 
 
 @dataclass(frozen=True)
@@ -475,10 +477,13 @@ class ResidencyCore:
             retry_after=retry,
         )
 
-    def _unload(self, r: Resident, reason: str) -> list[Action]:
+    def _unload(self, r: Resident, reason: str, *, evicted: bool = False) -> list[Action]:
         assert r.active == 0 and r.state in (State.LOADED, State.DRAINING), (r.name, r.state, r.active)
         r.state = State.UNLOADING
-        return [StartUnload(r.name, r.instance, reason), Note("unload", r.name, f"unloading {r.name}: {reason}")]
+        return [
+            StartUnload(r.name, r.instance, reason, evicted=evicted),
+            Note("evict" if evicted else "unload", r.name, f"unloading {r.name}: {reason}"),
+        ]
 
     def _drain(self, r: Resident, reason: str, now: float) -> list[Action]:
         """Stop admitting; unload once the last lease is released."""
@@ -617,6 +622,7 @@ class ResidencyCore:
                     v,
                     f"evicted to make room for {r.name}: needed {need / GB:.2f} GB, "
                     f"{v.name} idle {idle:.0f} s, least recently used",
+                    evicted=True,
                 )
             return actions
         return self._contend(r, need, covered, now)
@@ -657,7 +663,7 @@ class ResidencyCore:
             return []  # even preemption cannot make room: keep waiting
         actions: list[Action] = []
         for x in idle:
-            actions += self._unload(x, f"evicted to make room for {r.name}")
+            actions += self._unload(x, f"evicted to make room for {r.name}", evicted=True)
         for v in victims:
             reason = f"preempted for {r.name}: needed {need / GB:.2f} GB"
             actions.append(AbortGenerations(v.name, v.instance, reason))

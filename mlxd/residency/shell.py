@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mlxd.errors import ModelNotFound, RequestTimeout, describe_exception
@@ -39,11 +39,6 @@ Clock = Callable[[], float]
 # What a waiter's future gets: the resident itself rather than its name, which
 # a hot reload may change before the waiter runs again.
 Granted = tuple[Resident, int]
-
-
-class ManagedEngine(Protocol):
-    async def abort_all(self, reason: str) -> int: ...
-    async def close(self) -> None: ...
 
 
 EngineFactory = Callable[[ModelSpec], Awaitable[Any]]
@@ -79,11 +74,6 @@ class _NoObserver:
 
     def model_unloaded(self, model: str, reason: str, evicted: bool) -> None:
         return None
-
-
-def _is_eviction(reason: str) -> bool:
-    # The core words every eviction as "evicted to make room for ...".
-    return "evicted" in reason
 
 
 class Lease:
@@ -131,7 +121,6 @@ class ModelStats:
     requests: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class ResidencyManager:
@@ -399,8 +388,7 @@ class ResidencyManager:
             elif isinstance(action, AbortGenerations):
                 self._spawn(self._abort(action), f"abort-{action.model}")
             elif isinstance(action, Note):
-                kind = "evict" if action.kind == "unload" and _is_eviction(action.message) else action.kind
-                self.events.add(kind, action.model, action.message)
+                self.events.add(action.kind, action.model, action.message)
                 log.info("%s", action.message)
         self._changed.set()
         self._wake.set()
@@ -454,7 +442,7 @@ class ResidencyManager:
             except Exception as exc:
                 log.warning("closing %s: %s", model, describe_exception(exc))
         self._apply(self.core.unload_finished(model, action.instance, self._clock()))
-        self._observe(self._observer.model_unloaded, model, action.reason, _is_eviction(action.reason))
+        self._observe(self._observer.model_unloaded, model, action.reason, action.evicted)
 
     def _observe(self, callback: Callable[..., None], *args: Any) -> None:
         try:

@@ -38,6 +38,7 @@ def test_idle_models_are_evicted_least_recently_used_first():
     sim.request("c")
     assert [u.model for u in sim.unloads()] == ["b"]
     assert "least recently used" in sim.unloads()[0].reason
+    assert sim.unloads()[0].evicted
     sim.finish_unload("b")
     assert sim.loads("c")
 
@@ -72,6 +73,7 @@ def test_idle_clock_starts_at_last_release_not_at_request():
     sim.advance(1)
     assert sim.state("a") is State.UNLOADING
     assert "idle for 60 s" in sim.unloads("a")[0].reason
+    assert not sim.unloads("a")[0].evicted
 
 
 def test_client_disconnect_during_cold_load_leaves_a_clean_loaded_model():
