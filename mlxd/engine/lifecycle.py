@@ -24,7 +24,8 @@ from typing import Any, TypeVar
 
 from mlxd.engine import memory
 from mlxd.engine.types import GenerationChunk, GenerationRequest
-from mlxd.engine.worker import MlxWorker
+from mlxd.engine.stops import StopMatcher
+from mlxd.engine.worker import SKIP, MlxWorker
 from mlxd.errors import MlxdError, ModelLoadFailed, ServiceUnavailable, ShuttingDown, describe_exception
 from mlxd.registry.model import ModelSpec
 
@@ -171,6 +172,52 @@ class EngineBase:
 
 def _noop() -> None:
     return None
+
+
+def relay(
+    responses: Iterator[Any],
+    control: GenerationControl,
+    stops: StopMatcher,
+    chunk: Callable[..., GenerationChunk],
+    *,
+    on_token: Callable[[Any], None] | None = None,
+    on_finish: Callable[[], None] | None = None,
+) -> Iterator[Any]:
+    """Worker thread: turn an mlx-lm or mlx-vlm response stream into chunks,
+    one per step. Ends on an abort, a stop string, the end token or
+    max_tokens; ``on_finish`` runs only when the generation ended normally,
+    before its last chunk goes out (a consumer may close us as soon as it has
+    that chunk)."""
+
+    def finished(text: str, reason: str) -> GenerationChunk:
+        responses.close()  # type: ignore[attr-defined]
+        if on_finish is not None:
+            on_finish()
+        return chunk(text, reason)
+
+    try:
+        while True:
+            if control.abort_reason is not None:
+                yield chunk(stops.flush(), "abort")
+                return
+            try:
+                response = next(responses)
+            except StopIteration:
+                yield finished(stops.flush(), "stop")
+                return
+            control.completion_tokens = response.generation_tokens
+            if on_token is not None:
+                on_token(response)
+            text, stopped = stops.feed(response.text)
+            if stopped:
+                yield finished(text, "stop")
+                return
+            if response.finish_reason is not None:
+                yield finished(text + stops.flush(), response.finish_reason)
+                return
+            yield chunk(text) if text else SKIP
+    finally:
+        responses.close()  # type: ignore[attr-defined]
 
 
 @dataclass

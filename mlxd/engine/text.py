@@ -33,7 +33,7 @@ from typing import Any
 
 from mlxd.engine import memory, sampling
 from mlxd.engine.batch import BatchScheduler
-from mlxd.engine.lifecycle import EngineBase, GenerationControl
+from mlxd.engine.lifecycle import EngineBase, GenerationControl, relay
 from mlxd.engine.prefix_cache import PrefixCache
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationChunk, GenerationRequest
@@ -308,35 +308,11 @@ class TextEngine(EngineBase):
             **kv_options,
         )
 
-        def finished(text: str, reason: str) -> GenerationChunk:
-            """The last chunk of a generation that ended normally. Its cache is
-            kept first: a consumer may close us as soon as it has this chunk."""
-            responses.close()
-            self.keep_prefix(prepared.tokens + generated, cache)
-            return chunk(text, reason)
-
-        try:
-            while True:
-                if control.abort_reason is not None:
-                    yield chunk(stops.flush(), "abort")
-                    return
-                try:
-                    response = next(responses)
-                except StopIteration:
-                    yield finished(stops.flush(), "stop")
-                    return
-                control.completion_tokens = response.generation_tokens
-                generated.append(response.token)
-                text, stopped = stops.feed(response.text)
-                if stopped:
-                    yield finished(text, "stop")
-                    return
-                if response.finish_reason is not None:
-                    yield finished(text + stops.flush(), response.finish_reason)
-                    return
-                yield chunk(text) if text else SKIP
-        finally:
-            responses.close()
+        yield from relay(
+            responses, control, stops, chunk,
+            on_token=lambda response: generated.append(response.token),
+            on_finish=lambda: self.keep_prefix(prepared.tokens + generated, cache),
+        )
 
     def keep_prefix(self, tokens: list[int], cache: list[Any]) -> None:
         """Keep a finished generation's KV cache for the next turn (worker thread)."""

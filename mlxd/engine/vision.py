@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxd.engine import memory, sampling
-from mlxd.engine.lifecycle import EngineBase, GenerationControl, load_on_worker, measured_load
+from mlxd.engine.lifecycle import EngineBase, GenerationControl, load_on_worker, measured_load, relay
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.engine.worker import SKIP, MlxWorker
@@ -303,29 +303,7 @@ class VisionEngine(EngineBase):
             **extra,
             **kv_options,
         )
-        try:
-            while True:
-                if control.abort_reason is not None:
-                    yield chunk(stops.flush(), "abort")
-                    return
-                try:
-                    response = next(responses)
-                except StopIteration:
-                    yield chunk(stops.flush(), "stop")
-                    return
-                control.completion_tokens = response.generation_tokens
-                text, stopped = stops.feed(response.text)
-                if stopped:
-                    yield chunk(text, "stop")
-                    return
-                if response.finish_reason is not None:
-                    yield chunk(text + stops.flush(), response.finish_reason)
-                    return
-                yield chunk(text) if text else SKIP
-        finally:
-            responses.close()
-
-
+        yield from relay(responses, control, stops, chunk)
 
 
 def _vocab_size(model: Any) -> int:
