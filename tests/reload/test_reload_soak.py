@@ -64,9 +64,11 @@ def one_request(http: httpx.Client, model: str, stream: bool) -> str | None:
         if response.status_code != 200:
             return f"{model} stream: {response.status_code} {response.read()[:200]!r}"
         lines = [line for line in response.iter_lines() if line.startswith("data: ")]
-    if lines[-1:] != ["data: [DONE]"] or any('"error"' in line for line in lines):
+    frames = [json.loads(line[6:]) for line in lines[:-1]]
+    # Parsed, not grepped: a generated token can itself be the word "error".
+    if lines[-1:] != ["data: [DONE]"] or any("error" in frame for frame in frames):
         return f"{model} stream ended badly: {lines[-2:]}"
-    finish = [json.loads(line[6:])["choices"][0].get("finish_reason") for line in lines[1:-1]]
+    finish = [frame["choices"][0].get("finish_reason") for frame in frames[1:]]
     return None if finish[-1] in ("length", "stop") else f"{model} stream finish {finish[-1]}"
 
 
