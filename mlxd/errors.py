@@ -104,6 +104,14 @@ class ModelPreempted(ServiceUnavailable):
     code = "preempted"
 
 
+class ModelUnloaded(ServiceUnavailable):
+    """The engine was unloaded under a request that had its lease (an admin
+    unload or a shutdown raced it); the next attempt loads it again."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model `{model}` was unloaded; retry the request.")
+
+
 class RequestTimeout(MlxdError):
     status_code = 504
     error_type = "timeout_error"

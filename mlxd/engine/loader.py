@@ -12,10 +12,13 @@ from pathlib import Path
 
 from mlxd.engine import memory
 from mlxd.engine.batch import supports_batching
-from mlxd.engine.cache_store import CacheStore, PrefixCachePersistence
+from mlxd.engine.cache_store.folder import CacheStore
+from mlxd.engine.cache_store.persistence import PrefixCachePersistence
 from mlxd.engine.fingerprint import model_fingerprint
 from mlxd.engine.lifecycle import load_on_worker, measured_load
-from mlxd.engine.text import LoadedText, TextEngine
+from mlxd.engine.prefix_cache import KvLayout, model_kv_layout
+from mlxd.engine.text import TextEngine
+from mlxd.engine.text_model import LoadedText
 from mlxd.engine.worker import MlxWorker
 from mlxd.errors import describe_exception
 from mlxd.registry.model import ModelSpec
@@ -41,13 +44,21 @@ async def load_text_engine(
     engine = TextEngine(spec, worker, loaded, prefill_chunk=prefill_chunk)
     if fingerprint is not None and cache_dir is not None and engine.prefix_cache is not None:
         store = CacheStore(Path(cache_dir) / "prefix", fingerprint, spec.prefix_cache.disk_max_bytes)
-        engine.persistence = PrefixCachePersistence(store, worker, engine.prefix_cache)
+        engine.persistence = PrefixCachePersistence(
+            store, worker, engine.prefix_cache, layout=lambda: _kv_layout(engine)
+        )
         try:
             await engine.persistence.restore()
         except asyncio.CancelledError:
             asyncio.ensure_future(engine.close())
             raise
     return engine
+
+
+def _kv_layout(engine: TextEngine) -> KvLayout:
+    """Worker thread: what a restored entry must look like for this model."""
+    model, _ = engine.model.get()
+    return model_kv_layout(model, engine.spec.kv_bits)
 
 
 def _persists(spec: ModelSpec) -> bool:

@@ -283,9 +283,6 @@ class MlxWorker:
     def running(self) -> bool:
         return self._thread is not None and not self._stopped.is_set()
 
-    def on_worker_thread(self) -> bool:
-        return threading.current_thread() is self._thread
-
     async def shutdown(self) -> None:
         """Run the calls already queued, end open streams with ``ShuttingDown``, join."""
         if self._thread is None:

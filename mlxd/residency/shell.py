@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from mlxd.engine.types import Engine
 from mlxd.errors import ModelNotFound, RequestTimeout, describe_exception
 from mlxd.registry.model import ModelSpec, Registry
 from mlxd.residency.core import (
@@ -41,18 +42,18 @@ Clock = Callable[[], float]
 Granted = tuple[Resident, int]
 
 
-EngineFactory = Callable[[ModelSpec], Awaitable[Any]]
+EngineFactory = Callable[[ModelSpec], Awaitable[Engine]]
 
 
 class LifecycleHooks(Protocol):
     """What the daemon wants to happen around loads and unloads (e.g. the
     prefix cache is saved before unload). Errors here are logged, never fatal."""
 
-    async def before_unload(self, spec: ModelSpec, engine: Any, reason: str) -> None: ...
+    async def before_unload(self, spec: ModelSpec, engine: Engine, reason: str) -> None: ...
 
 
 class _NoHooks:
-    async def before_unload(self, spec: ModelSpec, engine: Any, reason: str) -> None:
+    async def before_unload(self, spec: ModelSpec, engine: Engine, reason: str) -> None:
         return None
 
 
@@ -81,7 +82,7 @@ class Lease:
     exactly once, however the request ends; extra calls are no-ops."""
 
     def __init__(
-        self, manager: ResidencyManager, resident: Resident, instance: int, engine: Any, requested: str
+        self, manager: ResidencyManager, resident: Resident, instance: int, engine: Engine, requested: str
     ) -> None:
         # The spec as it was when the lease was granted; the model's name is
         # read live, because a hot reload may rename the model meanwhile.
@@ -89,7 +90,7 @@ class Lease:
         self._resident = resident
         self.requested_name = requested
         self.instance = instance
-        self.engine = engine
+        self.engine: Engine = engine
         self._manager = manager
         self._released = False
 
@@ -146,7 +147,7 @@ class ResidencyManager:
         self._observer: ResidencyObserver = observer or _NoObserver()
         self._on_measured = on_measured
         self._auto_tick = auto_tick
-        self._engines: dict[str, tuple[int, Any]] = {}
+        self._engines: dict[str, tuple[int, Engine]] = {}
         # The spec each resident engine was built from: after a reload-class
         # change the registry's spec no longer describes the engine that is
         # still draining, and the unload hooks must see the engine's own.
@@ -273,7 +274,7 @@ class ResidencyManager:
         r = self.core.residents.get(model)
         if entry is None or r is None or entry[0] != instance:
             return
-        measured = getattr(entry[1], "measured_bytes", None)
+        measured = entry[1].measured_bytes
         if measured and measured > (r.measured_bytes or 0):
             if self._on_measured:
                 self._on_measured(r.spec, measured)
@@ -360,7 +361,7 @@ class ResidencyManager:
 
     # --- queries -------------------------------------------------------------
 
-    def engine(self, name: str) -> Any | None:
+    def engine(self, name: str) -> Engine | None:
         entry = self._engines.get(name)
         return entry[1] if entry else None
 
@@ -421,7 +422,7 @@ class ResidencyManager:
             return
         self._engines[model] = (instance, engine)
         self._engine_specs[model] = spec
-        measured = getattr(engine, "measured_bytes", None)
+        measured = engine.measured_bytes
         if measured and self._on_measured:
             self._on_measured(spec, measured)
         self._apply(self.core.load_finished(model, instance, self._clock(), measured_bytes=measured))
