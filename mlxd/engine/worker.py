@@ -357,6 +357,10 @@ class MlxWorker:
                         self.active_streams = len(ring)
                     else:
                         ring.append(job)
+                    # Not held while idle: a call's function may be an
+                    # engine's bound method (its release), and that engine
+                    # must be collectable once unloaded.
+                    job = None
                 if self._stopping:
                     break
                 if ring:
@@ -364,6 +368,7 @@ class MlxWorker:
                     self.steps += 1
                     if channel.step():
                         ring.append(channel)
+                    channel = None
                     self.active_streams = len(ring)
                     continue
                 self.active_streams = 0
