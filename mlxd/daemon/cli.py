@@ -124,6 +124,11 @@ def check(config: Path = typer.Argument(..., help="The models.yaml to validate."
     except ConfigError as exc:
         raise _fail(str(exc)) from None
     typer.echo(describe(registry))
+    # The daemon would serve the other models; the file still needs fixing.
+    for problem in registry.problems:
+        typer.echo(f"mlxd: error: {problem}", err=True)
+    if registry.problems:
+        raise typer.Exit(2)
 
 
 @app.command()

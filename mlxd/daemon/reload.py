@@ -162,6 +162,7 @@ class Reloader:
             "models": {},
             "manager": [],
             "server": {"applied": [], "needs_restart": [], "overridden": []},
+            "problems": [],
             "error": error.as_dict(),
         }
         self.ctx.events.add("reload", "", f"rejected ({trigger}): {error}; generation {config.generation} keeps serving")
@@ -193,6 +194,8 @@ class Reloader:
             "models": _model_outcomes(diff, preloading, renames),
             "manager": list(diff.manager_fields),
             "server": server,
+            # Models whose files cannot be used: registered, failed, the rest serve.
+            "problems": [p.as_dict() for p in registry.problems],
             "error": None,
         }
         config.last_reload = report
@@ -206,6 +209,7 @@ class Reloader:
             log.info("configuration unchanged (%s)", trigger)
         if restart:
             log.warning("changes to server %s need a restart of mlxd to take effect", ", ".join(restart))
+        log_problems(registry)
         return report
 
     def _settings_for(self, registry: Registry, diff: RegistryDiff) -> tuple[EffectiveSettings, dict[str, list[str]]]:
@@ -250,6 +254,11 @@ def _model_outcomes(
     return outcomes
 
 
+def log_problems(registry: Registry) -> None:
+    for problem in registry.problems:
+        log.error("%s; that model stays failed, the others are served", problem)
+
+
 def reload_summary(report: dict[str, Any]) -> str:
     """One line for ``mlxd reload``."""
     outcome = report.get("outcome")
@@ -260,6 +269,9 @@ def reload_summary(report: dict[str, Any]) -> str:
     restart = (report.get("server") or {}).get("needs_restart") or []
     if restart:
         line += f" (restart mlxd to apply server {', '.join(restart)})"
+    broken = report.get("problems") or []
+    if broken:
+        line += f"; {len(broken)} model(s) cannot be loaded, see mlxd status"
     return line
 
 
