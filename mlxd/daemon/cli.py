@@ -78,6 +78,9 @@ def serve(
     host: Optional[str] = typer.Option(None, help="Bind address (default 127.0.0.1)."),
     port: Optional[int] = typer.Option(None, help="Port (default 8080)."),
     api_key: Optional[list[str]] = typer.Option(None, "--api-key", help="Require this bearer key (repeatable)."),
+    api_keys_file: Optional[Path] = typer.Option(
+        None, "--api-keys-file", help="Require the bearer keys in this file (one a line; keep it chmod 600)."
+    ),
     state_dir: Optional[Path] = typer.Option(None, help="Where the lock and learned footprints live."),
     log_format: Optional[str] = typer.Option(None, help="text or json."),
     log_level: Optional[str] = typer.Option(None, help="debug, info, warning, error."),
@@ -94,7 +97,7 @@ def serve(
 
     settings = _settings(
         config=config, host=host, port=port, api_keys=",".join(api_key) if api_key else None,
-        state_dir=state_dir, log_format=log_format, log_level=log_level, log_prompts=log_prompts,
+        api_keys_file=api_keys_file, state_dir=state_dir, log_format=log_format, log_level=log_level, log_prompts=log_prompts,
         watch_config=watch,
     )
     from mlxd.daemon.runner import run_daemon

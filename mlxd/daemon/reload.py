@@ -102,6 +102,8 @@ class Reloader:
         try:
             # Parsing and sizing read files: keep them off the event loop.
             registry = await asyncio.to_thread(self._loader, self.path)
+            # A keys file that became unusable is refused like a bad registry.
+            self.settings.api_key_list()
         except ConfigError as error:
             self._seen_hash = digest
             self._reject(error, trigger)

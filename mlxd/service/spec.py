@@ -26,6 +26,11 @@ _LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # (which KeepAlive / Restart=on-failure then count as a crash).
 STOP_TIMEOUT_MARGIN_SECONDS = 30
 RESTART_DELAY_SECONDS = 10
+# Never written into the unit or plist (a system one is world-readable): they
+# go into an owner-only file beside it (see the managers' secret_file).
+SECRET_VARIABLES = frozenset({"MLXD_API_KEYS"})
+# The client tools' key (mlxd status, reload); the daemon never reads it.
+CLIENT_ONLY_VARIABLES = frozenset({"MLXD_API_KEY"})
 
 
 @dataclass(frozen=True)
@@ -47,11 +52,14 @@ class ServiceSpec:
     config_path: Path
     python: str
     working_directory: Path
-    # PATH and every MLXD_* variable, sorted by name so renders are stable.
+    # PATH and every MLXD_* variable but the secrets, sorted by name so
+    # renders are stable.
     environment: tuple[tuple[str, str], ...]
     shutdown_grace_seconds: float
     # Who a system-wide service runs as (never root by accident).
     run_as_user: str | None = None
+    # SECRET_VARIABLES that were set, for the owner-only secrets file.
+    secrets: tuple[tuple[str, str], ...] = ()
 
     @property
     def stop_timeout_seconds(self) -> int:
@@ -72,11 +80,17 @@ def validate_label(label: str) -> str:
 
 
 def service_environment(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """PATH plus every MLXD_* variable: what the daemon reads besides its config."""
-    chosen = {k: v for k, v in environ.items() if k.startswith("MLXD_")}
+    """PATH plus every MLXD_* variable the daemon reads besides its config,
+    secrets excepted."""
+    skip = SECRET_VARIABLES | CLIENT_ONLY_VARIABLES
+    chosen = {k: v for k, v in environ.items() if k.startswith("MLXD_") and k not in skip}
     if "PATH" in environ:
         chosen["PATH"] = environ["PATH"]
     return tuple(sorted(chosen.items()))
+
+
+def service_secrets(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in environ.items() if k in SECRET_VARIABLES))
 
 
 def read_shutdown_grace(config_path: Path) -> float:
@@ -142,6 +156,7 @@ def build_service_spec(
         environment=service_environment(environ),
         shutdown_grace_seconds=read_shutdown_grace(config_path),
         run_as_user=invoking_user(environ) if target.system else None,
+        secrets=service_secrets(environ),
     )
 
 
