@@ -59,22 +59,31 @@ def _settings(**overrides: Any):  # type: ignore[no-untyped-def]
 
 
 def _registry_path(config: Path | None) -> Path:
+    """--config or MLXD_CONFIG, else the default location when a registry is
+    there, else the built-in demo registry (what `make demo` serves)."""
     if config is not None:
         return config
-    from mlxd.daemon.settings import default_demo_dir
+    from mlxd.daemon.settings import default_config_path, default_demo_dir
     from mlxd.factory.demo import write_demo
 
+    default = default_config_path()
+    if default.exists():
+        return default
     demo = default_demo_dir()
     target = demo / "models.yaml"
+    typer.echo(f"mlxd: no --config given and no {default}; serving the demo registry in {demo}", err=True)
     if not target.exists():
-        typer.echo(f"mlxd: no --config given; building the demo registry in {demo}", err=True)
         write_demo(demo)
     return target
 
 
 @app.command()
 def serve(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="models.yaml (default: the built-in demo registry)."),
+    config: Optional[Path] = typer.Option(
+        None, "--config", "-c",
+        help="models.yaml (default: MLXD_CONFIG, then ~/.config/mlxd/models.yaml or, on macOS, "
+        "~/Library/Application Support/mlxd/models.yaml, then the built-in demo registry).",
+    ),
     host: Optional[str] = typer.Option(None, help="Bind address (default 127.0.0.1)."),
     port: Optional[int] = typer.Option(None, help="Port (default 8080)."),
     api_key: Optional[list[str]] = typer.Option(None, "--api-key", help="Require this bearer key (repeatable)."),
@@ -117,10 +126,21 @@ def serve(
 
 
 @app.command()
-def check(config: Path = typer.Argument(..., help="The models.yaml to validate.")) -> None:
+def check(
+    config: Optional[Path] = typer.Argument(
+        None, envvar="MLXD_CONFIG", show_envvar=False,
+        help="The models.yaml to validate (default: MLXD_CONFIG, then the default location).",
+    ),
+) -> None:
     """Validate a registry file and show what the daemon would do with it."""
+    from mlxd.daemon.settings import create_config_hint, default_config_path
     from mlxd.registry.check import describe
     from mlxd.registry.loader import load_registry
+
+    if config is None:
+        config = default_config_path()
+        if not config.exists():
+            raise _fail(f"no registry file at the default location {config}; {create_config_hint(config)}")
 
     try:
         registry = load_registry(config)

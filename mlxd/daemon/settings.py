@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import stat
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +31,27 @@ def default_state_dir() -> Path:
         return Path.home() / "Library" / "Application Support" / "mlxd"
     base = os.environ.get("XDG_STATE_HOME")
     return (Path(base) if base else Path.home() / ".local" / "state") / "mlxd"
+
+
+def default_config_path(
+    environ: Mapping[str, str] | None = None, *, macos: bool | None = None
+) -> Path:
+    """Where ``serve``, ``check`` and ``service install`` look for the
+    registry when no ``--config`` (or ``MLXD_CONFIG``) names one."""
+    environ = os.environ if environ is None else environ
+    home = Path(environ.get("HOME") or Path.home())
+    if sys.platform == "darwin" if macos is None else macos:
+        return home / "Library" / "Application Support" / "mlxd" / "models.yaml"
+    base = environ.get("XDG_CONFIG_HOME")
+    return (Path(base) if base else home / ".config") / "mlxd" / "models.yaml"
+
+
+def create_config_hint(path: Path) -> str:
+    """How to make the registry a command found missing."""
+    return (
+        f"create it with `mlxd demo {shlex.quote(str(path.parent))}` (a registry of small demo "
+        "models to edit) or write one (docs/registry.md)"
+    )
 
 
 def default_demo_dir() -> Path:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from mlxd.daemon.settings import create_config_hint
 from mlxd.errors import ConfigError
 from mlxd.registry.model import ServerSpec
 
@@ -141,12 +142,17 @@ def build_service_spec(
     config: Path,
     environ: Mapping[str, str],
     python: str,
+    allow_missing: bool = False,
 ) -> ServiceSpec:
-    """Raises ConfigError (exit status 2) for a missing or unreadable config."""
+    """Raises ConfigError (exit status 2) for a missing or unreadable config.
+    ``allow_missing`` (a dry run) plans around a file not written yet."""
     config_path = absolute_config_path(config, target.home)
-    if not config_path.exists():
-        raise ConfigError("config file does not exist", file=str(config_path))
-    if not config_path.is_file():
+    missing = not config_path.exists()
+    if missing and not allow_missing:
+        raise ConfigError(
+            f"config file does not exist; {create_config_hint(config_path)}", file=str(config_path)
+        )
+    if not missing and not config_path.is_file():
         raise ConfigError("is not a file (give the path of the models.yaml)", file=str(config_path))
     return ServiceSpec(
         target=target,
@@ -154,7 +160,7 @@ def build_service_spec(
         python=python,
         working_directory=config_path.parent,
         environment=service_environment(environ),
-        shutdown_grace_seconds=read_shutdown_grace(config_path),
+        shutdown_grace_seconds=ServerSpec().shutdown_grace_seconds if missing else read_shutdown_grace(config_path),
         run_as_user=invoking_user(environ) if target.system else None,
         secrets=service_secrets(environ),
     )
