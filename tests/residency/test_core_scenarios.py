@@ -459,3 +459,19 @@ def test_a_larger_measurement_after_the_first_generation_raises_the_charge():
     assert sim.core.committed() == int(3.5 * GB)
     sim.request("b")  # 3.5 + 2 > 5: the idle a makes room
     assert [u.model for u in sim.unloads()] == ["a"]
+
+
+def test_preemption_drains_every_model_it_needs_at_once():
+    # free 1 + idle i 1 + y 2 = 4 < 5: y alone is not enough, x must go too.
+    sim = Sim.of(manager(6, "preempt"), spec("i", 1), spec("x", 2), spec("y", 2), spec("b", 5))
+    sim.ready("i")
+    held_y = sim.request("y")
+    sim.finish_load("y")
+    sim.now += 1
+    held_x = sim.request("x")
+    sim.finish_load("x")
+    sim.request("b")
+    assert sorted(a.model for a in sim.aborts()) == ["x", "y"]
+    assert sim.state("x") is State.DRAINING and sim.state("y") is State.DRAINING
+    sim.release(held_x)
+    sim.release(held_y)
