@@ -60,7 +60,8 @@ class DrainCause(str, Enum):
     SHUTDOWN = "shutdown"
     REMOVED = "removed"
     RELOAD = "reload"
-    # The two below free memory for another model (``Drain.for_model``).
+    # The two below free memory for another model (``Drain.for_model``):
+    # they are called off when nobody waits for that model any more.
     PREEMPTED = "preempted"
     PASS_OVER = "pass_over"
 
@@ -460,6 +461,20 @@ class ResidencyCore:
         if r.state is State.DRAINING:
             r.state = State.LOADED
 
+    def _call_off_unneeded_drains(self) -> list[Action]:
+        """A model draining to make room for another goes back to serving
+        once nobody waits for that other model (they timed out, went away,
+        or it got its memory elsewhere): otherwise it would be unloaded for
+        nobody when its last lease ends."""
+        actions: list[Action] = []
+        for r in self.residents.values():
+            wanted_by = r.drain.for_model if r.drain else None
+            if wanted_by is None or self._has_waiters(wanted_by):
+                continue
+            self._call_off_drain(r)
+            actions.append(Note("resume", r.name, f"{r.name} admits requests again: nobody waits for {wanted_by} any more"))
+        return actions
+
     def _enqueue(self, waiter: Waiter, now: float) -> list[Action]:
         if self.shutting_down:
             return [Reject(waiter.request_id, ShuttingDown("mlxd is shutting down", retry_after=5))]
@@ -550,6 +565,17 @@ class ResidencyCore:
         return sum(x.reserved for x in self.residents.values() if x.state in (State.UNLOADING, State.DRAINING))
 
     def _schedule(self, now: float) -> list[Action]:
+        actions: list[Action] = []
+        while True:
+            actions += self._schedule_once(now)
+            # Scheduling answers waiters; a drain made for those is no longer
+            # needed, and the model it stopped may admit its own queue again.
+            called_off = self._call_off_unneeded_drains()
+            if not called_off:
+                return actions
+            actions += called_off
+
+    def _schedule_once(self, now: float) -> list[Action]:
         actions: list[Action] = []
         # 1. Serve resident models at once: they never wait behind another
         #    model's swap.

@@ -461,6 +461,67 @@ def test_a_larger_measurement_after_the_first_generation_raises_the_charge():
     assert [u.model for u in sim.unloads()] == ["a"]
 
 
+def test_a_pass_over_drain_is_called_off_when_its_waiters_time_out():
+    # max_pass_over_s < wait_timeout_s: b's request drains a at 3 s and gives
+    # up with 503 at 8 s; a must not then be unloaded for nobody.
+    sim = Sim.of(
+        manager(4, "wait_then_fail", wait_timeout_s=8, max_pass_over_s=3),
+        spec("a", 3, max_concurrency=8),
+        spec("b", 3),
+    )
+    busy = sim.request("a")
+    sim.finish_load("a")
+    wanted = sim.request("b")
+    sim.advance(3)
+    assert sim.state("a") is State.DRAINING
+    queued = sim.request("a")
+    assert not sim.granted(queued)
+    sim.advance(5)
+    assert isinstance(sim.rejected[wanted], CapacityUnavailable)
+    assert sim.state("a") is State.LOADED and sim.core.residents["a"].drain_reason is None
+    assert sim.granted(queued), "a serves its own queue again"
+    sim.advance(3)
+    sim.release(busy)
+    sim.release(queued)
+    assert sim.unloads() == [] and sim.state("a") is State.LOADED
+
+
+def test_a_pass_over_drain_is_called_off_when_its_waiter_disconnects():
+    sim = Sim.of(manager(4, "wait", max_pass_over_s=3), spec("a", 3), spec("b", 3))
+    busy = sim.request("a")
+    sim.finish_load("a")
+    wanted = sim.request("b")
+    sim.advance(3)
+    assert sim.state("a") is State.DRAINING
+    sim.cancel(wanted)
+    sim.release(busy)
+    assert sim.unloads() == [] and sim.state("a") is State.LOADED
+
+
+def test_a_drain_still_wanted_by_a_waiter_goes_through():
+    sim = Sim.of(manager(4, "wait", max_pass_over_s=3), spec("a", 3), spec("b", 3))
+    busy = sim.request("a")
+    sim.finish_load("a")
+    wanted = sim.request("b")
+    sim.advance(3)
+    sim.release(busy)
+    assert [u.model for u in sim.unloads()] == ["a"]
+    sim.finish_unload("a")
+    sim.finish_load("b")
+    assert sim.granted(wanted)
+
+
+def test_a_preempted_model_stays_loaded_when_the_preemptor_went_away():
+    sim = Sim.of(manager(4, "preempt"), spec("a", 3), spec("b", 3))
+    victim = sim.request("a")
+    sim.finish_load("a")
+    wanted = sim.request("b")
+    assert [a.model for a in sim.aborts()] == ["a"]
+    sim.cancel(wanted)
+    sim.release(victim)  # the aborted stream ends
+    assert sim.unloads() == [] and sim.state("a") is State.LOADED
+
+
 def test_preemption_drains_every_model_it_needs_at_once():
     # free 1 + idle i 1 + y 2 = 4 < 5: y alone is not enough, x must go too.
     sim = Sim.of(manager(6, "preempt"), spec("i", 1), spec("x", 2), spec("y", 2), spec("b", 5))
