@@ -486,24 +486,26 @@ def test_a_pass_over_drain_is_called_off_when_its_waiters_time_out():
     assert sim.unloads() == [] and sim.state("a") is State.LOADED
 
 
-def test_a_pass_over_drain_is_called_off_when_its_waiter_disconnects():
+def _a_drained_for_b():
+    """a is busy; a request for b has waited past max_pass_over_s."""
     sim = Sim.of(manager(4, "wait", max_pass_over_s=3), spec("a", 3), spec("b", 3))
     busy = sim.request("a")
     sim.finish_load("a")
     wanted = sim.request("b")
     sim.advance(3)
     assert sim.state("a") is State.DRAINING
+    return sim, busy, wanted
+
+
+def test_a_pass_over_drain_is_called_off_when_its_waiter_disconnects():
+    sim, busy, wanted = _a_drained_for_b()
     sim.cancel(wanted)
     sim.release(busy)
     assert sim.unloads() == [] and sim.state("a") is State.LOADED
 
 
 def test_a_drain_still_wanted_by_a_waiter_goes_through():
-    sim = Sim.of(manager(4, "wait", max_pass_over_s=3), spec("a", 3), spec("b", 3))
-    busy = sim.request("a")
-    sim.finish_load("a")
-    wanted = sim.request("b")
-    sim.advance(3)
+    sim, busy, wanted = _a_drained_for_b()
     sim.release(busy)
     assert [u.model for u in sim.unloads()] == ["a"]
     sim.finish_unload("a")
