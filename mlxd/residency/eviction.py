@@ -82,7 +82,10 @@ def to_preempt(need: int, available: int, candidates: Iterable[Candidate]) -> Pr
 
 def to_pass_over(need: int, available: int, candidates: Iterable[Candidate]) -> tuple[str, ...] | None:
     """Fairness for a request passed over too long: busy models to drain
-    (stop admitting, unload once idle) so ``need`` fits. None when draining
-    cannot make it fit or nothing needs draining."""
-    chosen, covered = _take(need, available, _lru(candidates, busy=True))
+    (stop admitting, unload once idle) so ``need`` fits. The idle models'
+    bytes count as reachable (eviction takes them once the drains have made
+    the plan whole), so no more busy models stop than needed. None when
+    draining cannot make it fit or nothing needs draining."""
+    idle = sum(c.nbytes for c in _lru(candidates, busy=False))
+    chosen, covered = _take(need, available + idle, _lru(candidates, busy=True))
     return _names(chosen) if chosen and covered >= need else None

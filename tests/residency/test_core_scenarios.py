@@ -538,3 +538,26 @@ def test_preemption_drains_every_model_it_needs_at_once():
     assert sim.state("x") is State.DRAINING and sim.state("y") is State.DRAINING
     sim.release(held_x)
     sim.release(held_y)
+
+
+def test_a_fairness_drain_stops_no_more_busy_models_than_needed():
+    # b needs 4; idle i (2) plus the least recently used busy x (2) make room:
+    # y keeps serving.
+    sim = Sim.of(manager(6, "wait", max_pass_over_s=10), spec("i", 2), spec("x", 2), spec("y", 2), spec("b", 4))
+    sim.ready("i")
+    sim.now += 1
+    held_x = sim.request("x")
+    sim.finish_load("x")
+    sim.now += 1
+    held_y = sim.request("y")
+    sim.finish_load("y")
+    wanted = sim.request("b")
+    sim.advance(10)
+    assert sim.state("x") is State.DRAINING and sim.state("y") is State.LOADED
+    sim.release(held_x)
+    sim.finish_unload("x")
+    assert [u.model for u in sim.unloads()] == ["x", "i"], "the idle model goes once the plan is whole"
+    sim.finish_unload("i")
+    sim.finish_load("b")
+    assert sim.granted(wanted) and sim.state("y") is State.LOADED
+    sim.release(held_y)

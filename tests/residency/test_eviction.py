@@ -86,6 +86,10 @@ def test_preemption_evicts_the_idle_then_the_least_recently_used_busy(need, avai
         (6, 0, [X, Y], None),  # draining both is not enough
         (3, 0, [PIN_BUSY, X], ("x",)),
         (3, 0, [A, B], None),  # idle models are eviction's business, not fairness's
+        # idle a (2) plus y (2) make 4: x keeps serving
+        (4, 0, [A, X, Y], ("y",)),
+        (7, 0, [A, X, Y], ("y", "x")),
+        (8, 0, [A, X, Y], None),
     ],
 )
 def test_a_request_passed_over_drains_busy_models_lru_first(need, available, candidates, expected):
