@@ -472,7 +472,8 @@ class ResidencyCore:
             if wanted_by is None or self._has_waiters(wanted_by):
                 continue
             self._call_off_drain(r)
-            actions.append(Note("resume", r.name, f"{r.name} admits requests again: nobody waits for {wanted_by} any more"))
+            message = f"{r.name} admits requests again: nobody waits for {wanted_by} any more"
+            actions.append(Note("resume", r.name, message))
         return actions
 
     def _enqueue(self, waiter: Waiter, now: float) -> list[Action]:
@@ -562,7 +563,8 @@ class ResidencyCore:
 
     def _leaving(self) -> int:
         """Bytes already on their way out: they count toward any plan."""
-        return sum(x.reserved for x in self.residents.values() if x.state in (State.UNLOADING, State.DRAINING))
+        leaving = (State.UNLOADING, State.DRAINING)
+        return sum(x.reserved for x in self.residents.values() if x.state in leaving)
 
     def _schedule(self, now: float) -> list[Action]:
         actions: list[Action] = []
@@ -698,12 +700,13 @@ class ResidencyCore:
         actions: list[Action] = []
         for name in plan.evict:
             actions += self._unload(self.residents[name], f"evicted to make room for {r.name}", evicted=True)
+        reason = f"preempted for {r.name}: needed {need / GB:.2f} GB"
+        drain = Drain(DrainCause.PREEMPTED, reason, for_model=r.name)
         for name in plan.drain:
             v = self.residents[name]
-            reason = f"preempted for {r.name}: needed {need / GB:.2f} GB"
             actions.append(AbortGenerations(v.name, v.instance, reason))
             actions.append(Note("preempt", v.name, reason))
-            actions += self._drain(v, Drain(DrainCause.PREEMPTED, reason, for_model=r.name), now)
+            actions += self._drain(v, drain, now)
         return actions
 
     def _enforce_pass_over_bound(self, now: float) -> list[Action]:
@@ -720,13 +723,14 @@ class ResidencyCore:
         if r.state not in (State.UNLOADED, State.FAILED):
             return []
         need = r.charge()
-        victims = to_pass_over(need, self.budget - self.committed() + self._leaving(), self._candidates(exclude=r.name))
+        available = self.budget - self.committed() + self._leaving()
+        victims = to_pass_over(need, available, self._candidates(exclude=r.name))
         if victims is None:
             return []
+        reason = f"draining so {r.name} can load: a request has waited {now - head.arrived:.0f} s"
+        drain = Drain(DrainCause.PASS_OVER, reason, for_model=r.name)
         actions: list[Action] = []
         for name in victims:
-            waited = now - head.arrived
-            reason = f"draining so {r.name} can load: a request has waited {waited:.0f} s"
             actions.append(Note("drain", name, reason))
-            actions += self._drain(self.residents[name], Drain(DrainCause.PASS_OVER, reason, for_model=r.name), now)
+            actions += self._drain(self.residents[name], drain, now)
         return actions

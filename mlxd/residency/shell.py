@@ -452,7 +452,8 @@ class ResidencyManager:
     def _forget_gone(self) -> None:
         """Drop what the shell holds for models the core no longer knows
         (removed from the registry and unloaded)."""
-        for name in [n for n, held in self._models.items() if held.engine is None and n not in self.core.residents]:
+        gone = [n for n, held in self._models.items() if held.engine is None and n not in self.core.residents]
+        for name in gone:
             del self._models[name]
 
     def _observe(self, callback: Callable[..., None], *args: Any) -> None:

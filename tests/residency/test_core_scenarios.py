@@ -543,7 +543,9 @@ def test_preemption_drains_every_model_it_needs_at_once():
 def test_a_fairness_drain_stops_no_more_busy_models_than_needed():
     # b needs 4; idle i (2) plus the least recently used busy x (2) make room:
     # y keeps serving.
-    sim = Sim.of(manager(6, "wait", max_pass_over_s=10), spec("i", 2), spec("x", 2), spec("y", 2), spec("b", 4))
+    sim = Sim.of(
+        manager(6, "wait", max_pass_over_s=10), spec("i", 2), spec("x", 2), spec("y", 2), spec("b", 4)
+    )
     sim.ready("i")
     sim.now += 1
     held_x = sim.request("x")
