@@ -313,7 +313,8 @@ class ConfigWatcher:
 
     Watches the folder holding the path and, if it is a symlink, the folder
     holding its target, and keeps only events on :func:`registry_names`.
-    A burst of events is one call, made once nothing has moved for ``debounce_s``. If the file is missing then, it gets one more
+    A burst of events is one call, made once nothing has moved for
+    ``debounce_s``. If the file is missing then, it gets one more
     ``debounce_s`` to come back before the call is made anyway (the reloader
     then reports it missing).
     """
