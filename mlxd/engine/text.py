@@ -42,6 +42,7 @@ from mlxd.grammar.processor import GrammarProcessor
 from mlxd.engine.worker import SKIP, MlxWorker
 from mlxd.errors import BadRequest, ServiceUnavailable
 from mlxd.registry.model import ModelSpec
+from mlxd.tools import formats as tool_formats
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,8 @@ class TextEngine(EngineBase):
         self._vocab_size = _vocab_size(loaded.model, loaded.tokenizer)
         self._prefill_chunk = max(1, prefill_chunk)
         self.grammars = GrammarCompiler(loaded.tokenizer, self._vocab_size)
+        # How this model writes tool calls (None: it has no format mlxd knows).
+        self.tool_format = tool_formats.resolve(loaded.tokenizer, spec.tool_parser)
         self.prefix_cache: PrefixCache | None = (
             PrefixCache(spec.prefix_cache.max_bytes) if spec.prefix_cache.max_bytes > 0 else None
         )

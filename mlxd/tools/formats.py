@@ -10,6 +10,7 @@ the chat template). mlx-lm has no parser for Llama 3's bare JSON calls, so
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import pkgutil
 from collections.abc import Callable
@@ -41,10 +42,11 @@ class ToolFormat:
 
 
 def known_parsers() -> list[str]:
-    """Every value ``tool_parser:`` accepts."""
-    import mlx_lm.tool_parsers
-
-    names = [m.name for m in pkgutil.iter_modules(mlx_lm.tool_parsers.__path__)]
+    """Every value ``tool_parser:`` accepts. Does not import mlx-lm (the
+    registry is validated without it)."""
+    spec = importlib.util.find_spec("mlx_lm")
+    folders = [str(Path(p) / "tool_parsers") for p in (spec.submodule_search_locations or [])] if spec else []
+    names = [m.name for m in pkgutil.iter_modules(folders)]
     return sorted([*names, LLAMA3_JSON, NONE])
 
 
