@@ -8,8 +8,9 @@ the matcher. The same processor works in ``stream_generate`` and in a
 ``BatchGenerator`` row (``logits`` is then that row, shape ``(1, vocab)``).
 
 The mask is llguidance's bitmask (one bit per token), filled by the Rust
-matcher and unpacked here with MLX ops, so it applies on every MLX backend
-(llguidance's own ``mlx.py`` helper needs Metal). Once the grammar is
+matcher, unpacked with numpy and applied with ``mx.where``, so it works on
+every MLX backend (llguidance's own ``mlx.py`` helper needs Metal). The model
+step is started before the mask is computed, so the two overlap. Once the grammar is
 complete the matcher allows only EOS, so a finished output stops; one cut
 short by ``max_tokens`` ends with finish_reason "length" and ``complete``
 stays false.
@@ -26,14 +27,12 @@ log = logging.getLogger(__name__)
 class GrammarProcessor:
     def __init__(self, matcher: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
         import llguidance.numpy as llg_numpy
-        import mlx.core as mx
 
         self._matcher = matcher
         self._vocab = vocab_size
         self._eos = eos_token_ids
         self._bitmask = llg_numpy.allocate_token_bitmask(1, vocab_size)
         self._fill = llg_numpy.fill_next_token_bitmask
-        self._bits = mx.arange(32, dtype=mx.uint32)
         self._started = False
         self.failed: str | None = None
 
@@ -44,11 +43,14 @@ class GrammarProcessor:
 
     def __call__(self, tokens: Any, logits: Any) -> Any:
         import mlx.core as mx
+        import numpy as np
 
-        if self._started and self.failed is None:
-            token = int(tokens[-1].item())
-            if not self._matcher.consume_token(token):
-                self._fail(f"token {token} was not allowed: {self._matcher.get_error()}")
+        # The previous token first (it is computed already), then the model
+        # step is started, and it runs while the matcher works out the mask.
+        token = int(tokens[-1].item()) if self._started and self.failed is None else None
+        mx.async_eval(logits)
+        if token is not None and not self._matcher.consume_token(token):
+            self._fail(f"token {token} was not allowed: {self._matcher.get_error()}")
         self._started = True
         if self.failed is not None:
             return self._only_eos(logits)
@@ -56,8 +58,8 @@ class GrammarProcessor:
         if self._matcher.is_error():
             self._fail(self._matcher.get_error())
             return self._only_eos(logits)
-        words = mx.array(self._bitmask[0].view("uint32"))
-        allowed = ((words[:, None] >> self._bits) & 1).reshape(-1)[: self._vocab].astype(mx.bool_)
+        bits = np.unpackbits(self._bitmask[0].view(np.uint8), bitorder="little")[: self._vocab]
+        allowed = mx.array(bits.view(np.bool_))
         width = logits.shape[-1]
         if width > self._vocab:
             allowed = mx.concatenate([allowed, mx.zeros((width - self._vocab,), dtype=mx.bool_)])
