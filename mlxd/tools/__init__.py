@@ -5,5 +5,7 @@
 - ``splitter``: text deltas in, text deltas and tool-call events out (streaming
   and whole answers);
 - ``forcing``: the grammar that makes a model write a call (``tool_choice``
-  ``required`` or a named function) with schema-valid arguments.
+  ``required`` or a named function) with schema-valid arguments;
+- ``plan``: a chat request's ``tools`` / ``tool_choice`` / ``response_format``
+  checked and turned into what the engine request carries.
 """
