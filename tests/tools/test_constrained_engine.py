@@ -146,3 +146,47 @@ def test_the_grammar_cache_is_bounded(qwen_tiny):
     for n in range(4):
         compiler.matcher(Constraint.json_schema({"type": "integer", "maximum": n}))
     assert compiler.stats()["grammars"] == 2
+
+
+def test_the_processor_masks_each_step_and_ends_with_eos_only(qwen_tiny):
+    import mlx.core as mx
+    from mlx_lm import load
+
+    from mlxd.grammar.compiler import GrammarCompiler
+    from mlxd.grammar.processor import GrammarProcessor
+
+    _, tokenizer = load(str(qwen_tiny))
+    compiler = GrammarCompiler(tokenizer, 2048)
+    eos = compiler.eos_token_ids
+    processor = GrammarProcessor(compiler.matcher(Constraint.json_schema({"enum": ["yes"]})), 2048, eos)
+    prompt = tokenizer.encode("Answer:")
+    logits = mx.zeros((1, 2048))
+    written: list[int] = []
+    for _ in range(10):
+        masked = processor(mx.array(prompt + written), logits)
+        allowed = [i for i, v in enumerate(masked[0].tolist()) if v != float("-inf")]
+        assert allowed
+        if allowed == eos:
+            break
+        written.append(allowed[0])
+    assert tokenizer.decode(written) == '"yes"'
+    assert processor.complete
+
+
+def test_a_token_outside_the_grammar_ends_the_output(qwen_tiny):
+    import mlx.core as mx
+    from mlx_lm import load
+
+    from mlxd.grammar.compiler import GrammarCompiler
+    from mlxd.grammar.processor import GrammarProcessor
+
+    _, tokenizer = load(str(qwen_tiny))
+    compiler = GrammarCompiler(tokenizer, 2048)
+    processor = GrammarProcessor(compiler.matcher(Constraint.json_schema({"type": "boolean"})), 2048, compiler.eos_token_ids)
+    prompt = tokenizer.encode("Answer:")
+    processor(mx.array(prompt), mx.zeros((1, 2048)))
+    not_json = tokenizer.encode("hello")[0]
+    masked = processor(mx.array([*prompt, not_json]), mx.zeros((1, 2048)))
+    allowed = [i for i, v in enumerate(masked[0].tolist()) if v != float("-inf")]
+    assert allowed == compiler.eos_token_ids
+    assert processor.failed and not processor.complete
