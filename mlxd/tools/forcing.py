@@ -119,7 +119,10 @@ def _llama3(fmt: ToolFormat, functions: list[dict[str, Any]]) -> str:
 def _mistral(fmt: ToolFormat, functions: list[dict[str, Any]]) -> str:
     if "[ARGS]" in fmt.template:
         # Newer templates: [TOOL_CALLS]name[ARGS]{...}
-        rules = [f"fn{i}: {_quote(f['name'] + '[ARGS]')} args{i}\nargs{i}: {_json(f['parameters'])}" for i, f in enumerate(functions)]
+        rules = [
+            f"fn{i}: {_quote(f['name'] + '[ARGS]')} args{i}\nargs{i}: {_json(f['parameters'])}"
+            for i, f in enumerate(functions)
+        ]
         names = " | ".join(f"fn{i}" for i in range(len(functions)))
         return f"call: {_quote(fmt.start)} ({names})\n" + "\n".join(rules)
     # Older ones: [TOOL_CALLS][{"name": ..., "arguments": {...}}]

@@ -71,7 +71,9 @@ def _response_format(value: Any) -> Constraint | None:
         spec = value.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
-            raise BadRequest("response_format.json_schema.schema must be a JSON schema object.", param="response_format")
+            raise BadRequest(
+                "response_format.json_schema.schema must be a JSON schema object.", param="response_format"
+            )
         return Constraint.json_schema(schema)
     raise BadRequest(
         "response_format.type must be one of `text`, `json_object`, `json_schema`.", param="response_format"

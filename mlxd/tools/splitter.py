@@ -84,6 +84,7 @@ class ToolCallSplitter:
         # Llama 3 has no markers: the answer is a call if it starts like one.
         self._whole = not fmt.start
         self._decided = False
+        self._is_call = False
         self._head = ""
         if not self._whole:
             transitions = {"normal": [(fmt.start, "tool")], "tool": [(fmt.end, "normal")] if fmt.end else []}
@@ -145,12 +146,16 @@ class ToolCallSplitter:
             made = ToolCall(given if isinstance(given, str) and given else self._new_id(), call["name"], text)
             index = len(self.calls)
             self.calls.append(made)
-            events += [ToolCallStart(index, made.id, made.name), ToolCallArguments(index, made.arguments), ToolCallEnd(index)]
+            events += [
+                ToolCallStart(index, made.id, made.name),
+                ToolCallArguments(index, made.arguments),
+                ToolCallEnd(index),
+            ]
         return events
 
     def _feed_whole(self, text: str) -> list[Event]:
         if self._decided:
-            if self._call_text is None:
+            if not self._is_call:
                 return [TextDelta(text)]
             self._call_text += text
             return []
@@ -159,16 +164,16 @@ class ToolCallSplitter:
         if not head or (PYTHON_TAG.startswith(head) and head != PYTHON_TAG):
             return []  # cannot tell yet
         self._decided = True
-        if head.startswith("{") or head.startswith(PYTHON_TAG):
+        self._is_call = head.startswith("{") or head.startswith(PYTHON_TAG)
+        if self._is_call:
             self._call_text = self._head
             return []
-        self._call_text = None  # type: ignore[assignment]
         return [TextDelta(self._head)]
 
     def _finish_whole(self) -> list[Event]:
         if not self._decided:
             return [TextDelta(self._head)] if self._head else []
-        if self._call_text is None:
+        if not self._is_call:
             return []
         text, self._call_text = self._call_text, ""
         try:
