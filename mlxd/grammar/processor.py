@@ -9,9 +9,8 @@ the matcher. The same processor works in ``stream_generate`` and in a
 
 The mask is llguidance's bitmask (one bit per token), filled by the Rust
 matcher, unpacked with numpy and applied with ``mx.where``, so it works on
-every MLX backend (llguidance's own ``mlx.py`` helper needs Metal). The model
-step is started before the mask is computed, so the two overlap. Once the grammar is
-complete the matcher allows only EOS, so a finished output stops; one cut
+every MLX backend (llguidance's own ``mlx.py`` helper needs Metal). Once the
+grammar is complete the matcher allows only EOS, so a finished output stops; one cut
 short by ``max_tokens`` ends with finish_reason "length" and ``complete``
 stays false.
 """
@@ -45,10 +44,10 @@ class GrammarProcessor:
         import mlx.core as mx
         import numpy as np
 
-        # The previous token first (it is computed already), then the model
-        # step is started, and it runs while the matcher works out the mask.
+        # Reading the previous token waits only for the last step's sampling;
+        # this step's model call is queued by mlx-lm after every row's
+        # processor, so the masks are ready by then and its pipelining stays.
         token = int(tokens[-1].item()) if self._started and self.failed is None else None
-        mx.async_eval(logits)
         if token is not None and not self._matcher.consume_token(token):
             self._fail(f"token {token} was not allowed: {self._matcher.get_error()}")
         self._started = True
