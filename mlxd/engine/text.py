@@ -37,10 +37,10 @@ from mlxd.engine.lifecycle import EngineBase, GenerationControl, relay
 from mlxd.engine.prefix_cache import PrefixCache
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationChunk, GenerationRequest
-from mlxd.grammar.compiler import GrammarCompiler
-from mlxd.grammar.processor import GrammarProcessor
 from mlxd.engine.worker import SKIP, MlxWorker
 from mlxd.errors import BadRequest, ServiceUnavailable
+from mlxd.grammar.compiler import GrammarCompiler
+from mlxd.grammar.processor import GrammarProcessor
 from mlxd.registry.model import ModelSpec
 from mlxd.tools import formats as tool_formats
 
