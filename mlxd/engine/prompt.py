@@ -1,7 +1,8 @@
 """Prompt preparation for text models: a request's messages or prompt as token ids.
 
 Pure functions of a tokenizer and a request, with no engine, worker or MLX
-in sight, so the exact tokens a model will see can be checked from a REPL::
+in sight (any thread may call them), so the exact tokens a model will see can
+be checked from a REPL::
 
     >>> from mlx_lm import load
     >>> from mlxd.engine.prompt import chat_tokens
@@ -28,7 +29,7 @@ def prompt_tokens(tokenizer: Any, request: GenerationRequest) -> list[int]:
     if (request.prompt is None) == (request.messages is None):
         raise BadRequest("Give exactly one of `prompt` and `messages`.", param="messages")
     if request.messages is not None:
-        return chat_tokens(tokenizer, request.messages)
+        return chat_tokens(tokenizer, request.messages, request.tools)
     return text_tokens(tokenizer, request.prompt or "")
 
 
@@ -39,9 +40,12 @@ def text_tokens(tokenizer: Any, prompt: str) -> list[int]:
     return list(tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos)))
 
 
-def chat_tokens(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
-    """Chat messages as token ids: the tokenizer's chat template with the
-    generation prompt added. Raises ``BadRequest`` when the template refuses."""
+def chat_tokens(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> list[int]:
+    """Chat messages (and OpenAI-shaped tool definitions) as token ids: the
+    tokenizer's chat template with the generation prompt added. Raises
+    ``BadRequest`` when the template refuses."""
     try:
         from jinja2 import TemplateError
     except ImportError:  # pragma: no cover - transformers depends on jinja2
@@ -53,7 +57,7 @@ def chat_tokens(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
         )
     flat = [flatten_message(m) for m in messages]
     try:
-        tokens = tokenizer.apply_chat_template(flat, add_generation_prompt=True)
+        tokens = tokenizer.apply_chat_template(flat, tools=tools or None, add_generation_prompt=True)
     except TemplateError as exc:
         # Templates raise their own messages ("roles must alternate ..."),
         # written for the person sending the conversation.

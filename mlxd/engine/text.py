@@ -29,6 +29,7 @@ those, not the engine.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
@@ -65,7 +66,10 @@ class TextEngine(EngineBase):
         prefill_chunk: int = 512,
     ) -> None:
         super().__init__(spec, worker, load_bytes=loaded.load_bytes, load_seconds=loaded.load_seconds)
-        self.model = TextModel(spec.name, loaded.model, loaded.tokenizer, spec.max_context)
+        self.model = TextModel(spec.name, loaded.model, loaded.tokenizer, spec.max_context, spec.tool_parser)
+        # The model's grammar compiler and tool-call format, for the request path.
+        self.grammars = self.model.grammars
+        self.tool_format = self.model.tool_format
         self._prefill_chunk = max(1, prefill_chunk)
         self.prefix_cache: PrefixCache | None = (
             PrefixCache(spec.prefix_cache.max_bytes) if spec.prefix_cache.max_bytes > 0 else None
@@ -91,6 +95,11 @@ class TextEngine(EngineBase):
             return None
         await persistence.save()
         return SavedCache(persistence.store.root, persistence.fingerprint)
+
+    async def _before_worker(self, request: GenerationRequest, control: GenerationControl) -> None:
+        # Tokenizing needs no MLX: a long prompt tokenized on the worker would
+        # stall every other model's decoding for as long as it takes.
+        control.prompt_ids = await asyncio.to_thread(self.model.tokenize, request)
 
     def _busy(self) -> bool:
         return self.counts.running > 0 or (self._batch is not None and self._batch.alive)

@@ -9,6 +9,7 @@ strings — everything that can fail before the model runs. Worker thread.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,9 @@ from mlxd.engine.prompt import prompt_tokens
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationRequest
 from mlxd.errors import BadRequest, ModelUnloaded
+from mlxd.grammar.compiler import GrammarCompiler
+from mlxd.grammar.processor import GrammarProcessor
+from mlxd.tools import formats as tool_formats
 
 # Prompt tokens always left for stream_generate after our own chunked prefill:
 # mlx-lm's repetition and presence penalties look back 20 tokens, and they only
@@ -51,12 +55,20 @@ class Prepared:
 class TextModel:
     """The model and tokenizer of one engine, until ``drop``. Worker thread."""
 
-    def __init__(self, name: str, model: Any, tokenizer: Any, max_context: int) -> None:
+    def __init__(
+        self, name: str, model: Any, tokenizer: Any, max_context: int, tool_parser: str | None = None
+    ) -> None:
         self.name = name
         self._model = model
         self._tokenizer = tokenizer
         self.max_context = max_context
         self.vocab_size = _vocab_size(model, tokenizer)
+        self.grammars = GrammarCompiler(tokenizer, self.vocab_size)
+        # How this model writes tool calls (None: it has no format mlxd knows).
+        self.tool_format = tool_formats.resolve(tokenizer, tool_parser)
+        # Tokenizing runs in threads (``tokenize``); one at a time per model,
+        # so a tokenizer never sees two callers at once.
+        self._tokenize_lock = threading.Lock()
 
     def get(self) -> tuple[Any, Any]:
         """The model and tokenizer; raises ``ModelUnloaded`` once dropped."""
@@ -70,18 +82,21 @@ class TextModel:
         self._tokenizer = None
 
     def prompt_tokens(self, request: GenerationRequest) -> list[int]:
-        """The request's prompt as this model's token ids (chat template applied)."""
+        """The request's prompt as this model's token ids (chat template
+        applied). Any thread: it uses the tokenizer only, never MLX."""
         _, tokenizer = self.get()
         return prompt_tokens(tokenizer, request)
 
-    def prepare(self, request: GenerationRequest, control: GenerationControl) -> Prepared:
-        """Validate and tokenize: everything that can fail before the model runs."""
-        _, tokenizer = self.get()
-        if request.max_tokens < 1:
-            raise BadRequest("max_tokens must be at least 1.", param="max_tokens")
-        tokens = prompt_tokens(tokenizer, request)
+    def tokenize(self, request: GenerationRequest) -> list[int]:
+        """``prompt_tokens`` for a thread of its own (one caller at a time),
+        checked against the context length."""
+        with self._tokenize_lock:
+            tokens = self.prompt_tokens(request)
+        self.check_context(len(tokens), request)
+        return tokens
+
+    def check_context(self, n_prompt: int, request: GenerationRequest) -> None:
         param = "messages" if request.messages is not None else "prompt"
-        n_prompt = len(tokens)
         if n_prompt == 0:
             raise BadRequest("The prompt is empty.", param=param)
         limit = self.max_context
@@ -92,6 +107,17 @@ class TextModel:
                 param=param,
                 code="context_length_exceeded",
             )
+
+    def prepare(self, request: GenerationRequest, control: GenerationControl) -> Prepared:
+        """Validate and tokenize (unless ``control.prompt_ids`` already holds
+        the tokens): everything that can fail before the model runs."""
+        _, tokenizer = self.get()
+        if request.max_tokens < 1:
+            raise BadRequest("max_tokens must be at least 1.", param="max_tokens")
+        tokens = control.prompt_ids if control.prompt_ids is not None else prompt_tokens(tokenizer, request)
+        n_prompt = len(tokens)
+        self.check_context(n_prompt, request)
+        limit = self.max_context
         control.prompt_tokens = n_prompt
         penalties = request.sampling.repetition_penalty != 1.0 or bool(request.sampling.presence_penalty)
         return Prepared(
@@ -111,6 +137,11 @@ class TextModel:
         if request.ignore_eos:
             eos = set(getattr(tokenizer, "eos_token_ids", None) or ())
             processors.append(sampling.suppress_tokens(eos, self.vocab_size))
+        if request.constraint is not None:
+            # Last, so that no later processor can revive a masked token.
+            grammars = self.grammars
+            matcher = grammars.matcher(request.constraint)
+            processors.append(GrammarProcessor(matcher, self.vocab_size, grammars.eos_token_ids))
         return processors
 
 
