@@ -161,3 +161,11 @@ def describe_exception(exc: BaseException, limit: int = 300) -> str:
     text = "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in text)
     line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+class GGUFError(ConfigError):
+    """A GGUF file mlxd cannot convert: corrupt, or an architecture, tensor
+    type or tokenizer it does not know. A ConfigError, so a registry entry
+    pointing at such a file is reported at its ``path`` key."""
+
+    code = "invalid_gguf"

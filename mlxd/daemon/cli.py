@@ -139,6 +139,22 @@ def demo(
     typer.echo(f"serve it with: mlxd serve --config {path}")
 
 
+@app.command("import")
+def import_command(
+    source: Path = typer.Argument(..., help="The .gguf file (llama.cpp, Ollama, LM Studio)."),
+    directory: Optional[Path] = typer.Argument(None, help="New folder for the MLX model (default: ./NAME)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Model name (default: from the file name)."),
+    quantize: Optional[int] = typer.Option(None, "--quantize", help="Quantize float weights to this many bits."),
+) -> None:
+    """Convert a GGUF model into an mlx-lm folder the registry can serve (docs/import.md)."""
+    from mlxd.gguf.command import run_import
+
+    try:
+        typer.echo(run_import(source, directory, name, quantize))
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+
+
 def _client(url: Optional[str], api_key: Optional[str]):  # type: ignore[no-untyped-def]
     from mlxd.daemon.client import DaemonClient
 
