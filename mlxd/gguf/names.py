@@ -25,9 +25,10 @@ _TOP_LEVEL = {
     "output_norm": "model.norm",
     "output": "lm_head",
 }
-# Tensors llama.cpp stores that mlx-lm computes itself: llama 3's RoPE
-# frequency factors come from config.json's rope_scaling.
-_DERIVED = {"rope_freqs"}
+# llama.cpp stores Llama 3.1's RoPE frequency factors as a tensor; mlx-lm
+# computes them from rope_scaling parameters the GGUF file does not keep, so
+# dropping the tensor would silently change the model.
+_UNSUPPORTED = {"rope_freqs": "Llama 3.1-style RoPE frequency factors (rope_freqs)"}
 
 # Architectures whose GGUF tensors map onto an mlx-lm model of the same
 # ``model_type`` with the names above.
@@ -45,9 +46,9 @@ def check_architecture(architecture: str) -> None:
         )
 
 
-def mlx_lm_name(gguf_name: str) -> str | None:
-    """mlx-lm's name for ``gguf_name``; None for a tensor mlx-lm derives itself.
-    Raises :class:`GGUFError` for a tensor the architecture does not have."""
+def mlx_lm_name(gguf_name: str) -> str:
+    """mlx-lm's name for ``gguf_name``. Raises :class:`GGUFError` for a
+    tensor the architecture does not have."""
     if match := _BLOCK_RE.match(gguf_name):
         layer, part, leaf = match.groups()
         if part in _BLOCK_PARTS:
@@ -56,15 +57,10 @@ def mlx_lm_name(gguf_name: str) -> str | None:
         part, leaf = match.groups()
         if part in _TOP_LEVEL:
             return f"{_TOP_LEVEL[part]}.{leaf}"
-        if part in _DERIVED:
-            return None
+        if part in _UNSUPPORTED:
+            raise GGUFError(f"GGUF tensor `{gguf_name}`: {_UNSUPPORTED[part]} are not supported")
     raise GGUFError(f"GGUF tensor `{gguf_name}` has no counterpart in mlx-lm's model")
 
 
 def rename(tensors: dict[str, mx.array]) -> dict[str, mx.array]:
-    renamed = {}
-    for name, value in tensors.items():
-        target = mlx_lm_name(name)
-        if target is not None:
-            renamed[target] = value
-    return renamed
+    return {mlx_lm_name(name): value for name, value in tensors.items()}

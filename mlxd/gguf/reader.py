@@ -3,9 +3,10 @@
 ``mx.load`` does the work: it keeps Q4_0, Q4_1 and Q8_0 tensors as MLX
 quantized triples (``weight`` packed in uint32, ``scales``, ``biases``) with no
 round trip through floats, copies F32/F16/BF16 as they are, and dequantizes
-the other block types it knows (the K-quants) to float16. When it refuses a
-file, the ``gguf`` package (llama.cpp's own reader) says which tensor of
-which type was the problem, or dequantizes the types MLX lacks.
+some other block types (K-quants) to float16. Where it refuses a file, the
+``gguf`` package (llama.cpp's own Python reader) dequantizes instead. The
+header is walked first (mlxd.gguf.header): a corrupt file must be an error,
+not a crash inside MLX, and a type nobody decodes is named before any work.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from typing import Any
 import mlx.core as mx
 
 from mlxd.errors import GGUFError
+from mlxd.gguf.header import scan_header
 
-_MAGIC = b"GGUF"
+_FLOATS = {"F32", "F16", "BF16"}
 
 
 @dataclass
@@ -34,17 +36,28 @@ def read_gguf(path: Path) -> GGUFContents:
     """Read ``path``; raise :class:`GGUFError` naming what is wrong."""
     path = Path(path)
     try:
-        with open(path, "rb") as handle:
-            magic = handle.read(4)
+        infos = scan_header(path)
     except OSError as exc:
         raise GGUFError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if magic != _MAGIC:
-        raise GGUFError(f"{path} is not a GGUF file (it does not start with 'GGUF')")
+    _check_types(path, infos)
     try:
         tensors, metadata = mx.load(str(path), return_metadata=True)
     except (RuntimeError, ValueError) as exc:
         return _read_with_gguf_package(path, str(exc))
     return GGUFContents(tensors=tensors, metadata={k: _python(v) for k, v in metadata.items()})
+
+
+def _check_types(path: Path, infos: list) -> None:
+    # gguf-py keeps no public list of the block types it can dequantize.
+    from gguf.quants import _type_traits
+
+    decodable = _FLOATS | {kind.name for kind in _type_traits}
+    for info in infos:
+        if info.type_name not in decodable:
+            raise GGUFError(
+                f"{path}: tensor {info.name} has GGUF type {info.type_name}, which mlxd cannot "
+                "convert (it reads F32, F16, BF16, Q4_0, Q4_1, Q8_0, the K-quants and the IQ types)"
+            )
 
 
 def _python(value: Any) -> Any:
@@ -54,7 +67,7 @@ def _python(value: Any) -> Any:
 
 
 def _read_with_gguf_package(path: Path, mlx_message: str) -> GGUFContents:
-    """MLX could not read the file: find out why, or dequantize what MLX lacks."""
+    """MLX could not read the file: dequantize what MLX lacks with gguf-py."""
     import numpy as np
     from gguf import GGMLQuantizationType, GGUFReader
     from gguf.quants import dequantize
@@ -70,16 +83,10 @@ def _read_with_gguf_package(path: Path, mlx_message: str) -> GGUFContents:
     tensors: dict[str, mx.array] = {}
     for tensor in reader.tensors:
         kind = tensor.tensor_type
-        try:
-            if kind in plain:
-                data = np.array(tensor.data)
-            else:
-                data = dequantize(tensor.data, kind).astype(np.float16)
-        except NotImplementedError:
-            raise GGUFError(
-                f"{path}: tensor {tensor.name} has GGUF type {kind.name}, which mlxd cannot "
-                "convert (it reads F32, F16, BF16, Q4_0, Q4_1, Q8_0 and the K-quants)"
-            ) from None
+        if kind in plain:
+            data = np.array(tensor.data)
+        else:
+            data = dequantize(tensor.data, kind).astype(np.float16)
         shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
         tensors[tensor.name] = mx.array(data.reshape(shape))
     metadata = {name: field.contents() for name, field in reader.fields.items()}
