@@ -62,11 +62,11 @@ def _registry_path(config: Path | None) -> Path:
     if config is not None:
         return config
     from mlxd.daemon.settings import default_demo_dir
-    from mlxd.factory.demo import write_demo
+    from mlxd.factory.demo import is_current, write_demo
 
     demo = default_demo_dir()
     target = demo / "models.yaml"
-    if not target.exists():
+    if not is_current(target):
         typer.echo(f"mlxd: no --config given; building the demo registry in {demo}", err=True)
         write_demo(demo)
     return target

@@ -16,6 +16,19 @@ from mlxd.factory.smollm2 import smollm2_gguf
 from mlxd.factory.vision import VisionRecipe, build_vision_model
 
 DEFAULT_MODEL = "smollm2-135m"
+# Bump when the demo's models change, so a registry an older mlxd wrote into
+# the default demo folder is rebuilt rather than served as it was.
+DEMO_VERSION = 2
+_HEADER = f"# The mlxd demo registry (version {DEMO_VERSION}): SmolLM2 (from a GGUF file) and small models made offline by `mlxd demo`."
+
+
+def is_current(registry: Path) -> bool:
+    """Whether ``registry`` was written by this version of :func:`write_demo`."""
+    try:
+        with open(registry, encoding="utf-8") as handle:
+            return handle.readline().rstrip("\n") == _HEADER
+    except OSError:
+        return False
 
 DEMO_MODELS: tuple[tuple[str, ModelRecipe | VisionRecipe, tuple[str, ...], str], ...] = (
     ("qwen-tiny", ModelRecipe("qwen2", "tiny"), (), "Tiny Qwen2-shaped model with seeded weights"),
@@ -48,7 +61,7 @@ def write_demo(directory: Path, *, sizes: tuple[str, ...] = ("tiny", "small")) -
         prefix_cache = '"0"' if isinstance(recipe, VisionRecipe) else '"64MB"'
         entries.append((name, str(path.relative_to(directory)), aliases, description, prefix_cache))
     lines = [
-        "# The mlxd demo registry: SmolLM2 (from a GGUF file) and small models made offline by `mlxd demo`.",
+        _HEADER,
         "# Every key is documented in models.yaml.example and docs/registry.md.",
         "server:",
         "  host: 127.0.0.1",

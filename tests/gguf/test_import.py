@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from mlxd.errors import GGUFError
 from mlxd.gguf import import_gguf
 from support.daemon import tiny_model
-from support.gguf_files import F16, Q4_1, Q8_0, write_gguf
+from support.gguf_files import F16, Q4_0, Q4_1, Q8_0, write_gguf
 
 pytestmark = pytest.mark.mlx
 
@@ -33,7 +33,7 @@ def _greedy(folder: Path, max_tokens: int = 24) -> tuple[list[int], str]:
 
 
 @pytest.mark.parametrize("kind", ["qwen", "llama"])
-@pytest.mark.parametrize("qtype", [Q4_1, Q8_0], ids=["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q8_0], ids=["Q4_0", "Q4_1", "Q8_0"])
 def test_quantized_gguf_answers_like_the_model_it_holds(tmp_path, kind, qtype):
     source = tmp_path / "source"
     gguf = write_gguf(tiny_model(kind), tmp_path / "model.gguf", qtype, quantized_source=source)
@@ -41,7 +41,7 @@ def test_quantized_gguf_answers_like_the_model_it_holds(tmp_path, kind, qtype):
 
     assert _greedy(imported) == _greedy(source)
     config = json.loads((imported / "config.json").read_text())
-    assert config["quantization"] == {"group_size": 32, "bits": 4 if qtype == Q4_1 else 8}
+    assert config["quantization"] == {"group_size": 32, "bits": 8 if qtype == Q8_0 else 4}
     assert config["rope_traditional"] is (kind == "llama")
     assert config["tie_word_embeddings"] is True
 

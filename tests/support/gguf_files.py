@@ -18,7 +18,9 @@ import mlx.core as mx
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter
 
-Q4_1, Q8_0, F16 = GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0, GGMLQuantizationType.F16
+Q4_0, Q4_1, Q8_0, F16 = (
+    GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0, GGMLQuantizationType.F16
+)
 GROUP = 32
 
 _PARTS = {
@@ -53,6 +55,26 @@ def _q4_1(w: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     m = np.array(biases).astype(np.float16)[..., None].view(np.uint8)
     blocks = np.concatenate([d, m, nibbles], axis=-1).reshape(w.shape[0], -1)
     return blocks, {"weight": np.array(wq), "scales": np.array(scales), "biases": np.array(biases)}
+
+
+def _q4_0(w: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """GGUF Q4_0 blocks (llama.cpp's rounding) and the MLX 4-bit triple with
+    the same values: (q - 8) * d is q * d + (-8 d)."""
+    groups = w.astype(np.float32).reshape(w.shape[0], -1, GROUP)
+    extreme = np.take_along_axis(groups, np.abs(groups).argmax(axis=-1)[..., None], axis=-1)[..., 0]
+    d = (extreme / -8).astype(np.float16)
+    inverse = np.where(d == 0, 0, 1 / np.where(d == 0, 1, d).astype(np.float32))
+    q = np.clip((groups * inverse[..., None] + 8.5).astype(np.int8), 0, 15).astype(np.uint8)
+    nibbles = q[..., :16] | (q[..., 16:] << 4)
+    blocks = np.concatenate([d[..., None].view(np.uint8), nibbles], axis=-1).reshape(w.shape[0], -1)
+    flat = q.reshape(w.shape[0], -1)
+    packed = (flat[:, 0::2] | (flat[:, 1::2] << 4)).astype(np.uint8)
+    triple = {
+        "weight": np.ascontiguousarray(packed).view(np.uint32),
+        "scales": d,
+        "biases": (d.astype(np.float32) * -8).astype(np.float16),
+    }
+    return blocks, triple
 
 
 def _q8_0(w: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -103,7 +125,7 @@ def write_gguf(model_dir: Path, out: Path, qtype: GGMLQuantizationType, *,
                 data = _permute(data, heads if "q_proj" in name else kv_heads)
             writer.add_tensor(gguf_name(name), data)
             continue
-        blocks, triple = (_q4_1 if qtype == Q4_1 else _q8_0)(w)
+        blocks, triple = {Q4_0: _q4_0, Q4_1: _q4_1, Q8_0: _q8_0}[qtype](w)
         layer = name.removesuffix(".weight")
         del source_weights[name]
         source_weights.update({f"{layer}.{k}": v for k, v in triple.items()})
@@ -122,7 +144,7 @@ def write_gguf(model_dir: Path, out: Path, qtype: GGMLQuantizationType, *,
             str(quantized_source / "model.safetensors"),
             {k: mx.array(v) for k, v in source_weights.items()}, metadata={"format": "mlx"},
         )
-        config["quantization"] = {"group_size": GROUP, "bits": 4 if qtype == Q4_1 else 8}
+        config["quantization"] = {"group_size": GROUP, "bits": 8 if qtype == Q8_0 else 4}
         (quantized_source / "config.json").write_text(json.dumps(config))
     return out
 
