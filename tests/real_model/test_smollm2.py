@@ -19,7 +19,7 @@ import yaml
 
 from mlxd.factory.smollm2 import smollm2_gguf
 from mlxd.gguf.cache import converted_dir
-from support.daemon import Daemon, daemon_process, wait_until
+from support.daemon import Daemon, daemon_process
 
 pytestmark = [pytest.mark.mlx, pytest.mark.slow]
 
@@ -162,10 +162,8 @@ def test_the_demo_registry_serves_smollm2_as_default(tmp_path):
     from mlxd.registry.loader import load_registry
 
     registry = load_registry(write_demo(tmp_path / "demo", sizes=("tiny",)))
-    default = registry.resolve_name("default") if hasattr(registry, "resolve_name") else next(
-        m for m in registry.models if "default" in m.aliases
-    )
+    default = next(m for m in registry.models if "default" in m.aliases)
     assert default.name == "smollm2-135m"
     assert default.source.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert (default.path / "config.json").is_file()  # converted when the registry was read
     assert default.defaults.temperature == 0
-    wait_until(lambda: (default.path / "config.json").is_file(), timeout=1)
