@@ -1,8 +1,9 @@
 """tokenizer.json and tokenizer_config.json rebuilt from a GGUF's vocabulary.
 
-GGUF keeps the tokenizer as lists (tokens, merges, token types) plus the name
-of llama.cpp's pre-tokenizer; ``tokenizers`` turns them back into the
-byte-level BPE tokenizer the model was trained with.
+GGUF keeps the tokenizer as lists (tokens, merges or scores, token types)
+plus the name of llama.cpp's pre-tokenizer; ``tokenizers`` turns them back
+into the byte-level BPE or SentencePiece BPE tokenizer the model was trained
+with.
 """
 
 from __future__ import annotations
@@ -61,25 +62,60 @@ class TokenizerFiles:
     bos_token_id: int | None
 
 
-def build_tokenizer(metadata: Mapping[str, Any]) -> TokenizerFiles:
-    kind = metadata.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        what = "SentencePiece (`llama`)" if kind == "llama" else f"`{kind}`"
-        raise GGUFError(
-            f"GGUF tokenizer model {what} is not supported; mlxd rebuilds byte-level BPE "
-            "(`gpt2`) tokenizers, which Llama 3, Qwen2 and SmolLM use"
-        )
-    tokens: list[str] = list(metadata["tokenizer.ggml.tokens"])
+def _byte_level_bpe(metadata: Mapping[str, Any], tokens: list[str]) -> Tokenizer:
     merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges", [])]
-    types = list(metadata.get("tokenizer.ggml.token_type", [1] * len(tokens)))
     pre = metadata.get("tokenizer.ggml.pre")
-
     vocab = {token: i for i, token in enumerate(tokens)}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in ("llama-bpe", "llama3")))
     if pre in ("qwen2", "deepseek-r1-qwen"):
         tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = _pre_tokenizer(pre)
     tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def _sentencepiece_bpe(metadata: Mapping[str, Any], tokens: list[str]) -> Tokenizer:
+    """SentencePiece BPE (Llama 2, Mistral) as Hugging Face's converter
+    rebuilds it: merges recovered from the piece scores, byte fallback for
+    characters outside the vocabulary, ``▁`` for spaces."""
+    scores = list(metadata.get("tokenizer.ggml.scores") or [-float(i) for i in range(len(tokens))])
+    vocab = {token: i for i, token in enumerate(tokens)}
+    ranked = []
+    for piece, score in zip(tokens, scores):
+        splits = [(piece[:i], piece[i:]) for i in range(1, len(piece))]
+        local = sorted((s for s in splits if s[0] in vocab and s[1] in vocab), key=lambda s: (vocab[s[0]], vocab[s[1]]))
+        ranked += [(score, left, right) for left, right in local]
+    ranked.sort(key=lambda item: -item[0])  # stable: ties keep the order above
+    unknown = metadata.get("tokenizer.ggml.unknown_token_id")
+    tok = Tokenizer(models.BPE(
+        vocab=vocab, merges=[(left, right) for _, left, right in ranked],
+        unk_token=tokens[int(unknown)] if unknown is not None else None, fuse_unk=True, byte_fallback=True,
+    ))
+    steps = [normalizers.Replace(" ", "\u2581")]
+    if metadata.get("tokenizer.ggml.add_space_prefix", True):
+        steps.insert(0, normalizers.Prepend("\u2581"))
+    tok.normalizer = normalizers.Sequence(steps)
+    strip = [decoders.Strip(" ", 1, 0)] if metadata.get("tokenizer.ggml.add_space_prefix", True) else []
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), *strip]
+    )
+    return tok
+
+
+_BUILDERS = {"gpt2": (_byte_level_bpe, False), "llama": (_sentencepiece_bpe, True)}
+
+
+def build_tokenizer(metadata: Mapping[str, Any]) -> TokenizerFiles:
+    kind = metadata.get("tokenizer.ggml.model")
+    if kind not in _BUILDERS:
+        raise GGUFError(
+            f"GGUF tokenizer model `{kind}` is not supported; mlxd rebuilds byte-level BPE "
+            "(`gpt2`: Llama 3, Qwen2, SmolLM) and SentencePiece BPE (`llama`: Llama 2, Mistral)"
+        )
+    tokens: list[str] = list(metadata["tokenizer.ggml.tokens"])
+    types = list(metadata.get("tokenizer.ggml.token_type", [1] * len(tokens)))
+    build, adds_bos = _BUILDERS[kind]
+    tok = build(metadata, tokens)
     specials = [
         AddedToken(tokens[i], special=t == _CONTROL, normalized=False)
         for i, t in enumerate(types)
@@ -100,7 +136,7 @@ def build_tokenizer(metadata: Mapping[str, Any]) -> TokenizerFiles:
     if not eos_ids:
         raise GGUFError("GGUF metadata names no end-of-sequence token (tokenizer.ggml.eos_token_id)")
     bos = metadata.get("tokenizer.ggml.bos_token_id")
-    add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", False))
+    add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", adds_bos))
     if add_bos and token("bos") is not None:
         # tokenizer.json, not tokenizer_config.json, is what adds it for a fast tokenizer.
         first = token("bos")

@@ -85,6 +85,27 @@ def test_float_weights_are_kept_or_requantized_when_asked(tmp_path):
     assert text  # mlx-lm loads the quantized layers and decodes
 
 
+def test_a_sentencepiece_vocabulary_is_rebuilt_with_byte_fallback():
+    from mlxd.gguf.tokenizer import build_tokenizer
+
+    pieces = ["\u2581", "h", "e", "l", "o", "w", "r", "d", "\u2581h", "\u2581he", "ll", "\u2581hell",
+              "\u2581hello", "\u2581w", "\u2581wo", "\u2581wor", "\u2581worl", "\u2581world"]
+    tokens = ["<unk>", "<s>", "</s>", *[f"<0x{b:02X}>" for b in range(256)], *pieces]
+    types = [2, 3, 3, *[6] * 256, *[1] * len(pieces)]
+    built = build_tokenizer({
+        "general.architecture": "llama", "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": [-float(i) for i in range(len(tokens))], "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.unknown_token_id": 0,
+    })
+    tok, ids = built.tokenizer, {t: i for i, t in enumerate(tokens)}
+    assert tok.encode("hello world").ids == [1, ids["\u2581hello"], ids["\u2581world"]]
+    # ü is not a piece: its two UTF-8 bytes stand in for it.
+    assert tok.encode("hello ü").ids == [1, ids["\u2581hello"], ids["\u2581"], ids["<0xC3>"], ids["<0xBC>"]]
+    for text in ("hello world", "hello ü", "world hello"):
+        assert tok.decode(tok.encode(text).ids, skip_special_tokens=True) == text
+    assert (built.eos_token_ids, built.bos_token_id, built.config["add_bos_token"]) == ([2], 1, True)
+
+
 def _minimal_gguf(path: Path, arch: str = "llama", *, tokenizer: str = "gpt2",
                   tensor_type: GGMLQuantizationType | None = None) -> Path:
     writer = GGUFWriter(str(path), arch)
@@ -118,10 +139,10 @@ def _written(path: Path, data: bytes) -> Path:
         (lambda p: _written(p, os.urandom(4096)), "is not a GGUF file"),
         (lambda p: _written(p, b"GGUF\x03\0\0\0" + os.urandom(4096)), "is corrupt or truncated"),
         (lambda p: _minimal_gguf(p, "mamba"), "GGUF architecture `mamba` is not supported"),
-        (lambda p: _minimal_gguf(p, tokenizer="llama"), "GGUF tokenizer model SentencePiece (`llama`) is not supported"),
+        (lambda p: _minimal_gguf(p, tokenizer="rwkv"), "GGUF tokenizer model `rwkv` is not supported"),
         (lambda p: _minimal_gguf(p, tensor_type=GGMLQuantizationType.Q8_1), "has GGUF type Q8_1"),
     ],
-    ids=["not-gguf", "corrupt", "architecture", "sentencepiece", "tensor-type"],
+    ids=["not-gguf", "corrupt", "architecture", "tokenizer", "tensor-type"],
 )
 def test_bad_files_are_named_errors_and_leave_nothing_behind(tmp_path, make, message):
     bad = make(tmp_path / "bad.gguf")
