@@ -25,7 +25,12 @@ def run_import(source: Path, directory: Path | None, name: str | None,
         raise GGUFError(f"{source} is not a file")
     name = name or default_name(source)
     target = (Path(directory).expanduser() if directory is not None else Path.cwd() / name).absolute()
-    import_gguf(source, target, quantize_bits=quantize_bits)
+    try:
+        import_gguf(source, target, quantize_bits=quantize_bits)
+    finally:
+        # The lock that serialises concurrent conversions is no file to leave
+        # in the user's folder after a one-off import.
+        (target.parent / f".{target.name}.lock").unlink(missing_ok=True)
     return "\n".join([
         f"imported {source} into {target}",
         "add it to models.yaml:",

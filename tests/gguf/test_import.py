@@ -170,6 +170,7 @@ def test_cli_imports_into_a_named_folder_and_says_how_to_serve_it(tmp_path):
     done = _mlxd("import", str(gguf), "--name", "tiny", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "tiny" / "config.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["Tiny-Qwen.Q8_0.gguf", "tiny"]  # nothing else left
     assert "- name: tiny" in done.stdout and f"path: {tmp_path / 'tiny'}" in done.stdout
 
     again = _mlxd("import", str(gguf), "--name", "tiny", cwd=tmp_path)
