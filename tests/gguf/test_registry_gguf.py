@@ -11,7 +11,6 @@ import pytest
 import yaml
 
 from mlxd.engine.fingerprint import model_fingerprint
-from mlxd.errors import ConfigError
 from mlxd.registry.loader import load_registry
 from support.daemon import daemon_in_thread, tiny_model
 from support.gguf_files import Q8_0, write_gguf
@@ -63,13 +62,13 @@ def test_check_shows_the_gguf_source_and_the_converted_folder(tmp_path):
     assert str(tmp_path / "cache" / "gguf") in path_line and f"(from {gguf})" in path_line
 
 
-def test_a_bad_gguf_path_is_a_config_error_at_its_key(tmp_path):
+def test_a_bad_gguf_path_is_a_located_problem_of_that_model(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF\x03\0\0\0" + b"\xff" * 64)
-    with pytest.raises(ConfigError) as caught:
-        load_registry(_registry(tmp_path, bad))
-    assert caught.value.key == "models[0].path"
-    assert "is corrupt or truncated" in str(caught.value)
+    registry = load_registry(_registry(tmp_path, bad))
+    assert "is corrupt or truncated" in registry.models[0].broken
+    (problem,) = registry.problems
+    assert problem.key == "models[0].path" and "is corrupt or truncated" in str(problem)
 
 
 def test_the_daemon_serves_a_gguf_entry(tmp_path):
