@@ -64,7 +64,7 @@ def _registry_path(config: Path | None) -> Path:
     if config is not None:
         return config
     from mlxd.daemon.settings import default_config_path, default_demo_dir
-    from mlxd.factory.demo import is_current, write_demo
+    from mlxd.factory.demo import is_stale, write_demo
 
     default = default_config_path()
     if default.exists():
@@ -72,7 +72,7 @@ def _registry_path(config: Path | None) -> Path:
     demo = default_demo_dir()
     target = demo / "models.yaml"
     typer.echo(f"mlxd: no --config given and no {default}; serving the demo registry in {demo}", err=True)
-    if not is_current(target):
+    if not target.exists() or is_stale(target):
         write_demo(demo)
     return target
 

@@ -22,13 +22,16 @@ DEMO_VERSION = 2
 _HEADER = f"# The mlxd demo registry (version {DEMO_VERSION}): SmolLM2 (from a GGUF file) and small models made offline by `mlxd demo`."
 
 
-def is_current(registry: Path) -> bool:
-    """Whether ``registry`` was written by this version of :func:`write_demo`."""
+def is_stale(registry: Path) -> bool:
+    """Whether ``registry`` was written by an older :func:`write_demo` (a file
+    someone wrote there by hand is theirs, and served as it is)."""
     try:
         with open(registry, encoding="utf-8") as handle:
-            return handle.readline().rstrip("\n") == _HEADER
+            first = handle.readline().rstrip("\n")
     except OSError:
         return False
+    return first.startswith("# The mlxd demo registry") and first != _HEADER
+
 
 DEMO_MODELS: tuple[tuple[str, ModelRecipe | VisionRecipe, tuple[str, ...], str], ...] = (
     ("qwen-tiny", ModelRecipe("qwen2", "tiny"), (), "Tiny Qwen2-shaped model with seeded weights"),

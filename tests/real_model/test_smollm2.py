@@ -158,12 +158,22 @@ def test_stop_strings_and_max_tokens_end_where_they_should(served):
 
 
 def test_the_demo_registry_serves_smollm2_as_default(tmp_path):
-    from mlxd.factory.demo import write_demo
+    from mlxd.factory.demo import is_stale, write_demo
     from mlxd.registry.loader import load_registry
 
-    registry = load_registry(write_demo(tmp_path / "demo", sizes=("tiny",)))
+    path = write_demo(tmp_path / "demo", sizes=("tiny",))
+    registry = load_registry(path)
     default = next(m for m in registry.models if "default" in m.aliases)
     assert default.name == "smollm2-135m"
     assert default.source.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
     assert (default.path / "config.json").is_file()  # converted when the registry was read
     assert default.defaults.temperature == 0
+
+    # `mlxd serve` rebuilds a demo registry an older mlxd wrote (its default
+    # was a random model), never one written by hand.
+    assert not is_stale(path)
+    older = tmp_path / "older.yaml"
+    older.write_text("# The mlxd demo registry: small real models made offline by `mlxd demo`.\nmodels: []\n")
+    own = tmp_path / "own.yaml"
+    own.write_text("models: []\n")
+    assert is_stale(older) and not is_stale(own)
