@@ -26,7 +26,9 @@ quantised KV cache (``kv_bits``, which mlx-lm cannot batch) keep the path above.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +41,10 @@ from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.engine.worker import SKIP, MlxWorker
 from mlxd.errors import BadRequest, ServiceUnavailable
+from mlxd.grammar.compiler import GrammarCompiler
+from mlxd.grammar.processor import GrammarProcessor
 from mlxd.registry.model import ModelSpec
+from mlxd.tools import formats as tool_formats
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +97,9 @@ class TextEngine(EngineBase):
         self._tokenizer: Any = loaded.tokenizer
         self._vocab_size = _vocab_size(loaded.model, loaded.tokenizer)
         self._prefill_chunk = max(1, prefill_chunk)
+        self.grammars = GrammarCompiler(loaded.tokenizer, self._vocab_size)
+        # How this model writes tool calls (None: it has no format mlxd knows).
+        self.tool_format = tool_formats.resolve(loaded.tokenizer, spec.tool_parser)
         self.prefix_cache: PrefixCache | None = (
             PrefixCache(spec.prefix_cache.max_bytes) if spec.prefix_cache.max_bytes > 0 else None
         )
@@ -99,6 +107,9 @@ class TextEngine(EngineBase):
         # (a ``cache_store.PrefixCachePersistence``).
         self.persistence: Any = None
         self._batch: BatchScheduler | None = None
+        # Tokenizing runs in threads (``_before_worker``); one at a time per
+        # model, so a tokenizer never sees two callers at once.
+        self._tokenize_lock = threading.Lock()
         if spec.max_concurrency > 1 and spec.kv_bits is None and loaded.batchable:
             self._batch = BatchScheduler(
                 self, worker, max_batch=spec.max_concurrency, prefill_chunk=self._prefill_chunk
@@ -113,6 +124,16 @@ class TextEngine(EngineBase):
         """Save the prefix cache to disk (before an unload). Never raises."""
         if self.persistence is not None and not self._closed:
             await self.persistence.save()
+
+    async def _before_worker(self, request: GenerationRequest, control: GenerationControl) -> None:
+        # Tokenizing needs no MLX: a long prompt tokenized on the worker would
+        # stall every other model's decoding for as long as it takes.
+        control.prompt_ids = await asyncio.to_thread(self._tokenize_locked, request)
+        self.check_context(len(control.prompt_ids), request)
+
+    def _tokenize_locked(self, request: GenerationRequest) -> list[int]:
+        with self._tokenize_lock:
+            return self.prompt_tokens(request)
 
     def _busy(self) -> bool:
         return self.counts.running > 0 or (self._batch is not None and self._batch.alive)
@@ -178,14 +199,15 @@ class TextEngine(EngineBase):
         return model, tokenizer
 
     def prompt_tokens(self, request: GenerationRequest) -> list[int]:
-        """The request's prompt as token ids (chat template applied). Worker thread."""
+        """The request's prompt as token ids (chat template applied). Any thread:
+        it uses the tokenizer only, never MLX."""
         tokenizer = self._tokenizer
         if tokenizer is None:
             raise ServiceUnavailable(f"The model `{self.name}` was unloaded; retry the request.")
         if (request.prompt is None) == (request.messages is None):
             raise BadRequest("Give exactly one of `prompt` and `messages`.", param="messages")
         if request.messages is not None:
-            return _render_chat(tokenizer, request.messages)
+            return _render_chat(tokenizer, request.messages, request.tools)
         prompt = request.prompt or ""
         # As mlx-lm does: add BOS unless the prompt already starts with it.
         bos = tokenizer.bos_token
@@ -219,19 +241,10 @@ class TextEngine(EngineBase):
         """Validate and tokenize: everything that can fail before the model runs."""
         if request.max_tokens < 1:
             raise BadRequest("max_tokens must be at least 1.", param="max_tokens")
-        tokens = self.prompt_tokens(request)
-        param = "messages" if request.messages is not None else "prompt"
+        tokens = control.prompt_ids if control.prompt_ids is not None else self.prompt_tokens(request)
         n_prompt = len(tokens)
-        if n_prompt == 0:
-            raise BadRequest("The prompt is empty.", param=param)
+        self.check_context(n_prompt, request)
         limit = self.spec.max_context
-        if n_prompt > limit:
-            raise BadRequest(
-                f"This model's maximum context length is {limit} tokens, but the "
-                f"prompt has {n_prompt} tokens. Shorten the {param}.",
-                param=param,
-                code="context_length_exceeded",
-            )
         control.prompt_tokens = n_prompt
         penalties = request.sampling.repetition_penalty != 1.0 or bool(request.sampling.presence_penalty)
         return Prepared(
@@ -246,11 +259,29 @@ class TextEngine(EngineBase):
             keep=_PENALTY_CONTEXT if penalties else 1,
         )
 
+    def check_context(self, n_prompt: int, request: GenerationRequest) -> None:
+        param = "messages" if request.messages is not None else "prompt"
+        if n_prompt == 0:
+            raise BadRequest("The prompt is empty.", param=param)
+        limit = self.spec.max_context
+        if n_prompt > limit:
+            raise BadRequest(
+                f"This model's maximum context length is {limit} tokens, but the "
+                f"prompt has {n_prompt} tokens. Shorten the {param}.",
+                param=param,
+                code="context_length_exceeded",
+            )
+
     def _processors(self, request: GenerationRequest) -> list[Any]:
         processors = sampling.make_logits_processors(request.sampling)
         if request.ignore_eos:
             eos = set(getattr(self._tokenizer, "eos_token_ids", None) or ())
             processors.append(sampling.suppress_tokens(eos, self._vocab_size))
+        if request.constraint is not None:
+            # Last, so that no later processor can revive a masked token.
+            grammars = self.grammars
+            matcher = grammars.matcher(request.constraint)
+            processors.append(GrammarProcessor(matcher, self._vocab_size, grammars.eos_token_ids))
         return processors
 
     def _decode(
@@ -332,7 +363,9 @@ def _vocab_size(model: Any, tokenizer: Any) -> int:
     return int(getattr(tokenizer, "vocab_size", 0) or 0)
 
 
-def _render_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+def _render_chat(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> list[int]:
     try:
         from jinja2 import TemplateError
     except ImportError:  # pragma: no cover - transformers depends on jinja2
@@ -344,7 +377,7 @@ def _render_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
         )
     flat = [_flatten_message(m) for m in messages]
     try:
-        tokens = tokenizer.apply_chat_template(flat, add_generation_prompt=True)
+        tokens = tokenizer.apply_chat_template(flat, tools=tools or None, add_generation_prompt=True)
     except TemplateError as exc:
         # Templates raise their own messages ("roles must alternate ..."),
         # written for the person sending the conversation.

@@ -79,6 +79,8 @@ class ModelSpec:
     # Vision inputs: local files only under this folder; remote URLs only if allowed.
     local_image_dir: Path | None = None
     allow_remote_images: bool = False
+    # The registry's ``tool_parser:`` (None: guess from the chat template).
+    tool_parser: str | None = None
     # Why the model's files on disk cannot be used (missing folder, corrupt
     # weights, bad config.json). Such a model stays registered but failed, so
     # one bad download never keeps the other models from serving.
@@ -105,6 +107,8 @@ class ModelSpec:
         "kv_bits",
         "trust_remote_code",
         "prefix_cache",
+        # The engine resolves the tool-call format when it loads.
+        "tool_parser",
         "broken",
     )
 
@@ -145,6 +149,18 @@ class ServerSpec:
     max_request_tokens: int = 32768
     request_timeout_s: float = 300.0
     shutdown_grace_seconds: float = 30.0
+    # Request-path bounds (docs/configuration.md, "Security and limits").
+    max_body_bytes: int = 32 << 20
+    max_prompts: int = 32
+    # Host names (beyond loopback names and IP literals) and browser origins
+    # (beyond the daemon's own) that may reach the API.
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+    max_connections: int = 256
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    # Decoded image pixels held at once, across every request.
+    max_image_memory_bytes: int = 1 << 30
 
 
 @dataclass(frozen=True)
