@@ -120,7 +120,7 @@ def test_same_answer_cold_warm_restored_and_after_restart(served):
     warm = served.chat(question, max_tokens=8)
     assert (content(warm), cached(warm) >= whole_prompt) == (content(cold), True)
 
-    unloaded = httpx.post(f"{served.daemon.url}/v1/models/{NAME}/unload", timeout=120)
+    unloaded = httpx.post(f"{served.daemon.url}/v1/models/{NAME}/unload", json={}, timeout=120)
     assert unloaded.json()["state"] == "unloaded"
     restored = served.chat(question, max_tokens=8)
     assert (content(restored), cached(restored) >= whole_prompt) == (content(cold), True)
