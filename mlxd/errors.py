@@ -200,6 +200,14 @@ def describe_exception(exc: BaseException, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
+class GGUFError(ConfigError):
+    """A GGUF file mlxd cannot convert: corrupt, or an architecture, tensor
+    type or tokenizer it does not know. A ConfigError, so a registry entry
+    pointing at such a file is reported at its ``path`` key."""
+
+    code = "invalid_gguf"
+
+
 def clip(text: str, limit: int = 80) -> str:
     """A client-supplied string bounded for echoing in a message: a request
     must not be able to make its error (or the log line) megabytes long."""
