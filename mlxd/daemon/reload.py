@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from watchfiles import awatch
 
-from mlxd.daemon.context import DaemonContext
-from mlxd.daemon.settings import DaemonSettings, EffectiveSettings, effective
+from mlxd.api.context import DaemonContext
+from mlxd.settings import DaemonSettings, EffectiveSettings, effective
 from mlxd.errors import ConfigError, ShuttingDown, describe_exception
 from mlxd.registry.diff import SERVER_RESTART_FIELDS, RegistryDiff, diff_registries
 from mlxd.registry.loader import load_registry

@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from mlxd.daemon.context import DaemonContext
+from mlxd.api.context import DaemonContext
 from mlxd.daemon.lockfile import StateLock
 from mlxd.daemon.logs import configure_logging
 from mlxd.daemon.reload import Reloader, wire_reloader
 from mlxd.daemon.server import build_server
-from mlxd.daemon.settings import DaemonSettings, effective
+from mlxd.settings import DaemonSettings, effective
 from mlxd.engine.blas import blas_report
 from mlxd.registry.loader import load_registry
 

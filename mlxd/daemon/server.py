@@ -18,8 +18,8 @@ from types import FrameType
 
 import uvicorn
 
-from mlxd.daemon.app import create_app
-from mlxd.daemon.context import DaemonContext
+from mlxd.api.app import create_app
+from mlxd.api.context import DaemonContext
 
 log = logging.getLogger("mlxd")
 

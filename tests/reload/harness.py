@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 from support.daemon import Daemon, free_port, wait_until, write_registry
 
-from mlxd.daemon.context import DaemonContext, EngineFactory
+from mlxd.api.context import DaemonContext, EngineFactory
 from mlxd.daemon.reload import Reloader, wire_reloader
 from mlxd.daemon.server import build_server
-from mlxd.daemon.settings import DaemonSettings, effective
+from mlxd.settings import DaemonSettings, effective
 from mlxd.engine.worker import MlxWorker
 from mlxd.registry.loader import load_registry
 

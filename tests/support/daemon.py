@@ -98,9 +98,9 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.02) -> Any:
 
 @contextlib.contextmanager
 def daemon_in_thread(registry: Path, tmp_path: Path, **settings: Any) -> Iterator[Daemon]:
-    from mlxd.daemon.context import DaemonContext
+    from mlxd.api.context import DaemonContext
     from mlxd.daemon.server import build_server
-    from mlxd.daemon.settings import DaemonSettings, effective
+    from mlxd.settings import DaemonSettings, effective
     from mlxd.registry.loader import load_registry
 
     port = free_port()

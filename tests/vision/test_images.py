@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from vision.vision_support import Route, data_url, encoded, image_chat, loopback_server, noise_image, solid_image
 
-from mlxd.daemon.images import ImageLimits, ImagePolicy, collect_images, without_image_data
+from mlxd.api.images import ImageLimits, ImagePolicy, collect_images, without_image_data
 from mlxd.errors import BadRequest
 
 

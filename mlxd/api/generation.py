@@ -18,9 +18,9 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from mlxd.daemon.api_models import ChatCompletionRequest, CompletionRequest
-from mlxd.daemon.context import DaemonContext
-from mlxd.daemon.images import ImagePolicy, PendingImages, collect_images, without_image_data
+from mlxd.api.openai.bodies import ChatCompletionRequest, CompletionRequest
+from mlxd.api.context import DaemonContext
+from mlxd.api.images import ImagePolicy, PendingImages, collect_images, without_image_data
 from mlxd.engine.types import GenerationChunk, GenerationRequest, SamplingParams
 from mlxd.errors import (
     BadRequest,

@@ -7,9 +7,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from mlxd.daemon.api_models import ChatCompletionRequest, CompletionRequest
-from mlxd.daemon.context import DaemonContext
-from mlxd.daemon.generation import complete, open_stream, plan_chat, plan_completion
+from mlxd.api.openai.bodies import ChatCompletionRequest, CompletionRequest
+from mlxd.api.context import DaemonContext
+from mlxd.api.generation import complete, open_stream, plan_chat, plan_completion
 from mlxd.errors import ClientDisconnected
 
 

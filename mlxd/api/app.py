@@ -9,10 +9,11 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request
 
 from mlxd import __version__
-from mlxd.daemon.auth import check_api_key
-from mlxd.daemon.context import DaemonContext
-from mlxd.daemon.errors import error_response, install_error_handlers
-from mlxd.daemon.routes import admin, monitoring, openai
+from mlxd.api.auth import check_api_key
+from mlxd.api.context import DaemonContext
+from mlxd.api.openai.errors import error_response, install_error_handlers
+from mlxd.api.openai import routes as openai
+from mlxd.api.routes import admin, monitoring
 from mlxd.errors import MlxdError, ShuttingDown
 
 log = logging.getLogger("mlxd.http")

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from mlxd.daemon.context import DaemonContext
+from mlxd.api.context import DaemonContext
 from mlxd.errors import ConfigError, ServiceUnavailable
 
 

@@ -21,7 +21,7 @@ from mlxd import __version__
 from mlxd.residency.core import State
 
 if TYPE_CHECKING:
-    from mlxd.daemon.context import DaemonContext
+    from mlxd.api.context import DaemonContext
     from mlxd.engine.types import GenerationChunk
 
 Clock = Callable[[], float]

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlxd.daemon.metrics import Metrics
-from mlxd.daemon.settings import EffectiveSettings
+from mlxd.monitoring.metrics import Metrics
+from mlxd.settings import EffectiveSettings
 from mlxd.engine.worker import MlxWorker
 from mlxd.errors import ConfigError, ModelLoadFailed
 from mlxd.registry.model import ModelSpec, Registry
@@ -22,7 +22,7 @@ from mlxd.residency.footprints import FootprintStore
 from mlxd.residency.shell import ResidencyManager
 
 if TYPE_CHECKING:
-    from mlxd.daemon.generation import Plan
+    from mlxd.api.generation import Plan
 
 log = logging.getLogger("mlxd.requests")
 

@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 
 from mlxd import __version__
-from mlxd.daemon.context import DaemonContext
+from mlxd.api.context import DaemonContext
 from mlxd.residency.core import State
 
 SCHEMA_VERSION = 1

@@ -1,0 +1,230 @@
+"""The ``mlxd`` command.
+
+Every usage or configuration error prints one line on stderr and exits with
+status 2; nothing prints a stack trace for a user's mistake.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from mlxd import __version__
+from mlxd.errors import ConfigError, MlxdError
+
+app = typer.Typer(
+    name="mlxd",
+    help="One local daemon, several MLX models, one OpenAI-compatible API.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _fail(message: str, status: int = 2) -> typer.Exit:
+    typer.echo(f"mlxd: error: {message}", err=True)
+    return typer.Exit(status)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"mlxd {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    pass
+
+
+def _settings(**overrides: Any):  # type: ignore[no-untyped-def]
+    from pydantic import ValidationError
+
+    from mlxd.settings import DaemonSettings
+
+    try:
+        return DaemonSettings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(p) for p in first["loc"])
+        raise _fail(f"setting {key}: {first['msg']}") from None
+
+
+def _registry_path(config: Path | None) -> Path:
+    if config is not None:
+        return config
+    from mlxd.settings import default_demo_dir
+    from mlxd.factory.demo import write_demo
+
+    demo = default_demo_dir()
+    target = demo / "models.yaml"
+    if not target.exists():
+        typer.echo(f"mlxd: no --config given; building the demo registry in {demo}", err=True)
+        write_demo(demo)
+    return target
+
+
+@app.command()
+def serve(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="models.yaml (default: the built-in demo registry)."),
+    host: Optional[str] = typer.Option(None, help="Bind address (default 127.0.0.1)."),
+    port: Optional[int] = typer.Option(None, help="Port (default 8080)."),
+    api_key: Optional[list[str]] = typer.Option(None, "--api-key", help="Require this bearer key (repeatable)."),
+    state_dir: Optional[Path] = typer.Option(None, help="Where the lock and learned footprints live."),
+    log_format: Optional[str] = typer.Option(None, help="text or json."),
+    log_level: Optional[str] = typer.Option(None, help="debug, info, warning, error."),
+    log_prompts: Optional[bool] = typer.Option(None, "--log-prompts/--no-log-prompts", help="Include prompt text in request logs."),
+    watch: Optional[bool] = typer.Option(None, "--watch/--no-watch", help="Reload models.yaml when it changes."),
+) -> None:
+    """Serve the models of a registry file over HTTP."""
+    from mlxd.engine.blas import preload_env
+
+    # LD_PRELOAD only works at process start: re-exec once with OpenBLAS.
+    env = preload_env(os.environ)
+    if env is not None:
+        os.execve(sys.executable, [sys.executable, "-m", "mlxd", *sys.argv[1:]], env)
+
+    settings = _settings(
+        config=config, host=host, port=port, api_keys=",".join(api_key) if api_key else None,
+        state_dir=state_dir, log_format=log_format, log_level=log_level, log_prompts=log_prompts,
+        watch_config=watch,
+    )
+    from mlxd.daemon.runner import run_daemon
+
+    try:
+        status = run_daemon(settings, _registry_path(settings.config))
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+    # Everything is drained and saved by now. MLX's C++ teardown at interpreter
+    # exit can abort ("terminate called without an active exception") after a
+    # worker thread ends, and launchd or systemd would take that for a crash
+    # and restart the daemon: leave without running it.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+@app.command()
+def check(config: Path = typer.Argument(..., help="The models.yaml to validate.")) -> None:
+    """Validate a registry file and show what the daemon would do with it."""
+    from mlxd.registry.check import describe
+    from mlxd.registry.loader import load_registry
+
+    try:
+        registry = load_registry(config)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+    typer.echo(describe(registry))
+
+
+@app.command()
+def demo(
+    directory: Path = typer.Argument(..., help="Folder for the demo models and models.yaml."),
+    tiny_only: bool = typer.Option(False, "--tiny-only", help="Skip the small model (faster)."),
+) -> None:
+    """Build the demo models offline and write DIR/models.yaml naming them."""
+    from mlxd.factory.demo import write_demo
+
+    path = write_demo(directory, sizes=("tiny",) if tiny_only else ("tiny", "small"))
+    typer.echo(f"wrote {path}")
+    typer.echo(f"serve it with: mlxd serve --config {path}")
+
+
+def _client(url: Optional[str], api_key: Optional[str]):  # type: ignore[no-untyped-def]
+    from mlxd.cli.client import DaemonClient
+
+    return DaemonClient.discover(url=url, api_key=api_key)
+
+
+@app.command()
+def load(
+    name: str,
+    url: Optional[str] = typer.Option(None, help="Daemon URL (default: from settings)."),
+    api_key: Optional[str] = typer.Option(None, envvar="MLXD_API_KEY"),
+) -> None:
+    """Load a model now."""
+    _admin("load", name, url, api_key)
+
+
+@app.command()
+def unload(
+    name: str,
+    url: Optional[str] = typer.Option(None, help="Daemon URL (default: from settings)."),
+    api_key: Optional[str] = typer.Option(None, envvar="MLXD_API_KEY"),
+) -> None:
+    """Unload a model (once its in-flight requests finish)."""
+    _admin("unload", name, url, api_key)
+
+
+@app.command()
+def status(
+    json_output: bool = typer.Option(False, "--json", help="Print the /v1/status document as JSON."),
+    watch: bool = typer.Option(False, "--watch", "-w", help="Refresh until Ctrl-C."),
+    interval: float = typer.Option(2.0, help="Seconds between refreshes with --watch."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="The models.yaml the daemon serves (for its address)."),
+    url: Optional[str] = typer.Option(None, help="Daemon URL (default: from settings)."),
+    api_key: Optional[str] = typer.Option(None, envvar="MLXD_API_KEY"),
+) -> None:
+    """Show the running daemon's models, memory and recent events (docs/status.md)."""
+    from mlxd.cli.status import run_status
+
+    raise typer.Exit(
+        run_status(url=url, api_key=api_key, config=config, as_json=json_output, watch=watch, interval=interval)
+    )
+
+
+@app.command("reload")
+def reload_command(
+    json_output: bool = typer.Option(False, "--json", help="Print the reload's full report as JSON."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="The models.yaml the daemon serves (for its address)."),
+    url: Optional[str] = typer.Option(None, help="Daemon URL (default: from settings)."),
+    api_key: Optional[str] = typer.Option(None, envvar="MLXD_API_KEY"),
+) -> None:
+    """Apply the edited models.yaml to the running daemon now (docs/hot-reload.md).
+    An invalid file is reported and changes nothing (exit status 2)."""
+    from mlxd.cli.client import DaemonClient
+    from mlxd.daemon.reload import reload_summary
+
+    client = DaemonClient.discover(url=url, api_key=api_key, config=config, timeout=60.0)
+    try:
+        report = client.post("/v1/admin/reload")
+    except MlxdError as exc:
+        if exc.status_code == 400:
+            # The client prefixes the status; the daemon's message is already
+            # the one-line ``file:line: key: message``.
+            raise _fail(exc.message.removeprefix("400: ")) from None
+        raise _fail(exc.message, 1) from None
+    typer.echo(json.dumps(report) if json_output else reload_summary(report))
+
+
+def _admin(action: str, name: str, url: Optional[str], api_key: Optional[str]) -> None:
+    client = _client(url, api_key)
+    try:
+        result = client.post(f"/v1/models/{name}/{action}")
+    except MlxdError as exc:
+        raise _fail(exc.message, 1) from None
+    typer.echo(json.dumps(result))
+
+
+def _mount_subcommands() -> None:
+    try:
+        from mlxd.service.cli import service_app
+    except ImportError:  # pragma: no cover - the service package ships with mlxd
+        return
+    app.add_typer(service_app, name="service", help="Install mlxd as a launchd agent or systemd user unit.")
+
+
+_mount_subcommands()
+
+
+def main() -> None:
+    app()
