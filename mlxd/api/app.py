@@ -5,14 +5,15 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 
 from mlxd import __version__
 from mlxd.api.auth import check_api_key
 from mlxd.api.context import DaemonContext
-from mlxd.api.openai.errors import error_response, install_error_handlers
 from mlxd.api.openai import routes as openai
+from mlxd.api.openai.errors import error_response, install_error_handlers
 from mlxd.api.routes import admin, monitoring
 from mlxd.errors import MlxdError, ShuttingDown
 
@@ -22,22 +23,31 @@ log = logging.getLogger("mlxd.http")
 OPEN_PATHS = ("/health",)
 
 
-def create_app(ctx: DaemonContext) -> FastAPI:
+class ConfigReloader(Protocol):
+    """Hot reload of models.yaml (``mlxd.daemon.reload.Reloader``)."""
+
+    async def reload(self, trigger: str) -> dict[str, Any]: ...
+    async def start_watching(self) -> None: ...
+    async def stop_watching(self) -> None: ...
+
+
+def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> FastAPI:
+    """``reloader`` is None when there is no registry file to reload."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         ctx.worker.start()
         await ctx.manager.start()
-        # Set by wire_reloader (mlxd.daemon.reload) when the daemon can reload.
-        reloader = getattr(app.state, "reloader", None)
-        if reloader is not None and ctx.settings.watch_config:
+        watching = reloader is not None and ctx.settings.watch_config
+        if watching:
             await reloader.start_watching()
         try:
             yield
         finally:
-            if reloader is not None:
+            if watching:
                 await reloader.stop_watching()
             # A SIGTERM drain has already done this; a plain stop has not.
-            if not ctx.manager.core.shutting_down:
+            if not ctx.manager.shutting_down:
                 await ctx.manager.shutdown(ctx.settings.server.shutdown_grace_seconds)
             await ctx.worker.shutdown()
 
@@ -58,7 +68,7 @@ def create_app(ctx: DaemonContext) -> FastAPI:
         return await call_next(request)
 
     app.include_router(openai.router())
-    app.include_router(admin.router())
+    app.include_router(admin.router(reloader))
     # Also serves GET / and /dashboard, the status page.
     app.include_router(monitoring.router())
 

@@ -19,6 +19,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from mlxd.api.openai.bodies import ChatCompletionRequest, CompletionRequest
+from mlxd.api.accounting import record_request
 from mlxd.api.context import DaemonContext
 from mlxd.api.images import ImagePolicy, PendingImages, collect_images, without_image_data
 from mlxd.engine.types import GenerationChunk, GenerationRequest, SamplingParams
@@ -234,9 +235,9 @@ async def complete(ctx: DaemonContext, plan: Plan, request: Request) -> dict[str
     try:
         outcome = await guarded(request, work(), plan.remaining())
     except MlxdError as exc:
-        ctx.record_request(plan.spec.name, exc.status_code, plan)
+        record_request(ctx, plan.spec.name, exc.status_code, plan)
         raise
-    ctx.record_request(plan.spec.name, 200, plan, outcome.prompt_tokens, outcome.completion_tokens)
+    record_request(ctx, plan.spec.name, 200, plan, outcome.prompt_tokens, outcome.completion_tokens)
     usage = _usage(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
     if plan.kind == "chat":
         return {
@@ -315,7 +316,7 @@ async def open_stream(ctx: DaemonContext, plan: Plan, request: Request) -> Lease
     try:
         lease = await guarded(request, _read_images_and_acquire(ctx, plan), plan.remaining())
     except MlxdError as exc:
-        ctx.record_request(plan.spec.name, exc.status_code, plan)
+        record_request(ctx, plan.spec.name, exc.status_code, plan)
         raise
     events = _events(ctx, plan, lease)
     return LeasedStreamingResponse(
@@ -413,7 +414,7 @@ async def _events(ctx: DaemonContext, plan: Plan, lease: Lease) -> AsyncIterator
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await producer
         lease.release()
-        ctx.record_request(plan.spec.name, state.status, plan, state.prompt_tokens, state.completion_tokens)
+        record_request(ctx, plan.spec.name, state.status, plan, state.prompt_tokens, state.completion_tokens)
 
 
 class _Frames:

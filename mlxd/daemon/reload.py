@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from watchfiles import awatch
 
@@ -35,9 +35,6 @@ from mlxd.errors import ConfigError, ShuttingDown, describe_exception
 from mlxd.registry.diff import SERVER_RESTART_FIELDS, RegistryDiff, diff_registries
 from mlxd.registry.loader import load_registry
 from mlxd.registry.model import Registry, ServerSpec
-
-if TYPE_CHECKING:
-    from mlxd.daemon.server import DaemonServer
 
 log = logging.getLogger("mlxd.reload")
 
@@ -257,13 +254,6 @@ def reload_summary(report: dict[str, Any]) -> str:
     if restart:
         line += f" (restart mlxd to apply server {', '.join(restart)})"
     return line
-
-
-def wire_reloader(server: DaemonServer, reloader: Reloader) -> None:
-    """Give a built server its reloader: SIGHUP, the admin endpoint and, when
-    ``watch_config`` is on, the file watcher (started by the app's lifespan)."""
-    server.on_reload = reloader.on_signal
-    server.config.app.state.reloader = reloader
 
 
 class ConfigWatcher:

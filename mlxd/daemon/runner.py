@@ -5,14 +5,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from mlxd.api.context import DaemonContext
+from mlxd.daemon.build import build_daemon
 from mlxd.daemon.lockfile import StateLock
 from mlxd.daemon.logs import configure_logging
-from mlxd.daemon.reload import Reloader, wire_reloader
-from mlxd.daemon.server import build_server
-from mlxd.settings import DaemonSettings, effective
-from mlxd.engine.blas import blas_report
 from mlxd.registry.loader import load_registry
+from mlxd.settings import DaemonSettings, effective
 
 log = logging.getLogger("mlxd")
 
@@ -26,18 +23,17 @@ def run_daemon(settings: DaemonSettings, registry_path: Path) -> int:
     lock = StateLock(eff.state_dir)
     lock.acquire()
     try:
-        ctx = DaemonContext.create(eff, registry)
-        ctx.blas = blas_report()
+        daemon = build_daemon(settings, registry)
+        blas = daemon.ctx.blas
         log.info("mlxd serving %d models from %s on http://%s:%d", len(registry.models), registry_path,
                  eff.server.host, eff.server.port)
-        log.info("BLAS: %s", ctx.blas["active"])
-        if ctx.blas.get("warning"):
-            log.warning("%s", ctx.blas["warning"])
+        log.info("BLAS: %s", blas["active"])
+        if blas.get("warning"):
+            log.warning("%s", blas["warning"])
         if not eff.server.api_keys and eff.server.host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("no API keys configured and bound to %s: anyone on the network can use the models",
                         eff.server.host)
-        server = build_server(ctx)
-        wire_reloader(server, Reloader(ctx, settings, registry_path))
+        server = daemon.server
         server.run()
         if not server.started:
             log.error("the server did not start (is port %d already in use?)", eff.server.port)

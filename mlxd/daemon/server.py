@@ -17,8 +17,8 @@ from collections.abc import Awaitable, Callable
 from types import FrameType
 
 import uvicorn
+from starlette.types import ASGIApp
 
-from mlxd.api.app import create_app
 from mlxd.api.context import DaemonContext
 
 log = logging.getLogger("mlxd")
@@ -29,7 +29,7 @@ class DaemonServer(uvicorn.Server):
         self,
         config: uvicorn.Config,
         ctx: DaemonContext,
-        on_reload: Callable[[], Awaitable[object]] | None = None,
+        on_reload: Callable[[], Awaitable[object]] | None,
     ) -> None:
         super().__init__(config)
         self.ctx = ctx
@@ -75,10 +75,11 @@ class DaemonServer(uvicorn.Server):
             self.should_exit = True
 
 
-def build_server(ctx: DaemonContext, on_reload: Callable[[], Awaitable[object]] | None = None) -> DaemonServer:
+def build_server(app: ASGIApp, ctx: DaemonContext, on_reload: Callable[[], Awaitable[object]] | None) -> DaemonServer:
+    """uvicorn around ``app``; ``on_reload`` is what SIGHUP calls (None: ignored)."""
     server = ctx.settings.server
     config = uvicorn.Config(
-        create_app(ctx),
+        app,
         host=server.host,
         port=server.port,
         log_config=None,

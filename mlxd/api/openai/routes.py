@@ -38,8 +38,8 @@ def router() -> APIRouter:
         created = int(ctx.started_at)
         data = []
         for spec in ctx.registry.models:
-            resident = ctx.manager.core.residents.get(spec.name)
-            state = resident.state.value if resident else "unloaded"
+            view = ctx.manager.view(spec.name)
+            state = view.state.value if view else "unloaded"
             for name in spec.names():
                 data.append(
                     {

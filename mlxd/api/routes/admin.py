@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -10,8 +10,11 @@ from fastapi.responses import JSONResponse
 from mlxd.api.context import DaemonContext
 from mlxd.errors import ConfigError, ServiceUnavailable
 
+if TYPE_CHECKING:
+    from mlxd.api.app import ConfigReloader
 
-def router() -> APIRouter:
+
+def router(reloader: ConfigReloader | None) -> APIRouter:
     api = APIRouter()
 
     @api.post("/v1/models/{name}/load")
@@ -19,7 +22,8 @@ def router() -> APIRouter:
         ctx: DaemonContext = request.app.state.ctx
         spec = ctx.manager.resolve(name)
         await ctx.manager.load(spec.name)
-        return {"model": spec.name, "state": ctx.manager.core.residents[spec.name].state.value}
+        view = ctx.manager.view(spec.name)
+        return {"model": spec.name, "state": view.state.value if view else "removed"}
 
     @api.post("/v1/models/{name}/unload")
     async def unload(name: str, request: Request) -> dict[str, Any]:
@@ -30,7 +34,6 @@ def router() -> APIRouter:
 
     @api.post("/v1/admin/reload", response_model=None)
     async def reload(request: Request) -> dict[str, Any] | JSONResponse:
-        reloader = getattr(request.app.state, "reloader", None)
         if reloader is None:
             raise ServiceUnavailable("This mlxd was started without a registry file to reload")
         try:

@@ -43,13 +43,14 @@ def router() -> APIRouter:
 
     @api.get("/health")
     async def health(request: Request) -> JSONResponse:
-        return JSONResponse(health_document(request.app.state.ctx), headers=NO_STORE)
+        return JSONResponse(health_document(request.app.state.ctx.snapshot()), headers=NO_STORE)
 
     @api.get("/v1/status")
     async def status(request: Request) -> Response:
         # Serialised directly: FastAPI's encoder would walk the whole
         # document again, and this endpoint must stay cheap under load.
-        body = json.dumps(status_document(request.app.state.ctx), separators=(",", ":"), allow_nan=False)
+        snapshot = request.app.state.ctx.snapshot()
+        body = json.dumps(status_document(snapshot), separators=(",", ":"), allow_nan=False)
         return Response(body, media_type="application/json", headers=NO_STORE)
 
     @api.get("/metrics")

@@ -1,0 +1,64 @@
+"""How the daemon builds engines and what it does before one unloads. Both
+are handed to the residency manager, which passes the registry in use with
+every call (hot reload replaces it): nothing here reads the manager back."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from mlxd.engine.worker import MlxWorker
+from mlxd.errors import ModelLoadFailed
+from mlxd.registry.model import ModelSpec, Registry
+
+log = logging.getLogger("mlxd.requests")
+
+
+class EngineFactory:
+    """Builds the right engine for a spec on the shared worker. Text models
+    persist their prefix cache under the registry's ``cache_dir``."""
+
+    def __init__(self, worker: MlxWorker) -> None:
+        self.worker = worker
+
+    async def __call__(self, spec: ModelSpec, registry: Registry) -> Any:
+        if spec.kind == "vision":
+            try:
+                from mlxd.engine.vision import load_vision_engine
+            except ImportError as exc:
+                raise ModelLoadFailed(
+                    f"Model `{spec.name}` is a vision model but mlx-vlm is not installed "
+                    "(pip install 'mlxd[vision]')"
+                ) from exc
+            return await load_vision_engine(spec, self.worker)
+        from mlxd.engine.loader import load_text_engine
+
+        return await load_text_engine(spec, self.worker, cache_dir=registry.manager.cache_dir)
+
+
+class PrefixCacheHooks:
+    """The daemon's lifecycle hooks: save a model's prefix cache before it
+    unloads (idle, eviction, admin, reload or shutdown), then keep the whole
+    ``<cache_dir>/prefix`` within the sum of the models' disk bounds.
+
+    The save's MLX part runs on the worker and its file I/O in a thread, one
+    entry at a time: the event loop and other models keep going meanwhile.
+    """
+
+    async def before_unload(self, spec: ModelSpec, engine: Any, reason: str, registry: Registry) -> None:
+        save = getattr(engine, "save_prefix_cache", None)
+        persistence = getattr(engine, "persistence", None)
+        if save is None or persistence is None:
+            return
+        await save()
+        from mlxd.engine.cache_store import enforce_total_bound
+
+        total = sum(
+            m.prefix_cache.disk_max_bytes for m in registry.models if m.prefix_cache.persist
+        )
+        root = persistence.store.root
+        try:
+            await asyncio.to_thread(enforce_total_bound, root, total, {persistence.fingerprint})
+        except OSError as exc:
+            log.warning("bounding the prefix cache dir %s failed: %s", root, exc)
