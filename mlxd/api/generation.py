@@ -1,152 +1,45 @@
-"""From an OpenAI request to engine output: resolve parameters, hold a lease,
-race the work against the client's disconnect and the request's deadline,
-and frame the answer as JSON or as server-sent events."""
+"""From a plan to engine output, for every API surface: hold a lease, race
+the work against the client's disconnect and the request's deadline, turn
+engine chunks into output events, and either collect them into an Answer or
+stream them through the surface's framer. Accounts (metrics, token counts,
+the request log) are kept here, once."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from mlxd.api.openai.bodies import ChatCompletionRequest, CompletionRequest
 from mlxd.api.accounting import record_request
 from mlxd.api.context import DaemonContext
-from mlxd.api.images import ImagePolicy, PendingImages, collect_images, without_image_data
-from mlxd.engine.types import GenerationChunk, GenerationRequest, SamplingParams
+from mlxd.api.events import Finish, OutputEvent, TextDelta, ToolCallDelta, Usage, chunk_events
+from mlxd.api.plan import Plan
+from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.errors import (
-    BadRequest,
     ClientDisconnected,
     MlxdError,
     ModelPreempted,
     RequestTimeout,
     describe_exception,
 )
-from mlxd.registry.model import ModelSpec
 from mlxd.residency.shell import Lease
 
 log = logging.getLogger("mlxd.requests")
 T = TypeVar("T")
 
-# Fallbacks when neither the request nor the model's defaults say.
-FALLBACK = SamplingParams(temperature=0.7, top_p=0.9, top_k=0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0)
 
-
-@dataclass
-class Plan:
-    """Everything decided before a lease is taken."""
-
-    kind: str  # "chat" | "completion"
-    spec: ModelSpec
-    requested_name: str
-    requests: list[GenerationRequest]
-    stream: bool
-    include_usage: bool
-    timeout: float
-    started: float = field(default_factory=time.monotonic)
-    id: str = ""
-    created: int = field(default_factory=lambda: int(time.time()))
-    # Vision chat: images checked against the model's rules, read before the lease.
-    images: PendingImages | None = None
-
-    def remaining(self) -> float:
-        return self.timeout - (time.monotonic() - self.started)
-
-
-def _pick(request_value: Any, default_value: Any, fallback: Any) -> Any:
-    # An explicit 0 from the request is a value, not an absence.
-    if request_value is not None:
-        return request_value
-    return default_value if default_value is not None else fallback
-
-
-def resolve_sampling(body: ChatCompletionRequest | CompletionRequest, spec: ModelSpec) -> SamplingParams:
-    d = spec.defaults
-    return SamplingParams(
-        temperature=_pick(body.temperature, d.temperature, FALLBACK.temperature),
-        top_p=_pick(body.top_p, d.top_p, FALLBACK.top_p),
-        top_k=_pick(body.top_k, d.top_k, FALLBACK.top_k),
-        min_p=_pick(body.min_p, d.min_p, FALLBACK.min_p),
-        repetition_penalty=_pick(body.repetition_penalty, d.repetition_penalty, FALLBACK.repetition_penalty),
-        presence_penalty=_pick(body.presence_penalty, d.presence_penalty, FALLBACK.presence_penalty),
-        seed=_pick(body.seed, d.seed, None),
-    )
-
-
-def resolve_max_tokens(ctx: DaemonContext, body: ChatCompletionRequest | CompletionRequest, spec: ModelSpec) -> int:
-    server = ctx.settings.server
-    value = _pick(body.requested_max_tokens(), spec.defaults.max_tokens, server.default_max_tokens)
-    if value > server.max_request_tokens:
-        raise BadRequest(
-            f"max_tokens exceeds server limit ({server.max_request_tokens})", param="max_tokens"
-        )
-    return value
-
-
-def plan_chat(ctx: DaemonContext, body: ChatCompletionRequest) -> Plan:
-    body.unsupported()
-    spec = ctx.manager.resolve(body.model)
-    if body.has_images() and spec.kind != "vision":
-        raise BadRequest(
-            f"Model `{body.model}` is a text model and does not accept images", param="messages"
-        )
-    messages = body.plain_messages()
-    images = None
-    if spec.kind == "vision":
-        images = collect_images(messages, ImagePolicy.for_model(spec))
-        messages = without_image_data(messages)
-    request = GenerationRequest(
-        request_id=f"chatcmpl-{uuid.uuid4().hex[:24]}",
-        max_tokens=resolve_max_tokens(ctx, body, spec),
-        sampling=resolve_sampling(body, spec),
-        stop=body.stop_list(),
-        messages=messages,
-        ignore_eos=body.ignore_eos,
-    )
-    return Plan(
-        kind="chat",
-        spec=spec,
-        requested_name=body.model,
-        requests=[request],
-        stream=body.stream,
-        include_usage=body.include_usage,
-        timeout=body.timeout or ctx.settings.server.request_timeout_s,
-        id=request.request_id,
-        images=images,
-    )
-
-
-def plan_completion(ctx: DaemonContext, body: CompletionRequest) -> Plan:
-    body.unsupported()
-    spec = ctx.manager.resolve(body.model)
-    max_tokens = resolve_max_tokens(ctx, body, spec)
-    sampling = resolve_sampling(body, spec)
-    plan_id = f"cmpl-{uuid.uuid4().hex[:24]}"
-    requests = [
-        GenerationRequest(
-            request_id=f"{plan_id}-{i}", max_tokens=max_tokens, sampling=sampling,
-            stop=body.stop_list(), prompt=prompt, ignore_eos=body.ignore_eos,
-        )
-        for i, prompt in enumerate(body.prompts())
-    ]
-    return Plan(
-        kind="completion",
-        spec=spec,
-        requested_name=body.model,
-        requests=requests,
-        stream=body.stream,
-        include_usage=body.include_usage,
-        timeout=body.timeout or ctx.settings.server.request_timeout_s,
-        id=plan_id,
+def _preempted(plan: Plan, retry_after: float | None = None) -> ModelPreempted:
+    return ModelPreempted(
+        f"Generation on `{plan.requested_name}` was interrupted: the model was preempted "
+        "or the daemon is shutting down",
+        retry_after=retry_after,
     )
 
 
@@ -182,43 +75,6 @@ async def guarded(request: Request, work: Awaitable[T], timeout: float) -> T:
     raise RequestTimeout(f"Request timed out after {timeout:.1f} seconds")
 
 
-# --- non-streaming ------------------------------------------------------------
-
-
-@dataclass
-class Outcome:
-    texts: list[str]
-    finish_reasons: list[str]
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-
-
-async def _generate_all(ctx: DaemonContext, plan: Plan, lease: Lease) -> Outcome:
-    outcome = Outcome(texts=[], finish_reasons=[])
-    meter = ctx.metrics.meter(plan.spec.name, plan.started)
-    for request in plan.requests:
-        parts: list[str] = []
-        last = GenerationChunk(text="")
-        async with contextlib.aclosing(lease.engine.generate(request)) as chunks:
-            async for chunk in chunks:
-                meter.chunk(request.request_id, chunk)
-                parts.append(chunk.text)
-                last = chunk
-        if last.finish_reason == "abort":
-            raise ModelPreempted(
-                f"Generation on `{plan.requested_name}` was interrupted: the model was preempted "
-                "or the daemon is shutting down",
-                retry_after=5,
-            )
-        outcome.texts.append("".join(parts))
-        outcome.finish_reasons.append(last.finish_reason or "stop")
-        outcome.prompt_tokens += last.prompt_tokens
-        outcome.completion_tokens += last.completion_tokens
-        outcome.cached_tokens += last.cached_tokens
-    return outcome
-
-
 async def _read_images_and_acquire(ctx: DaemonContext, plan: Plan) -> Lease:
     """Images are read (files, remote fetches, decoding) before the lease, so
     a bad image is a 400 that never loads a model or holds a slot."""
@@ -227,68 +83,96 @@ async def _read_images_and_acquire(ctx: DaemonContext, plan: Plan) -> Lease:
     return await ctx.manager.acquire(plan.requested_name, timeout=plan.remaining())
 
 
-async def complete(ctx: DaemonContext, plan: Plan, request: Request) -> dict[str, Any]:
-    async def work() -> Outcome:
+# --- one answer ---------------------------------------------------------------
+
+
+@dataclass
+class Choice:
+    text: str = ""
+    finish_reason: str = "stop"
+    # Tool calls as (id, name, arguments text), in order.
+    tool_calls: list[list[str]] = field(default_factory=list)
+
+
+@dataclass
+class Answer:
+    """Every event of a finished request, collected per choice."""
+
+    choices: list[Choice]
+    usage: Usage = field(default_factory=Usage)
+
+    def add(self, event: OutputEvent) -> None:
+        while len(self.choices) <= event.choice:
+            self.choices.append(Choice())
+        choice = self.choices[event.choice]
+        if isinstance(event, TextDelta):
+            choice.text += event.text
+        elif isinstance(event, ToolCallDelta):
+            while len(choice.tool_calls) <= event.index:
+                choice.tool_calls.append(["", "", ""])
+            call = choice.tool_calls[event.index]
+            call[0] = event.id or call[0]
+            call[1] = event.name or call[1]
+            call[2] += event.arguments
+        elif isinstance(event, Finish):
+            choice.finish_reason = event.reason
+            self.usage = self.usage + event.usage
+
+
+async def _generate_all(ctx: DaemonContext, plan: Plan, lease: Lease) -> Answer:
+    answer = Answer(choices=[])
+    meter = ctx.metrics.meter(plan.spec.name, plan.started)
+    for index, request in enumerate(plan.requests):
+        last = GenerationChunk(text="")
+        async with contextlib.aclosing(lease.engine.generate(request)) as chunks:
+            async for chunk in chunks:
+                meter.chunk(request.request_id, chunk)
+                last = chunk
+                if chunk.finish_reason != "abort":
+                    for event in chunk_events(index, chunk):
+                        answer.add(event)
+        if last.finish_reason == "abort":
+            raise _preempted(plan, retry_after=5)
+        if not last.finish_reason:
+            answer.add(Finish(index, "stop", Usage(last.prompt_tokens, last.completion_tokens, last.cached_tokens)))
+    return answer
+
+
+async def complete(ctx: DaemonContext, plan: Plan, request: Request) -> Answer:
+    async def work() -> Answer:
         async with await _read_images_and_acquire(ctx, plan) as lease:
             return await _generate_all(ctx, plan, lease)
 
     try:
-        outcome = await guarded(request, work(), plan.remaining())
+        answer = await guarded(request, work(), plan.remaining())
     except MlxdError as exc:
         record_request(ctx, plan.spec.name, exc.status_code, plan)
         raise
-    record_request(ctx, plan.spec.name, 200, plan, outcome.prompt_tokens, outcome.completion_tokens)
-    usage = _usage(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
-    if plan.kind == "chat":
-        return {
-            "id": plan.id,
-            "object": "chat.completion",
-            "created": plan.created,
-            "model": plan.requested_name,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": outcome.texts[0]},
-                    "finish_reason": outcome.finish_reasons[0],
-                    "logprobs": None,
-                }
-            ],
-            "usage": usage,
-        }
-    return {
-        "id": plan.id,
-        "object": "text_completion",
-        "created": plan.created,
-        "model": plan.requested_name,
-        "choices": [
-            {"index": i, "text": text, "finish_reason": reason, "logprobs": None}
-            for i, (text, reason) in enumerate(zip(outcome.texts, outcome.finish_reasons))
-        ],
-        "usage": usage,
-    }
-
-
-def _usage(prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:
-    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-    if cached:
-        usage["prompt_tokens_details"] = {"cached_tokens": cached}
-    return usage
+    record_request(ctx, plan.spec.name, 200, plan, answer.usage.prompt_tokens, answer.usage.completion_tokens)
+    return answer
 
 
 # --- streaming ---------------------------------------------------------------
-# Server-sent events are framed here on Starlette's StreamingResponse rather
-# than with sse-starlette: the lease must be given back even when the body is
-# never iterated, heartbeats must flow while the engine is silent without
-# counting as progress, and OpenAI clients expect exactly "data: [DONE]\n\n".
+# Server-sent events are framed on Starlette's StreamingResponse rather than
+# with sse-starlette: the lease must be given back even when the body is never
+# iterated, and heartbeats must flow while the engine is silent without
+# counting as progress. What the frames say is the surface's framer's job.
 
 
-def _sse(payload: dict[str, Any] | str) -> str:
-    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
-    return f"data: {data}\n\n"
+class Framer(Protocol):
+    """How one surface writes its stream. Each method returns the text to
+    send (possibly several frames, possibly empty)."""
+
+    heartbeat: str
+
+    def opening(self) -> str: ...
+    def event(self, event: OutputEvent) -> str: ...
+    def error(self, exc: BaseException) -> str: ...
+    def closing(self, usage: Usage | None) -> str:
+        """The end of the stream; ``usage`` is None after an error frame."""
+        ...
 
 
-DONE = "data: [DONE]\n\n"
-HEARTBEAT = ": heartbeat\n\n"
 _END = object()
 
 
@@ -310,7 +194,7 @@ class LeasedStreamingResponse(StreamingResponse):
             self._lease.release()
 
 
-async def open_stream(ctx: DaemonContext, plan: Plan, request: Request) -> LeasedStreamingResponse:
+async def open_stream(ctx: DaemonContext, plan: Plan, request: Request, framer: Framer) -> LeasedStreamingResponse:
     """Acquire before answering, so a 404/503/504 is a real status code; once
     the 200 is sent, errors travel in the stream."""
     try:
@@ -318,9 +202,9 @@ async def open_stream(ctx: DaemonContext, plan: Plan, request: Request) -> Lease
     except MlxdError as exc:
         record_request(ctx, plan.spec.name, exc.status_code, plan)
         raise
-    events = _events(ctx, plan, lease)
+    frames = _frames(ctx, plan, lease, framer)
     return LeasedStreamingResponse(
-        events, lease, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        frames, lease, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     )
 
 
@@ -338,13 +222,13 @@ async def _pump(engine: Any, requests: list[GenerationRequest], queue: asyncio.Q
 
 
 class _StreamState:
-    """Turns engine output into SSE frames and keeps the stream's accounts."""
+    """Turns engine output into frames and keeps the stream's accounts."""
 
-    def __init__(self, ctx: DaemonContext, plan: Plan) -> None:
+    def __init__(self, ctx: DaemonContext, plan: Plan, framer: Framer) -> None:
         self.plan = plan
-        self.frames = _Frames(plan)
+        self.framer = framer
         self.meter = ctx.metrics.meter(plan.spec.name, plan.started)
-        self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
+        self.usage = Usage()
         self.status = 200
 
     def handle(self, item: Any) -> tuple[list[str], bool]:
@@ -354,35 +238,32 @@ class _StreamState:
         if isinstance(item, BaseException):
             self.status = item.status_code if isinstance(item, MlxdError) else 500
             log.error("stream on %s failed: %s", self.plan.spec.name, describe_exception(item))
-            return [_sse(self.frames.error(item))], True
+            return [self.framer.error(item)], True
         index, chunk = item
         self.meter.chunk(index, chunk)
         if chunk.finish_reason == "abort":
             self.status = 503
-            return [_sse(self.frames.error(ModelPreempted(
-                f"Generation on `{self.plan.requested_name}` was interrupted: the model was preempted "
-                "or the daemon is shutting down")))], True
-        out = [_sse(self.frames.content(index, chunk.text))] if chunk.text else []
-        if chunk.finish_reason:
-            self.prompt_tokens += chunk.prompt_tokens
-            self.completion_tokens += chunk.completion_tokens
-            self.cached_tokens += chunk.cached_tokens
-            usage = _usage(chunk.prompt_tokens, chunk.completion_tokens, chunk.cached_tokens)
-            out.append(_sse(self.frames.finish(index, chunk.finish_reason, usage)))
+            return [self.framer.error(_preempted(self.plan))], True
+        out = []
+        for event in chunk_events(index, chunk):
+            if isinstance(event, Finish):
+                self.usage = self.usage + event.usage
+            out.append(self.framer.event(event))
         return out, False
 
 
-async def _events(ctx: DaemonContext, plan: Plan, lease: Lease) -> AsyncIterator[str]:
+async def _frames(ctx: DaemonContext, plan: Plan, lease: Lease, framer: Framer) -> AsyncIterator[str]:
     queue: asyncio.Queue[Any] = asyncio.Queue()
     producer = asyncio.ensure_future(_pump(lease.engine, plan.requests, queue))
-    state = _StreamState(ctx, plan)
+    state = _StreamState(ctx, plan, framer)
     heartbeat = ctx.settings.heartbeat_seconds
     inactivity = ctx.settings.server.request_timeout_s
     loop = asyncio.get_running_loop()
     last_progress = loop.time()
     try:
-        if plan.kind == "chat":
-            yield _sse(state.frames.chat_chunk({"role": "assistant", "content": ""}, None))
+        opening = framer.opening()
+        if opening:
+            yield opening
         done = False
         while not done:
             try:
@@ -390,9 +271,9 @@ async def _events(ctx: DaemonContext, plan: Plan, lease: Lease) -> AsyncIterator
             except asyncio.TimeoutError:
                 if loop.time() - last_progress >= inactivity:
                     state.status = 504
-                    yield _sse(state.frames.error(RequestTimeout(f"No output for {inactivity:.0f} seconds")))
+                    yield framer.error(RequestTimeout(f"No output for {inactivity:.0f} seconds"))
                     break
-                yield HEARTBEAT
+                yield framer.heartbeat
                 continue
             last_progress = loop.time()
             out, done = state.handle(item)
@@ -401,11 +282,12 @@ async def _events(ctx: DaemonContext, plan: Plan, lease: Lease) -> AsyncIterator
             while not done and not queue.empty():
                 more, done = state.handle(queue.get_nowait())
                 out += more
-            if out:
-                yield "".join(out)
-        if state.status == 200 and plan.include_usage:
-            yield _sse(state.frames.usage(_usage(state.prompt_tokens, state.completion_tokens, state.cached_tokens)))
-        yield DONE
+            text = "".join(out)
+            if text:
+                yield text
+        closing = framer.closing(state.usage if state.status == 200 else None)
+        if closing:
+            yield closing
     except (GeneratorExit, asyncio.CancelledError):
         state.status = 499  # the client went away mid-stream
         raise
@@ -414,42 +296,26 @@ async def _events(ctx: DaemonContext, plan: Plan, lease: Lease) -> AsyncIterator
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await producer
         lease.release()
-        record_request(ctx, plan.spec.name, state.status, plan, state.prompt_tokens, state.completion_tokens)
+        record_request(ctx, plan.spec.name, state.status, plan, state.usage.prompt_tokens, state.usage.completion_tokens)
 
 
-class _Frames:
-    """OpenAI's chunk objects for chat and completions streams."""
+# --- answering ----------------------------------------------------------------
 
-    def __init__(self, plan: Plan) -> None:
-        self.plan = plan
 
-    def _base(self) -> dict[str, Any]:
-        kind = "chat.completion.chunk" if self.plan.kind == "chat" else "text_completion"
-        return {"id": self.plan.id, "object": kind, "created": self.plan.created, "model": self.plan.requested_name}
-
-    def chat_chunk(self, delta: dict[str, Any], finish: str | None, index: int = 0) -> dict[str, Any]:
-        return {**self._base(), "choices": [{"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}]}
-
-    def content(self, index: int, text: str) -> dict[str, Any]:
-        if self.plan.kind == "chat":
-            return self.chat_chunk({"content": text}, None, index)
-        return {**self._base(), "choices": [{"index": index, "text": text, "finish_reason": None, "logprobs": None}]}
-
-    def finish(self, index: int, reason: str, usage: dict[str, Any]) -> dict[str, Any]:
-        if self.plan.kind == "chat":
-            frame = self.chat_chunk({}, reason, index)
-        else:
-            frame = {**self._base(), "choices": [{"index": index, "text": "", "finish_reason": reason, "logprobs": None}]}
-        frame["usage"] = usage
-        return frame
-
-    def usage(self, usage: dict[str, Any]) -> dict[str, Any]:
-        return {**self._base(), "choices": [], "usage": usage}
-
-    @staticmethod
-    def error(exc: BaseException) -> dict[str, Any]:
-        if isinstance(exc, MlxdError):
-            return exc.body()
-        return {"error": {"message": "Internal error during generation", "type": "server_error",
-                          "param": None, "code": "internal_error"}}
-
+async def respond(
+    ctx: DaemonContext,
+    plan: Plan,
+    request: Request,
+    *,
+    framer: Callable[[], Framer],
+    body: Callable[[Answer], dict[str, Any]],
+) -> Response:
+    """The answer to ``plan``: a stream through ``framer()`` when the plan
+    streams, else ``body(answer)`` as JSON. A client gone before the answer
+    gets a bare 499 (for the access log; nobody reads it)."""
+    try:
+        if plan.stream:
+            return await open_stream(ctx, plan, request, framer())
+        return JSONResponse(body(await complete(ctx, plan, request)))
+    except ClientDisconnected:
+        return Response(status_code=499)

@@ -1,13 +1,14 @@
-"""The one place where errors become HTTP responses.
+"""The one place where errors become OpenAI error bodies and HTTP responses.
 
-Every response body has OpenAI's error shape. Internal failures are logged
-with their traceback and answered with a generic 500: nothing internal
-reaches a client.
+Every response body has OpenAI's error shape, in a JSON answer and in a
+stream's error frame alike. Internal failures are logged with their
+traceback and answered with a generic 500: nothing internal reaches a client.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -15,20 +16,28 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mlxd.errors import MlxdError
+from mlxd.registry.loader import key_path
 
 log = logging.getLogger("mlxd.http")
 
+INTERNAL = {"error": {"message": "Internal error during generation", "type": "server_error",
+                      "param": None, "code": "internal_error"}}
+
+
+def error_body(exc: BaseException) -> dict[str, Any]:
+    """OpenAI's error object for ``exc``; nothing of an unexpected one."""
+    if isinstance(exc, MlxdError):
+        return exc.body()
+    return INTERNAL
+
 
 def error_response(exc: MlxdError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers())
+    return JSONResponse(error_body(exc), status_code=exc.status_code, headers=exc.headers())
 
 
 def _field_path(loc: tuple[object, ...]) -> str:
-    parts = [p for p in loc if p not in ("body", "query", "path")]
-    out = ""
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out
+    # FastAPI puts where the value came from first: not part of the field's name.
+    return key_path(tuple(p for p in loc if p not in ("body", "query", "path"))) or ""
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
-from mlxd.api.openai.bodies import ChatCompletionRequest, CompletionRequest
 from mlxd.api.context import DaemonContext
-from mlxd.api.generation import complete, open_stream, plan_chat, plan_completion
-from mlxd.errors import ClientDisconnected
+from mlxd.api.generation import respond
+from mlxd.api.openai.answers import OpenAIFrames, chat_completion, text_completion
+from mlxd.api.openai.bodies import ChatCompletionRequest, CompletionRequest
+from mlxd.api.plan import plan_chat, plan_prompts
 
 
 def _ctx(request: Request) -> DaemonContext:
@@ -21,16 +22,26 @@ def router() -> APIRouter:
     api = APIRouter()
 
     @api.post("/v1/chat/completions")
-    async def chat(body: ChatCompletionRequest, request: Request) -> Any:
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         ctx = _ctx(request)
-        plan = plan_chat(ctx, body)
-        return await _answer(ctx, plan, request)
+        body.unsupported()
+        plan = plan_chat(ctx, body.requested(), body.conversation())
+        return await respond(
+            ctx, plan, request,
+            framer=lambda: OpenAIFrames(plan, chat=True, include_usage=body.include_usage),
+            body=lambda answer: chat_completion(plan, answer),
+        )
 
     @api.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> Any:
+    async def completions(body: CompletionRequest, request: Request) -> Response:
         ctx = _ctx(request)
-        plan = plan_completion(ctx, body)
-        return await _answer(ctx, plan, request)
+        body.unsupported()
+        plan = plan_prompts(ctx, body.requested(), body.prompts())
+        return await respond(
+            ctx, plan, request,
+            framer=lambda: OpenAIFrames(plan, chat=False, include_usage=body.include_usage),
+            body=lambda answer: text_completion(plan, answer),
+        )
 
     @api.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
@@ -55,14 +66,3 @@ def router() -> APIRouter:
         return {"object": "list", "data": data}
 
     return api
-
-
-async def _answer(ctx: DaemonContext, plan: Any, request: Request) -> Any:
-    try:
-        if plan.stream:
-            return await open_stream(ctx, plan, request)
-        return JSONResponse(await complete(ctx, plan, request))
-    except ClientDisconnected:
-        # Nobody is listening; the status is for the access log.
-        return Response(status_code=499)
-
