@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from mlxd.api.context import DaemonContext
-    from mlxd.api.generation import Plan
+    from mlxd.api.plan import Plan
 
 log = logging.getLogger("mlxd.requests")
 
