@@ -13,7 +13,7 @@ from mlxd.api.conversation import Conversation
 from mlxd.api.images import ImagePolicy, PendingImages, collect_images
 from mlxd.engine.types import GenerationRequest, SamplingParams
 from mlxd.errors import BadRequest
-from mlxd.registry.model import ModelSpec
+from mlxd.registry.model import ModelSpec, SamplingDefaults
 
 if TYPE_CHECKING:
     from mlxd.api.context import DaemonContext
@@ -23,26 +23,13 @@ FALLBACK = SamplingParams(temperature=0.7, top_p=0.9, top_k=0, min_p=0.0, repeti
 
 
 @dataclass(frozen=True)
-class SamplingOverrides:
-    """What the request says about sampling; None leaves it to the model's
-    defaults, then to FALLBACK."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    seed: int | None = None
-
-
-@dataclass(frozen=True)
 class Requested:
     """A surface's request in the terms the shared path plans with."""
 
     model: str
-    max_tokens: int | None = None
-    sampling: SamplingOverrides = field(default_factory=SamplingOverrides)
+    # What the request says about sampling and max_tokens, in the shape of a
+    # model's defaults: None leaves a value to them, then to FALLBACK.
+    sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
     stop: tuple[str, ...] = ()
     stream: bool = False
     # Total seconds for this request, queueing and loading included.
@@ -75,7 +62,7 @@ def _pick(request_value: Any, default_value: Any, fallback: Any) -> Any:
     return default_value if default_value is not None else fallback
 
 
-def resolve_sampling(asked: SamplingOverrides, spec: ModelSpec) -> SamplingParams:
+def resolve_sampling(asked: SamplingDefaults, spec: ModelSpec) -> SamplingParams:
     d = spec.defaults
     return SamplingParams(
         temperature=_pick(asked.temperature, d.temperature, FALLBACK.temperature),
@@ -90,7 +77,7 @@ def resolve_sampling(asked: SamplingOverrides, spec: ModelSpec) -> SamplingParam
 
 def resolve_max_tokens(ctx: DaemonContext, asked: Requested, spec: ModelSpec) -> int:
     server = ctx.settings.server
-    value = _pick(asked.max_tokens, spec.defaults.max_tokens, server.default_max_tokens)
+    value = _pick(asked.sampling.max_tokens, spec.defaults.max_tokens, server.default_max_tokens)
     if value > server.max_request_tokens:
         raise BadRequest(
             f"max_tokens exceeds server limit ({server.max_request_tokens})", param="max_tokens"

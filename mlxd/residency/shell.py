@@ -86,9 +86,7 @@ class Lease:
     def __init__(
         self, manager: ResidencyManager, resident: Resident, instance: int, engine: Any, requested: str
     ) -> None:
-        # The spec as it was when the lease was granted; the model's name is
-        # read live, because a hot reload may rename the model meanwhile.
-        self.spec = resident.spec
+        # The model's name is read live: a hot reload may rename it meanwhile.
         self._resident = resident
         self.requested_name = requested
         self.instance = instance
@@ -99,10 +97,6 @@ class Lease:
     @property
     def model(self) -> str:
         return self._resident.name
-
-    @property
-    def released(self) -> bool:
-        return self._released
 
     def release(self) -> None:
         if self._released:

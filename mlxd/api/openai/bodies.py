@@ -12,8 +12,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
-from mlxd.api.plan import Requested, SamplingOverrides
+from mlxd.api.plan import Requested
 from mlxd.errors import BadRequest
+from mlxd.registry.model import SamplingDefaults
 
 # {"type": "image_url", "image_url": {"url": ...}} (chat completions) and
 # {"type": "input_image", "image_url": "..."} (the Responses API's shape).
@@ -87,8 +88,8 @@ class _Common(BaseModel):
         """What this body asks of the shared request path."""
         return Requested(
             model=self.model,
-            max_tokens=self.requested_max_tokens(),
-            sampling=SamplingOverrides(
+            sampling=SamplingDefaults(
+                max_tokens=self.requested_max_tokens(),
                 temperature=self.temperature,
                 top_p=self.top_p,
                 top_k=self.top_k,
