@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from mlxd.errors import (
@@ -32,13 +32,15 @@ from mlxd.errors import (
     ShuttingDown,
 )
 from mlxd.registry.model import ManagerSpec, ModelSpec
+from mlxd.residency.eviction import (
+    Candidate,
+    to_fit_budget,
+    to_make_room,
+    to_pass_over,
+    to_preempt,
+)
 
 GB = 1024**3
-
-# Drain reasons that reconfigure itself sets, so a later reconfigure can tell
-# its own drains from an operator's or a preemption's.
-REMOVED_REASON = "removed from the registry"
-RELOAD_REASON = "configuration changed; reloading"
 
 
 class State(str, Enum):
@@ -49,6 +51,32 @@ class State(str, Enum):
     DRAINING = "draining"
     UNLOADING = "unloading"
     FAILED = "failed"
+
+
+class DrainCause(str, Enum):
+    """Why a model stopped admitting leases and will unload once idle."""
+
+    OPERATOR = "operator"
+    SHUTDOWN = "shutdown"
+    REMOVED = "removed"
+    RELOAD = "reload"
+    # The two below free memory for another model (``Drain.for_model``):
+    # they are called off when nobody waits for that model any more.
+    PREEMPTED = "preempted"
+    PASS_OVER = "pass_over"
+
+
+@dataclass(frozen=True)
+class Drain:
+    cause: DrainCause
+    reason: str  # for operators: status, logs, the unload hooks
+    for_model: str | None = None
+
+
+OPERATOR_UNLOAD = Drain(DrainCause.OPERATOR, "unloaded by operator")
+SHUTDOWN = Drain(DrainCause.SHUTDOWN, "shutdown")
+REMOVED = Drain(DrainCause.REMOVED, "removed from the registry")
+RELOAD = Drain(DrainCause.RELOAD, "configuration changed; reloading")
 
 
 # --- actions -----------------------------------------------------------------
@@ -122,7 +150,7 @@ class Resident:
     failures: int = 0
     last_error: str | None = None
     retry_at: float | None = None
-    drain_reason: str | None = None
+    drain: Drain | None = None
     removed: bool = False
     # It was in memory when a reload-class change arrived: load it again
     # once the old instance has unloaded, so the warm set stays warm.
@@ -131,6 +159,10 @@ class Resident:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def drain_reason(self) -> str | None:
+        return self.drain.reason if self.drain else None
 
     def charge(self) -> int:
         """Admission uses the larger of the estimate and what was measured."""
@@ -188,10 +220,6 @@ class ResidencyCore:
 
     def queued(self, model: str) -> int:
         return sum(1 for w in self.waiters if w.model == model and w.takes_lease)
-
-    def idle_deadline(self, model: str) -> float | None:
-        r = self.residents.get(model)
-        return r.idle_deadline() if r else None
 
     def next_deadline(self) -> float | None:
         """The earliest time at which ``tick`` could have something to do."""
@@ -289,10 +317,10 @@ class ResidencyCore:
             r.reserved = max(r.reserved, measured_bytes)
         actions.append(Note("load", model, f"loaded {model} in {r.last_load_seconds or 0:.2f} s"))
         if r.removed or self.shutting_down:
-            actions += self._drain(r, "removed" if r.removed else "shutdown", now)
-        elif r.drain_reason:
-            # A reload or preemption was asked for while it was loading.
-            actions += self._drain(r, r.drain_reason, now)
+            actions += self._drain(r, REMOVED if r.removed else SHUTDOWN, now)
+        elif r.drain:
+            # A reload or an operator's unload was asked for while it was loading.
+            actions += self._drain(r, r.drain, now)
         actions += self._fit_budget(now, reason="measured footprint above estimate")
         return actions + self._schedule(now)
 
@@ -314,7 +342,7 @@ class ResidencyCore:
         r.state = State.UNLOADED
         r.reserved = 0
         r.loaded_at = None
-        r.drain_reason = None
+        r.drain = None
         if r.removed:
             del self.residents[model]
             return self._schedule(now)
@@ -347,7 +375,7 @@ class ResidencyCore:
         Pinned models too: the operator asked explicitly."""
         r = self.residents[model]
         if r.state in (State.LOADED, State.LOADING):
-            return self._drain(r, "unloaded by operator", now) + self._schedule(now)
+            return self._drain(r, OPERATOR_UNLOAD, now) + self._schedule(now)
         return []
 
     def begin_shutdown(self, now: float) -> list[Action]:
@@ -358,7 +386,7 @@ class ResidencyCore:
         self.waiters.clear()
         for r in self.residents.values():
             if r.state in (State.LOADED, State.DRAINING):
-                actions += self._drain(r, "shutdown", now)
+                actions += self._drain(r, SHUTDOWN, now)
         return actions
 
     def abort_all(self, reason: str) -> list[Action]:
@@ -385,6 +413,9 @@ class ResidencyCore:
                 for w in self.waiters:
                     if w.model == old:
                         w.model = new
+                for x in self.residents.values():
+                    if x.drain and x.drain.for_model == old:
+                        x.drain = replace(x.drain, for_model=new)
         for name, r in list(self.residents.items()):
             spec = new_specs.get(name)
             if spec is None:
@@ -396,7 +427,7 @@ class ResidencyCore:
                 if r.state in (State.UNLOADED, State.FAILED):
                     del self.residents[name]
                 else:
-                    actions += self._drain(r, REMOVED_REASON, now)
+                    actions += self._drain(r, REMOVED, now)
                 continue
             if r.removed:
                 # Removed by an earlier reconfigure and back before its drain
@@ -411,7 +442,7 @@ class ResidencyCore:
                 if r.state in (State.LOADED, State.LOADING):
                     r.reload_pending = True
                 if r.state in (State.LOADED, State.LOADING, State.DRAINING):
-                    actions += self._drain(r, RELOAD_REASON, now)
+                    actions += self._drain(r, RELOAD, now)
         for name, spec in new_specs.items():
             if name not in self.residents:
                 self.residents[name] = Resident(spec=spec)
@@ -422,10 +453,28 @@ class ResidencyCore:
 
     def _restore(self, r: Resident) -> None:
         r.removed = False
-        if r.drain_reason == REMOVED_REASON:
-            r.drain_reason = None
-            if r.state is State.DRAINING:
-                r.state = State.LOADED
+        if r.drain and r.drain.cause is DrainCause.REMOVED:
+            self._call_off_drain(r)
+
+    def _call_off_drain(self, r: Resident) -> None:
+        r.drain = None
+        if r.state is State.DRAINING:
+            r.state = State.LOADED
+
+    def _call_off_unneeded_drains(self) -> list[Action]:
+        """A model draining to make room for another goes back to serving
+        once nobody waits for that other model (they timed out, went away,
+        or it got its memory elsewhere): otherwise it would be unloaded for
+        nobody when its last lease ends."""
+        actions: list[Action] = []
+        for r in self.residents.values():
+            wanted_by = r.drain.for_model if r.drain else None
+            if wanted_by is None or self._has_waiters(wanted_by):
+                continue
+            self._call_off_drain(r)
+            message = f"{r.name} admits requests again: nobody waits for {wanted_by} any more"
+            actions.append(Note("resume", r.name, message))
+        return actions
 
     def _enqueue(self, waiter: Waiter, now: float) -> list[Action]:
         if self.shutting_down:
@@ -485,14 +534,14 @@ class ResidencyCore:
             Note("evict" if evicted else "unload", r.name, f"unloading {r.name}: {reason}"),
         ]
 
-    def _drain(self, r: Resident, reason: str, now: float) -> list[Action]:
+    def _drain(self, r: Resident, drain: Drain, now: float) -> list[Action]:
         """Stop admitting; unload once the last lease is released."""
-        r.drain_reason = reason
+        r.drain = drain
         if r.state is State.LOADING:
             return []  # load_finished picks the drain up
         if r.state in (State.LOADED, State.DRAINING):
             if r.active == 0:
-                return self._unload(r, reason)
+                return self._unload(r, drain.reason)
             r.state = State.DRAINING
         return []
 
@@ -500,23 +549,35 @@ class ResidencyCore:
         """After the budget shrank or a model measured larger than estimated,
         unload idle models (least recently used first) until committed fits."""
         actions: list[Action] = []
-        over = self.committed() - self.budget
-        for victim in self._idle_candidates(exclude=None):
-            if over <= 0:
-                break
-            over -= victim.reserved
-            actions += self._unload(victim, reason)
+        for name in to_fit_budget(self.committed() - self.budget, self._candidates()):
+            actions += self._unload(self.residents[name], reason)
         return actions
 
-    def _idle_candidates(self, exclude: str | None) -> list[Resident]:
-        idle = [
-            r
+    def _candidates(self, exclude: str | None = None) -> list[Candidate]:
+        """Every loaded model but ``exclude``, as eviction sees it."""
+        return [
+            Candidate(r.name, r.reserved, r.last_used or 0.0, busy=r.active > 0, pinned=r.spec.pinned)
             for r in self.residents.values()
-            if r.state is State.LOADED and r.active == 0 and not r.spec.pinned and r.name != exclude
+            if r.state is State.LOADED and r.name != exclude
         ]
-        return sorted(idle, key=lambda r: r.last_used or 0.0)
+
+    def _leaving(self) -> int:
+        """Bytes already on their way out: they count toward any plan."""
+        leaving = (State.UNLOADING, State.DRAINING)
+        return sum(x.reserved for x in self.residents.values() if x.state in leaving)
 
     def _schedule(self, now: float) -> list[Action]:
+        actions: list[Action] = []
+        while True:
+            actions += self._schedule_once(now)
+            # Scheduling answers waiters; a drain made for those is no longer
+            # needed, and the model it stopped may admit its own queue again.
+            called_off = self._call_off_unneeded_drains()
+            if not called_off:
+                return actions
+            actions += called_off
+
+    def _schedule_once(self, now: float) -> list[Action]:
         actions: list[Action] = []
         # 1. Serve resident models at once: they never wait behind another
         #    model's swap.
@@ -586,7 +647,7 @@ class ResidencyCore:
         r.instance += 1
         r.reserved = r.charge()
         r.load_started_at = now
-        r.drain_reason = None
+        r.drain = None
         for w in self.waiters:
             if w.model == r.name:
                 w.blocked_since = None
@@ -601,33 +662,23 @@ class ResidencyCore:
 
     def _make_room(self, r: Resident, need: int, free: int, now: float) -> list[Action]:
         """Plan all-or-nothing: nothing is evicted unless the plan makes ``r`` fit."""
-        # Bytes already on their way out count toward the plan.
-        incoming = sum(
-            x.reserved for x in self.residents.values() if x.state in (State.UNLOADING, State.DRAINING)
-        )
-        if free + incoming >= need:
-            return []
-        victims: list[Resident] = []
-        covered = free + incoming
-        for candidate in self._idle_candidates(exclude=r.name):
-            if covered >= need:
-                break
-            victims.append(candidate)
-            covered += candidate.reserved
-        if covered >= need:
-            actions: list[Action] = []
-            for v in victims:
-                idle = now - (v.last_used or now)
-                actions += self._unload(
-                    v,
-                    f"evicted to make room for {r.name}: needed {need / GB:.2f} GB, "
-                    f"{v.name} idle {idle:.0f} s, least recently used",
-                    evicted=True,
-                )
-            return actions
-        return self._contend(r, need, covered, now)
+        available = free + self._leaving()
+        victims = to_make_room(need, available, self._candidates(exclude=r.name))
+        if victims is None:
+            return self._contend(r, need, available, now)
+        actions: list[Action] = []
+        for name in victims:
+            v = self.residents[name]
+            idle = now - (v.last_used or now)
+            actions += self._unload(
+                v,
+                f"evicted to make room for {r.name}: needed {need / GB:.2f} GB, "
+                f"{v.name} idle {idle:.0f} s, least recently used",
+                evicted=True,
+            )
+        return actions
 
-    def _contend(self, r: Resident, need: int, covered: int, now: float) -> list[Action]:
+    def _contend(self, r: Resident, need: int, available: int, now: float) -> list[Action]:
         policy = self.manager.contention
         waiters = [w for w in self.waiters if w.model == r.name]
         for w in waiters:
@@ -639,36 +690,23 @@ class ResidencyCore:
         if policy.strategy == "preempt" or (
             policy.strategy == "wait_then_preempt" and now >= blocked_since + policy.preempt_after_s
         ):
-            return self._preempt_for(r, need, covered, now)
+            return self._preempt_for(r, need, available, now)
         return []
 
-    def _busy_candidates(self, exclude: str) -> list[Resident]:
-        busy = [
-            x
-            for x in self.residents.values()
-            if x.state is State.LOADED and x.active > 0 and not x.spec.pinned and x.name != exclude
-        ]
-        return sorted(busy, key=lambda x: x.last_used or 0.0)
-
-    def _preempt_for(self, r: Resident, need: int, covered: int, now: float) -> list[Action]:
-        idle = self._idle_candidates(exclude=r.name)
-        covered += sum(x.reserved for x in idle)
-        victims: list[Resident] = []
-        for candidate in self._busy_candidates(exclude=r.name):
-            if covered >= need:
-                break
-            victims.append(candidate)
-            covered += candidate.reserved
-        if covered < need:
+    def _preempt_for(self, r: Resident, need: int, available: int, now: float) -> list[Action]:
+        plan = to_preempt(need, available, self._candidates(exclude=r.name))
+        if plan is None:
             return []  # even preemption cannot make room: keep waiting
         actions: list[Action] = []
-        for x in idle:
-            actions += self._unload(x, f"evicted to make room for {r.name}", evicted=True)
-        for v in victims:
-            reason = f"preempted for {r.name}: needed {need / GB:.2f} GB"
+        for name in plan.evict:
+            actions += self._unload(self.residents[name], f"evicted to make room for {r.name}", evicted=True)
+        reason = f"preempted for {r.name}: needed {need / GB:.2f} GB"
+        drain = Drain(DrainCause.PREEMPTED, reason, for_model=r.name)
+        for name in plan.drain:
+            v = self.residents[name]
             actions.append(AbortGenerations(v.name, v.instance, reason))
             actions.append(Note("preempt", v.name, reason))
-            actions += self._drain(v, reason, now)
+            actions += self._drain(v, drain, now)
         return actions
 
     def _enforce_pass_over_bound(self, now: float) -> list[Action]:
@@ -685,21 +723,14 @@ class ResidencyCore:
         if r.state not in (State.UNLOADED, State.FAILED):
             return []
         need = r.charge()
-        covered = self.budget - self.committed() + sum(
-            x.reserved for x in self.residents.values() if x.state in (State.UNLOADING, State.DRAINING)
-        )
-        victims: list[Resident] = []
-        for candidate in self._busy_candidates(exclude=r.name):
-            if covered >= need:
-                break
-            victims.append(candidate)
-            covered += candidate.reserved
-        if covered < need or not victims:
+        available = self.budget - self.committed() + self._leaving()
+        victims = to_pass_over(need, available, self._candidates(exclude=r.name))
+        if victims is None:
             return []
+        reason = f"draining so {r.name} can load: a request has waited {now - head.arrived:.0f} s"
+        drain = Drain(DrainCause.PASS_OVER, reason, for_model=r.name)
         actions: list[Action] = []
-        for v in victims:
-            waited = now - head.arrived
-            reason = f"draining so {r.name} can load: a request has waited {waited:.0f} s"
-            actions.append(Note("drain", v.name, reason))
-            actions += self._drain(v, reason, now)
+        for name in victims:
+            actions.append(Note("drain", name, reason))
+            actions += self._drain(self.residents[name], drain, now)
         return actions

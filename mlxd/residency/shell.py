@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from mlxd.errors import ModelNotFound, RequestTimeout, describe_exception
@@ -83,12 +83,10 @@ class Lease:
     """The right to use one engine instance until released. Release happens
     exactly once, however the request ends; extra calls are no-ops."""
 
-    def __init__(
-        self, manager: ResidencyManager, resident: Resident, instance: int, engine: Any, requested: str
-    ) -> None:
-        # The model's name is read live: a hot reload may rename it meanwhile.
+    def __init__(self, manager: ResidencyManager, resident: Resident, instance: int, engine: Any) -> None:
+        # The resident, not its name: a hot reload may rename the model
+        # while the lease is held, and the release must find it.
         self._resident = resident
-        self.requested_name = requested
         self.instance = instance
         self.engine = engine
         self._manager = manager
@@ -174,6 +172,21 @@ class ModelStats:
     tokens_out: int = 0
 
 
+@dataclass
+class _Model:
+    """What the shell holds for one model, in one place so that a rename is
+    one move."""
+
+    stats: ModelStats = field(default_factory=ModelStats)
+    # The engine in memory, if any, and the core's instance number for it.
+    engine: Any | None = None
+    instance: int = 0
+    # The spec the engine was built from: after a reload-class change the
+    # registry's spec no longer describes the engine that is still draining,
+    # and the unload hooks must see the engine's own.
+    built_from: ModelSpec | None = None
+
+
 class ResidencyManager:
     def __init__(
         self,
@@ -197,17 +210,12 @@ class ResidencyManager:
         self._observer: ResidencyObserver = observer or _NoObserver()
         self._on_measured = on_measured
         self._auto_tick = auto_tick
-        self._engines: dict[str, tuple[int, Any]] = {}
-        # The spec each resident engine was built from: after a reload-class
-        # change the registry's spec no longer describes the engine that is
-        # still draining, and the unload hooks must see the engine's own.
-        self._engine_specs: dict[str, ModelSpec] = {}
+        self._models: dict[str, _Model] = {s.name: _Model() for s in registry.models}
         self._futures: dict[int, asyncio.Future[Granted]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()
         self._timer: asyncio.Task[None] | None = None
-        self.stats: dict[str, ModelStats] = {s.name: ModelStats() for s in registry.models}
         # Footprints measured in earlier runs (or before a reload re-registered
         # the model): admission starts from what the model really costs.
         self._recall = recall
@@ -288,9 +296,9 @@ class ResidencyManager:
         except asyncio.CancelledError:
             self._abandon(rid, fut)
             raise
-        engine = self._engines[resident.name][1]
-        self.stats[resident.name].requests += 1
-        return Lease(self, resident, instance, engine, requested=name)
+        held = self._models[resident.name]
+        held.stats.requests += 1
+        return Lease(self, resident, instance, held.engine)
 
     @contextlib.asynccontextmanager
     async def lease(self, name: str, timeout: float | None = None) -> AsyncIterator[Lease]:
@@ -320,11 +328,11 @@ class ResidencyManager:
     def _note_measurement(self, model: str, instance: int) -> None:
         """Engines refine their footprint after the first generation (its peak):
         the core charges the larger figure, and it is remembered for restarts."""
-        entry = self._engines.get(model)
+        held = self._models.get(model)
         r = self.core.residents.get(model)
-        if entry is None or r is None or entry[0] != instance:
+        if held is None or held.engine is None or r is None or held.instance != instance:
             return
-        measured = getattr(entry[1], "measured_bytes", None)
+        measured = getattr(held.engine, "measured_bytes", None)
         if measured and measured > (r.measured_bytes or 0):
             if self._on_measured:
                 self._on_measured(r.spec, measured)
@@ -366,6 +374,7 @@ class ResidencyManager:
             old: new
             for old, new in renames.items()
             if old in self.core.residents
+            and new not in self.core.residents
             and self.core.residents[old].state not in (State.LOADING, State.UNLOADING)
         }
 
@@ -377,21 +386,16 @@ class ResidencyManager:
         renames = self.renamable(renames or {})
         before = {name: r.spec for name, r in self.core.residents.items() if not r.removed}
         for old, new in renames.items():
-            if old in self._engines:
-                self._engines[new] = self._engines.pop(old)
-            if old in self._engine_specs:
-                self._engine_specs[new] = self._engine_specs.pop(old)
-            if old in self.stats:
-                self.stats[new] = self.stats.pop(old)
+            self._models[new] = self._models.pop(old, None) or _Model()
             if old in before:
                 before[new] = before.pop(old)
         self.registry = registry
         for spec in registry.models:
-            self.stats.setdefault(spec.name, ModelStats())
-            built = self._engine_specs.get(spec.name)
-            if built is not None and not spec.needs_reload_from(built):
-                self._engine_specs[spec.name] = spec
+            held = self._models.setdefault(spec.name, _Model())
+            if held.built_from is not None and not spec.needs_reload_from(held.built_from):
+                held.built_from = spec
         self._apply(self.core.reconfigure(registry.manager, registry.models, self._clock(), renames))
+        self._forget_gone()
         self._recall_measurements(registry.models)
         warm = [
             s.name
@@ -411,12 +415,19 @@ class ResidencyManager:
 
     # --- queries -------------------------------------------------------------
 
+    @property
+    def stats(self) -> dict[str, ModelStats]:
+        """Request and token counts per model (the objects themselves: the
+        request path adds its tokens to them)."""
+        return {name: held.stats for name, held in self._models.items()}
+
     def view(self, name: str) -> ModelView | None:
         """``name`` (its registered name) as plain values; None if unknown."""
         r = self.core.residents.get(name)
         if r is None:
             return None
-        stats = self.stats.get(name) or ModelStats()
+        held = self._models.get(name)
+        stats = held.stats if held else ModelStats()
         return ModelView(
             spec=r.spec,
             state=r.state,
@@ -453,14 +464,14 @@ class ResidencyManager:
 
     def count_tokens(self, name: str, tokens_in: int, tokens_out: int) -> None:
         """Add a finished request's tokens to the model's figures."""
-        stats = self.stats.get(name)
-        if stats is not None:
-            stats.tokens_in += tokens_in
-            stats.tokens_out += tokens_out
+        held = self._models.get(name)
+        if held is not None:
+            held.stats.tokens_in += tokens_in
+            held.stats.tokens_out += tokens_out
 
     def engine(self, name: str) -> Any | None:
-        entry = self._engines.get(name)
-        return entry[1] if entry else None
+        held = self._models.get(name)
+        return held.engine if held else None
 
     def wall_time(self, t: float | None) -> float | None:
         """Core timestamps are on the injected (monotonic) clock; status shows wall time."""
@@ -517,8 +528,8 @@ class ResidencyManager:
             self._apply(self.core.load_finished(model, instance, self._clock(), error=reason))
             self._observe(self._observer.model_load_failed, model, time.monotonic() - started)
             return
-        self._engines[model] = (instance, engine)
-        self._engine_specs[model] = spec
+        held = self._models.setdefault(model, _Model())
+        held.engine, held.instance, held.built_from = engine, instance, spec
         measured = getattr(engine, "measured_bytes", None)
         if measured and self._on_measured:
             self._on_measured(spec, measured)
@@ -527,10 +538,10 @@ class ResidencyManager:
 
     async def _unload(self, action: StartUnload) -> None:
         model = action.model
-        entry = self._engines.pop(model, None)
-        spec = self._engine_specs.pop(model, None) or self.core.residents[model].spec
-        if entry is not None:
-            engine = entry[1]
+        held = self._models.get(model) or _Model()
+        engine, spec = held.engine, held.built_from or self.core.residents[model].spec
+        held.engine = held.built_from = None
+        if engine is not None:
             try:
                 await self._hooks.before_unload(spec, engine, action.reason, self.registry)
             except Exception as exc:
@@ -540,7 +551,15 @@ class ResidencyManager:
             except Exception as exc:
                 log.warning("closing %s: %s", model, describe_exception(exc))
         self._apply(self.core.unload_finished(model, action.instance, self._clock()))
+        self._forget_gone()
         self._observe(self._observer.model_unloaded, model, action.reason, action.evicted)
+
+    def _forget_gone(self) -> None:
+        """Drop what the shell holds for models the core no longer knows
+        (removed from the registry and unloaded)."""
+        gone = [n for n, held in self._models.items() if held.engine is None and n not in self.core.residents]
+        for name in gone:
+            del self._models[name]
 
     def _observe(self, callback: Callable[..., None], *args: Any) -> None:
         try:
@@ -549,11 +568,11 @@ class ResidencyManager:
             log.warning("residency observer %s: %s", callback.__name__, describe_exception(exc))
 
     async def _abort(self, action: AbortGenerations) -> None:
-        entry = self._engines.get(action.model)
-        if entry is None or entry[0] != action.instance:
+        held = self._models.get(action.model)
+        if held is None or held.engine is None or held.instance != action.instance:
             return
         try:
-            await entry[1].abort_all(action.reason)
+            await held.engine.abort_all(action.reason)
         except Exception as exc:
             log.warning("aborting %s: %s", action.model, describe_exception(exc))
 

@@ -190,3 +190,33 @@ def test_preemption_ends_the_victims_stream_with_an_error_and_done(tmp_path):
         assert '"code":"preempted"' in frames[-2]
         assert result["r"].status_code == 200
         assert any(e["kind"] == "preempt" and e["model"] == "a" for e in d.status()["events"])
+
+
+def test_a_fairness_drain_whose_waiter_gave_up_leaves_the_busy_model_loaded(tmp_path):
+    # b's request drains a after 0.5 s (max_pass_over_s) and gives up with 503
+    # at 1.5 s (wait_timeout_s) while a is still streaming: a must go back to
+    # serving, not be unloaded for nobody when its stream ends.
+    registry = write_registry(
+        tmp_path,
+        [{"name": "a", "model": "llama", "max_concurrency": 2, **EACH}, {"name": "b", "model": "qwen", **EACH}],
+        manager={
+            "memory_budget": "15MB",
+            "max_pass_over_s": 0.5,
+            "contention_policy": {"strategy": "wait_then_fail", "wait_timeout_s": 1.5},
+        },
+    )
+    with daemon_in_thread(registry, tmp_path) as d:
+        body = {"model": "a", "messages": CHAT, "max_tokens": 3000, "stream": True, **LONG}
+        with httpx.stream("POST", f"{d.url}/v1/chat/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            next(lines)
+            blocked = ask(d, "b")
+            assert blocked.status_code == 503
+            assert blocked.json()["error"]["code"] == "insufficient_memory"
+            assert any(e["kind"] == "drain" and e["model"] == "a" for e in d.status()["events"])
+            assert d.model("a")["state"] == "loaded"
+            assert ask(d, "a").status_code == 200, "a admits requests again while the stream runs"
+        # The client hung up: its lease ends as the stream would have.
+        wait_until(lambda: d.model("a")["active_leases"] == 0, timeout=15)
+        assert d.model("a")["state"] == "loaded"
+        assert not [e for e in d.status()["events"] if e["model"] == "a" and e["kind"] in ("unload", "evict")]

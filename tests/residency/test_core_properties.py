@@ -135,6 +135,15 @@ class ResidencyMachine(RuleBasedStateMachine):
                 answers[a.request_id] = answers.get(a.request_id, 0) + 1
         assert all(n == 1 for n in answers.values())
 
+    @invariant()
+    def a_model_drains_for_another_only_while_someone_waits_for_it(self):
+        if not self.sim:
+            return
+        waited_for = {w.model for w in self.sim.core.waiters}
+        for name, r in self.sim.core.residents.items():
+            if r.drain and r.drain.for_model is not None:
+                assert r.drain.for_model in waited_for, (name, r.drain)
+
     def teardown(self):
         """Quiescence: release everything, finish every transition, let time
         pass: nothing is stuck and no bytes stay reserved for nothing."""

@@ -459,3 +459,107 @@ def test_a_larger_measurement_after_the_first_generation_raises_the_charge():
     assert sim.core.committed() == int(3.5 * GB)
     sim.request("b")  # 3.5 + 2 > 5: the idle a makes room
     assert [u.model for u in sim.unloads()] == ["a"]
+
+
+def test_a_pass_over_drain_is_called_off_when_its_waiters_time_out():
+    # max_pass_over_s < wait_timeout_s: b's request drains a at 3 s and gives
+    # up with 503 at 8 s; a must not then be unloaded for nobody.
+    sim = Sim.of(
+        manager(4, "wait_then_fail", wait_timeout_s=8, max_pass_over_s=3),
+        spec("a", 3, max_concurrency=8),
+        spec("b", 3),
+    )
+    busy = sim.request("a")
+    sim.finish_load("a")
+    wanted = sim.request("b")
+    sim.advance(3)
+    assert sim.state("a") is State.DRAINING
+    queued = sim.request("a")
+    assert not sim.granted(queued)
+    sim.advance(5)
+    assert isinstance(sim.rejected[wanted], CapacityUnavailable)
+    assert sim.state("a") is State.LOADED and sim.core.residents["a"].drain_reason is None
+    assert sim.granted(queued), "a serves its own queue again"
+    sim.advance(3)
+    sim.release(busy)
+    sim.release(queued)
+    assert sim.unloads() == [] and sim.state("a") is State.LOADED
+
+
+def _a_drained_for_b():
+    """a is busy; a request for b has waited past max_pass_over_s."""
+    sim = Sim.of(manager(4, "wait", max_pass_over_s=3), spec("a", 3), spec("b", 3))
+    busy = sim.request("a")
+    sim.finish_load("a")
+    wanted = sim.request("b")
+    sim.advance(3)
+    assert sim.state("a") is State.DRAINING
+    return sim, busy, wanted
+
+
+def test_a_pass_over_drain_is_called_off_when_its_waiter_disconnects():
+    sim, busy, wanted = _a_drained_for_b()
+    sim.cancel(wanted)
+    sim.release(busy)
+    assert sim.unloads() == [] and sim.state("a") is State.LOADED
+
+
+def test_a_drain_still_wanted_by_a_waiter_goes_through():
+    sim, busy, wanted = _a_drained_for_b()
+    sim.release(busy)
+    assert [u.model for u in sim.unloads()] == ["a"]
+    sim.finish_unload("a")
+    sim.finish_load("b")
+    assert sim.granted(wanted)
+
+
+def test_a_preempted_model_stays_loaded_when_the_preemptor_went_away():
+    sim = Sim.of(manager(4, "preempt"), spec("a", 3), spec("b", 3))
+    victim = sim.request("a")
+    sim.finish_load("a")
+    wanted = sim.request("b")
+    assert [a.model for a in sim.aborts()] == ["a"]
+    sim.cancel(wanted)
+    sim.release(victim)  # the aborted stream ends
+    assert sim.unloads() == [] and sim.state("a") is State.LOADED
+
+
+def test_preemption_drains_every_model_it_needs_at_once():
+    # free 1 + idle i 1 + y 2 = 4 < 5: y alone is not enough, x must go too.
+    sim = Sim.of(manager(6, "preempt"), spec("i", 1), spec("x", 2), spec("y", 2), spec("b", 5))
+    sim.ready("i")
+    held_y = sim.request("y")
+    sim.finish_load("y")
+    sim.now += 1
+    held_x = sim.request("x")
+    sim.finish_load("x")
+    sim.request("b")
+    assert sorted(a.model for a in sim.aborts()) == ["x", "y"]
+    assert sim.state("x") is State.DRAINING and sim.state("y") is State.DRAINING
+    sim.release(held_x)
+    sim.release(held_y)
+
+
+def test_a_fairness_drain_stops_no_more_busy_models_than_needed():
+    # b needs 4; idle i (2) plus the least recently used busy x (2) make room:
+    # y keeps serving.
+    sim = Sim.of(
+        manager(6, "wait", max_pass_over_s=10), spec("i", 2), spec("x", 2), spec("y", 2), spec("b", 4)
+    )
+    sim.ready("i")
+    sim.now += 1
+    held_x = sim.request("x")
+    sim.finish_load("x")
+    sim.now += 1
+    held_y = sim.request("y")
+    sim.finish_load("y")
+    wanted = sim.request("b")
+    sim.advance(10)
+    assert sim.state("x") is State.DRAINING and sim.state("y") is State.LOADED
+    sim.release(held_x)
+    sim.finish_unload("x")
+    assert [u.model for u in sim.unloads()] == ["x", "i"], "the idle model goes once the plan is whole"
+    sim.finish_unload("i")
+    sim.finish_load("b")
+    assert sim.granted(wanted) and sim.state("y") is State.LOADED
+    sim.release(held_y)

@@ -106,7 +106,7 @@ async def test_concurrent_first_requests_share_one_load():
 async def test_alias_resolves_and_unknown_name_is_404():
     mgr, _, _, _ = make(8, spec("a", 1, aliases=("alpha",)))
     async with mgr.lease("alpha") as lease:
-        assert lease.model == "a" and lease.requested_name == "alpha"
+        assert lease.model == "a"
     with pytest.raises(ModelNotFound):
         await mgr.acquire("nope")
 
@@ -236,6 +236,32 @@ async def test_lease_held_across_a_rename_is_released_under_the_new_name():
     r = mgr.core.residents["new"]
     assert r.active == 0 and r.state.value == "loaded" and len(factory.built) == 1
     assert mgr.engine("new") is factory.built[0]
+
+
+async def test_a_rename_keeps_the_request_count_and_a_removed_model_is_forgotten():
+    mgr, factory, _, _ = make(8, spec("old", 1), spec("gone", 1))
+    for name in ("old", "old", "gone"):
+        async with mgr.lease(name):
+            pass
+    renamed = dataclasses.replace(spec("old", 1), name="new")
+    await mgr.reconfigure(_registry(renamed), {"old": "new"})
+    await mgr.quiesce()
+    assert mgr.stats["new"].requests == 2 and "old" not in mgr.stats
+    assert "gone" not in mgr.stats and mgr.engine("gone") is None
+    assert factory.built[1].closed == 1, "the removed model's engine was closed"
+    async with mgr.lease("new") as lease:
+        assert lease.engine is factory.built[0]
+    assert mgr.stats["new"].requests == 3
+
+
+async def test_a_rename_onto_a_name_still_draining_replaces_instead():
+    mgr, factory, _, _ = make(8, spec("a", 1), spec("b", 1))
+    held_b = await mgr.acquire("b")
+    async with mgr.lease("a"):
+        pass
+    await mgr.reconfigure(_registry(spec("a", 1)))  # b is removed, draining
+    assert mgr.renamable({"a": "b"}) == {}, "b's engine is still in memory under that name"
+    held_b.release()
 
 
 async def test_lease_granted_just_before_a_rename_resumes_under_the_new_name():
