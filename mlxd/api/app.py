@@ -12,8 +12,9 @@ from fastapi import FastAPI, Request
 from mlxd import __version__
 from mlxd.api.auth import check_api_key
 from mlxd.api.context import DaemonContext
+from mlxd.api.errors import ErrorShape, error_response, install_error_handlers
 from mlxd.api.openai import routes as openai
-from mlxd.api.openai.errors import error_response, install_error_handlers
+from mlxd.api.openai.errors import OpenAIErrors
 from mlxd.api.routes import admin, monitoring
 from mlxd.errors import MlxdError, ShuttingDown
 
@@ -53,7 +54,13 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
 
     app = FastAPI(title="mlxd", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.ctx = ctx
-    install_error_handlers(app)
+    openai_errors = OpenAIErrors()
+
+    def shape_for(path: str) -> ErrorShape:
+        # Every route speaks OpenAI's errors today; a new surface claims its paths here.
+        return openai_errors
+
+    install_error_handlers(app, shape_for)
 
     @app.middleware("http")
     async def gatekeeper(request: Request, call_next):  # type: ignore[no-untyped-def]
@@ -64,7 +71,7 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
             if ctx.draining and request.method == "POST" and path.startswith("/v1/"):
                 raise ShuttingDown("mlxd is shutting down; retry shortly", retry_after=5)
         except MlxdError as exc:
-            return error_response(exc)
+            return error_response(shape_for(path), exc)
         return await call_next(request)
 
     app.include_router(openai.router())

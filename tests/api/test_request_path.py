@@ -327,3 +327,12 @@ async def test_a_preempted_answer_is_a_503_with_retry_after(tmp_path):
         call = await h.chat().done()
     assert call.status == 503 and call.headers["retry-after"] == "5"
     assert _error(call)["code"] == "preempted"
+
+
+async def test_an_unknown_route_is_a_404_in_the_same_shape(tmp_path):
+    h = Harness(tmp_path, ["stop"])
+    async with running(h.app):
+        call = await h.post("/v1/nope", {}).done()
+    assert call.status == 404
+    assert _error(call) == {"message": "No route for POST /v1/nope", "type": "invalid_request_error",
+                            "param": None, "code": None}
