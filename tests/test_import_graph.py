@@ -14,11 +14,11 @@ MLXD = Path(__file__).resolve().parents[1] / "mlxd"
 ALLOWED = {
     "errors": set(),
     "registry": {"errors"},
-    "settings": {"registry"},
+    "settings": {"errors", "registry"},
     "engine": {"errors", "registry"},
     "residency": {"errors", "registry"},
     "factory": set(),
-    "service": {"errors", "registry"},
+    "service": {"errors", "registry", "settings"},
     # Constrained decoding and tool calls (engine side), GGUF import.
     "grammar": {"errors", "engine"},
     "tools": {"errors", "engine", "grammar"},
