@@ -1,4 +1,4 @@
-from mlxd.daemon.cli import main
+from mlxd.cli.main import main
 
 if __name__ == "__main__":
     main()

@@ -1,1 +1,1 @@
-"""How the daemon speaks HTTP and lives as a process."""
+"""The process: the composition root (build.py), uvicorn and signals, hot reload, the lock and logs."""

@@ -5,7 +5,7 @@ request headers.
 Without them, sockets that connect and then send nothing (or half a request
 line) stay open forever and each holds a file descriptor: a few hundred of
 them exhaust the daemon's. Slow *bodies* are bounded by
-``mlxd.daemon.guards`` (the app reads the body through it); idle keep-alive
+``mlxd.api.guards`` (the app reads the body through it); idle keep-alive
 connections by uvicorn's own ``timeout_keep_alive``.
 """
 

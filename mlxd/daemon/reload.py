@@ -29,19 +29,16 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from watchfiles import awatch
 
-from mlxd.daemon.context import DaemonContext
-from mlxd.daemon.settings import DaemonSettings, EffectiveSettings, effective
+from mlxd.api.context import DaemonContext
+from mlxd.settings import DaemonSettings, EffectiveSettings, effective
 from mlxd.errors import ConfigError, ShuttingDown, describe_exception
 from mlxd.registry.diff import SERVER_RESTART_FIELDS, RegistryDiff, diff_registries
 from mlxd.registry.loader import load_registry
 from mlxd.registry.model import Registry, ServerSpec
-
-if TYPE_CHECKING:
-    from mlxd.daemon.server import DaemonServer
 
 log = logging.getLogger("mlxd.reload")
 
@@ -275,13 +272,6 @@ def reload_summary(report: dict[str, Any]) -> str:
     if broken:
         line += f"; {len(broken)} model(s) cannot be loaded, see mlxd status"
     return line
-
-
-def wire_reloader(server: DaemonServer, reloader: Reloader) -> None:
-    """Give a built server its reloader: SIGHUP, the admin endpoint and, when
-    ``watch_config`` is on, the file watcher (started by the app's lifespan)."""
-    server.on_reload = reloader.on_signal
-    server.config.app.state.reloader = reloader
 
 
 def _name_key(path: Path) -> tuple[str, str]:

@@ -7,15 +7,13 @@ import logging
 import socket
 from pathlib import Path
 
-from mlxd.daemon.context import DaemonContext
+from mlxd.daemon.build import build_daemon
 from mlxd.daemon.lockfile import StateLock
 from mlxd.daemon.logs import configure_logging
-from mlxd.daemon.reload import Reloader, log_problems, wire_reloader
-from mlxd.daemon.server import build_server
-from mlxd.daemon.settings import DaemonSettings, effective
-from mlxd.engine.blas import blas_report
+from mlxd.daemon.reload import log_problems
 from mlxd.errors import StartupError
 from mlxd.registry.loader import load_registry
+from mlxd.settings import DaemonSettings, effective
 
 log = logging.getLogger("mlxd")
 
@@ -38,19 +36,18 @@ def run_daemon(settings: DaemonSettings, registry_path: Path) -> int:
             "fix its permissions or pass --state-dir"
         ) from None
     try:
-        ctx = DaemonContext.create(eff, registry)
-        ctx.blas = blas_report()
+        daemon = build_daemon(settings, registry)
+        blas = daemon.ctx.blas
         log.info("mlxd serving %d models from %s on http://%s:%d", len(registry.models), registry_path,
                  eff.server.host, eff.server.port)
         log_problems(registry)
-        log.info("BLAS: %s", ctx.blas["active"])
-        if ctx.blas.get("warning"):
-            log.warning("%s", ctx.blas["warning"])
+        log.info("BLAS: %s", blas["active"])
+        if blas.get("warning"):
+            log.warning("%s", blas["warning"])
         if not eff.server.api_keys and eff.server.host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("no API keys configured and bound to %s: anyone on the network can use the models",
                         eff.server.host)
-        server = build_server(ctx)
-        wire_reloader(server, Reloader(ctx, settings, registry_path))
+        server = daemon.server
         server.run()
         if not server.started:
             log.error("the server did not start (is port %d already in use?)", eff.server.port)

@@ -17,10 +17,10 @@ from collections.abc import Awaitable, Callable
 from types import FrameType
 
 import uvicorn
+from starlette.types import ASGIApp
 
-from mlxd.daemon.app import create_app
+from mlxd.api.context import DaemonContext
 from mlxd.daemon.connections import bounded_protocol
-from mlxd.daemon.context import DaemonContext
 
 log = logging.getLogger("mlxd")
 
@@ -30,7 +30,7 @@ class DaemonServer(uvicorn.Server):
         self,
         config: uvicorn.Config,
         ctx: DaemonContext,
-        on_reload: Callable[[], Awaitable[object]] | None = None,
+        on_reload: Callable[[], Awaitable[object]] | None,
     ) -> None:
         super().__init__(config)
         self.ctx = ctx
@@ -76,10 +76,11 @@ class DaemonServer(uvicorn.Server):
             self.should_exit = True
 
 
-def build_server(ctx: DaemonContext, on_reload: Callable[[], Awaitable[object]] | None = None) -> DaemonServer:
+def build_server(app: ASGIApp, ctx: DaemonContext, on_reload: Callable[[], Awaitable[object]] | None) -> DaemonServer:
+    """uvicorn around ``app``; ``on_reload`` is what SIGHUP calls (None: ignored)."""
     server = ctx.settings.server
     config = uvicorn.Config(
-        create_app(ctx),
+        app,
         host=server.host,
         port=server.port,
         log_config=None,

@@ -42,18 +42,21 @@ Clock = Callable[[], float]
 Granted = tuple[Resident, int]
 
 
-EngineFactory = Callable[[ModelSpec], Awaitable[Engine]]
+# Builds the engine for a spec. The registry in use is passed along (hot
+# reload replaces it), so a factory never has to read the manager back.
+EngineFactory = Callable[[ModelSpec, Registry], Awaitable[Engine]]
 
 
 class LifecycleHooks(Protocol):
     """What the daemon wants to happen around loads and unloads (e.g. the
-    prefix cache is saved before unload). Errors here are logged, never fatal."""
+    prefix cache is saved before unload). Errors here are logged, never fatal.
+    ``registry`` is the one in use when the unload happens."""
 
-    async def before_unload(self, spec: ModelSpec, engine: Engine, reason: str) -> None: ...
+    async def before_unload(self, spec: ModelSpec, engine: Engine, reason: str, registry: Registry) -> None: ...
 
 
 class _NoHooks:
-    async def before_unload(self, spec: ModelSpec, engine: Engine, reason: str) -> None:
+    async def before_unload(self, spec: ModelSpec, engine: Engine, reason: str, registry: Registry) -> None:
         return None
 
 
@@ -105,6 +108,58 @@ class Lease:
 
     async def __aexit__(self, *exc: object) -> None:
         self.release()
+
+
+@dataclass(frozen=True)
+class ModelView:
+    """One model as the manager sees it now: plain values, safe to keep.
+    Times are wall-clock (``time.time()``) or None."""
+
+    spec: ModelSpec
+    state: State
+    drain_reason: str | None
+    active: int
+    queued: int
+    reserved: int
+    measured_bytes: int | None
+    loaded_at: float | None
+    last_used_at: float | None
+    idle_unload_at: float | None
+    load_count: int
+    last_load_seconds: float | None
+    failures: int
+    last_error: str | None
+    retry_at: float | None
+    requests: int
+    tokens_in: int
+    tokens_out: int
+    # The engine's own figures (``Engine.stats()``); empty when unloaded.
+    engine: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass(frozen=True)
+class ManagerSnapshot:
+    """Every model and the memory budget, read at one instant."""
+
+    budget: int
+    committed: int
+    models: tuple[ModelView, ...]
+
+    def model(self, name: str) -> ModelView | None:
+        return next((m for m in self.models if m.name == name), None)
+
+
+def _engine_stats(engine: Engine | None) -> dict[str, Any]:
+    if engine is None:
+        return {}
+    try:
+        return engine.stats()
+    except Exception:  # a status read must never fail because of one engine
+        return {}
 
 
 @dataclass
@@ -365,6 +420,54 @@ class ResidencyManager:
         request path adds its tokens to them)."""
         return {name: held.stats for name, held in self._models.items()}
 
+    def view(self, name: str) -> ModelView | None:
+        """``name`` (its registered name) as plain values; None if unknown."""
+        r = self.core.residents.get(name)
+        if r is None:
+            return None
+        held = self._models.get(name)
+        stats = held.stats if held else ModelStats()
+        return ModelView(
+            spec=r.spec,
+            state=r.state,
+            drain_reason=r.drain_reason,
+            active=r.active,
+            queued=self.core.queued(name),
+            reserved=r.reserved,
+            measured_bytes=r.measured_bytes,
+            loaded_at=self.wall_time(r.loaded_at),
+            last_used_at=self.wall_time(r.last_used),
+            idle_unload_at=self.wall_time(r.idle_deadline()),
+            load_count=r.load_count,
+            last_load_seconds=r.last_load_seconds,
+            failures=r.failures,
+            last_error=r.last_error,
+            retry_at=self.wall_time(r.retry_at) if r.state is State.FAILED else None,
+            requests=stats.requests,
+            tokens_in=stats.tokens_in,
+            tokens_out=stats.tokens_out,
+            engine=_engine_stats(self.engine(name)),
+        )
+
+    def snapshot(self) -> ManagerSnapshot:
+        views = (self.view(name) for name in list(self.core.residents))
+        return ManagerSnapshot(
+            budget=self.core.budget,
+            committed=self.core.committed(),
+            models=tuple(v for v in views if v is not None),
+        )
+
+    @property
+    def shutting_down(self) -> bool:
+        return self.core.shutting_down
+
+    def count_tokens(self, name: str, tokens_in: int, tokens_out: int) -> None:
+        """Add a finished request's tokens to the model's figures."""
+        held = self._models.get(name)
+        if held is not None:
+            held.stats.tokens_in += tokens_in
+            held.stats.tokens_out += tokens_out
+
     def engine(self, name: str) -> Engine | None:
         held = self._models.get(name)
         return held.engine if held else None
@@ -417,7 +520,7 @@ class ResidencyManager:
         spec = self.core.residents[model].spec
         started = time.monotonic()
         try:
-            engine = await self._factory(spec)
+            engine = await self._factory(spec, self.registry)
         except Exception as exc:  # any failure becomes the model's failed state
             reason = describe_exception(exc)
             log.error("loading %s failed: %s", model, reason)
@@ -439,7 +542,7 @@ class ResidencyManager:
         held.engine = held.built_from = None
         if engine is not None:
             try:
-                await self._hooks.before_unload(spec, engine, action.reason)
+                await self._hooks.before_unload(spec, engine, action.reason, self.registry)
             except Exception as exc:
                 log.warning("before unloading %s: %s", model, describe_exception(exc))
             try:

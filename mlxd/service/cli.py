@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from mlxd.daemon.settings import create_config_hint, default_config_path
+from mlxd.settings import create_config_hint, default_config_path
 from mlxd.errors import ConfigError
 from mlxd.service.execute import SubprocessRunner, execute
 from mlxd.service.launchd import LaunchdManager

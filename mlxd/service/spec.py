@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from mlxd.daemon.settings import create_config_hint
+from mlxd.settings import create_config_hint
 from mlxd.errors import ConfigError
 from mlxd.registry.model import ServerSpec
 

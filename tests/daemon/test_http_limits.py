@@ -229,7 +229,7 @@ def test_an_empty_api_key_is_a_config_error_with_file_and_line(tmp_path, keys):
 
 
 def test_an_empty_environment_key_list_does_not_open_a_keyed_daemon(tmp_path):
-    from mlxd.daemon.settings import DaemonSettings, effective
+    from mlxd.settings import DaemonSettings, effective
     from mlxd.registry.loader import load_registry
 
     registry = load_registry(write_registry(tmp_path, [{"name": "qwen", "model": "qwen"}],

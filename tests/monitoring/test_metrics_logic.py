@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import prometheus_client
 
-from mlxd.daemon.metrics import Metrics, ThroughputWindow
+from mlxd.monitoring.metrics import Metrics, ThroughputWindow
 from mlxd.engine.types import GenerationChunk
 
 

@@ -14,7 +14,7 @@ from monitoring.monitoring_support import chat, corrupt_model
 from reload.harness import reloading_daemon
 from support.daemon import write_registry
 
-from mlxd.daemon.status import SCHEMA_VERSION
+from mlxd.monitoring.status import SCHEMA_VERSION
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "status.md"
 # Objects whose keys belong to another component; documented as opaque.

@@ -13,7 +13,7 @@ from monitoring.monitoring_support import chat, corrupt_model, sample, scrape
 from reload.harness import reloading_daemon
 from support.daemon import daemon_in_thread, wait_until, write_registry
 
-from mlxd.daemon.status import PREFIX_CACHE_FIELDS, SCHEMA_VERSION
+from mlxd.monitoring.status import PREFIX_CACHE_FIELDS, SCHEMA_VERSION
 from mlxd.errors import ConfigError
 
 pytestmark = pytest.mark.mlx

@@ -15,7 +15,7 @@ from monitoring.monitoring_support import chat, corrupt_model
 from rich.console import Console
 from support.daemon import daemon_in_thread, write_registry
 
-from mlxd.daemon.status_cli import render
+from mlxd.cli.status import render
 
 pytestmark = pytest.mark.mlx
 

@@ -22,7 +22,7 @@ from prefix_cache.cache_support import (
     unload,
 )
 
-from mlxd.daemon.context import PrefixCacheHooks
+from mlxd.daemon.engines import PrefixCacheHooks
 from mlxd.engine.fingerprint import model_fingerprint
 from mlxd.registry.model import ManagerSpec, Registry, ServerSpec
 
@@ -148,7 +148,7 @@ def test_the_cache_dir_bound_never_follows_a_symlink(worker, qwen_tiny, tmp_path
         os.utime(path, (old, old))
     spec = spec_for(qwen_tiny, disk_max_bytes=1 << 20)
 
-    _session_with_hooks(worker, spec, tmp_path / "cache", PrefixCacheHooks(lambda: _registry(spec)))
+    _session_with_hooks(worker, spec, tmp_path / "cache", PrefixCacheHooks(), _registry(spec))
     assert sorted(p.name for p in victim.iterdir()) == before
 
 
@@ -178,15 +178,16 @@ def _registry(*specs):
     )
 
 
-def _session_with_hooks(worker, spec, cache_dir, hooks, requests=None):
-    """One model session as a daemon runs it: answer, then the unload hooks, then close."""
+def _session_with_hooks(worker, spec, cache_dir, hooks, registry, requests=None):
+    """One model session as a daemon runs it: answer, then the unload hooks
+    (with that daemon's registry), then close."""
 
     async def main():
         engine = await open_engine(worker, spec, cache_dir)
         try:
             for request in requests or sessions(2):
                 await ask(engine, request)
-            await hooks.before_unload(spec, engine, "idle")
+            await hooks.before_unload(spec, engine, "idle", registry)
         finally:
             await engine.close()
 
@@ -195,19 +196,19 @@ def _session_with_hooks(worker, spec, cache_dir, hooks, requests=None):
 
 def test_two_daemons_on_one_cache_dir_keep_each_others_caches(worker, qwen_tiny, llama_tiny, tmp_path):
     qwen, llama = spec_for(qwen_tiny, name="qwen"), spec_for(llama_tiny, name="llama", disk_max_bytes=3 << 19)
-    daemon_a = PrefixCacheHooks(lambda: _registry(qwen))
-    daemon_b = PrefixCacheHooks(lambda: _registry(llama))
+    daemon_a = (PrefixCacheHooks(), _registry(qwen))
+    daemon_b = (PrefixCacheHooks(), _registry(llama))
     qwen_folder = tmp_path / "prefix" / model_fingerprint(qwen_tiny, None)
     llama_folder = tmp_path / "prefix" / model_fingerprint(llama_tiny, None)
 
-    _session_with_hooks(worker, qwen, tmp_path, daemon_a)
+    _session_with_hooks(worker, qwen, tmp_path, *daemon_a)
     a_files = sorted(p.name for p in qwen_folder.iterdir())
     # Daemon B's bound (1.5 MB) holds its own folder but not both.
-    _session_with_hooks(worker, llama, tmp_path, daemon_b)
+    _session_with_hooks(worker, llama, tmp_path, *daemon_b)
     assert llama_folder.is_dir()
     assert sorted(p.name for p in qwen_folder.iterdir()) == a_files
     # And the other way round: A's bound (256 MB) never needs B's folder gone.
-    _session_with_hooks(worker, qwen, tmp_path, daemon_a)
+    _session_with_hooks(worker, qwen, tmp_path, *daemon_a)
     assert llama_folder.is_dir() and qwen_folder.is_dir()
 
 
@@ -215,10 +216,10 @@ def test_a_daemon_still_bounds_its_own_folders(worker, qwen_tiny, llama_tiny, tm
     """The bound still works for what this daemon wrote: a model whose weights
     were replaced leaves a folder nothing reads, which goes first."""
     qwen, llama = spec_for(qwen_tiny, name="m", disk_max_bytes=3 << 19), spec_for(llama_tiny, name="m")
-    hooks = PrefixCacheHooks(lambda: _registry(qwen))
-    _session_with_hooks(worker, llama, tmp_path, hooks)  # the old weights
+    hooks = (PrefixCacheHooks(), _registry(qwen))
+    _session_with_hooks(worker, llama, tmp_path, *hooks)  # the old weights
     old_folder = tmp_path / "prefix" / model_fingerprint(llama_tiny, None)
     assert old_folder.is_dir()
-    _session_with_hooks(worker, qwen, tmp_path, hooks)  # replaced: 1.5 MB in all now
+    _session_with_hooks(worker, qwen, tmp_path, *hooks)  # replaced: 1.5 MB in all now
     assert not old_folder.exists()
     assert (tmp_path / "prefix" / model_fingerprint(qwen_tiny, None)).is_dir()

@@ -15,12 +15,12 @@ from typing import Any
 import httpx
 from support.daemon import Daemon, free_port, wait_until, write_registry
 
-from mlxd.daemon.context import DaemonContext, EngineFactory
-from mlxd.daemon.reload import Reloader, wire_reloader
-from mlxd.daemon.server import build_server
-from mlxd.daemon.settings import DaemonSettings, effective
+from mlxd.daemon.build import build_daemon
+from mlxd.daemon.engines import EngineFactory
+from mlxd.daemon.reload import Reloader
 from mlxd.engine.worker import MlxWorker
 from mlxd.registry.loader import load_registry
+from mlxd.settings import DaemonSettings
 
 CHAT = [{"role": "user", "content": "Read the configuration file and report the errors"}]
 
@@ -32,9 +32,9 @@ class CountingFactory:
         self._real = EngineFactory(worker)
         self.loads: list[tuple[str, str]] = []
 
-    async def __call__(self, spec: Any) -> Any:
+    async def __call__(self, spec: Any, registry: Any) -> Any:
         self.loads.append((spec.name, spec.path.name))
-        return await self._real(spec)
+        return await self._real(spec, registry)
 
     def count(self, model: str) -> int:
         return collections.Counter(name for name, _ in self.loads)[model]
@@ -96,10 +96,8 @@ def reloading_daemon(
     initial = load_registry(registry)
     worker = MlxWorker()
     factory = CountingFactory(worker)
-    ctx = DaemonContext.create(effective(s, initial.server), initial, worker=worker, factory=factory)
-    server = build_server(ctx)
-    reloader = Reloader(ctx, s, registry, debounce_s=debounce_s)
-    wire_reloader(server, reloader)
+    built = build_daemon(s, initial, worker=worker, engines=factory, reload_debounce_s=debounce_s)
+    ctx, server, reloader = built.ctx, built.server, built.reloader
     thread = threading.Thread(target=server.run, name="test-reload-daemon", daemon=True)
     thread.start()
     wait_until(lambda: server.started, timeout=30)

@@ -9,7 +9,7 @@ from reload.harness import registry_doc, reloading_daemon, replace_atomically
 from support.daemon import free_port
 from typer.testing import CliRunner
 
-from mlxd.daemon.cli import app
+from mlxd.cli.main import app
 
 A = {"name": "a", "model": "qwen"}
 

@@ -36,8 +36,14 @@ class FakeEngine:
         self.abort_event.set()
         return 1
 
+    async def before_unload(self):
+        return None
+
     async def close(self) -> None:
         self.closed += 1
+
+    def stats(self) -> dict:
+        return {}
 
 
 class Factory:
@@ -46,7 +52,7 @@ class Factory:
         self.gate: dict[str, asyncio.Event] = {}
         self.fail: set[str] = set()
 
-    async def __call__(self, s):
+    async def __call__(self, s, registry):
         gate = self.gate.get(s.name)
         if gate is not None:
             await gate.wait()
@@ -61,7 +67,7 @@ class Hooks:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
 
-    async def before_unload(self, spec, engine, reason):
+    async def before_unload(self, spec, engine, reason, registry):
         self.calls.append((spec.name, reason))
 
 
@@ -210,7 +216,7 @@ async def test_measured_footprint_is_reported_for_remembering():
     remembered = {}
     registry = Registry(None, "x", manager(8), ServerSpec(), (spec("a", 1),))
 
-    async def factory(s):
+    async def factory(s, registry):
         engine = FakeEngine(s.name)
         engine.measured_bytes = int(1.5 * GB)
         return engine
@@ -285,7 +291,7 @@ async def test_unload_after_a_reload_change_shows_hooks_the_engine_own_spec():
     a = spec("a", 1)
     mgr, factory, _, hooks = make(8, a)
     seen = []
-    hooks.before_unload = lambda s, engine, reason: _record(seen, s)
+    hooks.before_unload = lambda s, engine, reason, registry: _record(seen, s)
     async with mgr.lease("a"):
         pass
     moved = dataclasses.replace(a, path=Path("/models/a-q4"), source="/models/a-q4")
@@ -318,7 +324,7 @@ async def test_a_measurement_refined_during_use_is_charged_and_remembered():
     registry = Registry(None, "x", manager(8), ServerSpec(), (spec("a", 1),))
     engines = []
 
-    async def factory(s):
+    async def factory(s, registry):
         engine = FakeEngine(s.name)
         engine.measured_bytes = int(0.5 * GB)
         engines.append(engine)

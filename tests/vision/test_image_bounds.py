@@ -13,13 +13,14 @@ import pytest
 from support.daemon import daemon_in_thread, wait_until, write_registry
 from vision.vision_support import data_url, encoded, image_chat, noise_image, solid_image
 
-from mlxd.daemon.images import DecodeTarget, ImageMemory, ImagePolicy, collect_images
+from mlxd.api.images import DecodeTarget, ImageMemory, ImagePolicy, collect_images
+from mlxd.api.openai.bodies import ChatCompletionRequest
 from mlxd.errors import BadRequest
 
 
 def decoded(url: str, folder=None):
     policy = ImagePolicy(model="eyes", model_dir=folder)
-    [image] = asyncio.run(collect_images(image_chat(url), policy).load())
+    [image] = asyncio.run(collect_images(ChatCompletionRequest(model="eyes", messages=image_chat(url)).conversation(), policy).load())
     return image
 
 

@@ -10,8 +10,14 @@ from pathlib import Path
 import pytest
 from vision.vision_support import Route, data_url, encoded, image_chat, loopback_server, noise_image, solid_image
 
-from mlxd.daemon.images import ImageLimits, ImagePolicy, collect_images, without_image_data
+from mlxd.api.images import ImageLimits, ImagePolicy, collect_images
+from mlxd.api.openai.bodies import ChatCompletionRequest
 from mlxd.errors import BadRequest
+
+
+def convo(messages):
+    """OpenAI chat messages as the conversation the image checks read."""
+    return ChatCompletionRequest(model="eyes", messages=messages).conversation()
 
 
 def policy(**kw) -> ImagePolicy:
@@ -19,7 +25,7 @@ def policy(**kw) -> ImagePolicy:
 
 
 def load(messages, rules: ImagePolicy):
-    return asyncio.run(collect_images(messages, rules).load())
+    return asyncio.run(collect_images(convo(messages), rules).load())
 
 
 def rejected(messages, rules: ImagePolicy) -> BadRequest:
@@ -79,37 +85,37 @@ def test_other_formats_are_refused_even_when_pillow_could_read_them():
     err = rejected(image_chat("data:image/png;base64," + base64.b64encode(gif).decode()), policy())
     assert "PNG, JPEG or WebP" in err.message
     with pytest.raises(BadRequest, match="image/gif"):
-        collect_images(image_chat("data:image/gif;base64," + base64.b64encode(gif).decode()), policy())
+        collect_images(convo(image_chat("data:image/gif;base64," + base64.b64encode(gif).decode())), policy())
 
 
 def test_a_data_url_that_is_not_base64_is_refused_while_planning():
     with pytest.raises(BadRequest, match="base64 encoded"):
-        collect_images(image_chat("data:image/png,rawbytes"), policy())
+        collect_images(convo(image_chat("data:image/png,rawbytes")), policy())
 
 
 def test_limits_on_bytes_pixels_and_count():
     tiny = ImageLimits(max_bytes=1000, max_pixels=100, max_images=2)
     big = data_url(noise_image(size=(64, 64)))
     with pytest.raises(BadRequest, match="larger than"):
-        collect_images(image_chat(big), policy(limits=tiny))
+        collect_images(convo(image_chat(big)), policy(limits=tiny))
     err = rejected(image_chat(data_url(solid_image(size=(20, 20)))), policy(limits=tiny))
     assert "20x20" in err.message
     small = data_url(solid_image(size=(2, 2)))
     three = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": small}}] * 3}]
     with pytest.raises(BadRequest, match="At most 2 images"):
-        collect_images(three, policy(limits=tiny))
+        collect_images(convo(three), policy(limits=tiny))
 
 
 def test_images_outside_user_messages_are_refused():
     messages = [{"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": data_url(solid_image())}}]}]
     with pytest.raises(BadRequest, match="user messages only") as err:
-        collect_images(messages, policy())
+        collect_images(convo(messages), policy())
     assert err.value.param == "messages[0].content[0]"
 
 
 def test_image_payloads_are_dropped_from_the_messages_the_engine_sees():
     messages = image_chat(data_url(solid_image()))
-    stripped = without_image_data(messages)
+    stripped = convo(messages).template_messages()
     assert stripped[0]["content"] == [{"type": "text", "text": "Describe the picture"}, {"type": "image"}]
     assert messages[0]["content"][1]["type"] == "image_url"  # the request's own copy is untouched
 
@@ -133,7 +139,7 @@ def test_a_file_under_local_image_dir_is_read(image_dir: Path):
 
 def test_file_urls_without_local_image_dir_are_refused(image_dir: Path):
     with pytest.raises(BadRequest, match="local_image_dir") as err:
-        collect_images(image_chat((image_dir / "red.png").as_uri()), policy())
+        collect_images(convo(image_chat((image_dir / "red.png").as_uri())), policy())
     assert err.value.param == "messages[0].content[1]"
 
 
@@ -147,7 +153,7 @@ def test_a_file_outside_the_folder_is_refused(image_dir: Path, how: str):
         (image_dir / "link.png").symlink_to(image_dir.parent / "secret.png")
         url = (image_dir / "link.png").as_uri()
     with pytest.raises(BadRequest, match="outside the folder") as err:
-        collect_images(image_chat(url), policy(local_dir=image_dir))
+        collect_images(convo(image_chat(url)), policy(local_dir=image_dir))
     assert err.value.param == "messages[0].content[1]"
     assert str(image_dir) not in err.value.message
 
@@ -160,12 +166,12 @@ def test_a_missing_file_under_the_folder_is_a_bad_request(image_dir: Path):
 @pytest.mark.parametrize("url", ["file://host/red.png", "file:red.png"])
 def test_file_urls_must_name_an_absolute_local_path(image_dir: Path, url: str):
     with pytest.raises(BadRequest, match="must name a local file"):
-        collect_images(image_chat(url), policy(local_dir=image_dir))
+        collect_images(convo(image_chat(url)), policy(local_dir=image_dir))
 
 
 def test_unknown_url_schemes_are_refused():
     with pytest.raises(BadRequest, match="Unsupported image URL"):
-        collect_images(image_chat("ftp://example.invalid/a.png"), policy())
+        collect_images(convo(image_chat("ftp://example.invalid/a.png")), policy())
 
 
 # --- remote URLs (a loopback server only) ----------------------------------------
@@ -174,7 +180,7 @@ def test_unknown_url_schemes_are_refused():
 def test_remote_urls_are_refused_unless_the_model_allows_them():
     with loopback_server({"/red.png": Route(encoded(solid_image()))}) as server:
         with pytest.raises(BadRequest) as err:
-            collect_images(image_chat(f"{server.url}/red.png"), policy())
+            collect_images(convo(image_chat(f"{server.url}/red.png")), policy())
         assert server.hits == []
     assert "allow_remote_images: true" in err.value.message
     assert "data:" in err.value.message

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from mlxd.daemon.context import DaemonContext
+from mlxd.api.context import DaemonContext
 from mlxd.errors import ConfigError, ServiceUnavailable, UnsupportedMediaType
 
 
@@ -21,8 +21,11 @@ def require_json(request: Request) -> None:
             "Admin requests must be sent with 'Content-Type: application/json' (an empty body or {} will do)"
         )
 
+if TYPE_CHECKING:
+    from mlxd.api.app import ConfigReloader
 
-def router() -> APIRouter:
+
+def router(reloader: ConfigReloader | None) -> APIRouter:
     api = APIRouter(dependencies=[Depends(require_json)])
 
     @api.post("/v1/models/{name}/load")
@@ -30,7 +33,8 @@ def router() -> APIRouter:
         ctx: DaemonContext = request.app.state.ctx
         spec = ctx.manager.resolve(name)
         await ctx.manager.load(spec.name)
-        return {"model": spec.name, "state": ctx.manager.core.residents[spec.name].state.value}
+        view = ctx.manager.view(spec.name)
+        return {"model": spec.name, "state": view.state.value if view else "removed"}
 
     @api.post("/v1/models/{name}/unload")
     async def unload(name: str, request: Request) -> dict[str, Any]:
@@ -41,7 +45,6 @@ def router() -> APIRouter:
 
     @api.post("/v1/admin/reload", response_model=None)
     async def reload(request: Request) -> dict[str, Any] | JSONResponse:
-        reloader = getattr(request.app.state, "reloader", None)
         if reloader is None:
             raise ServiceUnavailable("This mlxd was started without a registry file to reload")
         try:

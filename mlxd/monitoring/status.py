@@ -21,9 +21,9 @@ from typing import Any
 import psutil
 
 from mlxd import __version__
-from mlxd.daemon.context import DaemonContext
-from mlxd.engine.types import Engine
+from mlxd.monitoring.snapshot import DaemonSnapshot
 from mlxd.residency.core import State
+from mlxd.residency.shell import ModelView
 
 SCHEMA_VERSION = 1
 EVENTS_LIMIT = 100
@@ -70,16 +70,6 @@ def mlx_memory_now() -> dict[str, int | None]:
         return {"active_bytes": None, "peak_bytes": None, "cache_bytes": None}
 
 
-def _engine_stats(engine: Engine | None) -> dict[str, Any]:
-    if engine is None:
-        return {}
-    try:
-        stats = engine.stats()
-    except Exception:
-        return {}
-    return stats if isinstance(stats, dict) else {}
-
-
 def prefix_cache_status(engine_stats: dict[str, Any]) -> dict[str, Any]:
     reported = engine_stats.get("prefix_cache")
     if not isinstance(reported, dict):
@@ -87,75 +77,68 @@ def prefix_cache_status(engine_stats: dict[str, Any]) -> dict[str, Any]:
     return {key: reported.get(key) for key in PREFIX_CACHE_FIELDS}
 
 
-def model_status(ctx: DaemonContext, name: str) -> dict[str, Any]:
-    manager = ctx.manager
-    r = manager.core.residents[name]
-    spec = r.spec
-    stats = manager.stats.get(name)
-    engine_stats = _engine_stats(manager.engine(name))
-    idle_unload_at = manager.wall_time(r.idle_deadline())
+def model_status(snap: DaemonSnapshot, m: ModelView) -> dict[str, Any]:
+    spec = m.spec
     return {
-        "name": name,
+        "name": m.name,
         "aliases": list(spec.aliases),
         "kind": spec.kind,
         "path": str(spec.path),
         "description": spec.description,
-        "state": r.state.value,
-        "drain_reason": r.drain_reason,
+        "state": m.state.value,
+        "drain_reason": m.drain_reason,
         "pinned": spec.pinned,
         "preload": spec.preload,
-        "active_leases": r.active,
-        "queued": manager.core.queued(name),
+        "active_leases": m.active,
+        "queued": m.queued,
         "max_concurrency": spec.max_concurrency,
         "max_queue": spec.max_queue,
-        "loaded_at": manager.wall_time(r.loaded_at),
-        "last_used_at": manager.wall_time(r.last_used),
+        "loaded_at": m.loaded_at,
+        "last_used_at": m.last_used_at,
         "idle_unload_seconds": spec.idle_unload_seconds,
-        "idle_unload_at": idle_unload_at,
-        "idle_unload_in_seconds": None if idle_unload_at is None else max(0.0, idle_unload_at - time.time()),
+        "idle_unload_at": m.idle_unload_at,
+        "idle_unload_in_seconds": None if m.idle_unload_at is None else max(0.0, m.idle_unload_at - time.time()),
         "memory": {
             "estimated_bytes": spec.charge_bytes,
             "weights_bytes": spec.footprint.weights,
             "kv_cache_bytes": spec.footprint.kv_cache,
             "prefix_cache_bytes": spec.footprint.prefix_cache,
-            "measured_bytes": r.measured_bytes,
-            "reserved_bytes": r.reserved,
+            "measured_bytes": m.measured_bytes,
+            "reserved_bytes": m.reserved,
         },
-        "load_count": r.load_count,
-        "last_load_seconds": r.last_load_seconds,
-        "failures": r.failures,
-        "last_error": r.last_error,
-        "retry_at": manager.wall_time(r.retry_at) if r.state is State.FAILED else None,
-        "requests": stats.requests if stats else 0,
-        "tokens_in": stats.tokens_in if stats else 0,
-        "tokens_out": stats.tokens_out if stats else 0,
-        "recent_output_tokens": ctx.metrics.throughput.tokens(name),
-        "recent_tokens_per_second": round(ctx.metrics.throughput.rate(name), 3),
-        "prefix_cache": prefix_cache_status(engine_stats),
-        "engine": engine_stats,
+        "load_count": m.load_count,
+        "last_load_seconds": m.last_load_seconds,
+        "failures": m.failures,
+        "last_error": m.last_error,
+        "retry_at": m.retry_at,
+        "requests": m.requests,
+        "tokens_in": m.tokens_in,
+        "tokens_out": m.tokens_out,
+        "recent_output_tokens": snap.recent_tokens.get(m.name, 0),
+        "recent_tokens_per_second": round(snap.recent_rate(m.name), 3),
+        "prefix_cache": prefix_cache_status(m.engine),
+        "engine": m.engine,
     }
 
 
-def problems(ctx: DaemonContext) -> list[str]:
+def problems(snap: DaemonSnapshot) -> list[str]:
     """What makes the daemon degraded, for operators (names models)."""
     found = [
-        f"model `{r.name}` failed to load: {r.last_error}"
-        for r in ctx.manager.core.residents.values()
-        if r.state is State.FAILED
+        f"model `{m.name}` failed to load: {m.last_error}"
+        for m in snap.manager.models
+        if m.state is State.FAILED
     ]
-    if ctx.config.error is not None:
-        found.append(f"the configuration file is invalid: {ctx.config.error}")
+    if snap.config.error is not None:
+        found.append(f"the configuration file is invalid: {snap.config.error}")
     return found
 
 
-def status_document(ctx: DaemonContext) -> dict[str, Any]:
-    manager = ctx.manager
-    budget = manager.core.budget
-    committed = manager.core.committed()
+def status_document(snap: DaemonSnapshot) -> dict[str, Any]:
+    budget = snap.manager.budget
+    committed = snap.manager.committed
     vm = psutil.virtual_memory()
-    config = ctx.config
-    server = ctx.settings.server
-    found = problems(ctx)
+    config = snap.config
+    found = problems(snap)
     return {
         "schema_version": SCHEMA_VERSION,
         "generated_at": time.time(),
@@ -163,16 +146,16 @@ def status_document(ctx: DaemonContext) -> dict[str, Any]:
         "daemon": {
             "version": __version__,
             "pid": os.getpid(),
-            "started_at": ctx.started_at,
-            "uptime_seconds": time.time() - ctx.started_at,
+            "started_at": snap.started_at,
+            "uptime_seconds": time.time() - snap.started_at,
             "platform": f"{platform.system()} {platform.machine()}",
             "python": platform.python_version(),
             "mlx": _mlx_runtime(),
-            "blas": {key: ctx.blas.get(key) for key in BLAS_FIELDS},
-            "bind": {"host": server.host, "port": server.port},
-            "auth_required": bool(server.api_keys),
-            "metrics_enabled": ctx.settings.metrics,
-            "draining": ctx.draining,
+            "blas": {key: snap.blas.get(key) for key in BLAS_FIELDS},
+            "bind": {"host": snap.host, "port": snap.port},
+            "auth_required": snap.auth_required,
+            "metrics_enabled": snap.metrics_enabled,
+            "draining": snap.draining,
         },
         "config": {
             "path": str(config.path) if config.path else None,
@@ -191,33 +174,33 @@ def status_document(ctx: DaemonContext) -> dict[str, Any]:
             "system_available_bytes": vm.available,
             "mlx": mlx_memory_now(),
         },
-        "models": [model_status(ctx, name) for name in list(manager.core.residents)],
+        "models": [model_status(snap, m) for m in snap.manager.models],
         # Built by hand: dataclasses.asdict costs ~20 µs an event, 2 ms for a full ring.
         "events": [
             {"at": e.at, "kind": e.kind, "model": e.model, "message": e.message}
-            for e in ctx.events.recent(EVENTS_LIMIT)
+            for e in snap.events
         ],
     }
 
 
-def health_document(ctx: DaemonContext) -> dict[str, Any]:
+def health_document(snap: DaemonSnapshot) -> dict[str, Any]:
     """Open to anyone: counts and generic reasons, no names, paths or errors."""
-    states = [r.state for r in ctx.manager.core.residents.values()]
+    states = [m.state for m in snap.manager.models]
     failed = sum(1 for s in states if s is State.FAILED)
     reasons = []
     if failed:
         reasons.append(f"{failed} model(s) failed to load")
-    if ctx.config.error is not None:
+    if snap.config.error is not None:
         reasons.append("the configuration file on disk is invalid")
     return {
         "status": "degraded" if reasons else "ok",
         "reasons": reasons,
         "version": __version__,
-        "draining": ctx.draining,
+        "draining": snap.draining,
         "models": {
             "registered": len(states),
             "loaded": sum(1 for s in states if s is State.LOADED),
             "failed": failed,
         },
-        "blas": ctx.blas.get("active"),
+        "blas": snap.blas.get("active"),
     }

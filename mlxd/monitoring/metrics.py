@@ -3,8 +3,8 @@
 Counters and histograms are updated where things happen: the residency
 observer hooks (loads, unloads, evictions, failures) and the request path
 (requests, tokens, time to first token). Per-model gauges are computed at
-scrape time from the daemon context by a custom collector, so they can never
-drift from the state they describe. Everything here runs on the event loop.
+scrape time by a custom collector from one snapshot of the daemon, so they
+can never drift from the state they describe. Everything here runs on the event loop.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from mlxd import __version__
 from mlxd.residency.core import State
 
 if TYPE_CHECKING:
-    from mlxd.daemon.context import DaemonContext
     from mlxd.engine.types import GenerationChunk
+    from mlxd.monitoring.snapshot import DaemonSnapshot
 
 Clock = Callable[[], float]
 
@@ -132,10 +132,10 @@ class Metrics:
         self.throughput = ThroughputWindow(throughput_window_seconds)
         self._attached = False
 
-    def attach(self, ctx: DaemonContext) -> None:
-        """Compute the per-model gauges from ``ctx`` at every scrape."""
+    def attach(self, snapshot: Callable[[], DaemonSnapshot]) -> None:
+        """Compute the gauges from ``snapshot()`` at every scrape."""
         if not self._attached:
-            self.registry.register(_ContextGauges(ctx))
+            self.registry.register(_SnapshotGauges(snapshot))
             self._attached = True
 
     def meter(self, model: str, started: float) -> OutputMeter:
@@ -159,11 +159,11 @@ class Metrics:
             self.evictions.labels(model).inc()
 
 
-class _ContextGauges:
-    """Gauges read from the context when Prometheus scrapes."""
+class _SnapshotGauges:
+    """Gauges read from a fresh snapshot when Prometheus scrapes."""
 
-    def __init__(self, ctx: DaemonContext) -> None:
-        self._ctx = ctx
+    def __init__(self, snapshot: Callable[[], DaemonSnapshot]) -> None:
+        self._snapshot = snapshot
 
     def describe(self) -> Iterator[Metric]:
         return iter(self._families())
@@ -171,21 +171,21 @@ class _ContextGauges:
     def collect(self) -> Iterator[Metric]:
         families = self._families()
         by_name = {f.name: f for f in families}
-        ctx = self._ctx
-        core = ctx.manager.core
-        for name, r in list(core.residents.items()):
+        snap = self._snapshot()
+        for m in snap.manager.models:
+            name = m.name
             for state in State:
-                by_name["mlxd_model_state"].add_metric([name, state.value], 1.0 if r.state is state else 0.0)
-            by_name["mlxd_model_resident_bytes"].add_metric([name], r.reserved)
-            by_name["mlxd_model_estimated_bytes"].add_metric([name], r.spec.charge_bytes)
-            by_name["mlxd_model_active_leases"].add_metric([name], r.active)
-            by_name["mlxd_model_queued_requests"].add_metric([name], core.queued(name))
-            by_name["mlxd_model_recent_tokens_per_second"].add_metric([name], ctx.metrics.throughput.rate(name))
-        by_name["mlxd_memory_budget_bytes"].add_metric([], core.budget)
-        by_name["mlxd_memory_committed_bytes"].add_metric([], core.committed())
-        by_name["mlxd_config_generation"].add_metric([], ctx.config.generation)
-        by_name["mlxd_config_error"].add_metric([], 1.0 if ctx.config.error else 0.0)
-        by_name["mlxd_draining"].add_metric([], 1.0 if ctx.draining else 0.0)
+                by_name["mlxd_model_state"].add_metric([name, state.value], 1.0 if m.state is state else 0.0)
+            by_name["mlxd_model_resident_bytes"].add_metric([name], m.reserved)
+            by_name["mlxd_model_estimated_bytes"].add_metric([name], m.spec.charge_bytes)
+            by_name["mlxd_model_active_leases"].add_metric([name], m.active)
+            by_name["mlxd_model_queued_requests"].add_metric([name], m.queued)
+            by_name["mlxd_model_recent_tokens_per_second"].add_metric([name], snap.recent_rate(name))
+        by_name["mlxd_memory_budget_bytes"].add_metric([], snap.manager.budget)
+        by_name["mlxd_memory_committed_bytes"].add_metric([], snap.manager.committed)
+        by_name["mlxd_config_generation"].add_metric([], snap.config.generation)
+        by_name["mlxd_config_error"].add_metric([], 1.0 if snap.config.error else 0.0)
+        by_name["mlxd_draining"].add_metric([], 1.0 if snap.draining else 0.0)
         by_name["mlxd_build_info"].add_metric([__version__], 1.0)
         return iter(families)
 

@@ -17,7 +17,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from mlxd.daemon.client import DaemonClient
+from mlxd.cli.client import DaemonClient
 from mlxd.errors import MlxdError
 
 STATE_STYLES = {

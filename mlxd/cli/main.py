@@ -48,7 +48,7 @@ def _root(
 def _settings(**overrides: Any):  # type: ignore[no-untyped-def]
     from pydantic import ValidationError
 
-    from mlxd.daemon.settings import DaemonSettings
+    from mlxd.settings import DaemonSettings
 
     try:
         return DaemonSettings(**{k: v for k, v in overrides.items() if v is not None})
@@ -63,7 +63,7 @@ def _registry_path(config: Path | None) -> Path:
     there, else the built-in demo registry (what `make demo` serves)."""
     if config is not None:
         return config
-    from mlxd.daemon.settings import default_config_path, default_demo_dir
+    from mlxd.settings import default_config_path, default_demo_dir
     from mlxd.factory.demo import is_stale, write_demo
 
     default = default_config_path()
@@ -133,7 +133,7 @@ def check(
     ),
 ) -> None:
     """Validate a registry file and show what the daemon would do with it."""
-    from mlxd.daemon.settings import create_config_hint, default_config_path
+    from mlxd.settings import create_config_hint, default_config_path
     from mlxd.registry.check import describe
     from mlxd.registry.loader import load_registry
 
@@ -184,7 +184,7 @@ def import_command(
 
 
 def _client(url: Optional[str], api_key: Optional[str]):  # type: ignore[no-untyped-def]
-    from mlxd.daemon.client import DaemonClient
+    from mlxd.cli.client import DaemonClient
 
     return DaemonClient.discover(url=url, api_key=api_key)
 
@@ -219,7 +219,7 @@ def status(
     api_key: Optional[str] = typer.Option(None, envvar="MLXD_API_KEY"),
 ) -> None:
     """Show the running daemon's models, memory and recent events (docs/status.md)."""
-    from mlxd.daemon.status_cli import run_status
+    from mlxd.cli.status import run_status
 
     raise typer.Exit(
         run_status(url=url, api_key=api_key, config=config, as_json=json_output, watch=watch, interval=interval)
@@ -235,7 +235,7 @@ def reload_command(
 ) -> None:
     """Apply the edited models.yaml to the running daemon now (docs/hot-reload.md).
     An invalid file is reported and changes nothing (exit status 2)."""
-    from mlxd.daemon.client import DaemonClient
+    from mlxd.cli.client import DaemonClient
     from mlxd.daemon.reload import reload_summary
 
     client = DaemonClient.discover(url=url, api_key=api_key, config=config, timeout=60.0)

@@ -15,8 +15,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from mlxd import __version__
-from mlxd.daemon.context import DaemonContext
-from mlxd.daemon.status import health_document, status_document
+from mlxd.api.context import DaemonContext
+from mlxd.monitoring.status import health_document, status_document
 from mlxd.errors import MlxdError
 
 NO_STORE = {"Cache-Control": "no-store"}
@@ -31,7 +31,7 @@ class MetricsDisabled(MlxdError):
 @cache
 def dashboard_html() -> str:
     # Package data, read once: it cannot change while the process runs.
-    return resources.files("mlxd.daemon").joinpath("static/dashboard.html").read_text(encoding="utf-8")
+    return resources.files("mlxd.monitoring").joinpath("static/dashboard.html").read_text(encoding="utf-8")
 
 
 def _wants_html(request: Request) -> bool:
@@ -43,13 +43,14 @@ def router() -> APIRouter:
 
     @api.get("/health")
     async def health(request: Request) -> JSONResponse:
-        return JSONResponse(health_document(request.app.state.ctx), headers=NO_STORE)
+        return JSONResponse(health_document(request.app.state.ctx.snapshot()), headers=NO_STORE)
 
     @api.get("/v1/status")
     async def status(request: Request) -> Response:
         # Serialised directly: FastAPI's encoder would walk the whole
         # document again, and this endpoint must stay cheap under load.
-        body = json.dumps(status_document(request.app.state.ctx), separators=(",", ":"), allow_nan=False)
+        snapshot = request.app.state.ctx.snapshot()
+        body = json.dumps(status_document(snapshot), separators=(",", ":"), allow_nan=False)
         return Response(body, media_type="application/json", headers=NO_STORE)
 
     @api.get("/metrics")

@@ -2,7 +2,7 @@
 
 Two steps, so that nothing slow runs on the event loop:
 
-- ``collect_images(messages, policy)`` runs while the request is planned. It
+- ``collect_images(conversation, policy)`` runs while the request is planned. It
   looks at every image part without any I/O, applies the model's rules
   (``data:`` URLs always; ``file://`` only under ``local_image_dir``; http(s)
   only with ``allow_remote_images``) and raises a 400 naming the part.
@@ -18,9 +18,9 @@ Two steps, so that nothing slow runs on the event loop:
   only as many at once as that bound allows, keeps a burst of them from
   taking gigabytes before the queue limits apply.
 
-Every failure is a ``BadRequest`` whose ``param`` names the message and part
-(``messages[1].content[0]``); exception text from Pillow or httpx never
-reaches the client.
+Every failure is a ``BadRequest`` whose ``param`` names the part where the
+client's request had it (``messages[1].content[0]``); exception text from
+Pillow or httpx never reaches the client.
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from mlxd.api.conversation import Conversation, ImagePart
 from mlxd.errors import BadRequest, describe_exception
 from mlxd.registry.model import ModelSpec
 from mlxd.registry.sizing import format_bytes
 
-IMAGE_PART_TYPES = ("image_url", "input_image")
 # What Pillow may decode: the formats clients send, nothing with a history of
 # parser bugs (no TIFF, PSD, EPS...).
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP")
@@ -221,45 +221,20 @@ class PendingImages:
         return await self.decode(ImageMemory(1 << 62))
 
 
-def collect_images(messages: list[dict[str, Any]], policy: ImagePolicy) -> PendingImages:
-    """Check every image part of ``messages`` against ``policy``; no I/O."""
+def collect_images(conversation: Conversation, policy: ImagePolicy) -> PendingImages:
+    """Check every image part of ``conversation`` against ``policy``; no I/O."""
     sources = []
-    for i, message in enumerate(messages):
-        content = message.get("content")
-        if not isinstance(content, list):
-            continue
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") not in IMAGE_PART_TYPES:
-                continue
-            param = f"messages[{i}].content[{j}]"
-            if message.get("role") != "user":
-                raise BadRequest("Images are accepted in user messages only.", param=param)
-            sources.append(_source(_url_of(part, param), param, policy))
+    for message in conversation.messages:
+        for part in message.images():
+            if message.role != "user":
+                raise BadRequest("Images are accepted in user messages only.", param=part.param)
+            sources.append(_source(_url_of(part), part.param, policy))
     if len(sources) > policy.limits.max_images:
         raise BadRequest(
             f"At most {policy.limits.max_images} images per request; this one has {len(sources)}.",
             param="messages",
         )
     return PendingImages(sources, policy.limits, policy.model_dir)
-
-
-def without_image_data(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages with each image part reduced to ``{"type": "image"}``: the
-    chat template only needs to know where an image goes, and logs and
-    engines need not carry megabytes of base64."""
-    out = []
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, list):
-            message = {
-                **message,
-                "content": [
-                    {"type": "image"} if isinstance(p, dict) and p.get("type") in IMAGE_PART_TYPES else p
-                    for p in content
-                ],
-            }
-        out.append(message)
-    return out
 
 
 def probe_image(raw: bytes, param: str, limits: ImageLimits, target: DecodeTarget) -> int:
@@ -311,14 +286,10 @@ def _opened(raw: bytes, param: str, limits: ImageLimits, target: DecodeTarget) -
 # --- checking a part (no I/O) -------------------------------------------------
 
 
-def _url_of(part: dict[str, Any], param: str) -> str:
-    # {"type": "image_url", "image_url": {"url": ...}} (chat completions) or
-    # {"type": "input_image", "image_url": "..."} (the Responses API's shape).
-    value = part.get("image_url")
-    url = value.get("url") if isinstance(value, dict) else value
-    if not isinstance(url, str) or not url.strip():
-        raise BadRequest("The image part has no `image_url.url`.", param=param)
-    return url.strip()
+def _url_of(part: ImagePart) -> str:
+    if part.url is None or not part.url.strip():
+        raise BadRequest("The image part has no `image_url.url`.", param=part.param)
+    return part.url.strip()
 
 
 def _source(url: str, param: str, policy: ImagePolicy) -> ImageSource:

@@ -5,15 +5,18 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 
 from mlxd import __version__
-from mlxd.daemon.auth import check_api_key
-from mlxd.daemon.context import DaemonContext
-from mlxd.daemon.errors import error_response, install_error_handlers
-from mlxd.daemon.guards import RequestGuard
-from mlxd.daemon.routes import admin, monitoring, openai
+from mlxd.api.auth import check_api_key
+from mlxd.api.context import DaemonContext
+from mlxd.api.errors import ErrorShape, error_response, install_error_handlers
+from mlxd.api.openai import routes as openai
+from mlxd.api.openai.errors import OpenAIErrors
+from mlxd.api.routes import admin, monitoring
+from mlxd.api.guards import RequestGuard
 from mlxd.errors import MlxdError, ShuttingDown
 
 log = logging.getLogger("mlxd.http")
@@ -22,28 +25,43 @@ log = logging.getLogger("mlxd.http")
 OPEN_PATHS = ("/health",)
 
 
-def create_app(ctx: DaemonContext) -> FastAPI:
+class ConfigReloader(Protocol):
+    """Hot reload of models.yaml (``mlxd.daemon.reload.Reloader``)."""
+
+    async def reload(self, trigger: str) -> dict[str, Any]: ...
+    async def start_watching(self) -> None: ...
+    async def stop_watching(self) -> None: ...
+
+
+def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> FastAPI:
+    """``reloader`` is None when there is no registry file to reload."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         ctx.worker.start()
         await ctx.manager.start()
-        # Set by wire_reloader (mlxd.daemon.reload) when the daemon can reload.
-        reloader = getattr(app.state, "reloader", None)
-        if reloader is not None and ctx.settings.watch_config:
+        watching = reloader is not None and ctx.settings.watch_config
+        if watching:
             await reloader.start_watching()
         try:
             yield
         finally:
-            if reloader is not None:
+            if watching:
                 await reloader.stop_watching()
             # A SIGTERM drain has already done this; a plain stop has not.
-            if not ctx.manager.core.shutting_down:
+            if not ctx.manager.shutting_down:
                 await ctx.manager.shutdown(ctx.settings.server.shutdown_grace_seconds)
             await ctx.worker.shutdown()
 
     app = FastAPI(title="mlxd", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.ctx = ctx
-    install_error_handlers(app)
+    openai_errors = OpenAIErrors()
+
+    def shape_for(path: str) -> ErrorShape:
+        # Every route speaks OpenAI's errors today; a new surface claims its paths here.
+        return openai_errors
+
+    install_error_handlers(app, shape_for)
 
     @app.middleware("http")
     async def gatekeeper(request: Request, call_next):  # type: ignore[no-untyped-def]
@@ -54,14 +72,14 @@ def create_app(ctx: DaemonContext) -> FastAPI:
             if ctx.draining and request.method == "POST" and path.startswith("/v1/"):
                 raise ShuttingDown("mlxd is shutting down; retry shortly", retry_after=5)
         except MlxdError as exc:
-            return error_response(exc)
+            return error_response(shape_for(path), exc)
         return await call_next(request)
 
     # Added last, so it runs first: refused requests never reach the app.
     app.add_middleware(RequestGuard, server=lambda: ctx.settings.server)
 
     app.include_router(openai.router())
-    app.include_router(admin.router())
+    app.include_router(admin.router(reloader))
     # Also serves GET / and /dashboard, the status page.
     app.include_router(monitoring.router())
 

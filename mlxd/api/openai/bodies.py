@@ -11,7 +11,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
+from mlxd.api.plan import Requested
 from mlxd.errors import BadRequest
+from mlxd.registry.model import SamplingDefaults
+
+# {"type": "image_url", "image_url": {"url": ...}} (chat completions) and
+# {"type": "input_image", "image_url": "..."} (the Responses API's shape).
+IMAGE_PART_TYPES = ("image_url", "input_image")
+PART_TYPES = ("text", *IMAGE_PART_TYPES)
 
 
 class StreamOptions(BaseModel):
@@ -84,6 +92,41 @@ class _Common(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def requested(self) -> Requested:
+        """What this body asks of the shared request path."""
+        return Requested(
+            model=self.model,
+            sampling=SamplingDefaults(
+                max_tokens=self.requested_max_tokens(),
+                temperature=self.temperature,
+                top_p=self.top_p,
+                top_k=self.top_k,
+                min_p=self.min_p,
+                repetition_penalty=self.repetition_penalty,
+                presence_penalty=self.presence_penalty,
+                seed=self.seed,
+            ),
+            stop=tuple(self.stop_list()),
+            stream=self.stream,
+            timeout=self.timeout,
+            ignore_eos=self.ignore_eos,
+        )
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    arguments: str = ""
+
+
+class ChatToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -91,6 +134,8 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[ChatToolCall] | None = None
+    tool_call_id: str | None = None
 
     @field_validator("content")
     @classmethod
@@ -98,13 +143,27 @@ class ChatMessage(BaseModel):
         _check_encodable(value, "content")
         return value
 
-    def text_length(self) -> int:
-        """Characters of text (image parts not counted): a cheap bound on tokens."""
-        if isinstance(self.content, str):
-            return len(self.content)
+    def to_message(self, index: int) -> Message:
+        # ``developer`` is what newer OpenAI models call ``system``.
+        role = "system" if self.role == "developer" else self.role
+        content: str | tuple[Part, ...]
         if isinstance(self.content, list):
-            return sum(len(p["text"]) for p in self.content if isinstance(p.get("text"), str))
-        return 0
+            content = tuple(_part(p, f"messages[{index}].content[{j}]") for j, p in enumerate(self.content))
+        else:
+            content = self.content if self.content is not None else ""
+        calls = tuple(
+            ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments) for c in self.tool_calls or ()
+        )
+        return Message(role=role, content=content, tool_calls=calls, tool_call_id=self.tool_call_id)
+
+
+def _part(part: dict[str, Any], param: str) -> Part:
+    # Types were checked by ChatCompletionRequest.unsupported().
+    if part.get("type") in IMAGE_PART_TYPES:
+        value = part.get("image_url")
+        url = value.get("url") if isinstance(value, dict) else value
+        return ImagePart(url=url if isinstance(url, str) else None, param=param)
+    return TextPart(str(part.get("text", "")))
 
 
 class ChatCompletionRequest(_Common):
@@ -129,28 +188,14 @@ class ChatCompletionRequest(_Common):
         for i, message in enumerate(self.messages):
             if isinstance(message.content, list):
                 for part in message.content:
-                    if part.get("type") not in ("text", "image_url", "input_image"):
+                    if part.get("type") not in PART_TYPES:
                         raise BadRequest(
                             f"Unsupported content part type {part.get('type')!r}",
                             param=f"messages[{i}].content",
                         )
 
-    def plain_messages(self) -> list[dict[str, Any]]:
-        """Messages as chat templates expect them: ``developer`` is ``system``."""
-        out = []
-        for m in self.messages:
-            role = "system" if m.role == "developer" else m.role
-            out.append({"role": role, "content": m.content if m.content is not None else ""})
-        return out
-
-    def text_length(self) -> int:
-        return sum(m.text_length() for m in self.messages)
-
-    def has_images(self) -> bool:
-        return any(
-            isinstance(m.content, list) and any(p.get("type") in ("image_url", "input_image") for p in m.content)
-            for m in self.messages
-        )
+    def conversation(self) -> Conversation:
+        return Conversation(tuple(m.to_message(i) for i, m in enumerate(self.messages)))
 
 
 class CompletionRequest(_Common):

@@ -1,0 +1,35 @@
+"""A finished request's accounts: its metrics, the model's token figures and
+the request log line. Shared by every API surface."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlxd.api.context import DaemonContext
+    from mlxd.api.plan import Plan
+
+log = logging.getLogger("mlxd.requests")
+
+
+def record_request(
+    ctx: DaemonContext, model: str, status: int, plan: Plan, tokens_in: int = 0, tokens_out: int = 0
+) -> None:
+    seconds = time.monotonic() - plan.started
+    metrics = ctx.metrics
+    metrics.requests.labels(model, str(status)).inc()
+    metrics.request_seconds.labels(model).observe(seconds)
+    if tokens_in:
+        metrics.tokens.labels(model, "in").inc(tokens_in)
+    if tokens_out:
+        metrics.tokens.labels(model, "out").inc(tokens_out)
+    ctx.manager.count_tokens(model, tokens_in, tokens_out)
+    extra = ""
+    if ctx.settings.log_prompts:
+        extra = " prompt=" + repr([r.messages or r.prompt for r in plan.requests])[:2000]
+    log.info(
+        "%s model=%s status=%d tokens_in=%d tokens_out=%d seconds=%.3f stream=%s%s",
+        plan.kind, model, status, tokens_in, tokens_out, seconds, plan.stream, extra,
+    )

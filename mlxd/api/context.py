@@ -1,0 +1,59 @@
+"""What the HTTP layer serves from: settings, the residency manager, the
+configuration's state, events and metrics. Built by ``build_daemon`` (the
+composition root in ``mlxd.daemon.build``); nothing lives at module level, so
+tests build as many as they like."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from mlxd.api.images import ImageMemory
+from mlxd.engine.worker import MlxWorker
+from mlxd.monitoring.metrics import Metrics
+from mlxd.monitoring.snapshot import ConfigState, DaemonSnapshot
+from mlxd.monitoring.status import EVENTS_LIMIT
+from mlxd.registry.model import Registry, ServerSpec
+from mlxd.residency.events import EventLog
+from mlxd.residency.shell import ResidencyManager
+from mlxd.settings import EffectiveSettings
+
+@dataclass
+class DaemonContext:
+    settings: EffectiveSettings
+    manager: ResidencyManager
+    worker: MlxWorker
+    config: ConfigState
+    events: EventLog
+    metrics: Metrics = field(default_factory=Metrics)
+    started_at: float = field(default_factory=time.time)
+    # Set on SIGTERM: new requests get 503 while in-flight ones finish.
+    draining: bool = False
+    blas: dict[str, Any] = field(default_factory=dict)
+    # Decoded image pixels held at once, across every request.
+    image_memory: ImageMemory = field(default_factory=lambda: ImageMemory(ServerSpec().max_image_memory_bytes))
+
+    @property
+    def registry(self) -> Registry:
+        return self.manager.registry
+
+    def snapshot(self) -> DaemonSnapshot:
+        """Everything /v1/status, /health and /metrics show, read at once."""
+        manager = self.manager.snapshot()
+        server = self.settings.server
+        throughput = self.metrics.throughput
+        return DaemonSnapshot(
+            manager=manager,
+            config=replace(self.config),
+            events=tuple(self.events.recent(EVENTS_LIMIT)),
+            recent_tokens={m.name: throughput.tokens(m.name) for m in manager.models},
+            window_seconds=throughput.window_seconds,
+            started_at=self.started_at,
+            draining=self.draining,
+            blas=dict(self.blas),
+            host=server.host,
+            port=server.port,
+            auth_required=bool(server.api_keys),
+            metrics_enabled=self.settings.metrics,
+        )

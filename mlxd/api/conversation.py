@@ -1,0 +1,109 @@
+"""The one internal conversation every API surface translates its request
+into: roles, text and image parts, assistant tool calls and tool results.
+
+A surface's adapter builds a ``Conversation``; planning, image checks and the
+chat template only ever see this type. ``param`` on a part says where it
+came from in the surface's own request body, so errors can name it there.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+@dataclass(frozen=True)
+class TextPart:
+    text: str
+
+
+@dataclass(frozen=True)
+class ImagePart:
+    """An image, not read yet. ``url`` is a data:, file:// or http(s) URL (None
+    when the part named none: a 400 once images are checked)."""
+
+    url: str | None
+    param: str
+
+
+Part = TextPart | ImagePart
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the assistant made earlier in the conversation."""
+
+    id: str
+    name: str
+    # JSON text, as the model wrote it.
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Message:
+    role: Role
+    # A plain string when the client sent one (templates treat the two
+    # shapes differently), else the parts in order.
+    content: str | tuple[Part, ...]
+    # Assistant messages: the tools it called.
+    tool_calls: tuple[ToolCall, ...] = ()
+    # Tool messages: which call this is the result of.
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def parts(self) -> tuple[Part, ...]:
+        return (TextPart(self.content),) if isinstance(self.content, str) else self.content
+
+    def images(self) -> tuple[ImagePart, ...]:
+        return tuple(p for p in self.parts() if isinstance(p, ImagePart))
+
+
+@dataclass(frozen=True)
+class Conversation:
+    messages: tuple[Message, ...]
+
+    def has_images(self) -> bool:
+        return any(m.images() for m in self.messages)
+
+    def text_length(self) -> int:
+        """Characters of text (images not counted): a cheap bound on tokens."""
+        return sum(len(p.text) for m in self.messages for p in m.parts() if isinstance(p, TextPart))
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        """The messages as chat templates take them. An image becomes
+        ``{"type": "image"}``: the template only needs to know where it goes,
+        and engines and logs need not carry its bytes."""
+        return [_template_message(m) for m in self.messages]
+
+
+def _template_message(message: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role}
+    if isinstance(message.content, str):
+        out["content"] = message.content
+    else:
+        out["content"] = [
+            {"type": "text", "text": p.text} if isinstance(p, TextPart) else {"type": "image"}
+            for p in message.content
+        ]
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
+            for c in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        out["name"] = message.name
+    return out
+
+
+def _arguments(text: str) -> Any:
+    # Chat templates render arguments with `tojson`: hand them the object,
+    # or the text as it came when it is not JSON.
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

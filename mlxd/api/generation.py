@@ -1,0 +1,347 @@
+"""From a plan to engine output, for every API surface: hold a lease, race
+the work against the client's disconnect and the request's deadline, turn
+engine chunks into output events, and either collect them into an Answer or
+stream them through the surface's framer. Accounts (metrics, token counts,
+the request log) are kept here, once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from mlxd.api.accounting import record_request
+from mlxd.api.context import DaemonContext
+from mlxd.api.events import Finish, OutputEvent, TextDelta, ToolCallDelta, Usage, chunk_events
+from mlxd.api.plan import Plan
+from mlxd.engine.types import GenerationChunk, GenerationRequest
+from mlxd.errors import (
+    ClientDisconnected,
+    MlxdError,
+    ModelPreempted,
+    RequestTimeout,
+    describe_exception,
+)
+from mlxd.residency.shell import Lease
+
+log = logging.getLogger("mlxd.requests")
+T = TypeVar("T")
+
+
+def _preempted(plan: Plan, retry_after: float | None = None) -> ModelPreempted:
+    return ModelPreempted(
+        f"Generation on `{plan.requested_name}` was interrupted: the model was preempted "
+        "or the daemon is shutting down",
+        retry_after=retry_after,
+    )
+
+
+# --- racing work against disconnects and deadlines ---------------------------
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client goes away. The body has been read already, so
+    the next ASGI message can only be the disconnect."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def guarded(request: Request, work: Awaitable[T], timeout: float) -> T:
+    """Run ``work`` until it finishes, the client disconnects (499) or the
+    deadline passes (504). Either way the work is cancelled and awaited, so
+    whatever it held (a lease) has been given back when this returns."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, timeout=max(0.0, timeout), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    if watcher in done:
+        raise ClientDisconnected("client disconnected")
+    raise RequestTimeout(f"Request timed out after {timeout:.1f} seconds")
+
+
+async def _read_images_and_acquire(ctx: DaemonContext, plan: Plan) -> Lease:
+    """Images are read (files, remote fetches, headers) before the lease, so
+    a bad image is a 400 that never loads a model or holds a slot; they are
+    decoded only once the lease is held, so requests the queue refuses never
+    decode anything, and under the daemon-wide image memory bound."""
+    images = plan.images if plan.images is not None and plan.images.sources else None
+    if images is not None:
+        await images.read()
+    lease = await ctx.manager.acquire(plan.requested_name, timeout=plan.remaining())
+    if images is not None:
+        try:
+            plan.requests[0].images = await images.decode(ctx.image_memory)
+        except BaseException:
+            lease.release()
+            raise
+    return lease
+
+
+# --- one answer ---------------------------------------------------------------
+
+
+@dataclass
+class CalledTool:
+    id: str = ""
+    name: str = ""
+    # JSON text, as the model wrote it.
+    arguments: str = ""
+
+
+@dataclass
+class Choice:
+    text: str = ""
+    finish_reason: str = "stop"
+    tool_calls: list[CalledTool] = field(default_factory=list)
+
+
+@dataclass
+class Answer:
+    """Every event of a finished request, collected per choice."""
+
+    choices: list[Choice]
+    usage: Usage = field(default_factory=Usage)
+
+    def add(self, event: OutputEvent) -> None:
+        while len(self.choices) <= event.choice:
+            self.choices.append(Choice())
+        choice = self.choices[event.choice]
+        if isinstance(event, TextDelta):
+            choice.text += event.text
+        elif isinstance(event, ToolCallDelta):
+            while len(choice.tool_calls) <= event.index:
+                choice.tool_calls.append(CalledTool())
+            call = choice.tool_calls[event.index]
+            call.id = event.id or call.id
+            call.name = event.name or call.name
+            call.arguments += event.arguments
+        elif isinstance(event, Finish):
+            choice.finish_reason = event.reason
+            self.usage = self.usage + event.usage
+
+
+async def _generate_all(ctx: DaemonContext, plan: Plan, lease: Lease) -> Answer:
+    answer = Answer(choices=[])
+    meter = ctx.metrics.meter(plan.spec.name, plan.started)
+    for index, request in enumerate(plan.requests):
+        last = GenerationChunk(text="")
+        async with contextlib.aclosing(lease.engine.generate(request)) as chunks:
+            async for chunk in chunks:
+                meter.chunk(request.request_id, chunk)
+                last = chunk
+                if chunk.finish_reason != "abort":
+                    for event in chunk_events(index, chunk):
+                        answer.add(event)
+        if last.finish_reason == "abort":
+            raise _preempted(plan, retry_after=5)
+        if not last.finish_reason:
+            answer.add(Finish(index, "stop", Usage(last.prompt_tokens, last.completion_tokens, last.cached_tokens)))
+    return answer
+
+
+async def complete(ctx: DaemonContext, plan: Plan, request: Request) -> Answer:
+    async def work() -> Answer:
+        async with await _read_images_and_acquire(ctx, plan) as lease:
+            return await _generate_all(ctx, plan, lease)
+
+    try:
+        answer = await guarded(request, work(), plan.remaining())
+    except MlxdError as exc:
+        record_request(ctx, plan.spec.name, exc.status_code, plan)
+        raise
+    record_request(ctx, plan.spec.name, 200, plan, answer.usage.prompt_tokens, answer.usage.completion_tokens)
+    return answer
+
+
+# --- streaming ---------------------------------------------------------------
+# Server-sent events are framed on Starlette's StreamingResponse rather than
+# with sse-starlette: the lease must be given back even when the body is never
+# iterated, and heartbeats must flow while the engine is silent without
+# counting as progress. What the frames say is the surface's framer's job.
+
+
+class Framer(Protocol):
+    """How one surface writes its stream. Each method returns the text to
+    send (possibly several frames, possibly empty)."""
+
+    heartbeat: str
+
+    def opening(self) -> str: ...
+    def event(self, event: OutputEvent) -> str: ...
+    def error(self, exc: BaseException) -> str: ...
+    def closing(self, usage: Usage | None) -> str:
+        """The end of the stream; ``usage`` is None after an error frame."""
+        ...
+
+
+_END = object()
+
+
+class LeasedStreamingResponse(StreamingResponse):
+    """A stream that gives its lease back however it ends, even when the
+    client is gone before the first byte and the body is never iterated."""
+
+    def __init__(self, content: AsyncIterator[str], lease: Lease, **kw: Any) -> None:
+        super().__init__(content, media_type="text/event-stream", **kw)
+        self._lease = lease
+        self._content = content
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with contextlib.suppress(Exception):
+                await self._content.aclose()  # type: ignore[attr-defined]
+            self._lease.release()
+
+
+async def open_stream(ctx: DaemonContext, plan: Plan, request: Request, framer: Framer) -> LeasedStreamingResponse:
+    """Acquire before answering, so a 404/503/504 is a real status code; once
+    the 200 is sent, errors travel in the stream."""
+    try:
+        lease = await guarded(request, _read_images_and_acquire(ctx, plan), plan.remaining())
+    except MlxdError as exc:
+        record_request(ctx, plan.spec.name, exc.status_code, plan)
+        raise
+    frames = _frames(ctx, plan, lease, framer)
+    return LeasedStreamingResponse(
+        frames, lease, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+
+
+async def _pump(engine: Any, requests: list[GenerationRequest], queue: asyncio.Queue[Any]) -> None:
+    try:
+        for index, request in enumerate(requests):
+            async with contextlib.aclosing(engine.generate(request)) as chunks:
+                async for chunk in chunks:
+                    queue.put_nowait((index, chunk))
+        queue.put_nowait(_END)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        queue.put_nowait(exc)
+
+
+class _StreamState:
+    """Turns engine output into frames and keeps the stream's accounts."""
+
+    def __init__(self, ctx: DaemonContext, plan: Plan, framer: Framer) -> None:
+        self.plan = plan
+        self.framer = framer
+        self.meter = ctx.metrics.meter(plan.spec.name, plan.started)
+        self.usage = Usage()
+        # Running counts of the generation in progress (its chunks carry
+        # them): a stream that ends early is logged with what it really cost.
+        self._partial = (0, 0)
+        self.status = 200
+
+    def totals(self) -> tuple[int, int]:
+        """Prompt and completion tokens so far, the unfinished prompt included."""
+        return self.usage.prompt_tokens + self._partial[0], self.usage.completion_tokens + self._partial[1]
+
+    def handle(self, item: Any) -> tuple[list[str], bool]:
+        """Frames for one queue item, and whether the stream is over."""
+        if item is _END:
+            return [], True
+        if isinstance(item, BaseException):
+            self.status = item.status_code if isinstance(item, MlxdError) else 500
+            log.error("stream on %s failed: %s", self.plan.spec.name, describe_exception(item))
+            return [self.framer.error(item)], True
+        index, chunk = item
+        self.meter.chunk(index, chunk)
+        self._partial = (chunk.prompt_tokens, chunk.completion_tokens)
+        if chunk.finish_reason == "abort":
+            self.status = 503
+            return [self.framer.error(_preempted(self.plan))], True
+        out = []
+        for event in chunk_events(index, chunk):
+            if isinstance(event, Finish):
+                self._partial = (0, 0)
+                self.usage = self.usage + event.usage
+            out.append(self.framer.event(event))
+        return out, False
+
+
+async def _frames(ctx: DaemonContext, plan: Plan, lease: Lease, framer: Framer) -> AsyncIterator[str]:
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    producer = asyncio.ensure_future(_pump(lease.engine, plan.requests, queue))
+    state = _StreamState(ctx, plan, framer)
+    heartbeat = ctx.settings.heartbeat_seconds
+    inactivity = ctx.settings.server.request_timeout_s
+    loop = asyncio.get_running_loop()
+    last_progress = loop.time()
+    try:
+        opening = framer.opening()
+        if opening:
+            yield opening
+        done = False
+        while not done:
+            try:
+                item = await asyncio.wait_for(queue.get(), heartbeat)
+            except asyncio.TimeoutError:
+                if loop.time() - last_progress >= inactivity:
+                    state.status = 504
+                    yield framer.error(RequestTimeout(f"No output for {inactivity:.0f} seconds"))
+                    break
+                yield framer.heartbeat
+                continue
+            last_progress = loop.time()
+            out, done = state.handle(item)
+            # Whatever else is already queued goes out in the same write: one
+            # send per batch of tokens instead of one per token.
+            while not done and not queue.empty():
+                more, done = state.handle(queue.get_nowait())
+                out += more
+            text = "".join(out)
+            if text:
+                yield text
+        closing = framer.closing(state.usage if state.status == 200 else None)
+        if closing:
+            yield closing
+    except (GeneratorExit, asyncio.CancelledError):
+        state.status = 499  # the client went away mid-stream
+        raise
+    finally:
+        producer.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await producer
+        lease.release()
+        record_request(ctx, plan.spec.name, state.status, plan, *state.totals())
+
+
+# --- answering ----------------------------------------------------------------
+
+
+async def respond(
+    ctx: DaemonContext,
+    plan: Plan,
+    request: Request,
+    *,
+    framer: Callable[[], Framer],
+    body: Callable[[Answer], dict[str, Any]],
+) -> Response:
+    """The answer to ``plan``: a stream through ``framer()`` when the plan
+    streams, else ``body(answer)`` as JSON. A client gone before the answer
+    gets a bare 499 (for the access log; nobody reads it)."""
+    try:
+        if plan.stream:
+            return await open_stream(ctx, plan, request, framer())
+        return JSONResponse(body(await complete(ctx, plan, request)))
+    except ClientDisconnected:
+        return Response(status_code=499)

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible surface: request bodies, answers, stream frames, error bodies, routes."""

@@ -1,0 +1,68 @@
+"""The OpenAI-compatible surface: chat, completions, models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from mlxd.api.context import DaemonContext
+from mlxd.api.generation import respond
+from mlxd.api.openai.answers import OpenAIFrames, chat_completion, text_completion
+from mlxd.api.openai.bodies import ChatCompletionRequest, CompletionRequest
+from mlxd.api.plan import plan_chat, plan_prompts
+
+
+def _ctx(request: Request) -> DaemonContext:
+    return request.app.state.ctx
+
+
+def router() -> APIRouter:
+    api = APIRouter()
+
+    @api.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        ctx = _ctx(request)
+        body.unsupported()
+        plan = plan_chat(ctx, body.requested(), body.conversation())
+        return await respond(
+            ctx, plan, request,
+            framer=lambda: OpenAIFrames(plan, chat=True, include_usage=body.include_usage),
+            body=lambda answer: chat_completion(plan, answer),
+        )
+
+    @api.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        ctx = _ctx(request)
+        body.unsupported()
+        plan = plan_prompts(ctx, body.requested(), body.prompts())
+        return await respond(
+            ctx, plan, request,
+            framer=lambda: OpenAIFrames(plan, chat=False, include_usage=body.include_usage),
+            body=lambda answer: text_completion(plan, answer),
+        )
+
+    @api.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        ctx = _ctx(request)
+        created = int(ctx.started_at)
+        data = []
+        for spec in ctx.registry.models:
+            view = ctx.manager.view(spec.name)
+            state = view.state.value if view else "unloaded"
+            for name in spec.names():
+                data.append(
+                    {
+                        "id": name,
+                        "object": "model",
+                        "created": created,
+                        "owned_by": "mlxd",
+                        "root": spec.name,
+                        "kind": spec.kind,
+                        "state": state,
+                    }
+                )
+        return {"object": "list", "data": data}
+
+    return api

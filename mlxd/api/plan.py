@@ -1,0 +1,172 @@
+"""Everything decided before a lease is taken, for any API surface: which
+model, the fully resolved sampling and token limit, the engine requests, the
+images to read and the request's deadline."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from mlxd.api.conversation import Conversation
+from mlxd.api.images import ImagePolicy, PendingImages, collect_images
+from mlxd.engine.types import GenerationRequest, SamplingParams
+from mlxd.errors import BadRequest
+from mlxd.registry.model import ModelSpec, SamplingDefaults
+
+if TYPE_CHECKING:
+    from mlxd.api.context import DaemonContext
+
+# Fallbacks when neither the request nor the model's defaults say.
+FALLBACK = SamplingParams(temperature=0.7, top_p=0.9, top_k=0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0)
+
+
+@dataclass(frozen=True)
+class Requested:
+    """A surface's request in the terms the shared path plans with."""
+
+    model: str
+    # What the request says about sampling and max_tokens, in the shape of a
+    # model's defaults: None leaves a value to them, then to FALLBACK.
+    sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    # Total seconds for this request, queueing and loading included.
+    timeout: float | None = None
+    ignore_eos: bool = False
+
+
+@dataclass
+class Plan:
+    kind: str  # what the request log calls it: "chat" | "completion" | ...
+    spec: ModelSpec
+    requested_name: str
+    requests: list[GenerationRequest]
+    stream: bool
+    timeout: float
+    started: float = field(default_factory=time.monotonic)
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+    # Vision chat: images checked against the model's rules, read before the lease.
+    images: PendingImages | None = None
+
+    def remaining(self) -> float:
+        return self.timeout - (time.monotonic() - self.started)
+
+
+def _pick(request_value: Any, default_value: Any, fallback: Any) -> Any:
+    # An explicit 0 from the request is a value, not an absence.
+    if request_value is not None:
+        return request_value
+    return default_value if default_value is not None else fallback
+
+
+def resolve_sampling(asked: SamplingDefaults, spec: ModelSpec) -> SamplingParams:
+    d = spec.defaults
+    return SamplingParams(
+        temperature=_pick(asked.temperature, d.temperature, FALLBACK.temperature),
+        top_p=_pick(asked.top_p, d.top_p, FALLBACK.top_p),
+        top_k=_pick(asked.top_k, d.top_k, FALLBACK.top_k),
+        min_p=_pick(asked.min_p, d.min_p, FALLBACK.min_p),
+        repetition_penalty=_pick(asked.repetition_penalty, d.repetition_penalty, FALLBACK.repetition_penalty),
+        presence_penalty=_pick(asked.presence_penalty, d.presence_penalty, FALLBACK.presence_penalty),
+        seed=_pick(asked.seed, d.seed, None),
+    )
+
+
+def resolve_max_tokens(ctx: DaemonContext, asked: Requested, spec: ModelSpec) -> int:
+    server = ctx.settings.server
+    value = _pick(asked.sampling.max_tokens, spec.defaults.max_tokens, server.default_max_tokens)
+    if value > server.max_request_tokens:
+        raise BadRequest(
+            f"max_tokens exceeds server limit ({server.max_request_tokens})", param="max_tokens"
+        )
+    return value
+
+
+def _timeout(ctx: DaemonContext, asked: Requested) -> float:
+    """The client may ask for less time than the server allows, never more."""
+    limit = ctx.settings.server.request_timeout_s
+    return min(asked.timeout, limit) if asked.timeout is not None else limit
+
+
+# No tokenizer makes a token of more than this many characters on average
+# over a whole prompt (English text is about 4): a prompt longer than
+# max_context times this is refused before anyone tokenizes it.
+MAX_CHARS_PER_TOKEN = 32
+
+
+def check_prompt_length(spec: ModelSpec, chars: int, param: str) -> None:
+    """A cheap bound before tokenizing: megabytes of prompt must not cost a
+    tokenizer run (and the memory it takes) only to be refused afterwards."""
+    limit = spec.max_context * MAX_CHARS_PER_TOKEN
+    if chars > limit:
+        raise BadRequest(
+            f"This model's maximum context length is {spec.max_context} tokens, but the "
+            f"{param} has {chars:,} characters, far more than fit. Shorten the {param}.",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+
+def plan_chat(
+    ctx: DaemonContext, asked: Requested, conversation: Conversation, *, kind: str = "chat", id_prefix: str = "chatcmpl-"
+) -> Plan:
+    spec = ctx.manager.resolve(asked.model)
+    check_prompt_length(spec, conversation.text_length(), "messages")
+    if conversation.has_images() and spec.kind != "vision":
+        raise BadRequest(
+            f"Model `{asked.model}` is a text model and does not accept images", param="messages"
+        )
+    images = collect_images(conversation, ImagePolicy.for_model(spec)) if spec.kind == "vision" else None
+    request = GenerationRequest(
+        request_id=f"{id_prefix}{uuid.uuid4().hex[:24]}",
+        max_tokens=resolve_max_tokens(ctx, asked, spec),
+        sampling=resolve_sampling(asked.sampling, spec),
+        stop=list(asked.stop),
+        messages=conversation.template_messages(),
+        ignore_eos=asked.ignore_eos,
+    )
+    return Plan(
+        kind=kind,
+        spec=spec,
+        requested_name=asked.model,
+        requests=[request],
+        stream=asked.stream,
+        timeout=_timeout(ctx, asked),
+        id=request.request_id,
+        images=images,
+    )
+
+
+def plan_prompts(
+    ctx: DaemonContext, asked: Requested, prompts: list[str], *, kind: str = "completion", id_prefix: str = "cmpl-"
+) -> Plan:
+    limit = ctx.settings.server.max_prompts
+    if len(prompts) > limit:
+        raise BadRequest(
+            f"At most {limit} prompts per request; this one has {len(prompts)}.", param="prompt"
+        )
+    spec = ctx.manager.resolve(asked.model)
+    for i, prompt in enumerate(prompts):
+        check_prompt_length(spec, len(prompt), "prompt" if len(prompts) == 1 else f"prompt[{i}]")
+    max_tokens = resolve_max_tokens(ctx, asked, spec)
+    sampling = resolve_sampling(asked.sampling, spec)
+    plan_id = f"{id_prefix}{uuid.uuid4().hex[:24]}"
+    requests = [
+        GenerationRequest(
+            request_id=f"{plan_id}-{i}", max_tokens=max_tokens, sampling=sampling,
+            stop=list(asked.stop), prompt=prompt, ignore_eos=asked.ignore_eos,
+        )
+        for i, prompt in enumerate(prompts)
+    ]
+    return Plan(
+        kind=kind,
+        spec=spec,
+        requested_name=asked.model,
+        requests=requests,
+        stream=asked.stream,
+        timeout=_timeout(ctx, asked),
+        id=plan_id,
+    )

@@ -1,0 +1,1 @@
+"""The `mlxd` command line and its client for a running daemon."""

@@ -1,0 +1,63 @@
+"""How the daemon builds engines and what it does before one unloads. Both
+are handed to the residency manager, which passes the registry in use with
+every call (hot reload replaces it): nothing here reads the manager back."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from mlxd.engine.cache_store.bound import CacheDirBound
+from mlxd.engine.types import Engine
+from mlxd.engine.worker import MlxWorker
+from mlxd.errors import ModelLoadFailed
+from mlxd.registry.model import ModelSpec, Registry
+
+log = logging.getLogger("mlxd.requests")
+
+
+class EngineFactory:
+    """Builds the right engine for a spec on the shared worker. Text models
+    persist their prefix cache under the registry's ``cache_dir``."""
+
+    def __init__(self, worker: MlxWorker) -> None:
+        self.worker = worker
+
+    async def __call__(self, spec: ModelSpec, registry: Registry) -> Engine:
+        if spec.kind == "vision":
+            try:
+                from mlxd.engine.vision import load_vision_engine
+            except ImportError as exc:
+                raise ModelLoadFailed(
+                    f"Model `{spec.name}` is a vision model but mlx-vlm is not installed "
+                    "(pip install 'mlxd[vision]')"
+                ) from exc
+            return await load_vision_engine(spec, self.worker)
+        from mlxd.engine.loader import load_text_engine
+
+        return await load_text_engine(spec, self.worker, cache_dir=registry.manager.cache_dir)
+
+
+class PrefixCacheHooks:
+    """The daemon's lifecycle hooks: save a model's prefix cache before it
+    unloads (idle, eviction, admin, reload or shutdown), then keep the whole
+    ``<cache_dir>/prefix`` within the sum of the models' disk bounds.
+
+    The save's MLX part runs on the worker and its file I/O in a thread, one
+    entry at a time: the event loop and other models keep going meanwhile.
+    """
+
+    def __init__(self) -> None:
+        self._bound = CacheDirBound()
+
+    async def before_unload(self, spec: ModelSpec, engine: Engine, reason: str, registry: Registry) -> None:
+        saved = await engine.before_unload()
+        if saved is None:
+            return
+        total = sum(
+            m.prefix_cache.disk_max_bytes for m in registry.models if m.prefix_cache.persist
+        )
+        try:
+            await asyncio.to_thread(self._bound.enforce, saved.root, total, saved.fingerprint)
+        except OSError as exc:
+            log.warning("bounding the prefix cache dir %s failed: %s", saved.root, exc)

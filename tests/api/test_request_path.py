@@ -1,0 +1,373 @@
+"""The HTTP request path with a scripted engine, no model and no server: the
+app from build_daemon, driven over ASGI. Racing against deadlines and client
+disconnects, stream framing, and the error bodies a client sees."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.asgi import Call, running
+from support.residency_sim import manager, spec
+
+from mlxd.daemon.build import build_daemon
+from mlxd.engine.types import GenerationChunk, GenerationRequest
+from mlxd.registry.model import Registry, ServerSpec
+from mlxd.settings import DaemonSettings
+
+pytestmark = pytest.mark.anyio
+
+CHAT = [{"role": "user", "content": "Say hello"}]
+FOREVER = 3600.0
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+class ScriptedEngine:
+    """Plays a script per request: text pieces, pauses, a finish reason or an
+    exception. Remembers what it was asked and which generations were closed."""
+
+    def __init__(self, name: str, script: list[Any]) -> None:
+        self.name = name
+        self.kind = "text"
+        self.script = script
+        self.requests: list[GenerationRequest] = []
+        self.closed: list[str] = []
+        self.started = asyncio.Event()
+        self.measured_bytes = None
+
+    async def generate(self, request: GenerationRequest):
+        self.requests.append(request)
+        self.started.set()
+        produced = 0
+        try:
+            for step in self.script:
+                if isinstance(step, float):
+                    await asyncio.sleep(step)
+                elif isinstance(step, BaseException):
+                    raise step
+                elif step in ("stop", "length", "abort"):
+                    yield GenerationChunk("", finish_reason=step, prompt_tokens=5,
+                                          completion_tokens=produced, cached_tokens=3)
+                    return
+                else:
+                    produced += 1
+                    yield GenerationChunk(step, completion_tokens=produced)
+        finally:
+            self.closed.append(request.request_id)
+
+    async def abort_all(self, reason: str) -> int:
+        return 0
+
+    async def before_unload(self):
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+
+class Harness:
+    def __init__(self, tmp_path: Path, script: list[Any], *, request_timeout_s: float = 30.0,
+                 heartbeat_seconds: float = 5.0, max_concurrency: int = 1) -> None:
+        self.engine = ScriptedEngine("m", script)
+
+        async def engines(model_spec, registry):
+            return self.engine
+
+        registry = Registry(
+            source_path=None, file_hash="x", manager=manager(8),
+            server=ServerSpec(request_timeout_s=request_timeout_s),
+            models=(spec("m", 1, aliases=("alias",), max_concurrency=max_concurrency),
+                    spec("eyes", 1, kind="vision")),
+        )
+        settings = DaemonSettings(state_dir=tmp_path / "state", watch_config=False,
+                                  heartbeat_seconds=heartbeat_seconds)
+        self.daemon = build_daemon(settings, registry, engines=engines)
+        self.app = self.daemon.app
+
+    def post(self, path: str, body: Any) -> Call:
+        return Call(self.app, "POST", path, body)
+
+    def chat(self, **body: Any) -> Call:
+        return self.post("/v1/chat/completions", {"model": "m", "messages": CHAT, **body})
+
+    def active(self) -> int:
+        return self.daemon.ctx.manager.view("m").active
+
+    def counted(self, status: int) -> float:
+        value = self.daemon.ctx.metrics.registry.get_sample_value(
+            "mlxd_requests_total", {"model": "m", "status": str(status)})
+        return value or 0.0
+
+
+def frames(text: str) -> list[Any]:
+    """The stream's frames: JSON objects, "[DONE]", or "heartbeat" comments."""
+    assert text.endswith("\n\n"), text
+    out = []
+    for frame in text.split("\n\n")[:-1]:
+        if frame.startswith(": heartbeat"):
+            out.append("heartbeat")
+            continue
+        assert frame.startswith("data: ") and "\n" not in frame, frame
+        data = frame[len("data: "):]
+        out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+async def settled(predicate, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+# --- answers ------------------------------------------------------------------
+
+
+async def test_a_chat_answer_carries_the_text_finish_reason_and_usage(tmp_path):
+    h = Harness(tmp_path, ["Hello", " world", "stop"])
+    async with running(h.app):
+        call = await h.post("/v1/chat/completions", {
+            "model": "alias", "messages": [{"role": "developer", "content": "Be brief"}, *CHAT],
+        }).done()
+    assert call.status == 200
+    body = call.json()
+    assert body["object"] == "chat.completion" and body["model"] == "alias"
+    assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "Hello world"},
+                                "finish_reason": "stop", "logprobs": None}]
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7,
+                             "prompt_tokens_details": {"cached_tokens": 3}}
+    assert h.engine.requests[0].messages == [{"role": "system", "content": "Be brief"}, *CHAT]
+    assert h.active() == 0 and h.counted(200) == 1
+
+
+async def test_completions_answer_one_choice_per_prompt(tmp_path):
+    h = Harness(tmp_path, ["ok", "length"])
+    async with running(h.app):
+        call = await h.post("/v1/completions", {"model": "m", "prompt": ["a", "b"], "max_tokens": 1}).done()
+    body = call.json()
+    assert [(c["index"], c["text"], c["finish_reason"]) for c in body["choices"]] == [(0, "ok", "length"), (1, "ok", "length")]
+    assert body["usage"]["prompt_tokens"] == 10 and body["usage"]["completion_tokens"] == 2
+    assert [r.prompt for r in h.engine.requests] == ["a", "b"]
+
+
+# --- streams ------------------------------------------------------------------
+
+
+async def test_a_chat_stream_is_role_then_deltas_then_finish_usage_and_done(tmp_path):
+    h = Harness(tmp_path, ["Hel", 0.05, "lo", "stop"])
+    async with running(h.app):
+        call = await h.chat(stream=True, stream_options={"include_usage": True}).done()
+    assert call.status == 200 and call.headers["content-type"].startswith("text/event-stream")
+    got = frames(call.text)
+    assert [f["choices"][0]["delta"] if f["choices"] else "usage" for f in got[:-1]] == [
+        {"role": "assistant", "content": ""}, {"content": "Hel"}, {"content": "lo"}, {}, "usage"]
+    assert got[3]["choices"][0]["finish_reason"] == "stop"
+    assert got[4]["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7,
+                               "prompt_tokens_details": {"cached_tokens": 3}}
+    assert got[-1] == "[DONE]"
+    assert {f["id"] for f in got[:-1]} == {got[0]["id"]} and got[0]["object"] == "chat.completion.chunk"
+    assert h.active() == 0 and h.counted(200) == 1
+
+
+async def test_a_completions_stream_numbers_its_choices(tmp_path):
+    h = Harness(tmp_path, ["x", "stop"])
+    async with running(h.app):
+        call = await h.post("/v1/completions", {"model": "m", "prompt": ["a", "b"], "stream": True}).done()
+    got = frames(call.text)
+    assert [(f["choices"][0]["index"], f["choices"][0]["text"], f["choices"][0]["finish_reason"])
+            for f in got[:-1]] == [(0, "x", None), (0, "", "stop"), (1, "x", None), (1, "", "stop")]
+    assert got[-1] == "[DONE]"
+
+
+async def test_heartbeats_flow_while_the_engine_is_silent(tmp_path):
+    h = Harness(tmp_path, [0.35, "late", "stop"], heartbeat_seconds=0.05)
+    async with running(h.app):
+        call = await h.chat(stream=True).done()
+    got = frames(call.text)
+    assert got.count("heartbeat") >= 3
+    assert got.index("heartbeat") < next(i for i, f in enumerate(got) if f != "heartbeat" and f != "[DONE]"
+                                         and f["choices"][0]["delta"].get("content") == "late")
+    assert got[-1] == "[DONE]"
+
+
+async def test_a_stream_without_output_for_the_request_timeout_ends_with_a_timeout_frame(tmp_path):
+    h = Harness(tmp_path, ["a", FOREVER], request_timeout_s=0.3, heartbeat_seconds=0.05)
+    async with running(h.app):
+        call = await h.chat(stream=True, stream_options={"include_usage": True}).done()
+        await settled(lambda: h.engine.closed)
+        assert h.active() == 0
+    got = frames(call.text)
+    errors = [f for f in got if isinstance(f, dict) and "error" in f]
+    assert errors == [{"error": {"message": "No output for 0 seconds", "type": "timeout_error",
+                                 "param": None, "code": "timeout"}}]
+    assert got[-1] == "[DONE]" and not any(isinstance(f, dict) and f.get("usage") for f in got)
+    assert h.counted(504) == 1
+
+
+async def test_a_preempted_stream_says_so_and_sends_no_usage(tmp_path):
+    h = Harness(tmp_path, ["a", "abort"])
+    async with running(h.app):
+        call = await h.chat(stream=True, stream_options={"include_usage": True}).done()
+    got = frames(call.text)
+    assert got[-2]["error"]["code"] == "preempted" and got[-1] == "[DONE]"
+    assert h.counted(503) == 1
+
+
+async def test_an_engine_failure_mid_stream_is_a_generic_error_frame(tmp_path):
+    h = Harness(tmp_path, ["a", RuntimeError("boom at /secret/path")])
+    async with running(h.app):
+        call = await h.chat(stream=True).done()
+    assert "secret" not in call.text
+    got = frames(call.text)
+    assert got[-2] == {"error": {"message": "Internal error during generation", "type": "server_error",
+                                 "param": None, "code": "internal_error"}}
+    assert h.active() == 0 and h.counted(500) == 1
+
+
+# --- racing: deadlines and disconnects ----------------------------------------
+
+
+async def test_a_deadline_cancels_the_generation_and_gives_the_lease_back(tmp_path):
+    h = Harness(tmp_path, ["a", FOREVER])
+    async with running(h.app):
+        call = await h.chat(timeout=0.2).done()
+        assert call.status == 504
+        assert call.json()["error"]["type"] == "timeout_error"
+        assert h.engine.closed == [h.engine.requests[0].request_id]
+        assert h.active() == 0 and h.counted(504) == 1
+
+
+async def test_a_request_waiting_for_a_busy_model_times_out_without_holding_a_slot(tmp_path):
+    h = Harness(tmp_path, [FOREVER])
+    async with running(h.app):
+        first = h.chat()
+        await h.engine.started.wait()
+        second = await h.chat(timeout=0.2).done()
+        assert second.status == 504 and second.json()["error"]["code"] == "timeout"
+        first.disconnect()
+        await first.done()
+        await settled(lambda: h.active() == 0)
+        assert h.daemon.ctx.manager.view("m").queued == 0
+
+
+async def test_a_client_gone_before_the_answer_stops_the_generation(tmp_path):
+    h = Harness(tmp_path, ["a", FOREVER])
+    async with running(h.app):
+        call = h.chat()
+        await h.engine.started.wait()
+        call.disconnect()
+        await call.done()
+        assert call.status == 499
+        assert h.engine.closed and h.active() == 0 and h.counted(499) == 1
+
+
+async def test_a_client_gone_mid_stream_stops_the_generation(tmp_path):
+    h = Harness(tmp_path, ["first", FOREVER], heartbeat_seconds=0.05)
+    async with running(h.app):
+        call = h.chat(stream=True)
+        await call.text_until('"first"')
+        call.disconnect()
+        await call.done()
+        await settled(lambda: h.engine.closed and h.active() == 0)
+        assert h.counted(499) == 1
+
+
+# --- error bodies ---------------------------------------------------------------
+
+
+def _error(call: Call) -> dict[str, Any]:
+    body = call.json()
+    assert set(body) == {"error"} and set(body["error"]) >= {"message", "type", "param", "code"}
+    return body["error"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param", "code"),
+    [
+        ({"model": "nope", "messages": CHAT}, 404, "model", "model_not_found"),
+        ({"model": "m", "messages": CHAT, "n": 2}, 400, "n", "invalid_request"),
+        ({"model": "m", "messages": [{"role": "wizard", "content": "hi"}]}, 422, "messages[0].role", "invalid_value"),
+        ({"model": "m", "messages": []}, 422, "messages", "invalid_value"),
+        ({"model": "m", "messages": CHAT, "max_tokens": 10**9}, 400, "max_tokens", "invalid_request"),
+        ({"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}, 400, "messages", "invalid_request"),
+        ({"model": "eyes", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "http://example.invalid/a.png"}}]}]},
+         400, "messages[0].content[0]", "invalid_request"),
+        ({"model": "m", "messages": [{"role": "user", "content": [{"type": "audio"}]}]}, 400,
+         "messages[0].content", "invalid_request"),
+    ],
+)
+async def test_bad_requests_get_openai_error_bodies(tmp_path, body, status, param, code):
+    h = Harness(tmp_path, ["never", "stop"])
+    async with running(h.app):
+        call = await h.post("/v1/chat/completions", body).done()
+    assert call.status == status
+    error = _error(call)
+    assert (error["param"], error["code"]) == (param, code)
+    assert h.engine.requests == [], "a refused request never reaches the engine"
+
+
+async def test_a_body_that_is_not_json_is_named_as_such(tmp_path):
+    h = Harness(tmp_path, ["stop"])
+    async with running(h.app):
+        call = await h.post("/v1/chat/completions", b"{not json").done()
+    assert call.status == 422 and _error(call)["message"] == "The request body is not valid JSON"
+
+
+async def test_a_preempted_answer_is_a_503_with_retry_after(tmp_path):
+    h = Harness(tmp_path, ["a", "abort"])
+    async with running(h.app):
+        call = await h.chat().done()
+    assert call.status == 503 and call.headers["retry-after"] == "5"
+    assert _error(call)["code"] == "preempted"
+
+
+async def test_an_unknown_route_is_a_404_in_the_same_shape(tmp_path):
+    h = Harness(tmp_path, ["stop"])
+    async with running(h.app):
+        call = await h.post("/v1/nope", {}).done()
+    assert call.status == 404
+    assert _error(call) == {"message": "No route for POST /v1/nope", "type": "invalid_request_error",
+                            "param": None, "code": None}
+
+
+def test_tool_call_deltas_collect_into_one_call_per_index():
+    # The shape the tool-calling lane's engines will emit: a call named first,
+    # its arguments in pieces, another call after it.
+    from mlxd.api.events import Finish, ToolCallDelta, Usage
+    from mlxd.api.generation import Answer
+
+    answer = Answer(choices=[])
+    for event in [ToolCallDelta(0, 0, id="call_1", name="weather"), ToolCallDelta(0, 0, arguments='{"city": '),
+                  ToolCallDelta(0, 0, arguments='"Oslo"}'), ToolCallDelta(0, 1, id="call_2", name="time"),
+                  Finish(0, "tool_calls", Usage(4, 9))]:
+        answer.add(event)
+    [choice] = answer.choices
+    assert [(c.id, c.name, c.arguments) for c in choice.tool_calls] == [
+        ("call_1", "weather", '{"city": "Oslo"}'), ("call_2", "time", "")]
+    assert choice.finish_reason == "tool_calls" and answer.usage.total_tokens == 13
+
+
+def test_tool_call_deltas_stream_as_openai_tool_call_chunks():
+    from mlxd.api.events import ToolCallDelta
+    from mlxd.api.openai.answers import OpenAIFrames
+    from mlxd.api.plan import Plan
+
+    plan = Plan(kind="chat", spec=spec("m", 1), requested_name="m", requests=[], stream=True, timeout=1, id="chatcmpl-x")
+    frames_ = OpenAIFrames(plan, chat=True, include_usage=False)
+    first, more = (frames(frames_.event(e))[0]["choices"][0]["delta"] for e in [
+        ToolCallDelta(0, 0, id="call_1", name="weather", arguments=""), ToolCallDelta(0, 0, arguments='{"c')])
+    assert first == {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                     "function": {"name": "weather", "arguments": ""}}]}
+    assert more == {"tool_calls": [{"index": 0, "function": {"arguments": '{"c'}}]}

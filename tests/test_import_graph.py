@@ -1,0 +1,137 @@
+"""The package map of docs/architecture.md, checked: imports point down the
+layers, never back up, and no two modules import each other (type-only and
+function-level imports count too: a circle is a circle)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+MLXD = Path(__file__).resolve().parents[1] / "mlxd"
+
+# Each package and the packages it may import. ``mlxd`` is the package root
+# (``__version__``).
+ALLOWED = {
+    "errors": set(),
+    # A .gguf path is converted once into the cache when the registry resolves it.
+    "registry": {"errors", "gguf"},
+    "settings": {"errors", "registry"},
+    # The text engine decodes under grammars and splits tool calls; those two
+    # import only the engine's contract (engine/types.py) back.
+    "engine": {"errors", "registry", "grammar", "tools"},
+    # The shell holds engines by their contract (engine/types.py) only.
+    "residency": {"errors", "registry", "engine"},
+    "factory": {"errors"},
+    "service": {"errors", "registry", "settings"},
+    # Constrained decoding and tool calls (engine side), GGUF import.
+    "grammar": {"errors", "engine"},  # engine.types only, see CONTRACT
+    "tools": {"errors", "engine", "grammar"},
+    "gguf": {"errors", "factory"},
+    "monitoring": {"mlxd", "errors", "registry", "engine", "residency"},
+    "api": {"mlxd", "errors", "registry", "settings", "engine", "residency", "monitoring"},
+    "daemon": {"mlxd", "errors", "registry", "settings", "engine", "residency", "monitoring", "api"},
+    "cli": {"mlxd", "errors", "registry", "settings", "engine", "factory", "service", "gguf", "daemon"},
+    "__main__": {"cli"},
+}
+# What grammar/, tools/ and residency/ may import from the engine: its contract.
+CONTRACT = "mlxd.engine.types"
+# Arrows pointing up that are still to go, each owned by a change under way;
+# when one goes, this test fails until it is taken off the list.
+KNOWN_UPWARD = {
+    # Checking a registry's tool_parser names against what mlx-lm knows.
+    "mlxd.registry.check imports mlxd.tools.formats",
+    "mlxd.registry.schema imports mlxd.tools.formats",
+}
+# Circles still to break, each owned by a change under way; when one goes,
+# this test fails until it is taken off the list.
+KNOWN_CIRCLES: set[str] = set()
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(MLXD.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "mlxd":
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "mlxd"}
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    return {module_name(p): imports(p) for p in MLXD.rglob("*.py")}
+
+
+def package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "mlxd"
+
+
+def test_every_package_is_on_the_map():
+    on_disk = {package(m) for m in graph()} - {"mlxd"}
+    assert on_disk - set(ALLOWED) == set(), "add the package to ALLOWED and to docs/architecture.md"
+
+
+def test_imports_only_point_down_the_layers():
+    wrong = {
+        f"{module} imports {target}"
+        for module, targets in graph().items()
+        for target in targets
+        if package(target) != package(module)
+        and (
+            package(target) not in ALLOWED[package(module)]
+            or (package(module) in ("grammar", "tools", "residency") and package(target) == "engine" and target != CONTRACT)
+        )
+    }
+    assert wrong == KNOWN_UPWARD
+
+
+def _resolve(target: str, modules: set[str]) -> str | None:
+    # ``from mlxd.api import x`` may name a module or a package's attribute.
+    while target and target not in modules:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def test_no_two_modules_import_each_other_even_indirectly():
+    edges = graph()
+    modules = set(edges)
+    deps = {m: {r for t in ts if (r := _resolve(t, modules)) and r != m} for m, ts in edges.items()}
+    # Depth-first search for a back edge.
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(deps[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join([*trail[trail.index(nxt):], nxt]))
+            elif nxt not in state:
+                visit(nxt, [*trail, nxt])
+        state[node] = 2
+
+    for module in sorted(modules):
+        if module not in state:
+            visit(module, [module])
+    assert set(cycles) == KNOWN_CIRCLES
+
+
+# The layers this page describes module by module; the others it names.
+DESCRIBED = {"api", "monitoring", "daemon", "cli"}
+
+
+def test_the_architecture_page_names_the_packages_and_the_request_path_modules():
+    page = (MLXD.parent / "docs" / "architecture.md").read_text()
+
+    def named(module: str) -> bool:
+        path = MLXD / Path(*module.split(".")[1:])
+        return f"{path.name}/" in page if path.is_dir() else f"{path.name}.py" in page
+
+    modules = graph()
+    packages = {m for m in modules if m.count(".") == 1 and (MLXD / m.split(".")[1]).is_dir()}
+    described = {m for m in modules if package(m) in DESCRIBED and m.count(".") > 1}
+    assert sorted(m for m in packages | described if not named(m)) == []
