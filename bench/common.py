@@ -40,11 +40,27 @@ def reexec_with_openblas() -> None:
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
+def add_dtype_option(parser: Any) -> None:
+    parser.add_argument("--dtype", default="auto",
+                        help="model dtype: auto (bfloat16 on GPUs and Metal, float32 on Linux CPU), "
+                             "float32, float16, bfloat16")
+
+
+def model_dtype(args: Any) -> str:
+    """The dtype ``--dtype`` asks for, resolved for this machine's device."""
+    from mlxd.factory.dtypes import device_dtype
+
+    return device_dtype(args.dtype)
+
+
 def environment() -> dict[str, Any]:
     from mlxd.engine.blas import active_blas
+    from mlxd.registry.device import current_device
 
+    device = current_device()
     return {
         "blas": active_blas(),
+        "device": {"kind": device.kind, "name": device.name, "memory_bytes": device.memory_bytes},
         "machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.system()}",
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "python": platform.python_version(),

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
 
-from bench.common import PROMPT, daemon, environment, reexec_with_openblas, save, table  # noqa: E402
+from bench.common import PROMPT, add_dtype_option, daemon, environment, model_dtype, reexec_with_openblas, save, table  # noqa: E402
 
 
 def rate(times: list[float], tokens: int) -> float:
@@ -98,6 +98,7 @@ def main() -> None:
     parser.add_argument("--size", choices=["tiny", "small", "bench"], default="tiny")
     parser.add_argument("--tokens", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
+    add_dtype_option(parser)
     args = parser.parse_args()
     reexec_with_openblas()
     tokens = args.tokens or {"tiny": 512, "small": 256, "bench": 64}[args.size]
@@ -107,7 +108,8 @@ def main() -> None:
 
     from mlxd.factory import ModelRecipe, build_model
 
-    path = build_model(ModelRecipe("qwen2", args.size))
+    dtype = model_dtype(args)
+    path = build_model(ModelRecipe("qwen2", args.size, dtype=dtype))
     model, tokenizer = mlx_lm.load(str(path))
     runs: dict[str, list[dict[str, float]]] = {"direct": [], "daemon": []}
     # No prefix cache: a repeated prompt would be served from it and flatter the TTFT.
@@ -129,6 +131,7 @@ def main() -> None:
 
     result = {
         "size": args.size,
+        "dtype": dtype,
         "tokens": tokens,
         "repeats": repeats,
         "direct": {"ttft_ms": round(median("direct", "ttft_s") * 1000, 2),
@@ -140,6 +143,13 @@ def main() -> None:
         **environment(),
     }
     result["decode_ratio"] = round(result["daemon"]["decode_tok_s"] / result["direct"]["decode_tok_s"], 3)
+    # Each daemon run against the direct run just before it: drift on a shared
+    # machine hits a pair alike, so the spread of these ratios is the noise.
+    pairs = sorted(d["decode_tok_s"] / r["decode_tok_s"] for r, d in zip(runs["direct"], runs["daemon"]))
+    result["pair_ratios"] = {"median": round(statistics.median(pairs), 3), "min": round(pairs[0], 3),
+                             "max": round(pairs[-1], 3),
+                             "iqr": [round(q, 3) for q in statistics.quantiles(pairs, n=4)[::2]]
+                             if len(pairs) > 1 else None}
     # Prompt in, first token out, HTTP included: the cleanest time-to-first-token
     # comparison (a stream's first *visible* text can wait on the detokenizer).
     result["first_token_ms"] = {k: round(statistics.median(v) * 1000, 2) for k, v in first.items()}
@@ -153,6 +163,9 @@ def main() -> None:
          ["mlxd serve (HTTP, SSE)", result["first_token_ms"]["daemon"], result["daemon"]["ttft_ms"],
           result["daemon"]["decode_tok_s"]]],
     ))
+    spread = result["pair_ratios"]
+    print(f"per-pair daemon/direct: median {spread['median']:.3f}, range {spread['min']:.3f}-{spread['max']:.3f}, "
+          f"quartiles {spread['iqr']}")
     print(f"daemon/direct decode: {result['decode_ratio']:.3f} (target >= 0.95); "
           f"added TTFT: {result['ttft_added_ms']:+.2f} ms (target < 10)")
     print(f"wrote {save('overhead', f'qwen2-{args.size}', result)}")

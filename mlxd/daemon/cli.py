@@ -129,12 +129,20 @@ def check(config: Path = typer.Argument(..., help="The models.yaml to validate."
 @app.command()
 def demo(
     directory: Path = typer.Argument(..., help="Folder for the demo models and models.yaml."),
-    tiny_only: bool = typer.Option(False, "--tiny-only", help="Skip the small model (faster)."),
+    tiny_only: bool = typer.Option(False, "--tiny-only", help="Skip the small model (same as --size tiny)."),
+    size: str = typer.Option("small", "--size", help="Build the models up to this size: tiny, small or bench."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 on GPUs and Metal, float32 on a Linux CPU), float32, float16 or bfloat16."),
 ) -> None:
     """Build the demo models offline and write DIR/models.yaml naming them."""
-    from mlxd.factory.demo import write_demo
+    from mlxd.factory.demo import sizes_up_to, write_demo
+    from mlxd.factory.dtypes import device_dtype
 
-    path = write_demo(directory, sizes=("tiny",) if tiny_only else ("tiny", "small"))
+    try:
+        sizes = sizes_up_to("tiny" if tiny_only else size)
+        chosen = device_dtype(dtype)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    path = write_demo(directory, sizes=sizes, dtype=chosen)
     typer.echo(f"wrote {path}")
     typer.echo(f"serve it with: mlxd serve --config {path}")
 
