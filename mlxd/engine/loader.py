@@ -1,7 +1,8 @@
 """Loading an mlx-lm model onto the worker thread and measuring what it costs.
 
-With a cache dir, the model's saved prefix cache is restored before the
-engine is handed back, i.e. before the model is reported loaded.
+Before the engine is handed back, i.e. before the model is reported loaded,
+it is warmed up (mlxd.engine.warmup: the first user pays no kernel
+compilation) and, with a cache dir, its saved prefix cache is restored.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from mlxd.engine.cache_store import CacheStore, PrefixCachePersistence
 from mlxd.engine.fingerprint import model_fingerprint
 from mlxd.engine.lifecycle import load_on_worker, measured_load
 from mlxd.engine.text import LoadedText, TextEngine
+from mlxd.engine.warmup import forget_warmup, plan_warmup, warm_up
 from mlxd.engine.worker import MlxWorker
 from mlxd.errors import describe_exception
+from mlxd.registry.device import current_device
 from mlxd.registry.model import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,11 @@ async def load_text_engine(
     fingerprint = await _fingerprint(spec) if cache_dir is not None and _persists(spec) else None
     loaded = await load_on_worker(worker, load_text_model, spec, _unload)
     engine = TextEngine(spec, worker, loaded, prefill_chunk=prefill_chunk)
+    try:
+        await _warm(engine, loaded.tokenizer, spec, worker, prefill_chunk)
+    except asyncio.CancelledError:
+        asyncio.ensure_future(engine.close())
+        raise
     if fingerprint is not None and cache_dir is not None and engine.prefix_cache is not None:
         store = CacheStore(Path(cache_dir) / "prefix", fingerprint, spec.prefix_cache.disk_max_bytes)
         engine.persistence = PrefixCachePersistence(store, worker, engine.prefix_cache)
@@ -48,6 +56,20 @@ async def load_text_engine(
             asyncio.ensure_future(engine.close())
             raise
     return engine
+
+
+async def _warm(engine: TextEngine, tokenizer: object, spec: ModelSpec, worker: MlxWorker, chunk: int) -> None:
+    device = await asyncio.to_thread(current_device)
+    runs = plan_warmup(max_context=spec.max_context, prefill_chunk=chunk, max_concurrency=spec.max_concurrency,
+                       batching=bool(engine.stats().get("batching")), device=device.kind)
+
+    async def forget() -> None:
+        # Warm-up prompts must not take the cache's room or be saved with it.
+        await worker.call(forget_warmup, engine)
+
+    engine.warmup = await warm_up(engine, tokenizer, runs, forget=forget)
+    log.info("%s warmed up in %.2fs (%d requests, prefill %s tok/s)", spec.name, engine.warmup.seconds,
+             engine.warmup.requests, engine.warmup.prefill_tokens_per_s)
 
 
 def _persists(spec: ModelSpec) -> bool:

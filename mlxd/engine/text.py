@@ -98,6 +98,8 @@ class TextEngine(EngineBase):
         # Set by the loader when the cache is saved to and restored from disk
         # (a ``cache_store.PrefixCachePersistence``).
         self.persistence: Any = None
+        # Set by the loader: how the warm-up before `loaded` went (WarmupReport).
+        self.warmup: Any = None
         self._batch: BatchScheduler | None = None
         if spec.max_concurrency > 1 and spec.kv_bits is None and loaded.batchable:
             self._batch = BatchScheduler(
@@ -136,6 +138,7 @@ class TextEngine(EngineBase):
             "peak_bytes": self.peak_bytes,
             "measured_bytes": self.measured_bytes,
             "load_seconds": round(self.load_seconds, 3),
+            "warmup": self.warmup.as_dict() if self.warmup is not None else None,
             "closed": self._closed,
             "prefix_cache": self.prefix_cache_stats(),
         }
