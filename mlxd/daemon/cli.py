@@ -235,4 +235,8 @@ _mount_subcommands()
 
 
 def main() -> None:
+    from mlxd.engine.kernel_cache import keep_kernels_in_mlxd_cache
+
+    # Before anything imports MLX: it reads the variable once.
+    keep_kernels_in_mlxd_cache()
     app()

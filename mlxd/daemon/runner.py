@@ -12,6 +12,7 @@ from mlxd.daemon.reload import Reloader, wire_reloader
 from mlxd.daemon.server import build_server
 from mlxd.daemon.settings import DaemonSettings, effective
 from mlxd.engine.blas import blas_report
+from mlxd.engine.preload import import_in_background
 from mlxd.registry.loader import load_registry
 
 log = logging.getLogger("mlxd")
@@ -36,6 +37,7 @@ def run_daemon(settings: DaemonSettings, registry_path: Path) -> int:
         if not eff.server.api_keys and eff.server.host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("no API keys configured and bound to %s: anyone on the network can use the models",
                         eff.server.host)
+        import_in_background(m.kind for m in registry.models)
         server = build_server(ctx)
         wire_reloader(server, Reloader(ctx, settings, registry_path))
         server.run()
