@@ -85,7 +85,15 @@ def serve(
     watch: Optional[bool] = typer.Option(None, "--watch/--no-watch", help="Reload models.yaml when it changes."),
 ) -> None:
     """Serve the models of a registry file over HTTP."""
+    from mlxd.engine.backends import backend_problem, installed_backends
     from mlxd.engine.blas import preload_env
+
+    backends = installed_backends()
+    problem = backend_problem(sys.platform, backends)
+    if problem is not None and not backends:
+        raise _fail(problem)
+    if problem is not None:
+        typer.echo(f"mlxd: warning: {problem}", err=True)
 
     # LD_PRELOAD only works at process start: re-exec once with OpenBLAS.
     env = preload_env(os.environ)
