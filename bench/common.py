@@ -98,9 +98,11 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 @contextlib.contextmanager
-def daemon(models: list[dict[str, Any]], manager: dict[str, Any] | None = None) -> Iterator[str]:
+def daemon(models: list[dict[str, Any]], manager: dict[str, Any] | None = None,
+           env: dict[str, str] | None = None, log_to: Path | None = None) -> Iterator[str]:
     """A `mlxd serve` process (which preloads OpenBLAS itself) on a temporary
-    registry. Yields its base URL."""
+    registry. Yields its base URL. ``env`` adds variables; ``log_to`` keeps a
+    copy of its log."""
     with tempfile.TemporaryDirectory(prefix="mlxd-bench-") as tmp:
         registry = Path(tmp) / "models.yaml"
         doc = {
@@ -109,7 +111,7 @@ def daemon(models: list[dict[str, Any]], manager: dict[str, Any] | None = None) 
         }
         registry.write_text(yaml.safe_dump(doc, sort_keys=False))
         port = free_port()
-        env = {**os.environ, "MLXD_STATE_DIR": str(Path(tmp) / "state")}
+        env = {**os.environ, "MLXD_STATE_DIR": str(Path(tmp) / "state"), **(env or {})}
         log = open(Path(tmp) / "daemon.log", "w")
         process = subprocess.Popen(
             [sys.executable, "-m", "mlxd", "serve", "--config", str(registry), "--port", str(port), "--no-watch"],
@@ -137,3 +139,6 @@ def daemon(models: list[dict[str, Any]], manager: dict[str, Any] | None = None) 
             except subprocess.TimeoutExpired:
                 process.kill()
             log.close()
+            if log_to is not None:
+                log_to.parent.mkdir(parents=True, exist_ok=True)
+                log_to.write_text((Path(tmp) / "daemon.log").read_text())

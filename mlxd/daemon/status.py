@@ -55,6 +55,20 @@ def _mlx_runtime() -> dict[str, str | None]:
         return {"version": None, "device": None}
 
 
+@cache
+def device_now() -> dict[str, Any]:
+    """The device MLX runs on and what a percentage budget is a share of.
+    Fixed for the life of the process: probed once."""
+    from mlxd.engine.kernel_cache import PTX_ENV
+    from mlxd.registry.device import current_device
+
+    try:
+        found = current_device().as_dict()
+    except Exception:  # status must answer even if MLX is unhappy
+        found = {"kind": None, "name": None, "memory_bytes": None, "memory_source": None, "ram_bytes": None}
+    return {**found, "kernel_cache": os.environ.get(PTX_ENV)}
+
+
 def mlx_memory_now() -> dict[str, int | None]:
     """MLX allocator counters in bytes; safe off the worker (module docstring)."""
     try:
@@ -167,6 +181,7 @@ def status_document(ctx: DaemonContext) -> dict[str, Any]:
             "platform": f"{platform.system()} {platform.machine()}",
             "python": platform.python_version(),
             "mlx": _mlx_runtime(),
+            "device": device_now(),
             "blas": {key: ctx.blas.get(key) for key in BLAS_FIELDS},
             "bind": {"host": server.host, "port": server.port},
             "auth_required": bool(server.api_keys),
@@ -186,6 +201,8 @@ def status_document(ctx: DaemonContext) -> dict[str, Any]:
             "committed_bytes": committed,
             "free_bytes": max(0, budget - committed),
             "process_rss_bytes": psutil.Process().memory_info().rss,
+            "device_total_bytes": device_now()["memory_bytes"],
+            "budget_source": device_now()["memory_source"],
             "system_total_bytes": vm.total,
             "system_available_bytes": vm.available,
             "mlx": mlx_memory_now(),
@@ -219,4 +236,6 @@ def health_document(ctx: DaemonContext) -> dict[str, Any]:
             "failed": failed,
         },
         "blas": ctx.blas.get("active"),
+        "device": {key: device_now()[key] for key in ("kind", "name", "memory_bytes")},
+        "mlx_active_bytes": mlx_memory_now()["active_bytes"],
     }
