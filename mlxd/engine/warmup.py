@@ -125,11 +125,13 @@ def prompt_texts(tokenizer: Any, lengths: Sequence[int]) -> list[str]:
     return texts
 
 
-async def _one(engine: Any, prompt: str, max_tokens: int, request_id: str) -> float:
-    """Run one greedy request to its end; returns seconds to its first chunk."""
+async def _one(engine: Any, prompt: str, max_tokens: int, request_id: str, chat: bool = False) -> float:
+    """Run one greedy request to its end; returns seconds to its first chunk.
+    ``chat``: as a chat message (compiles the chat template once, too)."""
+    text: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
     request = GenerationRequest(
-        request_id=request_id, max_tokens=max_tokens, prompt=prompt,
-        sampling=SamplingParams(temperature=0.0), ignore_eos=True,
+        request_id=request_id, max_tokens=max_tokens, sampling=SamplingParams(temperature=0.0),
+        ignore_eos=True, **text,
     )
     started = time.perf_counter()
     first: float | None = None
@@ -167,7 +169,8 @@ async def warm_up(
         for number, run in enumerate(runs):
             batch = [next(texts) for _ in range(run.concurrent)]
             waits = await asyncio.gather(*(
-                _one(engine, text, run.max_tokens, f"warmup-{number}-{i}") for i, text in enumerate(batch)
+                _one(engine, text, run.max_tokens, f"warmup-{number}-{i}", chat=number == 0)
+                for i, text in enumerate(batch)
             ))
             requests += run.concurrent
             if run.timed and waits[0] > 0:
