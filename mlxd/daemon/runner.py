@@ -8,7 +8,7 @@ from pathlib import Path
 from mlxd.daemon.context import DaemonContext
 from mlxd.daemon.lockfile import StateLock
 from mlxd.daemon.logs import configure_logging
-from mlxd.daemon.reload import Reloader, wire_reloader
+from mlxd.daemon.reload import Reloader, log_problems, wire_reloader
 from mlxd.daemon.server import build_server
 from mlxd.daemon.settings import DaemonSettings, effective
 from mlxd.engine.blas import blas_report
@@ -31,6 +31,7 @@ def run_daemon(settings: DaemonSettings, registry_path: Path) -> int:
         ctx.blas = blas_report()
         log.info("mlxd serving %d models from %s on http://%s:%d", len(registry.models), registry_path,
                  eff.server.host, eff.server.port)
+        log_problems(registry)
         log.info("BLAS: %s", ctx.blas["active"])
         if ctx.blas.get("warning"):
             log.warning("%s", ctx.blas["warning"])

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlxd.errors import ConfigError
 
 CONTENTION_STRATEGIES = ("fail", "wait", "wait_then_fail", "preempt", "wait_then_preempt")
 
@@ -75,6 +79,10 @@ class ModelSpec:
     # Vision inputs: local files only under this folder; remote URLs only if allowed.
     local_image_dir: Path | None = None
     allow_remote_images: bool = False
+    # Why the model's files on disk cannot be used (missing folder, corrupt
+    # weights, bad config.json). Such a model stays registered but failed, so
+    # one bad download never keeps the other models from serving.
+    broken: str | None = None
 
     @property
     def charge_bytes(self) -> int:
@@ -97,6 +105,7 @@ class ModelSpec:
         "kv_bits",
         "trust_remote_code",
         "prefix_cache",
+        "broken",
     )
 
     def needs_reload_from(self, old: ModelSpec) -> bool:
@@ -145,6 +154,9 @@ class Registry:
     manager: ManagerSpec
     server: ServerSpec
     models: tuple[ModelSpec, ...]
+    # The broken models' problems, located (file, line, key): ``mlxd check``
+    # reports them as errors, the daemon logs them and serves the rest.
+    problems: tuple[ConfigError, ...] = field(default=(), compare=False)
 
     def lookup(self, name: str) -> ModelSpec | None:
         for spec in self.models:
