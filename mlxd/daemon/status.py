@@ -93,6 +93,11 @@ def _engine_stats(engine: Any) -> dict[str, Any]:
     return stats if isinstance(stats, dict) else {}
 
 
+def _warmup(engine_stats: dict[str, Any]) -> dict[str, Any]:
+    reported = engine_stats.get("warmup")
+    return reported if isinstance(reported, dict) else {}
+
+
 def prefix_cache_status(engine_stats: dict[str, Any]) -> dict[str, Any]:
     reported = engine_stats.get("prefix_cache")
     if not isinstance(reported, dict):
@@ -144,6 +149,8 @@ def model_status(ctx: DaemonContext, name: str) -> dict[str, Any]:
         "tokens_out": stats.tokens_out if stats else 0,
         "recent_output_tokens": ctx.metrics.throughput.tokens(name),
         "recent_tokens_per_second": round(ctx.metrics.throughput.rate(name), 3),
+        "warmup_seconds": _warmup(engine_stats).get("seconds"),
+        "prefill_tokens_per_s": _warmup(engine_stats).get("prefill_tokens_per_s"),
         "prefix_cache": prefix_cache_status(engine_stats),
         "engine": engine_stats,
     }
