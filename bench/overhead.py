@@ -29,6 +29,16 @@ import httpx  # noqa: E402
 from bench.common import PROMPT, add_dtype_option, daemon, environment, model_dtype, reexec_with_openblas, save, table  # noqa: E402
 
 
+def cpu_seconds(pid: int | None = None) -> float:
+    """CPU time (user + system, all threads) of a process so far. Unlike wall
+    time it barely moves when other jobs share the cores, so CPU time per
+    token shows the daemon's own cost on a busy machine."""
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
 def rate(times: list[float], tokens: int) -> float:
     """Decode tokens per second between the first and the last token."""
     return (tokens - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else float("nan")
@@ -44,22 +54,25 @@ def run_direct(model: Any, tokenizer: Any, tokens: int) -> dict[str, float]:
     processors = [suppress_tokens(set(tokenizer.eos_token_ids), vocab)]
     times: list[float] = []
     first_text = None
+    cpu = cpu_seconds()
     started = time.perf_counter()
     for response in mlx_lm.stream_generate(model, tokenizer, PROMPT, max_tokens=tokens, logits_processors=processors):
         times.append(time.perf_counter())
         if response.text and first_text is None:
             first_text = times[-1]
+    cpu = cpu_seconds() - cpu
     # Time to the first visible text on both paths: the streaming detokenizer
     # can hold a token's text back until the next one, for mlx-lm as for mlxd.
     return {"ttft_s": (first_text or times[0]) - started, "decode_tok_s": rate(times, len(times)),
-            "tokens": len(times)}
+            "tokens": len(times), "cpu_us_per_token": cpu / len(times) * 1e6}
 
 
-def run_daemon(http: httpx.Client, tokens: int) -> dict[str, float]:
+def run_daemon(http: httpx.Client, tokens: int, pid: int | None = None) -> dict[str, float]:
     body = {"model": "m", "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}}
     times: list[float] = []
     generated = 0
+    cpu = cpu_seconds(pid) if pid else 0.0
     started = time.perf_counter()
     with http.stream("POST", "/v1/completions", json=body) as response:
         response.raise_for_status()
@@ -73,8 +86,9 @@ def run_daemon(http: httpx.Client, tokens: int) -> dict[str, float]:
                 generated = frame["usage"]["completion_tokens"]
     # One frame can carry several tokens when the detokenizer holds text back;
     # the rate uses the token count and the first/last arrival.
+    cpu = cpu_seconds(pid) - cpu if pid else float("nan")
     return {"ttft_s": times[0] - started, "decode_tok_s": rate(times, generated) if generated else float("nan"),
-            "tokens": generated}
+            "tokens": generated, "cpu_us_per_token": cpu / generated * 1e6 if generated else float("nan")}
 
 
 def first_token_direct(model: Any, tokenizer: Any) -> float:
@@ -117,11 +131,12 @@ def main() -> None:
              "prefix_cache": {"max_bytes": 0, "persist": False}}
     with daemon([entry]) as url, httpx.Client(base_url=url, timeout=600) as http:
         run_direct(model, tokenizer, 16)  # warm-up: MLX compiles CPU kernels on first use
+        pid = http.get("/v1/status").json()["daemon"]["pid"]
         run_daemon(http, 16)
         first: dict[str, list[float]] = {"direct": [], "daemon": []}
         for _ in range(repeats):
             runs["direct"].append(run_direct(model, tokenizer, tokens))
-            runs["daemon"].append(run_daemon(http, tokens))
+            runs["daemon"].append(run_daemon(http, tokens, pid))
             first["direct"].append(first_token_direct(model, tokenizer))
             first["daemon"].append(first_token_daemon(http))
         blas_in_daemon = http.get("/health").json().get("blas")
@@ -142,6 +157,9 @@ def main() -> None:
         "daemon_blas": blas_in_daemon,
         **environment(),
     }
+    # The daemon's own CPU cost per token (the model's compute is in both).
+    result["cpu_us_per_token"] = {k: round(median(k, "cpu_us_per_token"), 1) for k in runs}
+    result["added_cpu_us_per_token"] = round(result["cpu_us_per_token"]["daemon"] - result["cpu_us_per_token"]["direct"], 1)
     result["decode_ratio"] = round(result["daemon"]["decode_tok_s"] / result["direct"]["decode_tok_s"], 3)
     # Each daemon run against the direct run just before it: drift on a shared
     # machine hits a pair alike, so the spread of these ratios is the noise.
@@ -163,6 +181,8 @@ def main() -> None:
          ["mlxd serve (HTTP, SSE)", result["first_token_ms"]["daemon"], result["daemon"]["ttft_ms"],
           result["daemon"]["decode_tok_s"]]],
     ))
+    print(f"CPU per token: direct {result['cpu_us_per_token']['direct']} us, daemon "
+          f"{result['cpu_us_per_token']['daemon']} us (+{result['added_cpu_us_per_token']} us)")
     spread = result["pair_ratios"]
     print(f"per-pair daemon/direct: median {spread['median']:.3f}, range {spread['min']:.3f}-{spread['max']:.3f}, "
           f"quartiles {spread['iqr']}")
