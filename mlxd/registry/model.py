@@ -79,6 +79,8 @@ class ModelSpec:
     # Vision inputs: local files only under this folder; remote URLs only if allowed.
     local_image_dir: Path | None = None
     allow_remote_images: bool = False
+    # The registry's ``tool_parser:`` (None: guess from the chat template).
+    tool_parser: str | None = None
     # Why the model's files on disk cannot be used (missing folder, corrupt
     # weights, bad config.json). Such a model stays registered but failed, so
     # one bad download never keeps the other models from serving.
@@ -105,6 +107,8 @@ class ModelSpec:
         "kv_bits",
         "trust_remote_code",
         "prefix_cache",
+        # The engine resolves the tool-call format when it loads.
+        "tool_parser",
         "broken",
     )
 
