@@ -39,13 +39,14 @@ import os
 import shutil
 import struct
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mlxd.engine.fingerprint import CACHE_FORMAT_VERSION
 from mlxd.engine.prefix_cache import EntryError, PrefixCache, Snapshot, decode_entry, encode_entry, persistable
+from mlxd.engine.restore_policy import RateMeter, Rates, decide
 from mlxd.engine.worker import MlxWorker
 from mlxd.errors import describe_exception
 
@@ -358,6 +359,8 @@ class PersistenceStats:
     disk_entries: int | None = None
     disk_bytes: int | None = None
     restored_entries: int = 0
+    # Saved entries the restore left for requests to prefill (cheaper on this device).
+    recompute_entries: int = 0
     last_save_seconds: float | None = None
     last_restore_seconds: float | None = None
 
@@ -370,10 +373,19 @@ class PrefixCachePersistence:
     time and other models decode in between).
     """
 
-    def __init__(self, store: CacheStore, worker: MlxWorker, cache: PrefixCache) -> None:
+    def __init__(
+        self,
+        store: CacheStore,
+        worker: MlxWorker,
+        cache: PrefixCache,
+        prefill_rate: Callable[[], float | None] | None = None,
+    ) -> None:
         self.store = store
         self.worker = worker
         self.cache = cache
+        # This device's prefill tokens/s (the warm-up measures it), for the
+        # restore-or-recompute decision (mlxd.engine.restore_policy).
+        self.prefill_rate = prefill_rate
         self.stats = PersistenceStats()
 
     @property
@@ -406,9 +418,17 @@ class PrefixCachePersistence:
         loaded: list[tuple[list[int], list[Any]]] = []
         bad: set[str] = set()
         budget = self.cache.max_bytes
+        meter, prefill, left = RateMeter(), self.prefill_rate() if self.prefill_rate else None, 0
         for entry in manifest.entries:
             if entry.bytes > budget:
                 continue
+            decision = decide(entry.tokens, entry.bytes, Rates(prefill, meter.rate))
+            if not decision.restore:
+                left += 1
+                log.debug("prefix cache %s: entry %s left to recompute: %s", store.fingerprint, entry.file,
+                          decision.reason)
+                continue
+            started = time.perf_counter()
             payload = await asyncio.to_thread(store.read_entry, entry)
             if payload is None:
                 bad.add(entry.file)
@@ -420,8 +440,14 @@ class PrefixCachePersistence:
                 bad.add(entry.file)
                 continue
             del payload
+            meter.record(entry.bytes, time.perf_counter() - started)
             loaded.append((tokens, cache))
             budget -= entry.bytes
+        self.stats.recompute_entries = left
+        if left:
+            log.info("prefix cache %s: %d saved entries are faster to recompute here than to restore "
+                     "(prefill %.0f tok/s, restore %.0f MB/s)", store.fingerprint, left, prefill or 0,
+                     (meter.rate or 0) / 2**20)
         if bad:
             self._seen(await asyncio.to_thread(store.forget, bad))
         if not loaded:

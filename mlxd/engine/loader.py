@@ -49,7 +49,8 @@ async def load_text_engine(
         raise
     if fingerprint is not None and cache_dir is not None and engine.prefix_cache is not None:
         store = CacheStore(Path(cache_dir) / "prefix", fingerprint, spec.prefix_cache.disk_max_bytes)
-        engine.persistence = PrefixCachePersistence(store, worker, engine.prefix_cache)
+        engine.persistence = PrefixCachePersistence(store, worker, engine.prefix_cache,
+                                                    prefill_rate=lambda: _prefill_rate(engine))
         try:
             await engine.persistence.restore()
         except asyncio.CancelledError:
@@ -59,7 +60,7 @@ async def load_text_engine(
 
 
 async def _warm(engine: TextEngine, tokenizer: object, spec: ModelSpec, worker: MlxWorker, chunk: int) -> None:
-    device = await asyncio.to_thread(current_device)
+    device = await worker.call(current_device)
     runs = plan_warmup(max_context=spec.max_context, prefill_chunk=chunk, max_concurrency=spec.max_concurrency,
                        batching=bool(engine.stats().get("batching")), device=device.kind)
 
@@ -70,6 +71,10 @@ async def _warm(engine: TextEngine, tokenizer: object, spec: ModelSpec, worker: 
     engine.warmup = await warm_up(engine, tokenizer, runs, forget=forget)
     log.info("%s warmed up in %.2fs (%d requests, prefill %s tok/s)", spec.name, engine.warmup.seconds,
              engine.warmup.requests, engine.warmup.prefill_tokens_per_s)
+
+
+def _prefill_rate(engine: TextEngine) -> float | None:
+    return engine.warmup.prefill_tokens_per_s if engine.warmup is not None else None
 
 
 def _persists(spec: ModelSpec) -> bool:

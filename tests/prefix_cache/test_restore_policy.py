@@ -58,3 +58,30 @@ def test_the_meter_averages_over_bytes_not_over_entries():
     meter.record(1 * MB, 1.0)  # a small, slow entry counts for its bytes only
     meter.record(5 * MB, 0.0)  # an untimed one is ignored
     assert meter.rate == pytest.approx(101 * MB / 2.0)
+
+
+@pytest.mark.mlx
+def test_a_load_restores_only_what_this_device_recomputes_more_slowly(worker, qwen_tiny, tmp_path):
+    """Real saved entries, restored with an injected prefill speed: a slow
+    device restores them all; on one that prefills faster than any disk, the
+    first entry is restored (that measures the restore speed) and the rest are
+    left for their requests to recompute."""
+    from prefix_cache.cache_support import QUESTIONS, chat, greedy, populate, run, spec_for
+
+    from mlxd.engine.cache_store import CacheStore, PrefixCachePersistence
+    from mlxd.engine.fingerprint import model_fingerprint
+    from mlxd.engine.prefix_cache import PrefixCache
+
+    spec = spec_for(qwen_tiny)
+    run(populate(worker, spec, tmp_path, [greedy(messages=chat(q)) for q in QUESTIONS[:3]]))
+    fingerprint = model_fingerprint(qwen_tiny, None)
+
+    async def restore_at(tokens_per_s):
+        cache = await worker.call(PrefixCache, 64 << 20)
+        store = CacheStore(tmp_path / "prefix", fingerprint, 256 << 20)
+        persistence = PrefixCachePersistence(store, worker, cache, prefill_rate=lambda: tokens_per_s)
+        return await persistence.restore(), persistence.stats.recompute_entries, cache.entries
+
+    assert run(restore_at(1.0)) == (3, 0, 3)
+    assert run(restore_at(None)) == (3, 0, 3)
+    assert run(restore_at(1e12)) == (1, 2, 1)
