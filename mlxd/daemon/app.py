@@ -12,6 +12,7 @@ from mlxd import __version__
 from mlxd.daemon.auth import check_api_key
 from mlxd.daemon.context import DaemonContext
 from mlxd.daemon.errors import error_response, install_error_handlers
+from mlxd.daemon.guards import RequestGuard
 from mlxd.daemon.routes import admin, monitoring, openai
 from mlxd.errors import MlxdError, ShuttingDown
 
@@ -55,6 +56,9 @@ def create_app(ctx: DaemonContext) -> FastAPI:
         except MlxdError as exc:
             return error_response(exc)
         return await call_next(request)
+
+    # Added last, so it runs first: refused requests never reach the app.
+    app.add_middleware(RequestGuard, server=lambda: ctx.settings.server)
 
     app.include_router(openai.router())
     app.include_router(admin.router())

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mlxd.daemon.images import ImageMemory
 from mlxd.daemon.metrics import Metrics
 from mlxd.daemon.settings import EffectiveSettings
 from mlxd.engine.worker import MlxWorker
 from mlxd.errors import ConfigError, ModelLoadFailed
-from mlxd.registry.model import ModelSpec, Registry
+from mlxd.registry.model import ModelSpec, Registry, ServerSpec
 from mlxd.residency.events import EventLog
 from mlxd.residency.footprints import FootprintStore
 from mlxd.residency.shell import ResidencyManager
@@ -110,6 +111,8 @@ class DaemonContext:
     # Set on SIGTERM: new requests get 503 while in-flight ones finish.
     draining: bool = False
     blas: dict[str, Any] = field(default_factory=dict)
+    # Decoded image pixels held at once, across every request.
+    image_memory: ImageMemory = field(default_factory=lambda: ImageMemory(ServerSpec().max_image_memory_bytes))
 
     def __post_init__(self) -> None:
         self.metrics.attach(self)
@@ -149,7 +152,8 @@ class DaemonContext:
             path=registry.source_path, generation=1, file_hash=registry.file_hash, applied_at=time.time()
         )
         return cls(
-            settings=settings, manager=manager, worker=worker, config=config, events=events, metrics=metrics
+            settings=settings, manager=manager, worker=worker, config=config, events=events, metrics=metrics,
+            image_memory=ImageMemory(settings.server.max_image_memory_bytes),
         )
 
     def record_request(

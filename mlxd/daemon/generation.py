@@ -91,9 +91,35 @@ def resolve_max_tokens(ctx: DaemonContext, body: ChatCompletionRequest | Complet
     return value
 
 
+# No tokenizer makes a token of more than this many characters on average
+# over a whole prompt (English text is about 4): a prompt longer than
+# max_context times this is refused before anyone tokenizes it.
+MAX_CHARS_PER_TOKEN = 32
+
+
+def request_timeout(ctx: DaemonContext, body: ChatCompletionRequest | CompletionRequest) -> float:
+    """The client may ask for less time than the server allows, never more."""
+    limit = ctx.settings.server.request_timeout_s
+    return min(body.timeout, limit) if body.timeout is not None else limit
+
+
+def check_prompt_length(spec: ModelSpec, chars: int, param: str) -> None:
+    """A cheap bound before tokenizing: megabytes of prompt must not cost a
+    tokenizer run (and the memory it takes) only to be refused afterwards."""
+    limit = spec.max_context * MAX_CHARS_PER_TOKEN
+    if chars > limit:
+        raise BadRequest(
+            f"This model's maximum context length is {spec.max_context} tokens, but the "
+            f"{param} has {chars:,} characters, far more than fit. Shorten the {param}.",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+
 def plan_chat(ctx: DaemonContext, body: ChatCompletionRequest) -> Plan:
     body.unsupported()
     spec = ctx.manager.resolve(body.model)
+    check_prompt_length(spec, body.text_length(), "messages")
     if body.has_images() and spec.kind != "vision":
         raise BadRequest(
             f"Model `{body.model}` is a text model and does not accept images", param="messages"
@@ -118,7 +144,7 @@ def plan_chat(ctx: DaemonContext, body: ChatCompletionRequest) -> Plan:
         requests=[request],
         stream=body.stream,
         include_usage=body.include_usage,
-        timeout=body.timeout or ctx.settings.server.request_timeout_s,
+        timeout=request_timeout(ctx, body),
         id=request.request_id,
         images=images,
     )
@@ -126,7 +152,15 @@ def plan_chat(ctx: DaemonContext, body: ChatCompletionRequest) -> Plan:
 
 def plan_completion(ctx: DaemonContext, body: CompletionRequest) -> Plan:
     body.unsupported()
+    prompts = body.prompts()
+    limit = ctx.settings.server.max_prompts
+    if len(prompts) > limit:
+        raise BadRequest(
+            f"At most {limit} prompts per request; this one has {len(prompts)}.", param="prompt"
+        )
     spec = ctx.manager.resolve(body.model)
+    for i, prompt in enumerate(prompts):
+        check_prompt_length(spec, len(prompt), "prompt" if len(prompts) == 1 else f"prompt[{i}]")
     max_tokens = resolve_max_tokens(ctx, body, spec)
     sampling = resolve_sampling(body, spec)
     plan_id = f"cmpl-{uuid.uuid4().hex[:24]}"
@@ -135,7 +169,7 @@ def plan_completion(ctx: DaemonContext, body: CompletionRequest) -> Plan:
             request_id=f"{plan_id}-{i}", max_tokens=max_tokens, sampling=sampling,
             stop=body.stop_list(), prompt=prompt, ignore_eos=body.ignore_eos,
         )
-        for i, prompt in enumerate(body.prompts())
+        for i, prompt in enumerate(prompts)
     ]
     return Plan(
         kind="completion",
@@ -144,7 +178,7 @@ def plan_completion(ctx: DaemonContext, body: CompletionRequest) -> Plan:
         requests=requests,
         stream=body.stream,
         include_usage=body.include_usage,
-        timeout=body.timeout or ctx.settings.server.request_timeout_s,
+        timeout=request_timeout(ctx, body),
         id=plan_id,
     )
 
@@ -219,11 +253,21 @@ async def _generate_all(ctx: DaemonContext, plan: Plan, lease: Lease) -> Outcome
 
 
 async def _read_images_and_acquire(ctx: DaemonContext, plan: Plan) -> Lease:
-    """Images are read (files, remote fetches, decoding) before the lease, so
-    a bad image is a 400 that never loads a model or holds a slot."""
-    if plan.images is not None and plan.images.sources:
-        plan.requests[0].images = await plan.images.load()
-    return await ctx.manager.acquire(plan.requested_name, timeout=plan.remaining())
+    """Images are read (files, remote fetches, headers) before the lease, so
+    a bad image is a 400 that never loads a model or holds a slot; they are
+    decoded only once the lease is held, so requests the queue refuses never
+    decode anything, and under the daemon-wide image memory bound."""
+    images = plan.images if plan.images is not None and plan.images.sources else None
+    if images is not None:
+        await images.read()
+    lease = await ctx.manager.acquire(plan.requested_name, timeout=plan.remaining())
+    if images is not None:
+        try:
+            plan.requests[0].images = await images.decode(ctx.image_memory)
+        except BaseException:
+            lease.release()
+            raise
+    return lease
 
 
 async def complete(ctx: DaemonContext, plan: Plan, request: Request) -> dict[str, Any]:
@@ -344,7 +388,14 @@ class _StreamState:
         self.frames = _Frames(plan)
         self.meter = ctx.metrics.meter(plan.spec.name, plan.started)
         self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
+        # Running counts of the generation in progress (its chunks carry
+        # them): a stream that ends early is logged with what it really cost.
+        self._partial = (0, 0)
         self.status = 200
+
+    def totals(self) -> tuple[int, int]:
+        """Prompt and completion tokens so far, the unfinished prompt included."""
+        return self.prompt_tokens + self._partial[0], self.completion_tokens + self._partial[1]
 
     def handle(self, item: Any) -> tuple[list[str], bool]:
         """Frames for one queue item, and whether the stream is over."""
@@ -356,6 +407,7 @@ class _StreamState:
             return [_sse(self.frames.error(item))], True
         index, chunk = item
         self.meter.chunk(index, chunk)
+        self._partial = (chunk.prompt_tokens, chunk.completion_tokens)
         if chunk.finish_reason == "abort":
             self.status = 503
             return [_sse(self.frames.error(ModelPreempted(
@@ -363,6 +415,7 @@ class _StreamState:
                 "or the daemon is shutting down")))], True
         out = [_sse(self.frames.content(index, chunk.text))] if chunk.text else []
         if chunk.finish_reason:
+            self._partial = (0, 0)
             self.prompt_tokens += chunk.prompt_tokens
             self.completion_tokens += chunk.completion_tokens
             self.cached_tokens += chunk.cached_tokens
@@ -413,7 +466,7 @@ async def _events(ctx: DaemonContext, plan: Plan, lease: Lease) -> AsyncIterator
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await producer
         lease.release()
-        ctx.record_request(plan.spec.name, state.status, plan, state.prompt_tokens, state.completion_tokens)
+        ctx.record_request(plan.spec.name, state.status, plan, *state.totals())
 
 
 class _Frames:

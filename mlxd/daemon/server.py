@@ -19,6 +19,7 @@ from types import FrameType
 import uvicorn
 
 from mlxd.daemon.app import create_app
+from mlxd.daemon.connections import bounded_protocol
 from mlxd.daemon.context import DaemonContext
 
 log = logging.getLogger("mlxd")
@@ -86,5 +87,6 @@ def build_server(ctx: DaemonContext, on_reload: Callable[[], Awaitable[object]] 
         # Generous: our own drain has already let streams finish.
         timeout_graceful_shutdown=5,
         timeout_keep_alive=30,
+        http=bounded_protocol(server.max_connections, server.header_timeout_s),
     )
     return DaemonServer(config, ctx, on_reload=on_reload)
