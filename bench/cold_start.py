@@ -64,7 +64,7 @@ def session(url: str, prompts: list[list[dict[str, str]]], max_tokens: int, wait
     with httpx.Client(base_url=url, timeout=900) as http:
         time.sleep(wait_s)
         started = time.perf_counter()
-        http.post("/v1/models/m/load").raise_for_status()
+        http.post("/v1/models/m/load", json={}).raise_for_status()
         load_wall = time.perf_counter() - started
         status = model_status(http, "m")
         engine = status["engine"]

@@ -56,7 +56,7 @@ def prompt_of(path: Path, ids: list[int], tokens: int, skip: int) -> str:
 
 
 def unload(http: httpx.Client) -> None:
-    http.post("/v1/models/m/unload").raise_for_status()
+    http.post("/v1/models/m/unload", json={}).raise_for_status()
     wait_unloaded(http, "m")
 
 
@@ -93,7 +93,7 @@ def bench(size: str, dtype: str, sizes: list[int], max_tokens: int, repeats: int
     rows: dict[int, list[dict[str, Any]]] = {n: [] for n in sizes}
     skip = 0
     with daemon([entry]) as url, httpx.Client(base_url=url, timeout=900) as http:
-        http.post("/v1/models/m/load").raise_for_status()
+        http.post("/v1/models/m/load", json={}).raise_for_status()
         for _ in range(repeats):
             for n in sizes:
                 prompt = messages(prompt_of(path, ids, n, skip), QUESTION)

@@ -71,7 +71,7 @@ def test_status_says_loaded_only_once_the_warmup_is_done(tmp_path):
     registry = write_registry(tmp_path, [{"name": "qwen", "model": "qwen", "max_concurrency": 2}])
     with daemon_in_thread(registry, tmp_path) as d:
         assert d.model("qwen")["state"] == "unloaded"
-        assert httpx.post(f"{d.url}/v1/models/qwen/load", timeout=120).status_code == 200
+        assert httpx.post(f"{d.url}/v1/models/qwen/load", json={}, timeout=120).status_code == 200
         status = d.model("qwen")
         assert status["state"] == "loaded"
         warmup = status["engine"]["warmup"]

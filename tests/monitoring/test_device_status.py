@@ -40,7 +40,7 @@ def test_status_names_the_device_and_the_budget_is_a_share_of_its_memory(daemon)
 
 
 def test_health_says_the_device_and_what_mlx_holds(daemon):
-    assert httpx.post(f"{daemon.url}/v1/models/qwen/load", timeout=120).status_code == 200
+    assert httpx.post(f"{daemon.url}/v1/models/qwen/load", json={}, timeout=120).status_code == 200
     health = httpx.get(f"{daemon.url}/health").json()
     assert health["device"]["kind"] == daemon.status()["daemon"]["device"]["kind"]
     assert health["device"]["memory_bytes"] > 0
