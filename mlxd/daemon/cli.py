@@ -103,8 +103,11 @@ def serve(
     backends = installed_backends()
     problem = backend_problem(sys.platform, backends)
     if problem is not None and not backends:
-        raise _fail(problem)
-    if problem is not None:
+        try:  # a backend copied in without its package metadata still counts
+            import mlx.core  # noqa: F401
+        except (ImportError, OSError):
+            raise _fail(problem) from None
+    elif problem is not None:
         typer.echo(f"mlxd: warning: {problem}", err=True)
 
     # LD_PRELOAD only works at process start: re-exec once with OpenBLAS.
