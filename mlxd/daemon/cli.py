@@ -64,7 +64,7 @@ def _registry_path(config: Path | None) -> Path:
     if config is not None:
         return config
     from mlxd.daemon.settings import default_config_path, default_demo_dir
-    from mlxd.factory.demo import write_demo
+    from mlxd.factory.demo import is_stale, write_demo
 
     default = default_config_path()
     if default.exists():
@@ -72,7 +72,7 @@ def _registry_path(config: Path | None) -> Path:
     demo = default_demo_dir()
     target = demo / "models.yaml"
     typer.echo(f"mlxd: no --config given and no {default}; serving the demo registry in {demo}", err=True)
-    if not target.exists():
+    if not target.exists() or is_stale(target):
         write_demo(demo)
     return target
 
@@ -184,6 +184,22 @@ def demo(
     path = write_demo(directory, sizes=sizes, dtype=chosen)
     typer.echo(f"wrote {path}")
     typer.echo(f"serve it with: mlxd serve --config {path}")
+
+
+@app.command("import")
+def import_command(
+    source: Path = typer.Argument(..., help="The .gguf file (llama.cpp, Ollama, LM Studio)."),
+    directory: Optional[Path] = typer.Argument(None, help="New folder for the MLX model (default: ./NAME)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Model name (default: from the file name)."),
+    quantize: Optional[int] = typer.Option(None, "--quantize", help="Quantize float weights to this many bits."),
+) -> None:
+    """Convert a GGUF model into an mlx-lm folder the registry can serve (docs/import.md)."""
+    from mlxd.gguf.command import run_import
+
+    try:
+        typer.echo(run_import(source, directory, name, quantize))
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
 
 
 def _client(url: Optional[str], api_key: Optional[str]):  # type: ignore[no-untyped-def]

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 from mlxd.daemon.images import ImageMemory
 from mlxd.daemon.metrics import Metrics
 from mlxd.daemon.settings import EffectiveSettings
+from mlxd.engine.cache_store.bound import CacheDirBound
+from mlxd.engine.types import Engine
 from mlxd.engine.worker import MlxWorker
 from mlxd.errors import ConfigError, ModelLoadFailed
 from mlxd.registry.model import ModelSpec, Registry, ServerSpec
@@ -52,7 +54,7 @@ class EngineFactory:
         self.worker = worker
         self.cache_dir = cache_dir
 
-    async def __call__(self, spec: ModelSpec) -> Any:
+    async def __call__(self, spec: ModelSpec) -> Engine:
         if spec.kind == "vision":
             try:
                 from mlxd.engine.vision import load_vision_engine
@@ -69,9 +71,11 @@ class EngineFactory:
 
 
 class PrefixCacheHooks:
-    """The daemon's lifecycle hooks: save a model's prefix cache before it
-    unloads (idle, eviction, admin, reload or shutdown), then keep the whole
-    ``<cache_dir>/prefix`` within the sum of the models' disk bounds.
+    """The daemon's lifecycle hooks: let an engine save what outlives it (its
+    prefix cache) before it unloads (idle, eviction, admin, reload or
+    shutdown), then keep this daemon's folders under ``<cache_dir>/prefix``
+    within the sum of the models' disk bounds (``cache_store/bound.py``: safe
+    when several daemons share the cache dir).
 
     The save's MLX part runs on the worker and its file I/O in a thread, one
     entry at a time: the event loop and other models keep going meanwhile.
@@ -79,24 +83,20 @@ class PrefixCacheHooks:
 
     def __init__(self, registry: Callable[[], Registry]) -> None:
         self._registry = registry
+        self._bound = CacheDirBound()
 
-    async def before_unload(self, spec: ModelSpec, engine: Any, reason: str) -> None:
-        save = getattr(engine, "save_prefix_cache", None)
-        persistence = getattr(engine, "persistence", None)
-        if save is None or persistence is None:
+    async def before_unload(self, spec: ModelSpec, engine: Engine, reason: str) -> None:
+        saved = await engine.before_unload()
+        if saved is None:
             return
-        await save()
-        from mlxd.engine.cache_store import enforce_total_bound
-
         registry = self._registry()
         total = sum(
             m.prefix_cache.disk_max_bytes for m in registry.models if m.prefix_cache.persist
         )
-        root = persistence.store.root
         try:
-            await asyncio.to_thread(enforce_total_bound, root, total, {persistence.fingerprint})
+            await asyncio.to_thread(self._bound.enforce, saved.root, total, saved.fingerprint)
         except OSError as exc:
-            log.warning("bounding the prefix cache dir %s failed: %s", root, exc)
+            log.warning("bounding the prefix cache dir %s failed: %s", saved.root, exc)
 
 
 @dataclass

@@ -22,6 +22,7 @@ import psutil
 
 from mlxd import __version__
 from mlxd.daemon.context import DaemonContext
+from mlxd.engine.types import Engine
 from mlxd.residency.core import State
 
 SCHEMA_VERSION = 1
@@ -83,8 +84,8 @@ def mlx_memory_now() -> dict[str, int | None]:
         return {"active_bytes": None, "peak_bytes": None, "cache_bytes": None}
 
 
-def _engine_stats(engine: Any) -> dict[str, Any]:
-    if engine is None or not hasattr(engine, "stats"):
+def _engine_stats(engine: Engine | None) -> dict[str, Any]:
+    if engine is None:
         return {}
     try:
         stats = engine.stats()

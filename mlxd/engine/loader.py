@@ -13,10 +13,13 @@ from pathlib import Path
 
 from mlxd.engine import memory
 from mlxd.engine.batch import supports_batching
-from mlxd.engine.cache_store import CacheStore, PrefixCachePersistence
+from mlxd.engine.cache_store.folder import CacheStore
+from mlxd.engine.cache_store.persistence import PrefixCachePersistence
 from mlxd.engine.fingerprint import model_fingerprint
 from mlxd.engine.lifecycle import load_on_worker, measured_load
-from mlxd.engine.text import LoadedText, TextEngine
+from mlxd.engine.prefix_cache import KvLayout, model_kv_layout
+from mlxd.engine.text import TextEngine
+from mlxd.engine.text_model import LoadedText
 from mlxd.engine.warmup import forget_warmup, plan_warmup, warm_up
 from mlxd.engine.worker import MlxWorker
 from mlxd.errors import describe_exception
@@ -49,8 +52,10 @@ async def load_text_engine(
         raise
     if fingerprint is not None and cache_dir is not None and engine.prefix_cache is not None:
         store = CacheStore(Path(cache_dir) / "prefix", fingerprint, spec.prefix_cache.disk_max_bytes)
-        engine.persistence = PrefixCachePersistence(store, worker, engine.prefix_cache,
-                                                    prefill_rate=lambda: _prefill_rate(engine))
+        engine.persistence = PrefixCachePersistence(
+            store, worker, engine.prefix_cache, layout=lambda: _kv_layout(engine),
+            prefill_rate=lambda: _prefill_rate(engine),
+        )
         try:
             await engine.persistence.restore()
         except asyncio.CancelledError:
@@ -75,6 +80,12 @@ async def _warm(engine: TextEngine, tokenizer: object, spec: ModelSpec, worker: 
 
 def _prefill_rate(engine: TextEngine) -> float | None:
     return engine.warmup.prefill_tokens_per_s if engine.warmup is not None else None
+
+
+def _kv_layout(engine: TextEngine) -> KvLayout:
+    """Worker thread: what a restored entry must look like for this model."""
+    model, _ = engine.model.get()
+    return model_kv_layout(model, engine.spec.kv_bits)
 
 
 def _persists(spec: ModelSpec) -> bool:

@@ -1,4 +1,10 @@
-"""The built-in demo registry: a few small real models and a models.yaml naming them."""
+"""The built-in demo registry: a few small real models and a models.yaml naming them.
+
+The default model is SmolLM2-135M-Instruct, a trained model whose answers make
+sense: its GGUF file comes from a PyPI wheel (mlxd.factory.smollm2) and the
+registry converts it on first read (a ``path:`` may name a ``.gguf`` file).
+The others are the factory's seeded random-weight models the tests use.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +13,29 @@ import importlib.util
 from pathlib import Path
 
 from mlxd.factory.build import ModelRecipe, build_model
+from mlxd.factory.smollm2 import smollm2_gguf
 from mlxd.factory.vision import VisionRecipe, build_vision_model
 
+DEFAULT_MODEL = "smollm2-135m"
+# Bump when the demo's models change, so a registry an older mlxd wrote into
+# the default demo folder is rebuilt rather than served as it was.
+DEMO_VERSION = 2
+_HEADER = f"# The mlxd demo registry (version {DEMO_VERSION}): SmolLM2 (from a GGUF file) and small models made offline by `mlxd demo`."
+
+
+def is_stale(registry: Path) -> bool:
+    """Whether ``registry`` was written by an older :func:`write_demo` (a file
+    someone wrote there by hand is theirs, and served as it is)."""
+    try:
+        with open(registry, encoding="utf-8") as handle:
+            first = handle.readline().rstrip("\n")
+    except OSError:
+        return False
+    return first.startswith("# The mlxd demo registry") and first != _HEADER
+
+
 DEMO_MODELS: tuple[tuple[str, ModelRecipe | VisionRecipe, tuple[str, ...], str], ...] = (
-    ("qwen-tiny", ModelRecipe("qwen2", "tiny"), ("default",), "Tiny Qwen2-shaped model with seeded weights"),
+    ("qwen-tiny", ModelRecipe("qwen2", "tiny"), (), "Tiny Qwen2-shaped model with seeded weights"),
     ("llama-tiny", ModelRecipe("llama", "tiny", seed=1), (), "Tiny Llama-shaped model with seeded weights"),
     ("qwen-small", ModelRecipe("qwen2", "small", seed=2), (), "Small Qwen2-shaped model (realistic layer shapes)"),
     ("vision-tiny", VisionRecipe("tiny"), (), "Tiny Qwen2-VL-shaped vision model with seeded weights"),
@@ -33,7 +58,10 @@ def write_demo(
     ``directory/models.yaml``. Returns the registry file's path."""
     directory = directory.expanduser().resolve()
     models_dir = directory / "models"
-    entries = []
+    entries = [(
+        DEFAULT_MODEL, smollm2_gguf(), ("default",),
+        "SmolLM2-135M-Instruct (GGUF Q4_1), a small trained chat model", '"64MB"',
+    )]
     for name, recipe, aliases, description in DEMO_MODELS:
         if recipe.size not in sizes:
             continue
@@ -47,10 +75,10 @@ def write_demo(
             path = build_model(recipe, cache_dir=models_dir)
         # Vision models keep no prefix cache: reserve no memory for one.
         prefix_cache = '"0"' if isinstance(recipe, VisionRecipe) else '"64MB"'
-        entries.append((name, path.relative_to(directory), aliases, description, prefix_cache))
+        entries.append((name, str(path.relative_to(directory)), aliases, description, prefix_cache))
     budget = "70%" if "bench" in sizes else "2GB"
     lines = [
-        "# The mlxd demo registry: small real models made offline by `mlxd demo`.",
+        _HEADER,
         "# Every key is documented in models.yaml.example and docs/registry.md.",
         "server:",
         "  host: 127.0.0.1",
@@ -76,6 +104,10 @@ def write_demo(
         ]
         if aliases:
             lines.append(f"    aliases: [{', '.join(aliases)}]")
+        if name == DEFAULT_MODEL:
+            # A 135M model rambles at OpenAI's default temperature of 1;
+            # greedy answers are its best (a request's own value still wins).
+            lines += ["    defaults:", "      temperature: 0"]
     target = directory / "models.yaml"
     directory.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".yaml.tmp")

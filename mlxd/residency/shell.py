@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from mlxd.engine.types import Engine
 from mlxd.errors import ModelNotFound, RequestTimeout, describe_exception
 from mlxd.registry.model import ModelSpec, Registry
 from mlxd.residency.core import (
@@ -41,18 +42,18 @@ Clock = Callable[[], float]
 Granted = tuple[Resident, int]
 
 
-EngineFactory = Callable[[ModelSpec], Awaitable[Any]]
+EngineFactory = Callable[[ModelSpec], Awaitable[Engine]]
 
 
 class LifecycleHooks(Protocol):
     """What the daemon wants to happen around loads and unloads (e.g. the
     prefix cache is saved before unload). Errors here are logged, never fatal."""
 
-    async def before_unload(self, spec: ModelSpec, engine: Any, reason: str) -> None: ...
+    async def before_unload(self, spec: ModelSpec, engine: Engine, reason: str) -> None: ...
 
 
 class _NoHooks:
-    async def before_unload(self, spec: ModelSpec, engine: Any, reason: str) -> None:
+    async def before_unload(self, spec: ModelSpec, engine: Engine, reason: str) -> None:
         return None
 
 
@@ -80,12 +81,12 @@ class Lease:
     """The right to use one engine instance until released. Release happens
     exactly once, however the request ends; extra calls are no-ops."""
 
-    def __init__(self, manager: ResidencyManager, resident: Resident, instance: int, engine: Any) -> None:
+    def __init__(self, manager: ResidencyManager, resident: Resident, instance: int, engine: Engine) -> None:
         # The resident, not its name: a hot reload may rename the model
         # while the lease is held, and the release must find it.
         self._resident = resident
         self.instance = instance
-        self.engine = engine
+        self.engine: Engine = engine
         self._manager = manager
         self._released = False
 
@@ -122,7 +123,7 @@ class _Model:
 
     stats: ModelStats = field(default_factory=ModelStats)
     # The engine in memory, if any, and the core's instance number for it.
-    engine: Any | None = None
+    engine: Engine | None = None
     instance: int = 0
     # The spec the engine was built from: after a reload-class change the
     # registry's spec no longer describes the engine that is still draining,
@@ -275,7 +276,7 @@ class ResidencyManager:
         r = self.core.residents.get(model)
         if held is None or held.engine is None or r is None or held.instance != instance:
             return
-        measured = getattr(held.engine, "measured_bytes", None)
+        measured = held.engine.measured_bytes
         if measured and measured > (r.measured_bytes or 0):
             if self._on_measured:
                 self._on_measured(r.spec, measured)
@@ -364,7 +365,7 @@ class ResidencyManager:
         request path adds its tokens to them)."""
         return {name: held.stats for name, held in self._models.items()}
 
-    def engine(self, name: str) -> Any | None:
+    def engine(self, name: str) -> Engine | None:
         held = self._models.get(name)
         return held.engine if held else None
 
@@ -425,7 +426,7 @@ class ResidencyManager:
             return
         held = self._models.setdefault(model, _Model())
         held.engine, held.instance, held.built_from = engine, instance, spec
-        measured = getattr(engine, "measured_bytes", None)
+        measured = engine.measured_bytes
         if measured and self._on_measured:
             self._on_measured(spec, measured)
         self._apply(self.core.load_finished(model, instance, self._clock(), measured_bytes=measured))

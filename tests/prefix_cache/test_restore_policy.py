@@ -68,7 +68,8 @@ def test_a_load_restores_only_what_this_device_recomputes_more_slowly(worker, qw
     left for their requests to recompute."""
     from prefix_cache.cache_support import QUESTIONS, chat, greedy, populate, run, spec_for
 
-    from mlxd.engine.cache_store import CacheStore, PrefixCachePersistence
+    from mlxd.engine.cache_store.folder import CacheStore
+    from mlxd.engine.cache_store.persistence import PrefixCachePersistence
     from mlxd.engine.fingerprint import model_fingerprint
     from mlxd.engine.prefix_cache import PrefixCache
 
