@@ -20,7 +20,7 @@ from mlxd.engine.lifecycle import load_on_worker, measured_load
 from mlxd.engine.prefix_cache import KvLayout, model_kv_layout
 from mlxd.engine.text import TextEngine
 from mlxd.engine.text_model import LoadedText
-from mlxd.engine.warmup import forget_warmup, plan_warmup, warm_up
+from mlxd.engine.warmup import CONTEXT_MARGIN, forget_warmup, plan_warmup, warm_up
 from mlxd.engine.worker import MlxWorker
 from mlxd.errors import describe_exception
 from mlxd.registry.device import current_device
@@ -46,7 +46,7 @@ async def load_text_engine(
     loaded = await load_on_worker(worker, load_text_model, spec, _unload)
     engine = TextEngine(spec, worker, loaded, prefill_chunk=prefill_chunk)
     try:
-        await _warm(engine, loaded.tokenizer, spec, worker, prefill_chunk)
+        await _warm(engine, spec, worker, prefill_chunk)
     except asyncio.CancelledError:
         asyncio.ensure_future(engine.close())
         raise
@@ -64,7 +64,7 @@ async def load_text_engine(
     return engine
 
 
-async def _warm(engine: TextEngine, tokenizer: object, spec: ModelSpec, worker: MlxWorker, chunk: int) -> None:
+async def _warm(engine: TextEngine, spec: ModelSpec, worker: MlxWorker, chunk: int) -> None:
     device = await worker.call(current_device)
     runs = plan_warmup(max_context=spec.max_context, prefill_chunk=chunk, max_concurrency=spec.max_concurrency,
                        batching=bool(engine.stats().get("batching")), device=device.kind)
@@ -73,7 +73,8 @@ async def _warm(engine: TextEngine, tokenizer: object, spec: ModelSpec, worker: 
         # Warm-up prompts must not take the cache's room or be saved with it.
         await worker.call(forget_warmup, engine)
 
-    engine.warmup = await warm_up(engine, tokenizer, runs, forget=forget)
+    room = spec.max_context - CONTEXT_MARGIN - max(r.max_tokens for r in runs)
+    engine.warmup = await warm_up(engine, runs, max_chars=max(1, room), forget=forget)
     log.info("%s warmed up in %.2fs (%d requests, prefill %s tok/s)", spec.name, engine.warmup.seconds,
              engine.warmup.requests, engine.warmup.prefill_tokens_per_s)
 

@@ -42,10 +42,16 @@ SHORT_PROMPT_TOKENS = 16
 # Tokens kept free under max_context for the reply and the chat template.
 CONTEXT_MARGIN = 16
 MAX_WARM_BATCH = 4
+# The passage warm-up prompts repeat, in characters.
+SAMPLE_CHARS = 1200
+# Source code takes 3-4 characters a token with real tokenizers; erring long
+# keeps a full prefill chunk in the warm-up.
+CHARS_PER_TOKEN = 4
 # On the CPU backend kernels are compiled per fused operation, not per
 # sequence length, so a short prompt compiles what a long one would (and the
 # CPU pays for every warm-up token at its slow prefill speed).
-CPU_PREFILL_TOKENS = 128
+CPU_PREFILL_TOKENS = 64
+CPU_WARM_BATCH = 2
 
 
 @dataclass(frozen=True)
@@ -73,14 +79,16 @@ def plan_warmup(
     """The requests that compile the kernels traffic will use, in order.
 
     GPUs get a full prefill chunk (the shape every long prompt is cut into);
-    ``device == "cpu"`` a short one (CPU_PREFILL_TOKENS)."""
+    ``device == "cpu"`` a short one (CPU_PREFILL_TOKENS) and a narrower batch
+    (batched kernels there do not depend on the batch size either)."""
     room = max(1, max_context - DECODE_STEPS - CONTEXT_MARGIN)
     if device == "cpu":
         prefill_chunk = min(prefill_chunk, CPU_PREFILL_TOKENS)
     long = min(prefill_chunk + SHORT_PROMPT_TOKENS, room)
     runs = [WarmupRun(long, DECODE_STEPS)]
     if batching and max_concurrency > 1:
-        runs.append(WarmupRun(min(SHORT_PROMPT_TOKENS, room), DECODE_STEPS, min(max_concurrency, MAX_WARM_BATCH)))
+        widest = CPU_WARM_BATCH if device == "cpu" else MAX_WARM_BATCH
+        runs.append(WarmupRun(min(SHORT_PROMPT_TOKENS, room), DECODE_STEPS, min(max_concurrency, widest)))
     runs.append(WarmupRun(min(prefill_chunk, room), 1, timed=True))
     return tuple(runs)
 
@@ -99,29 +107,32 @@ def forget_warmup(engine: Any) -> None:
         cache.hits = cache.misses = cache.tokens_reused = 0
 
 
-def _corpus() -> str:
+def _passage() -> str:
     # Real text: a random model fed repeated words can stop at once.
     import argparse
 
-    return Path(argparse.__file__).read_text(encoding="utf-8")
+    source = Path(argparse.__file__).read_text(encoding="utf-8")
+    start = source.index("class ArgumentParser(")
+    return source[start : start + SAMPLE_CHARS]
 
 
-def prompt_texts(tokenizer: Any, lengths: Sequence[int]) -> list[str]:
-    """Distinct prompts of about ``lengths[i]`` tokens each, cut from real
-    text at different places, so no warm-up prompt is a prefix of another
-    (the prefix cache would serve it instead of prefilling)."""
-    need = sum(lengths) + len(lengths)
-    corpus = _corpus()
-    # Encode only about what is needed (a byte-level BPE makes at least one
-    # token of every ~6 characters of source code): the tokenizer warns about
-    # texts longer than the model's context.
-    ids = list(tokenizer.encode(corpus[: need * 6]))
-    while len(ids) < need:
-        ids += ids
-    texts, at = [], 0
-    for n in lengths:
-        texts.append(tokenizer.decode(ids[at : at + n]))
-        at += n + 1
+def prompt_texts(lengths: Sequence[int], max_chars: int) -> list[str]:
+    """Prompts of about ``lengths[i]`` tokens each (at most ``max_chars``
+    characters, so even one token per character fits the context): real
+    source text repeated, each opening with its own line so that no prompt is
+    a prefix of another (the prefix cache would serve it instead of
+    prefilling).
+
+    Sized by characters, without the tokenizer: tokenizing here with each
+    freshly loaded tokenizer grew the process by ~60 KB a load/unload cycle
+    (measured), which a daemon that swaps models for weeks cannot afford.
+    """
+    passage = _passage()
+    texts = []
+    for number, n in enumerate(lengths):
+        size = max(1, min(int(n * CHARS_PER_TOKEN), max_chars))
+        text = f"# part {number}\n" + passage * (size // len(passage) + 1)
+        texts.append(text[:size])
     return texts
 
 
@@ -149,9 +160,9 @@ async def _one(engine: Any, prompt: str, max_tokens: int, request_id: str, chat:
 
 async def warm_up(
     engine: Any,
-    tokenizer: Any,
     runs: Sequence[WarmupRun],
     *,
+    max_chars: int,
     forget: Callable[[], Any] | None = None,
 ) -> WarmupReport:
     """Send ``runs`` through ``engine.generate``; never raises (a model that
@@ -162,9 +173,7 @@ async def warm_up(
     rate: float | None = None
     error: str | None = None
     try:
-        prompts = await asyncio.to_thread(
-            prompt_texts, tokenizer, [r.prompt_tokens for run in runs for r in [run] * run.concurrent]
-        )
+        prompts = prompt_texts([r.prompt_tokens for run in runs for r in [run] * run.concurrent], max_chars)
         texts = iter(prompts)
         for number, run in enumerate(runs):
             batch = [next(texts) for _ in range(run.concurrent)]
