@@ -45,6 +45,7 @@ from mlxd.registry.model import ModelSpec
 
 if TYPE_CHECKING:
     from mlxd.engine.cache_store.persistence import PrefixCachePersistence
+    from mlxd.engine.warmup import WarmupReport
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,8 @@ class TextEngine(EngineBase):
         )
         # Set by the loader when the cache is saved to and restored from disk.
         self.persistence: PrefixCachePersistence | None = None
+        # Set by the loader: how the warm-up before `loaded` went.
+        self.warmup: WarmupReport | None = None
         self._batch: BatchScheduler | None = None
         if spec.max_concurrency > 1 and spec.kv_bits is None and loaded.batchable:
             self._batch = BatchScheduler(
@@ -113,6 +116,7 @@ class TextEngine(EngineBase):
             "batching": batch is not None,
             "batch_size": batch.size if batch else 0,
             "batched_steps": batch.steps if batch else 0,
+            "warmup": self.warmup.as_dict() if self.warmup is not None else None,
             "prefix_cache": self.prefix_cache_stats(),
         }
 

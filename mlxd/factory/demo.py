@@ -8,6 +8,7 @@ The others are the factory's seeded random-weight models the tests use.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -38,11 +39,22 @@ DEMO_MODELS: tuple[tuple[str, ModelRecipe | VisionRecipe, tuple[str, ...], str],
     ("llama-tiny", ModelRecipe("llama", "tiny", seed=1), (), "Tiny Llama-shaped model with seeded weights"),
     ("qwen-small", ModelRecipe("qwen2", "small", seed=2), (), "Small Qwen2-shaped model (realistic layer shapes)"),
     ("vision-tiny", VisionRecipe("tiny"), (), "Tiny Qwen2-VL-shaped vision model with seeded weights"),
+    ("qwen-bench", ModelRecipe("qwen2", "bench", seed=3), (), "Qwen2.5-0.5B-shaped model with seeded weights"),
 )
+# `mlxd demo --size S` builds every model up to S.
+DEMO_SIZES = ("tiny", "small", "bench")
 
 
-def write_demo(directory: Path, *, sizes: tuple[str, ...] = ("tiny", "small")) -> Path:
-    """Build the demo models into ``directory/models`` and write
+def sizes_up_to(size: str) -> tuple[str, ...]:
+    if size not in DEMO_SIZES:
+        raise ValueError(f"unknown size {size!r}; choose from {', '.join(DEMO_SIZES)}")
+    return DEMO_SIZES[: DEMO_SIZES.index(size) + 1]
+
+
+def write_demo(
+    directory: Path, *, sizes: tuple[str, ...] = ("tiny", "small"), dtype: str = "float32"
+) -> Path:
+    """Build the demo models into ``directory/models`` in ``dtype`` and write
     ``directory/models.yaml``. Returns the registry file's path."""
     directory = directory.expanduser().resolve()
     models_dir = directory / "models"
@@ -53,6 +65,7 @@ def write_demo(directory: Path, *, sizes: tuple[str, ...] = ("tiny", "small")) -
     for name, recipe, aliases, description in DEMO_MODELS:
         if recipe.size not in sizes:
             continue
+        recipe = dataclasses.replace(recipe, dtype=dtype)
         if isinstance(recipe, VisionRecipe):
             # A text-only install (no mlx-vlm extra) gets a text-only demo.
             if importlib.util.find_spec("mlx_vlm") is None:
@@ -63,6 +76,7 @@ def write_demo(directory: Path, *, sizes: tuple[str, ...] = ("tiny", "small")) -
         # Vision models keep no prefix cache: reserve no memory for one.
         prefix_cache = '"0"' if isinstance(recipe, VisionRecipe) else '"64MB"'
         entries.append((name, str(path.relative_to(directory)), aliases, description, prefix_cache))
+    budget = "70%" if "bench" in sizes else "2GB"
     lines = [
         _HEADER,
         "# Every key is documented in models.yaml.example and docs/registry.md.",
@@ -70,7 +84,8 @@ def write_demo(directory: Path, *, sizes: tuple[str, ...] = ("tiny", "small")) -
         "  host: 127.0.0.1",
         "  port: 8080",
         "manager:",
-        '  memory_budget: "2GB"',
+        # A bench-size model alone is 1-2 GB: let it share the device's memory.
+        f'  memory_budget: "{budget}"',
         "  default_idle_unload_seconds: 300",
         "  contention_policy:",
         "    strategy: wait_then_fail",

@@ -28,6 +28,7 @@ from mlxd.engine.prefix_cache import (
     encode_entry,
     persistable,
 )
+from mlxd.engine.restore_policy import RateMeter, Rates, decide
 from mlxd.engine.worker import MlxWorker
 from mlxd.errors import describe_exception
 
@@ -38,6 +39,8 @@ class PersistenceStats:
     disk_entries: int | None = None
     disk_bytes: int | None = None
     restored_entries: int = 0
+    # Saved entries the restore left for requests to prefill (cheaper on this device).
+    recompute_entries: int = 0
     last_save_seconds: float | None = None
     last_restore_seconds: float | None = None
 
@@ -56,6 +59,7 @@ class PrefixCachePersistence:
         worker: MlxWorker,
         cache: PrefixCache,
         layout: Callable[[], KvLayout] | None = None,
+        prefill_rate: Callable[[], float | None] | None = None,
     ) -> None:
         self.store = store
         self.worker = worker
@@ -63,6 +67,9 @@ class PrefixCachePersistence:
         # Worker thread: the loaded model's KV layout, asked once per restore
         # that has entries to check (it runs the model on one token).
         self._layout = layout
+        # This device's prefill tokens/s (the warm-up measures it), for the
+        # restore-or-recompute decision (mlxd.engine.restore_policy).
+        self.prefill_rate = prefill_rate
         self.stats = PersistenceStats()
 
     @property
@@ -96,9 +103,17 @@ class PrefixCachePersistence:
         bad: set[str] = set()
         budget = self.cache.max_bytes
         layout = await self.worker.call(self._layout) if self._layout and manifest.entries else None
+        meter, prefill, left = RateMeter(), self.prefill_rate() if self.prefill_rate else None, 0
         for entry in manifest.entries:
             if entry.bytes > budget:
                 continue
+            decision = decide(entry.tokens, entry.bytes, Rates(prefill, meter.rate))
+            if not decision.restore:
+                left += 1
+                log.debug("prefix cache %s: entry %s left to recompute: %s", store.fingerprint, entry.file,
+                          decision.reason)
+                continue
+            started = time.perf_counter()
             payload = await asyncio.to_thread(store.read_entry, entry)
             if payload is None:
                 bad.add(entry.file)
@@ -112,8 +127,14 @@ class PrefixCachePersistence:
                 bad.add(entry.file)
                 continue
             del payload
+            meter.record(entry.bytes, time.perf_counter() - started)
             loaded.append((tokens, cache))
             budget -= entry.bytes
+        self.stats.recompute_entries = left
+        if left:
+            log.info("prefix cache %s: %d saved entries are faster to recompute here than to restore "
+                     "(prefill %.0f tok/s, restore %.0f MB/s)", store.fingerprint, left, prefill or 0,
+                     (meter.rate or 0) / 2**20)
         if bad:
             self._seen(await asyncio.to_thread(store.forget, bad))
         if not loaded:
