@@ -72,7 +72,21 @@ def _describe_model(spec: ModelSpec) -> list[str]:
         f"    preload: {yes_no[spec.preload]}; pinned: {yes_no[spec.pinned]}; "
         f"idle unload: {_idle(spec)}"
     )
+    if spec.kind == "text":
+        lines.append(f"    tool calls: {_tool_calls(spec)}")
     return lines
+
+
+def _tool_calls(spec: ModelSpec) -> str:
+    from mlxd.tools.formats import resolve_from_files
+
+    if spec.tool_parser == "none":
+        return "off (tool_parser: none)"
+    name = resolve_from_files(spec.path, spec.tool_parser)
+    if name is None:
+        return "none (requests with `tools` get a 400; set `tool_parser:` to enable)"
+    where = "tool_parser:" if spec.tool_parser else "guessed from the chat template"
+    return f"{name} ({where})"
 
 
 def describe(registry: Registry) -> str:

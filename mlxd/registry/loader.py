@@ -527,6 +527,7 @@ class _Builder:
             trust_remote_code=entry.trust_remote_code,
             local_image_dir=self._image_dir(i, entry),
             allow_remote_images=entry.allow_remote_images,
+            tool_parser=entry.tool_parser,
         )
         self._check_fits(here, spec)
         return spec

@@ -75,6 +75,8 @@ class ModelSpec:
     # Vision inputs: local files only under this folder; remote URLs only if allowed.
     local_image_dir: Path | None = None
     allow_remote_images: bool = False
+    # The registry's ``tool_parser:`` (None: guess from the chat template).
+    tool_parser: str | None = None
 
     @property
     def charge_bytes(self) -> int:
@@ -97,6 +99,8 @@ class ModelSpec:
         "kv_bits",
         "trust_remote_code",
         "prefix_cache",
+        # The engine resolves the tool-call format when it loads.
+        "tool_parser",
     )
 
     def needs_reload_from(self, old: ModelSpec) -> bool:

@@ -168,6 +168,9 @@ class ModelEntry(_Section):
     trust_remote_code: bool = False
     local_image_dir: str | None = None
     allow_remote_images: bool = False
+    # mlx-lm's tool parser module (or llama3_json, or none); unset: guessed
+    # from the chat template as mlx-lm does.
+    tool_parser: str | None = None
 
     # vllm-mlx keys with a meaning here.
     estimated_memory_gb: PositiveFloat | None = None
@@ -204,6 +207,15 @@ class ModelEntry(_Section):
             raise ValueError(
                 f"must be one of {choices} (the widths mlx-lm's quantized KV cache supports)"
             )
+        return value
+
+    @field_validator("tool_parser")
+    @classmethod
+    def _tool_parser(cls, value: str | None) -> str | None:
+        from mlxd.tools.formats import known_parsers
+
+        if value is not None and value not in known_parsers():
+            raise ValueError(f"unknown tool parser {value!r}; choose from {', '.join(known_parsers())}")
         return value
 
     def location(self) -> tuple[str, str] | None:
