@@ -13,9 +13,12 @@ MLXD = Path(__file__).resolve().parents[1] / "mlxd"
 # (``__version__``).
 ALLOWED = {
     "errors": set(),
-    "registry": {"errors"},
+    # tool_parser: is checked against the known formats (tools-core).
+    "registry": {"errors", "tools"},
     "settings": {"registry"},
-    "engine": {"errors", "registry"},
+    # The text engine enforces constraints and knows its tool-call format
+    # (tools-core); grammar/ and tools/ use only engine.types from it.
+    "engine": {"errors", "registry", "grammar", "tools"},
     "residency": {"errors", "registry"},
     "factory": set(),
     "service": {"errors", "registry"},
@@ -24,7 +27,7 @@ ALLOWED = {
     "tools": {"errors", "engine", "grammar"},
     "gguf": {"errors", "registry", "factory"},
     "monitoring": {"mlxd", "errors", "registry", "engine", "residency"},
-    "api": {"mlxd", "errors", "registry", "settings", "engine", "residency", "monitoring"},
+    "api": {"mlxd", "errors", "registry", "settings", "engine", "grammar", "tools", "residency", "monitoring"},
     "daemon": {"mlxd", "errors", "registry", "settings", "engine", "residency", "monitoring", "api"},
     "cli": {"mlxd", "errors", "registry", "settings", "engine", "factory", "service", "gguf", "daemon"},
     "__main__": {"cli"},
