@@ -5,8 +5,12 @@ stream frames; nothing else about generation is surface-specific."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from mlxd.engine.types import GenerationChunk
+from mlxd.tools.formats import ToolFormat
+from mlxd.tools.splitter import TextDelta as SplitText
+from mlxd.tools.splitter import ToolCallArguments, ToolCallSplitter, ToolCallStart, finish_reason
 
 
 @dataclass(frozen=True)
@@ -65,3 +69,44 @@ def chunk_events(choice: int, chunk: GenerationChunk) -> list[OutputEvent]:
         usage = Usage(chunk.prompt_tokens, chunk.completion_tokens, chunk.cached_tokens)
         events.append(Finish(choice, chunk.finish_reason, usage))
     return events
+
+
+class ChoiceEvents:
+    """Engine chunks as output events for every choice of one request, with
+    tool calls split out of the text when the answer may hold them (the
+    model's own call markup never reaches a client as text)."""
+
+    def __init__(self, tool_format: ToolFormat | None = None, tools: Any = None) -> None:
+        self._format = tool_format
+        self._tools = tools
+        self._splitters: dict[int, ToolCallSplitter] = {}
+
+    def of(self, choice: int, chunk: GenerationChunk) -> list[OutputEvent]:
+        events = chunk_events(choice, chunk)
+        if self._format is None:
+            return events
+        splitter = self._splitters.get(choice)
+        if splitter is None:
+            splitter = self._splitters[choice] = ToolCallSplitter(self._format, self._tools)
+        out: list[OutputEvent] = []
+        for event in events:
+            if isinstance(event, TextDelta):
+                out += _split_events(choice, splitter.feed(event.text))
+            elif isinstance(event, Finish):
+                out += _split_events(choice, splitter.finish())
+                reason = finish_reason(event.reason, splitter.calls) or event.reason
+                out.append(Finish(choice, reason, event.usage))
+        return out
+
+
+def _split_events(choice: int, events: list[Any]) -> list[OutputEvent]:
+    out: list[OutputEvent] = []
+    for event in events:
+        if isinstance(event, SplitText):
+            out.append(TextDelta(choice, event.text))
+        elif isinstance(event, ToolCallStart):
+            out.append(ToolCallDelta(choice, event.index, id=event.id, name=event.name))
+        elif isinstance(event, ToolCallArguments):
+            out.append(ToolCallDelta(choice, event.index, arguments=event.fragment))
+        # ToolCallEnd: a call is whole once the next event or the finish comes.
+    return out

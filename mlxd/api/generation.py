@@ -19,8 +19,8 @@ from starlette.types import Receive, Scope, Send
 
 from mlxd.api.accounting import record_request
 from mlxd.api.context import DaemonContext
-from mlxd.api.events import Finish, OutputEvent, TextDelta, ToolCallDelta, Usage, chunk_events
-from mlxd.api.plan import Plan
+from mlxd.api.events import ChoiceEvents, Finish, OutputEvent, TextDelta, ToolCallDelta, Usage
+from mlxd.api.plan import Plan, shape_output
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.errors import (
     ClientDisconnected,
@@ -77,10 +77,22 @@ async def guarded(request: Request, work: Awaitable[T], timeout: float) -> T:
 
 async def _read_images_and_acquire(ctx: DaemonContext, plan: Plan) -> Lease:
     """Images are read (files, remote fetches, decoding) before the lease, so
-    a bad image is a 400 that never loads a model or holds a slot."""
+    a bad image is a 400 that never loads a model or holds a slot. Tools and
+    structured output are checked against the leased engine (its tool-call
+    format); a mistake there gives the lease straight back."""
     if plan.images is not None and plan.images.sources:
         plan.requests[0].images = await plan.images.load()
-    return await ctx.manager.acquire(plan.requested_name, timeout=plan.remaining())
+    lease = await ctx.manager.acquire(plan.requested_name, timeout=plan.remaining())
+    try:
+        shape_output(plan, lease.engine)
+    except BaseException:
+        lease.release()
+        raise
+    return lease
+
+
+def _choice_events(plan: Plan) -> ChoiceEvents:
+    return ChoiceEvents(plan.tool_format, plan.requests[0].tools if plan.requests else None)
 
 
 # --- one answer ---------------------------------------------------------------
@@ -122,6 +134,7 @@ class Answer:
 async def _generate_all(ctx: DaemonContext, plan: Plan, lease: Lease) -> Answer:
     answer = Answer(choices=[])
     meter = ctx.metrics.meter(plan.spec.name, plan.started)
+    events = _choice_events(plan)
     for index, request in enumerate(plan.requests):
         last = GenerationChunk(text="")
         async with contextlib.aclosing(lease.engine.generate(request)) as chunks:
@@ -129,12 +142,14 @@ async def _generate_all(ctx: DaemonContext, plan: Plan, lease: Lease) -> Answer:
                 meter.chunk(request.request_id, chunk)
                 last = chunk
                 if chunk.finish_reason != "abort":
-                    for event in chunk_events(index, chunk):
+                    for event in events.of(index, chunk):
                         answer.add(event)
         if last.finish_reason == "abort":
             raise _preempted(plan, retry_after=5)
         if not last.finish_reason:
-            answer.add(Finish(index, "stop", Usage(last.prompt_tokens, last.completion_tokens, last.cached_tokens)))
+            ended = GenerationChunk("", "stop", last.prompt_tokens, last.completion_tokens, last.cached_tokens)
+            for event in events.of(index, ended):
+                answer.add(event)
     return answer
 
 
@@ -164,6 +179,11 @@ class Framer(Protocol):
     send (possibly several frames, possibly empty)."""
 
     heartbeat: str
+    # True: answer 200 and send opening() at once, then wait for the lease
+    # (heartbeats flowing), so a client never sits through a queue or a load
+    # without a byte; failures to get one then travel as error frames.
+    # False: acquire first, so a 503/504 is a real status code.
+    early: bool
 
     def opening(self) -> str: ...
     def event(self, event: OutputEvent) -> str: ...
@@ -180,7 +200,7 @@ class LeasedStreamingResponse(StreamingResponse):
     """A stream that gives its lease back however it ends, even when the
     client is gone before the first byte and the body is never iterated."""
 
-    def __init__(self, content: AsyncIterator[str], lease: Lease, **kw: Any) -> None:
+    def __init__(self, content: AsyncIterator[str], lease: Lease | None, **kw: Any) -> None:
         super().__init__(content, media_type="text/event-stream", **kw)
         self._lease = lease
         self._content = content
@@ -191,17 +211,21 @@ class LeasedStreamingResponse(StreamingResponse):
         finally:
             with contextlib.suppress(Exception):
                 await self._content.aclose()  # type: ignore[attr-defined]
-            self._lease.release()
+            if self._lease is not None:
+                self._lease.release()
 
 
 async def open_stream(ctx: DaemonContext, plan: Plan, request: Request, framer: Framer) -> LeasedStreamingResponse:
-    """Acquire before answering, so a 404/503/504 is a real status code; once
-    the 200 is sent, errors travel in the stream."""
-    try:
-        lease = await guarded(request, _read_images_and_acquire(ctx, plan), plan.remaining())
-    except MlxdError as exc:
-        record_request(ctx, plan.spec.name, exc.status_code, plan)
-        raise
+    """Acquire before answering, so a 404/503/504 is a real status code, or
+    (an ``early`` framer) inside the stream; once the 200 is sent, errors
+    travel in the stream."""
+    lease = None
+    if not getattr(framer, "early", False):
+        try:
+            lease = await guarded(request, _read_images_and_acquire(ctx, plan), plan.remaining())
+        except MlxdError as exc:
+            record_request(ctx, plan.spec.name, exc.status_code, plan)
+            raise
     frames = _frames(ctx, plan, lease, framer)
     return LeasedStreamingResponse(
         frames, lease, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -228,6 +252,8 @@ class _StreamState:
         self.plan = plan
         self.framer = framer
         self.meter = ctx.metrics.meter(plan.spec.name, plan.started)
+        # Made at the first chunk: the tool-call format is known once leased.
+        self.events: ChoiceEvents | None = None
         self.usage = Usage()
         self.status = 200
 
@@ -244,26 +270,63 @@ class _StreamState:
         if chunk.finish_reason == "abort":
             self.status = 503
             return [self.framer.error(_preempted(self.plan))], True
+        if self.events is None:
+            self.events = _choice_events(self.plan)
         out = []
-        for event in chunk_events(index, chunk):
+        for event in self.events.of(index, chunk):
             if isinstance(event, Finish):
                 self.usage = self.usage + event.usage
             out.append(self.framer.event(event))
         return out, False
 
 
-async def _frames(ctx: DaemonContext, plan: Plan, lease: Lease, framer: Framer) -> AsyncIterator[str]:
+async def _acquire_with_heartbeats(
+    ctx: DaemonContext, plan: Plan, framer: Framer, got: list[Lease]
+) -> AsyncIterator[str]:
+    """Wait for the lease inside an open stream, a heartbeat every
+    ``heartbeat_seconds``; the lease lands in ``got``. A generator closed
+    meanwhile (client gone) cancels the wait, which gives back a lease
+    granted in the meantime."""
+    acquiring = asyncio.ensure_future(_read_images_and_acquire(ctx, plan))
+    try:
+        while True:
+            done, _ = await asyncio.wait({acquiring}, timeout=ctx.settings.heartbeat_seconds)
+            if done:
+                got.append(acquiring.result())
+                return
+            yield framer.heartbeat
+    finally:
+        if not acquiring.done():
+            acquiring.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await acquiring
+
+
+async def _frames(ctx: DaemonContext, plan: Plan, lease: Lease | None, framer: Framer) -> AsyncIterator[str]:
     queue: asyncio.Queue[Any] = asyncio.Queue()
-    producer = asyncio.ensure_future(_pump(lease.engine, plan.requests, queue))
+    producer: asyncio.Future[None] | None = None
     state = _StreamState(ctx, plan, framer)
     heartbeat = ctx.settings.heartbeat_seconds
     inactivity = ctx.settings.server.request_timeout_s
     loop = asyncio.get_running_loop()
-    last_progress = loop.time()
     try:
         opening = framer.opening()
         if opening:
             yield opening
+        if lease is None:
+            got: list[Lease] = []
+            try:
+                async for beat in _acquire_with_heartbeats(ctx, plan, framer, got):
+                    yield beat
+            except Exception as exc:
+                state.status = exc.status_code if isinstance(exc, MlxdError) else 500
+                if state.status == 500:
+                    log.error("stream on %s failed: %s", plan.spec.name, describe_exception(exc))
+                yield framer.error(exc) + framer.closing(None)
+                return
+            lease = got[0]
+        producer = asyncio.ensure_future(_pump(lease.engine, plan.requests, queue))
+        last_progress = loop.time()
         done = False
         while not done:
             try:
@@ -292,10 +355,12 @@ async def _frames(ctx: DaemonContext, plan: Plan, lease: Lease, framer: Framer) 
         state.status = 499  # the client went away mid-stream
         raise
     finally:
-        producer.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await producer
-        lease.release()
+        if producer is not None:
+            producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await producer
+        if lease is not None:
+            lease.release()
         record_request(ctx, plan.spec.name, state.status, plan, state.usage.prompt_tokens, state.usage.completion_tokens)
 
 

@@ -14,12 +14,31 @@ from mlxd.api.images import ImagePolicy, PendingImages, collect_images
 from mlxd.engine.types import GenerationRequest, SamplingParams
 from mlxd.errors import BadRequest
 from mlxd.registry.model import ModelSpec, SamplingDefaults
+from mlxd.tools.formats import ToolFormat
+from mlxd.tools.plan import plan_output
 
 if TYPE_CHECKING:
     from mlxd.api.context import DaemonContext
 
 # Fallbacks when neither the request nor the model's defaults say.
 FALLBACK = SamplingParams(temperature=0.7, top_p=0.9, top_k=0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0)
+
+
+@dataclass(frozen=True)
+class OutputRequest:
+    """What a request asks of the answer's shape, in OpenAI chat's terms
+    (``tools`` as ``{"type": "function", "function": {...}}``, ``tool_choice``
+    "auto" / "required" / "none" / a named function, ``response_format``):
+    every surface maps its own fields onto these, and ``mlxd.tools.plan``
+    checks them against the model's tool-call format once a lease is held."""
+
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+
+    def asks_anything(self) -> bool:
+        return bool(self.tools) or self.tool_choice is not None or self.response_format is not None
 
 
 @dataclass(frozen=True)
@@ -35,6 +54,7 @@ class Requested:
     # Total seconds for this request, queueing and loading included.
     timeout: float | None = None
     ignore_eos: bool = False
+    output: OutputRequest = field(default_factory=OutputRequest)
 
 
 @dataclass
@@ -50,6 +70,10 @@ class Plan:
     created: int = field(default_factory=lambda: int(time.time()))
     # Vision chat: images checked against the model's rules, read before the lease.
     images: PendingImages | None = None
+    output: OutputRequest = field(default_factory=OutputRequest)
+    # Set once the engine is known (its tool-call format): how to split the
+    # answer into text and tool calls; None when the answer is text.
+    tool_format: ToolFormat | None = None
 
     def remaining(self) -> float:
         return self.timeout - (time.monotonic() - self.started)
@@ -115,7 +139,30 @@ def plan_chat(
         timeout=_timeout(ctx, asked),
         id=request.request_id,
         images=images,
+        output=asked.output,
     )
+
+
+def shape_output(plan: Plan, engine: Any) -> None:
+    """Tools and structured output, checked against the leased engine's
+    tool-call format (known only once the model is loaded): the template's
+    ``tools`` and the grammar go on the engine requests, and the plan learns
+    how to split the answer. A client mistake is a BadRequest naming its field."""
+    if not plan.output.asks_anything():
+        return
+    asked = plan.output
+    shaped = plan_output(
+        plan.requested_name,
+        getattr(engine, "tool_format", None),
+        tools=asked.tools,
+        tool_choice=asked.tool_choice,
+        parallel_tool_calls=asked.parallel_tool_calls,
+        response_format=asked.response_format,
+    )
+    for request in plan.requests:
+        request.tools = shaped.tools
+        request.constraint = shaped.constraint
+    plan.tool_format = shaped.tool_format
 
 
 def plan_prompts(

@@ -75,6 +75,8 @@ class OpenAIFrames:
     """Chunk objects for chat and completions streams (``chat`` picks which)."""
 
     heartbeat = HEARTBEAT
+    # OpenAI clients read a 503 or 504 from the status code: acquire first.
+    early = False
 
     def __init__(self, plan: Plan, *, chat: bool, include_usage: bool) -> None:
         self.plan = plan
