@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from mlxd.api.responses.store import ResponseStore
+from mlxd.api.token_count import TokenCounter
 from mlxd.engine.worker import MlxWorker
 from mlxd.monitoring.metrics import Metrics
 from mlxd.monitoring.snapshot import ConfigState, DaemonSnapshot
@@ -30,6 +32,10 @@ class DaemonContext:
     # Set on SIGTERM: new requests get 503 while in-flight ones finish.
     draining: bool = False
     blas: dict[str, Any] = field(default_factory=dict)
+    # /v1/messages/count_tokens: tokenizers read apart from the engines.
+    token_counter: TokenCounter = field(default_factory=TokenCounter)
+    # /v1/responses: recent responses, for previous_response_id.
+    responses: ResponseStore = field(default_factory=ResponseStore)
 
     @property
     def registry(self) -> Registry:
