@@ -23,6 +23,7 @@ from mlxd.api.events import ChoiceEvents, Finish, OutputEvent, TextDelta, ToolCa
 from mlxd.api.plan import Plan, shape_output
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.errors import (
+    BadRequest,
     ClientDisconnected,
     MlxdError,
     ModelPreempted,
@@ -85,10 +86,29 @@ async def _read_images_and_acquire(ctx: DaemonContext, plan: Plan) -> Lease:
     lease = await ctx.manager.acquire(plan.requested_name, timeout=plan.remaining())
     try:
         shape_output(plan, lease.engine)
+        await _compile_grammar(plan, lease.engine)
     except BaseException:
         lease.release()
         raise
     return lease
+
+
+async def _compile_grammar(plan: Plan, engine: Any) -> None:
+    """Compile the request's grammar now, off the event loop (the engine
+    keeps it in its cache), so that a schema that cannot be compiled is a
+    400 before a stream's 200 rather than an error frame inside it."""
+    grammars = getattr(engine, "grammars", None)
+    constraint = plan.requests[0].constraint if plan.requests else None
+    if constraint is None:
+        return
+    if grammars is None:
+        # The vision engine decodes without logits processors: refuse rather
+        # than pass unconstrained output off as structured.
+        raise BadRequest(
+            f"Model `{plan.requested_name}` does not support structured output (response_format).",
+            param="response_format",
+        )
+    await asyncio.to_thread(grammars.matcher, constraint)
 
 
 def _choice_events(plan: Plan) -> ChoiceEvents:

@@ -15,7 +15,7 @@ from typing import Any
 
 from mlxd.engine.types import Constraint
 from mlxd.errors import BadRequest
-from mlxd.tools.forcing import forced_call
+from mlxd.tools.forcing import closed, forced_call
 from mlxd.tools.formats import ToolFormat, require
 
 # With parallel_tool_calls a forced answer may hold this many calls.
@@ -74,7 +74,8 @@ def _response_format(value: Any) -> Constraint | None:
             raise BadRequest(
                 "response_format.json_schema.schema must be a JSON schema object.", param="response_format"
             )
-        return Constraint.json_schema(schema)
+        # OpenAI's strict mode allows no key the schema does not declare.
+        return Constraint.json_schema(closed(schema) if spec.get("strict") else schema)
     raise BadRequest(
         "response_format.type must be one of `text`, `json_object`, `json_schema`.", param="response_format"
     )

@@ -31,6 +31,8 @@ def chat_completion(plan: Plan, answer: Answer) -> dict[str, Any]:
     choice = answer.choices[0]
     message: dict[str, Any] = {"role": "assistant", "content": choice.text}
     if choice.tool_calls:
+        # As OpenAI answers a call with nothing before it: no content at all.
+        message["content"] = choice.text or None
         message["tool_calls"] = _tool_calls(choice.tool_calls)
     return {
         "id": plan.id,

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
-from mlxd.api.plan import Requested
+from mlxd.api.plan import OutputRequest, Requested
 from mlxd.errors import BadRequest
 from mlxd.registry.model import SamplingDefaults
 
@@ -102,7 +102,11 @@ class _Common(BaseModel):
             stream=self.stream,
             timeout=self.timeout,
             ignore_eos=self.ignore_eos,
+            output=self.output(),
         )
+
+    def output(self) -> OutputRequest:
+        return OutputRequest()
 
 
 class FunctionCall(BaseModel):
@@ -140,7 +144,7 @@ class ChatMessage(BaseModel):
         calls = tuple(
             ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments) for c in self.tool_calls or ()
         )
-        return Message(role=role, content=content, tool_calls=calls, tool_call_id=self.tool_call_id)
+        return Message(role=role, content=content, tool_calls=calls, tool_call_id=self.tool_call_id, name=self.name)
 
 
 def _part(part: dict[str, Any], param: str) -> Part:
@@ -155,22 +159,18 @@ def _part(part: dict[str, Any], param: str) -> Part:
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    tools: list[dict[str, Any]] | None = None
+    # Checked by mlxd.tools.plan against the model's tool-call format once
+    # the model is leased (a BadRequest naming the field for each mistake).
+    tools: list[Any] | None = None
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: Any = None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def unsupported(self) -> None:
         super().unsupported()
-        if self.tools:
-            raise BadRequest("Tool calling is not supported by mlxd yet", param="tools")
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise BadRequest(
-                f"response_format type {self.response_format.get('type')!r} is not supported",
-                param="response_format",
-            )
         for i, message in enumerate(self.messages):
             if isinstance(message.content, list):
                 for part in message.content:
@@ -182,6 +182,21 @@ class ChatCompletionRequest(_Common):
 
     def conversation(self) -> Conversation:
         return Conversation(tuple(m.to_message(i) for i, m in enumerate(self.messages)))
+
+    def output(self) -> OutputRequest:
+        return OutputRequest(
+            tools=self.tools,
+            tool_choice=self.tool_choice,
+            parallel_tool_calls=self.parallel_tool_calls,
+            response_format=self.response_format,
+        )
+
+    def stop_list(self) -> list[str]:
+        # A forced call is a grammar's whole answer: a stop string meant for
+        # prose would cut it inside its JSON, so it does not apply there.
+        if self.tools and (self.tool_choice == "required" or isinstance(self.tool_choice, dict)):
+            return []
+        return super().stop_list()
 
 
 class CompletionRequest(_Common):
