@@ -82,7 +82,9 @@ async def _read_images_and_acquire(ctx: DaemonContext, plan: Plan) -> Lease:
     structured output are checked against the leased engine (its tool-call
     format); a mistake there gives the lease straight back."""
     if plan.images is not None and plan.images.sources:
-        plan.requests[0].images = await plan.images.load()
+        images = await plan.images.load()
+        for request in plan.requests:  # n > 1: every choice sees them
+            request.images = images
     lease = await ctx.manager.acquire(plan.requested_name, timeout=plan.remaining())
     try:
         shape_output(plan, lease.engine)
@@ -151,11 +153,39 @@ class Answer:
             self.usage = self.usage + event.usage
 
 
+def _together(engine: Any, requests: list[GenerationRequest]) -> bool:
+    """Whether a plan's requests (n > 1, a list of prompts) decode side by
+    side: only in a continuous batch, which bounds the rows itself; the single
+    path runs them one after the other within its one slot."""
+    return len(requests) > 1 and bool(engine.stats().get("batching"))
+
+
+async def _run_each(
+    engine: Any, requests: list[GenerationRequest], one: Callable[[int, GenerationRequest], Awaitable[None]]
+) -> None:
+    """``one(index, request)`` for every request, side by side when the
+    engine batches; the first failure is raised as itself."""
+    if not _together(engine, requests):
+        for index, request in enumerate(requests):
+            await one(index, request)
+        return
+    try:
+        async with asyncio.TaskGroup() as group:
+            for index, request in enumerate(requests):
+                group.create_task(one(index, request))
+    except BaseExceptionGroup as group_failure:
+        failure: BaseException = group_failure
+        while isinstance(failure, BaseExceptionGroup) and failure.exceptions:
+            failure = failure.exceptions[0]
+        raise failure from None
+
+
 async def _generate_all(ctx: DaemonContext, plan: Plan, lease: Lease) -> Answer:
     answer = Answer(choices=[])
     meter = ctx.metrics.meter(plan.spec.name, plan.started)
     events = _choice_events(plan)
-    for index, request in enumerate(plan.requests):
+
+    async def one(index: int, request: GenerationRequest) -> None:
         last = GenerationChunk(text="")
         async with contextlib.aclosing(lease.engine.generate(request)) as chunks:
             async for chunk in chunks:
@@ -170,6 +200,8 @@ async def _generate_all(ctx: DaemonContext, plan: Plan, lease: Lease) -> Answer:
             ended = GenerationChunk("", "stop", last.prompt_tokens, last.completion_tokens, last.cached_tokens)
             for event in events.of(index, ended):
                 answer.add(event)
+
+    await _run_each(lease.engine, plan.requests, one)
     return answer
 
 
@@ -253,11 +285,13 @@ async def open_stream(ctx: DaemonContext, plan: Plan, request: Request, framer: 
 
 
 async def _pump(engine: Any, requests: list[GenerationRequest], queue: asyncio.Queue[Any]) -> None:
+    async def one(index: int, request: GenerationRequest) -> None:
+        async with contextlib.aclosing(engine.generate(request)) as chunks:
+            async for chunk in chunks:
+                queue.put_nowait((index, chunk))
+
     try:
-        for index, request in enumerate(requests):
-            async with contextlib.aclosing(engine.generate(request)) as chunks:
-                async for chunk in chunks:
-                    queue.put_nowait((index, chunk))
+        await _run_each(engine, requests, one)
         queue.put_nowait(_END)
     except asyncio.CancelledError:
         raise

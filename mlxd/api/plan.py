@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from mlxd.api.context import DaemonContext
 
 # Fallbacks when neither the request nor the model's defaults say.
-FALLBACK = SamplingParams(temperature=0.7, top_p=0.9, top_k=0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0)
+FALLBACK = SamplingParams(temperature=0.7, top_p=0.9, top_k=0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
+                          frequency_penalty=0.0)
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ def resolve_sampling(asked: SamplingDefaults, spec: ModelSpec) -> SamplingParams
         min_p=_pick(asked.min_p, d.min_p, FALLBACK.min_p),
         repetition_penalty=_pick(asked.repetition_penalty, d.repetition_penalty, FALLBACK.repetition_penalty),
         presence_penalty=_pick(asked.presence_penalty, d.presence_penalty, FALLBACK.presence_penalty),
+        frequency_penalty=_pick(asked.frequency_penalty, d.frequency_penalty, FALLBACK.frequency_penalty),
         seed=_pick(asked.seed, d.seed, None),
     )
 

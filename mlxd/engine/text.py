@@ -239,7 +239,8 @@ class TextEngine(EngineBase):
                 code="context_length_exceeded",
             )
         control.prompt_tokens = n_prompt
-        penalties = request.sampling.repetition_penalty != 1.0 or bool(request.sampling.presence_penalty)
+        s = request.sampling
+        penalties = s.repetition_penalty != 1.0 or bool(s.presence_penalty) or bool(s.frequency_penalty)
         return Prepared(
             tokens=tokens,
             # The KV cache was budgeted for max_context tokens: never decode past it.

@@ -23,6 +23,7 @@ class SamplingDefaults:
     min_p: float | None = None
     repetition_penalty: float | None = None
     presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     max_tokens: int | None = None
     seed: int | None = None
 

@@ -386,3 +386,59 @@ def test_tools_on_a_model_without_a_tool_format_name_the_registry_key(client):
     # Without tools, or with tool_choice none, the same model answers.
     reply = client.chat.completions.create(model="plain", messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=2)
     assert reply.choices[0].message.content
+
+
+# --- n, frequency_penalty ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["tooly", "solo"])
+def test_n_choices_differ_by_seed_and_count_the_prompt_once(client, daemon, model):
+    one = client.chat.completions.create(model=model, messages=ASK, max_tokens=12, temperature=1.0, seed=7)
+    steps = daemon.model(model)["engine"]["batched_steps"]
+    three = client.chat.completions.create(model=model, messages=ASK, max_tokens=12, temperature=1.0, seed=7, n=3)
+    if model == "tooly":  # the batched engine decodes the three side by side
+        assert daemon.model(model)["engine"]["batched_steps"] - steps < 2 * 12
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    texts = [c.message.content for c in three.choices]
+    assert texts[0] == one.choices[0].message.content  # choice 0 is the request as asked
+    assert len(set(texts)) == 3
+    assert three.usage.prompt_tokens == one.usage.prompt_tokens
+    assert three.usage.completion_tokens == 36
+
+
+def test_n_choices_stream_by_index_and_each_forced_call_validates(client):
+    chunks = list(client.chat.completions.create(
+        model="tooly", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=120, temperature=1.0,
+        seed=2, n=2, stream=True,
+    ))
+    by_choice: dict[int, list] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            by_choice.setdefault(choice.index, []).append(chunk.model_copy(update={"choices": [choice]}))
+    assert sorted(by_choice) == [0, 1]
+    for index, own in by_choice.items():
+        calls, content, finishes = _reassembled(own)
+        assert finishes == ["tool_calls"] and content == ""
+        jsonschema.validate(json.loads(calls[0]["arguments"]), SCHEMAS[calls[0]["name"]])
+
+
+def test_frequency_penalty_reaches_the_sampler(client):
+    from collections import Counter
+
+    kw = dict(model="tooly", messages=ASK, max_tokens=40, temperature=0, extra_body={"ignore_eos": True})
+    free = client.chat.completions.create(**kw).choices[0].message.content
+    # A negative penalty rewards tokens already written: the answer repeats itself.
+    looping = client.chat.completions.create(**kw, frequency_penalty=-2.0).choices[0].message.content
+    assert looping != free
+    assert max(Counter(looping).values()) > max(Counter(free).values())
+
+
+def test_what_stays_refused_is_a_clear_400(daemon):
+    cases = [
+        ("/v1/chat/completions", {"messages": ASK, "logprobs": True}, "logprobs"),
+        ("/v1/completions", {"prompt": "x", "n": 2}, "n"),
+    ]
+    for path, extra, param in cases:
+        response = httpx.post(f"{daemon.url}{path}", json={"model": "tooly", "max_tokens": 2, **extra}, timeout=60)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == param

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from mlxd.api.events import Finish, OutputEvent, TextDelta, ToolCallDelta, Usage
-from mlxd.api.generation import Answer
+from mlxd.api.generation import Answer, Choice
 from mlxd.api.openai.errors import error_body
 from mlxd.api.plan import Plan
 
@@ -27,22 +27,32 @@ def _tool_calls(calls: list[list[str]]) -> list[dict[str, Any]]:
     return [{"id": i, "type": "function", "function": {"name": n, "arguments": a}} for i, n, a in calls]
 
 
-def chat_completion(plan: Plan, answer: Answer) -> dict[str, Any]:
-    choice = answer.choices[0]
+def _message(choice: Choice) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": choice.text}
     if choice.tool_calls:
         # As OpenAI answers a call with nothing before it: no content at all.
         message["content"] = choice.text or None
         message["tool_calls"] = _tool_calls(choice.tool_calls)
+    return message
+
+
+def chat_usage(plan: Plan, usage: Usage) -> Usage:
+    """n choices of one prompt: the prompt counts once, as OpenAI counts it."""
+    n = max(1, len(plan.requests))
+    return Usage(usage.prompt_tokens // n, usage.completion_tokens, usage.cached_tokens // n)
+
+
+def chat_completion(plan: Plan, answer: Answer) -> dict[str, Any]:
     return {
         "id": plan.id,
         "object": "chat.completion",
         "created": plan.created,
         "model": plan.requested_name,
         "choices": [
-            {"index": 0, "message": message, "finish_reason": choice.finish_reason, "logprobs": None}
+            {"index": i, "message": _message(c), "finish_reason": c.finish_reason, "logprobs": None}
+            for i, c in enumerate(answer.choices)
         ],
-        "usage": usage_body(answer.usage),
+        "usage": usage_body(chat_usage(plan, answer.usage)),
     }
 
 
@@ -96,7 +106,10 @@ class OpenAIFrames:
         return {**self._base(), "choices": [{"index": index, "text": text, "finish_reason": finish, "logprobs": None}]}
 
     def opening(self) -> str:
-        return sse(self._chat_chunk({"role": "assistant", "content": ""}, None)) if self.chat else ""
+        if not self.chat:
+            return ""
+        opening = {"role": "assistant", "content": ""}
+        return "".join(sse(self._chat_chunk(opening, None, i)) for i in range(max(1, len(self.plan.requests))))
 
     def event(self, event: OutputEvent) -> str:
         if isinstance(event, TextDelta):
@@ -119,10 +132,13 @@ class OpenAIFrames:
         frame["usage"] = usage_body(event.usage)
         return sse(frame)
 
+    def _usage(self, usage: Usage) -> Usage:
+        return chat_usage(self.plan, usage) if self.chat else usage
+
     def error(self, exc: BaseException) -> str:
         return sse(error_body(exc))
 
     def closing(self, usage: Usage | None) -> str:
         if usage is not None and self.include_usage:
-            return sse({**self._base(), "choices": [], "usage": usage_body(usage)}) + DONE
+            return sse({**self._base(), "choices": [], "usage": usage_body(self._usage(usage))}) + DONE
         return DONE

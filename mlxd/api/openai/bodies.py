@@ -7,12 +7,13 @@ the answer and that mlxd cannot honour is refused with a clear 400 by
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
-from mlxd.api.plan import OutputRequest, Requested
+from mlxd.api.plan import OutputRequest, Plan, Requested
 from mlxd.errors import BadRequest
 from mlxd.registry.model import SamplingDefaults
 
@@ -41,7 +42,7 @@ class _Common(BaseModel):
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1)
+    n: int = Field(default=1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: bool | int | None = None
@@ -70,15 +71,8 @@ class _Common(BaseModel):
         return self.max_tokens
 
     def unsupported(self) -> None:
-        if self.n != 1:
-            raise BadRequest("Only n=1 is supported", param="n")
         if self.logprobs:
             raise BadRequest("logprobs are not supported", param="logprobs")
-        if self.frequency_penalty:
-            raise BadRequest(
-                "frequency_penalty is not supported; use presence_penalty or repetition_penalty",
-                param="frequency_penalty",
-            )
 
     @property
     def include_usage(self) -> bool:
@@ -96,6 +90,7 @@ class _Common(BaseModel):
                 min_p=self.min_p,
                 repetition_penalty=self.repetition_penalty,
                 presence_penalty=self.presence_penalty,
+                frequency_penalty=self.frequency_penalty,
                 seed=self.seed,
             ),
             stop=tuple(self.stop_list()),
@@ -199,6 +194,24 @@ class ChatCompletionRequest(_Common):
         return super().stop_list()
 
 
+def choices(plan: Plan, n: int) -> None:
+    """``n`` choices for one prompt: copies of the plan's request, each with
+    its own id and, when seeded, its own seed (else all n would be the same)."""
+    if n == 1:
+        return
+    first = plan.requests[0]
+    seed = first.sampling.seed
+    plan.requests = [
+        replace(
+            first,
+            request_id=f"{first.request_id}-{i}",
+            sampling=replace(first.sampling, seed=None if seed is None else seed + i),
+            stop=list(first.stop),
+        )
+        for i in range(n)
+    ]
+
+
 class CompletionRequest(_Common):
     prompt: str | list[str]
     echo: bool = False
@@ -217,6 +230,8 @@ class CompletionRequest(_Common):
 
     def unsupported(self) -> None:
         super().unsupported()
+        if self.n != 1:
+            raise BadRequest("n > 1 is supported on /v1/chat/completions only; send the prompt n times", param="n")
         if self.echo:
             raise BadRequest("echo is not supported", param="echo")
         if self.suffix:
