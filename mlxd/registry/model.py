@@ -7,6 +7,8 @@ what hot reload uses to decide whether a model changed.
 
 from __future__ import annotations
 
+import fnmatch
+
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -142,6 +144,10 @@ class ServerSpec:
     shutdown_grace_seconds: float = 30.0
 
 
+def is_pattern(alias: str) -> bool:
+    return any(c in alias for c in "*?[")
+
+
 @dataclass(frozen=True)
 class Registry:
     source_path: Path | None
@@ -151,8 +157,14 @@ class Registry:
     models: tuple[ModelSpec, ...]
 
     def lookup(self, name: str) -> ModelSpec | None:
+        """Exact names and aliases first; then aliases that are glob
+        patterns (``claude-*``), in file order, first match wins, so one
+        local model can answer every name an agent asks for."""
         for spec in self.models:
             if name in spec.names():
+                return spec
+        for spec in self.models:
+            if any(is_pattern(a) and fnmatch.fnmatchcase(name, a) for a in spec.aliases):
                 return spec
         return None
 
