@@ -13,20 +13,20 @@ MLXD = Path(__file__).resolve().parents[1] / "mlxd"
 # (``__version__``).
 ALLOWED = {
     "errors": set(),
-    # tool_parser: is checked against the known formats (tools-core).
-    "registry": {"errors", "tools"},
-    "settings": {"registry"},
-    # The text engine enforces constraints and knows its tool-call format
-    # (tools-core); grammar/ and tools/ use only engine.types from it.
+    "registry": {"errors"},
+    "settings": {"errors", "registry"},
+    # The text engine decodes under grammars and splits tool calls; those two
+    # import only the engine's contract (engine/types.py) back.
     "engine": {"errors", "registry", "grammar", "tools"},
     "residency": {"errors", "registry"},
     "factory": set(),
-    "service": {"errors", "registry"},
+    "service": {"errors", "registry", "settings"},
     # Constrained decoding and tool calls (engine side), GGUF import.
-    "grammar": {"errors", "engine"},
+    "grammar": {"errors", "engine"},  # engine.types only, see CONTRACT
     "tools": {"errors", "engine", "grammar"},
     "gguf": {"errors", "registry", "factory"},
     "monitoring": {"mlxd", "errors", "registry", "engine", "residency"},
+    # The request path plans tools and splits tool calls for every surface.
     "api": {"mlxd", "errors", "registry", "settings", "engine", "grammar", "tools", "residency", "monitoring"},
     "daemon": {"mlxd", "errors", "registry", "settings", "engine", "residency", "monitoring", "api"},
     "cli": {"mlxd", "errors", "registry", "settings", "engine", "factory", "service", "gguf", "daemon"},
@@ -34,6 +34,15 @@ ALLOWED = {
 }
 # Where the console script pointed before the move; it forwards to mlxd.cli.
 COMPATIBILITY = {"mlxd.daemon.cli"}
+# What grammar/ and tools/ may import from the engine: its contract.
+CONTRACT = "mlxd.engine.types"
+# Arrows pointing up that are still to go, each owned by a change under way;
+# when one goes, this test fails until it is taken off the list.
+KNOWN_UPWARD = {
+    # Checking a registry's tool_parser names against what mlx-lm knows.
+    "mlxd.registry.check imports mlxd.tools.formats",
+    "mlxd.registry.schema imports mlxd.tools.formats",
+}
 # Circles still to break, each owned by a change under way; when one goes,
 # this test fails until it is taken off the list.
 KNOWN_CIRCLES = {"mlxd.engine.batch -> mlxd.engine.text -> mlxd.engine.batch"}
@@ -69,13 +78,17 @@ def test_every_package_is_on_the_map():
 
 
 def test_imports_only_point_down_the_layers():
-    wrong = sorted(
+    wrong = {
         f"{module} imports {target}"
         for module, targets in graph().items()
         for target in targets
-        if package(target) != package(module) and package(target) not in ALLOWED[package(module)]
-    )
-    assert wrong == []
+        if package(target) != package(module)
+        and (
+            package(target) not in ALLOWED[package(module)]
+            or (package(module) in ("grammar", "tools") and package(target) == "engine" and target != CONTRACT)
+        )
+    }
+    assert wrong == KNOWN_UPWARD
 
 
 def _resolve(target: str, modules: set[str]) -> str | None:
@@ -105,7 +118,15 @@ def test_no_two_modules_import_each_other_even_indirectly():
     for module in sorted(modules):
         if module not in state:
             visit(module, [module])
-    assert set(cycles) == KNOWN_CIRCLES
+    # The same circle, whichever module the search entered it from.
+    assert {_canonical(c) for c in cycles} == {_canonical(c) for c in KNOWN_CIRCLES}
+
+
+def _canonical(cycle: str) -> str:
+    ring = cycle.split(" -> ")[:-1]
+    start = ring.index(min(ring))
+    ring = ring[start:] + ring[:start]
+    return " -> ".join([*ring, ring[0]])
 
 
 # The layers this page describes module by module; the others it names.

@@ -61,6 +61,9 @@ def _describe_model(spec: ModelSpec) -> list[str]:
         lines.append(f"    {spec.description}")
     source = "" if spec.source == str(spec.path) else f"  (from {spec.source})"
     lines.append(f"    path: {spec.path}{source}")
+    if spec.broken:
+        lines.append(f"    cannot be loaded: {spec.broken}")
+        return lines
     lines.append(f"    charge: {_charge(spec)}")
     kv = f", KV cache {spec.kv_bits}-bit" if spec.kv_bits else ""
     lines.append(

@@ -7,8 +7,14 @@ what hot reload uses to decide whether a model changed.
 
 from __future__ import annotations
 
+import fnmatch
+
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlxd.errors import ConfigError
 
 CONTENTION_STRATEGIES = ("fail", "wait", "wait_then_fail", "preempt", "wait_then_preempt")
 
@@ -78,6 +84,10 @@ class ModelSpec:
     allow_remote_images: bool = False
     # The registry's ``tool_parser:`` (None: guess from the chat template).
     tool_parser: str | None = None
+    # Why the model's files on disk cannot be used (missing folder, corrupt
+    # weights, bad config.json). Such a model stays registered but failed, so
+    # one bad download never keeps the other models from serving.
+    broken: str | None = None
 
     @property
     def charge_bytes(self) -> int:
@@ -102,6 +112,7 @@ class ModelSpec:
         "prefix_cache",
         # The engine resolves the tool-call format when it loads.
         "tool_parser",
+        "broken",
     )
 
     def needs_reload_from(self, old: ModelSpec) -> bool:
@@ -143,6 +154,10 @@ class ServerSpec:
     shutdown_grace_seconds: float = 30.0
 
 
+def is_pattern(alias: str) -> bool:
+    return any(c in alias for c in "*?[")
+
+
 @dataclass(frozen=True)
 class Registry:
     source_path: Path | None
@@ -150,10 +165,19 @@ class Registry:
     manager: ManagerSpec
     server: ServerSpec
     models: tuple[ModelSpec, ...]
+    # The broken models' problems, located (file, line, key): ``mlxd check``
+    # reports them as errors, the daemon logs them and serves the rest.
+    problems: tuple[ConfigError, ...] = field(default=(), compare=False)
 
     def lookup(self, name: str) -> ModelSpec | None:
+        """Exact names and aliases first; then aliases that are glob
+        patterns (``claude-*``), in file order, first match wins, so one
+        local model can answer every name an agent asks for."""
         for spec in self.models:
             if name in spec.names():
+                return spec
+        for spec in self.models:
+            if any(is_pattern(a) and fnmatch.fnmatchcase(name, a) for a in spec.aliases):
                 return spec
         return None
 

@@ -260,3 +260,18 @@ def test_x_api_key_and_bearer_both_authenticate(daemon):
     assert caught.value.body["error"]["type"] == "authentication_error"
     missing = httpx.post(f"{daemon.url}/v1/messages", json=body, timeout=30)
     assert missing.status_code == 401 and missing.json()["type"] == "error"
+
+
+def test_a_pattern_alias_claims_the_names_an_agent_asks_for(tmp_path):
+    from mlxd.registry.loader import load_registry
+    from support.daemon import write_registry
+
+    registry = load_registry(write_registry(tmp_path, [
+        {"name": "big", "model": "qwen", "aliases": ["claude-opus-*"]},
+        {"name": "local", "model": "qwen", "aliases": ["claude-*", "sonnet"]},
+        {"name": "claude-haiku-4-5", "model": "llama"},
+    ]))
+    assert registry.lookup("claude-opus-4-1").name == "big"  # first match wins
+    assert registry.lookup("claude-sonnet-4-5").name == "local"
+    assert registry.lookup("claude-haiku-4-5").name == "claude-haiku-4-5"  # exact names before patterns
+    assert registry.lookup("gpt-5") is None

@@ -46,8 +46,8 @@ def message(plan: Plan, answer: Answer) -> dict[str, Any]:
     content: list[dict[str, Any]] = []
     if choice is not None and (choice.text or not choice.tool_calls):
         content.append({"type": "text", "text": choice.text})
-    for call_id, name, arguments in choice.tool_calls if choice else ():
-        content.append({"type": "tool_use", "id": call_id, "name": name, "input": tool_input(arguments)})
+    for call in choice.tool_calls if choice else ():
+        content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": tool_input(call.arguments)})
     return {
         "id": message_id(plan),
         "type": "message",

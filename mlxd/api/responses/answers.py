@@ -109,8 +109,8 @@ def complete_response(
     outcome = Outcome(status=_status(choice.finish_reason), usage=answer.usage)
     if choice.text or not choice.tool_calls:
         outcome.output.append(message_item(_item_id("msg"), choice.text))
-    for call_id, name, arguments in choice.tool_calls:
-        outcome.output.append(call_item(_item_id("fc"), call_id, name, arguments))
+    for call in choice.tool_calls:
+        outcome.output.append(call_item(_item_id("fc"), call.id, call.name, call.arguments))
     remember(store, plan, body, history, outcome)
     return response_object(plan, body, outcome)
 
