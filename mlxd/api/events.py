@@ -51,6 +51,15 @@ class ToolCallDelta:
 
 
 @dataclass(frozen=True)
+class Logprobs:
+    """Log-probabilities of the choice's next tokens
+    (``mlxd.engine.logprobs.TokenLogprob``), only when the request asked."""
+
+    choice: int
+    entries: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
 class Finish:
     """The choice is complete. ``reason``: "stop", "length" or "tool_calls"."""
 
@@ -59,12 +68,14 @@ class Finish:
     usage: Usage
 
 
-OutputEvent = TextDelta | ToolCallDelta | Finish
+OutputEvent = TextDelta | ToolCallDelta | Logprobs | Finish
 
 
 def chunk_events(choice: int, chunk: GenerationChunk) -> list[OutputEvent]:
     """One engine chunk as events (an "abort" chunk is the caller's to handle)."""
     events: list[OutputEvent] = [TextDelta(choice, chunk.text)] if chunk.text else []
+    if chunk.logprobs:
+        events.append(Logprobs(choice, tuple(chunk.logprobs)))
     if chunk.finish_reason:
         usage = Usage(chunk.prompt_tokens, chunk.completion_tokens, chunk.cached_tokens)
         events.append(Finish(choice, chunk.finish_reason, usage))
@@ -96,6 +107,8 @@ class ChoiceEvents:
                 out += _split_events(choice, splitter.finish())
                 reason = finish_reason(event.reason, splitter.calls) or event.reason
                 out.append(Finish(choice, reason, event.usage))
+            else:
+                out.append(event)
         return out
 
 

@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from mlxd.api.accounting import record_request
 from mlxd.api.context import DaemonContext
-from mlxd.api.events import ChoiceEvents, Finish, OutputEvent, TextDelta, ToolCallDelta, Usage
+from mlxd.api.events import ChoiceEvents, Finish, Logprobs, OutputEvent, TextDelta, ToolCallDelta, Usage
 from mlxd.api.plan import Plan, shape_output
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.errors import (
@@ -133,6 +133,8 @@ class Choice:
     text: str = ""
     finish_reason: str = "stop"
     tool_calls: list[CalledTool] = field(default_factory=list)
+    # mlxd.engine.logprobs.TokenLogprob per token, when the request asked.
+    logprobs: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -155,6 +157,8 @@ class Answer:
             call.id = event.id or call.id
             call.name = event.name or call.name
             call.arguments += event.arguments
+        elif isinstance(event, Logprobs):
+            choice.logprobs.extend(event.entries)
         elif isinstance(event, Finish):
             choice.finish_reason = event.reason
             self.usage = self.usage + event.usage

@@ -49,6 +49,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from mlxd.engine.logprobs import token_logprob
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.engine.worker import SKIP, MlxWorker, WorkerStream
 from mlxd.errors import MlxdError, ShuttingDown
@@ -96,6 +97,8 @@ class _Sequence:
     reused: int = 0  # of which came from the prefix cache
     uid: int | None = None  # its id in the BatchGenerator once it joined
     detokenizer: Any = None
+    # Log-probabilities of the tokens since the last chunk (request.logprobs).
+    scored: list[Any] = field(default_factory=list)
 
     def leaving(self) -> bool:
         return self.cancelled or self.control.abort_reason is not None
@@ -336,6 +339,9 @@ class BatchScheduler:
                 continue
             assert seq.prepared is not None
             seq.control.completion_tokens += 1
+            if seq.prepared.logprobs is not None and response.finish_reason != "stop":
+                _, tokenizer = self._engine.model_and_tokenizer()
+                seq.scored.append(token_logprob(tokenizer, response.token, response.logprobs, seq.prepared.logprobs))
             detokenizer = seq.detokenizer
             # "stop" from the batch is the end-of-sequence token: no text of its own.
             if response.finish_reason != "stop":
@@ -438,12 +444,16 @@ class BatchScheduler:
         return shared
 
     def _chunk(self, seq: _Sequence, text: str, finish: str | None = None) -> GenerationChunk:
+        entries = None
+        if seq.prepared is not None and seq.prepared.logprobs is not None:
+            entries, seq.scored = seq.scored, []
         return GenerationChunk(
             text=text,
             finish_reason=finish,
             prompt_tokens=seq.control.prompt_tokens,
             completion_tokens=seq.control.completion_tokens,
             cached_tokens=seq.reused,
+            logprobs=entries,
         )
 
     def _post(self, seq: _Sequence, item: Any) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 from mlxd.engine import memory, sampling
 from mlxd.engine.batch import BatchScheduler
 from mlxd.engine.lifecycle import EngineBase, GenerationControl, relay
+from mlxd.engine.logprobs import token_logprob
 from mlxd.engine.prefix_cache import PrefixCache
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationChunk, GenerationRequest
@@ -75,6 +76,8 @@ class Prepared:
     stops: StopMatcher
     # Prompt tokens left for stream_generate even on a prefix cache hit.
     keep: int = 1
+    # Alternatives per token when the request wants logprobs (None: it does not).
+    logprobs: int | None = None
 
 
 class TextEngine(EngineBase):
@@ -251,6 +254,7 @@ class TextEngine(EngineBase):
             # Penalties look back over tokens stream_generate itself processed:
             # give it as many as on a cold start, so the output is the same.
             keep=_PENALTY_CONTEXT if penalties else 1,
+            logprobs=request.logprobs,
         )
 
     def _processors(self, request: GenerationRequest) -> list[Any]:
@@ -279,16 +283,25 @@ class TextEngine(EngineBase):
         if cache is None:
             cache = make_prompt_cache(model)
         generated: list[int] = []
+        scored: list[Any] = []
+
+        def on_token(response: Any) -> None:
+            generated.append(response.token)
+            if prepared.logprobs is not None and response.finish_reason != "stop":
+                scored.append(token_logprob(tokenizer, response.token, response.logprobs, prepared.logprobs))
 
         def chunk(text: str, finish: str | None = None) -> GenerationChunk:
             if finish == "abort":
                 self.counts.aborted += 1
+            entries = scored[:] if prepared.logprobs is not None else None
+            scored.clear()
             return GenerationChunk(
                 text=text,
                 finish_reason=finish,
                 prompt_tokens=n_prompt,
                 completion_tokens=control.completion_tokens,
                 cached_tokens=reused,
+                logprobs=entries,
             )
 
         # The footprint estimate assumes a quantised KV cache from the first token.
@@ -322,7 +335,7 @@ class TextEngine(EngineBase):
 
         yield from relay(
             responses, control, stops, chunk,
-            on_token=lambda response: generated.append(response.token),
+            on_token=on_token,
             on_finish=lambda: self.keep_prefix(prepared.tokens + generated, cache),
         )
 

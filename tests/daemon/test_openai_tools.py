@@ -9,6 +9,7 @@ grammar, or parsed out of what the model wrote.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 
@@ -435,10 +436,64 @@ def test_frequency_penalty_reaches_the_sampler(client):
 
 def test_what_stays_refused_is_a_clear_400(daemon):
     cases = [
-        ("/v1/chat/completions", {"messages": ASK, "logprobs": True}, "logprobs"),
         ("/v1/completions", {"prompt": "x", "n": 2}, "n"),
+        ("/v1/completions", {"prompt": "x", "logprobs": 2}, "logprobs"),
+        ("/v1/chat/completions", {"messages": ASK, "top_logprobs": 2}, "top_logprobs"),
+        ("/v1/chat/completions", {"messages": ASK, "logprobs": True, "tools": TOOLS}, "logprobs"),
     ]
     for path, extra, param in cases:
         response = httpx.post(f"{daemon.url}{path}", json={"model": "tooly", "max_tokens": 2, **extra}, timeout=60)
         assert response.status_code == 400, response.text
         assert response.json()["error"]["param"] == param
+
+
+# --- logprobs ---------------------------------------------------------------------
+
+
+def _logprobs(client, model, **kw):
+    reply = client.chat.completions.create(
+        model=model, messages=ASK, max_tokens=8, logprobs=True, top_logprobs=3, **kw
+    )
+    return reply, reply.choices[0].logprobs.content
+
+
+@pytest.mark.parametrize("model", ["tooly", "solo"])
+def test_logprobs_come_per_token_with_their_alternatives(client, model):
+    reply, entries = _logprobs(client, model, temperature=0)
+    assert len(entries) == reply.usage.completion_tokens == 8
+    for entry in entries:
+        values = [t.logprob for t in entry.top_logprobs]
+        assert len(values) == 3 and values == sorted(values, reverse=True)
+        assert sum(math.exp(v) for v in values) <= 1.0 + 1e-5
+        # Greedy: the chosen token is the most likely one.
+        assert entry.token == entry.top_logprobs[0].token and entry.logprob == pytest.approx(values[0])
+        assert entry.bytes == list(entry.token.encode())
+    # The tokens spell the answer (the tiny model writes ASCII here; the
+    # detokenizer drops the space a first token may start with).
+    assert "".join(e.token for e in entries).lstrip() == reply.choices[0].message.content.lstrip()
+    streamed = []
+    for chunk in client.chat.completions.create(
+        model=model, messages=ASK, max_tokens=8, logprobs=True, top_logprobs=3, temperature=0, stream=True
+    ):
+        if chunk.choices and chunk.choices[0].logprobs:
+            streamed += chunk.choices[0].logprobs.content
+    assert [(e.token, round(e.logprob, 4)) for e in streamed] == [(e.token, round(e.logprob, 4)) for e in entries]
+
+
+def test_logprobs_are_the_same_on_the_single_and_the_batched_path(client):
+    _, single = _logprobs(client, "solo", temperature=0)
+    _, batched = _logprobs(client, "tooly", temperature=0)
+    assert [e.token for e in single] == [e.token for e in batched]
+    assert [e.logprob for e in single] == pytest.approx([e.logprob for e in batched], abs=1e-3)
+
+
+def test_logprobs_under_a_grammar_list_only_allowed_tokens(client):
+    reply = client.chat.completions.create(
+        model="tooly", messages=ASK, max_tokens=60, temperature=1.0, seed=4, logprobs=True, top_logprobs=5,
+        response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": REPORT}},
+    )
+    entries = reply.choices[0].logprobs.content
+    assert len(entries) == reply.usage.completion_tokens
+    # The first token opens the object: nothing else was allowed, so it is certain.
+    assert entries[0].token.startswith("{") and entries[0].logprob == pytest.approx(0.0, abs=1e-4)
+    assert all(math.isfinite(t.logprob) for e in entries for t in e.top_logprobs)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mlxd.api.events import Finish, OutputEvent, TextDelta, ToolCallDelta, Usage
+from mlxd.api.events import Finish, Logprobs, OutputEvent, TextDelta, ToolCallDelta, Usage
 from mlxd.api.generation import Answer, CalledTool, Choice
 from mlxd.api.openai.errors import error_body
 from mlxd.api.plan import Plan
@@ -36,6 +36,20 @@ def _message(choice: Choice) -> dict[str, Any]:
     return message
 
 
+def _logprob(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+
+def logprobs_body(entries: list[Any]) -> dict[str, Any]:
+    """OpenAI's ``choices[].logprobs`` from mlxd.engine.logprobs.TokenLogprob entries."""
+    return {
+        "content": [
+            {**_logprob(e.token, e.logprob), "top_logprobs": [_logprob(t, lp) for t, lp in e.top]} for e in entries
+        ],
+        "refusal": None,
+    }
+
+
 def chat_usage(plan: Plan, usage: Usage) -> Usage:
     """n choices of one prompt: the prompt counts once, as OpenAI counts it."""
     n = max(1, len(plan.requests))
@@ -49,7 +63,12 @@ def chat_completion(plan: Plan, answer: Answer) -> dict[str, Any]:
         "created": plan.created,
         "model": plan.requested_name,
         "choices": [
-            {"index": i, "message": _message(c), "finish_reason": c.finish_reason, "logprobs": None}
+            {
+                "index": i,
+                "message": _message(c),
+                "finish_reason": c.finish_reason,
+                "logprobs": logprobs_body(c.logprobs) if plan.requests[0].logprobs is not None else None,
+            }
             for i, c in enumerate(answer.choices)
         ],
         "usage": usage_body(chat_usage(plan, answer.usage)),
@@ -124,6 +143,10 @@ class OpenAIFrames:
             if event.name is not None:
                 call["function"]["name"] = event.name
             return sse(self._chat_chunk({"tool_calls": [call]}, None, event.choice))
+        if isinstance(event, Logprobs):
+            frame = self._chat_chunk({}, None, event.choice)
+            frame["choices"][0]["logprobs"] = logprobs_body(list(event.entries))
+            return sse(frame)
         assert isinstance(event, Finish)
         if self.chat:
             frame = self._chat_chunk({}, event.reason, event.choice)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
 from mlxd.api.plan import OutputRequest, Plan, Requested
+from mlxd.engine.logprobs import MAX_TOP
 from mlxd.errors import BadRequest
 from mlxd.registry.model import SamplingDefaults
 
@@ -71,8 +72,7 @@ class _Common(BaseModel):
         return self.max_tokens
 
     def unsupported(self) -> None:
-        if self.logprobs:
-            raise BadRequest("logprobs are not supported", param="logprobs")
+        """Fields this surface cannot honour: a 400 rather than dropped."""
 
     @property
     def include_usage(self) -> bool:
@@ -160,12 +160,22 @@ class ChatCompletionRequest(_Common):
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     response_format: Any = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)
+
+    def logprob_alternatives(self) -> int | None:
+        """How many alternatives per token the answer lists (None: no logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def unsupported(self) -> None:
         super().unsupported()
+        if self.top_logprobs is not None and not self.logprobs:
+            raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+        if self.logprobs and self.tools and self.tool_choice != "none":
+            # The tokens would show the model's call markup.
+            raise BadRequest("logprobs cannot be combined with tools", param="logprobs")
         for i, message in enumerate(self.messages):
             if isinstance(message.content, list):
                 for part in message.content:
@@ -230,6 +240,8 @@ class CompletionRequest(_Common):
 
     def unsupported(self) -> None:
         super().unsupported()
+        if self.logprobs:
+            raise BadRequest("logprobs are supported on /v1/chat/completions only", param="logprobs")
         if self.n != 1:
             raise BadRequest("n > 1 is supported on /v1/chat/completions only; send the prompt n times", param="n")
         if self.echo:

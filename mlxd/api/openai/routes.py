@@ -26,6 +26,7 @@ def router() -> APIRouter:
         ctx = _ctx(request)
         body.unsupported()
         plan = plan_chat(ctx, body.requested(), body.conversation())
+        plan.requests[0].logprobs = body.logprob_alternatives()
         choices(plan, body.n)
         return await respond(
             ctx, plan, request,
