@@ -15,7 +15,7 @@ from mlxd.engine.types import GenerationRequest, SamplingParams
 from mlxd.errors import BadRequest
 from mlxd.registry.model import ModelSpec, SamplingDefaults
 from mlxd.tools.formats import ToolFormat
-from mlxd.tools.plan import plan_output
+from mlxd.tools.plan import check_output, plan_output
 
 if TYPE_CHECKING:
     from mlxd.api.context import DaemonContext
@@ -122,6 +122,13 @@ def plan_chat(
             f"Model `{asked.model}` is a text model and does not accept images", param="messages"
         )
     images = collect_images(conversation, ImagePolicy.for_model(spec)) if spec.kind == "vision" else None
+    if asked.output.asks_anything():
+        out = asked.output
+        check_output(tools=out.tools, tool_choice=out.tool_choice, response_format=out.response_format)
+        if spec.kind == "vision" and (out.tools or out.response_format):
+            # What the vision engine would refuse, said before any stream opens.
+            param = "tools" if out.tools else "response_format"
+            raise BadRequest(f"Vision models do not support `{param}` yet.", param=param)
     request = GenerationRequest(
         request_id=f"{id_prefix}{uuid.uuid4().hex[:24]}",
         max_tokens=resolve_max_tokens(ctx, asked, spec),

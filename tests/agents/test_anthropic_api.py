@@ -247,6 +247,12 @@ def test_errors_come_in_anthropic_shape_and_status(client, daemon):
         client.messages.create(model="tooly", max_tokens=4, messages=USER, tools=TOOLS,
                                tool_choice={"type": "tool", "name": "not_a_tool"})
     assert "not_a_tool" in bad_choice.value.body["error"]["message"]
+    # A stream opens before the lease, but what the request got wrong is still a 400.
+    streamed = httpx.post(f"{daemon.url}/v1/messages", headers={"x-api-key": KEY}, timeout=30, json={
+        "model": "tooly", "max_tokens": 4, "stream": True, "messages": USER, "tools": TOOLS,
+        "tool_choice": {"type": "tool", "name": "not_a_tool"},
+    })
+    assert streamed.status_code == 400 and streamed.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_x_api_key_and_bearer_both_authenticate(daemon):
