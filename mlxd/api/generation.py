@@ -186,10 +186,12 @@ class Framer(Protocol):
     send (possibly several frames, possibly empty)."""
 
     heartbeat: str
-    # True: answer 200 and send opening() at once, then wait for the lease
-    # (heartbeats flowing), so a client never sits through a queue or a load
-    # without a byte; failures to get one then travel as error frames.
-    # False: acquire first, so a 503/504 is a real status code.
+    # True: wait EARLY_WAIT_SECONDS for the lease (what fails at once, such
+    # as a full queue, is still a real status code), then answer 200, send
+    # opening() and keep waiting with heartbeats flowing, so a client never
+    # sits through a queue or a load without a byte; a failure after that
+    # travels as an error frame. False: acquire first, so a 503/504 is a
+    # real status code.
     early: bool
 
     def opening(self) -> str: ...
@@ -207,9 +209,14 @@ class LeasedStreamingResponse(StreamingResponse):
     """A stream that gives its lease back however it ends, even when the
     client is gone before the first byte and the body is never iterated."""
 
-    def __init__(self, content: AsyncIterator[str], lease: Lease | None, **kw: Any) -> None:
+    def __init__(
+        self, content: AsyncIterator[str], lease: Lease | None, *, pending: asyncio.Future[Lease] | None = None,
+        **kw: Any,
+    ) -> None:
         super().__init__(content, media_type="text/event-stream", **kw)
         self._lease = lease
+        # An early stream's lease, still being waited for.
+        self._pending = pending
         self._content = content
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -220,23 +227,56 @@ class LeasedStreamingResponse(StreamingResponse):
                 await self._content.aclose()  # type: ignore[attr-defined]
             if self._lease is not None:
                 self._lease.release()
+            if self._pending is not None:
+                await _abandon(self._pending)
 
 
 async def open_stream(ctx: DaemonContext, plan: Plan, request: Request, framer: Framer) -> LeasedStreamingResponse:
-    """Acquire before answering, so a 404/503/504 is a real status code, or
-    (an ``early`` framer) inside the stream; once the 200 is sent, errors
-    travel in the stream."""
-    lease = None
-    if not getattr(framer, "early", False):
-        try:
-            lease = await guarded(request, _read_images_and_acquire(ctx, plan), plan.remaining())
-        except MlxdError as exc:
-            record_request(ctx, plan.spec.name, exc.status_code, plan)
-            raise
-    frames = _frames(ctx, plan, lease, framer)
+    """Acquire before answering, so a 404/429/503/504 is a real status code;
+    an ``early`` framer waits only a moment for that, then answers 200 and
+    keeps waiting inside the stream, heartbeats flowing. Once the 200 is
+    sent, errors travel in the stream."""
+    acquiring = asyncio.ensure_future(_read_images_and_acquire(ctx, plan))
+    # Not early: the deadline (guarded's) ends the wait, with a 504.
+    wait = EARLY_WAIT_SECONDS if getattr(framer, "early", False) else plan.remaining() + 1
+    try:
+        lease = await guarded(request, _first_of(acquiring, wait), plan.remaining())
+    except MlxdError as exc:
+        record_request(ctx, plan.spec.name, exc.status_code, plan)
+        raise
+    pending = None if lease is not None else acquiring
+    frames = _frames(ctx, plan, lease, framer, pending)
     return LeasedStreamingResponse(
-        frames, lease, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        frames, lease, pending=pending, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     )
+
+
+# How long an early stream waits for its lease before it answers 200: long
+# enough that a full queue or an unknown failure is a real status code, short
+# enough that a queued client sees its first byte at once.
+EARLY_WAIT_SECONDS = 0.5
+
+
+async def _first_of(acquiring: asyncio.Future[Lease], seconds: float) -> Lease | None:
+    """The lease if ``acquiring`` settles within ``seconds`` (raising what it
+    raised), else None with the wait still running. Cancelled (disconnect,
+    deadline), it cancels the wait too."""
+    try:
+        done, _ = await asyncio.wait({acquiring}, timeout=max(0.0, seconds))
+    except asyncio.CancelledError:
+        await _abandon(acquiring)
+        raise
+    return acquiring.result() if done else None
+
+
+async def _abandon(acquiring: asyncio.Future[Lease]) -> None:
+    """Stop waiting for a lease; one granted meanwhile is given back."""
+    if not acquiring.done():
+        acquiring.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await acquiring
+    elif not acquiring.cancelled() and acquiring.exception() is None:
+        acquiring.result().release()
 
 
 async def _pump(engine: Any, requests: list[GenerationRequest], queue: asyncio.Queue[Any]) -> None:
@@ -287,29 +327,22 @@ class _StreamState:
         return out, False
 
 
-async def _acquire_with_heartbeats(
-    ctx: DaemonContext, plan: Plan, framer: Framer, got: list[Lease]
+async def _heartbeats_until(
+    ctx: DaemonContext, acquiring: asyncio.Future[Lease], framer: Framer
 ) -> AsyncIterator[str]:
-    """Wait for the lease inside an open stream, a heartbeat every
-    ``heartbeat_seconds``; the lease lands in ``got``. A generator closed
-    meanwhile (client gone) cancels the wait, which gives back a lease
-    granted in the meantime."""
-    acquiring = asyncio.ensure_future(_read_images_and_acquire(ctx, plan))
-    try:
-        while True:
-            done, _ = await asyncio.wait({acquiring}, timeout=ctx.settings.heartbeat_seconds)
-            if done:
-                got.append(acquiring.result())
-                return
-            yield framer.heartbeat
-    finally:
-        if not acquiring.done():
-            acquiring.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await acquiring
+    """A heartbeat every ``heartbeat_seconds`` until the lease is granted
+    (or its wait fails: the caller reads which)."""
+    while True:
+        done, _ = await asyncio.wait({acquiring}, timeout=ctx.settings.heartbeat_seconds)
+        if done:
+            return
+        yield framer.heartbeat
 
 
-async def _frames(ctx: DaemonContext, plan: Plan, lease: Lease | None, framer: Framer) -> AsyncIterator[str]:
+async def _frames(
+    ctx: DaemonContext, plan: Plan, lease: Lease | None, framer: Framer,
+    pending: asyncio.Future[Lease] | None = None,
+) -> AsyncIterator[str]:
     queue: asyncio.Queue[Any] = asyncio.Queue()
     producer: asyncio.Future[None] | None = None
     state = _StreamState(ctx, plan, framer)
@@ -321,17 +354,17 @@ async def _frames(ctx: DaemonContext, plan: Plan, lease: Lease | None, framer: F
         if opening:
             yield opening
         if lease is None:
-            got: list[Lease] = []
+            assert pending is not None
             try:
-                async for beat in _acquire_with_heartbeats(ctx, plan, framer, got):
+                async for beat in _heartbeats_until(ctx, pending, framer):
                     yield beat
+                lease = pending.result()
             except Exception as exc:
                 state.status = exc.status_code if isinstance(exc, MlxdError) else 500
                 if state.status == 500:
                     log.error("stream on %s failed: %s", plan.spec.name, describe_exception(exc))
                 yield framer.error(exc) + framer.closing(None)
                 return
-            lease = got[0]
         producer = asyncio.ensure_future(_pump(lease.engine, plan.requests, queue))
         last_progress = loop.time()
         done = False
@@ -368,6 +401,8 @@ async def _frames(ctx: DaemonContext, plan: Plan, lease: Lease | None, framer: F
                 await producer
         if lease is not None:
             lease.release()
+        elif pending is not None:
+            await _abandon(pending)
         record_request(ctx, plan.spec.name, state.status, plan, state.usage.prompt_tokens, state.usage.completion_tokens)
 
 

@@ -138,7 +138,7 @@ def test_a_stream_that_cannot_get_the_model_in_time_ends_in_response_failed(clie
     try:
         wait_until(lambda: model_view(daemon, "qwen")["active_leases"] >= 1, timeout=30)
         events = list(client.responses.create(
-            model="qwen", input=PROMPT, max_output_tokens=4, stream=True, extra_body={"timeout": 0.5}
+            model="qwen", input=PROMPT, max_output_tokens=4, stream=True, extra_body={"timeout": 1.5}
         ))
     finally:
         holder.join()
