@@ -76,14 +76,19 @@ async def guarded(request: Request, work: Awaitable[T], timeout: float) -> T:
 
 
 async def _read_images_and_acquire(ctx: DaemonContext, plan: Plan) -> Lease:
-    """Images are read (files, remote fetches, decoding) before the lease, so
-    a bad image is a 400 that never loads a model or holds a slot. Tools and
+    """Images are read (files, remote fetches, headers) before the lease, so
+    a bad image is a 400 that never loads a model or holds a slot; they are
+    decoded only once the lease is held, so requests the queue refuses never
+    decode anything, and under the daemon-wide image memory bound. Tools and
     structured output are checked against the leased engine (its tool-call
-    format); a mistake there gives the lease straight back."""
-    if plan.images is not None and plan.images.sources:
-        plan.requests[0].images = await plan.images.load()
+    format). A failure after the lease gives it straight back."""
+    images = plan.images if plan.images is not None and plan.images.sources else None
+    if images is not None:
+        await images.read()
     lease = await ctx.manager.acquire(plan.requested_name, timeout=plan.remaining())
     try:
+        if images is not None:
+            plan.requests[0].images = await images.decode(ctx.image_memory)
         shape_output(plan, lease.engine)
     except BaseException:
         lease.release()
@@ -302,7 +307,14 @@ class _StreamState:
         # Made at the first chunk: the tool-call format is known once leased.
         self.events: ChoiceEvents | None = None
         self.usage = Usage()
+        # Running counts of the generation in progress (its chunks carry
+        # them): a stream that ends early is logged with what it really cost.
+        self._partial = (0, 0)
         self.status = 200
+
+    def totals(self) -> tuple[int, int]:
+        """Prompt and completion tokens so far, the unfinished prompt included."""
+        return self.usage.prompt_tokens + self._partial[0], self.usage.completion_tokens + self._partial[1]
 
     def handle(self, item: Any) -> tuple[list[str], bool]:
         """Frames for one queue item, and whether the stream is over."""
@@ -314,6 +326,7 @@ class _StreamState:
             return [self.framer.error(item)], True
         index, chunk = item
         self.meter.chunk(index, chunk)
+        self._partial = (chunk.prompt_tokens, chunk.completion_tokens)
         if chunk.finish_reason == "abort":
             self.status = 503
             return [self.framer.error(_preempted(self.plan))], True
@@ -322,6 +335,7 @@ class _StreamState:
         out = []
         for event in self.events.of(index, chunk):
             if isinstance(event, Finish):
+                self._partial = (0, 0)
                 self.usage = self.usage + event.usage
             out.append(self.framer.event(event))
         return out, False
@@ -403,7 +417,7 @@ async def _frames(
             lease.release()
         elif pending is not None:
             await _abandon(pending)
-        record_request(ctx, plan.spec.name, state.status, plan, state.usage.prompt_tokens, state.usage.completion_tokens)
+        record_request(ctx, plan.spec.name, state.status, plan, *state.totals())
 
 
 # --- answering ----------------------------------------------------------------
