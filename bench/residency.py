@@ -48,9 +48,9 @@ def direct_load_seconds(path: Path) -> float:
 
 def daemon_load_seconds(http: httpx.Client, name: str) -> float:
     started = time.perf_counter()
-    http.post(f"/v1/models/{name}/load").raise_for_status()
+    http.post(f"/v1/models/{name}/load", json={}).raise_for_status()
     seconds = time.perf_counter() - started
-    http.post(f"/v1/models/{name}/unload").raise_for_status()
+    http.post(f"/v1/models/{name}/unload", json={}).raise_for_status()
     return seconds
 
 
@@ -98,7 +98,7 @@ def main() -> None:
                 "measured_bytes": memory["measured_bytes"],
                 "ratio": round(memory["measured_bytes"] / memory["estimated_bytes"], 3),
             })
-            http.post(f"/v1/models/{entry['name']}/unload").raise_for_status()
+            http.post(f"/v1/models/{entry['name']}/unload", json={}).raise_for_status()
     # Swaps: a budget that holds one model; alternate requests force a swap each time.
     budget = int(max(f["estimated_bytes"] for f in footprints) * 1.5)
     swaps: list[float] = []

@@ -19,6 +19,7 @@ from mlxd.api.openai import routes as openai
 from mlxd.api.openai.errors import OpenAIErrors
 from mlxd.api.responses import routes as responses
 from mlxd.api.routes import admin, monitoring
+from mlxd.api.guards import RequestGuard
 from mlxd.errors import MlxdError, ShuttingDown
 
 log = logging.getLogger("mlxd.http")
@@ -79,6 +80,9 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
         except MlxdError as exc:
             return error_response(shape_for(path), exc)
         return await call_next(request)
+
+    # Added last, so it runs first: refused requests never reach the app.
+    app.add_middleware(RequestGuard, server=lambda: ctx.settings.server)
 
     app.include_router(openai.router())
     app.include_router(anthropic.router())

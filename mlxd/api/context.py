@@ -9,13 +9,14 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from mlxd.api.images import ImageMemory
 from mlxd.api.responses.store import ResponseStore
 from mlxd.api.token_count import TokenCounter
 from mlxd.engine.worker import MlxWorker
 from mlxd.monitoring.metrics import Metrics
 from mlxd.monitoring.snapshot import ConfigState, DaemonSnapshot
 from mlxd.monitoring.status import EVENTS_LIMIT
-from mlxd.registry.model import Registry
+from mlxd.registry.model import Registry, ServerSpec
 from mlxd.residency.events import EventLog
 from mlxd.residency.shell import ResidencyManager
 from mlxd.settings import EffectiveSettings
@@ -36,6 +37,8 @@ class DaemonContext:
     token_counter: TokenCounter = field(default_factory=TokenCounter)
     # /v1/responses: recent responses, for previous_response_id.
     responses: ResponseStore = field(default_factory=ResponseStore)
+    # Decoded image pixels held at once, across every request.
+    image_memory: ImageMemory = field(default_factory=lambda: ImageMemory(ServerSpec().max_image_memory_bytes))
 
     @property
     def registry(self) -> Registry:

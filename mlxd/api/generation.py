@@ -23,7 +23,6 @@ from mlxd.api.events import ChoiceEvents, Finish, Logprobs, OutputEvent, TextDel
 from mlxd.api.plan import Plan, shape_output
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.errors import (
-    BadRequest,
     ClientDisconnected,
     MlxdError,
     ModelPreempted,
@@ -77,16 +76,21 @@ async def guarded(request: Request, work: Awaitable[T], timeout: float) -> T:
 
 
 async def _read_images_and_acquire(ctx: DaemonContext, plan: Plan) -> Lease:
-    """Images are read (files, remote fetches, decoding) before the lease, so
-    a bad image is a 400 that never loads a model or holds a slot. Tools and
+    """Images are read (files, remote fetches, headers) before the lease, so
+    a bad image is a 400 that never loads a model or holds a slot; they are
+    decoded only once the lease is held, so requests the queue refuses never
+    decode anything, and under the daemon-wide image memory bound. Tools and
     structured output are checked against the leased engine (its tool-call
-    format); a mistake there gives the lease straight back."""
-    if plan.images is not None and plan.images.sources:
-        images = await plan.images.load()
-        for request in plan.requests:  # n > 1: every choice sees them
-            request.images = images
+    format). A failure after the lease gives it straight back."""
+    images = plan.images if plan.images is not None and plan.images.sources else None
+    if images is not None:
+        await images.read()
     lease = await ctx.manager.acquire(plan.requested_name, timeout=plan.remaining())
     try:
+        if images is not None:
+            decoded = await images.decode(ctx.image_memory)
+            for request in plan.requests:  # n > 1: every choice sees them
+                request.images = decoded
         shape_output(plan, lease.engine)
         await _compile_grammar(plan, lease.engine)
     except BaseException:
@@ -101,16 +105,9 @@ async def _compile_grammar(plan: Plan, engine: Any) -> None:
     400 before a stream's 200 rather than an error frame inside it."""
     grammars = getattr(engine, "grammars", None)
     constraint = plan.requests[0].constraint if plan.requests else None
-    if constraint is None:
-        return
-    if grammars is None:
-        # The vision engine decodes without logits processors: refuse rather
-        # than pass unconstrained output off as structured.
-        raise BadRequest(
-            f"Model `{plan.requested_name}` does not support structured output (response_format).",
-            param="response_format",
-        )
-    await asyncio.to_thread(grammars.matcher, constraint)
+    # (A vision engine has no grammars: plan_chat refused the request already.)
+    if grammars is not None and constraint is not None:
+        await asyncio.to_thread(grammars.matcher, constraint)
 
 
 def _choice_events(plan: Plan) -> ChoiceEvents:
@@ -242,10 +239,12 @@ class Framer(Protocol):
     send (possibly several frames, possibly empty)."""
 
     heartbeat: str
-    # True: answer 200 and send opening() at once, then wait for the lease
-    # (heartbeats flowing), so a client never sits through a queue or a load
-    # without a byte; failures to get one then travel as error frames.
-    # False: acquire first, so a 503/504 is a real status code.
+    # True: wait EARLY_WAIT_SECONDS for the lease (what fails at once, such
+    # as a full queue, is still a real status code), then answer 200, send
+    # opening() and keep waiting with heartbeats flowing, so a client never
+    # sits through a queue or a load without a byte; a failure after that
+    # travels as an error frame. False: acquire first, so a 503/504 is a
+    # real status code.
     early: bool
 
     def opening(self) -> str: ...
@@ -263,9 +262,14 @@ class LeasedStreamingResponse(StreamingResponse):
     """A stream that gives its lease back however it ends, even when the
     client is gone before the first byte and the body is never iterated."""
 
-    def __init__(self, content: AsyncIterator[str], lease: Lease | None, **kw: Any) -> None:
+    def __init__(
+        self, content: AsyncIterator[str], lease: Lease | None, *, pending: asyncio.Future[Lease] | None = None,
+        **kw: Any,
+    ) -> None:
         super().__init__(content, media_type="text/event-stream", **kw)
         self._lease = lease
+        # An early stream's lease, still being waited for.
+        self._pending = pending
         self._content = content
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -276,23 +280,56 @@ class LeasedStreamingResponse(StreamingResponse):
                 await self._content.aclose()  # type: ignore[attr-defined]
             if self._lease is not None:
                 self._lease.release()
+            if self._pending is not None:
+                await _abandon(self._pending)
 
 
 async def open_stream(ctx: DaemonContext, plan: Plan, request: Request, framer: Framer) -> LeasedStreamingResponse:
-    """Acquire before answering, so a 404/503/504 is a real status code, or
-    (an ``early`` framer) inside the stream; once the 200 is sent, errors
-    travel in the stream."""
-    lease = None
-    if not getattr(framer, "early", False):
-        try:
-            lease = await guarded(request, _read_images_and_acquire(ctx, plan), plan.remaining())
-        except MlxdError as exc:
-            record_request(ctx, plan.spec.name, exc.status_code, plan)
-            raise
-    frames = _frames(ctx, plan, lease, framer)
+    """Acquire before answering, so a 404/429/503/504 is a real status code;
+    an ``early`` framer waits only a moment for that, then answers 200 and
+    keeps waiting inside the stream, heartbeats flowing. Once the 200 is
+    sent, errors travel in the stream."""
+    acquiring = asyncio.ensure_future(_read_images_and_acquire(ctx, plan))
+    # Not early: the deadline (guarded's) ends the wait, with a 504.
+    wait = EARLY_WAIT_SECONDS if getattr(framer, "early", False) else plan.remaining() + 1
+    try:
+        lease = await guarded(request, _first_of(acquiring, wait), plan.remaining())
+    except MlxdError as exc:
+        record_request(ctx, plan.spec.name, exc.status_code, plan)
+        raise
+    pending = None if lease is not None else acquiring
+    frames = _frames(ctx, plan, lease, framer, pending)
     return LeasedStreamingResponse(
-        frames, lease, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        frames, lease, pending=pending, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     )
+
+
+# How long an early stream waits for its lease before it answers 200: long
+# enough that a full queue or an unknown failure is a real status code, short
+# enough that a queued client sees its first byte at once.
+EARLY_WAIT_SECONDS = 0.5
+
+
+async def _first_of(acquiring: asyncio.Future[Lease], seconds: float) -> Lease | None:
+    """The lease if ``acquiring`` settles within ``seconds`` (raising what it
+    raised), else None with the wait still running. Cancelled (disconnect,
+    deadline), it cancels the wait too."""
+    try:
+        done, _ = await asyncio.wait({acquiring}, timeout=max(0.0, seconds))
+    except asyncio.CancelledError:
+        await _abandon(acquiring)
+        raise
+    return acquiring.result() if done else None
+
+
+async def _abandon(acquiring: asyncio.Future[Lease]) -> None:
+    """Stop waiting for a lease; one granted meanwhile is given back."""
+    if not acquiring.done():
+        acquiring.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await acquiring
+    elif not acquiring.cancelled() and acquiring.exception() is None:
+        acquiring.result().release()
 
 
 async def _pump(engine: Any, requests: list[GenerationRequest], queue: asyncio.Queue[Any]) -> None:
@@ -320,7 +357,14 @@ class _StreamState:
         # Made at the first chunk: the tool-call format is known once leased.
         self.events: ChoiceEvents | None = None
         self.usage = Usage()
+        # Running counts of the generation in progress (its chunks carry
+        # them): a stream that ends early is logged with what it really cost.
+        self._partial = (0, 0)
         self.status = 200
+
+    def totals(self) -> tuple[int, int]:
+        """Prompt and completion tokens so far, the unfinished prompt included."""
+        return self.usage.prompt_tokens + self._partial[0], self.usage.completion_tokens + self._partial[1]
 
     def handle(self, item: Any) -> tuple[list[str], bool]:
         """Frames for one queue item, and whether the stream is over."""
@@ -332,6 +376,7 @@ class _StreamState:
             return [self.framer.error(item)], True
         index, chunk = item
         self.meter.chunk(index, chunk)
+        self._partial = (chunk.prompt_tokens, chunk.completion_tokens)
         if chunk.finish_reason == "abort":
             self.status = 503
             return [self.framer.error(_preempted(self.plan))], True
@@ -340,34 +385,28 @@ class _StreamState:
         out = []
         for event in self.events.of(index, chunk):
             if isinstance(event, Finish):
+                self._partial = (0, 0)
                 self.usage = self.usage + event.usage
             out.append(self.framer.event(event))
         return out, False
 
 
-async def _acquire_with_heartbeats(
-    ctx: DaemonContext, plan: Plan, framer: Framer, got: list[Lease]
+async def _heartbeats_until(
+    ctx: DaemonContext, acquiring: asyncio.Future[Lease], framer: Framer
 ) -> AsyncIterator[str]:
-    """Wait for the lease inside an open stream, a heartbeat every
-    ``heartbeat_seconds``; the lease lands in ``got``. A generator closed
-    meanwhile (client gone) cancels the wait, which gives back a lease
-    granted in the meantime."""
-    acquiring = asyncio.ensure_future(_read_images_and_acquire(ctx, plan))
-    try:
-        while True:
-            done, _ = await asyncio.wait({acquiring}, timeout=ctx.settings.heartbeat_seconds)
-            if done:
-                got.append(acquiring.result())
-                return
-            yield framer.heartbeat
-    finally:
-        if not acquiring.done():
-            acquiring.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await acquiring
+    """A heartbeat every ``heartbeat_seconds`` until the lease is granted
+    (or its wait fails: the caller reads which)."""
+    while True:
+        done, _ = await asyncio.wait({acquiring}, timeout=ctx.settings.heartbeat_seconds)
+        if done:
+            return
+        yield framer.heartbeat
 
 
-async def _frames(ctx: DaemonContext, plan: Plan, lease: Lease | None, framer: Framer) -> AsyncIterator[str]:
+async def _frames(
+    ctx: DaemonContext, plan: Plan, lease: Lease | None, framer: Framer,
+    pending: asyncio.Future[Lease] | None = None,
+) -> AsyncIterator[str]:
     queue: asyncio.Queue[Any] = asyncio.Queue()
     producer: asyncio.Future[None] | None = None
     state = _StreamState(ctx, plan, framer)
@@ -379,17 +418,17 @@ async def _frames(ctx: DaemonContext, plan: Plan, lease: Lease | None, framer: F
         if opening:
             yield opening
         if lease is None:
-            got: list[Lease] = []
+            assert pending is not None
             try:
-                async for beat in _acquire_with_heartbeats(ctx, plan, framer, got):
+                async for beat in _heartbeats_until(ctx, pending, framer):
                     yield beat
+                lease = pending.result()
             except Exception as exc:
                 state.status = exc.status_code if isinstance(exc, MlxdError) else 500
                 if state.status == 500:
                     log.error("stream on %s failed: %s", plan.spec.name, describe_exception(exc))
                 yield framer.error(exc) + framer.closing(None)
                 return
-            lease = got[0]
         producer = asyncio.ensure_future(_pump(lease.engine, plan.requests, queue))
         last_progress = loop.time()
         done = False
@@ -426,7 +465,9 @@ async def _frames(ctx: DaemonContext, plan: Plan, lease: Lease | None, framer: F
                 await producer
         if lease is not None:
             lease.release()
-        record_request(ctx, plan.spec.name, state.status, plan, state.usage.prompt_tokens, state.usage.completion_tokens)
+        elif pending is not None:
+            await _abandon(pending)
+        record_request(ctx, plan.spec.name, state.status, plan, *state.totals())
 
 
 # --- answering ----------------------------------------------------------------

@@ -15,7 +15,7 @@ from mlxd.engine.types import GenerationRequest, SamplingParams
 from mlxd.errors import BadRequest
 from mlxd.registry.model import ModelSpec, SamplingDefaults
 from mlxd.tools.formats import ToolFormat
-from mlxd.tools.plan import plan_output
+from mlxd.tools.plan import check_output, plan_output
 
 if TYPE_CHECKING:
     from mlxd.api.context import DaemonContext
@@ -112,18 +112,47 @@ def resolve_max_tokens(ctx: DaemonContext, asked: Requested, spec: ModelSpec) ->
 
 
 def _timeout(ctx: DaemonContext, asked: Requested) -> float:
-    return asked.timeout or ctx.settings.server.request_timeout_s
+    """The client may ask for less time than the server allows, never more."""
+    limit = ctx.settings.server.request_timeout_s
+    return min(asked.timeout, limit) if asked.timeout is not None else limit
+
+
+# No tokenizer makes a token of more than this many characters on average
+# over a whole prompt (English text is about 4): a prompt longer than
+# max_context times this is refused before anyone tokenizes it.
+MAX_CHARS_PER_TOKEN = 32
+
+
+def check_prompt_length(spec: ModelSpec, chars: int, param: str) -> None:
+    """A cheap bound before tokenizing: megabytes of prompt must not cost a
+    tokenizer run (and the memory it takes) only to be refused afterwards."""
+    limit = spec.max_context * MAX_CHARS_PER_TOKEN
+    if chars > limit:
+        raise BadRequest(
+            f"This model's maximum context length is {spec.max_context} tokens, but the "
+            f"{param} has {chars:,} characters, far more than fit. Shorten the {param}.",
+            param=param,
+            code="context_length_exceeded",
+        )
 
 
 def plan_chat(
     ctx: DaemonContext, asked: Requested, conversation: Conversation, *, kind: str = "chat", id_prefix: str = "chatcmpl-"
 ) -> Plan:
     spec = ctx.manager.resolve(asked.model)
+    check_prompt_length(spec, conversation.text_length(), "messages")
     if conversation.has_images() and spec.kind != "vision":
         raise BadRequest(
             f"Model `{asked.model}` is a text model and does not accept images", param="messages"
         )
     images = collect_images(conversation, ImagePolicy.for_model(spec)) if spec.kind == "vision" else None
+    if asked.output.asks_anything():
+        out = asked.output
+        check_output(tools=out.tools, tool_choice=out.tool_choice, response_format=out.response_format)
+        if spec.kind == "vision" and (out.tools or out.response_format):
+            # What the vision engine would refuse, said before any stream opens.
+            param = "tools" if out.tools else "response_format"
+            raise BadRequest(f"Vision models do not support `{param}` yet.", param=param)
     request = GenerationRequest(
         request_id=f"{id_prefix}{uuid.uuid4().hex[:24]}",
         max_tokens=resolve_max_tokens(ctx, asked, spec),
@@ -170,7 +199,14 @@ def shape_output(plan: Plan, engine: Any) -> None:
 def plan_prompts(
     ctx: DaemonContext, asked: Requested, prompts: list[str], *, kind: str = "completion", id_prefix: str = "cmpl-"
 ) -> Plan:
+    limit = ctx.settings.server.max_prompts
+    if len(prompts) > limit:
+        raise BadRequest(
+            f"At most {limit} prompts per request; this one has {len(prompts)}.", param="prompt"
+        )
     spec = ctx.manager.resolve(asked.model)
+    for i, prompt in enumerate(prompts):
+        check_prompt_length(spec, len(prompt), "prompt" if len(prompts) == 1 else f"prompt[{i}]")
     max_tokens = resolve_max_tokens(ctx, asked, spec)
     sampling = resolve_sampling(asked.sampling, spec)
     plan_id = f"{id_prefix}{uuid.uuid4().hex[:24]}"

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import typer
 
 from mlxd import __version__
-from mlxd.errors import ConfigError, MlxdError
+from mlxd.errors import ConfigError, MlxdError, StartupError
 
 app = typer.Typer(
     name="mlxd",
@@ -113,7 +113,7 @@ def serve(
 
     try:
         status = run_daemon(settings, _registry_path(settings.config))
-    except ConfigError as exc:
+    except (ConfigError, StartupError) as exc:
         raise _fail(str(exc)) from None
     # Everything is drained and saved by now. MLX's C++ teardown at interpreter
     # exit can abort ("terminate called without an active exception") after a

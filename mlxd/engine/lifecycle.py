@@ -41,6 +41,9 @@ class GenerationControl:
     abort_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # The prompt's token ids when they were computed before the worker saw
+    # the request (``EngineBase._before_worker``).
+    prompt_ids: list[int] | None = None
 
 
 @dataclass
@@ -85,6 +88,10 @@ class EngineBase:
     def _run(self, request: GenerationRequest, control: GenerationControl) -> Iterator[Any]:
         raise NotImplementedError
 
+    async def _before_worker(self, request: GenerationRequest, control: GenerationControl) -> None:
+        """Event loop, before the request reaches the worker: work that needs
+        no MLX (tokenizing) runs here, off the thread every model shares."""
+
     def _busy(self) -> bool:
         """Whether a generation still holds the model (read between worker steps)."""
         return self.counts.running > 0
@@ -111,6 +118,7 @@ class EngineBase:
             # Registered inside the try: starting the stream can raise
             # ShuttingDown, and the entry must not outlive the request.
             self._in_flight.add(control)
+            await self._before_worker(request, control)
             source = self._open(request, control)
             async for chunk in source:
                 yield chunk

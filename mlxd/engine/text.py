@@ -26,7 +26,9 @@ quantised KV cache (``kv_bits``, which mlx-lm cannot batch) keep the path above.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -108,6 +110,9 @@ class TextEngine(EngineBase):
         # (a ``cache_store.PrefixCachePersistence``).
         self.persistence: Any = None
         self._batch: BatchScheduler | None = None
+        # Tokenizing runs in threads (``_before_worker``); one at a time per
+        # model, so a tokenizer never sees two callers at once.
+        self._tokenize_lock = threading.Lock()
         if spec.max_concurrency > 1 and spec.kv_bits is None and loaded.batchable:
             self._batch = BatchScheduler(
                 self, worker, max_batch=spec.max_concurrency, prefill_chunk=self._prefill_chunk
@@ -122,6 +127,16 @@ class TextEngine(EngineBase):
         """Save the prefix cache to disk (before an unload). Never raises."""
         if self.persistence is not None and not self._closed:
             await self.persistence.save()
+
+    async def _before_worker(self, request: GenerationRequest, control: GenerationControl) -> None:
+        # Tokenizing needs no MLX: a long prompt tokenized on the worker would
+        # stall every other model's decoding for as long as it takes.
+        control.prompt_ids = await asyncio.to_thread(self._tokenize_locked, request)
+        self.check_context(len(control.prompt_ids), request)
+
+    def _tokenize_locked(self, request: GenerationRequest) -> list[int]:
+        with self._tokenize_lock:
+            return self.prompt_tokens(request)
 
     def _busy(self) -> bool:
         return self.counts.running > 0 or (self._batch is not None and self._batch.alive)
@@ -187,7 +202,8 @@ class TextEngine(EngineBase):
         return model, tokenizer
 
     def prompt_tokens(self, request: GenerationRequest) -> list[int]:
-        """The request's prompt as token ids (chat template applied). Worker thread."""
+        """The request's prompt as token ids (chat template applied). Any thread:
+        it uses the tokenizer only, never MLX."""
         tokenizer = self._tokenizer
         if tokenizer is None:
             raise ServiceUnavailable(f"The model `{self.name}` was unloaded; retry the request.")
@@ -228,19 +244,10 @@ class TextEngine(EngineBase):
         """Validate and tokenize: everything that can fail before the model runs."""
         if request.max_tokens < 1:
             raise BadRequest("max_tokens must be at least 1.", param="max_tokens")
-        tokens = self.prompt_tokens(request)
-        param = "messages" if request.messages is not None else "prompt"
+        tokens = control.prompt_ids if control.prompt_ids is not None else self.prompt_tokens(request)
         n_prompt = len(tokens)
-        if n_prompt == 0:
-            raise BadRequest("The prompt is empty.", param=param)
+        self.check_context(n_prompt, request)
         limit = self.spec.max_context
-        if n_prompt > limit:
-            raise BadRequest(
-                f"This model's maximum context length is {limit} tokens, but the "
-                f"prompt has {n_prompt} tokens. Shorten the {param}.",
-                param=param,
-                code="context_length_exceeded",
-            )
         control.prompt_tokens = n_prompt
         s = request.sampling
         penalties = s.repetition_penalty != 1.0 or bool(s.presence_penalty) or bool(s.frequency_penalty)
@@ -256,6 +263,19 @@ class TextEngine(EngineBase):
             keep=_PENALTY_CONTEXT if penalties else 1,
             logprobs=request.logprobs,
         )
+
+    def check_context(self, n_prompt: int, request: GenerationRequest) -> None:
+        param = "messages" if request.messages is not None else "prompt"
+        if n_prompt == 0:
+            raise BadRequest("The prompt is empty.", param=param)
+        limit = self.spec.max_context
+        if n_prompt > limit:
+            raise BadRequest(
+                f"This model's maximum context length is {limit} tokens, but the "
+                f"prompt has {n_prompt} tokens. Shorten the {param}.",
+                param=param,
+                code="context_length_exceeded",
+            )
 
     def _processors(self, request: GenerationRequest) -> list[Any]:
         processors = sampling.make_logits_processors(request.sampling)

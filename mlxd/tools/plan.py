@@ -59,6 +59,19 @@ def plan_output(
     return OutputPlan(tools=checked, constraint=forced_call(fmt, checked, name, max_calls=calls), tool_format=fmt)
 
 
+def check_output(*, tools: Any = None, tool_choice: Any = None, response_format: Any = None) -> None:
+    """What ``plan_output`` checks that does not depend on the model: run
+    before the lease, so that a stream can still answer with a 400."""
+    constraint = _response_format(response_format)
+    checked = _tools(tools)
+    choice = _tool_choice(tool_choice, checked)
+    if constraint is not None and checked and choice not in ("none", "auto"):
+        raise BadRequest(
+            "response_format cannot be combined with a tool_choice that forces a call.",
+            param="response_format",
+        )
+
+
 def _response_format(value: Any) -> Constraint | None:
     if value is None:
         return None

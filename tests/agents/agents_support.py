@@ -36,6 +36,8 @@ def agents_daemon(tmp: Path, **settings) -> Iterator[Daemon]:
             {"name": "tooly", "path": str(tooly), "max_concurrency": 2},
             {"name": "eyes", "path": str(tiny_vision_model())},
             {"name": "counted", "path": str(tooly)},
+            # One at a time and nobody waits: the second request is turned away.
+            {"name": "narrow", "model": "qwen", "max_concurrency": 1, "max_queue": 0, "preload": True},
         ],
         server={"api_keys": [KEY]},
     )

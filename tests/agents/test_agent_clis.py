@@ -1,6 +1,7 @@
 """Claude Code and Codex CLI, as a user runs them, against `mlxd serve`.
 
-Each CLI gets its own HOME and no LD_PRELOAD (mlxd's OpenBLAS preload is
+The settings are the ones docs/agents.md shows, read from it. Each CLI gets
+its own HOME and no LD_PRELOAD (mlxd's OpenBLAS preload is
 for mlxd, not for node). The CLIs come from npm: ``scripts/setup.sh --tests``
 installs the versions below into ``.agents/`` when node is there.
 
@@ -13,6 +14,8 @@ prompt and turns tools off. Codex runs with its defaults (~11k tokens).
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -24,7 +27,26 @@ from tools.tool_models import with_template
 pytestmark = [pytest.mark.mlx, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
+# The settings docs/agents.md shows, used as shown (port and key swapped in).
+DOC = (ROOT / "docs" / "agents.md").read_text()
+DOC_URL, DOC_KEY = "http://127.0.0.1:8080", "sk-local"
 KEY = "sk-local-agents"
+
+
+def doc_block(language: str, containing: str) -> str:
+    return next(b for b in re.findall(rf"```{language}\n(.*?)```", DOC, flags=re.S) if containing in b)
+
+
+def doc_shell(containing: str, url: str) -> tuple[dict[str, str], list[str]]:
+    """The exports and the command of the docs' shell block that mentions ``containing``."""
+    env, command = {}, []
+    for line in doc_block("sh", containing).replace(DOC_URL, url).replace(DOC_KEY, KEY).splitlines():
+        if line.startswith("export "):
+            name, _, value = line[7:].partition("=")
+            env[name] = value
+        elif line.strip():
+            command = shlex.split(line)
+    return env, command
 
 
 def cli(name: str) -> str:
@@ -45,7 +67,7 @@ def served(tmp_path_factory):
     registry = write_registry(
         tmp,
         [{
-            "name": "local", "path": str(model), "aliases": ["claude-*", "gpt-*"],
+            "name": "coder", "path": str(model), "aliases": ["claude-*", "gpt-*"],
             # Codex's prompt is ~11k tokens with the tiny tokenizer.
             "max_context": 16384, "defaults": {"max_tokens": 24},
         }],
@@ -64,22 +86,19 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
 def test_claude_code_completes_a_turn(served):
     daemon, homes = served
     claude = cli("claude")
-    env = _env(
-        homes / "claude",
-        ANTHROPIC_BASE_URL=daemon.url, ANTHROPIC_API_KEY=KEY,
-        DISABLE_TELEMETRY="1", DISABLE_AUTOUPDATER="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
-    )
+    exports, command = doc_shell("ANTHROPIC_BASE_URL", daemon.url)
+    assert command[:2] == ["claude", "-p"] and exports["ANTHROPIC_BASE_URL"] == daemon.url
     run = subprocess.run(
-        [claude, "-p", "Say hello", "--model", "claude-sonnet-4-5",
-         "--system-prompt", "You are a terse assistant.", "--tools", ""],
-        env=env, cwd=homes, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL,
+        [claude, *command[1:], "--system-prompt", "You are a terse assistant.", "--tools", ""],
+        env=_env(homes / "claude", **exports), cwd=homes, capture_output=True, text=True, timeout=240,
+        stdin=subprocess.DEVNULL,
     )
     assert run.returncode == 0, f"stdout:\n{run.stdout[-2000:]}\nstderr:\n{run.stderr[-2000:]}"
     assert "API Error" not in run.stdout
     assert run.stdout.strip()
     log = daemon.log()
     # It asked for a claude-* name, which the pattern alias sent to `local`, streaming.
-    assert "messages model=local status=200" in log and "stream=True" in log
+    assert "messages model=coder status=200" in log and "stream=True" in log
 
 
 def test_codex_completes_a_turn(served):
@@ -87,16 +106,15 @@ def test_codex_completes_a_turn(served):
     codex = cli("codex")
     home = homes / "codex"
     (home / ".codex").mkdir(parents=True, exist_ok=True)
-    (home / ".codex" / "config.toml").write_text(
-        'model = "local"\nmodel_provider = "mlxd"\n\n[model_providers.mlxd]\nname = "mlxd"\n'
-        f'base_url = "{daemon.url}/v1"\nwire_api = "responses"\nenv_key = "MLXD_API_KEY"\n'
-    )
+    (home / ".codex" / "config.toml").write_text(doc_block("toml", "wire_api").replace(DOC_URL, daemon.url))
+    exports, command = doc_shell("codex exec", daemon.url)
+    assert command[:2] == ["codex", "exec"]
     run = subprocess.run(
-        [codex, "exec", "--skip-git-repo-check", "Say hello"],
-        env=_env(home, MLXD_API_KEY=KEY), cwd=homes, capture_output=True, text=True, timeout=300,
+        [codex, *command[1:]],
+        env=_env(home, **exports), cwd=homes, capture_output=True, text=True, timeout=300,
         stdin=subprocess.DEVNULL,
     )
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-3000:]
     assert "ERROR" not in output and "stream disconnected" not in output
-    assert "responses model=local status=200" in daemon.log()
+    assert "responses model=coder status=200" in daemon.log()

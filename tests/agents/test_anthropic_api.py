@@ -127,6 +127,26 @@ def test_pings_flow_while_the_request_waits_for_the_model(daemon):
     assert names[-1] == "message_stop"
 
 
+def test_a_full_queue_is_a_429_rate_limit_error_even_for_a_stream(daemon):
+    other = openai.OpenAI(base_url=f"{daemon.url}/v1", api_key=KEY, max_retries=0)
+    holder = threading.Thread(
+        target=lambda: other.chat.completions.create(
+            model="narrow", messages=USER, max_tokens=1200, extra_body={"ignore_eos": True}
+        )
+    )
+    holder.start()
+    try:
+        wait_until(lambda: model_view(daemon, "narrow")["active_leases"] >= 1, timeout=30)
+        turned_away = httpx.post(f"{daemon.url}/v1/messages", headers={"x-api-key": KEY}, timeout=30, json={
+            "model": "narrow", "max_tokens": 4, "stream": True, "messages": USER,
+        })
+    finally:
+        holder.join()
+    assert turned_away.status_code == 429
+    assert int(turned_away.headers["retry-after"]) >= 1
+    assert turned_away.json()["error"]["type"] == "rate_limit_error"
+
+
 def test_a_forced_tool_choice_returns_a_schema_valid_tool_use(client):
     reply = client.messages.create(
         model="tooly", max_tokens=120, tools=TOOLS, messages=[{"role": "user", "content": "Weather in Rome?"}],
@@ -247,6 +267,12 @@ def test_errors_come_in_anthropic_shape_and_status(client, daemon):
         client.messages.create(model="tooly", max_tokens=4, messages=USER, tools=TOOLS,
                                tool_choice={"type": "tool", "name": "not_a_tool"})
     assert "not_a_tool" in bad_choice.value.body["error"]["message"]
+    # A stream opens before the lease, but what the request got wrong is still a 400.
+    streamed = httpx.post(f"{daemon.url}/v1/messages", headers={"x-api-key": KEY}, timeout=30, json={
+        "model": "tooly", "max_tokens": 4, "stream": True, "messages": USER, "tools": TOOLS,
+        "tool_choice": {"type": "tool", "name": "not_a_tool"},
+    })
+    assert streamed.status_code == 400 and streamed.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_x_api_key_and_bearer_both_authenticate(daemon):

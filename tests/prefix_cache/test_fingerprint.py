@@ -78,8 +78,17 @@ def test_a_separate_chat_template_file_changes_it(folder, tmp_path):
 
 
 def test_a_folder_without_weights_has_none(tmp_path):
+    import asyncio
+
+    from mlxd.engine.loader import _fingerprint
+    from mlxd.registry.model import ModelSpec
+
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(OSError):
+    # What the loader sees: no fingerprint, so the model runs without a
+    # persisted prefix cache instead of failing its load.
+    spec = ModelSpec(name="bare", path=tmp_path, source=str(tmp_path))
+    assert asyncio.run(_fingerprint(spec)) is None
+    with pytest.raises(OSError, match="no .safetensors weights"):
         model_fingerprint(tmp_path, None)
 
 
