@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
 
-from bench.common import PROMPT, daemon, environment, reexec_with_openblas, save, table  # noqa: E402
+from bench.common import PROMPT, add_dtype_option, daemon, environment, model_dtype, reexec_with_openblas, save, table  # noqa: E402
 
 CONTEXT = 1024
 
@@ -70,12 +70,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", choices=["tiny", "small", "bench"], default="small")
     parser.add_argument("--repeats", type=int, default=5)
+    add_dtype_option(parser)
     args = parser.parse_args()
     reexec_with_openblas()
 
     from mlxd.factory import ModelRecipe, build_model
 
-    paths = [build_model(ModelRecipe("qwen2", args.size, seed=s)) for s in (0, 1)]
+    paths = [build_model(ModelRecipe("qwen2", args.size, seed=s, dtype=model_dtype(args))) for s in (0, 1)]
     common = {"max_context": CONTEXT, "max_concurrency": 1, "idle_unload_seconds": 0,
               "prefix_cache": {"max_bytes": 0, "persist": False}}
     entries = [{"name": f"m{i}", "path": str(p), **common} for i, p in enumerate(paths)]

@@ -128,6 +128,14 @@ class ModelPreempted(ServiceUnavailable):
     code = "preempted"
 
 
+class ModelUnloaded(ServiceUnavailable):
+    """The engine was unloaded under a request that had its lease (an admin
+    unload or a shutdown raced it); the next attempt loads it again."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model `{model}` was unloaded; retry the request.")
+
+
 class RequestTimeout(MlxdError):
     status_code = 504
     error_type = "timeout_error"
@@ -190,6 +198,14 @@ def describe_exception(exc: BaseException, limit: int = 300) -> str:
     text = "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in text)
     line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+class GGUFError(ConfigError):
+    """A GGUF file mlxd cannot convert: corrupt, or an architecture, tensor
+    type or tokenizer it does not know. A ConfigError, so a registry entry
+    pointing at such a file is reported at its ``path`` key."""
+
+    code = "invalid_gguf"
 
 
 def clip(text: str, limit: int = 80) -> str:

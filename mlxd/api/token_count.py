@@ -11,7 +11,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from mlxd.engine.text import _render_chat as render_chat
+from mlxd.engine.prompt import chat_tokens
 from mlxd.registry.model import ModelSpec
 
 # Tokenizers kept (a few MB each); an agent talks to one or two models.
@@ -45,7 +45,7 @@ class TokenCounter:
             # Vision templates place {"type": "image"} parts themselves; an
             # image counts as its placeholder, not as its patches.
             return len(tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True))
-        return len(render_chat(tokenizer, messages, tools))
+        return len(chat_tokens(tokenizer, messages, tools))
 
     async def count(self, spec: ModelSpec, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
         # Not MLX work: tokenizing runs on a thread of its own, off the event loop.

@@ -11,6 +11,7 @@ from mlxd.daemon.build import build_daemon
 from mlxd.daemon.lockfile import StateLock
 from mlxd.daemon.logs import configure_logging
 from mlxd.daemon.reload import log_problems
+from mlxd.engine.preload import import_in_background
 from mlxd.errors import StartupError
 from mlxd.registry.loader import load_registry
 from mlxd.settings import DaemonSettings, effective
@@ -47,6 +48,7 @@ def run_daemon(settings: DaemonSettings, registry_path: Path) -> int:
         if not eff.server.api_keys and eff.server.host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("no API keys configured and bound to %s: anyone on the network can use the models",
                         eff.server.host)
+        import_in_background(m.kind for m in registry.models)
         server = daemon.server
         server.run()
         if not server.started:

@@ -495,6 +495,7 @@ class _Builder:
                 allow_download=entry.allow_download,
                 env=self.env,
                 downloader=self.downloader,
+                gguf_cache=self.manager().cache_dir,
             )
             config = read_model_config(folder)
             weights = weights_bytes(folder)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-import psutil
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -26,12 +25,16 @@ from pydantic import (
 
 from mlxd.registry.sizing import KV_BITS_CHOICES, parse_bytes, parse_gb, parse_memory_budget
 
-# Validation context key: physical memory in bytes, for "70%" budgets.
+# Validation context key: the device's memory in bytes, for "70%" budgets.
 PHYSICAL_MEMORY = "physical_memory"
 
 
 def physical_memory_bytes() -> int:
-    return int(psutil.virtual_memory().total)
+    """What a percentage budget is a share of: the memory MLX's device has
+    (GPU memory, Metal's working set, or RAM; see mlxd.registry.device)."""
+    from mlxd.registry.device import current_device
+
+    return current_device().memory_bytes
 
 
 def _one_or_many(value: Any) -> Any:
