@@ -5,16 +5,13 @@ matters)."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import anthropic
 import httpx
 import jsonschema
-import openai
 import pytest
-from agents.agents_support import KEY, PROMPT, WEATHER, agents_daemon, model_view
-from support.daemon import wait_until
+from agents.agents_support import KEY, PROMPT, WEATHER, agents_daemon, model_held, model_view
 from vision.vision_support import encoded, noise_image
 
 pytestmark = pytest.mark.mlx
@@ -105,19 +102,9 @@ def _events(daemon, body, headers=None):
 
 
 def test_pings_flow_while_the_request_waits_for_the_model(daemon):
-    # "qwen" serves one request at a time: hold it with a long generation.
-    other = openai.OpenAI(base_url=f"{daemon.url}/v1", api_key=KEY, max_retries=0)
-    holder = threading.Thread(
-        target=lambda: other.chat.completions.create(
-            model="qwen", messages=USER, max_tokens=1200, extra_body={"ignore_eos": True}
-        )
-    )
-    holder.start()
-    try:
-        wait_until(lambda: model_view(daemon, "qwen")["active_leases"] >= 1, timeout=30)
+    # "qwen" serves one request at a time.
+    with model_held(daemon, "qwen"):
         events = _events(daemon, {"model": "qwen", "max_tokens": 4, "stream": True, "messages": USER})
-    finally:
-        holder.join()
     names = [n for n, _ in events]
     first_block = names.index("content_block_start")
     assert names[0] == "message_start"
@@ -128,20 +115,10 @@ def test_pings_flow_while_the_request_waits_for_the_model(daemon):
 
 
 def test_a_full_queue_is_a_429_rate_limit_error_even_for_a_stream(daemon):
-    other = openai.OpenAI(base_url=f"{daemon.url}/v1", api_key=KEY, max_retries=0)
-    holder = threading.Thread(
-        target=lambda: other.chat.completions.create(
-            model="narrow", messages=USER, max_tokens=1200, extra_body={"ignore_eos": True}
-        )
-    )
-    holder.start()
-    try:
-        wait_until(lambda: model_view(daemon, "narrow")["active_leases"] >= 1, timeout=30)
+    with model_held(daemon, "narrow"):
         turned_away = httpx.post(f"{daemon.url}/v1/messages", headers={"x-api-key": KEY}, timeout=30, json={
             "model": "narrow", "max_tokens": 4, "stream": True, "messages": USER,
         })
-    finally:
-        holder.join()
     assert turned_away.status_code == 429
     assert int(turned_away.headers["retry-after"]) >= 1
     assert turned_away.json()["error"]["type"] == "rate_limit_error"

@@ -4,13 +4,11 @@ the official openai client's responses.create."""
 from __future__ import annotations
 
 import json
-import threading
 
 import jsonschema
 import openai
 import pytest
-from agents.agents_support import KEY, PROMPT, WEATHER, agents_daemon, model_view
-from support.daemon import wait_until
+from agents.agents_support import KEY, PROMPT, WEATHER, agents_daemon, model_held
 
 pytestmark = pytest.mark.mlx
 
@@ -131,17 +129,10 @@ def test_errors_come_in_openai_shape(client):
 
 
 def test_a_stream_that_cannot_get_the_model_in_time_ends_in_response_failed(client, daemon):
-    holder = threading.Thread(target=lambda: client.chat.completions.create(
-        model="qwen", messages=[{"role": "user", "content": PROMPT}], max_tokens=1200, extra_body={"ignore_eos": True}
-    ))
-    holder.start()
-    try:
-        wait_until(lambda: model_view(daemon, "qwen")["active_leases"] >= 1, timeout=30)
+    with model_held(daemon, "qwen"):
         events = list(client.responses.create(
             model="qwen", input=PROMPT, max_output_tokens=4, stream=True, extra_body={"timeout": 1.5}
         ))
-    finally:
-        holder.join()
     assert [e.type for e in events] == ["response.created", "response.in_progress", "response.failed"]
     assert [e.sequence_number for e in events] == [0, 1, 2]
     failed = events[-1].response
