@@ -27,7 +27,7 @@ def test_a_folder_the_user_chose_is_kept():
 def test_the_mlxd_command_sets_it_before_mlx_is_imported(tmp_path):
     # `mlxd --help` runs main(); the probe checks the variable and that MLX
     # was not imported before it was set.
-    code = ("import os, sys; from mlxd.daemon import cli; sys.argv=['mlxd','--help'];\n"
+    code = ("import os, sys; from mlxd.cli import main as cli; sys.argv=['mlxd','--help'];\n"
             "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
             "print(os.environ.get('MLX_PTX_CACHE_DIR')); print('mlx.core' in sys.modules)")
     env = {k: v for k, v in os.environ.items() if k != PTX_ENV}
