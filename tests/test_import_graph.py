@@ -17,15 +17,17 @@ ALLOWED = {
     "settings": {"registry"},
     "engine": {"errors", "registry"},
     "residency": {"errors", "registry"},
+    # Registry entries served by other servers: an engine over HTTP.
+    "remote": {"errors", "registry", "engine"},
     "factory": set(),
     "service": {"errors", "registry"},
     # Constrained decoding and tool calls (engine side), GGUF import.
     "grammar": {"errors", "engine"},
     "tools": {"errors", "engine", "grammar"},
     "gguf": {"errors", "registry", "factory"},
-    "monitoring": {"mlxd", "errors", "registry", "engine", "residency"},
-    "api": {"mlxd", "errors", "registry", "settings", "engine", "residency", "monitoring"},
-    "daemon": {"mlxd", "errors", "registry", "settings", "engine", "residency", "monitoring", "api"},
+    "monitoring": {"mlxd", "errors", "registry", "engine", "residency", "remote"},
+    "api": {"mlxd", "errors", "registry", "settings", "engine", "residency", "monitoring", "remote"},
+    "daemon": {"mlxd", "errors", "registry", "settings", "engine", "residency", "monitoring", "api", "remote"},
     "cli": {"mlxd", "errors", "registry", "settings", "engine", "factory", "service", "gguf", "daemon"},
     "__main__": {"cli"},
 }

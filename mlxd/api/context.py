@@ -14,6 +14,7 @@ from mlxd.monitoring.metrics import Metrics
 from mlxd.monitoring.snapshot import ConfigState, DaemonSnapshot
 from mlxd.monitoring.status import EVENTS_LIMIT
 from mlxd.registry.model import Registry
+from mlxd.remote.backends import BackendPool
 from mlxd.residency.events import EventLog
 from mlxd.residency.shell import ResidencyManager
 from mlxd.settings import EffectiveSettings
@@ -30,6 +31,7 @@ class DaemonContext:
     # Set on SIGTERM: new requests get 503 while in-flight ones finish.
     draining: bool = False
     blas: dict[str, Any] = field(default_factory=dict)
+    backends: BackendPool = field(default_factory=lambda: BackendPool(()))
 
     @property
     def registry(self) -> Registry:
@@ -53,4 +55,5 @@ class DaemonContext:
             port=server.port,
             auth_required=bool(server.api_keys),
             metrics_enabled=self.settings.metrics,
+            backends=self.backends.views(),
         )

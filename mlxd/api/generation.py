@@ -202,7 +202,22 @@ async def open_stream(ctx: DaemonContext, plan: Plan, request: Request, framer: 
     except MlxdError as exc:
         record_request(ctx, plan.spec.name, exc.status_code, plan)
         raise
-    frames = _frames(ctx, plan, lease, framer)
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    producer = asyncio.ensure_future(_pump(lease.engine, plan.requests, queue))
+    first = None
+    if getattr(lease.engine, "confirms_start", False):
+        # A remote engine's first chunk says the backend took the request:
+        # until then a refusal can still be an HTTP status, not a frame.
+        try:
+            first = await guarded(request, queue.get(), plan.remaining())
+            if isinstance(first, MlxdError):
+                raise first
+        except MlxdError as exc:
+            await _stop(producer)
+            lease.release()
+            record_request(ctx, plan.spec.name, exc.status_code, plan)
+            raise
+    frames = _frames(ctx, plan, lease, framer, producer, queue, first)
     return LeasedStreamingResponse(
         frames, lease, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     )
@@ -252,9 +267,21 @@ class _StreamState:
         return out, False
 
 
-async def _frames(ctx: DaemonContext, plan: Plan, lease: Lease, framer: Framer) -> AsyncIterator[str]:
-    queue: asyncio.Queue[Any] = asyncio.Queue()
-    producer = asyncio.ensure_future(_pump(lease.engine, plan.requests, queue))
+async def _stop(producer: asyncio.Future[None]) -> None:
+    producer.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await producer
+
+
+async def _frames(
+    ctx: DaemonContext,
+    plan: Plan,
+    lease: Lease,
+    framer: Framer,
+    producer: asyncio.Future[None],
+    queue: asyncio.Queue[Any],
+    first: Any = None,
+) -> AsyncIterator[str]:
     state = _StreamState(ctx, plan, framer)
     heartbeat = ctx.settings.heartbeat_seconds
     inactivity = ctx.settings.server.request_timeout_s
@@ -265,6 +292,10 @@ async def _frames(ctx: DaemonContext, plan: Plan, lease: Lease, framer: Framer) 
         if opening:
             yield opening
         done = False
+        if first is not None:
+            out, done = state.handle(first)
+            if out:
+                yield "".join(out)
         while not done:
             try:
                 item = await asyncio.wait_for(queue.get(), heartbeat)
@@ -292,9 +323,7 @@ async def _frames(ctx: DaemonContext, plan: Plan, lease: Lease, framer: Framer) 
         state.status = 499  # the client went away mid-stream
         raise
     finally:
-        producer.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await producer
+        await _stop(producer)
         lease.release()
         record_request(ctx, plan.spec.name, state.status, plan, state.usage.prompt_tokens, state.usage.completion_tokens)
 

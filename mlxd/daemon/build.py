@@ -19,6 +19,7 @@ from mlxd.engine.worker import MlxWorker
 from mlxd.monitoring.metrics import Metrics
 from mlxd.monitoring.snapshot import ConfigState
 from mlxd.registry.model import Registry
+from mlxd.remote.backends import BackendPool
 from mlxd.residency.events import EventLog
 from mlxd.residency.footprints import FootprintStore
 from mlxd.residency.shell import EngineFactory as BuildsEngines
@@ -52,9 +53,10 @@ def build_daemon(
     events = EventLog()
     metrics = Metrics()
     footprints = FootprintStore(eff.state_dir / "footprints.json")
+    backends = BackendPool(registry.backends)
     manager = ResidencyManager(
         registry,
-        engines or EngineFactory(worker),
+        engines or EngineFactory(worker, backends),
         events=events,
         hooks=PrefixCacheHooks(),
         recall=footprints.known,
@@ -72,6 +74,7 @@ def build_daemon(
         events=events,
         metrics=metrics,
         blas=blas_report(),
+        backends=backends,
     )
     metrics.attach(ctx.snapshot)
     reloader = None

@@ -169,6 +169,7 @@ class Reloader:
         # The settings and the registry change together (reconfigure does not
         # yield to the event loop): no request sees one without the other.
         ctx.settings = settings
+        ctx.backends.reconfigure(registry.backends)
         renames = ctx.manager.renamable(dict(diff.renamed))
         preloading = await ctx.manager.reconfigure(registry, renames)
         config.file_hash = registry.file_hash
@@ -185,6 +186,7 @@ class Reloader:
             "summary": diff.summary(),
             "models": _model_outcomes(diff, preloading, renames),
             "manager": list(diff.manager_fields),
+            "backends": list(diff.backends),
             "server": server,
             "error": None,
         }

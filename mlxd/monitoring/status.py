@@ -22,6 +22,7 @@ import psutil
 
 from mlxd import __version__
 from mlxd.monitoring.snapshot import DaemonSnapshot
+from mlxd.remote.backends import BackendView
 from mlxd.residency.core import State
 from mlxd.residency.shell import ModelView
 
@@ -118,6 +119,35 @@ def model_status(snap: DaemonSnapshot, m: ModelView) -> dict[str, Any]:
         "recent_tokens_per_second": round(snap.recent_rate(m.name), 3),
         "prefix_cache": prefix_cache_status(m.engine),
         "engine": m.engine,
+        "backend": spec.backend,
+        "remote_model": spec.remote_model,
+    }
+
+
+def backend_status(b: BackendView) -> dict[str, Any]:
+    spec = b.spec
+    return {
+        "name": spec.name,
+        "url": spec.url,
+        "kind": spec.kind,
+        # Whether a key is sent, never the key (nor its variable's value).
+        "api_key_env": spec.api_key_env,
+        "max_concurrency": spec.max_concurrency,
+        "timeouts": {
+            "connect": spec.connect_timeout_s,
+            "first_byte": spec.first_byte_timeout_s,
+            "idle": spec.idle_timeout_s,
+        },
+        "reachable": b.stats.reachable,
+        "latency_ms": b.stats.latency_ms,
+        "polled_at": b.stats.polled_at,
+        "poll_error": b.stats.poll_error,
+        "in_flight": b.stats.in_flight,
+        "requests": b.stats.requests,
+        "errors": b.stats.errors,
+        "last_error": b.stats.last_error,
+        # kind: mlxd: the backend's models and their states.
+        "models": b.stats.models,
     }
 
 
@@ -127,6 +157,11 @@ def problems(snap: DaemonSnapshot) -> list[str]:
         f"model `{m.name}` failed to load: {m.last_error}"
         for m in snap.manager.models
         if m.state is State.FAILED
+    ]
+    found += [
+        f"backend `{b.spec.name}` ({b.spec.url}) is not reachable: {b.stats.poll_error}"
+        for b in snap.backends
+        if b.stats.reachable is False
     ]
     if snap.config.error is not None:
         found.append(f"the configuration file is invalid: {snap.config.error}")
@@ -175,6 +210,7 @@ def status_document(snap: DaemonSnapshot) -> dict[str, Any]:
             "mlx": mlx_memory_now(),
         },
         "models": [model_status(snap, m) for m in snap.manager.models],
+        "backends": [backend_status(b) for b in snap.backends],
         # Built by hand: dataclasses.asdict costs ~20 µs an event, 2 ms for a full ring.
         "events": [
             {"at": e.at, "kind": e.kind, "model": e.model, "message": e.message}
