@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import time
@@ -164,9 +165,13 @@ class BackendPool:
                 headers=link.headers(self.environ),
                 timeout=httpx.Timeout(spec.connect_timeout_s, read=max(spec.connect_timeout_s, 5.0)),
             )
-            response.raise_for_status()
-            document = response.json()
-        except (httpx.HTTPError, ValueError) as exc:
+            # Reachable is "it answers": some servers' model lists are broken
+            # (mlx_lm.server's fails without a Hugging Face cache), and a 4xx
+            # still means requests get there.
+            if response.status_code >= 500:
+                raise httpx.HTTPStatusError(f"HTTP {response.status_code}", request=response.request, response=response)
+            answer = await response.aread()
+        except httpx.HTTPError as exc:
             if stats.reachable is not False:
                 log.warning("backend %s (%s) is not reachable: %s", spec.name, spec.url, describe_exception(exc))
             stats.reachable = False
@@ -176,13 +181,17 @@ class BackendPool:
             if stats.reachable is False:
                 log.info("backend %s (%s) is reachable again", spec.name, spec.url)
             stats.reachable = True
-            stats.poll_error = None
+            stats.poll_error = f"HTTP {response.status_code} from {path}" if response.status_code >= 400 else None
             stats.latency_ms = round((time.perf_counter() - started) * 1000, 1)
-            stats.models = _model_states(document) if spec.kind == "mlxd" else {}
+            stats.models = _model_states(answer) if spec.kind == "mlxd" else {}
         stats.polled_at = time.time()
 
 
-def _model_states(status: Any) -> dict[str, str]:
+def _model_states(answer: bytes) -> dict[str, str]:
+    try:
+        status = json.loads(answer)
+    except ValueError:
+        return {}
     models = status.get("models") if isinstance(status, dict) else None
     return {
         str(m["name"]): str(m.get("state", "unknown"))
