@@ -152,7 +152,9 @@ def _models(doc: dict[str, Any]) -> Table:
         if model["aliases"]:
             name.append(f" ({', '.join(model['aliases'])})", style="dim")
         mem = model["memory"]
-        if mem["reserved_bytes"]:
+        if model.get("backend"):
+            memory = f"on {model['backend']}"
+        elif mem["reserved_bytes"]:
             memory = human_bytes(mem["reserved_bytes"])
         elif mem["measured_bytes"] is not None:
             memory = f"{human_bytes(mem['measured_bytes'])} measured"
@@ -173,6 +175,23 @@ def _models(doc: dict[str, Any]) -> Table:
     return table
 
 
+def _backends(doc: dict[str, Any]) -> Text:
+    """One line per backend: where, whether it answers, what it is doing."""
+    text = Text("backends", style="bold")
+    for b in doc["backends"]:
+        text.append(f"\n  {b['name']:<10} ", style="bold")
+        if b["reachable"] is None:
+            text.append("not polled yet", style="dim")
+        elif b["reachable"]:
+            text.append(f"up {b['latency_ms']:.0f} ms", style="green")
+        else:
+            text.append("unreachable", style="red")
+        text.append(f"  {b['in_flight']}/{b['max_concurrency']} in flight  {b['errors']} errors  {b['url']}", style="dim")
+        if b["models"]:
+            text.append("\n             " + ", ".join(f"{n} {s}" for n, s in b["models"].items()), style="dim")
+    return text
+
+
 def _events(doc: dict[str, Any]) -> Text:
     events = doc["events"][-EVENTS_SHOWN:]
     text = Text("recent events", style="bold")
@@ -188,7 +207,10 @@ def _events(doc: dict[str, Any]) -> Text:
 
 def render(doc: dict[str, Any]) -> RenderableType:
     try:
-        return Group(_header(doc), Text(""), _memory(doc), _models(doc), _events(doc))
+        parts = [_header(doc), Text(""), _memory(doc), _models(doc)]
+        if doc.get("backends"):
+            parts.append(_backends(doc))
+        return Group(*parts, _events(doc))
     except (KeyError, TypeError, AttributeError):
         # A daemon from another release: its schema is not the one drawn here.
         return Text(

@@ -154,6 +154,7 @@ class Reloader:
             "summary": "invalid; the previous registry keeps serving",
             "models": {},
             "manager": [],
+            "backends": [],
             "server": {"applied": [], "needs_restart": [], "overridden": []},
             "error": error.as_dict(),
         }

@@ -228,6 +228,9 @@ def health_document(snap: DaemonSnapshot) -> dict[str, Any]:
         reasons.append(f"{failed} model(s) failed to load")
     if snap.config.error is not None:
         reasons.append("the configuration file on disk is invalid")
+    down = sum(1 for b in snap.backends if b.stats.reachable is False)
+    if down:
+        reasons.append(f"{down} backend(s) not reachable")
     return {
         "status": "degraded" if reasons else "ok",
         "reasons": reasons,

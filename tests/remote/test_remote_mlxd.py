@@ -5,11 +5,16 @@ environment and never shown."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import httpx
 import openai
 import pytest
 
-from support.daemon import daemon_in_thread, daemon_process, wait_until, write_registry
+from monitoring.test_dashboard import _wait, browser  # noqa: F401 (a fixture)
+from support.daemon import daemon_in_thread, daemon_process, free_port, wait_until, write_registry
 from support.remote import sse_events, write_front
 
 pytestmark = [pytest.mark.mlx, pytest.mark.slow]
@@ -35,6 +40,7 @@ def front(backend, tmp_path_factory):
         {
             "studio": {"url": url, "kind": "mlxd", "api_key_env": "STUDIO_KEY", "poll_interval_s": 1},
             "stale": {"url": url, "kind": "mlxd", "api_key_env": "STALE_KEY"},
+            "gone": {"url": f"http://127.0.0.1:{free_port()}/v1", "poll_interval_s": 1},
         },
         [
             {"name": "big", "backend": "studio", "remote_model": "tiny", "aliases": ["b"]},
@@ -164,3 +170,40 @@ def test_a_local_model_beside_remote_ones_still_serves(front):
         timeout=30,
     )
     assert sse_events(stream)[-1] == "[DONE]"
+
+
+def _all_polled(front) -> bool:
+    return all(b["polled_at"] for b in front.status()["backends"])
+
+
+def test_mlxd_status_shows_each_backend(front):
+    via(front).chat.completions.create(model="big", messages=MESSAGES, max_tokens=2)
+    wait_until(lambda: _all_polled(front))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLXD_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "mlxd", "status", "--url", front.url], capture_output=True, text=True,
+        env={**env, "COLUMNS": "160"}, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip()}
+    assert "backends" in lines
+    assert lines["studio"].split()[1] == "up" and "0/8 in flight" in lines["studio"]
+    assert "unreachable" in lines["gone"]
+    assert "tiny loaded" in result.stdout
+    big = next(line for line in result.stdout.splitlines() if line.startswith("│ big"))
+    assert "on studio" in big
+
+
+def test_the_dashboard_shows_backends_and_where_remote_models_live(front, browser):  # noqa: F811
+    wait_until(lambda: _all_polled(front))
+    browser.get(f"{front.url}/?interval=300")
+    rows = _wait(browser, lambda d: d.execute_script("""
+        const rows = Array.from(document.querySelectorAll('#backends tr[data-backend]'));
+        return rows.length === 3 && Object.fromEntries(rows.map(r => [r.dataset.backend, {
+            reachable: r.querySelector('td.reachable .badge').textContent,
+            models: r.querySelector('td.models-there').textContent}]));"""))
+    assert rows["studio"] == {"reachable": "yes", "models": "tiny loaded"}
+    assert rows["gone"]["reachable"] == "no"
+    memory = browser.execute_script(
+        "return document.querySelector('#models tr[data-model=\"big\"] td.memory').textContent;")
+    assert memory == "on studio"
