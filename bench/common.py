@@ -82,13 +82,18 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 @contextlib.contextmanager
-def daemon(models: list[dict[str, Any]], manager: dict[str, Any] | None = None) -> Iterator[str]:
+def daemon(
+    models: list[dict[str, Any]],
+    manager: dict[str, Any] | None = None,
+    backends: dict[str, Any] | None = None,
+) -> Iterator[str]:
     """A `mlxd serve` process (which preloads OpenBLAS itself) on a temporary
     registry. Yields its base URL."""
     with tempfile.TemporaryDirectory(prefix="mlxd-bench-") as tmp:
         registry = Path(tmp) / "models.yaml"
         doc = {
             "manager": {"memory_budget": "70%", "cache_dir": str(Path(tmp) / "cache"), **(manager or {})},
+            **({"backends": backends} if backends else {}),
             "models": models,
         }
         registry.write_text(yaml.safe_dump(doc, sort_keys=False))

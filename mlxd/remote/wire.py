@@ -12,8 +12,8 @@ from typing import Any
 from mlxd.engine.types import GenerationChunk, GenerationRequest, SamplingParams
 from mlxd.errors import BackendFailed, MlxdError, UpstreamRejected
 
-# Sampling fields outside OpenAI's own set are sent only when they change
-# something: servers that do not know them (OpenAI itself) reject them.
+# Sampling fields outside OpenAI's own set: servers that do not know them
+# (OpenAI itself) reject them, so they go out only when they change something.
 _EXTENSIONS_NEUTRAL = {"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
 
 
@@ -28,7 +28,7 @@ def request_body(request: GenerationRequest, remote_model: str) -> dict[str, Any
         "stream": True,
         # Usage comes back in the last chunk only when asked for.
         "stream_options": {"include_usage": True},
-        **_sampling(request.sampling),
+        **_sampling(request.sampling, request.sampling_set),
     }
     if request.messages is not None:
         body["messages"] = [_wire_message(m) for m in request.messages]
@@ -44,15 +44,15 @@ def request_body(request: GenerationRequest, remote_model: str) -> dict[str, Any
     return body
 
 
-def _sampling(s: SamplingParams) -> dict[str, Any]:
-    out: dict[str, Any] = {"temperature": s.temperature, "top_p": s.top_p}
-    if s.presence_penalty:
-        out["presence_penalty"] = s.presence_penalty
-    if s.seed is not None:
-        out["seed"] = s.seed
-    for name, neutral in _EXTENSIONS_NEUTRAL.items():
+def _sampling(s: SamplingParams, given: frozenset[str]) -> dict[str, Any]:
+    """What the request or the entry's defaults said; the backend applies
+    its own defaults (an mlxd backend: its model's) to the rest."""
+    out: dict[str, Any] = {}
+    for name in sorted(given):
         value = getattr(s, name)
-        if value != neutral:
+        if name in _EXTENSIONS_NEUTRAL and value == _EXTENSIONS_NEUTRAL[name]:
+            continue
+        if value is not None:
             out[name] = value
     return out
 

@@ -26,7 +26,8 @@ LIMIT = 64  # the backend's max_request_tokens; the front's is the default
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("backend")
-    registry = write_registry(tmp, [{"name": "tiny", "model": "qwen"}], server={"max_request_tokens": LIMIT, "default_max_tokens": 16})
+    # Greedy by default over there: what the front does not say, the backend decides.
+    registry = write_registry(tmp, [{"name": "tiny", "model": "qwen", "defaults": {"temperature": 0}}], server={"max_request_tokens": LIMIT, "default_max_tokens": 16})
     with daemon_process(registry, tmp, "--api-key", KEY) as daemon:
         yield daemon
 
@@ -74,6 +75,12 @@ def test_a_chat_through_the_front_is_the_backends_own_answer(front, backend):
     assert ours.choices[0].message.content == theirs.choices[0].message.content
     assert ours.choices[0].finish_reason == theirs.choices[0].finish_reason == "length"
     assert (ours.usage.prompt_tokens, ours.usage.completion_tokens) == (theirs.usage.prompt_tokens, 12)
+
+
+def test_sampling_nobody_asked_for_is_the_backends_own_default(front, backend):
+    ours = [via(front).chat.completions.create(model="big", messages=MESSAGES, max_tokens=12) for _ in range(2)]
+    greedy = direct(backend).chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=12, temperature=0)
+    assert [a.choices[0].message.content for a in ours] == [greedy.choices[0].message.content] * 2
 
 
 def test_a_stream_is_relayed_chunk_by_chunk_under_the_front_name_with_usage(front):

@@ -14,24 +14,26 @@ from mlxd.remote.wire import StreamReader, endpoint, request_body, upstream_erro
 def test_a_chat_request_goes_out_as_a_streaming_chat_completion_under_the_remote_name():
     request = GenerationRequest(
         request_id="r", max_tokens=7, sampling=SamplingParams(temperature=0.2, top_p=0.9, seed=3),
-        stop=["\n\n"], messages=[{"role": "user", "content": "hi"}],
+        sampling_set=frozenset({"temperature", "seed"}), stop=["\n\n"], messages=[{"role": "user", "content": "hi"}],
     )
     body = request_body(request, "qwen3.5-122b")
     assert endpoint(request) == "/chat/completions"
     assert body == {
         "model": "qwen3.5-122b", "max_tokens": 7, "stream": True, "stream_options": {"include_usage": True},
-        "temperature": 0.2, "top_p": 0.9, "seed": 3,
+        "temperature": 0.2, "seed": 3,
         "messages": [{"role": "user", "content": "hi"}], "stop": ["\n\n"],
     }
 
 
-def test_sampling_beyond_openais_set_is_sent_only_when_it_changes_something():
+def test_sampling_nobody_asked_for_is_left_to_the_backends_defaults():
     plain = request_body(GenerationRequest(request_id="r", max_tokens=1, prompt="x"), "m")
-    assert not {"top_k", "min_p", "repetition_penalty"} & plain.keys()
+    assert not {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed"} & plain.keys()
+    everything = frozenset({"temperature", "top_k", "min_p", "repetition_penalty"})
     tuned = request_body(
-        GenerationRequest(request_id="r", max_tokens=1, prompt="x",
-                          sampling=SamplingParams(top_k=40, repetition_penalty=1.1)), "m")
-    assert (tuned["top_k"], tuned["repetition_penalty"]) == (40, 1.1)
+        GenerationRequest(request_id="r", max_tokens=1, prompt="x", sampling_set=everything,
+                          sampling=SamplingParams(temperature=0, top_k=40, repetition_penalty=1.1)), "m")
+    assert (tuned["temperature"], tuned["top_k"], tuned["repetition_penalty"]) == (0, 40, 1.1)
+    assert "min_p" not in tuned, "a neutral value of a non-OpenAI field is not sent"
     assert endpoint(GenerationRequest(request_id="r", max_tokens=1, prompt="x")) == "/completions"
 
 
