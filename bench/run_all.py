@@ -22,6 +22,8 @@ QUICK = [
     ["concurrency.py", "--size", "small"],
     ["prefix_cache.py", "--size", "small"],
     ["status_latency.py"],
+    ["constrained.py", "--size", "tiny"],
+    ["constrained.py", "--size", "small"],
 ]
 FULL = [
     ["overhead.py", "--size", "bench"],

@@ -7,8 +7,12 @@ then taken from the registry's ``server:`` section.
 
 from __future__ import annotations
 
+import logging
 import os
+import shlex
+import stat
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -16,7 +20,10 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from mlxd.errors import ConfigError
 from mlxd.registry.model import ServerSpec
+
+log = logging.getLogger("mlxd")
 
 
 def default_state_dir() -> Path:
@@ -24,6 +31,27 @@ def default_state_dir() -> Path:
         return Path.home() / "Library" / "Application Support" / "mlxd"
     base = os.environ.get("XDG_STATE_HOME")
     return (Path(base) if base else Path.home() / ".local" / "state") / "mlxd"
+
+
+def default_config_path(
+    environ: Mapping[str, str] | None = None, *, macos: bool | None = None
+) -> Path:
+    """Where ``serve``, ``check`` and ``service install`` look for the
+    registry when no ``--config`` (or ``MLXD_CONFIG``) names one."""
+    environ = os.environ if environ is None else environ
+    home = Path(environ.get("HOME") or Path.home())
+    if sys.platform == "darwin" if macos is None else macos:
+        return home / "Library" / "Application Support" / "mlxd" / "models.yaml"
+    base = environ.get("XDG_CONFIG_HOME")
+    return (Path(base) if base else home / ".config") / "mlxd" / "models.yaml"
+
+
+def create_config_hint(path: Path) -> str:
+    """How to make the registry a command found missing."""
+    return (
+        f"create it with `mlxd demo {shlex.quote(str(path.parent))}` (a registry of small demo "
+        "models to edit) or write one (docs/registry.md)"
+    )
 
 
 def default_demo_dir() -> Path:
@@ -39,6 +67,10 @@ class DaemonSettings(BaseSettings):
     port: int | None = Field(default=None, ge=0, le=65535)
     # Comma-separated in the environment: MLXD_API_KEYS=key1,key2
     api_keys: str | None = None
+    # Keys one a line, from a file only the daemon's user can read: how a
+    # service keeps them out of its unit or plist. --api-key and
+    # MLXD_API_KEYS win over it; it is read again on every reload.
+    api_keys_file: Path | None = None
     default_max_tokens: int | None = Field(default=None, ge=1)
     max_request_tokens: int | None = Field(default=None, ge=1)
     request_timeout_s: float | None = Field(default=None, gt=0)
@@ -60,9 +92,31 @@ class DaemonSettings(BaseSettings):
         return value.lower()
 
     def api_key_list(self) -> tuple[str, ...] | None:
-        if self.api_keys is None:
-            return None
-        return tuple(k.strip() for k in self.api_keys.split(",") if k.strip())
+        """None: take the registry's ``server.api_keys``. Raises ConfigError
+        for a keys file that cannot be used."""
+        if self.api_keys is not None:
+            return tuple(k.strip() for k in self.api_keys.split(",") if k.strip())
+        if self.api_keys_file is not None:
+            return read_api_keys_file(self.api_keys_file.expanduser())
+        return None
+
+
+def read_api_keys_file(path: Path) -> tuple[str, ...]:
+    """One key a line; blank lines and ``#`` comments are skipped."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise ConfigError(f"cannot read the API keys file: {exc.strerror or exc}", file=str(path)) from None
+    except UnicodeDecodeError:
+        raise ConfigError("the API keys file is not UTF-8 text", file=str(path)) from None
+    keys = tuple(line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#"))
+    if not keys:
+        # An empty file must not quietly turn authentication off.
+        raise ConfigError("the API keys file holds no key", file=str(path))
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning("%s can be read by other users; chmod 600 it", path)
+    return keys
 
 
 # Fields that exist both as settings and in the registry's server section.

@@ -14,15 +14,17 @@ MLXD = Path(__file__).resolve().parents[1] / "mlxd"
 ALLOWED = {
     "errors": set(),
     "registry": {"errors"},
-    "settings": {"registry"},
-    "engine": {"errors", "registry"},
+    "settings": {"errors", "registry"},
+    # The text engine decodes under grammars and splits tool calls; those two
+    # import only the engine's contract (engine/types.py) back.
+    "engine": {"errors", "registry", "grammar", "tools"},
     "residency": {"errors", "registry"},
     # Registry entries served by other servers: an engine over HTTP.
     "remote": {"errors", "registry", "engine"},
     "factory": set(),
-    "service": {"errors", "registry"},
+    "service": {"errors", "registry", "settings"},
     # Constrained decoding and tool calls (engine side), GGUF import.
-    "grammar": {"errors", "engine"},
+    "grammar": {"errors", "engine"},  # engine.types only, see CONTRACT
     "tools": {"errors", "engine", "grammar"},
     "gguf": {"errors", "registry", "factory"},
     "monitoring": {"mlxd", "errors", "registry", "engine", "residency", "remote"},
@@ -33,6 +35,15 @@ ALLOWED = {
 }
 # Where the console script pointed before the move; it forwards to mlxd.cli.
 COMPATIBILITY = {"mlxd.daemon.cli"}
+# What grammar/ and tools/ may import from the engine: its contract.
+CONTRACT = "mlxd.engine.types"
+# Arrows pointing up that are still to go, each owned by a change under way;
+# when one goes, this test fails until it is taken off the list.
+KNOWN_UPWARD = {
+    # Checking a registry's tool_parser names against what mlx-lm knows.
+    "mlxd.registry.check imports mlxd.tools.formats",
+    "mlxd.registry.schema imports mlxd.tools.formats",
+}
 # Circles still to break, each owned by a change under way; when one goes,
 # this test fails until it is taken off the list.
 KNOWN_CIRCLES = {"mlxd.engine.batch -> mlxd.engine.text -> mlxd.engine.batch"}
@@ -68,13 +79,17 @@ def test_every_package_is_on_the_map():
 
 
 def test_imports_only_point_down_the_layers():
-    wrong = sorted(
+    wrong = {
         f"{module} imports {target}"
         for module, targets in graph().items()
         for target in targets
-        if package(target) != package(module) and package(target) not in ALLOWED[package(module)]
-    )
-    assert wrong == []
+        if package(target) != package(module)
+        and (
+            package(target) not in ALLOWED[package(module)]
+            or (package(module) in ("grammar", "tools") and package(target) == "engine" and target != CONTRACT)
+        )
+    }
+    assert wrong == KNOWN_UPWARD
 
 
 def _resolve(target: str, modules: set[str]) -> str | None:

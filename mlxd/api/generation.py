@@ -87,11 +87,18 @@ async def _read_images_and_acquire(ctx: DaemonContext, plan: Plan) -> Lease:
 
 
 @dataclass
+class CalledTool:
+    id: str = ""
+    name: str = ""
+    # JSON text, as the model wrote it.
+    arguments: str = ""
+
+
+@dataclass
 class Choice:
     text: str = ""
     finish_reason: str = "stop"
-    # Tool calls as (id, name, arguments text), in order.
-    tool_calls: list[list[str]] = field(default_factory=list)
+    tool_calls: list[CalledTool] = field(default_factory=list)
 
 
 @dataclass
@@ -109,11 +116,11 @@ class Answer:
             choice.text += event.text
         elif isinstance(event, ToolCallDelta):
             while len(choice.tool_calls) <= event.index:
-                choice.tool_calls.append(["", "", ""])
+                choice.tool_calls.append(CalledTool())
             call = choice.tool_calls[event.index]
-            call[0] = event.id or call[0]
-            call[1] = event.name or call[1]
-            call[2] += event.arguments
+            call.id = event.id or call.id
+            call.name = event.name or call.name
+            call.arguments += event.arguments
         elif isinstance(event, Finish):
             choice.finish_reason = event.reason
             self.usage = self.usage + event.usage

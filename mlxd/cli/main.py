@@ -59,25 +59,37 @@ def _settings(**overrides: Any):  # type: ignore[no-untyped-def]
 
 
 def _registry_path(config: Path | None) -> Path:
+    """--config or MLXD_CONFIG, else the default location when a registry is
+    there, else the built-in demo registry (what `make demo` serves)."""
     if config is not None:
         return config
-    from mlxd.settings import default_demo_dir
+    from mlxd.settings import default_config_path, default_demo_dir
     from mlxd.factory.demo import write_demo
 
+    default = default_config_path()
+    if default.exists():
+        return default
     demo = default_demo_dir()
     target = demo / "models.yaml"
+    typer.echo(f"mlxd: no --config given and no {default}; serving the demo registry in {demo}", err=True)
     if not target.exists():
-        typer.echo(f"mlxd: no --config given; building the demo registry in {demo}", err=True)
         write_demo(demo)
     return target
 
 
 @app.command()
 def serve(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="models.yaml (default: the built-in demo registry)."),
+    config: Optional[Path] = typer.Option(
+        None, "--config", "-c",
+        help="models.yaml (default: MLXD_CONFIG, then ~/.config/mlxd/models.yaml or, on macOS, "
+        "~/Library/Application Support/mlxd/models.yaml, then the built-in demo registry).",
+    ),
     host: Optional[str] = typer.Option(None, help="Bind address (default 127.0.0.1)."),
     port: Optional[int] = typer.Option(None, help="Port (default 8080)."),
     api_key: Optional[list[str]] = typer.Option(None, "--api-key", help="Require this bearer key (repeatable)."),
+    api_keys_file: Optional[Path] = typer.Option(
+        None, "--api-keys-file", help="Require the bearer keys in this file (one a line; keep it chmod 600)."
+    ),
     state_dir: Optional[Path] = typer.Option(None, help="Where the lock and learned footprints live."),
     log_format: Optional[str] = typer.Option(None, help="text or json."),
     log_level: Optional[str] = typer.Option(None, help="debug, info, warning, error."),
@@ -94,7 +106,7 @@ def serve(
 
     settings = _settings(
         config=config, host=host, port=port, api_keys=",".join(api_key) if api_key else None,
-        state_dir=state_dir, log_format=log_format, log_level=log_level, log_prompts=log_prompts,
+        api_keys_file=api_keys_file, state_dir=state_dir, log_format=log_format, log_level=log_level, log_prompts=log_prompts,
         watch_config=watch,
     )
     from mlxd.daemon.runner import run_daemon
@@ -114,16 +126,32 @@ def serve(
 
 
 @app.command()
-def check(config: Path = typer.Argument(..., help="The models.yaml to validate.")) -> None:
+def check(
+    config: Optional[Path] = typer.Argument(
+        None, envvar="MLXD_CONFIG", show_envvar=False,
+        help="The models.yaml to validate (default: MLXD_CONFIG, then the default location).",
+    ),
+) -> None:
     """Validate a registry file and show what the daemon would do with it."""
+    from mlxd.settings import create_config_hint, default_config_path
     from mlxd.registry.check import describe
     from mlxd.registry.loader import load_registry
+
+    if config is None:
+        config = default_config_path()
+        if not config.exists():
+            raise _fail(f"no registry file at the default location {config}; {create_config_hint(config)}")
 
     try:
         registry = load_registry(config)
     except ConfigError as exc:
         raise _fail(str(exc)) from None
     typer.echo(describe(registry))
+    # The daemon would serve the other models; the file still needs fixing.
+    for problem in registry.problems:
+        typer.echo(f"mlxd: error: {problem}", err=True)
+    if registry.problems:
+        raise typer.Exit(2)
 
 
 @app.command()

@@ -31,6 +31,8 @@ STATE_STYLES = {
 MODEL_COLORS = ("blue", "green", "magenta", "dark_orange", "cyan", "red", "purple", "yellow")
 BAR_WIDTH = 50
 EVENTS_SHOWN = 6
+# What a terminal is assumed to be when rich cannot tell (piped output).
+DEFAULT_WIDTH = 80
 
 
 class StatusUnavailable(Exception):
@@ -47,7 +49,10 @@ def human_bytes(n: int | None) -> str:
         value /= 1024
         if value < 1024 or unit == "TB":
             break
-    return f"{value:.2f} {unit}" if value < 10 else f"{value:.1f} {unit}"
+    # Three significant digits at most: table cells stay short.
+    if value < 10:
+        return f"{value:.2f} {unit}"
+    return f"{value:.1f} {unit}" if value < 100 else f"{value:.0f} {unit}"
 
 
 def human_seconds(seconds: float) -> str:
@@ -60,6 +65,17 @@ def human_seconds(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60} min"
 
 
+def short_seconds(seconds: float) -> str:
+    """A table cell's duration, at most 6 characters: ``42s``, ``14m``, ``2h05m``."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{round(seconds / 60)}m" if seconds < 3570 else "1h"
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours < 100 else f"{hours}h"
+
+
 def idle_countdown(model: dict[str, Any]) -> str:
     if model["pinned"]:
         return "pinned"
@@ -67,9 +83,9 @@ def idle_countdown(model: dict[str, Any]) -> str:
         return "never"
     remaining = model["idle_unload_in_seconds"]
     if remaining is not None:
-        return f"in {human_seconds(remaining)}"
+        return f"in {short_seconds(remaining)}"
     if model["state"] == "loaded" and model["active_leases"]:
-        return f"{human_seconds(model['idle_unload_seconds'])} after use"
+        return "busy"  # the countdown starts when the last request ends
     return "—"
 
 
@@ -107,9 +123,13 @@ def _header(doc: dict[str, Any]) -> Text:
     return text
 
 
-def _memory(doc: dict[str, Any]) -> Text:
+def _memory(doc: dict[str, Any], width: int) -> Text:
     m = doc["memory"]
     budget = max(1, m["budget_bytes"])
+    percent = 100 * m["committed_bytes"] / budget
+    summary = f" {human_bytes(m['committed_bytes'])} of {human_bytes(m['budget_bytes'])} ({percent:.0f}%)"
+    # The bar shrinks to keep "memory [bar] X of Y (Z%)" on one line.
+    bar_width = max(10, min(BAR_WIDTH, width - len("memory []") - len(summary)))
     bar = Text("[")
     used = 0
     legend = Text()
@@ -118,59 +138,68 @@ def _memory(doc: dict[str, Any]) -> Text:
         if reserved <= 0:
             continue
         color = MODEL_COLORS[index % len(MODEL_COLORS)]
-        cells = max(1, round(BAR_WIDTH * reserved / budget))
-        cells = min(cells, BAR_WIDTH - used)
+        cells = max(1, round(bar_width * reserved / budget))
+        cells = min(cells, bar_width - used)
         bar.append("█" * cells, style=color)
         used += cells
-        legend.append("  ■ ", style=color)
+        legend.append("  ■ " if legend else "■ ", style=color)
         legend.append(f"{model['name']} {human_bytes(reserved)}")
-    bar.append("·" * (BAR_WIDTH - used), style="dim")
+    bar.append("·" * (bar_width - used), style="dim")
     bar.append("]")
-    percent = 100 * m["committed_bytes"] / budget
     text = Text("memory ")
     text.append_text(bar)
-    text.append(f" {human_bytes(m['committed_bytes'])} of {human_bytes(m['budget_bytes'])} ({percent:.0f}%)")
-    text.append_text(legend)
+    text.append(summary)
+    if legend:
+        text.append("\n       ")
+        text.append_text(legend)
     text.append(
-        f"\nfree in budget {human_bytes(m['free_bytes'])} · process RSS {human_bytes(m['process_rss_bytes'])} · "
-        f"MLX active {human_bytes(m['mlx']['active_bytes'])} · system available "
-        f"{human_bytes(m['system_available_bytes'])} of {human_bytes(m['system_total_bytes'])}",
+        f"\nfree {human_bytes(m['free_bytes'])} in budget · RSS {human_bytes(m['process_rss_bytes'])} · "
+        f"MLX active {human_bytes(m['mlx']['active_bytes'])}"
+        f"\nsystem {human_bytes(m['system_available_bytes'])} available of {human_bytes(m['system_total_bytes'])}",
         style="dim",
     )
     return text
 
 
+def _memory_cell(model: dict[str, Any]) -> str:
+    mem = model["memory"]
+    if model.get("backend"):
+        return f"on {model['backend']}"  # holds nothing here
+    if mem["reserved_bytes"]:
+        return human_bytes(mem["reserved_bytes"])
+    if mem["measured_bytes"] is not None:
+        return human_bytes(mem["measured_bytes"])
+    return f"~{human_bytes(mem['estimated_bytes'])}"  # not measured yet: the estimate
+
+
+def _rate(tokens_per_second: float) -> str:
+    return f"{tokens_per_second:.1f}" if tokens_per_second < 100 else f"{tokens_per_second:.0f}"
+
+
 def _models(doc: dict[str, Any]) -> Table:
-    table = Table(header_style="bold")
-    for column, justify in (
-        ("Model", "left"), ("State", "left"), ("Memory", "right"), ("Leases", "right"), ("Queued", "right"),
-        ("Idle unload", "right"), ("Tok/s", "right"), ("Loads", "right"), ("Last error", "left"),
-    ):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    """One line per model, like ``ollama ps``: no borders, short cells that
+    never wrap, so 80 columns hold a row. A failed model's error is in the
+    health problems above, in full, not squeezed into a cell."""
+    table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 2, 0, 0))
+    table.add_column("NAME", no_wrap=True, overflow="ellipsis", ratio=1, min_width=8)
+    for column in ("STATE", "MEMORY", "LEASES", "UNLOADS", "TOK/S", "LOADS"):
+        justify = "left" if column == "STATE" else "right"
+        table.add_column(column, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for model in doc["models"]:
         name = Text(model["name"], style="bold")
         if model["aliases"]:
             name.append(f" ({', '.join(model['aliases'])})", style="dim")
-        mem = model["memory"]
-        if model.get("backend"):
-            memory = f"on {model['backend']}"
-        elif mem["reserved_bytes"]:
-            memory = human_bytes(mem["reserved_bytes"])
-        elif mem["measured_bytes"] is not None:
-            memory = f"{human_bytes(mem['measured_bytes'])} measured"
-        else:
-            memory = f"{human_bytes(mem['estimated_bytes'])} est."
-        loads = str(model["load_count"]) + (f" ({model['failures']} failed)" if model["failures"] else "")
+        leases = f"{model['active_leases']}/{model['max_concurrency']}"
+        if model["queued"]:
+            leases += f" +{model['queued']}"
         table.add_row(
             name,
-            Text(model["state"] + (" · pinned" if model["pinned"] else ""), style=STATE_STYLES.get(model["state"], "")),
-            memory,
-            f"{model['active_leases']}/{model['max_concurrency']}",
-            str(model["queued"]),
+            Text(model["state"], style=STATE_STYLES.get(model["state"], "")),
+            _memory_cell(model),
+            leases,
             idle_countdown(model),
-            f"{model['recent_tokens_per_second']:.1f}",
-            loads,
-            Text(model["last_error"] or "", style="red"),
+            _rate(model["recent_tokens_per_second"]),
+            str(model["load_count"]) + (f" ✗{model['failures']}" if model["failures"] else ""),
         )
     return table
 
@@ -205,11 +234,12 @@ def _events(doc: dict[str, Any]) -> Text:
     return text
 
 
-def render(doc: dict[str, Any]) -> RenderableType:
+def render(doc: dict[str, Any], width: int = DEFAULT_WIDTH) -> RenderableType:
+    """``width``: the terminal's, so the memory bar fits on its line."""
     try:
-        parts = [_header(doc), Text(""), _memory(doc), _models(doc)]
+        parts = [_header(doc), Text(""), _memory(doc, width), Text(""), _models(doc), Text("")]
         if doc.get("backends"):
-            parts.append(_backends(doc))
+            parts += [_backends(doc), Text("")]
         return Group(*parts, _events(doc))
     except (KeyError, TypeError, AttributeError):
         # A daemon from another release: its schema is not the one drawn here.
@@ -254,7 +284,7 @@ def _show(console: Console, doc: dict[str, Any], as_json: bool) -> None:
     if as_json:
         console.out(json.dumps(doc, indent=2), highlight=False)
     else:
-        console.print(render(doc))
+        console.print(render(doc, console.width))
 
 
 def _watch(
@@ -268,14 +298,14 @@ def _watch(
             if as_json:
                 console.out(json.dumps(doc, separators=(",", ":")), highlight=False)
             else:
-                console.print(render(doc))
+                console.print(render(doc, console.width))
                 console.rule(style="dim")
             doc = _next_document(client, errors, interval)
-    with Live(render(doc), console=console, auto_refresh=False) as live:
+    with Live(render(doc, console.width), console=console, auto_refresh=False) as live:
         while True:
             time.sleep(interval)
             try:
-                live.update(render(fetch_status(client)), refresh=True)
+                live.update(render(fetch_status(client), console.width), refresh=True)
             except StatusUnavailable as exc:
                 live.update(Text(f"mlxd: {exc}; retrying every {interval:g} s", style="red"), refresh=True)
 

@@ -35,3 +35,6 @@ def configure_logging(fmt: str = "text", level: str = "info") -> None:
         logger = logging.getLogger(name)
         logger.handlers[:] = []
         logger.propagate = True
+    # watchfiles logs every batch of changes at INFO; with the log file in the
+    # watched folder each line would be a change of its own, forever.
+    logging.getLogger("watchfiles").setLevel(logging.WARNING)

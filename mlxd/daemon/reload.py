@@ -11,8 +11,11 @@ engine before loading the new one, removed models finish their requests first.
 
 The watcher watches the folder(s) of the file, not the file: editors replace
 files by renaming, configuration managers swap symlinks, and an inode-level
-watch would follow the old file. Events only say "look again"; whether
-anything changed is decided by the file's content hash.
+watch would follow the old file. Only events on the registry's own names
+count (the file, each symlink on the way to its target, the target): the
+folder may be a home directory, or hold the daemon's own log, and anything
+else that moves there must not keep the debounce from settling. Events only
+say "look again"; whether anything changed is decided by the file's content hash.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import fields, replace
@@ -95,6 +99,8 @@ class Reloader:
         try:
             # Parsing and sizing read files: keep them off the event loop.
             registry = await asyncio.to_thread(self._loader, self.path)
+            # A keys file that became unusable is refused like a bad registry.
+            self.settings.api_key_list()
         except ConfigError as error:
             self._seen_hash = digest
             self._reject(error, trigger)
@@ -156,6 +162,7 @@ class Reloader:
             "manager": [],
             "backends": [],
             "server": {"applied": [], "needs_restart": [], "overridden": []},
+            "problems": [],
             "error": error.as_dict(),
         }
         self.ctx.events.add("reload", "", f"rejected ({trigger}): {error}; generation {config.generation} keeps serving")
@@ -189,6 +196,8 @@ class Reloader:
             "manager": list(diff.manager_fields),
             "backends": list(diff.backends),
             "server": server,
+            # Models whose files cannot be used: registered, failed, the rest serve.
+            "problems": [p.as_dict() for p in registry.problems],
             "error": None,
         }
         config.last_reload = report
@@ -202,6 +211,7 @@ class Reloader:
             log.info("configuration unchanged (%s)", trigger)
         if restart:
             log.warning("changes to server %s need a restart of mlxd to take effect", ", ".join(restart))
+        log_problems(registry)
         return report
 
     def _settings_for(self, registry: Registry, diff: RegistryDiff) -> tuple[EffectiveSettings, dict[str, list[str]]]:
@@ -246,6 +256,11 @@ def _model_outcomes(
     return outcomes
 
 
+def log_problems(registry: Registry) -> None:
+    for problem in registry.problems:
+        log.error("%s; that model stays failed, the others are served", problem)
+
+
 def reload_summary(report: dict[str, Any]) -> str:
     """One line for ``mlxd reload``."""
     outcome = report.get("outcome")
@@ -256,15 +271,43 @@ def reload_summary(report: dict[str, Any]) -> str:
     restart = (report.get("server") or {}).get("needs_restart") or []
     if restart:
         line += f" (restart mlxd to apply server {', '.join(restart)})"
+    broken = report.get("problems") or []
+    if broken:
+        line += f"; {len(broken)} model(s) cannot be loaded, see mlxd status"
     return line
+
+
+def _name_key(path: Path) -> tuple[str, str]:
+    # Events may name a folder by another spelling (macOS reports /private/var
+    # for /var): compare real folders and plain names.
+    return os.path.realpath(path.parent), path.name
+
+
+def registry_names(path: Path) -> frozenset[tuple[str, str]]:
+    """Every name whose change can change what ``path`` reads: the path, each
+    symlink met on the way to the file (``..data`` in a Kubernetes ConfigMap
+    included) and the file itself, as :func:`_name_key` keys."""
+    found: set[Path] = set()
+    todo = [Path(os.path.abspath(path))]
+    while todo and len(found) < 64:  # bounded: a symlink loop ends here
+        p = todo.pop()
+        if p in found:
+            continue
+        found.add(p)
+        todo += [a for a in p.parents if a.is_symlink()]
+        if p.is_symlink():
+            todo.append(Path(os.path.normpath(p.parent / os.readlink(p))))
+    found.add(Path(path).resolve())
+    return frozenset(_name_key(p) for p in found)
 
 
 class ConfigWatcher:
     """Turns filesystem noise around one file into settled "look again" calls.
 
     Watches the folder holding the path and, if it is a symlink, the folder
-    holding its target. A burst of events is one call, made once nothing has
-    moved for ``debounce_s``. If the file is missing then, it gets one more
+    holding its target, and keeps only events on :func:`registry_names`.
+    A burst of events is one call, made once nothing has moved for
+    ``debounce_s``. If the file is missing then, it gets one more
     ``debounce_s`` to come back before the call is made anyway (the reloader
     then reports it missing).
     """
@@ -315,7 +358,7 @@ class ConfigWatcher:
             try:
                 async for _ in awatch(
                     *self._watching,
-                    watch_filter=None,
+                    watch_filter=self._concerns_registry,
                     recursive=False,
                     stop_event=self._restart,
                     debounce=int(self.debounce_s * 1000),
@@ -326,6 +369,10 @@ class ConfigWatcher:
                 log.debug("config watch restarting: %s", describe_exception(exc))
                 self._poked.set()
                 await self._pause()
+
+    def _concerns_registry(self, _change: object, path: str) -> bool:
+        # Recomputed per event: a symlink swap changes which names matter.
+        return _name_key(Path(path)) in registry_names(self.path)
 
     async def _pause(self) -> None:
         await asyncio.sleep(self.debounce_s)

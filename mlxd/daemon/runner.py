@@ -8,6 +8,7 @@ from pathlib import Path
 from mlxd.daemon.build import build_daemon
 from mlxd.daemon.lockfile import StateLock
 from mlxd.daemon.logs import configure_logging
+from mlxd.daemon.reload import log_problems
 from mlxd.registry.loader import load_registry
 from mlxd.settings import DaemonSettings, effective
 
@@ -27,6 +28,7 @@ def run_daemon(settings: DaemonSettings, registry_path: Path) -> int:
         blas = daemon.ctx.blas
         log.info("mlxd serving %d models from %s on http://%s:%d", len(registry.models), registry_path,
                  eff.server.host, eff.server.port)
+        log_problems(registry)
         log.info("BLAS: %s", blas["active"])
         if blas.get("warning"):
             log.warning("%s", blas["warning"])

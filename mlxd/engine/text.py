@@ -39,7 +39,10 @@ from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.engine.worker import SKIP, MlxWorker
 from mlxd.errors import BadRequest, ServiceUnavailable
+from mlxd.grammar.compiler import GrammarCompiler
+from mlxd.grammar.processor import GrammarProcessor
 from mlxd.registry.model import ModelSpec
+from mlxd.tools import formats as tool_formats
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +95,9 @@ class TextEngine(EngineBase):
         self._tokenizer: Any = loaded.tokenizer
         self._vocab_size = _vocab_size(loaded.model, loaded.tokenizer)
         self._prefill_chunk = max(1, prefill_chunk)
+        self.grammars = GrammarCompiler(loaded.tokenizer, self._vocab_size)
+        # How this model writes tool calls (None: it has no format mlxd knows).
+        self.tool_format = tool_formats.resolve(loaded.tokenizer, spec.tool_parser)
         self.prefix_cache: PrefixCache | None = (
             PrefixCache(spec.prefix_cache.max_bytes) if spec.prefix_cache.max_bytes > 0 else None
         )
@@ -185,7 +191,7 @@ class TextEngine(EngineBase):
         if (request.prompt is None) == (request.messages is None):
             raise BadRequest("Give exactly one of `prompt` and `messages`.", param="messages")
         if request.messages is not None:
-            return _render_chat(tokenizer, request.messages)
+            return _render_chat(tokenizer, request.messages, request.tools)
         prompt = request.prompt or ""
         # As mlx-lm does: add BOS unless the prompt already starts with it.
         bos = tokenizer.bos_token
@@ -251,6 +257,11 @@ class TextEngine(EngineBase):
         if request.ignore_eos:
             eos = set(getattr(self._tokenizer, "eos_token_ids", None) or ())
             processors.append(sampling.suppress_tokens(eos, self._vocab_size))
+        if request.constraint is not None:
+            # Last, so that no later processor can revive a masked token.
+            grammars = self.grammars
+            matcher = grammars.matcher(request.constraint)
+            processors.append(GrammarProcessor(matcher, self._vocab_size, grammars.eos_token_ids))
         return processors
 
     def _decode(
@@ -332,7 +343,9 @@ def _vocab_size(model: Any, tokenizer: Any) -> int:
     return int(getattr(tokenizer, "vocab_size", 0) or 0)
 
 
-def _render_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+def _render_chat(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> list[int]:
     try:
         from jinja2 import TemplateError
     except ImportError:  # pragma: no cover - transformers depends on jinja2
@@ -344,7 +357,7 @@ def _render_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
         )
     flat = [_flatten_message(m) for m in messages]
     try:
-        tokens = tokenizer.apply_chat_template(flat, add_generation_prompt=True)
+        tokens = tokenizer.apply_chat_template(flat, tools=tools or None, add_generation_prompt=True)
     except TemplateError as exc:
         # Templates raise their own messages ("roles must alternate ..."),
         # written for the person sending the conversation.

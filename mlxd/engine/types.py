@@ -20,6 +20,35 @@ class SamplingParams:
     seed: int | None = None
 
 
+@dataclass(frozen=True)
+class Constraint:
+    """Decode only what a grammar allows (``mlxd.grammar``).
+
+    ``kind`` is "json_schema" (``text`` is the schema as JSON text) or "lark"
+    (``text`` is a Lark grammar, ``%json {...}`` allowed inside). Frozen and
+    made of text so that it is the key of the per-model grammar cache (key
+    order is kept: it is the order the model writes the properties in).
+    """
+
+    kind: str
+    text: str
+
+    @classmethod
+    def json_schema(cls, schema: dict[str, Any] | bool) -> Constraint:
+        import json
+
+        return cls("json_schema", json.dumps(schema, separators=(",", ":")))
+
+    @classmethod
+    def json_object(cls) -> Constraint:
+        """Any JSON object (OpenAI's ``response_format: json_object``)."""
+        return cls.json_schema({"type": "object"})
+
+    @classmethod
+    def lark(cls, grammar: str) -> Constraint:
+        return cls("lark", grammar)
+
+
 @dataclass
 class GenerationRequest:
     request_id: str
@@ -36,6 +65,10 @@ class GenerationRequest:
     images: list[Any] = field(default_factory=list)
     # Decode to max_tokens even past the end-of-sequence token (benchmarks, tests).
     ignore_eos: bool = False
+    # OpenAI-shaped tool definitions, rendered by the chat template.
+    tools: list[dict[str, Any]] | None = None
+    # Constrained decoding (structured output, forced tool calls).
+    constraint: Constraint | None = None
 
 
 @dataclass

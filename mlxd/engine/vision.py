@@ -206,6 +206,10 @@ class VisionEngine(EngineBase):
             raise BadRequest("max_tokens must be at least 1.", param="max_tokens")
         if (request.prompt is None) == (request.messages is None):
             raise BadRequest("Give exactly one of `prompt` and `messages`.", param="messages")
+        if request.constraint is not None or request.tools:
+            # Never an unenforced constraint passed off as enforced.
+            param = "tools" if request.tools else "response_format"
+            raise BadRequest(f"Vision models do not support `{param}` yet.", param=param)
         images = list(request.images)
         param = "messages" if request.messages is not None else "prompt"
         if request.messages is not None:

@@ -61,6 +61,9 @@ def _describe_model(spec: ModelSpec) -> list[str]:
         lines.append(f"    {spec.description}")
     source = "" if spec.source == str(spec.path) else f"  (from {spec.source})"
     lines.append(f"    path: {spec.path}{source}")
+    if spec.broken:
+        lines.append(f"    cannot be loaded: {spec.broken}")
+        return lines
     lines.append(f"    charge: {_charge(spec)}")
     kv = f", KV cache {spec.kv_bits}-bit" if spec.kv_bits else ""
     lines.append(
@@ -72,7 +75,21 @@ def _describe_model(spec: ModelSpec) -> list[str]:
         f"    preload: {yes_no[spec.preload]}; pinned: {yes_no[spec.pinned]}; "
         f"idle unload: {_idle(spec)}"
     )
+    if spec.kind == "text":
+        lines.append(f"    tool calls: {_tool_calls(spec)}")
     return lines
+
+
+def _tool_calls(spec: ModelSpec) -> str:
+    from mlxd.tools.formats import resolve_from_files
+
+    if spec.tool_parser == "none":
+        return "off (tool_parser: none)"
+    name = resolve_from_files(spec.path, spec.tool_parser)
+    if name is None:
+        return "none (requests with `tools` get a 400; set `tool_parser:` to enable)"
+    where = "tool_parser:" if spec.tool_parser else "guessed from the chat template"
+    return f"{name} ({where})"
 
 
 def describe(registry: Registry) -> str:

@@ -1,7 +1,10 @@
 """``models.yaml`` -> :class:`~mlxd.registry.model.Registry`.
 
 Every problem is a :class:`~mlxd.errors.ConfigError` naming the file, the
-1-based line and the dotted key (``models[1].max_context``). The YAML is
+1-based line and the dotted key (``models[1].max_context``). Problems in the
+file itself are raised. Problems with one model's files on disk (a missing
+folder, corrupt weights, a bad config.json) are not: that model comes back
+``broken`` and its located error is in ``Registry.problems``. The YAML is
 composed into a node tree once; pydantic's error locations and our own
 cross-key checks are both located by walking that tree.
 """
@@ -138,6 +141,7 @@ def _load(
         server=builder.server(),
         backends=builder.backends(),
         models=builder.models(),
+        problems=tuple(builder.problems),
     )
     _warn_if_pinned_do_not_fit(registry, label)
     return registry
@@ -346,6 +350,7 @@ class _Builder:
         self.downloader = downloader
         self._manager: ManagerSpec | None = None
         self._server: ServerSpec | None = None
+        self.problems: list[ConfigError] = []
 
     def manager(self) -> ManagerSpec:
         if self._manager is None:
@@ -539,6 +544,10 @@ class _Builder:
         at_location: Loc = (*here, location_key)
         self._note_ignored_keys(i, entry)
 
+        override = None
+        if entry.estimated_memory_gb is not None:
+            override = int(entry.estimated_memory_gb * 1024**3)
+        broken: str | None = None
         try:
             folder = resolve_model_dir(
                 source,
@@ -550,7 +559,8 @@ class _Builder:
             config = read_model_config(folder)
             weights = weights_bytes(folder)
         except ConfigError as exc:
-            raise self.doc.error(at_location, exc.detail) from None
+            broken = exc.detail
+            folder, config, weights = self._local_path(source), {}, 0
 
         kind = entry.kind or ("vision" if entry.mllm else detect_kind(config))
         max_context = self._max_context(i, entry, config)
@@ -559,15 +569,16 @@ class _Builder:
             # Vision engines keep no prefix cache: reserving memory for one
             # would only crowd other models out.
             prefix_cache = PrefixCacheSpec(max_bytes=0, disk_max_bytes=0, persist=False)
-        override = None
-        if entry.estimated_memory_gb is not None:
-            override = int(entry.estimated_memory_gb * 1024**3)
-        try:
-            kv = kv_cache_bytes(config, max_context, entry.max_concurrency, entry.kv_bits)
-        except ConfigError as exc:
-            if override is None:
-                raise self.doc.error(at_location, exc.detail) from None
-            kv = 0  # estimated_memory_gb stands in for what cannot be computed
+        kv = 0  # estimated_memory_gb stands in for what cannot be computed
+        if broken is None:
+            try:
+                kv = kv_cache_bytes(config, max_context, entry.max_concurrency, entry.kv_bits)
+            except ConfigError as exc:
+                if override is None:
+                    broken = exc.detail  # config.json lacks the model's dimensions
+        if broken is not None:
+            self.problems.append(self.doc.error(at_location, broken))
+            weights = 0
         footprint = Footprint(weights=weights, kv_cache=kv, prefix_cache=prefix_cache.max_bytes)
 
         spec = ModelSpec(
@@ -595,6 +606,8 @@ class _Builder:
             trust_remote_code=entry.trust_remote_code,
             local_image_dir=self._image_dir(i, entry),
             allow_remote_images=entry.allow_remote_images,
+            tool_parser=entry.tool_parser,
+            broken=broken,
         )
         self._check_fits(here, spec)
         return spec

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlxd.errors import ConfigError
 
 CONTENTION_STRATEGIES = ("fail", "wait", "wait_then_fail", "preempt", "wait_then_preempt")
 
@@ -83,6 +87,12 @@ class ModelSpec:
     @property
     def is_remote(self) -> bool:
         return self.backend is not None
+    # The registry's ``tool_parser:`` (None: guess from the chat template).
+    tool_parser: str | None = None
+    # Why the model's files on disk cannot be used (missing folder, corrupt
+    # weights, bad config.json). Such a model stays registered but failed, so
+    # one bad download never keeps the other models from serving.
+    broken: str | None = None
 
     @property
     def charge_bytes(self) -> int:
@@ -109,6 +119,9 @@ class ModelSpec:
         # flight finish where they started (the old engine drains).
         "backend",
         "remote_model",
+        # The engine resolves the tool-call format when it loads.
+        "tool_parser",
+        "broken",
     )
 
     def needs_reload_from(self, old: ModelSpec) -> bool:
@@ -179,6 +192,9 @@ class Registry:
 
     def backend(self, name: str) -> BackendSpec | None:
         return next((b for b in self.backends if b.name == name), None)
+    # The broken models' problems, located (file, line, key): ``mlxd check``
+    # reports them as errors, the daemon logs them and serves the rest.
+    problems: tuple[ConfigError, ...] = field(default=(), compare=False)
 
     def lookup(self, name: str) -> ModelSpec | None:
         for spec in self.models:

@@ -172,6 +172,9 @@ class ModelEntry(_Section):
     backend: str | None = Field(None, min_length=1)
     # The backend's name for the model (default: this entry's name).
     remote_model: str | None = Field(None, min_length=1)
+    # mlx-lm's tool parser module (or llama3_json, or none); unset: guessed
+    # from the chat template as mlx-lm does.
+    tool_parser: str | None = None
 
     # vllm-mlx keys with a meaning here.
     estimated_memory_gb: PositiveFloat | None = None
@@ -208,6 +211,15 @@ class ModelEntry(_Section):
             raise ValueError(
                 f"must be one of {choices} (the widths mlx-lm's quantized KV cache supports)"
             )
+        return value
+
+    @field_validator("tool_parser")
+    @classmethod
+    def _tool_parser(cls, value: str | None) -> str | None:
+        from mlxd.tools.formats import known_parsers
+
+        if value is not None and value not in known_parsers():
+            raise ValueError(f"unknown tool parser {value!r}; choose from {', '.join(known_parsers())}")
         return value
 
     def location(self) -> tuple[str, str] | None:

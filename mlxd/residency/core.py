@@ -134,6 +134,15 @@ Action = StartLoad | StartUnload | AbortGenerations | Grant | Reject | Note
 # --- state -------------------------------------------------------------------
 
 
+def _hold_if_broken(r: Resident) -> Resident:
+    """A model whose files cannot be used is failed, with the reason, from the
+    moment it is registered until a reload brings usable files; no request
+    or retry timer tries to load it meanwhile."""
+    if r.spec.broken and r.state in (State.UNLOADED, State.FAILED):
+        r.state, r.last_error, r.retry_at, r.reserved = State.FAILED, r.spec.broken, None, 0
+    return r
+
+
 @dataclass
 class Resident:
     spec: ModelSpec
@@ -203,7 +212,7 @@ class ResidencyCore:
     def from_specs(cls, manager: ManagerSpec, specs: Iterable[ModelSpec]) -> ResidencyCore:
         core = cls(manager=manager)
         for spec in specs:
-            core.residents[spec.name] = Resident(spec=spec)
+            core.residents[spec.name] = _hold_if_broken(Resident(spec=spec))
         return core
 
     # --- queries -------------------------------------------------------------
@@ -346,6 +355,7 @@ class ResidencyCore:
         if r.removed:
             del self.residents[model]
             return self._schedule(now)
+        _hold_if_broken(r)
         actions = self._schedule(now)
         if r.reload_pending:
             r.reload_pending = False
@@ -438,14 +448,15 @@ class ResidencyCore:
             if needs_reload:
                 r.measured_bytes = None
                 if r.state is State.FAILED:
-                    r.state, r.retry_at, r.failures = State.UNLOADED, None, 0
-                if r.state in (State.LOADED, State.LOADING):
+                    r.state, r.retry_at, r.failures, r.last_error = State.UNLOADED, None, 0, None
+                if r.state in (State.LOADED, State.LOADING) and not spec.broken:
                     r.reload_pending = True
                 if r.state in (State.LOADED, State.LOADING, State.DRAINING):
                     actions += self._drain(r, RELOAD, now)
+                _hold_if_broken(r)
         for name, spec in new_specs.items():
             if name not in self.residents:
-                self.residents[name] = Resident(spec=spec)
+                self.residents[name] = _hold_if_broken(Resident(spec=spec))
         actions += self._fit_budget(now, reason="budget lowered")
         return actions + self._schedule(now)
 
@@ -482,6 +493,10 @@ class ResidencyCore:
         r = self.residents.get(waiter.model)
         if r is None or r.removed:
             return [Reject(waiter.request_id, ModelNotFound(waiter.model, self._names()))]
+        if r.spec.broken:
+            return [Reject(waiter.request_id, ModelLoadFailed(
+                f"Model `{r.name}` cannot be loaded: {r.spec.broken}. Fix its files, then reload the registry."
+            ))]
         if r.state is State.FAILED and r.retry_at is not None and now < r.retry_at:
             return [Reject(waiter.request_id, self._load_failed_error(r, now))]
         if waiter.takes_lease and self.queued(waiter.model) >= r.spec.max_queue and not self._can_grant(r):

@@ -16,6 +16,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from mlxd.settings import create_config_hint, default_config_path
 from mlxd.errors import ConfigError
 from mlxd.service.execute import SubprocessRunner, execute
 from mlxd.service.launchd import LaunchdManager
@@ -99,9 +100,13 @@ def _finish(plan: Plan, dry_run: bool) -> None:
 @service_app.command()
 def install(
     config: Annotated[
-        Path,
-        typer.Option("--config", help="The models.yaml the service runs with (stored as an absolute path)."),
-    ],
+        Optional[Path],
+        typer.Option(
+            "--config",
+            help="The models.yaml the service runs with (stored as an absolute path; default: "
+            "MLXD_CONFIG, then ~/.config/mlxd/models.yaml, on macOS ~/Library/Application Support/mlxd/models.yaml).",
+        ),
+    ] = None,
     label: LabelOption = DEFAULT_LABEL,
     system: SystemOption = False,
     dry_run: DryRunOption = False,
@@ -109,9 +114,14 @@ def install(
 ) -> None:
     """Install the service and start it; again with the same settings changes nothing."""
     manager = _manager(label, system, platform)
+    if config is None:
+        configured = os.environ.get("MLXD_CONFIG")
+        macos = isinstance(manager, LaunchdManager)
+        config = Path(configured) if configured else default_config_path(os.environ, macos=macos)
     try:
         spec = build_service_spec(
-            target=manager.target, config=config, environ=os.environ, python=sys.executable
+            target=manager.target, config=config, environ=os.environ, python=sys.executable,
+            allow_missing=dry_run,
         )
         plan = plan_install(manager, spec)
     except ConfigError as exc:
@@ -119,6 +129,11 @@ def install(
     except OSError as exc:  # the installed file exists but cannot be read
         raise _fail(f"{exc.strerror or exc}: {exc.filename}", code=1) from None
     _finish(plan, dry_run)
+    if not spec.config_path.exists():
+        typer.echo(
+            f"note: {spec.config_path} does not exist yet and install will refuse to run without it; "
+            f"{create_config_hint(spec.config_path)}"
+        )
 
 
 def _add_plain_command(name: str, help_text: str, plan_for: Callable[[ServiceManager, str], Plan]) -> None:

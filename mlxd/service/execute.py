@@ -75,6 +75,8 @@ def _file_step(step: MakeDirectory | WriteFile | RemoveFile, say: Printer) -> No
             shutil.chown(step.path, user=step.owner)
     elif isinstance(step, WriteFile):
         write_atomically(step.path, step.content, step.mode)
+        if step.owner and os.geteuid() == 0:
+            shutil.chown(step.path, user=step.owner)
         say(f"Wrote {step.path}", False)
     else:
         step.path.unlink(missing_ok=True)

@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from mlxd.service.plan import Command, MakeDirectory, RemoveFile, Step
+from mlxd.service.plan import Command, MakeDirectory, RemoveFile, Step, WriteFile
 from mlxd.service.spec import ServiceSpec, ServiceTarget
 
 TEMPLATE_NAME = "com.mlxd.daemon.plist.template"
@@ -106,7 +106,26 @@ class LaunchdManager:
     def stderr_path(self) -> Path:
         return self.log_dir / f"{self.target.label}.err.log"
 
+    @property
+    def secrets_path(self) -> Path:
+        base = Path("/Library") if self.target.system else self.target.home / "Library"
+        return base / "Application Support" / "mlxd" / f"{self.target.label}.api-keys"
+
+    def secret_file(self, spec: ServiceSpec) -> WriteFile | None:
+        """launchd has no EnvironmentFile: the daemon reads the keys itself
+        (MLXD_API_KEYS_FILE), one a line, from a file only its user can read."""
+        keys = [k.strip() for name, value in spec.secrets if name == "MLXD_API_KEYS" for k in value.split(",")]
+        keys = [k for k in keys if k]
+        if not keys:
+            return None
+        owner = spec.run_as_user if self.target.system else None
+        content = "".join(f"{k}\n" for k in keys).encode("utf-8")
+        return WriteFile(self.secrets_path, content, 0o600, owner=owner, secret=True)
+
     def render(self, spec: ServiceSpec) -> bytes:
+        environment = dict(spec.environment)
+        if self.secret_file(spec) is not None:
+            environment["MLXD_API_KEYS_FILE"] = str(self.secrets_path)
         values: dict[str, Any] = {
             "LABEL": self.target.label,
             "PYTHON": spec.python,
@@ -114,7 +133,7 @@ class LaunchdManager:
             "EXIT_TIMEOUT": spec.stop_timeout_seconds,
             "STDOUT_PATH": str(self.stdout_path),
             "STDERR_PATH": str(self.stderr_path),
-            "ENVIRONMENT": dict(spec.environment),
+            "ENVIRONMENT": dict(sorted(environment.items())),
             "WORKING_DIRECTORY": str(spec.working_directory),
             "USER_NAME": spec.run_as_user if self.target.system and spec.run_as_user else ABSENT,
         }

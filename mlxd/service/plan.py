@@ -36,8 +36,11 @@ class MakeDirectory:
 class WriteFile:
     path: Path
     content: bytes
-    # A per-user file can carry MLXD_* secrets (API keys): owner-only there.
     mode: int = 0o600
+    # Who must be able to read it (a system service's user; only when root).
+    owner: str | None = None
+    # API keys: a dry run says the file is written, never what it holds.
+    secret: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,12 @@ class ServiceManager(Protocol):
     @property
     def file_mode(self) -> int: ...
 
+    @property
+    def secrets_path(self) -> Path: ...
+
     def render(self, spec: ServiceSpec) -> bytes: ...
+
+    def secret_file(self, spec: ServiceSpec) -> WriteFile | None: ...
 
     def directories(self, spec: ServiceSpec) -> tuple[MakeDirectory, ...]: ...
 
@@ -102,13 +110,33 @@ def read_existing(path: Path) -> bytes | None:
         return None
 
 
+def _secret_steps(
+    manager: ServiceManager, spec: ServiceSpec, existing: bytes | None
+) -> tuple[tuple[Step, ...], tuple[RemoveFile | WriteFile, ...]]:
+    """Write the secrets file (or remove one no longer wanted), and its undo."""
+    wanted = manager.secret_file(spec)
+    path = manager.secrets_path
+    if wanted is not None and wanted.content == existing:
+        return (), ()
+    undo: tuple[RemoveFile | WriteFile, ...] = (
+        (RemoveFile(path),) if existing is None
+        else (WriteFile(path, existing, 0o600, owner=wanted.owner if wanted else None, secret=True),)
+    )
+    if wanted is not None:
+        return (MakeDirectory(path.parent, owner=wanted.owner), wanted), undo
+    if existing is not None:
+        return (RemoveFile(path),), undo
+    return (), ()
+
+
 def plan_install(manager: ServiceManager, spec: ServiceSpec) -> Plan:
     """Idempotent: the same content twice does nothing; new content replaces and restarts."""
     label = spec.target.label
     rendered = manager.render(spec)
     path = manager.unit_path
     existing = read_existing(path)
-    if existing == rendered:
+    secret_steps, secret_undo = _secret_steps(manager, spec, read_existing(manager.secrets_path))
+    if existing == rendered and not secret_steps:
         return Plan(
             steps=(),
             summary=f"{label} already installed, unchanged: {path}",
@@ -116,16 +144,17 @@ def plan_install(manager: ServiceManager, spec: ServiceSpec) -> Plan:
         )
     write = WriteFile(path, rendered, manager.file_mode)
     if existing is None:
-        steps: tuple[Step, ...] = (*manager.directories(spec), write, *manager.start_new())
+        steps: tuple[Step, ...] = (*manager.directories(spec), *secret_steps, write, *manager.start_new())
         return Plan(
             steps,
             summary=f"Installing {label}: {path}",
             done=f"{label} installed and started.",
-            undo_on_failure=(RemoveFile(path),),
+            undo_on_failure=(RemoveFile(path), *secret_undo),
         )
     steps = (
         *manager.stop_before_replace(),
         *manager.directories(spec),
+        *secret_steps,
         write,
         *manager.start_replaced(),
     )
@@ -133,13 +162,15 @@ def plan_install(manager: ServiceManager, spec: ServiceSpec) -> Plan:
         steps,
         summary=f"Replacing {label} (its file changed): {path}",
         done=f"{label} updated and restarted.",
-        undo_on_failure=(WriteFile(path, existing, manager.file_mode),),
+        undo_on_failure=(WriteFile(path, existing, manager.file_mode), *secret_undo),
     )
 
 
 def plan_uninstall(manager: ServiceManager, label: str) -> Plan:
     installed = manager.unit_path.exists()
     steps = manager.uninstall_steps(installed)
+    if manager.secrets_path.exists():
+        steps = (*steps, RemoveFile(manager.secrets_path))
     if installed:
         return Plan(steps, summary=f"Removing {label}: {manager.unit_path}", done=f"{label} removed.")
     return Plan(
@@ -155,6 +186,8 @@ def describe(plan: Plan) -> list[str]:
     for step in plan.steps:
         if isinstance(step, MakeDirectory):
             lines.append(f"Would create directory {step.path}")
+        elif isinstance(step, WriteFile) and step.secret:
+            lines.append(f"Would write {step.path} (mode {step.mode:o}): the API keys, not shown here")
         elif isinstance(step, WriteFile):
             lines.append(f"Would write {step.path} (mode {step.mode:o}):")
             lines.extend(step.content.decode("utf-8").rstrip("\n").splitlines())

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from mlxd.settings import create_config_hint
 from mlxd.errors import ConfigError
 from mlxd.registry.model import ServerSpec
 
@@ -26,6 +27,11 @@ _LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # (which KeepAlive / Restart=on-failure then count as a crash).
 STOP_TIMEOUT_MARGIN_SECONDS = 30
 RESTART_DELAY_SECONDS = 10
+# Never written into the unit or plist (a system one is world-readable): they
+# go into an owner-only file beside it (see the managers' secret_file).
+SECRET_VARIABLES = frozenset({"MLXD_API_KEYS"})
+# The client tools' key (mlxd status, reload); the daemon never reads it.
+CLIENT_ONLY_VARIABLES = frozenset({"MLXD_API_KEY"})
 
 
 @dataclass(frozen=True)
@@ -47,11 +53,14 @@ class ServiceSpec:
     config_path: Path
     python: str
     working_directory: Path
-    # PATH and every MLXD_* variable, sorted by name so renders are stable.
+    # PATH and every MLXD_* variable but the secrets, sorted by name so
+    # renders are stable.
     environment: tuple[tuple[str, str], ...]
     shutdown_grace_seconds: float
     # Who a system-wide service runs as (never root by accident).
     run_as_user: str | None = None
+    # SECRET_VARIABLES that were set, for the owner-only secrets file.
+    secrets: tuple[tuple[str, str], ...] = ()
 
     @property
     def stop_timeout_seconds(self) -> int:
@@ -72,11 +81,17 @@ def validate_label(label: str) -> str:
 
 
 def service_environment(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """PATH plus every MLXD_* variable: what the daemon reads besides its config."""
-    chosen = {k: v for k, v in environ.items() if k.startswith("MLXD_")}
+    """PATH plus every MLXD_* variable the daemon reads besides its config,
+    secrets excepted."""
+    skip = SECRET_VARIABLES | CLIENT_ONLY_VARIABLES
+    chosen = {k: v for k, v in environ.items() if k.startswith("MLXD_") and k not in skip}
     if "PATH" in environ:
         chosen["PATH"] = environ["PATH"]
     return tuple(sorted(chosen.items()))
+
+
+def service_secrets(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in environ.items() if k in SECRET_VARIABLES))
 
 
 def read_shutdown_grace(config_path: Path) -> float:
@@ -127,12 +142,17 @@ def build_service_spec(
     config: Path,
     environ: Mapping[str, str],
     python: str,
+    allow_missing: bool = False,
 ) -> ServiceSpec:
-    """Raises ConfigError (exit status 2) for a missing or unreadable config."""
+    """Raises ConfigError (exit status 2) for a missing or unreadable config.
+    ``allow_missing`` (a dry run) plans around a file not written yet."""
     config_path = absolute_config_path(config, target.home)
-    if not config_path.exists():
-        raise ConfigError("config file does not exist", file=str(config_path))
-    if not config_path.is_file():
+    missing = not config_path.exists()
+    if missing and not allow_missing:
+        raise ConfigError(
+            f"config file does not exist; {create_config_hint(config_path)}", file=str(config_path)
+        )
+    if not missing and not config_path.is_file():
         raise ConfigError("is not a file (give the path of the models.yaml)", file=str(config_path))
     return ServiceSpec(
         target=target,
@@ -140,8 +160,9 @@ def build_service_spec(
         python=python,
         working_directory=config_path.parent,
         environment=service_environment(environ),
-        shutdown_grace_seconds=read_shutdown_grace(config_path),
+        shutdown_grace_seconds=ServerSpec().shutdown_grace_seconds if missing else read_shutdown_grace(config_path),
         run_as_user=invoking_user(environ) if target.system else None,
+        secrets=service_secrets(environ),
     )
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxd.service.plan import Command, MakeDirectory, RemoveFile, Step
+from mlxd.service.plan import Command, MakeDirectory, RemoveFile, Step, WriteFile
 from mlxd.service.spec import DEFAULT_LABEL, RESTART_DELAY_SECONDS, ServiceSpec, ServiceTarget
 
 # Characters an ExecStart= word may hold without quotes. '%' and '$' are
@@ -41,7 +41,17 @@ def environment_line(name: str, value: str) -> str:
     return f"Environment={_quoted(f'{name}={value}')}"
 
 
-def render_unit(spec: ServiceSpec) -> str:
+def environment_file_line(name: str, value: str) -> str:
+    """One assignment of an EnvironmentFile=. Single quotes keep everything
+    literal there; a value holding one gets double quotes, where backslash,
+    the quote, '$' and '`' are escaped."""
+    if "'" not in value and "\n" not in value:
+        return f"{name}='{value}'\n"
+    escaped = "".join("\\" + ch if ch in '\\"$`' else ch for ch in value).replace("\n", "\\n")
+    return f'{name}="{escaped}"\n'
+
+
+def render_unit(spec: ServiceSpec, secrets_path: Path | None = None) -> str:
     target = spec.target
     service: list[str] = [
         "Type=simple",
@@ -55,6 +65,9 @@ def render_unit(spec: ServiceSpec) -> str:
         "KillMode=mixed",
         f"TimeoutStopSec={spec.stop_timeout_seconds}",
         *(environment_line(k, v) for k, v in spec.environment),
+        # The API keys: read by systemd itself from an owner-only file, since
+        # a system unit (and systemctl show) is readable by every user.
+        *([f"EnvironmentFile={_escape_specifiers(str(secrets_path))}"] if secrets_path and spec.secrets else []),
         f"WorkingDirectory={_escape_specifiers(str(spec.working_directory))}",
     ]
     if target.system and spec.run_as_user:
@@ -103,8 +116,20 @@ class SystemdManager:
     def _systemctl(self, *args: str) -> Command:
         return Command(("systemctl", *self._scope(), *args))
 
+    @property
+    def secrets_path(self) -> Path:
+        folder = Path("/etc/mlxd") if self.target.system else self.target.home / ".config" / "mlxd"
+        return folder / f"{self.unit.removesuffix('.service')}.env"
+
     def render(self, spec: ServiceSpec) -> bytes:
-        return render_unit(spec).encode("utf-8")
+        return render_unit(spec, self.secrets_path).encode("utf-8")
+
+    def secret_file(self, spec: ServiceSpec) -> WriteFile | None:
+        if not spec.secrets:
+            return None
+        # systemd reads it as root before starting the service: root-owned is fine.
+        content = "".join(environment_file_line(k, v) for k, v in spec.secrets)
+        return WriteFile(self.secrets_path, content.encode("utf-8"), 0o600, secret=True)
 
     def directories(self, spec: ServiceSpec) -> tuple[MakeDirectory, ...]:
         return (MakeDirectory(self.unit_path.parent),)

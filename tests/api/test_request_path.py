@@ -336,3 +336,34 @@ async def test_an_unknown_route_is_a_404_in_the_same_shape(tmp_path):
     assert call.status == 404
     assert _error(call) == {"message": "No route for POST /v1/nope", "type": "invalid_request_error",
                             "param": None, "code": None}
+
+
+def test_tool_call_deltas_collect_into_one_call_per_index():
+    # The shape the tool-calling lane's engines will emit: a call named first,
+    # its arguments in pieces, another call after it.
+    from mlxd.api.events import Finish, ToolCallDelta, Usage
+    from mlxd.api.generation import Answer
+
+    answer = Answer(choices=[])
+    for event in [ToolCallDelta(0, 0, id="call_1", name="weather"), ToolCallDelta(0, 0, arguments='{"city": '),
+                  ToolCallDelta(0, 0, arguments='"Oslo"}'), ToolCallDelta(0, 1, id="call_2", name="time"),
+                  Finish(0, "tool_calls", Usage(4, 9))]:
+        answer.add(event)
+    [choice] = answer.choices
+    assert [(c.id, c.name, c.arguments) for c in choice.tool_calls] == [
+        ("call_1", "weather", '{"city": "Oslo"}'), ("call_2", "time", "")]
+    assert choice.finish_reason == "tool_calls" and answer.usage.total_tokens == 13
+
+
+def test_tool_call_deltas_stream_as_openai_tool_call_chunks():
+    from mlxd.api.events import ToolCallDelta
+    from mlxd.api.openai.answers import OpenAIFrames
+    from mlxd.api.plan import Plan
+
+    plan = Plan(kind="chat", spec=spec("m", 1), requested_name="m", requests=[], stream=True, timeout=1, id="chatcmpl-x")
+    frames_ = OpenAIFrames(plan, chat=True, include_usage=False)
+    first, more = (frames(frames_.event(e))[0]["choices"][0]["delta"] for e in [
+        ToolCallDelta(0, 0, id="call_1", name="weather", arguments=""), ToolCallDelta(0, 0, arguments='{"c')])
+    assert first == {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                     "function": {"name": "weather", "arguments": ""}}]}
+    assert more == {"tool_calls": [{"index": 0, "function": {"arguments": '{"c'}}]}

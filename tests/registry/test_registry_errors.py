@@ -211,40 +211,6 @@ BAD_FILES = [
         "already used by models[0].name",
     ),
     (
-        "path that does not exist",
-        """\
-        models:
-          - name: a
-            description: first
-            path: ./not-here
-        """,
-        4,
-        "models[0].path",
-        "does not exist",
-    ),
-    (
-        "folder without config.json",
-        """\
-        models:
-          - name: a
-            path: {nomodel}
-        """,
-        3,
-        "models[0].path",
-        "has no config.json",
-    ),
-    (
-        "repo id not in the cache",
-        """\
-        models:
-          - name: a
-            source: org/not-cached
-        """,
-        3,
-        "models[0].source",
-        "not in the local Hugging Face cache",
-    ),
-    (
         "no location at all",
         """\
         models:
@@ -476,6 +442,44 @@ BAD_FILES = [
 ]
 
 
+# A model's files on disk, not the YAML: that model is broken, the file loads.
+MODEL_FILE_PROBLEMS = [
+    (
+        "path that does not exist",
+        """\
+        models:
+          - name: a
+            description: first
+            path: ./not-here
+        """,
+        4,
+        "models[0].path",
+        "does not exist",
+    ),
+    (
+        "folder without config.json",
+        """\
+        models:
+          - name: a
+            path: {nomodel}
+        """,
+        3,
+        "models[0].path",
+        "has no config.json",
+    ),
+    (
+        "repo id not in the cache",
+        """\
+        models:
+          - name: a
+            source: org/not-cached
+        """,
+        3,
+        "models[0].source",
+        "not in the local Hugging Face cache",
+    ),
+]
+
 @pytest.mark.parametrize(
     ("text", "line", "key", "fragment"),
     [case[1:] for case in BAD_FILES],
@@ -535,9 +539,11 @@ def test_empty_file(tmp_path):
 
 def test_text_without_a_path_is_labelled(model_dir):
     with pytest.raises(ConfigError) as caught:
-        load_registry_text("models:\n  - name: a\n    path: /nope\n")
+        load_registry_text("models:\n  - name: a\n    path: /nope\n    max_queue: -1\n")
     assert caught.value.file == "<string>"
-    assert caught.value.line == 3
+    assert caught.value.line == 4
+    (problem,) = load_registry_text("models:\n  - name: a\n    path: /nope\n").problems
+    assert (problem.file, problem.line) == ("<string>", 3)
 
 
 def test_error_message_carries_no_traceback_text(tmp_path):
@@ -545,11 +551,10 @@ def test_error_message_carries_no_traceback_text(tmp_path):
     bad.mkdir()
     (bad / "config.json").write_text("{not json")
     (bad / "model.safetensors").write_bytes(b"\x00" * 4)
-    with pytest.raises(ConfigError) as caught:
-        load_registry_text(f"models:\n  - name: a\n    path: {bad}\n", tmp_path / "m.yaml")
-    assert "Traceback" not in str(caught.value)
-    assert "not valid JSON" in caught.value.detail
-    assert caught.value.line == 3
+    (problem,) = load_registry_text(f"models:\n  - name: a\n    path: {bad}\n", tmp_path / "m.yaml").problems
+    assert "Traceback" not in str(problem)
+    assert "not valid JSON" in problem.detail
+    assert problem.line == 3
 
 
 def test_strings_with_yaml_anchors_still_locate_keys(tmp_path, model_dir):
@@ -568,3 +573,23 @@ def test_strings_with_yaml_anchors_still_locate_keys(tmp_path, model_dir):
     # ``base`` is an unknown top-level key and comes first.
     assert (caught.value.line, caught.value.key) == (1, "base")
     assert "(and 1 more problem" in caught.value.detail
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "key", "fragment"),
+    [case[1:] for case in MODEL_FILE_PROBLEMS],
+    ids=[case[0] for case in MODEL_FILE_PROBLEMS],
+)
+def test_a_model_files_problem_breaks_that_model_only(tmp_path, make_model, text, line, key, fragment):
+    model = make_model(tmp_path / "model", weight_bytes=4096)
+    (tmp_path / "empty-folder").mkdir()
+    path = tmp_path / "models.yaml"
+    text = textwrap.dedent(text).format(model=model, nomodel=tmp_path / "empty-folder")
+    path.write_text(text + f"  - name: good\n    path: {model}\n")
+    registry = load_registry(path, env={"HF_HUB_CACHE": str(tmp_path / "hub")}, physical_memory=16 * GIB)
+    (problem,) = registry.problems
+    assert (problem.file, problem.line, problem.key) == (str(path), line, key), problem.detail
+    assert fragment in problem.detail
+    broken, good = registry.models
+    assert fragment in broken.broken and broken.charge_bytes < good.charge_bytes
+    assert good.broken is None

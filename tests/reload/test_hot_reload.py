@@ -162,10 +162,11 @@ def test_sampling_defaults_apply_to_the_next_request(tmp_path):
     "text,where",
     [
         ("models:\n  - name: a\n\tpath: /models/a\n", {"line": 3, "key": None}),
-        ("models:\n  - name: a\n    path: /nowhere/at/all\n", {"line": 3, "key": "models[0].path"}),
+        # (A path that does not exist is not one: that model is failed, see test_broken_model.py.)
+        ("models:\n  - name: a\n    path: /x\n    name: b\n", {"line": 4, "key": "models[0].name"}),
         ("models:\n  - name: a\n    colour: blue\n", {"line": 3, "key": "models[0].colour"}),
     ],
-    ids=["invalid-yaml", "missing-path", "unknown-key"],
+    ids=["invalid-yaml", "duplicate-key", "unknown-key"],
 )
 def test_invalid_file_keeps_the_old_registry_serving_and_says_where(tmp_path, text, where):
     with start(tmp_path, [A]) as d:

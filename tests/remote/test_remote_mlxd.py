@@ -197,8 +197,7 @@ def test_mlxd_status_shows_each_backend(front):
     assert lines["studio"].split()[1] == "up" and "0/8 in flight" in lines["studio"]
     assert "unreachable" in lines["gone"]
     assert "tiny loaded" in result.stdout
-    big = next(line for line in result.stdout.splitlines() if line.startswith("│ big"))
-    assert "on studio" in big
+    assert "on studio" in lines["big"]
 
 
 def test_the_dashboard_shows_backends_and_where_remote_models_live(front, browser):  # noqa: F811

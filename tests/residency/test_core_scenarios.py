@@ -563,3 +563,31 @@ def test_a_fairness_drain_stops_no_more_busy_models_than_needed():
     sim.finish_load("b")
     assert sim.granted(wanted) and sim.state("y") is State.LOADED
     sim.release(held_y)
+
+
+def test_a_model_with_broken_files_is_failed_and_never_loaded_until_fixed():
+    broken = spec("x", 1, broken="model.safetensors is not a valid safetensors file")
+    sim = Sim.of(manager(8), spec("a", 1), broken)
+    assert sim.state("x") is State.FAILED
+    assert "safetensors" in sim.core.residents["x"].last_error
+    rid = sim.request("x")
+    assert isinstance(sim.rejected[rid], ModelLoadFailed) and "safetensors" in str(sim.rejected[rid])
+    sim.advance(3600)
+    assert not sim.loads("x") and sim.core.next_deadline() is None
+    fixed = replace(broken, broken=None)
+    sim.call("reconfigure", sim.core.manager, [spec("a", 1), fixed], sim.now)
+    assert sim.state("x") is State.UNLOADED and sim.core.residents["x"].last_error is None
+    sim.request("x")
+    assert sim.loads("x")
+
+
+def test_files_broken_under_a_loaded_model_drain_it_into_failed():
+    a = spec("a", 1)
+    sim = Sim.of(manager(8), a)
+    sim.ready("a")
+    rid = sim.request("a")
+    sim.call("reconfigure", sim.core.manager, [replace(a, broken="config.json is not valid JSON")], sim.now)
+    assert sim.state("a") is State.DRAINING
+    sim.release(rid)
+    sim.finish_unload("a")
+    assert sim.state("a") is State.FAILED and len(sim.loads("a")) == 1

@@ -44,8 +44,9 @@ def test_user_agent_plist_has_every_key_with_its_value(home: Path, config_file: 
         "ProcessType": "Interactive",
         "StandardOutPath": str(logs / "com.mlxd.daemon.out.log"),
         "StandardErrorPath": str(logs / "com.mlxd.daemon.err.log"),
+        # The keys are in an owner-only file the daemon reads, never in the plist.
         "EnvironmentVariables": {
-            "MLXD_API_KEYS": "sk-one,sk-two",
+            "MLXD_API_KEYS_FILE": str(home / "Library" / "Application Support" / "mlxd" / "com.mlxd.daemon.api-keys"),
             "MLXD_LOG_LEVEL": "debug",
             "PATH": "/opt/homebrew/bin:/usr/bin:/bin",
         },

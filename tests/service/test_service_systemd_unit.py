@@ -87,7 +87,10 @@ def test_user_unit_says_how_to_run_stop_and_restart_the_daemon(home: Path, confi
     assert service["KillMode"] == ["mixed"]
     # grace 45 in the config: SIGKILL may only come after the drain could finish
     assert int(service["TimeoutStopSec"][0]) == 75
-    assert environment_entries(service["Environment"]) == {"MLXD_API_KEYS": "sk-1", "PATH": "/usr/bin:/bin"}
+    # The key is in an owner-only file systemd reads, never in the unit.
+    assert environment_entries(service["Environment"]) == {"PATH": "/usr/bin:/bin"}
+    assert service["EnvironmentFile"] == [str(home / ".config" / "mlxd" / "mlxd.env")]
+    assert "sk-1" not in text
     assert service["WorkingDirectory"] == [str(config_file.parent)]
     assert "User" not in service
     assert unit["Install"]["WantedBy"] == ["default.target"]
@@ -160,7 +163,9 @@ def test_systemd_analyze_accepts_the_unit_without_a_warning(
     folder.mkdir()
     config = folder / "models.yaml"
     config.write_text("server:\n  shutdown_grace_seconds: 5\n")
-    manager, text = render(home, config, {"MLXD_X": 'a "b" 50% $c'}, system=system, label="com.mlxd.daemon")
+    environ = {"MLXD_X": 'a "b" 50% $c', "MLXD_API_KEYS": "sk-1"}
+    manager, text = render(home, config, environ, system=system, label="com.mlxd.daemon")
+    assert "EnvironmentFile=" in text
     unit_file = tmp_path / manager.unit
     unit_file.write_text(text)
     result = verify(unit_file, user=not system, runtime_dir=tmp_path / "run")

@@ -119,14 +119,16 @@ def daemon_in_thread(registry: Path, tmp_path: Path, **settings: Any) -> Iterato
 
 @contextlib.contextmanager
 def daemon_process(
-    registry: Path, tmp_path: Path, *args: str, env: dict[str, str] | None = None
+    registry: Path | None, tmp_path: Path, *args: str, env: dict[str, str] | None = None
 ) -> Iterator[Daemon]:
+    """``registry`` None: no --config, so mlxd picks its registry itself."""
     port = free_port()
     log_path = tmp_path / f"daemon-{port}.log"
     full_env = {**os.environ, "MLXD_STATE_DIR": str(tmp_path / "state"), **(env or {})}
+    config = ["--config", str(registry)] if registry is not None else []
     with open(log_path, "w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "mlxd", "serve", "--config", str(registry), "--port", str(port), *args],
+            [sys.executable, "-m", "mlxd", "serve", *config, "--port", str(port), *args],
             stdout=log, stderr=subprocess.STDOUT, env=full_env,
         )
     daemon = Daemon(url=f"http://127.0.0.1:{port}", process=process, log_path=log_path)

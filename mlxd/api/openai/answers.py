@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from mlxd.api.events import Finish, OutputEvent, TextDelta, ToolCallDelta, Usage
-from mlxd.api.generation import Answer
+from mlxd.api.generation import Answer, CalledTool
 from mlxd.api.openai.errors import error_body
 from mlxd.api.plan import Plan
 
@@ -23,8 +23,8 @@ def usage_body(usage: Usage) -> dict[str, Any]:
     return body
 
 
-def _tool_calls(calls: list[list[str]]) -> list[dict[str, Any]]:
-    return [{"id": i, "type": "function", "function": {"name": n, "arguments": a}} for i, n, a in calls]
+def _tool_calls(calls: list[CalledTool]) -> list[dict[str, Any]]:
+    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
 
 
 def chat_completion(plan: Plan, answer: Answer) -> dict[str, Any]:

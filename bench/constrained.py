@@ -1,0 +1,232 @@
+"""What constrained decoding costs: decode tok/s with a JSON-schema constraint / without.
+
+Engine level (TextEngine on the MlxWorker, as the daemon runs it), greedy,
+the same number of tokens either way: the free runs decode past EOS
+(``ignore_eos``), the constrained ones follow a schema too long to finish
+within ``max_tokens`` (an array of at least 50 nested objects with enums,
+bounded strings and integers), so both end at ``max_tokens``. Runs alternate
+after a warm-up; the best run of each is reported (the machine is shared:
+slow runs measure the neighbours), with the ratio of medians beside it.
+
+- single: one request at a time (``max_concurrency: 1``, stream_generate);
+- batch of 4: four concurrent requests on a ``max_concurrency: 4`` engine
+  (BatchGenerator), all constrained / all free; aggregate tok/s;
+- compile: building the llguidance tokenizer, compiling a large schema
+  (200 properties, nested), and a cached grammar's copy.
+
+    python bench/constrained.py --size tiny
+    python bench/constrained.py --size small --max-tokens 96 --repeats 3
+
+Prints a table and merges the figures into bench/results/constrained.json
+(one entry per size). Timing only: nothing here passes or fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import PROMPT, environment, reexec_with_openblas, save, table  # noqa: E402
+
+ITEM = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 16},
+        "kind": {"enum": ["cat", "dog", "bird", "fish"]},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+        "home": {
+            "type": "object",
+            "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}, "owned": {"type": "boolean"}},
+            "required": ["zip", "owned"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["name", "kind", "age", "home"],
+    "additionalProperties": False,
+}
+# Longer than any max_tokens used here: the constrained runs end at max_tokens.
+LONG = {"type": "array", "items": ITEM, "minItems": 50}
+
+
+def large_schema(n: int = 200) -> dict[str, Any]:
+    """A wide, nested schema of the kind agent frameworks send."""
+    kinds = [
+        {"type": "string", "maxLength": 64},
+        {"type": "integer", "minimum": -1000, "maximum": 1000},
+        {"type": "number"},
+        {"type": "boolean"},
+        {"enum": [f"v{i}" for i in range(12)]},
+        {"type": "array", "items": {"type": "string", "format": "date-time"}, "maxItems": 8},
+        ITEM,
+        {"anyOf": [{"type": "null"}, {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"}]},
+    ]
+    props = {f"field_{i}": kinds[i % len(kinds)] for i in range(n)}
+    return {"type": "object", "properties": props, "required": list(props)[: n // 2], "additionalProperties": False}
+
+
+def request(rid: str, max_tokens: int, constrained: bool):
+    from mlxd.engine.types import Constraint, GenerationRequest, SamplingParams
+
+    return GenerationRequest(
+        request_id=rid,
+        max_tokens=max_tokens,
+        sampling=SamplingParams(temperature=0.0),
+        prompt=PROMPT,
+        ignore_eos=not constrained,
+        constraint=Constraint.json_schema(LONG) if constrained else None,
+    )
+
+
+async def timed(engine: Any, req: Any) -> tuple[float, float, int]:
+    """(first chunk time, last chunk time, tokens) of one request."""
+    first = last = 0.0
+    tokens = 0
+    async for chunk in engine.generate(req):
+        now = time.perf_counter()
+        first = first or now
+        last, tokens = now, chunk.completion_tokens
+    return first, last, tokens
+
+
+async def decode_rate(engine: Any, rows: int, max_tokens: int, constrained: bool) -> tuple[float, float]:
+    """Aggregate decode tok/s of ``rows`` concurrent requests, from the first
+    token of any to the last token of all (prefill excluded), and the
+    process's CPU seconds per generated token (steadier on a busy machine)."""
+    cpu = time.process_time()
+    results = await asyncio.gather(*(timed(engine, request(f"r{i}", max_tokens, constrained)) for i in range(rows)))
+    cpu = time.process_time() - cpu
+    for _, _, tokens in results:
+        assert tokens == max_tokens, (tokens, max_tokens)
+    start = max(first for first, _, _ in results)  # all rows decoding
+    end = max(last for _, last, _ in results)
+    generated = sum(tokens for *_, tokens in results) - rows  # tokens after each first one
+    rate = generated / (end - start) if end > start else float("nan")
+    return rate, cpu / (rows * max_tokens)
+
+
+async def compare(engine: Any, rows: int, max_tokens: int, repeats: int) -> dict[str, Any]:
+    await decode_rate(engine, rows, 16, True)  # warm-up: JIT kernels, grammar compile
+    await decode_rate(engine, rows, 16, False)
+    free, constrained, free_cpu, constrained_cpu = [], [], [], []
+    for _ in range(repeats):
+        rate, cpu = await decode_rate(engine, rows, max_tokens, False)
+        free.append(rate)
+        free_cpu.append(cpu)
+        rate, cpu = await decode_rate(engine, rows, max_tokens, True)
+        constrained.append(rate)
+        constrained_cpu.append(cpu)
+    f, c = max(free), max(constrained)
+    fc, cc = statistics.median(free_cpu), statistics.median(constrained_cpu)
+    return {
+        "rows": rows,
+        # Best of the runs: on a shared machine the slow runs measure the neighbours.
+        "free_tok_s": round(f, 1),
+        "constrained_tok_s": round(c, 1),
+        "ratio": round(c / f, 3),
+        "ratio_of_medians": round(statistics.median(constrained) / statistics.median(free), 3),
+        # CPU time per token (prompt included, the same for both), median.
+        "free_cpu_ms_per_token": round(fc * 1000, 3),
+        "constrained_cpu_ms_per_token": round(cc * 1000, 3),
+        "cpu_ratio": round(fc / cc, 3),
+        "free_runs": [round(x, 1) for x in free],
+        "constrained_runs": [round(x, 1) for x in constrained],
+    }
+
+
+def compile_times(tokenizer: Any, vocab: int) -> dict[str, Any]:
+    from mlxd.engine.types import Constraint
+    from mlxd.grammar.compiler import GrammarCompiler
+
+    compiler = GrammarCompiler(tokenizer, vocab)
+    started = time.perf_counter()
+    compiler.ll_tokenizer()
+    tokenizer_ms = (time.perf_counter() - started) * 1000
+    schema = Constraint.json_schema(large_schema())
+    started = time.perf_counter()
+    compiler.matcher(schema)
+    compile_ms = (time.perf_counter() - started) * 1000
+    cached = []
+    for _ in range(20):
+        started = time.perf_counter()
+        compiler.matcher(schema)
+        cached.append((time.perf_counter() - started) * 1000)
+    return {
+        "ll_tokenizer_ms": round(tokenizer_ms, 1),
+        "large_schema_bytes": len(schema.text),
+        "large_schema_compile_ms": round(compile_ms, 2),
+        "cached_copy_ms": round(statistics.median(cached), 3),
+    }
+
+
+async def bench(size: str, max_tokens: int, repeats: int) -> dict[str, Any]:
+    from mlxd.engine.loader import load_text_engine
+    from mlxd.engine.worker import MlxWorker
+    from mlxd.factory import ModelRecipe, build_model
+    from mlxd.registry.model import ModelSpec, PrefixCacheSpec
+
+    path = build_model(ModelRecipe(arch="qwen2", size=size))
+    worker = MlxWorker().start()
+    no_cache = PrefixCacheSpec(max_bytes=0, disk_max_bytes=0, persist=False)
+    result: dict[str, Any] = {"size": size, "max_tokens": max_tokens, "repeats": repeats}
+    try:
+        for label, concurrency, rows in (("single", 1, 1), ("batch_of_4", 4, 4)):
+            spec = ModelSpec(name=f"{size}-{label}", path=path, source=str(path), max_context=8192,
+                             max_concurrency=concurrency, prefix_cache=no_cache)
+            engine = await load_text_engine(spec, worker)
+            try:
+                result[label] = await compare(engine, rows, max_tokens, repeats)
+                if label == "single":
+                    _, tokenizer = engine.model_and_tokenizer()
+                    result["compile"] = compile_times(tokenizer, engine.grammars._vocab_size)
+            finally:
+                await engine.close()
+    finally:
+        await worker.shutdown()
+    result.update(environment())
+    return result
+
+
+def print_table(result: dict[str, Any]) -> None:
+    print(
+        f"\nqwen2-{result['size']}: {result['max_tokens']} tokens a request, best of {result['repeats']}, "
+        f"BLAS: {result['blas']}, load average {result['load_average']:.1f}"
+    )
+    rows = [
+        [label, r["rows"], r["free_tok_s"], r["constrained_tok_s"], f"{r['ratio']:.3f}", f"{r['ratio_of_medians']:.3f}",
+         r["free_cpu_ms_per_token"], r["constrained_cpu_ms_per_token"], f"{r['cpu_ratio']:.3f}"]
+        for label, r in (("single", result["single"]), ("batch of 4", result["batch_of_4"]))
+    ]
+    headers = ["run", "rows", "free tok/s", "json_schema tok/s", "ratio", "of medians",
+               "free CPU ms/tok", "json CPU ms/tok", "CPU ratio"]
+    print(table(headers, rows))
+    c = result["compile"]
+    print(
+        f"llguidance tokenizer: {c['ll_tokenizer_ms']} ms; large schema ({c['large_schema_bytes']} bytes): "
+        f"compile {c['large_schema_compile_ms']} ms, cached copy {c['cached_copy_ms']} ms"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", choices=["tiny", "small", "bench"], default="tiny")
+    parser.add_argument("--max-tokens", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None)
+    args = parser.parse_args()
+    reexec_with_openblas()
+    max_tokens = args.max_tokens or {"tiny": 128, "small": 96, "bench": 32}[args.size]
+    repeats = args.repeats or {"tiny": 5, "small": 3, "bench": 2}[args.size]
+    result = asyncio.run(bench(args.size, max_tokens, repeats))
+    print_table(result)
+    print(f"saved to {save('constrained', args.size, result)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""The grammar that forces a tool call: ``tool_choice: required`` or a named function.
+
+The call is written in the model family's own wrapper (what its chat template
+shows it) with the arguments checked against the tool's ``parameters``
+schema by llguidance's ``%json``, so even a random-weight model produces a
+call that parses and validates. Whitespace inside the JSON is fixed (the
+separators the templates use), so a weak model cannot pad it forever.
+
+Families: ``json_tools`` (Hermes / Qwen 2.5 / Qwen 3), ``qwen3_coder``
+(XML parameters), ``mistral`` (``[TOOL_CALLS]``, with or without ``[ARGS]``)
+and ``llama3_json``. Others get a BadRequest naming the format.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from mlxd.engine.types import Constraint
+from mlxd.errors import BadRequest
+from mlxd.tools.formats import LLAMA3_JSON, ToolFormat
+
+# The separators chat templates render tool-call JSON with (Python's json.dumps).
+_JSON_STYLE = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
+FORCEABLE = ("json_tools", "qwen3_coder", "mistral", LLAMA3_JSON)
+
+
+def forced_call(
+    fmt: ToolFormat,
+    tools: list[dict[str, Any]],
+    name: str | None = None,
+    *,
+    max_calls: int = 1,
+) -> Constraint:
+    """A constraint whose every sentence is ``1..max_calls`` calls of ``tools``
+    (only of the tool ``name`` when given)."""
+    functions = _functions(tools)
+    if name is not None:
+        functions = [f for f in functions if f["name"] == name]
+        if not functions:
+            raise BadRequest(f"tool_choice names `{name}`, which is not in `tools`.", param="tool_choice")
+    if not functions:
+        raise BadRequest("tool_choice requires at least one function in `tools`.", param="tools")
+    if fmt.name not in FORCEABLE:
+        raise BadRequest(
+            f"tool_choice `required` or a named function cannot be enforced for this model's "
+            f"tool format (`{fmt.name}`); enforced formats: {', '.join(FORCEABLE)}.",
+            param="tool_choice",
+        )
+    builder = {"json_tools": _hermes, "qwen3_coder": _qwen3_coder, "mistral": _mistral, LLAMA3_JSON: _llama3}
+    call = builder[fmt.name](fmt, functions)
+    repeat = "" if max_calls <= 1 else f"(SEP call){{0,{max_calls - 1}}}"
+    sep = '\nSEP: "\\n"' if max_calls > 1 else ""
+    return Constraint.lark(f"start: call{repeat}\n{call}{sep}\n")
+
+
+def _functions(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for tool in tools or []:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            params = function.get("parameters")
+            params = params if isinstance(params, dict) else {"type": "object", "properties": {}}
+            out.append({"name": function["name"], "parameters": closed(params)})
+    return out
+
+
+def closed(schema: Any) -> Any:
+    """``schema`` with ``additionalProperties: false`` wherever it has
+    ``properties`` and says nothing: a tool cannot use keys it did not
+    declare, and a weak model would otherwise invent keys until max_tokens."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: closed(v) if k in _SUBSCHEMA_KEYS else v for k, v in schema.items()}
+    if "properties" in out and isinstance(out["properties"], dict):
+        out["properties"] = {k: closed(v) for k, v in out["properties"].items()}
+        out.setdefault("additionalProperties", False)
+    return out
+
+
+_SUBSCHEMA_KEYS = ("items", "anyOf", "oneOf", "allOf", "$defs", "definitions", "prefixItems")
+
+
+def _json(schema: dict[str, Any]) -> str:
+    # x-guidance sets llguidance's JSON options for this %json only.
+    return "%json " + json.dumps({**schema, "x-guidance": _JSON_STYLE})
+
+
+def _quote(text: str) -> str:
+    return json.dumps(text)
+
+
+def _call_object(function: dict[str, Any], arguments_key: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"name": {"const": function["name"]}, arguments_key: function["parameters"]},
+        "required": ["name", arguments_key],
+        "additionalProperties": False,
+    }
+
+
+def _any_call(functions: list[dict[str, Any]], arguments_key: str) -> dict[str, Any]:
+    objects = [_call_object(f, arguments_key) for f in functions]
+    return objects[0] if len(objects) == 1 else {"anyOf": objects}
+
+
+def _hermes(fmt: ToolFormat, functions: list[dict[str, Any]]) -> str:
+    # <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>
+    body = _json(_any_call(functions, "arguments"))
+    return f"call: {_quote(fmt.start + chr(10))} body {_quote(chr(10) + fmt.end)}\nbody: {body}"
+
+
+def _llama3(fmt: ToolFormat, functions: list[dict[str, Any]]) -> str:
+    return f"call: {_json(_any_call(functions, 'parameters'))}"
+
+
+def _mistral(fmt: ToolFormat, functions: list[dict[str, Any]]) -> str:
+    if "[ARGS]" in fmt.template:
+        # Newer templates: [TOOL_CALLS]name[ARGS]{...}
+        rules = [
+            f"fn{i}: {_quote(f['name'] + '[ARGS]')} args{i}\nargs{i}: {_json(f['parameters'])}"
+            for i, f in enumerate(functions)
+        ]
+        names = " | ".join(f"fn{i}" for i in range(len(functions)))
+        return f"call: {_quote(fmt.start)} ({names})\n" + "\n".join(rules)
+    # Older ones: [TOOL_CALLS][{"name": ..., "arguments": {...}}]
+    return f'call: {_quote(fmt.start + "[")} body "]"\nbody: {_json(_any_call(functions, "arguments"))}'
+
+
+def _qwen3_coder(fmt: ToolFormat, functions: list[dict[str, Any]]) -> str:
+    # <tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n</function>\n</tool_call>
+    rules: list[str] = []
+    alternatives = []
+    for i, function in enumerate(functions):
+        schema = function["parameters"]
+        properties = schema.get("properties") or {}
+        required = set(schema.get("required") or ())
+        parts = []
+        for j, (param, sub) in enumerate(properties.items()):
+            rule = f"p{i}_{j}"
+            open_tag = _quote(f"<parameter={param}>\n")
+            rules.append(f"{rule}: {open_tag} {rule}_v {_quote(chr(10) + '</parameter>' + chr(10))}")
+            rules.append(f"{rule}_v: {_xml_value(sub if isinstance(sub, dict) else {})}")
+            parts.append(rule if param in required else f"{rule}?")
+        head = _quote(f"<function={function['name']}>\n")
+        rules.append(f"fn{i}: {head} {' '.join(parts)} {_quote('</function>')}")
+        alternatives.append(f"fn{i}")
+    start, end = _quote(fmt.start + "\n"), _quote("\n" + fmt.end)
+    return f"call: {start} ({' | '.join(alternatives)}) {end}\n" + "\n".join(rules)
+
+
+def _xml_value(schema: dict[str, Any]) -> str:
+    """A parameter's value as qwen3_coder's parser reads it back: strings
+    raw, everything else as JSON."""
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
+        return " | ".join(_quote(v) for v in enum)
+    if schema.get("type") == "string":
+        limit = schema.get("maxLength")
+        bound = f"{{0,{int(limit)}}}" if isinstance(limit, int) and limit >= 0 else "*"
+        # No "<" so the value cannot swallow the closing tag; no newline at
+        # its edges (the parser strips one).
+        return f"/[^<\\n]{bound}/"
+    return _json(schema)

@@ -1,0 +1,148 @@
+"""The tool-call format a model writes, and the parser for it.
+
+Parsers are mlx-lm's own (``mlx_lm/tool_parsers/``), picked as mlx-lm picks
+them (``tool_parser_type`` in ``tokenizer_config.json``, else inferred from
+the chat template). mlx-lm has no parser for Llama 3's bare JSON calls, so
+``llama3_json`` (``mlxd.tools.llama3``) is ours. The registry's
+``tool_parser:`` overrides the guess; ``none`` turns tool calling off.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlxd.errors import BadRequest
+
+# Formats of our own, next to mlx-lm's modules.
+LLAMA3_JSON = "llama3_json"
+NONE = "none"
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """How one model family writes tool calls."""
+
+    name: str
+    # The markup that opens a call. Empty: a call is the whole answer (Llama 3).
+    start: str
+    # The markup that closes it. Empty: the call runs to the end of the answer (Mistral).
+    end: str
+    # mlx-lm's signature: (call text between the markers, tools) -> call or list of calls,
+    # each {"name", "arguments": dict, optional "id"}; raises ValueError when it cannot.
+    parse: Callable[[str, Any], Any]
+    # The chat template, for details of a family's forced-call shape (Mistral's [ARGS]).
+    template: str = ""
+
+
+def known_parsers() -> list[str]:
+    """Every value ``tool_parser:`` accepts. Does not import mlx-lm (the
+    registry is validated without it)."""
+    spec = importlib.util.find_spec("mlx_lm")
+    folders = [str(Path(p) / "tool_parsers") for p in (spec.submodule_search_locations or [])] if spec else []
+    names = [m.name for m in pkgutil.iter_modules(folders)]
+    return sorted([*names, LLAMA3_JSON, NONE])
+
+
+def format_named(name: str, template: str = "") -> ToolFormat:
+    if name == LLAMA3_JSON:
+        from mlxd.tools import llama3
+
+        return ToolFormat(name, "", "", llama3.parse_tool_call, template)
+    if name not in known_parsers():
+        raise ValueError(f"unknown tool parser {name!r}; choose from {', '.join(known_parsers())}")
+    module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
+    return ToolFormat(name, module.tool_call_start, module.tool_call_end or "", module.parse_tool_call, template)
+
+
+def guess_name(chat_template: Any, vocab: Any, configured: str | None = None) -> str | None:
+    """The parser mlx-lm would pick, else ours for Llama 3; None when the model has none."""
+    if configured:
+        return configured
+    from mlx_lm.tokenizer_utils import _infer_tool_parser
+
+    probe = _TemplateProbe(chat_template, vocab)
+    name = _infer_tool_parser(probe)
+    if name is None and isinstance(chat_template, str) and _looks_like_llama3(chat_template):
+        name = LLAMA3_JSON
+    return name
+
+
+def resolve(tokenizer: Any, override: str | None = None) -> ToolFormat | None:
+    """The format of a loaded model (mlx-lm ``TokenizerWrapper``)."""
+    if override == NONE:
+        return None
+    template = getattr(tokenizer, "chat_template", None)
+    template = template if isinstance(template, str) else ""
+    if override:
+        return format_named(override, template)
+    parser = getattr(tokenizer, "tool_parser", None)
+    if parser is not None:
+        # mlx-lm already chose one while loading.
+        name = getattr(parser, "__module__", "").rsplit(".", 1)[-1]
+        return ToolFormat(name, tokenizer.tool_call_start, tokenizer.tool_call_end or "", parser, template)
+    if _looks_like_llama3(template):
+        return format_named(LLAMA3_JSON, template)
+    return None
+
+
+def resolve_from_files(model_dir: Path, override: str | None = None) -> str | None:
+    """The parser name a model folder gets, without loading it (``mlxd check``)."""
+    if override:
+        return None if override == NONE else override
+    config = _read_json(model_dir / "tokenizer_config.json")
+    template: Any = config.get("chat_template")
+    jinja = model_dir / "chat_template.jinja"
+    if template is None and jinja.is_file():
+        template = jinja.read_text(encoding="utf-8", errors="replace")
+    if isinstance(template, list):  # named templates: mlx-lm uses "default"
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default") or next(iter(named.values()), None)
+    added = _read_json(model_dir / "tokenizer.json").get("added_tokens") or []
+    vocab = {t.get("content"): t.get("id") for t in added if isinstance(t, dict)}
+    return guess_name(template, vocab, config.get("tool_parser_type"))
+
+
+def require(fmt: ToolFormat | None, model: str) -> ToolFormat:
+    """The format, or the 400 that tells the client why ``tools`` cannot work here."""
+    if fmt is None:
+        raise BadRequest(
+            f"The model `{model}` has no tool-call format mlxd knows (its chat template names "
+            f"none). Set `tool_parser:` for it in the registry to one of: "
+            f"{', '.join(p for p in known_parsers() if p != NONE)}.",
+            param="tools",
+        )
+    return fmt
+
+
+class _TemplateProbe:
+    """What mlx-lm's inference reads from a tokenizer: its template and vocabulary."""
+
+    def __init__(self, chat_template: Any, vocab: Any) -> None:
+        self.chat_template = chat_template
+        self._vocab = vocab or {}
+
+    def get_vocab(self) -> Any:
+        return self._vocab
+
+
+def _looks_like_llama3(template: str) -> bool:
+    # Llama 3.1-3.3 templates: tools as JSON in the prompt, calls answered as
+    # {"name": ..., "parameters": ...} (built-in tools after <|python_tag|>).
+    return "<|python_tag|>" in template or (
+        "<|start_header_id|>" in template and '"parameters"' in template
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -1,0 +1,120 @@
+"""From a chat request's tool and format fields to what the engine needs.
+
+The API layer calls ``plan_output`` with the request's ``tools``,
+``tool_choice``, ``parallel_tool_calls`` and ``response_format`` (as sent,
+OpenAI's shapes) and the model's tool format; it gets back what to put on the
+``GenerationRequest`` (``tools`` for the template, a ``constraint``) and the
+format to split the answer with. Every client mistake is a BadRequest naming
+its field. Pure: no MLX.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mlxd.engine.types import Constraint
+from mlxd.errors import BadRequest
+from mlxd.tools.forcing import forced_call
+from mlxd.tools.formats import ToolFormat, require
+
+# With parallel_tool_calls a forced answer may hold this many calls.
+MAX_PARALLEL_CALLS = 4
+
+
+@dataclass(frozen=True)
+class OutputPlan:
+    # Rendered by the chat template (None: no tools in the prompt).
+    tools: list[dict[str, Any]] | None = None
+    constraint: Constraint | None = None
+    # Split the answer into text and calls with this (None: the answer is text).
+    tool_format: ToolFormat | None = None
+
+
+def plan_output(
+    model: str,
+    tool_format: ToolFormat | None,
+    *,
+    tools: Any = None,
+    tool_choice: Any = None,
+    parallel_tool_calls: bool | None = None,
+    response_format: Any = None,
+) -> OutputPlan:
+    constraint = _response_format(response_format)
+    checked = _tools(tools)
+    choice = _tool_choice(tool_choice, checked)
+    if not checked or choice == "none":
+        # "none": the model answers in text; calls in the history still render.
+        return OutputPlan(constraint=constraint)
+    fmt = require(tool_format, model)
+    if choice == "auto":
+        return OutputPlan(tools=checked, constraint=constraint, tool_format=fmt)
+    if constraint is not None:
+        raise BadRequest(
+            "response_format cannot be combined with a tool_choice that forces a call.",
+            param="response_format",
+        )
+    name = None if choice == "required" else choice
+    calls = MAX_PARALLEL_CALLS if choice == "required" and parallel_tool_calls else 1
+    return OutputPlan(tools=checked, constraint=forced_call(fmt, checked, name, max_calls=calls), tool_format=fmt)
+
+
+def _response_format(value: Any) -> Constraint | None:
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Constraint.json_object()
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise BadRequest(
+                "response_format.json_schema.schema must be a JSON schema object.", param="response_format"
+            )
+        return Constraint.json_schema(schema)
+    raise BadRequest(
+        "response_format.type must be one of `text`, `json_object`, `json_schema`.", param="response_format"
+    )
+
+
+def _tools(tools: Any) -> list[dict[str, Any]]:
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise BadRequest("tools must be a list.", param="tools")
+    checked = []
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(function, dict):
+            raise BadRequest(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{...}}}}.", param="tools")
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise BadRequest(f"tools[{i}].function.name must be a non-empty string.", param="tools")
+        parameters = function.get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise BadRequest(f"tools[{i}].function.parameters must be a JSON schema object.", param="tools")
+        checked.append(tool)
+    return checked
+
+
+def _tool_choice(value: Any, tools: list[dict[str, Any]]) -> str:
+    """"none", "auto", "required", or the name of the function to call."""
+    if value is None:
+        return "auto" if tools else "none"
+    if value in ("none", "auto", "required"):
+        if value == "required" and not tools:
+            raise BadRequest("tool_choice `required` needs `tools`.", param="tool_choice")
+        return value
+    function = value.get("function") if isinstance(value, dict) and value.get("type") == "function" else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str):
+        raise BadRequest(
+            'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}.',
+            param="tool_choice",
+        )
+    if name not in {t["function"]["name"] for t in tools}:
+        raise BadRequest(f"tool_choice names `{name}`, which is not in `tools`.", param="tool_choice")
+    return name

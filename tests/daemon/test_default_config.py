@@ -1,0 +1,67 @@
+"""Without --config, mlxd finds its registry: MLXD_CONFIG, then the default
+location (~/.config/mlxd/models.yaml, or $XDG_CONFIG_HOME), then the demo."""
+
+import os
+import subprocess
+import sys
+
+import httpx
+import pytest
+from support.daemon import daemon_process, write_registry
+
+pytestmark = pytest.mark.mlx
+
+
+def _env(tmp_path, **extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("MLXD_CONFIG", "XDG_CONFIG_HOME")}
+    return {**env, "HOME": str(tmp_path / "home"), "XDG_CONFIG_HOME": str(tmp_path / "xdg"), **extra}
+
+
+def _run(*args, env):
+    return subprocess.run([sys.executable, "-m", "mlxd", *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_serve_without_config_serves_the_registry_at_the_default_location(tmp_path):
+    folder = tmp_path / "xdg" / "mlxd"
+    folder.mkdir(parents=True)
+    write_registry(folder, [{"name": "from-default", "model": "qwen"}])
+    with daemon_process(None, tmp_path, env=_env(tmp_path)) as d:
+        names = [m["id"] for m in httpx.get(f"{d.url}/v1/models", timeout=10).json()["data"]]
+        assert names == ["from-default"]
+        status = httpx.get(f"{d.url}/v1/status", timeout=10).json()
+        assert status["config"]["path"] == str(folder / "models.yaml")
+
+
+def test_mlxd_config_wins_over_the_default_location(tmp_path):
+    (tmp_path / "xdg" / "mlxd").mkdir(parents=True)
+    write_registry(tmp_path / "xdg" / "mlxd", [{"name": "from-default", "model": "qwen"}])
+    other = tmp_path / "other"
+    other.mkdir()
+    chosen = write_registry(other, [{"name": "from-env", "model": "qwen"}])
+    result = _run("check", env=_env(tmp_path, MLXD_CONFIG=str(chosen)))
+    assert result.returncode == 0 and "from-env [text]" in result.stdout
+
+
+def test_check_without_a_path_uses_the_default_location_or_says_how_to_create_it(tmp_path):
+    missing = _run("check", env=_env(tmp_path))
+    assert missing.returncode == 2
+    lines = missing.stderr.strip().splitlines()
+    default = tmp_path / "xdg" / "mlxd" / "models.yaml"
+    assert len(lines) == 1 and str(default) in lines[0] and "mlxd demo" in lines[0], missing.stderr
+
+    default.parent.mkdir(parents=True)
+    write_registry(default.parent, [{"name": "here", "model": "qwen"}])
+    found = _run("check", env=_env(tmp_path))
+    assert found.returncode == 0 and "here [text]" in found.stdout and str(default) in found.stdout
+
+
+def test_serve_without_config_or_default_file_serves_the_demo_registry(tmp_path):
+    # `make demo` runs `mlxd serve` bare: with nothing at the default location it
+    # must keep serving the demo registry (here one already built in its folder).
+    demo = tmp_path / "cache" / "mlxd" / "demo"
+    demo.mkdir(parents=True)
+    write_registry(demo, [{"name": "demo-model", "model": "qwen"}])
+    with daemon_process(None, tmp_path, env=_env(tmp_path, XDG_CACHE_HOME=str(tmp_path / "cache"))) as d:
+        names = [m["id"] for m in httpx.get(f"{d.url}/v1/models", timeout=10).json()["data"]]
+        assert names == ["demo-model"]
+        assert str(tmp_path / "xdg" / "mlxd" / "models.yaml") in d.log()  # says where it looked

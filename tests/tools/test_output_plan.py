@@ -1,0 +1,72 @@
+"""What a chat request's tools / tool_choice / response_format turn into (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxd.engine.types import Constraint
+from mlxd.errors import BadRequest
+from mlxd.tools.formats import format_named
+from mlxd.tools.plan import plan_output
+
+HERMES = format_named("json_tools")
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}]
+
+
+def test_no_tools_no_format_is_plain_text():
+    assert plan_output("m", None).constraint is None
+
+
+def test_auto_renders_the_tools_and_parses_without_forcing():
+    plan = plan_output("m", HERMES, tools=TOOLS)
+    assert plan.tools == TOOLS and plan.tool_format is HERMES and plan.constraint is None
+
+
+def test_none_hides_the_tools():
+    plan = plan_output("m", HERMES, tools=TOOLS, tool_choice="none")
+    assert plan.tools is None and plan.tool_format is None
+
+
+def test_required_and_named_are_forced_by_a_grammar():
+    required = plan_output("m", HERMES, tools=TOOLS, tool_choice="required")
+    named = plan_output("m", HERMES, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}})
+    for plan in (required, named):
+        assert plan.constraint is not None and plan.constraint.kind == "lark"
+        assert '"const": "add"' in plan.constraint.text
+    parallel = plan_output("m", HERMES, tools=TOOLS, tool_choice="required", parallel_tool_calls=True)
+    assert "{0,3}" in parallel.constraint.text and "{0," not in required.constraint.text
+
+
+def test_response_formats():
+    assert plan_output("m", None, response_format={"type": "text"}).constraint is None
+    assert plan_output("m", None, response_format={"type": "json_object"}).constraint == Constraint.json_object()
+    schema = {"type": "object", "properties": {"x": {"type": "boolean"}}}
+    got = plan_output("m", None, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}})
+    assert got.constraint == Constraint.json_schema(schema)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "words"),
+    [
+        ({"tools": TOOLS, "fmt": None}, "tools", "tool_parser"),  # a model without a format
+        ({"tools": [{"type": "retrieval"}]}, "tools", "tools[0]"),
+        ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools", "name"),
+        ({"tools": TOOLS, "tool_choice": "always"}, "tool_choice", "tool_choice must be"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "sub"}}}, "tool_choice", "sub"),
+        ({"tool_choice": "required"}, "tool_choice", "needs `tools`"),
+        ({"response_format": {"type": "xml"}}, "response_format", "json_schema"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format", "schema"),
+    ],
+)
+def test_client_mistakes_are_bad_requests_naming_the_field(fields, param, words):
+    fields = dict(fields)
+    fmt = fields.pop("fmt", HERMES)
+    with pytest.raises(BadRequest) as info:
+        plan_output("m", fmt, **fields)
+    assert info.value.param == param
+    assert words in info.value.message
+
+
+def test_forcing_and_a_response_format_do_not_combine():
+    with pytest.raises(BadRequest, match="combined"):
+        plan_output("m", HERMES, tools=TOOLS, tool_choice="required", response_format={"type": "json_object"})
