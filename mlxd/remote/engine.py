@@ -111,8 +111,7 @@ class RemoteEngine:
                 async for line in lines:
                     chunk = reader.feed(line)
                     if chunk is not None:
-                        if not started:
-                            started = True
+                        started = True
                         deadline.reschedule(loop.time() + spec.idle_timeout_s)
                         yield chunk
                     elif started:
