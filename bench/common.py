@@ -40,11 +40,27 @@ def reexec_with_openblas() -> None:
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
+def add_dtype_option(parser: Any) -> None:
+    parser.add_argument("--dtype", default="auto",
+                        help="model dtype: auto (bfloat16 on GPUs and Metal, float32 on Linux CPU), "
+                             "float32, float16, bfloat16")
+
+
+def model_dtype(args: Any) -> str:
+    """The dtype ``--dtype`` asks for, resolved for this machine's device."""
+    from mlxd.factory.dtypes import device_dtype
+
+    return device_dtype(args.dtype)
+
+
 def environment() -> dict[str, Any]:
     from mlxd.engine.blas import active_blas
+    from mlxd.registry.device import current_device
 
+    device = current_device()
     return {
         "blas": active_blas(),
+        "device": {"kind": device.kind, "name": device.name, "memory_bytes": device.memory_bytes},
         "machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.system()}",
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "python": platform.python_version(),
@@ -85,10 +101,13 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
 def daemon(
     models: list[dict[str, Any]],
     manager: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    log_to: Path | None = None,
     backends: dict[str, Any] | None = None,
 ) -> Iterator[str]:
     """A `mlxd serve` process (which preloads OpenBLAS itself) on a temporary
-    registry. Yields its base URL."""
+    registry. Yields its base URL. ``env`` adds variables; ``log_to`` keeps a
+    copy of its log."""
     with tempfile.TemporaryDirectory(prefix="mlxd-bench-") as tmp:
         registry = Path(tmp) / "models.yaml"
         doc = {
@@ -98,7 +117,7 @@ def daemon(
         }
         registry.write_text(yaml.safe_dump(doc, sort_keys=False))
         port = free_port()
-        env = {**os.environ, "MLXD_STATE_DIR": str(Path(tmp) / "state")}
+        env = {**os.environ, "MLXD_STATE_DIR": str(Path(tmp) / "state"), **(env or {})}
         log = open(Path(tmp) / "daemon.log", "w")
         process = subprocess.Popen(
             [sys.executable, "-m", "mlxd", "serve", "--config", str(registry), "--port", str(port), "--no-watch"],
@@ -126,3 +145,6 @@ def daemon(
             except subprocess.TimeoutExpired:
                 process.kill()
             log.close()
+            if log_to is not None:
+                log_to.parent.mkdir(parents=True, exist_ok=True)
+                log_to.write_text((Path(tmp) / "daemon.log").read_text())

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
 
-from bench.common import PROMPT, daemon, environment, reexec_with_openblas, save, table  # noqa: E402
+from bench.common import PROMPT, add_dtype_option, daemon, environment, model_dtype, reexec_with_openblas, save, table  # noqa: E402
 
 
 def stream_once(url: str, model: str, tokens: int, out: list[tuple[float, float, int]]) -> None:
@@ -104,13 +104,14 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=3, help="rounds per figure; the median is reported")
     parser.add_argument("--serial", action="store_true", help="also measure a max_concurrency 1 copy")
+    add_dtype_option(parser)
     args = parser.parse_args()
     reexec_with_openblas()
     tokens = args.tokens or {"tiny": 256, "small": 128, "bench": 32}[args.size]
 
     from mlxd.factory import ModelRecipe, build_model
 
-    path = build_model(ModelRecipe("qwen2", args.size))
+    path = build_model(ModelRecipe("qwen2", args.size, dtype=model_dtype(args)))
     entry = {"name": "m", "path": str(path), "preload": True, "max_concurrency": 8, "max_context": 4096,
              "idle_unload_seconds": 0}
     entries = [entry, {**entry, "name": "serial", "max_concurrency": 1}] if args.serial else [entry]

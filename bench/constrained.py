@@ -184,7 +184,7 @@ async def bench(size: str, max_tokens: int, repeats: int) -> dict[str, Any]:
             try:
                 result[label] = await compare(engine, rows, max_tokens, repeats)
                 if label == "single":
-                    _, tokenizer = engine.model_and_tokenizer()
+                    _, tokenizer = engine.model.get()
                     result["compile"] = compile_times(tokenizer, engine.grammars._vocab_size)
             finally:
                 await engine.close()

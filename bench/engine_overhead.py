@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import PROMPT, ROOT, environment, reexec_with_openblas, save  # noqa: E402
+from bench.common import PROMPT, ROOT, add_dtype_option, environment, model_dtype, reexec_with_openblas, save  # noqa: E402
 
 
 @dataclass
@@ -93,7 +93,7 @@ async def handoff_cost_us(items: int = 50_000) -> float:
     return round(best * 1e6, 2)
 
 
-async def bench(size: str, arch: str, max_tokens: int, repeats: int) -> dict[str, Any]:
+async def bench(size: str, arch: str, max_tokens: int, repeats: int, dtype: str = "float32") -> dict[str, Any]:
     import mlx_lm
 
     from mlxd.engine.loader import load_text_engine
@@ -101,7 +101,7 @@ async def bench(size: str, arch: str, max_tokens: int, repeats: int) -> dict[str
     from mlxd.factory import ModelRecipe, build_model
     from mlxd.registry.model import ModelSpec, PrefixCacheSpec
 
-    path = build_model(ModelRecipe(arch=arch, size=size))
+    path = build_model(ModelRecipe(arch=arch, size=size, dtype=dtype))
     model, tokenizer = mlx_lm.load(str(path))
     prompt_tokens = len(tokenizer.encode(PROMPT))
 
@@ -194,11 +194,12 @@ def main() -> None:
     parser.add_argument("--arch", choices=["qwen2", "llama"], default="qwen2")
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
+    add_dtype_option(parser)
     args = parser.parse_args()
     reexec_with_openblas()
     max_tokens = args.max_tokens or {"tiny": 256, "small": 256, "bench": 64}[args.size]
     repeats = args.repeats or {"tiny": 7, "small": 5, "bench": 3}[args.size]
-    result = asyncio.run(bench(args.size, args.arch, max_tokens, repeats))
+    result = asyncio.run(bench(args.size, args.arch, max_tokens, repeats, model_dtype(args)))
     print_table(result)
     path = save("engine_overhead", f"{result['arch']}-{result['size']}", result)
     print(f"\nwrote {path.relative_to(ROOT)}")

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
 
-from bench.common import PROMPT, daemon, environment, reexec_with_openblas, save, table  # noqa: E402
+from bench.common import PROMPT, add_dtype_option, daemon, environment, model_dtype, reexec_with_openblas, save, table  # noqa: E402
 
 CONTEXT = 1024
 
@@ -48,9 +48,9 @@ def direct_load_seconds(path: Path) -> float:
 
 def daemon_load_seconds(http: httpx.Client, name: str) -> float:
     started = time.perf_counter()
-    http.post(f"/v1/models/{name}/load").raise_for_status()
+    http.post(f"/v1/models/{name}/load", json={}).raise_for_status()
     seconds = time.perf_counter() - started
-    http.post(f"/v1/models/{name}/unload").raise_for_status()
+    http.post(f"/v1/models/{name}/unload", json={}).raise_for_status()
     return seconds
 
 
@@ -70,12 +70,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", choices=["tiny", "small", "bench"], default="small")
     parser.add_argument("--repeats", type=int, default=5)
+    add_dtype_option(parser)
     args = parser.parse_args()
     reexec_with_openblas()
 
     from mlxd.factory import ModelRecipe, build_model
 
-    paths = [build_model(ModelRecipe("qwen2", args.size, seed=s)) for s in (0, 1)]
+    paths = [build_model(ModelRecipe("qwen2", args.size, seed=s, dtype=model_dtype(args))) for s in (0, 1)]
     common = {"max_context": CONTEXT, "max_concurrency": 1, "idle_unload_seconds": 0,
               "prefix_cache": {"max_bytes": 0, "persist": False}}
     entries = [{"name": f"m{i}", "path": str(p), **common} for i, p in enumerate(paths)]
@@ -98,7 +99,7 @@ def main() -> None:
                 "measured_bytes": memory["measured_bytes"],
                 "ratio": round(memory["measured_bytes"] / memory["estimated_bytes"], 3),
             })
-            http.post(f"/v1/models/{entry['name']}/unload").raise_for_status()
+            http.post(f"/v1/models/{entry['name']}/unload", json={}).raise_for_status()
     # Swaps: a budget that holds one model; alternate requests force a swap each time.
     budget = int(max(f["estimated_bytes"] for f in footprints) * 1.5)
     swaps: list[float] = []

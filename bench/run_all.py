@@ -18,6 +18,7 @@ HERE = Path(__file__).resolve().parent
 QUICK = [
     ["overhead.py", "--size", "tiny"],
     ["overhead.py", "--size", "small"],
+    ["overhead.py", "--model", "smollm2"],
     ["residency.py", "--size", "small"],
     ["concurrency.py", "--size", "small"],
     ["prefix_cache.py", "--size", "small"],

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
 
-from bench.common import PROMPT, daemon, environment, save, table  # noqa: E402
+from bench.common import PROMPT, add_dtype_option, daemon, environment, model_dtype, save, table  # noqa: E402
 
 TARGET_P99_MS = 20.0
 
@@ -45,12 +45,12 @@ class Phase:
     generated_tokens_per_s: float
 
 
-def models(size: str) -> list[dict[str, object]]:
+def models(size: str, dtype: str = "float32") -> list[dict[str, object]]:
     from mlxd.factory import ModelRecipe, build_model
 
     return [
-        {"name": "first", "path": str(build_model(ModelRecipe("qwen2", size, seed=0)))},
-        {"name": "second", "path": str(build_model(ModelRecipe("llama", size, seed=1)))},
+        {"name": "first", "path": str(build_model(ModelRecipe("qwen2", size, seed=0, dtype=dtype)))},
+        {"name": "second", "path": str(build_model(ModelRecipe("llama", size, seed=1, dtype=dtype)))},
     ]
 
 
@@ -118,11 +118,12 @@ def main() -> None:
     parser.add_argument("--size", default="tiny", choices=("tiny", "small"))
     parser.add_argument("--seconds", type=float, default=20.0, help="per phase under load")
     parser.add_argument("--max-tokens", type=int, default=512)
+    add_dtype_option(parser)
     args = parser.parse_args()
 
     # Other processes compete for the same cores: say how busy the machine was.
     load_before = environment()["load_average"]
-    with daemon(models(args.size)) as url:
+    with daemon(models(args.size, model_dtype(args))) as url:
         for model in ("first", "second"):  # load both and warm the kernels up
             httpx.post(f"{url}/v1/chat/completions", timeout=300, json={
                 "model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8})

@@ -60,6 +60,12 @@ class AuthenticationFailed(MlxdError):
     code = "invalid_api_key"
 
 
+class PermissionDenied(MlxdError):
+    status_code = 403
+    error_type = "invalid_request_error"
+    code = "forbidden"
+
+
 class ModelNotFound(MlxdError):
     status_code = 404
     error_type = "invalid_request_error"
@@ -68,10 +74,28 @@ class ModelNotFound(MlxdError):
     def __init__(self, requested: str, available: list[str]) -> None:
         names = ", ".join(f"`{n}`" for n in sorted(available)) or "none"
         super().__init__(
-            f"The model `{requested}` does not exist. Available models: {names}",
+            f"The model `{clip(requested)}` does not exist. Available models: {names}",
             param="model",
         )
         self.requested = requested
+
+
+class BodyTimeout(MlxdError):
+    status_code = 408
+    error_type = "invalid_request_error"
+    code = "request_body_timeout"
+
+
+class PayloadTooLarge(MlxdError):
+    status_code = 413
+    error_type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class UnsupportedMediaType(MlxdError):
+    status_code = 415
+    error_type = "invalid_request_error"
+    code = "unsupported_media_type"
 
 
 class QueueFull(MlxdError):
@@ -102,6 +126,14 @@ class ShuttingDown(ServiceUnavailable):
 
 class ModelPreempted(ServiceUnavailable):
     code = "preempted"
+
+
+class ModelUnloaded(ServiceUnavailable):
+    """The engine was unloaded under a request that had its lease (an admin
+    unload or a shutdown raced it); the next attempt loads it again."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model `{model}` was unloaded; retry the request.")
 
 
 class RequestTimeout(MlxdError):
@@ -159,6 +191,11 @@ class ClientDisconnected(MlxdError):
     code = "client_closed_request"
 
 
+class StartupError(MlxdError):
+    """The daemon cannot start here (port taken, state dir unusable): the CLI
+    prints one line and exits 2, before any model work has run."""
+
+
 class ConfigError(MlxdError):
     """A registry or settings problem, located as precisely as we can.
 
@@ -202,3 +239,18 @@ def describe_exception(exc: BaseException, limit: int = 300) -> str:
     text = "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in text)
     line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+class GGUFError(ConfigError):
+    """A GGUF file mlxd cannot convert: corrupt, or an architecture, tensor
+    type or tokenizer it does not know. A ConfigError, so a registry entry
+    pointing at such a file is reported at its ``path`` key."""
+
+    code = "invalid_gguf"
+
+
+def clip(text: str, limit: int = 80) -> str:
+    """A client-supplied string bounded for echoing in a message: a request
+    must not be able to make its error (or the log line) megabytes long."""
+    text = "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in text[: limit + 1])
+    return text if len(text) <= limit else text[: limit - 3] + "..."

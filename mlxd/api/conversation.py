@@ -68,6 +68,10 @@ class Conversation:
     def has_images(self) -> bool:
         return any(m.images() for m in self.messages)
 
+    def text_length(self) -> int:
+        """Characters of text (images not counted): a cheap bound on tokens."""
+        return sum(len(p.text) for m in self.messages for p in m.parts() if isinstance(p, TextPart))
+
     def template_messages(self) -> list[dict[str, Any]]:
         """The messages as chat templates take them. An image becomes
         ``{"type": "image"}``: the template only needs to know where it goes,

@@ -76,11 +76,21 @@ async def guarded(request: Request, work: Awaitable[T], timeout: float) -> T:
 
 
 async def _read_images_and_acquire(ctx: DaemonContext, plan: Plan) -> Lease:
-    """Images are read (files, remote fetches, decoding) before the lease, so
-    a bad image is a 400 that never loads a model or holds a slot."""
-    if plan.images is not None and plan.images.sources:
-        plan.requests[0].images = await plan.images.load()
-    return await ctx.manager.acquire(plan.requested_name, timeout=plan.remaining())
+    """Images are read (files, remote fetches, headers) before the lease, so
+    a bad image is a 400 that never loads a model or holds a slot; they are
+    decoded only once the lease is held, so requests the queue refuses never
+    decode anything, and under the daemon-wide image memory bound."""
+    images = plan.images if plan.images is not None and plan.images.sources else None
+    if images is not None:
+        await images.read()
+    lease = await ctx.manager.acquire(plan.requested_name, timeout=plan.remaining())
+    if images is not None:
+        try:
+            plan.requests[0].images = await images.decode(ctx.image_memory)
+        except BaseException:
+            lease.release()
+            raise
+    return lease
 
 
 # --- one answer ---------------------------------------------------------------
@@ -251,7 +261,14 @@ class _StreamState:
         self.framer = framer
         self.meter = ctx.metrics.meter(plan.spec.name, plan.started)
         self.usage = Usage()
+        # Running counts of the generation in progress (its chunks carry
+        # them): a stream that ends early is logged with what it really cost.
+        self._partial = (0, 0)
         self.status = 200
+
+    def totals(self) -> tuple[int, int]:
+        """Prompt and completion tokens so far, the unfinished prompt included."""
+        return self.usage.prompt_tokens + self._partial[0], self.usage.completion_tokens + self._partial[1]
 
     def handle(self, item: Any) -> tuple[list[str], bool]:
         """Frames for one queue item, and whether the stream is over."""
@@ -263,12 +280,14 @@ class _StreamState:
             return [self.framer.error(item)], True
         index, chunk = item
         self.meter.chunk(index, chunk)
+        self._partial = (chunk.prompt_tokens, chunk.completion_tokens)
         if chunk.finish_reason == "abort":
             self.status = 503
             return [self.framer.error(_preempted(self.plan))], True
         out = []
         for event in chunk_events(index, chunk):
             if isinstance(event, Finish):
+                self._partial = (0, 0)
                 self.usage = self.usage + event.usage
             out.append(self.framer.event(event))
         return out, False
@@ -332,7 +351,7 @@ async def _frames(
     finally:
         await _stop(producer)
         lease.release()
-        record_request(ctx, plan.spec.name, state.status, plan, state.usage.prompt_tokens, state.usage.completion_tokens)
+        record_request(ctx, plan.spec.name, state.status, plan, *state.totals())
 
 
 # --- answering ----------------------------------------------------------------

@@ -6,10 +6,17 @@ Two steps, so that nothing slow runs on the event loop:
   looks at every image part without any I/O, applies the model's rules
   (``data:`` URLs always; ``file://`` only under ``local_image_dir``; http(s)
   only with ``allow_remote_images``) and raises a 400 naming the part.
-- ``PendingImages.load()`` runs just before a lease is taken: it decodes
+- ``PendingImages.read()`` runs just before a lease is taken: it decodes
   base64 and reads files in a thread, fetches remote URLs with httpx under a
-  size cap and a deadline, and decodes every image with Pillow (PNG, JPEG and
-  WebP only) into an RGB ``PIL.Image``.
+  size cap and a deadline, and reads each image's header (format, size), so
+  a bad image is a 400 that never loads a model or holds a slot.
+- ``PendingImages.decode(memory)`` runs once the lease is held: it decodes
+  every image with Pillow (PNG, JPEG and WebP only) into an RGB
+  ``PIL.Image``, no larger than the model's image processor will use, under
+  the daemon-wide bound on decoded pixels (``ImageMemory``). A 160 KB PNG can
+  hold 7000x7000 pixels (147 MB of RGB): decoding only after admission, and
+  only as many at once as that bound allows, keeps a burst of them from
+  taking gigabytes before the queue limits apply.
 
 Every failure is a ``BadRequest`` whose ``param`` names the part where the
 client's request had it (``messages[1].content[0]``); exception text from
@@ -21,8 +28,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import io
+import json
 import logging
+import math
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +65,85 @@ class ImageLimits:
 
 
 @dataclass(frozen=True)
+class DecodeTarget:
+    """The least an image must keep for the model's image processor: it
+    resizes every image itself, so decoding more than this only costs memory.
+    An image is reduced by a whole factor while both bounds still hold."""
+
+    min_side: int | None = None
+    min_pixels: int | None = None
+
+    # Without a processor config: Qwen2-VL's default max_pixels (3584 x 3584).
+    FALLBACK_PIXELS = 12_845_056
+
+    @classmethod
+    def for_model_folder(cls, folder: Path | None) -> DecodeTarget:
+        """From ``preprocessor_config.json``: ``max_pixels`` (Qwen2-VL and
+        kin), ``size`` ({height, width}, {shortest_edge}) or ``image_size``."""
+        config: dict[str, Any] = {}
+        if folder is not None:
+            with contextlib.suppress(OSError, ValueError):
+                config = json.loads((folder / "preprocessor_config.json").read_text())
+        size = config.get("size")
+        if isinstance(config.get("max_pixels"), int):
+            return cls(min_pixels=config["max_pixels"])
+        if isinstance(size, dict):
+            if isinstance(size.get("max_pixels"), int):
+                return cls(min_pixels=size["max_pixels"])
+            sides = [v for k, v in size.items() if k in ("height", "width", "shortest_edge", "longest_edge")]
+            if sides and all(isinstance(v, int) for v in sides):
+                return cls(min_side=max(sides))
+        if isinstance(size, int):
+            return cls(min_side=size)
+        if isinstance(config.get("image_size"), int):
+            return cls(min_side=config["image_size"])
+        return cls(min_pixels=cls.FALLBACK_PIXELS)
+
+    def factor(self, width: int, height: int) -> int:
+        """The largest whole reduction that keeps both bounds (1: none)."""
+        bounds = []
+        if self.min_side:
+            bounds.append(min(width, height) // self.min_side)
+        if self.min_pixels:
+            bounds.append(math.isqrt(width * height // self.min_pixels))
+        return max(1, min(bounds)) if bounds else 1
+
+
+class ImageMemory:
+    """A bound on decoded image bytes held at once, across every request.
+
+    One lives in the daemon's context; each decode reserves what its image
+    will take (file pixels plus the RGB copy) and waits while the rest of the
+    bound is in use.
+    """
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit = limit_bytes
+        self.used = 0
+        self.peak = 0
+        self._freed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, nbytes: int, param: str) -> AsyncIterator[None]:
+        if nbytes > self.limit:
+            raise BadRequest(
+                f"Decoding the image would take {format_bytes(nbytes)}, more than this server allows "
+                f"({format_bytes(self.limit)}, server.max_image_memory); send a smaller image.",
+                param=param,
+            )
+        async with self._freed:
+            await self._freed.wait_for(lambda: self.used + nbytes <= self.limit)
+            self.used += nbytes
+            self.peak = max(self.peak, self.used)
+        try:
+            yield
+        finally:
+            async with self._freed:
+                self.used -= nbytes
+                self._freed.notify_all()
+
+
+@dataclass(frozen=True)
 class ImagePolicy:
     """Where one model may take images from (its models.yaml entry)."""
 
@@ -61,6 +151,8 @@ class ImagePolicy:
     local_dir: Path | None = None
     allow_remote: bool = False
     limits: ImageLimits = field(default_factory=ImageLimits)
+    # The model's folder, for its image processor's size (``DecodeTarget``).
+    model_dir: Path | None = None
 
     @classmethod
     def for_model(cls, spec: ModelSpec, limits: ImageLimits | None = None) -> ImagePolicy:
@@ -69,6 +161,7 @@ class ImagePolicy:
             local_dir=spec.local_image_dir.resolve() if spec.local_image_dir else None,
             allow_remote=spec.allow_remote_images,
             limits=limits or ImageLimits(),
+            model_dir=spec.path,
         )
 
 
@@ -82,23 +175,50 @@ class ImageSource:
     location: str | Path
 
 
+@dataclass(frozen=True)
+class ReadImage:
+    """An image's bytes with its header checked, not decoded yet."""
+
+    param: str
+    raw: bytes
+    # What decoding will hold at its peak, in bytes.
+    decode_bytes: int
+
+
 @dataclass
 class PendingImages:
     sources: list[ImageSource]
     limits: ImageLimits
+    model_dir: Path | None = None
+    read_images: list[ReadImage] = field(default_factory=list)
+    target: DecodeTarget = field(default_factory=DecodeTarget)
 
-    async def load(self) -> list[Any]:
-        """The decoded images (``PIL.Image``, RGB), in message order."""
-        images = []
+    async def read(self) -> None:
+        """Fetch every image's bytes and check its header; no decoding."""
         client = _http_client(self.limits) if any(s.kind == "remote" for s in self.sources) else None
+        self.target = await asyncio.to_thread(DecodeTarget.for_model_folder, self.model_dir)
         try:
             for source in self.sources:
                 raw = await _read(source, self.limits, client)
-                images.append(await asyncio.to_thread(decode_image, raw, source.param, self.limits))
+                cost = await asyncio.to_thread(probe_image, raw, source.param, self.limits, self.target)
+                self.read_images.append(ReadImage(source.param, raw, cost))
         finally:
             if client is not None:
                 await client.aclose()
+
+    async def decode(self, memory: ImageMemory) -> list[Any]:
+        """The decoded images (``PIL.Image``, RGB), in message order."""
+        images = []
+        for item in self.read_images:
+            async with memory.hold(item.decode_bytes, item.param):
+                images.append(await asyncio.to_thread(decode_image, item.raw, item.param, self.limits, self.target))
+        self.read_images = []  # the raw bytes are not needed any more
         return images
+
+    async def load(self) -> list[Any]:
+        """Read and decode in one go, bounded by nothing but the limits."""
+        await self.read()
+        return await self.decode(ImageMemory(1 << 62))
 
 
 def collect_images(conversation: Conversation, policy: ImagePolicy) -> PendingImages:
@@ -114,11 +234,31 @@ def collect_images(conversation: Conversation, policy: ImagePolicy) -> PendingIm
             f"At most {policy.limits.max_images} images per request; this one has {len(sources)}.",
             param="messages",
         )
-    return PendingImages(sources, policy.limits)
+    return PendingImages(sources, policy.limits, policy.model_dir)
 
 
-def decode_image(raw: bytes, param: str, limits: ImageLimits) -> Any:
-    """Bytes -> an RGB ``PIL.Image``; a 400 for anything else."""
+def probe_image(raw: bytes, param: str, limits: ImageLimits, target: DecodeTarget) -> int:
+    """Check the header (format, pixel count) without decoding; return the
+    bytes decoding will hold at its peak."""
+    with _opened(raw, param, limits, target) as image:
+        # The file's own pixels, then the RGB copy convert() makes.
+        return image.size[0] * image.size[1] * (len(image.getbands()) + 3)
+
+
+def decode_image(raw: bytes, param: str, limits: ImageLimits, target: DecodeTarget | None = None) -> Any:
+    """Bytes -> an RGB ``PIL.Image``, reduced to what ``target`` needs; a 400
+    for anything else."""
+    target = target or DecodeTarget()
+    with _opened(raw, param, limits, target) as image:
+        rgb = image.convert("RGB")
+    factor = target.factor(*rgb.size)
+    return rgb.reduce(factor) if factor > 1 else rgb
+
+
+@contextlib.contextmanager
+def _opened(raw: bytes, param: str, limits: ImageLimits, target: DecodeTarget) -> Any:
+    """The image opened (header read, pixels not decoded), JPEGs set to
+    decode at the smallest scale ``target`` allows; Pillow's errors become 400s."""
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -130,7 +270,12 @@ def decode_image(raw: bytes, param: str, limits: ImageLimits) -> Any:
                     f"{limits.max_pixels:,} pixels.",
                     param=param,
                 )
-            return image.convert("RGB")
+            factor = target.factor(width, height)
+            if factor > 1 and image.format == "JPEG":
+                # libjpeg decodes straight at 1/2, 1/4 or 1/8 scale: the full
+                # size never exists in memory.
+                image.draft("RGB", (math.ceil(width / factor), math.ceil(height / factor)))
+            yield image
     except UnidentifiedImageError:
         raise BadRequest(f"The image is not a {_FORMAT_NAMES} image.", param=param) from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:

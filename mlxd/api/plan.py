@@ -97,13 +97,35 @@ def resolve_max_tokens(ctx: DaemonContext, asked: Requested, spec: ModelSpec) ->
 
 
 def _timeout(ctx: DaemonContext, asked: Requested) -> float:
-    return asked.timeout or ctx.settings.server.request_timeout_s
+    """The client may ask for less time than the server allows, never more."""
+    limit = ctx.settings.server.request_timeout_s
+    return min(asked.timeout, limit) if asked.timeout is not None else limit
+
+
+# No tokenizer makes a token of more than this many characters on average
+# over a whole prompt (English text is about 4): a prompt longer than
+# max_context times this is refused before anyone tokenizes it.
+MAX_CHARS_PER_TOKEN = 32
+
+
+def check_prompt_length(spec: ModelSpec, chars: int, param: str) -> None:
+    """A cheap bound before tokenizing: megabytes of prompt must not cost a
+    tokenizer run (and the memory it takes) only to be refused afterwards."""
+    limit = spec.max_context * MAX_CHARS_PER_TOKEN
+    if chars > limit:
+        raise BadRequest(
+            f"This model's maximum context length is {spec.max_context} tokens, but the "
+            f"{param} has {chars:,} characters, far more than fit. Shorten the {param}.",
+            param=param,
+            code="context_length_exceeded",
+        )
 
 
 def plan_chat(
     ctx: DaemonContext, asked: Requested, conversation: Conversation, *, kind: str = "chat", id_prefix: str = "chatcmpl-"
 ) -> Plan:
     spec = ctx.manager.resolve(asked.model)
+    check_prompt_length(spec, conversation.text_length(), "messages")
     if conversation.has_images() and spec.kind != "vision":
         raise BadRequest(
             f"Model `{asked.model}` is a text model and does not accept images", param="messages"
@@ -133,7 +155,14 @@ def plan_chat(
 def plan_prompts(
     ctx: DaemonContext, asked: Requested, prompts: list[str], *, kind: str = "completion", id_prefix: str = "cmpl-"
 ) -> Plan:
+    limit = ctx.settings.server.max_prompts
+    if len(prompts) > limit:
+        raise BadRequest(
+            f"At most {limit} prompts per request; this one has {len(prompts)}.", param="prompt"
+        )
     spec = ctx.manager.resolve(asked.model)
+    for i, prompt in enumerate(prompts):
+        check_prompt_length(spec, len(prompt), "prompt" if len(prompts) == 1 else f"prompt[{i}]")
     max_tokens = resolve_max_tokens(ctx, asked, spec)
     sampling = resolve_sampling(asked.sampling, spec)
     given = sampling_set(asked.sampling, spec)

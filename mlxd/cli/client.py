@@ -65,6 +65,8 @@ class DaemonClient:
         return self.request("GET", path)
 
     def post(self, path: str, **kw: Any) -> Any:
+        # The daemon's admin routes take JSON only (mlxd.api.routes.admin).
+        kw.setdefault("json", {})
         return self.request("POST", path, **kw)
 
 

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import typer
 
 from mlxd import __version__
-from mlxd.errors import ConfigError, MlxdError
+from mlxd.errors import ConfigError, MlxdError, StartupError
 
 app = typer.Typer(
     name="mlxd",
@@ -64,7 +64,7 @@ def _registry_path(config: Path | None) -> Path:
     if config is not None:
         return config
     from mlxd.settings import default_config_path, default_demo_dir
-    from mlxd.factory.demo import write_demo
+    from mlxd.factory.demo import is_stale, write_demo
 
     default = default_config_path()
     if default.exists():
@@ -72,7 +72,7 @@ def _registry_path(config: Path | None) -> Path:
     demo = default_demo_dir()
     target = demo / "models.yaml"
     typer.echo(f"mlxd: no --config given and no {default}; serving the demo registry in {demo}", err=True)
-    if not target.exists():
+    if not target.exists() or is_stale(target):
         write_demo(demo)
     return target
 
@@ -97,7 +97,18 @@ def serve(
     watch: Optional[bool] = typer.Option(None, "--watch/--no-watch", help="Reload models.yaml when it changes."),
 ) -> None:
     """Serve the models of a registry file over HTTP."""
+    from mlxd.engine.backends import backend_problem, installed_backends
     from mlxd.engine.blas import preload_env
+
+    backends = installed_backends()
+    problem = backend_problem(sys.platform, backends)
+    if problem is not None and not backends:
+        try:  # a backend copied in without its package metadata still counts
+            import mlx.core  # noqa: F401
+        except (ImportError, OSError):
+            raise _fail(problem) from None
+    elif problem is not None:
+        typer.echo(f"mlxd: warning: {problem}", err=True)
 
     # LD_PRELOAD only works at process start: re-exec once with OpenBLAS.
     env = preload_env(os.environ)
@@ -113,7 +124,7 @@ def serve(
 
     try:
         status = run_daemon(settings, _registry_path(settings.config))
-    except ConfigError as exc:
+    except (ConfigError, StartupError) as exc:
         raise _fail(str(exc)) from None
     # Everything is drained and saved by now. MLX's C++ teardown at interpreter
     # exit can abort ("terminate called without an active exception") after a
@@ -157,14 +168,38 @@ def check(
 @app.command()
 def demo(
     directory: Path = typer.Argument(..., help="Folder for the demo models and models.yaml."),
-    tiny_only: bool = typer.Option(False, "--tiny-only", help="Skip the small model (faster)."),
+    tiny_only: bool = typer.Option(False, "--tiny-only", help="Skip the small model (same as --size tiny)."),
+    size: str = typer.Option("small", "--size", help="Build the models up to this size: tiny, small or bench."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 on GPUs and Metal, float32 on a Linux CPU), float32, float16 or bfloat16."),
 ) -> None:
     """Build the demo models offline and write DIR/models.yaml naming them."""
-    from mlxd.factory.demo import write_demo
+    from mlxd.factory.demo import sizes_up_to, write_demo
+    from mlxd.factory.dtypes import device_dtype
 
-    path = write_demo(directory, sizes=("tiny",) if tiny_only else ("tiny", "small"))
+    try:
+        sizes = sizes_up_to("tiny" if tiny_only else size)
+        chosen = device_dtype(dtype)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    path = write_demo(directory, sizes=sizes, dtype=chosen)
     typer.echo(f"wrote {path}")
     typer.echo(f"serve it with: mlxd serve --config {path}")
+
+
+@app.command("import")
+def import_command(
+    source: Path = typer.Argument(..., help="The .gguf file (llama.cpp, Ollama, LM Studio)."),
+    directory: Optional[Path] = typer.Argument(None, help="New folder for the MLX model (default: ./NAME)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Model name (default: from the file name)."),
+    quantize: Optional[int] = typer.Option(None, "--quantize", help="Quantize float weights to this many bits."),
+) -> None:
+    """Convert a GGUF model into an mlx-lm folder the registry can serve (docs/import.md)."""
+    from mlxd.gguf.command import run_import
+
+    try:
+        typer.echo(run_import(source, directory, name, quantize))
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
 
 
 def _client(url: Optional[str], api_key: Optional[str]):  # type: ignore[no-untyped-def]
@@ -255,4 +290,8 @@ _mount_subcommands()
 
 
 def main() -> None:
+    from mlxd.engine.kernel_cache import keep_kernels_in_mlxd_cache
+
+    # Before anything imports MLX: it reads the variable once.
+    keep_kernels_in_mlxd_cache()
     app()

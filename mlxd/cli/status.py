@@ -110,6 +110,11 @@ def _header(doc: dict[str, Any]) -> Text:
         f"  pid {d['pid']} · up {human_seconds(d['uptime_seconds'])} · "
         f"http://{d['bind']['host']}:{d['bind']['port']} · {d['mlx']['device'] or 'MLX unavailable'}"
     )
+    device = d.get("device") or {}
+    if device.get("kind"):
+        source = (device.get("memory_source") or "").split(" (")[0]
+        text.append(f"\ndevice: {device['kind']} {device['name']} · {human_bytes(device['memory_bytes'])} {source}"
+                    f" · MLX active {human_bytes(doc['memory']['mlx']['active_bytes'])}")
     text.append(f"\nconfig: {config['path'] or '—'} (generation {config['generation']})", style="dim")
     health = doc["health"]
     if health["status"] == "ok":

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from mlxd.api.app import create_app
 from mlxd.api.context import DaemonContext
+from mlxd.api.images import ImageMemory
 from mlxd.daemon.engines import EngineFactory, PrefixCacheHooks
 from mlxd.daemon.reload import DEFAULT_DEBOUNCE_S, Reloader
 from mlxd.daemon.server import DaemonServer, build_server
@@ -74,6 +75,7 @@ def build_daemon(
         events=events,
         metrics=metrics,
         blas=blas_report(),
+        image_memory=ImageMemory(eff.server.max_image_memory_bytes),
         backends=backends,
     )
     metrics.attach(ctx.snapshot)

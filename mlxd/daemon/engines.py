@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
+from mlxd.engine.cache_store.bound import CacheDirBound
+from mlxd.engine.types import Engine
 from mlxd.engine.worker import MlxWorker
 from mlxd.errors import ModelLoadFailed
 from mlxd.registry.model import ModelSpec, Registry
@@ -25,7 +26,7 @@ class EngineFactory:
         self.worker = worker
         self.backends = backends
 
-    async def __call__(self, spec: ModelSpec, registry: Registry) -> Any:
+    async def __call__(self, spec: ModelSpec, registry: Registry) -> Engine:
         if spec.backend is not None:
             if self.backends is None:
                 raise ModelLoadFailed(f"Model `{spec.name}` is remote but this daemon has no backends")
@@ -53,19 +54,17 @@ class PrefixCacheHooks:
     entry at a time: the event loop and other models keep going meanwhile.
     """
 
-    async def before_unload(self, spec: ModelSpec, engine: Any, reason: str, registry: Registry) -> None:
-        save = getattr(engine, "save_prefix_cache", None)
-        persistence = getattr(engine, "persistence", None)
-        if save is None or persistence is None:
-            return
-        await save()
-        from mlxd.engine.cache_store import enforce_total_bound
+    def __init__(self) -> None:
+        self._bound = CacheDirBound()
 
+    async def before_unload(self, spec: ModelSpec, engine: Engine, reason: str, registry: Registry) -> None:
+        saved = await engine.before_unload()
+        if saved is None:
+            return
         total = sum(
             m.prefix_cache.disk_max_bytes for m in registry.models if m.prefix_cache.persist
         )
-        root = persistence.store.root
         try:
-            await asyncio.to_thread(enforce_total_bound, root, total, {persistence.fingerprint})
+            await asyncio.to_thread(self._bound.enforce, saved.root, total, saved.fingerprint)
         except OSError as exc:
-            log.warning("bounding the prefix cache dir %s failed: %s", root, exc)
+            log.warning("bounding the prefix cache dir %s failed: %s", saved.root, exc)

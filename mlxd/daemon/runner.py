@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 from pathlib import Path
 
 from mlxd.daemon.build import build_daemon
 from mlxd.daemon.lockfile import StateLock
 from mlxd.daemon.logs import configure_logging
 from mlxd.daemon.reload import log_problems
+from mlxd.engine.preload import import_in_background
+from mlxd.errors import StartupError
 from mlxd.registry.loader import load_registry
 from mlxd.settings import DaemonSettings, effective
 
@@ -21,8 +25,17 @@ def run_daemon(settings: DaemonSettings, registry_path: Path) -> int:
     configure_logging(settings.log_format, settings.log_level)
     registry = load_registry(registry_path)
     eff = effective(settings, registry.server)
+    # Both before any model work: a taken port or an unusable state dir is a
+    # one-line error (exit 2), not a traceback after seconds of start-up.
+    check_port_free(eff.server.host, eff.server.port)
     lock = StateLock(eff.state_dir)
-    lock.acquire()
+    try:
+        lock.acquire()
+    except OSError as exc:
+        raise StartupError(
+            f"the state directory {eff.state_dir} cannot be used ({exc.strerror or exc}); "
+            "fix its permissions or pass --state-dir"
+        ) from None
     try:
         daemon = build_daemon(settings, registry)
         blas = daemon.ctx.blas
@@ -35,6 +48,7 @@ def run_daemon(settings: DaemonSettings, registry_path: Path) -> int:
         if not eff.server.api_keys and eff.server.host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("no API keys configured and bound to %s: anyone on the network can use the models",
                         eff.server.host)
+        import_in_background(m.kind for m in registry.models)
         server = daemon.server
         server.run()
         if not server.started:
@@ -43,3 +57,24 @@ def run_daemon(settings: DaemonSettings, registry_path: Path) -> int:
         return 0
     finally:
         lock.release()
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Bind the address as uvicorn will (SO_REUSEADDR) and let it go again."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise StartupError(f"cannot bind to {host}:{port}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise StartupError(
+                    f"port {port} on {host} is already in use (another mlxd?); stop it or pass --port"
+                ) from None
+            raise StartupError(f"cannot bind to {host}:{port}: {exc.strerror or exc}") from None

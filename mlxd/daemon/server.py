@@ -20,6 +20,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from mlxd.api.context import DaemonContext
+from mlxd.daemon.connections import bounded_protocol
 
 log = logging.getLogger("mlxd")
 
@@ -87,5 +88,6 @@ def build_server(app: ASGIApp, ctx: DaemonContext, on_reload: Callable[[], Await
         # Generous: our own drain has already let streams finish.
         timeout_graceful_shutdown=5,
         timeout_keep_alive=30,
+        http=bounded_protocol(server.max_connections, server.header_timeout_s),
     )
     return DaemonServer(config, ctx, on_reload=on_reload)

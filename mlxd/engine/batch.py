@@ -47,15 +47,14 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from mlxd.engine.lifecycle import FirstGenerationPeak, GenerationControl, GenerationCounts
+from mlxd.engine.prefix_cache import PrefixCache
+from mlxd.engine.text_model import Prepared, TextModel
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.engine.worker import SKIP, MlxWorker, WorkerStream
 from mlxd.errors import MlxdError, ShuttingDown
-
-if TYPE_CHECKING:
-    from mlxd.engine.lifecycle import GenerationControl
-    from mlxd.engine.text import Prepared, TextEngine
 
 log = logging.getLogger(__name__)
 
@@ -102,13 +101,30 @@ class _Sequence:
 
 
 class BatchScheduler:
-    """Runs one text engine's requests as a continuous batch; see the module docstring."""
+    """Runs one text engine's requests as a continuous batch; see the module docstring.
+
+    It shares the engine's parts, not the engine: the model holder, the
+    counts, the first generation's peak measurement and the prefix cache.
+    """
 
     def __init__(
-        self, engine: TextEngine, worker: MlxWorker, *, max_batch: int, prefill_chunk: int = 512
+        self,
+        name: str,
+        worker: MlxWorker,
+        model: TextModel,
+        counts: GenerationCounts,
+        peak: FirstGenerationPeak,
+        prefix_cache: PrefixCache | None,
+        *,
+        max_batch: int,
+        prefill_chunk: int = 512,
     ) -> None:
-        self._engine = engine
+        self._name = name
         self._worker = worker
+        self._model = model
+        self._counts = counts
+        self._peak = peak
+        self._prefix = prefix_cache
         self._max_batch = max(1, max_batch)
         self._prefill_chunk = max(1, prefill_chunk)
         # Shared with the event loop: the lock covers ``_pending`` and ``_alive``.
@@ -208,43 +224,43 @@ class BatchScheduler:
             self._abandon(lambda: ShuttingDown("The model worker shut down."))
             raise
         except Exception:
-            log.exception("the batch loop of %s failed", self._engine.name)
-            name = self._engine.name
+            log.exception("the batch loop of %s failed", self._name)
+            name = self._name
             self._abandon(lambda: MlxdError(f"The model `{name}` failed while generating."))
 
     def _admit_arrivals(self) -> None:
         with self._lock:
             arrivals = list(self._pending)
             self._pending.clear()
-        counts = self._engine.counts
+        counts = self._counts
         for seq in arrivals:
             if seq.cancelled:
                 continue
             if seq.control.abort_reason is not None:
                 # Aborted while it waited: end without touching the model
                 # (it may be about to be released).
-                counts.aborted += 1
+                counts.abort()
                 self._post(seq, GenerationChunk(text="", finish_reason="abort"))
                 continue
-            counts.generations += 1
+            counts.begin()
             try:
                 self._start(seq)
             except Exception as exc:  # noqa: BLE001 - this request's own failure (e.g. BadRequest)
+                counts.end(seq.control)
                 self._post(seq, exc)
 
     def _start(self, seq: _Sequence) -> None:
         import mlx.core as mx
         from mlx_lm.models.cache import make_prompt_cache
 
-        engine = self._engine
-        model, tokenizer = engine.model_and_tokenizer()
-        prepared = engine.prepare(seq.request, seq.control)
+        model, tokenizer = self._model.get()
+        prepared = self._model.prepare(seq.request, seq.control)
         if self._generator is None:
             self._new_generator(model, tokenizer)
-        others = engine.begin_peak_measure()
+        others = self._peak.begin()
         if others is not None:
             self._peak_others = others
-        prefix = engine.prefix_cache
+        prefix = self._prefix
         # The batch's logits processors see every token in the cache (mlx-lm
         # is given them as ``all_tokens``), so one token left to prefill is
         # enough even with penalties, unlike the single path.
@@ -254,7 +270,6 @@ class BatchScheduler:
         seq.cache = cache if cache is not None else make_prompt_cache(model)
         seq.done = seq.reused = reused
         seq.detokenizer = tokenizer.detokenizer
-        engine.counts.running += 1
         self._prefilling.append(seq)
 
     def _drop_leavers(self) -> None:
@@ -273,7 +288,7 @@ class BatchScheduler:
     def _end_early(self, seq: _Sequence) -> None:
         """A cancelled request just goes; an aborted one gets its last chunk."""
         if not seq.cancelled:
-            self._engine.counts.aborted += 1
+            self._counts.abort()
             assert seq.prepared is not None
             self._post(seq, self._chunk(seq, seq.prepared.stops.flush(), "abort"))
         self._retire(seq)
@@ -285,7 +300,7 @@ class BatchScheduler:
 
         if not self._prefilling:
             return
-        model, _ = self._engine.model_and_tokenizer()
+        model, _ = self._model.get()
         budget = self._prefill_chunk
         ready: list[_Sequence] = []
         while self._prefilling:
@@ -369,19 +384,16 @@ class BatchScheduler:
         """A request that ended normally: keep its cache for the next turn
         before its last chunk is handed over, then let it go."""
         del self._decoding[seq.uid]
-        if cache is not None and tokens:
-            self._engine.keep_prefix(list(tokens), cache)
+        if cache is not None and tokens and self._prefix is not None:
+            self._prefix.keep(list(tokens), cache, self._name)
         if self._peak_others is not None:
-            self._engine.end_peak_measure(self._peak_others)
+            self._peak.end(self._peak_others)
             self._peak_others = None
         self._post(seq, self._chunk(seq, text, reason))
         self._retire(seq)
 
     def _retire(self, seq: _Sequence) -> None:
-        counts = self._engine.counts
-        counts.running -= 1
-        counts.prompt_tokens += seq.control.prompt_tokens
-        counts.tokens_generated += seq.control.completion_tokens
+        self._counts.end(seq.control)
         seq.cache = seq.prompt = None
 
     def _abandon(self, failure: Callable[[], BaseException]) -> None:

@@ -179,14 +179,22 @@ def global_symbol_library(symbol: str) -> str | None:
     return os.path.realpath(path) if os.path.exists(path) else path
 
 
-def blas_report(env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """What /health and the startup log say about BLAS."""
+def blas_report(env: Mapping[str, str] | None = None, device_kind: str | None = None) -> dict[str, Any]:
+    """What /health and the startup log say about BLAS.
+
+    The slow-BLAS warning is for the CPU backend only: on CUDA matrix
+    products run on the GPU (cuBLAS), whatever BLAS the host process maps.
+    """
     env = os.environ if env is None else env
     mode = blas_mode(env)
     active = active_blas()
     openblas = find_openblas()
+    if device_kind is None:
+        from mlxd.registry.device import current_device
+
+        device_kind = current_device().kind
     warning = None
-    if sys.platform.startswith("linux") and active != OPENBLAS:
+    if sys.platform.startswith("linux") and active != OPENBLAS and device_kind == "cpu":
         if openblas is None:
             fix = "install Debian's OpenBLAS (apt-get install libopenblas0-pthread) and restart"
         elif mode == "bundled":

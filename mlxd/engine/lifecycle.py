@@ -16,6 +16,7 @@ and supply how a generation runs and how their model is dropped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -23,10 +24,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from mlxd.engine import memory
-from mlxd.engine.types import GenerationChunk, GenerationRequest
+from mlxd.engine.types import GenerationChunk, GenerationRequest, SavedCache
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.worker import SKIP, MlxWorker
-from mlxd.errors import MlxdError, ModelLoadFailed, ServiceUnavailable, ShuttingDown, describe_exception
+from mlxd.errors import MlxdError, ModelLoadFailed, ModelUnloaded, ShuttingDown, describe_exception
 from mlxd.registry.model import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -41,17 +42,83 @@ class GenerationControl:
     abort_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # The prompt's token ids when they were computed before the worker saw
+    # the request (``EngineBase._before_worker``).
+    prompt_ids: list[int] | None = None
 
 
 @dataclass
 class GenerationCounts:
-    """Figures for ``stats()``: written only on the worker thread, read anywhere."""
+    """Figures for ``stats()``: written only on the worker thread, read anywhere.
+
+    Every path (single text, batched text, vision) accounts a generation the
+    same way: ``begin`` when it takes the model, ``end`` when it lets go,
+    ``abort`` when it ended with finish_reason "abort".
+    """
 
     running: int = 0
     generations: int = 0
     prompt_tokens: int = 0
     tokens_generated: int = 0
     aborted: int = 0
+
+    def begin(self) -> None:
+        self.running += 1
+        self.generations += 1
+
+    def end(self, control: GenerationControl) -> None:
+        self.running -= 1
+        self.prompt_tokens += control.prompt_tokens
+        self.tokens_generated += control.completion_tokens
+
+    def abort(self) -> None:
+        self.aborted += 1
+
+    @contextlib.contextmanager
+    def generation(self, control: GenerationControl) -> Iterator[None]:
+        """``begin`` ... ``end`` around one generation, however it ends."""
+        self.begin()
+        try:
+            yield
+        finally:
+            self.end(control)
+
+
+class FirstGenerationPeak:
+    """The model's footprint: its load, raised to the first generation's peak
+    (KV cache and activations included). Worker thread, but for reading."""
+
+    def __init__(self, load_bytes: int) -> None:
+        self.load_bytes = load_bytes
+        # Peak bytes attributable to this model during its first generation.
+        self.peak_bytes: int | None = None
+        self._pending = True
+
+    @property
+    def measured_bytes(self) -> int:
+        return max(self.load_bytes, self.peak_bytes or 0)
+
+    def begin(self) -> int | None:
+        """On the first generation: reset MLX's peak; return the bytes not ours."""
+        if not self._pending:
+            return None
+        self._pending = False
+        others = max(0, memory.active_bytes() - self.load_bytes)
+        memory.reset_peak()
+        return others
+
+    def end(self, others: int | None) -> None:
+        """After that first generation: its peak, less what was not ours, is our cost."""
+        if others is not None:
+            self.peak_bytes = max(0, memory.peak_bytes() - others)
+
+    @contextlib.contextmanager
+    def measure(self) -> Iterator[None]:
+        others = self.begin()
+        try:
+            yield
+        finally:
+            self.end(others)
 
 
 class EngineBase:
@@ -63,9 +130,7 @@ class EngineBase:
         self._worker = worker
         self.load_bytes = load_bytes
         self.load_seconds = load_seconds
-        # Peak bytes attributable to this model during its first generation.
-        self.peak_bytes: int | None = None
-        self._peak_measure_pending = True
+        self.peak = FirstGenerationPeak(load_bytes)
         # Touched only on the event loop.
         self._in_flight: set[GenerationControl] = set()
         self._closed = False
@@ -74,7 +139,32 @@ class EngineBase:
     @property
     def measured_bytes(self) -> int:
         """The model's real cost: its load footprint, raised to the first generation's peak."""
-        return max(self.load_bytes, self.peak_bytes or 0)
+        return self.peak.measured_bytes
+
+    @property
+    def peak_bytes(self) -> int | None:
+        return self.peak.peak_bytes
+
+    def stats(self) -> dict[str, Any]:
+        counts = self.counts
+        return {
+            "kind": self.kind,
+            "in_flight": len(self._in_flight),
+            "running": counts.running,
+            "generations": counts.generations,
+            "prompt_tokens": counts.prompt_tokens,
+            "tokens_generated": counts.tokens_generated,
+            "aborted": counts.aborted,
+            "load_bytes": self.load_bytes,
+            "peak_bytes": self.peak_bytes,
+            "measured_bytes": self.measured_bytes,
+            "load_seconds": round(self.load_seconds, 3),
+            "closed": self._closed,
+        }
+
+    async def before_unload(self) -> SavedCache | None:
+        """Nothing outlives the model unless a subclass saves it."""
+        return None
 
     # --- what a subclass supplies ---------------------------------------------
 
@@ -84,6 +174,10 @@ class EngineBase:
 
     def _run(self, request: GenerationRequest, control: GenerationControl) -> Iterator[Any]:
         raise NotImplementedError
+
+    async def _before_worker(self, request: GenerationRequest, control: GenerationControl) -> None:
+        """Event loop, before the request reaches the worker: work that needs
+        no MLX (tokenizing) runs here, off the thread every model shares."""
 
     def _busy(self) -> bool:
         """Whether a generation still holds the model (read between worker steps)."""
@@ -104,13 +198,14 @@ class EngineBase:
 
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         if self._closed:
-            raise ServiceUnavailable(f"The model `{self.name}` was unloaded; retry the request.")
+            raise ModelUnloaded(self.name)
         control = GenerationControl(request.request_id)
         source: Any = None
         try:
             # Registered inside the try: starting the stream can raise
             # ShuttingDown, and the entry must not outlive the request.
             self._in_flight.add(control)
+            await self._before_worker(request, control)
             source = self._open(request, control)
             async for chunk in source:
                 yield chunk
@@ -152,23 +247,6 @@ class EngineBase:
         except ShuttingDown:
             # The worker is gone (process exit): nothing left to release on it.
             self._forget()
-
-    # --- measuring (worker thread) ------------------------------------------------
-
-    def begin_peak_measure(self) -> int | None:
-        """On the first generation: reset MLX's peak; return the bytes not ours."""
-        if not self._peak_measure_pending:
-            return None
-        self._peak_measure_pending = False
-        others = max(0, memory.active_bytes() - self.load_bytes)
-        memory.reset_peak()
-        return others
-
-    def end_peak_measure(self, others: int | None) -> None:
-        """After that first generation: its peak, less what was not ours, is our cost."""
-        if others is not None:
-            self.peak_bytes = max(0, memory.peak_bytes() - others)
-
 
 def _noop() -> None:
     return None

@@ -1,7 +1,8 @@
 """Loading an mlx-lm model onto the worker thread and measuring what it costs.
 
-With a cache dir, the model's saved prefix cache is restored before the
-engine is handed back, i.e. before the model is reported loaded.
+Before the engine is handed back, i.e. before the model is reported loaded,
+it is warmed up (mlxd.engine.warmup: the first user pays no kernel
+compilation) and, with a cache dir, its saved prefix cache is restored.
 """
 
 from __future__ import annotations
@@ -12,12 +13,17 @@ from pathlib import Path
 
 from mlxd.engine import memory
 from mlxd.engine.batch import supports_batching
-from mlxd.engine.cache_store import CacheStore, PrefixCachePersistence
+from mlxd.engine.cache_store.folder import CacheStore
+from mlxd.engine.cache_store.persistence import PrefixCachePersistence
 from mlxd.engine.fingerprint import model_fingerprint
 from mlxd.engine.lifecycle import load_on_worker, measured_load
-from mlxd.engine.text import LoadedText, TextEngine
+from mlxd.engine.prefix_cache import KvLayout, model_kv_layout
+from mlxd.engine.text import TextEngine
+from mlxd.engine.text_model import LoadedText
+from mlxd.engine.warmup import CONTEXT_MARGIN, forget_warmup, plan_warmup, warm_up
 from mlxd.engine.worker import MlxWorker
 from mlxd.errors import describe_exception
+from mlxd.registry.device import current_device
 from mlxd.registry.model import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -39,15 +45,48 @@ async def load_text_engine(
     fingerprint = await _fingerprint(spec) if cache_dir is not None and _persists(spec) else None
     loaded = await load_on_worker(worker, load_text_model, spec, _unload)
     engine = TextEngine(spec, worker, loaded, prefill_chunk=prefill_chunk)
+    try:
+        await _warm(engine, spec, worker, prefill_chunk)
+    except asyncio.CancelledError:
+        asyncio.ensure_future(engine.close())
+        raise
     if fingerprint is not None and cache_dir is not None and engine.prefix_cache is not None:
         store = CacheStore(Path(cache_dir) / "prefix", fingerprint, spec.prefix_cache.disk_max_bytes)
-        engine.persistence = PrefixCachePersistence(store, worker, engine.prefix_cache)
+        engine.persistence = PrefixCachePersistence(
+            store, worker, engine.prefix_cache, layout=lambda: _kv_layout(engine),
+            prefill_rate=lambda: _prefill_rate(engine),
+        )
         try:
             await engine.persistence.restore()
         except asyncio.CancelledError:
             asyncio.ensure_future(engine.close())
             raise
     return engine
+
+
+async def _warm(engine: TextEngine, spec: ModelSpec, worker: MlxWorker, chunk: int) -> None:
+    device = await worker.call(current_device)
+    runs = plan_warmup(max_context=spec.max_context, prefill_chunk=chunk, max_concurrency=spec.max_concurrency,
+                       batching=bool(engine.stats().get("batching")), device=device.kind)
+
+    async def forget() -> None:
+        # Warm-up prompts must not take the cache's room or be saved with it.
+        await worker.call(forget_warmup, engine)
+
+    room = spec.max_context - CONTEXT_MARGIN - max(r.max_tokens for r in runs)
+    engine.warmup = await warm_up(engine, runs, max_chars=max(1, room), forget=forget)
+    log.info("%s warmed up in %.2fs (%d requests, prefill %s tok/s)", spec.name, engine.warmup.seconds,
+             engine.warmup.requests, engine.warmup.prefill_tokens_per_s)
+
+
+def _prefill_rate(engine: TextEngine) -> float | None:
+    return engine.warmup.prefill_tokens_per_s if engine.warmup is not None else None
+
+
+def _kv_layout(engine: TextEngine) -> KvLayout:
+    """Worker thread: what a restored entry must look like for this model."""
+    model, _ = engine.model.get()
+    return model_kv_layout(model, engine.spec.kv_bits)
 
 
 def _persists(spec: ModelSpec) -> bool:

@@ -30,12 +30,15 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from mlxd.engine.fingerprint import CACHE_FORMAT_VERSION
+
+log = logging.getLogger(__name__)
 
 # One LRUPromptCache per engine, so the trie's "model" key is a constant; and
 # one cache type, so its LRU order is plain recency of insertion.
@@ -124,6 +127,14 @@ class PrefixCache:
         self._lru.insert_cache(_MODEL_KEY, tokens, entry, cache_type=_CACHE_TYPE)
         self._count()
         return True
+
+    def keep(self, tokens: Sequence[int], cache: list[Any], model: str) -> None:
+        """``insert`` for a generation that is already complete: a cache
+        problem is logged and must not fail the answer."""
+        try:
+            self.insert(tokens, cache)
+        except Exception:
+            log.exception("keeping the prefix cache of a %s generation failed", model)
 
     def snapshot(self) -> list[Snapshot]:
         """Every entry, most recently used first. The caches are shared, not
@@ -225,12 +236,15 @@ def encode_entry(tokens: Sequence[int], cache: list[Any], fingerprint: str) -> b
     return buffer.getvalue()
 
 
-def decode_entry(payload: bytes, fingerprint: str, expected_tokens: int) -> tuple[list[int], list[Any]]:
+def decode_entry(
+    payload: bytes, fingerprint: str, expected_tokens: int, layout: KvLayout | None = None
+) -> tuple[list[int], list[Any]]:
     """The tokens and cache of ``encode_entry``'s bytes, fully evaluated.
 
-    Raises ``EntryError`` unless the entry belongs to ``fingerprint`` and its
+    Raises ``EntryError`` unless the entry belongs to ``fingerprint``, its
     token count, stored tokens and every layer's KV length all equal
-    ``expected_tokens`` (what the manifest recorded).
+    ``expected_tokens`` (what the manifest recorded), and, given the loaded
+    model's ``layout``, its layers match it (count, types, head shapes, dtypes).
     """
     import mlx.core as mx
     from mlx.utils import tree_flatten
@@ -256,7 +270,68 @@ def decode_entry(payload: bytes, fingerprint: str, expected_tokens: int) -> tupl
         counts |= _array_lengths(layer)
     if counts != {expected_tokens}:
         raise EntryError(f"token count / KV length mismatch: {sorted(map(str, counts))}")
+    if layout is not None:
+        layout.check(cache)
     return tokens, cache
+
+
+@dataclass(frozen=True)
+class KvLayout:
+    """What every KV cache of one loaded model looks like, but for its length:
+    per layer the cache type and each array's shape (the position axis left
+    out) and dtype. The fingerprint says which files wrote an entry; this
+    says the entry fits the model that is loaded now. A checksum can be
+    recomputed by whoever rewrites a file, and an entry with fewer layers
+    would silently run the model on only those (mlx-lm zips layers with the
+    cache), so it is checked before any entry is used."""
+
+    layers: tuple[tuple[str, tuple[tuple[tuple[int, ...], str], ...]], ...]
+
+    @classmethod
+    def of(cls, cache: Sequence[Any]) -> KvLayout:
+        return cls(tuple(_layer_layout(layer) for layer in cache))
+
+    def check(self, cache: Sequence[Any]) -> None:
+        """Raises ``EntryError`` naming the first difference."""
+        if len(cache) != len(self.layers):
+            raise EntryError(f"does not fit the model: {len(cache)} layers, the model has {len(self.layers)}")
+        for i, (layer, expected) in enumerate(zip(cache, self.layers)):
+            got = _layer_layout(layer)
+            if got != expected:
+                raise EntryError(f"does not fit the model: layer {i} is {_describe(got)}, "
+                                 f"the model's is {_describe(expected)}")
+
+
+def model_kv_layout(model: Any, kv_bits: int | None, group_size: int = 64) -> KvLayout:
+    """The layout of ``model``'s KV cache, read off a one-token forward pass
+    (as a generation would build it, quantised with ``kv_bits``). Worker thread."""
+    import mlx.core as mx
+    from mlx_lm.generate import maybe_quantize_kv_cache
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    model(mx.array([[0]]), cache=cache)
+    maybe_quantize_kv_cache(cache, 0, group_size, kv_bits)
+    mx.eval([c.state for c in cache])
+    return KvLayout.of(cache)
+
+
+def _layer_layout(layer: Any) -> tuple[str, tuple[tuple[tuple[int, ...], str], ...]]:
+    keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+    arrays = []
+    for part in (keys, values):
+        for array in part if isinstance(part, (tuple, list)) else [part]:
+            if array is None:
+                continue
+            shape = tuple(int(d) for d in array.shape)
+            # Batch size and position count vary; heads and head size do not.
+            arrays.append((shape[1:-2] + shape[-1:], str(array.dtype)))
+    return type(layer).__name__, tuple(arrays)
+
+
+def _describe(layout: tuple[str, tuple[tuple[tuple[int, ...], str], ...]]) -> str:
+    kind, arrays = layout
+    return f"{kind}[" + ", ".join(f"{'x'.join(map(str, shape))} {dtype}" for shape, dtype in arrays) + "]"
 
 
 def _array_lengths(layer: Any) -> set[int]:

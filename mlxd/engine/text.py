@@ -19,62 +19,38 @@ turn. An aborted, cancelled or failed generation never inserts anything: its
 cache may be half-built.
 
 A model with ``max_concurrency`` above 1 serves its requests through one
-continuous batch instead (``engine/batch.py``); this module then only
-validates and tokenizes them. ``max_concurrency: 1`` and models with a
-quantised KV cache (``kv_bits``, which mlx-lm cannot batch) keep the path above.
+continuous batch instead (``engine/batch.py``). ``max_concurrency: 1`` and
+models with a quantised KV cache (``kv_bits``, which mlx-lm cannot batch)
+keep the path above. Both paths share the model holder (``TextModel`` in
+``engine/text_model.py``: the model, the tokenizer and request preparation),
+the counts, the peak measurement and the prefix cache; the batch is handed
+those, not the engine.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mlxd.engine import memory, sampling
+from mlxd.engine import memory
 from mlxd.engine.batch import BatchScheduler
 from mlxd.engine.lifecycle import EngineBase, GenerationControl, relay
 from mlxd.engine.prefix_cache import PrefixCache
-from mlxd.engine.stops import StopMatcher
-from mlxd.engine.types import GenerationChunk, GenerationRequest
+from mlxd.engine.text_model import PENALTY_CONTEXT, LoadedText, Prepared, TextModel
+from mlxd.engine.types import GenerationChunk, GenerationRequest, SavedCache
 from mlxd.engine.worker import SKIP, MlxWorker
-from mlxd.errors import BadRequest, ServiceUnavailable
-from mlxd.grammar.compiler import GrammarCompiler
-from mlxd.grammar.processor import GrammarProcessor
 from mlxd.registry.model import ModelSpec
-from mlxd.tools import formats as tool_formats
+
+if TYPE_CHECKING:
+    from mlxd.engine.cache_store.persistence import PrefixCachePersistence
+    from mlxd.engine.warmup import WarmupReport
 
 log = logging.getLogger(__name__)
 
-# Prompt tokens always left for stream_generate after our own chunked prefill:
-# mlx-lm's repetition and presence penalties look back 20 tokens, and they only
-# see the tokens stream_generate itself processed.
-_PENALTY_CONTEXT = 32
 # mlx-lm's default group size for a quantised KV cache (stream_generate's too).
 _KV_GROUP_SIZE = 64
-
-
-@dataclass
-class LoadedText:
-    """What the worker hands back from a load: the model and what it cost."""
-
-    model: Any
-    tokenizer: Any
-    load_bytes: int
-    load_seconds: float
-    # Whether mlx-lm's BatchGenerator can batch this model's KV cache layers.
-    batchable: bool = False
-
-
-@dataclass
-class Prepared:
-    tokens: list[int]
-    max_tokens: int
-    sampler: Any
-    processors: list[Any]
-    stops: StopMatcher
-    # Prompt tokens left for stream_generate even on a prefix cache hit.
-    keep: int = 1
 
 
 class TextEngine(EngineBase):
@@ -91,23 +67,23 @@ class TextEngine(EngineBase):
         prefill_chunk: int = 512,
     ) -> None:
         super().__init__(spec, worker, load_bytes=loaded.load_bytes, load_seconds=loaded.load_seconds)
-        self._model: Any = loaded.model
-        self._tokenizer: Any = loaded.tokenizer
-        self._vocab_size = _vocab_size(loaded.model, loaded.tokenizer)
+        self.model = TextModel(spec.name, loaded.model, loaded.tokenizer, spec.max_context, spec.tool_parser)
+        # The model's grammar compiler and tool-call format, for the request path.
+        self.grammars = self.model.grammars
+        self.tool_format = self.model.tool_format
         self._prefill_chunk = max(1, prefill_chunk)
-        self.grammars = GrammarCompiler(loaded.tokenizer, self._vocab_size)
-        # How this model writes tool calls (None: it has no format mlxd knows).
-        self.tool_format = tool_formats.resolve(loaded.tokenizer, spec.tool_parser)
         self.prefix_cache: PrefixCache | None = (
             PrefixCache(spec.prefix_cache.max_bytes) if spec.prefix_cache.max_bytes > 0 else None
         )
-        # Set by the loader when the cache is saved to and restored from disk
-        # (a ``cache_store.PrefixCachePersistence``).
-        self.persistence: Any = None
+        # Set by the loader when the cache is saved to and restored from disk.
+        self.persistence: PrefixCachePersistence | None = None
+        # Set by the loader: how the warm-up before `loaded` went.
+        self.warmup: WarmupReport | None = None
         self._batch: BatchScheduler | None = None
         if spec.max_concurrency > 1 and spec.kv_bits is None and loaded.batchable:
             self._batch = BatchScheduler(
-                self, worker, max_batch=spec.max_concurrency, prefill_chunk=self._prefill_chunk
+                spec.name, worker, self.model, self.counts, self.peak, self.prefix_cache,
+                max_batch=spec.max_concurrency, prefill_chunk=self._prefill_chunk,
             )
 
     def _open(self, request: GenerationRequest, control: GenerationControl) -> AsyncIterator[Any]:
@@ -115,39 +91,38 @@ class TextEngine(EngineBase):
             return self._batch.generate(request, control)
         return super()._open(request, control)
 
-    async def save_prefix_cache(self) -> None:
-        """Save the prefix cache to disk (before an unload). Never raises."""
-        if self.persistence is not None and not self._closed:
-            await self.persistence.save()
+    async def before_unload(self) -> SavedCache | None:
+        """Save the prefix cache to disk. Never raises."""
+        persistence = self.persistence
+        if persistence is None or self._closed:
+            return None
+        await persistence.save()
+        return SavedCache(persistence.store.root, persistence.fingerprint)
+
+    async def _before_worker(self, request: GenerationRequest, control: GenerationControl) -> None:
+        # Tokenizing needs no MLX: a long prompt tokenized on the worker would
+        # stall every other model's decoding for as long as it takes.
+        control.prompt_ids = await asyncio.to_thread(self.model.tokenize, request)
 
     def _busy(self) -> bool:
         return self.counts.running > 0 or (self._batch is not None and self._batch.alive)
 
     def stats(self) -> dict[str, Any]:
-        counts, batch = self.counts, self._batch
+        batch = self._batch
         return {
-            "kind": self.kind,
-            "in_flight": len(self._in_flight),
-            "running": counts.running,
-            "generations": counts.generations,
-            "prompt_tokens": counts.prompt_tokens,
-            "tokens_generated": counts.tokens_generated,
-            "aborted": counts.aborted,
+            **super().stats(),
             # Continuous batching (max_concurrency > 1): sequences decoding in
             # the batch now, and how many batched decode steps ran so far.
             "batching": batch is not None,
             "batch_size": batch.size if batch else 0,
             "batched_steps": batch.steps if batch else 0,
-            "load_bytes": self.load_bytes,
-            "peak_bytes": self.peak_bytes,
-            "measured_bytes": self.measured_bytes,
-            "load_seconds": round(self.load_seconds, 3),
-            "closed": self._closed,
+            "warmup": self.warmup.as_dict() if self.warmup is not None else None,
             "prefix_cache": self.prefix_cache_stats(),
         }
 
     def prefix_cache_stats(self) -> dict[str, Any]:
-        cache, saved = self.prefix_cache, getattr(self.persistence, "stats", None)
+        cache = self.prefix_cache
+        saved = self.persistence.stats if self.persistence is not None else None
         entries = cache.entries if cache else 0
         nbytes = cache.nbytes if cache else 0
         return {
@@ -166,103 +141,26 @@ class TextEngine(EngineBase):
 
     # ------------------------------------------------------ worker thread
     def _release(self) -> dict[str, Any]:
-        self._model = None
-        self._tokenizer = None
+        self.model.drop()
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
         return memory.release_memory()
 
     def _forget(self) -> None:
-        self._model = None
-        self._tokenizer = None
-
-    def model_and_tokenizer(self) -> tuple[Any, Any]:
-        """The loaded model and tokenizer (worker thread); raises once unloaded."""
-        model, tokenizer = self._model, self._tokenizer
-        if model is None or tokenizer is None:
-            raise ServiceUnavailable(f"The model `{self.name}` was unloaded; retry the request.")
-        return model, tokenizer
-
-    def prompt_tokens(self, request: GenerationRequest) -> list[int]:
-        """The request's prompt as token ids (chat template applied). Worker thread."""
-        tokenizer = self._tokenizer
-        if tokenizer is None:
-            raise ServiceUnavailable(f"The model `{self.name}` was unloaded; retry the request.")
-        if (request.prompt is None) == (request.messages is None):
-            raise BadRequest("Give exactly one of `prompt` and `messages`.", param="messages")
-        if request.messages is not None:
-            return _render_chat(tokenizer, request.messages, request.tools)
-        prompt = request.prompt or ""
-        # As mlx-lm does: add BOS unless the prompt already starts with it.
-        bos = tokenizer.bos_token
-        tokens = tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
-        return list(tokens)
+        self.model.drop()
 
     def _run(self, request: GenerationRequest, control: GenerationControl) -> Iterator[Any]:
         if control.abort_reason is not None:
             # Aborted while queued: end without touching the model (it may be
             # about to be released).
-            self.counts.aborted += 1
+            self.counts.abort()
             yield GenerationChunk(text="", finish_reason="abort")
             return
-        model, tokenizer = self.model_and_tokenizer()
-        counts = self.counts
-        counts.running += 1
-        counts.generations += 1
-        try:
-            prepared = self.prepare(request, control)
-            others = self.begin_peak_measure()
-            try:
+        model, tokenizer = self.model.get()
+        with self.counts.generation(control):
+            prepared = self.model.prepare(request, control)
+            with self.peak.measure():
                 yield from self._decode(model, tokenizer, prepared, control)
-            finally:
-                self.end_peak_measure(others)
-        finally:
-            counts.running -= 1
-            counts.prompt_tokens += control.prompt_tokens
-            counts.tokens_generated += control.completion_tokens
-
-    def prepare(self, request: GenerationRequest, control: GenerationControl) -> Prepared:
-        """Validate and tokenize: everything that can fail before the model runs."""
-        if request.max_tokens < 1:
-            raise BadRequest("max_tokens must be at least 1.", param="max_tokens")
-        tokens = self.prompt_tokens(request)
-        param = "messages" if request.messages is not None else "prompt"
-        n_prompt = len(tokens)
-        if n_prompt == 0:
-            raise BadRequest("The prompt is empty.", param=param)
-        limit = self.spec.max_context
-        if n_prompt > limit:
-            raise BadRequest(
-                f"This model's maximum context length is {limit} tokens, but the "
-                f"prompt has {n_prompt} tokens. Shorten the {param}.",
-                param=param,
-                code="context_length_exceeded",
-            )
-        control.prompt_tokens = n_prompt
-        penalties = request.sampling.repetition_penalty != 1.0 or bool(request.sampling.presence_penalty)
-        return Prepared(
-            tokens=tokens,
-            # The KV cache was budgeted for max_context tokens: never decode past it.
-            max_tokens=min(request.max_tokens, max(1, limit - n_prompt)),
-            sampler=sampling.make_sampler(request.sampling, self._vocab_size),
-            processors=self._processors(request),
-            stops=StopMatcher(request.stop),
-            # Penalties look back over tokens stream_generate itself processed:
-            # give it as many as on a cold start, so the output is the same.
-            keep=_PENALTY_CONTEXT if penalties else 1,
-        )
-
-    def _processors(self, request: GenerationRequest) -> list[Any]:
-        processors = sampling.make_logits_processors(request.sampling)
-        if request.ignore_eos:
-            eos = set(getattr(self._tokenizer, "eos_token_ids", None) or ())
-            processors.append(sampling.suppress_tokens(eos, self._vocab_size))
-        if request.constraint is not None:
-            # Last, so that no later processor can revive a masked token.
-            grammars = self.grammars
-            matcher = grammars.matcher(request.constraint)
-            processors.append(GrammarProcessor(matcher, self._vocab_size, grammars.eos_token_ids))
-        return processors
 
     def _decode(
         self, model: Any, tokenizer: Any, prepared: Prepared, control: GenerationControl
@@ -281,7 +179,7 @@ class TextEngine(EngineBase):
 
         def chunk(text: str, finish: str | None = None) -> GenerationChunk:
             if finish == "abort":
-                self.counts.aborted += 1
+                self.counts.abort()
             return GenerationChunk(
                 text=text,
                 finish_reason=finish,
@@ -296,7 +194,7 @@ class TextEngine(EngineBase):
         prompt = mx.array(prepared.tokens)
         done = reused
         step = self._prefill_chunk
-        while n_prompt - done > step + _PENALTY_CONTEXT:
+        while n_prompt - done > step + PENALTY_CONTEXT:
             if control.abort_reason is not None:
                 yield chunk("", "abort")
                 return
@@ -319,91 +217,12 @@ class TextEngine(EngineBase):
             **kv_options,
         )
 
+        def keep() -> None:
+            if prefix is not None:
+                prefix.keep(prepared.tokens + generated, cache, self.name)
+
         yield from relay(
             responses, control, stops, chunk,
             on_token=lambda response: generated.append(response.token),
-            on_finish=lambda: self.keep_prefix(prepared.tokens + generated, cache),
+            on_finish=keep,
         )
-
-    def keep_prefix(self, tokens: list[int], cache: list[Any]) -> None:
-        """Keep a finished generation's KV cache for the next turn (worker thread)."""
-        if self.prefix_cache is None:
-            return
-        try:
-            self.prefix_cache.insert(tokens, cache)
-        except Exception:  # the answer is complete: a cache problem must not fail it
-            log.exception("keeping the prefix cache of a %s generation failed", self.name)
-
-
-def _vocab_size(model: Any, tokenizer: Any) -> int:
-    args = getattr(model, "args", None)
-    size = getattr(args, "vocab_size", None)
-    if isinstance(size, int) and size > 0:
-        return size
-    return int(getattr(tokenizer, "vocab_size", 0) or 0)
-
-
-def _render_chat(
-    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
-) -> list[int]:
-    try:
-        from jinja2 import TemplateError
-    except ImportError:  # pragma: no cover - transformers depends on jinja2
-        TemplateError = ValueError  # type: ignore[misc,assignment]  # noqa: N806
-    if not getattr(tokenizer, "has_chat_template", True):
-        raise BadRequest(
-            "This model has no chat template; send a raw prompt to /v1/completions instead.",
-            param="messages",
-        )
-    flat = [_flatten_message(m) for m in messages]
-    try:
-        tokens = tokenizer.apply_chat_template(flat, tools=tools or None, add_generation_prompt=True)
-    except TemplateError as exc:
-        # Templates raise their own messages ("roles must alternate ..."),
-        # written for the person sending the conversation.
-        raise BadRequest(f"The chat template rejected the messages: {exc}", param="messages") from exc
-    return list(tokens)
-
-
-def _flatten_message(message: dict[str, Any]) -> dict[str, Any]:
-    """A copy of an OpenAI message with its content as one string (as mlx-lm's server does)."""
-    import json
-
-    if not isinstance(message, dict):
-        raise BadRequest("Each message must be an object.", param="messages")
-    flat = dict(message)
-    content = flat.get("content")
-    if content is None:
-        flat["content"] = ""
-    elif isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text":
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise BadRequest(
-                    f"This is a text model; message content of type `{kind}` is not supported.",
-                    param="messages",
-                )
-            texts.append(str(part.get("text", "")))
-        flat["content"] = "".join(texts)
-    elif not isinstance(content, str):
-        raise BadRequest("Message content must be a string or a list of parts.", param="messages")
-    tool_calls = flat.get("tool_calls")
-    if tool_calls:
-        # Chat templates expect tool arguments as objects, the API sends JSON text.
-        calls = []
-        for call in tool_calls:
-            call = dict(call)
-            function = dict(call.get("function") or {})
-            arguments = function.get("arguments")
-            if isinstance(arguments, str):
-                try:
-                    function["arguments"] = json.loads(arguments)
-                except json.JSONDecodeError as exc:
-                    raise BadRequest(
-                        "tool_calls[].function.arguments is not valid JSON.", param="messages"
-                    ) from exc
-            call["function"] = function
-            calls.append(call)
-        flat["tool_calls"] = calls
-    return flat

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 
@@ -87,11 +88,30 @@ class GenerationChunk:
     cached_tokens: int = 0
 
 
+@dataclass(frozen=True)
+class SavedCache:
+    """Where an engine's ``before_unload`` saved what outlives it: its prefix
+    cache's folder ``root/fingerprint`` (the daemon then bounds ``root``)."""
+
+    root: Path
+    fingerprint: str
+
+
 class Engine(Protocol):
-    """A loaded model. All MLX work runs on the shared worker thread."""
+    """A loaded model. All MLX work runs on the shared worker thread.
+
+    Everything residency and the daemon ask of an engine is here, so a new
+    kind (a remote backend) cannot silently lack a footprint or a cache save.
+    """
 
     name: str
     kind: str
+
+    @property
+    def measured_bytes(self) -> int | None:
+        """The model's real memory cost so far (its load, raised to the first
+        generation's peak), or None when the engine cannot say."""
+        ...
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         """Stream chunks. Closing the iterator early stops generation within a
@@ -101,6 +121,12 @@ class Engine(Protocol):
     async def abort_all(self, reason: str) -> int:
         """End every in-flight generation with finish_reason "abort" (used by
         preemption and forced shutdown). Returns how many were aborted."""
+        ...
+
+    async def before_unload(self) -> SavedCache | None:
+        """Save what should outlive the model (the prefix cache), once no lease
+        is left and before ``close``. Returns where it went, or None when
+        nothing was saved. Never raises."""
         ...
 
     async def close(self) -> None:

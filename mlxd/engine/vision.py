@@ -35,7 +35,7 @@ from mlxd.engine.worker import SKIP, MlxWorker
 from mlxd.errors import (
     BadRequest,
     ModelLoadFailed,
-    ServiceUnavailable,
+    ModelUnloaded,
     describe_exception,
 )
 from mlxd.registry.model import ModelSpec
@@ -136,22 +136,10 @@ class VisionEngine(EngineBase):
         self._images = 0
 
     def stats(self) -> dict[str, Any]:
-        counts = self.counts
         return {
-            "kind": self.kind,
-            "in_flight": len(self._in_flight),
-            "running": counts.running,
-            "waiting": max(0, len(self._turns) - counts.running),
-            "generations": counts.generations,
-            "prompt_tokens": counts.prompt_tokens,
-            "tokens_generated": counts.tokens_generated,
+            **super().stats(),
+            "waiting": max(0, len(self._turns) - self.counts.running),
             "images": self._images,
-            "aborted": counts.aborted,
-            "load_bytes": self.load_bytes,
-            "peak_bytes": self.peak_bytes,
-            "measured_bytes": self.measured_bytes,
-            "load_seconds": round(self.load_seconds, 3),
-            "closed": self._closed,
         }
 
     def _forget(self) -> None:
@@ -172,26 +160,16 @@ class VisionEngine(EngineBase):
             if control.abort_reason is not None:
                 # Aborted before its turn: end without touching the model (it
                 # may be about to be released).
-                self.counts.aborted += 1
+                self.counts.abort()
                 yield GenerationChunk(text="", finish_reason="abort")
                 return
             model, processor = self._model, self._processor
             if model is None:
-                raise ServiceUnavailable(f"The model `{self.name}` was unloaded; retry the request.")
-            counts = self.counts
-            counts.running += 1
-            counts.generations += 1
-            try:
+                raise ModelUnloaded(self.name)
+            with self.counts.generation(control):
                 prepared = self._prepare(model, processor, request, control)
-                others = self.begin_peak_measure()
-                try:
+                with self.peak.measure():
                     yield from self._decode(model, processor, prepared, control)
-                finally:
-                    self.end_peak_measure(others)
-            finally:
-                counts.running -= 1
-                counts.prompt_tokens += control.prompt_tokens
-                counts.tokens_generated += control.completion_tokens
         finally:
             self._turns.remove(control)
 
@@ -281,7 +259,7 @@ class VisionEngine(EngineBase):
 
         def chunk(text: str, finish: str | None = None) -> GenerationChunk:
             if finish == "abort":
-                self.counts.aborted += 1
+                self.counts.abort()
             return GenerationChunk(
                 text=text,
                 finish_reason=finish,

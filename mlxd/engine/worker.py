@@ -283,9 +283,6 @@ class MlxWorker:
     def running(self) -> bool:
         return self._thread is not None and not self._stopped.is_set()
 
-    def on_worker_thread(self) -> bool:
-        return threading.current_thread() is self._thread
-
     async def shutdown(self) -> None:
         """Run the calls already queued, end open streams with ``ShuttingDown``, join."""
         if self._thread is None:
@@ -360,6 +357,10 @@ class MlxWorker:
                         self.active_streams = len(ring)
                     else:
                         ring.append(job)
+                    # Not held while idle: a call's function may be an
+                    # engine's bound method (its release), and that engine
+                    # must be collectable once unloaded.
+                    job = None
                 if self._stopping:
                     break
                 if ring:
@@ -367,6 +368,7 @@ class MlxWorker:
                     self.steps += 1
                     if channel.step():
                         ring.append(channel)
+                    channel = None
                     self.active_streams = len(ring)
                     continue
                 self.active_streams = 0

@@ -1,30 +1,71 @@
-"""The built-in demo registry: a few small real models and a models.yaml naming them."""
+"""The built-in demo registry: a few small real models and a models.yaml naming them.
+
+The default model is SmolLM2-135M-Instruct, a trained model whose answers make
+sense: its GGUF file comes from a PyPI wheel (mlxd.factory.smollm2) and the
+registry converts it on first read (a ``path:`` may name a ``.gguf`` file).
+The others are the factory's seeded random-weight models the tests use.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
 from mlxd.factory.build import ModelRecipe, build_model
+from mlxd.factory.smollm2 import smollm2_gguf
 from mlxd.factory.vision import VisionRecipe, build_vision_model
 
+DEFAULT_MODEL = "smollm2-135m"
+# Bump when the demo's models change, so a registry an older mlxd wrote into
+# the default demo folder is rebuilt rather than served as it was.
+DEMO_VERSION = 2
+_HEADER = f"# The mlxd demo registry (version {DEMO_VERSION}): SmolLM2 (from a GGUF file) and small models made offline by `mlxd demo`."
+
+
+def is_stale(registry: Path) -> bool:
+    """Whether ``registry`` was written by an older :func:`write_demo` (a file
+    someone wrote there by hand is theirs, and served as it is)."""
+    try:
+        with open(registry, encoding="utf-8") as handle:
+            first = handle.readline().rstrip("\n")
+    except OSError:
+        return False
+    return first.startswith("# The mlxd demo registry") and first != _HEADER
+
+
 DEMO_MODELS: tuple[tuple[str, ModelRecipe | VisionRecipe, tuple[str, ...], str], ...] = (
-    ("qwen-tiny", ModelRecipe("qwen2", "tiny"), ("default",), "Tiny Qwen2-shaped model with seeded weights"),
+    ("qwen-tiny", ModelRecipe("qwen2", "tiny"), (), "Tiny Qwen2-shaped model with seeded weights"),
     ("llama-tiny", ModelRecipe("llama", "tiny", seed=1), (), "Tiny Llama-shaped model with seeded weights"),
     ("qwen-small", ModelRecipe("qwen2", "small", seed=2), (), "Small Qwen2-shaped model (realistic layer shapes)"),
     ("vision-tiny", VisionRecipe("tiny"), (), "Tiny Qwen2-VL-shaped vision model with seeded weights"),
+    ("qwen-bench", ModelRecipe("qwen2", "bench", seed=3), (), "Qwen2.5-0.5B-shaped model with seeded weights"),
 )
+# `mlxd demo --size S` builds every model up to S.
+DEMO_SIZES = ("tiny", "small", "bench")
 
 
-def write_demo(directory: Path, *, sizes: tuple[str, ...] = ("tiny", "small")) -> Path:
-    """Build the demo models into ``directory/models`` and write
+def sizes_up_to(size: str) -> tuple[str, ...]:
+    if size not in DEMO_SIZES:
+        raise ValueError(f"unknown size {size!r}; choose from {', '.join(DEMO_SIZES)}")
+    return DEMO_SIZES[: DEMO_SIZES.index(size) + 1]
+
+
+def write_demo(
+    directory: Path, *, sizes: tuple[str, ...] = ("tiny", "small"), dtype: str = "float32"
+) -> Path:
+    """Build the demo models into ``directory/models`` in ``dtype`` and write
     ``directory/models.yaml``. Returns the registry file's path."""
     directory = directory.expanduser().resolve()
     models_dir = directory / "models"
-    entries = []
+    entries = [(
+        DEFAULT_MODEL, smollm2_gguf(), ("default",),
+        "SmolLM2-135M-Instruct (GGUF Q4_1), a small trained chat model", '"64MB"',
+    )]
     for name, recipe, aliases, description in DEMO_MODELS:
         if recipe.size not in sizes:
             continue
+        recipe = dataclasses.replace(recipe, dtype=dtype)
         if isinstance(recipe, VisionRecipe):
             # A text-only install (no mlx-vlm extra) gets a text-only demo.
             if importlib.util.find_spec("mlx_vlm") is None:
@@ -34,15 +75,17 @@ def write_demo(directory: Path, *, sizes: tuple[str, ...] = ("tiny", "small")) -
             path = build_model(recipe, cache_dir=models_dir)
         # Vision models keep no prefix cache: reserve no memory for one.
         prefix_cache = '"0"' if isinstance(recipe, VisionRecipe) else '"64MB"'
-        entries.append((name, path.relative_to(directory), aliases, description, prefix_cache))
+        entries.append((name, str(path.relative_to(directory)), aliases, description, prefix_cache))
+    budget = "70%" if "bench" in sizes else "2GB"
     lines = [
-        "# The mlxd demo registry: small real models made offline by `mlxd demo`.",
+        _HEADER,
         "# Every key is documented in models.yaml.example and docs/registry.md.",
         "server:",
         "  host: 127.0.0.1",
         "  port: 8080",
         "manager:",
-        '  memory_budget: "2GB"',
+        # A bench-size model alone is 1-2 GB: let it share the device's memory.
+        f'  memory_budget: "{budget}"',
         "  default_idle_unload_seconds: 300",
         "  contention_policy:",
         "    strategy: wait_then_fail",
@@ -61,6 +104,10 @@ def write_demo(directory: Path, *, sizes: tuple[str, ...] = ("tiny", "small")) -
         ]
         if aliases:
             lines.append(f"    aliases: [{', '.join(aliases)}]")
+        if name == DEFAULT_MODEL:
+            # A 135M model rambles at OpenAI's default temperature of 1;
+            # greedy answers are its best (a request's own value still wins).
+            lines += ["    defaults:", "      temperature: 0"]
     target = directory / "models.yaml"
     directory.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".yaml.tmp")

@@ -57,6 +57,20 @@ def _mlx_runtime() -> dict[str, str | None]:
         return {"version": None, "device": None}
 
 
+@cache
+def device_now() -> dict[str, Any]:
+    """The device MLX runs on and what a percentage budget is a share of.
+    Fixed for the life of the process: probed once."""
+    from mlxd.engine.kernel_cache import PTX_ENV
+    from mlxd.registry.device import current_device
+
+    try:
+        found = current_device().as_dict()
+    except Exception:  # status must answer even if MLX is unhappy
+        found = {"kind": None, "name": None, "memory_bytes": None, "memory_source": None, "ram_bytes": None}
+    return {**found, "kernel_cache": os.environ.get(PTX_ENV)}
+
+
 def mlx_memory_now() -> dict[str, int | None]:
     """MLX allocator counters in bytes; safe off the worker (module docstring)."""
     try:
@@ -69,6 +83,11 @@ def mlx_memory_now() -> dict[str, int | None]:
         }
     except Exception:
         return {"active_bytes": None, "peak_bytes": None, "cache_bytes": None}
+
+
+def _warmup(engine_stats: dict[str, Any]) -> dict[str, Any]:
+    reported = engine_stats.get("warmup")
+    return reported if isinstance(reported, dict) else {}
 
 
 def prefix_cache_status(engine_stats: dict[str, Any]) -> dict[str, Any]:
@@ -117,6 +136,8 @@ def model_status(snap: DaemonSnapshot, m: ModelView) -> dict[str, Any]:
         "tokens_out": m.tokens_out,
         "recent_output_tokens": snap.recent_tokens.get(m.name, 0),
         "recent_tokens_per_second": round(snap.recent_rate(m.name), 3),
+        "warmup_seconds": _warmup(m.engine).get("seconds"),
+        "prefill_tokens_per_s": _warmup(m.engine).get("prefill_tokens_per_s"),
         "prefix_cache": prefix_cache_status(m.engine),
         "engine": m.engine,
         "backend": spec.backend,
@@ -186,6 +207,7 @@ def status_document(snap: DaemonSnapshot) -> dict[str, Any]:
             "platform": f"{platform.system()} {platform.machine()}",
             "python": platform.python_version(),
             "mlx": _mlx_runtime(),
+            "device": device_now(),
             "blas": {key: snap.blas.get(key) for key in BLAS_FIELDS},
             "bind": {"host": snap.host, "port": snap.port},
             "auth_required": snap.auth_required,
@@ -205,6 +227,8 @@ def status_document(snap: DaemonSnapshot) -> dict[str, Any]:
             "committed_bytes": committed,
             "free_bytes": max(0, budget - committed),
             "process_rss_bytes": psutil.Process().memory_info().rss,
+            "device_total_bytes": device_now()["memory_bytes"],
+            "budget_source": device_now()["memory_source"],
             "system_total_bytes": vm.total,
             "system_available_bytes": vm.available,
             "mlx": mlx_memory_now(),
@@ -242,4 +266,6 @@ def health_document(snap: DaemonSnapshot) -> dict[str, Any]:
             "failed": failed,
         },
         "blas": snap.blas.get("active"),
+        "device": {key: device_now()[key] for key in ("kind", "name", "memory_bytes")},
+        "mlx_active_bytes": mlx_memory_now()["active_bytes"],
     }

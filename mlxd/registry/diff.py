@@ -23,8 +23,9 @@ from mlxd.registry.model import ModelSpec, Registry
 
 ChangeKind = Literal["added", "removed", "reload", "live", "renamed", "unchanged"]
 
-# Changing where the daemon listens needs a restart; other server fields apply live.
-SERVER_RESTART_FIELDS = ("host", "port")
+# Where the daemon listens, and bounds fixed when the server is built, need a
+# restart; other server fields apply live.
+SERVER_RESTART_FIELDS = ("host", "port", "max_connections", "header_timeout_s", "max_image_memory_bytes")
 
 
 @dataclass(frozen=True)

@@ -374,6 +374,14 @@ class _Builder:
                 max_request_tokens=s.max_request_tokens,
                 request_timeout_s=s.request_timeout_s,
                 shutdown_grace_seconds=s.shutdown_grace_seconds,
+                max_body_bytes=s.max_body_bytes,
+                max_prompts=s.max_prompts,
+                allowed_hosts=tuple(s.allowed_hosts),
+                allowed_origins=tuple(s.allowed_origins),
+                max_connections=s.max_connections,
+                header_timeout_s=s.header_timeout_s,
+                body_timeout_s=s.body_timeout_s,
+                max_image_memory_bytes=s.max_image_memory,
             )
         return self._server
 
@@ -555,6 +563,7 @@ class _Builder:
                 allow_download=entry.allow_download,
                 env=self.env,
                 downloader=self.downloader,
+                gguf_cache=self.manager().cache_dir,
             )
             config = read_model_config(folder)
             weights = weights_bytes(folder)

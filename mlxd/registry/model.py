@@ -161,6 +161,18 @@ class ServerSpec:
     max_request_tokens: int = 32768
     request_timeout_s: float = 300.0
     shutdown_grace_seconds: float = 30.0
+    # Request-path bounds (docs/configuration.md, "Security and limits").
+    max_body_bytes: int = 32 << 20
+    max_prompts: int = 32
+    # Host names (beyond loopback names and IP literals) and browser origins
+    # (beyond the daemon's own) that may reach the API.
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+    max_connections: int = 256
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    # Decoded image pixels held at once, across every request.
+    max_image_memory_bytes: int = 1 << 30
 
 
 @dataclass(frozen=True)

@@ -75,12 +75,15 @@ def resolve_model_dir(
     allow_download: bool = False,
     env: Mapping[str, str] | None = None,
     downloader: Downloader | None = None,
+    gguf_cache: Path | None = None,
 ) -> Path:
     """The folder holding the model ``source`` names, checked to hold a config.json.
 
     A source is a local path (absolute, ``~``-relative, or relative to
     ``base_dir``, the registry file's folder) when that path exists or does not
-    look like ``org/name``; otherwise a Hugging Face repo id.
+    look like ``org/name``; otherwise a Hugging Face repo id. A ``.gguf`` file
+    is converted once into ``gguf_cache`` (mlxd's cache folder) and that
+    folder is returned.
     """
     local = Path(source).expanduser()
     if not local.is_absolute():
@@ -88,8 +91,12 @@ def resolve_model_dir(
     if local.exists() or not looks_like_repo_id(source):
         if not local.exists():
             raise ConfigError(f"model folder {local} does not exist")
+        if local.is_file() and local.suffix == ".gguf" and gguf_cache is not None:
+            from mlxd.gguf.cache import converted_dir
+
+            return _checked_model_dir(converted_dir(local, gguf_cache))
         if not local.is_dir():
-            raise ConfigError(f"{local} is a file; the path must be a model folder")
+            raise ConfigError(f"{local} is a file; the path must be a model folder or a .gguf file")
         return _checked_model_dir(local.resolve())
 
     cache_dir = hf_hub_cache(env)

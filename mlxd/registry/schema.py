@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-import psutil
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -26,12 +25,16 @@ from pydantic import (
 
 from mlxd.registry.sizing import KV_BITS_CHOICES, parse_bytes, parse_gb, parse_memory_budget
 
-# Validation context key: physical memory in bytes, for "70%" budgets.
+# Validation context key: the device's memory in bytes, for "70%" budgets.
 PHYSICAL_MEMORY = "physical_memory"
 
 
 def physical_memory_bytes() -> int:
-    return int(psutil.virtual_memory().total)
+    """What a percentage budget is a share of: the memory MLX's device has
+    (GPU memory, Metal's working set, or RAM; see mlxd.registry.device)."""
+    from mlxd.registry.device import current_device
+
+    return current_device().memory_bytes
 
 
 def _one_or_many(value: Any) -> Any:
@@ -56,6 +59,26 @@ class ServerSection(_Section):
     max_request_tokens: int = Field(32768, ge=1)
     request_timeout_s: PositiveFloat = 300.0
     shutdown_grace_seconds: NonNegativeFloat = 30.0
+    max_body_bytes: ByteSize = Field(32 << 20, ge=1024)
+    max_prompts: int = Field(32, ge=1)
+    allowed_hosts: Names = []
+    allowed_origins: Names = []
+    max_connections: int = Field(256, ge=1)
+    header_timeout_s: PositiveFloat = 10.0
+    body_timeout_s: PositiveFloat = 30.0
+    max_image_memory: ByteSize = Field(1 << 30, ge=1 << 20)
+
+    @field_validator("api_keys")
+    @classmethod
+    def _real_keys(cls, keys: list[str]) -> list[str]:
+        # An empty key would match an empty bearer token: refuse it rather
+        # than guess whether the file meant "no keys".
+        for key in keys:
+            if not key.strip():
+                raise ValueError("an API key must not be empty")
+            if key != key.strip() or any(ch.isspace() for ch in key):
+                raise ValueError("an API key must not contain whitespace")
+        return keys
 
 
 # The same names as model.CONTENTION_STRATEGIES (a test keeps them in step).
@@ -115,6 +138,8 @@ class ManagerSection(_Section):
 
 
 class SamplingSection(_Section):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0)
@@ -122,7 +147,7 @@ class SamplingSection(_Section):
     repetition_penalty: float | None = Field(None, gt=0)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     max_tokens: int | None = Field(None, ge=1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, lt=2**64)
 
 
 # vllm-mlx per-model keys mlxd accepts so their files load unchanged, but does

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from mlxd.engine.types import Engine
 from mlxd.errors import ModelNotFound, RequestTimeout, describe_exception
 from mlxd.registry.model import ModelSpec, Registry
 from mlxd.residency.core import (
@@ -43,7 +44,7 @@ Granted = tuple[Resident, int]
 
 # Builds the engine for a spec. The registry in use is passed along (hot
 # reload replaces it), so a factory never has to read the manager back.
-EngineFactory = Callable[[ModelSpec, Registry], Awaitable[Any]]
+EngineFactory = Callable[[ModelSpec, Registry], Awaitable[Engine]]
 
 
 class LifecycleHooks(Protocol):
@@ -51,11 +52,11 @@ class LifecycleHooks(Protocol):
     prefix cache is saved before unload). Errors here are logged, never fatal.
     ``registry`` is the one in use when the unload happens."""
 
-    async def before_unload(self, spec: ModelSpec, engine: Any, reason: str, registry: Registry) -> None: ...
+    async def before_unload(self, spec: ModelSpec, engine: Engine, reason: str, registry: Registry) -> None: ...
 
 
 class _NoHooks:
-    async def before_unload(self, spec: ModelSpec, engine: Any, reason: str, registry: Registry) -> None:
+    async def before_unload(self, spec: ModelSpec, engine: Engine, reason: str, registry: Registry) -> None:
         return None
 
 
@@ -83,12 +84,12 @@ class Lease:
     """The right to use one engine instance until released. Release happens
     exactly once, however the request ends; extra calls are no-ops."""
 
-    def __init__(self, manager: ResidencyManager, resident: Resident, instance: int, engine: Any) -> None:
+    def __init__(self, manager: ResidencyManager, resident: Resident, instance: int, engine: Engine) -> None:
         # The resident, not its name: a hot reload may rename the model
         # while the lease is held, and the release must find it.
         self._resident = resident
         self.instance = instance
-        self.engine = engine
+        self.engine: Engine = engine
         self._manager = manager
         self._released = False
 
@@ -152,15 +153,13 @@ class ManagerSnapshot:
         return next((m for m in self.models if m.name == name), None)
 
 
-def _engine_stats(engine: Any) -> dict[str, Any]:
-    stats = getattr(engine, "stats", None)
-    if stats is None:
+def _engine_stats(engine: Engine | None) -> dict[str, Any]:
+    if engine is None:
         return {}
     try:
-        found = stats()
+        return engine.stats()
     except Exception:  # a status read must never fail because of one engine
         return {}
-    return found if isinstance(found, dict) else {}
 
 
 @dataclass
@@ -179,7 +178,7 @@ class _Model:
 
     stats: ModelStats = field(default_factory=ModelStats)
     # The engine in memory, if any, and the core's instance number for it.
-    engine: Any | None = None
+    engine: Engine | None = None
     instance: int = 0
     # The spec the engine was built from: after a reload-class change the
     # registry's spec no longer describes the engine that is still draining,
@@ -332,7 +331,7 @@ class ResidencyManager:
         r = self.core.residents.get(model)
         if held is None or held.engine is None or r is None or held.instance != instance:
             return
-        measured = getattr(held.engine, "measured_bytes", None)
+        measured = held.engine.measured_bytes
         if measured and measured > (r.measured_bytes or 0):
             if self._on_measured:
                 self._on_measured(r.spec, measured)
@@ -469,7 +468,7 @@ class ResidencyManager:
             held.stats.tokens_in += tokens_in
             held.stats.tokens_out += tokens_out
 
-    def engine(self, name: str) -> Any | None:
+    def engine(self, name: str) -> Engine | None:
         held = self._models.get(name)
         return held.engine if held else None
 
@@ -530,7 +529,7 @@ class ResidencyManager:
             return
         held = self._models.setdefault(model, _Model())
         held.engine, held.instance, held.built_from = engine, instance, spec
-        measured = getattr(engine, "measured_bytes", None)
+        measured = engine.measured_bytes
         if measured and self._on_measured:
             self._on_measured(spec, measured)
         self._apply(self.core.load_finished(model, instance, self._clock(), measured_bytes=measured))

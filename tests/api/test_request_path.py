@@ -40,6 +40,7 @@ class ScriptedEngine:
         self.requests: list[GenerationRequest] = []
         self.closed: list[str] = []
         self.started = asyncio.Event()
+        self.measured_bytes = None
 
     async def generate(self, request: GenerationRequest):
         self.requests.append(request)
@@ -63,6 +64,9 @@ class ScriptedEngine:
 
     async def abort_all(self, reason: str) -> int:
         return 0
+
+    async def before_unload(self):
+        return None
 
     async def close(self) -> None:
         return None

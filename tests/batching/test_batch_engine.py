@@ -268,7 +268,7 @@ def test_a_bad_request_fails_alone(worker, qwen_tiny):
     async def main():
         engine = await load_text_engine(spec_for(qwen_tiny, "ctx", max_context=40, max_concurrency=4), worker)
         try:
-            prompt_len = len(await worker.call(engine.prompt_tokens, varied(0)))
+            prompt_len = len(await worker.call(engine.model.prompt_tokens, varied(0)))
             good = [asyncio.create_task(collect(engine, varied(0, max_tokens=100))) for _ in range(2)]
             with pytest.raises(BadRequest) as err:
                 await collect(engine, varied(1, prompt=PROMPT * 8))
@@ -294,7 +294,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_other_streams(worker, qwen
         batch = await load_text_engine(spec_for(qwen_tiny, "b", max_concurrency=4), worker, prefill_chunk=16)
         other = await load_text_engine(spec_for(llama_tiny, "o"), worker)
         try:
-            n_prompt = len(await worker.call(batch.prompt_tokens, greedy(prompt=long_prompt)))
+            n_prompt = len(await worker.call(batch.model.prompt_tokens, greedy(prompt=long_prompt)))
             arrivals: list[str] = []
 
             async def consume(engine, request):
@@ -369,7 +369,7 @@ def test_close_never_releases_the_model_under_a_generation_caught_mid_step(worke
 
     async def main():
         engine = await load_text_engine(spec_for(qwen_tiny, "m", max_concurrency=concurrency), worker)
-        real_model, real_release = engine.model_and_tokenizer, engine._release
+        real_model, real_release = engine.model.get, engine._release
 
         def held() -> Any:  # worker thread, first step of the generation
             if not entered.is_set():
@@ -381,7 +381,7 @@ def test_close_never_releases_the_model_under_a_generation_caught_mid_step(worke
             running_at_release.append(engine.counts.running)
             return real_release()
 
-        engine.model_and_tokenizer = held  # type: ignore[method-assign]
+        engine.model.get = held  # type: ignore[method-assign]
         engine._release = release  # type: ignore[method-assign]
         task = asyncio.create_task(collect(engine, varied(0, max_tokens=50, ignore_eos=True)))
         await asyncio.to_thread(entered.wait, 30)

@@ -71,7 +71,7 @@ def test_a_model_with_broken_files_is_failed_while_the_others_serve(tmp_path):
             assert error["code"] == "model_load_failed" and error["type"] == "server_error"
             assert name in error["message"]
         # An operator's load is refused the same way, and nothing was loaded.
-        assert httpx.post(f"{d.url}/v1/models/corrupt/load", timeout=30).status_code == 503
+        assert httpx.post(f"{d.url}/v1/models/corrupt/load", json={}, timeout=30).status_code == 503
         assert _models(d.url)["corrupt"]["load_count"] == 0
         assert "Traceback" not in d.log()
 
@@ -95,7 +95,7 @@ def test_hot_reload_adds_a_broken_model_as_failed_and_a_fix_makes_it_serve(tmp_p
     registry = write_registry(tmp_path, [{"name": "a", "model": "qwen"}])
     with daemon_process(registry, tmp_path, "--no-watch") as d:
         write_registry(tmp_path, [{"name": "a", "model": "qwen"}, {"name": "x", "path": str(corrupt)}])
-        reload = httpx.post(f"{d.url}/v1/admin/reload", timeout=60)
+        reload = httpx.post(f"{d.url}/v1/admin/reload", json={}, timeout=60)
         assert reload.status_code == 200, reload.text
         report = reload.json()
         assert report["outcome"] == "applied" and report["models"]["x"]["change"] == "added"
@@ -105,7 +105,7 @@ def test_hot_reload_adds_a_broken_model_as_failed_and_a_fix_makes_it_serve(tmp_p
         assert _chat(d.url, "x").status_code == 503
 
         shutil.copy(tiny_model("qwen") / "model.safetensors", corrupt / "model.safetensors")
-        report = httpx.post(f"{d.url}/v1/admin/reload", timeout=60).json()
+        report = httpx.post(f"{d.url}/v1/admin/reload", json={}, timeout=60).json()
         assert report["problems"] == [], json.dumps(report)
         wait_until(lambda: _models(d.url)["x"]["state"] != "failed", timeout=10)
         assert _chat(d.url, "x").status_code == 200

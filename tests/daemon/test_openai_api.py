@@ -237,12 +237,24 @@ def test_disconnect_of_a_non_streaming_request_stops_generation(daemon):
 
 
 def test_after_traffic_every_lease_count_is_zero(daemon, client):
-    threads = [
-        threading.Thread(target=lambda m=m: client.chat.completions.create(model=m, messages=CHAT, max_tokens=8))
-        for m in ("qwen", "llama", "qwen", "llama", "tuned")
-    ]
+    models = ("qwen", "llama", "qwen", "llama", "tuned")
+    # A thread's exception is lost unless kept: without this the test passed
+    # even when every request failed.
+    outcomes: dict[int, object] = {}
+
+    def ask(i: int, model: str) -> None:
+        try:
+            outcomes[i] = client.chat.completions.create(model=model, messages=CHAT, max_tokens=8)
+        except Exception as exc:
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=ask, args=(i, m)) for i, m in enumerate(models)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    failures = [o for o in outcomes.values() if isinstance(o, Exception)]
+    assert failures == [] and len(outcomes) == len(models)
+    assert [outcomes[i].model for i in range(len(models))] == list(models)
+    assert all(outcomes[i].choices[0].message.content for i in range(len(models)))
     wait_until(lambda: all(m["active_leases"] == 0 for m in daemon.status()["models"]), timeout=10)

@@ -89,13 +89,13 @@ def test_a_model_in_use_is_never_evicted(three_models):
 
 def test_admin_load_and_unload(three_models):
     d = three_models
-    r = httpx.post(f"{d.url}/v1/models/c/load", timeout=60)
+    r = httpx.post(f"{d.url}/v1/models/c/load", json={}, timeout=60)
     assert r.status_code == 200 and r.json()["state"] == "loaded"
     assert states(d)["c"] == "loaded"
-    r = httpx.post(f"{d.url}/v1/models/c/unload", timeout=60)
+    r = httpx.post(f"{d.url}/v1/models/c/unload", json={}, timeout=60)
     assert r.status_code == 200 and r.json()["state"] == "unloaded"
     assert states(d)["c"] == "unloaded"
-    assert httpx.post(f"{d.url}/v1/models/zzz/load").status_code == 404
+    assert httpx.post(f"{d.url}/v1/models/zzz/load", json={}).status_code == 404
 
 
 def test_idle_unload_after_the_configured_seconds(tmp_path):

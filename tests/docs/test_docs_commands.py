@@ -40,7 +40,11 @@ def test_readme_opens_with_the_two_setup_commands_and_ci_runs_the_test_one():
 
 
 def _run(line: str, home: Path, port: int | None = None) -> subprocess.Popen:
-    env = {**os.environ, "HOME": str(home), "MLXD_STATE_DIR": str(home / "state")}
+    from mlxd.factory.smollm2 import wheels_dir
+
+    # A fresh HOME, but the SmolLM2 wheel setup.sh already fetched (not 93 MB again).
+    env = {**os.environ, "HOME": str(home), "MLXD_STATE_DIR": str(home / "state"),
+           "MLXD_WHEELS_DIR": str(wheels_dir())}
     words = shlex.split(line)
     while "=" in words[0]:  # leading VAR=value assignments
         key, value = words.pop(0).split("=", 1)
@@ -94,9 +98,24 @@ def test_readme_curl_example_answers(tmp_path):
         result = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60)
         assert '"object":"chat.completion"' in result.stdout, result.stdout + result.stderr
         assert '"model":"default"' in result.stdout
+        # The default model is SmolLM2, a trained one: a greeting, not noise.
+        assert "assist you" in result.stdout or "help you" in result.stdout, result.stdout
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
+
+
+def test_import_example_converts_the_demo_gguf(tmp_path):
+    from mlxd.factory.smollm2 import smollm2_gguf
+
+    line = next(l for l in command_lines(ROOT / "docs" / "import.md") if l.startswith("mlxd import ~/.cache"))
+    wheels = tmp_path / ".cache" / "mlxd" / "wheels"
+    wheels.mkdir(parents=True)
+    (wheels / smollm2_gguf().name).symlink_to(smollm2_gguf())
+    process = _run(line, tmp_path)
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, output
+    assert (tmp_path / "models" / "smollm2" / "tokenizer.json").is_file()
 
 
 def _health(port: int) -> bool:

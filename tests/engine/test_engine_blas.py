@@ -74,3 +74,16 @@ def test_unknown_blas_mode_is_a_config_error():
 
     with pytest.raises(ConfigError, match="MLXD_BLAS"):
         blas.preload_env(clean_env(MLXD_BLAS="fast"))
+
+
+@linux_with_openblas
+@pytest.mark.mlx
+def test_no_slow_blas_warning_where_matmuls_run_on_a_gpu():
+    # The same process state (bundled BLAS mapped) as the test above: on CUDA
+    # the matrix products run on the GPU, so the warning would only mislead.
+    code = ("import json; from mlxd.engine.blas import blas_report;"
+            "print(json.dumps([blas_report(device_kind=k)['warning'] for k in ('cuda', 'cpu')]))")
+    done = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    on_cuda, on_cpu = json.loads(done.stdout)
+    assert on_cuda is None and "bundled reference BLAS" in on_cpu

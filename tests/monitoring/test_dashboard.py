@@ -141,7 +141,7 @@ def test_dashboard_asks_for_the_key_once_renders_models_and_follows_a_load(daemo
     assert _segments(browser) == ["qwen"]
 
     # A load made elsewhere shows up without touching the page.
-    assert httpx.post(f"{daemon.url}/v1/models/llama/load", headers=AUTH, timeout=60).status_code == 200
+    assert httpx.post(f"{daemon.url}/v1/models/llama/load", json={}, headers=AUTH, timeout=60).status_code == 200
     _wait(browser, lambda d: _rows(d)["llama"]["state"] == "loaded")
     _wait(browser, lambda d: _segments(d) == ["qwen", "llama"])
     events = _events(browser)

@@ -9,6 +9,8 @@ import httpx
 import pytest
 from support.daemon import daemon_in_thread, write_registry
 
+import mlxd
+
 KEY = "sk-monitoring-test-0123456789"
 
 
@@ -61,7 +63,7 @@ def test_the_dashboard_page_is_open_self_contained_and_holds_no_data(keyed, path
 
 def test_root_without_a_browser_gets_a_pointer_in_json(keyed):
     answer = httpx.get(keyed.url + "/")
-    assert answer.json() == {"name": "mlxd", "version": answer.json()["version"], "status": "/v1/status",
+    assert answer.json() == {"name": "mlxd", "version": mlxd.__version__, "status": "/v1/status",
                              "dashboard": "/dashboard"}
 
 

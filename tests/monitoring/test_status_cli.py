@@ -112,7 +112,7 @@ def test_watch_refreshes_until_interrupted(daemon):
     )
     try:
         first = json.loads(process.stdout.readline())
-        assert httpx.post(f"{daemon.url}/v1/models/llama/load", headers={"Authorization": f"Bearer {KEY}"},
+        assert httpx.post(f"{daemon.url}/v1/models/llama/load", json={}, headers={"Authorization": f"Bearer {KEY}"},
                           timeout=60).status_code == 200
         for _ in range(50):
             later = json.loads(process.stdout.readline())

@@ -70,7 +70,7 @@ def test_an_admin_load_shows_in_state_memory_events_and_metrics(daemon):
     before = daemon.status()
     assert model(before, "llama")["state"] == "unloaded"
     assert model(before, "llama")["loaded_at"] is None
-    response = httpx.post(f"{daemon.url}/v1/models/llama/load", timeout=60)
+    response = httpx.post(f"{daemon.url}/v1/models/llama/load", json={}, timeout=60)
     assert response.status_code == 200
     doc = daemon.status()
     llama = model(doc, "llama")

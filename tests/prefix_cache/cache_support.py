@@ -82,7 +82,7 @@ async def ask(engine: TextEngine, request: GenerationRequest) -> tuple[str, Gene
 
 async def unload(engine: TextEngine) -> None:
     """What the daemon does on every unload: save, then close."""
-    await engine.save_prefix_cache()
+    await engine.before_unload()
     await engine.close()
 
 

@@ -26,7 +26,7 @@ from prefix_cache.cache_support import (
     unload,
 )
 
-from mlxd.engine.cache_store import ORPHAN_GRACE_SECONDS
+from mlxd.engine.cache_store.folder import ORPHAN_GRACE_SECONDS
 from mlxd.engine.fingerprint import model_fingerprint
 
 pytestmark = pytest.mark.mlx
@@ -124,7 +124,7 @@ def test_an_entry_whose_kv_length_disagrees_with_its_tokens_is_dropped(worker, q
     the checksum is right, the content is not."""
     import hashlib
 
-    from mlxd.engine.cache_store import entry_name
+    from mlxd.engine.cache_store.folder import entry_name
     from mlxd.engine.prefix_cache import encode_tokens
 
     spec = spec_for(qwen_tiny)

@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 
 import pytest
 
-from mlxd.engine.cache_store import enforce_total_bound
+from mlxd.engine.cache_store.bound import enforce_total_bound
 from mlxd.engine.fingerprint import model_fingerprint
 from mlxd.factory import ModelRecipe, build_model
 
@@ -78,8 +79,17 @@ def test_a_separate_chat_template_file_changes_it(folder, tmp_path):
 
 
 def test_a_folder_without_weights_has_none(tmp_path):
+    import asyncio
+
+    from mlxd.engine.loader import _fingerprint
+    from mlxd.registry.model import ModelSpec
+
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(OSError):
+    # What the loader sees: no fingerprint, so the model runs without a
+    # persisted prefix cache instead of failing its load.
+    spec = ModelSpec(name="bare", path=tmp_path, source=str(tmp_path))
+    assert asyncio.run(_fingerprint(spec)) is None
+    with pytest.raises(OSError, match="no .safetensors weights"):
         model_fingerprint(tmp_path, None)
 
 
@@ -88,12 +98,28 @@ def test_the_cache_dir_bound_removes_the_least_recently_saved_folders(tmp_path):
     for age, name in enumerate(["newest", "middle", "oldest"]):
         folder = root / name
         folder.mkdir(parents=True)
-        (folder / "entry.safetensors").write_bytes(b"x" * 1000)
-        stamp = 1_700_000_000 - age * 1000
-        os.utime(folder / "entry.safetensors", (stamp, stamp))
+        (folder / ("ab" * 16 + ".safetensors")).write_bytes(b"x" * 1000)
+        stamp = time.time() - age * 1000
+        os.utime(folder / ("ab" * 16 + ".safetensors"), (stamp, stamp))
     (root / ".locks").mkdir()
+    ours = {"newest", "middle", "oldest"}
 
-    assert enforce_total_bound(root, 2500, keep={"oldest"}) == ["middle"]
+    assert enforce_total_bound(root, 2500, ours=ours, keep={"oldest"}) == ["middle"]
     assert sorted(p.name for p in root.iterdir()) == [".locks", "newest", "oldest"]
-    assert enforce_total_bound(root, 2500) == []
-    assert enforce_total_bound(root, 1000) == ["oldest"]
+    assert enforce_total_bound(root, 2500, ours=ours) == []
+    assert enforce_total_bound(root, 1000, ours=ours) == ["oldest"]
+
+
+def test_the_cache_dir_bound_leaves_other_daemons_folders_until_they_are_stale(tmp_path):
+    root = tmp_path / "prefix"
+    for name, age in [("mine", 0), ("theirs", 3600), ("abandoned", 90 * 24 * 3600)]:
+        folder = root / name
+        folder.mkdir(parents=True)
+        (folder / ("cd" * 16 + ".safetensors")).write_bytes(b"x" * 1000)
+        stamp = time.time() - age
+        os.utime(folder / ("cd" * 16 + ".safetensors"), (stamp, stamp))
+
+    # Over the bound: the stale folder goes first; another daemon's live one never.
+    assert enforce_total_bound(root, 1000, ours={"mine"}) == ["abandoned"]
+    assert enforce_total_bound(root, 0, ours={"mine"}) == ["mine"]
+    assert (root / "theirs").is_dir()

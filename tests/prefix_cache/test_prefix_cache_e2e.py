@@ -40,7 +40,7 @@ def test_cold_warm_restored_and_restarted_answers_are_the_same(tmp_path):
         figures = d.model("q")["prefix_cache"]
         assert figures["hits"] == 1 and figures["misses"] == 1 and figures["memory_entries"] == 1
 
-        assert httpx.post(f"{d.url}/v1/models/q/unload", timeout=60).json()["state"] == "unloaded"
+        assert httpx.post(f"{d.url}/v1/models/q/unload", json={}, timeout=60).json()["state"] == "unloaded"
         assert list((tmp_path / "cache" / "prefix").glob("*/manifest.json"))
         restored, cached = ask(d, "q")
         assert (restored, cached > 0) == (cold, True)

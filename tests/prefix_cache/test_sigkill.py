@@ -17,7 +17,8 @@ import pytest
 from prefix_cache import save_loop
 from prefix_cache.cache_support import run
 
-from mlxd.engine.cache_store import CacheStore, PrefixCachePersistence
+from mlxd.engine.cache_store.folder import CacheStore
+from mlxd.engine.cache_store.persistence import PrefixCachePersistence
 from mlxd.engine.prefix_cache import PrefixCache
 
 pytestmark = pytest.mark.mlx

@@ -47,7 +47,7 @@ BAD_FILES = [
         """,
         2,
         "server.colour",
-        "valid keys here: api_keys, default_max_tokens",
+        "valid keys here: allowed_hosts, allowed_origins, api_keys, body_timeout_s",
     ),
     (
         "unknown nested key",

@@ -14,6 +14,8 @@ import psutil
 import pytest
 
 from mlxd.errors import ConfigError
+from mlxd.registry.device import current_device
+
 from mlxd.registry.loader import load_registry, load_registry_text
 from mlxd.registry.model import CONTENTION_STRATEGIES, PrefixCacheSpec
 from mlxd.registry.schema import ContentionStrategy
@@ -49,11 +51,14 @@ def test_minimal_file_gets_the_documented_defaults(tmp_path, model_dir):
     assert spec.memory_override_bytes is None
 
 
-def test_default_budget_is_seventy_percent_of_real_memory(tmp_path, model_dir):
+def test_default_budget_is_seventy_percent_of_the_devices_memory(tmp_path, model_dir):
     registry = load_registry_text(
         f"models:\n  - name: a\n    path: {model_dir}\n", tmp_path / "m.yaml"
     )
-    expected = int(psutil.virtual_memory().total * 0.7)
+    device = current_device()
+    if device.kind == "cpu":
+        assert device.memory_bytes == psutil.virtual_memory().total
+    expected = int(device.memory_bytes * 0.7)
     assert abs(registry.manager.memory_budget_bytes - expected) <= 1
 
 

@@ -60,7 +60,7 @@ class ReloadingDaemon(Daemon):
         return httpx.post(f"{self.url}/v1/chat/completions", json=body, timeout=60)
 
     def reload(self, **kw: Any) -> httpx.Response:
-        return httpx.post(f"{self.url}/v1/admin/reload", timeout=60, **kw)
+        return httpx.post(f"{self.url}/v1/admin/reload", json={}, timeout=60, **kw)
 
     def reload_events(self) -> list[dict[str, Any]]:
         return [e for e in self.status()["events"] if e["kind"] == "reload"]

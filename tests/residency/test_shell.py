@@ -36,8 +36,14 @@ class FakeEngine:
         self.abort_event.set()
         return 1
 
+    async def before_unload(self):
+        return None
+
     async def close(self) -> None:
         self.closed += 1
+
+    def stats(self) -> dict:
+        return {}
 
 
 class Factory:

@@ -101,7 +101,7 @@ def test_the_daemon_requires_the_keys_from_its_keys_file(tmp_path: Path) -> None
         assert ok.status_code == 200
         # Rotating a key: edit the file, reload.
         keys.write_text("sk-rotated\n")
-        reload = httpx.post(f"{d.url}/v1/admin/reload", headers={"Authorization": "Bearer sk-from-file"}, timeout=60)
+        reload = httpx.post(f"{d.url}/v1/admin/reload", json={}, headers={"Authorization": "Bearer sk-from-file"}, timeout=60)
         assert reload.status_code == 200, reload.text
         old = httpx.get(f"{d.url}/v1/models", headers={"Authorization": "Bearer sk-from-file"}, timeout=10)
         new = httpx.get(f"{d.url}/v1/models", headers={"Authorization": "Bearer sk-rotated"}, timeout=10)

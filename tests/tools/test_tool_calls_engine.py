@@ -74,21 +74,21 @@ def test_tools_and_a_multi_turn_conversation_reach_the_template(hermes):
         {"role": "tool", "tool_call_id": "call_1", "content": "{\"temperature\": 21}"},
     ]
     request = greedy(messages=conversation, tools=TOOLS)
-    _, tokenizer = hermes.model_and_tokenizer()
-    prompt = tokenizer.decode(hermes.prompt_tokens(request))
+    _, tokenizer = hermes.model.get()
+    prompt = tokenizer.decode(hermes.model.prompt_tokens(request))
     assert '"name": "get_weather"' in prompt and '"description": "Add"' in prompt  # the tools, as JSON
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>' in prompt
     assert "<tool_response>\n{\"temperature\": 21}\n</tool_response>" in prompt
     assert prompt.endswith("<|im_start|>assistant\n")
     # Without tools the system turn about them is gone.
-    assert "<tools>" not in tokenizer.decode(hermes.prompt_tokens(greedy(messages=ASK)))
+    assert "<tools>" not in tokenizer.decode(hermes.model.prompt_tokens(greedy(messages=ASK)))
 
 
 def test_arguments_that_are_not_json_are_a_bad_request(hermes):
     bad = [*ASK, {"role": "assistant", "content": "", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "add", "arguments": "{not json"}}]}]
     with pytest.raises(BadRequest, match="arguments"):
-        hermes.prompt_tokens(greedy(messages=bad, tools=TOOLS))
+        hermes.model.prompt_tokens(greedy(messages=bad, tools=TOOLS))
 
 
 @pytest.mark.parametrize("named", [None, "get_weather", "add"])

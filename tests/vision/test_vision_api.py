@@ -158,7 +158,7 @@ def test_the_vision_model_loads_and_unloads_through_residency(daemon, client):
     def mlx_active() -> int:
         return daemon.status()["memory"]["mlx"]["active_bytes"]
 
-    assert httpx.post(f"{daemon.url}/v1/models/eyes/unload", timeout=60).json()["state"] == "unloaded"
+    assert httpx.post(f"{daemon.url}/v1/models/eyes/unload", json={}, timeout=60).json()["state"] == "unloaded"
     unloaded = mlx_active()
     # A bad image is refused before any lease: it does not load the model.
     error_of(post_chat(daemon, image_chat("data:image/png;base64,aGVsbG8=")))
@@ -174,7 +174,7 @@ def test_the_vision_model_loads_and_unloads_through_residency(daemon, client):
     assert status["memory"]["measured_bytes"] >= load_bytes
     assert mlx_active() - unloaded >= load_bytes
 
-    assert httpx.post(f"{daemon.url}/v1/models/eyes/unload", timeout=60).json()["state"] == "unloaded"
+    assert httpx.post(f"{daemon.url}/v1/models/eyes/unload", json={}, timeout=60).json()["state"] == "unloaded"
     wait_until(lambda: daemon.model("eyes")["state"] == "unloaded")
     assert mlx_active() - unloaded < load_bytes * 0.05
     listing = {m["id"]: m for m in httpx.get(f"{daemon.url}/v1/models").json()["data"]}

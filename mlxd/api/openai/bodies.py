@@ -28,7 +28,8 @@ class StreamOptions(BaseModel):
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Python's json reads NaN and Infinity; no sampling parameter means them.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -39,7 +40,8 @@ class _Common(BaseModel):
     repetition_penalty: float | None = Field(default=None, gt=0)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    seed: int | None = None
+    # What mx.random.key takes: an unsigned 64-bit integer.
+    seed: int | None = Field(default=None, ge=0, lt=2**64)
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1)
     stream: bool = False
@@ -50,6 +52,12 @@ class _Common(BaseModel):
     # vLLM's extension: decode to max_tokens even past the end token.
     ignore_eos: bool = False
     user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _encodable_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        _check_encodable(value, "stop")
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -129,6 +137,12 @@ class ChatMessage(BaseModel):
     tool_calls: list[ChatToolCall] | None = None
     tool_call_id: str | None = None
 
+    @field_validator("content")
+    @classmethod
+    def _encodable(cls, value: Any) -> Any:
+        _check_encodable(value, "content")
+        return value
+
     def to_message(self, index: int) -> Message:
         # ``developer`` is what newer OpenAI models call ``system``.
         role = "system" if self.role == "developer" else self.role
@@ -195,6 +209,7 @@ class CompletionRequest(_Common):
     def _non_empty(cls, value: str | list[str]) -> str | list[str]:
         if isinstance(value, list) and not value:
             raise ValueError("prompt must not be an empty list")
+        _check_encodable(value, "prompt")
         return value
 
     def prompts(self) -> list[str]:
@@ -208,3 +223,19 @@ class CompletionRequest(_Common):
             raise BadRequest("suffix is not supported", param="suffix")
         if self.best_of not in (None, 1):
             raise BadRequest("best_of is not supported", param="best_of")
+
+
+def _check_encodable(value: Any, what: str) -> None:
+    """JSON may carry a lone surrogate (``"\\ud800"``), which no tokenizer can
+    encode: refuse it here as a 400 rather than fail in the engine."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{what} contains an unpaired UTF-16 surrogate; it is not valid Unicode text") from None
+    elif isinstance(value, list):
+        for item in value:
+            _check_encodable(item, what)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _check_encodable(item, what)

@@ -4,18 +4,29 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from mlxd.api.context import DaemonContext
-from mlxd.errors import ConfigError, ServiceUnavailable
+from mlxd.errors import ConfigError, ServiceUnavailable, UnsupportedMediaType
+
+
+def require_json(request: Request) -> None:
+    """A browser can send a cross-site form or text/plain POST without asking
+    first; one with a JSON body it must preflight, and mlxd answers no
+    preflight. So admin actions take JSON only."""
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json":
+        raise UnsupportedMediaType(
+            "Admin requests must be sent with 'Content-Type: application/json' (an empty body or {} will do)"
+        )
 
 if TYPE_CHECKING:
     from mlxd.api.app import ConfigReloader
 
 
 def router(reloader: ConfigReloader | None) -> APIRouter:
-    api = APIRouter()
+    api = APIRouter(dependencies=[Depends(require_json)])
 
     @api.post("/v1/models/{name}/load")
     async def load(name: str, request: Request) -> dict[str, Any]:

@@ -1,0 +1,107 @@
+"""Prompt preparation for text models: a request's messages or prompt as token ids.
+
+Pure functions of a tokenizer and a request, with no engine, worker or MLX
+in sight (any thread may call them), so the exact tokens a model will see can
+be checked from a REPL::
+
+    >>> from mlx_lm import load
+    >>> from mlxd.engine.prompt import chat_tokens
+    >>> _, tokenizer = load("path/to/model")
+    >>> chat_tokens(tokenizer, [{"role": "user", "content": "Hi"}])
+
+Chat messages go through the model's chat template (OpenAI content parts
+flattened to one string, tool-call arguments parsed from JSON text, as
+mlx-lm's own server does); a raw prompt is encoded with a BOS token unless it
+already starts with one. What a client got wrong is a ``BadRequest``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from mlxd.engine.types import GenerationRequest
+from mlxd.errors import BadRequest
+
+
+def prompt_tokens(tokenizer: Any, request: GenerationRequest) -> list[int]:
+    """The request's prompt as token ids (chat template applied to ``messages``)."""
+    if (request.prompt is None) == (request.messages is None):
+        raise BadRequest("Give exactly one of `prompt` and `messages`.", param="messages")
+    if request.messages is not None:
+        return chat_tokens(tokenizer, request.messages, request.tools)
+    return text_tokens(tokenizer, request.prompt or "")
+
+
+def text_tokens(tokenizer: Any, prompt: str) -> list[int]:
+    """A raw completion prompt as token ids. As mlx-lm does: add BOS unless
+    the prompt already starts with it."""
+    bos = tokenizer.bos_token
+    return list(tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos)))
+
+
+def chat_tokens(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> list[int]:
+    """Chat messages (and OpenAI-shaped tool definitions) as token ids: the
+    tokenizer's chat template with the generation prompt added. Raises
+    ``BadRequest`` when the template refuses."""
+    try:
+        from jinja2 import TemplateError
+    except ImportError:  # pragma: no cover - transformers depends on jinja2
+        TemplateError = ValueError  # type: ignore[misc,assignment]  # noqa: N806
+    if not getattr(tokenizer, "has_chat_template", True):
+        raise BadRequest(
+            "This model has no chat template; send a raw prompt to /v1/completions instead.",
+            param="messages",
+        )
+    flat = [flatten_message(m) for m in messages]
+    try:
+        tokens = tokenizer.apply_chat_template(flat, tools=tools or None, add_generation_prompt=True)
+    except TemplateError as exc:
+        # Templates raise their own messages ("roles must alternate ..."),
+        # written for the person sending the conversation.
+        raise BadRequest(f"The chat template rejected the messages: {exc}", param="messages") from exc
+    return list(tokens)
+
+
+def flatten_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A copy of an OpenAI message with its content as one string (as mlx-lm's server does)."""
+    if not isinstance(message, dict):
+        raise BadRequest("Each message must be an object.", param="messages")
+    flat = dict(message)
+    content = flat.get("content")
+    if content is None:
+        flat["content"] = ""
+    elif isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise BadRequest(
+                    f"This is a text model; message content of type `{kind}` is not supported.",
+                    param="messages",
+                )
+            texts.append(str(part.get("text", "")))
+        flat["content"] = "".join(texts)
+    elif not isinstance(content, str):
+        raise BadRequest("Message content must be a string or a list of parts.", param="messages")
+    tool_calls = flat.get("tool_calls")
+    if tool_calls:
+        # Chat templates expect tool arguments as objects, the API sends JSON text.
+        calls = []
+        for call in tool_calls:
+            call = dict(call)
+            function = dict(call.get("function") or {})
+            arguments = function.get("arguments")
+            if isinstance(arguments, str):
+                try:
+                    function["arguments"] = json.loads(arguments)
+                except json.JSONDecodeError as exc:
+                    raise BadRequest(
+                        "tool_calls[].function.arguments is not valid JSON.", param="messages"
+                    ) from exc
+            call["function"] = function
+            calls.append(call)
+        flat["tool_calls"] = calls
+    return flat

@@ -1,0 +1,195 @@
+"""Warming a freshly loaded text model before it is reported ``loaded``.
+
+The first use of each kernel is compiled: NVRTC on CUDA (a bench-size model's
+first 2k-token request took 13.9 s there, the next one 0.16 s), g++ for MLX's
+CPU kernels. Whoever sends the first request would pay for it. So the loader
+sends the shapes real traffic uses through the engine's own ``generate``
+before handing the engine over: a prompt of one full prefill chunk plus a
+rest (chunked prefill, then mlx-lm's prefill and a few decode steps), and,
+when the model batches (max_concurrency > 1), several short requests at once
+(the batched prefill and decode). Compiled kernels land in MLX's on-disk
+kernel cache (``mlxd.engine.kernel_cache``), so a restarted daemon warms in
+well under a second.
+
+A last, timed prompt of a chunk measures this device's prefill speed (kernels
+are compiled by then), which the prefix cache's restore-or-recompute
+decision needs (``mlxd.engine.restore_policy``). Warm-up prompts leave
+nothing behind: the prefix cache is emptied afterwards, and greedy output
+depends only on the prompt, so the first user's answer is the same as
+without warming.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from mlxd.engine.types import GenerationRequest, SamplingParams
+from mlxd.errors import describe_exception
+
+log = logging.getLogger(__name__)
+
+# Decode steps each warm-up request runs: the first step after a prefill and
+# the steady-state step differ (cache growth, sampler), so more than one.
+DECODE_STEPS = 3
+SHORT_PROMPT_TOKENS = 16
+# Tokens kept free under max_context for the reply and the chat template.
+CONTEXT_MARGIN = 16
+MAX_WARM_BATCH = 4
+# The passage warm-up prompts repeat, in characters.
+SAMPLE_CHARS = 1200
+# Source code takes 3-4 characters a token with real tokenizers; erring long
+# keeps a full prefill chunk in the warm-up.
+CHARS_PER_TOKEN = 4
+# On the CPU backend kernels are compiled per fused operation, not per
+# sequence length, so a short prompt compiles what a long one would (and the
+# CPU pays for every warm-up token at its slow prefill speed).
+CPU_PREFILL_TOKENS = 64
+CPU_WARM_BATCH = 2
+
+
+@dataclass(frozen=True)
+class WarmupRun:
+    prompt_tokens: int
+    max_tokens: int
+    concurrent: int = 1
+    timed: bool = False  # measures prefill speed (runs after the kernels are compiled)
+
+
+@dataclass(frozen=True)
+class WarmupReport:
+    seconds: float
+    requests: int
+    prefill_tokens_per_s: float | None
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def plan_warmup(
+    *, max_context: int, prefill_chunk: int, max_concurrency: int, batching: bool, device: str = "gpu"
+) -> tuple[WarmupRun, ...]:
+    """The requests that compile the kernels traffic will use, in order.
+
+    GPUs get a full prefill chunk (the shape every long prompt is cut into);
+    ``device == "cpu"`` a short one (CPU_PREFILL_TOKENS) and a narrower batch
+    (batched kernels there do not depend on the batch size either)."""
+    room = max(1, max_context - DECODE_STEPS - CONTEXT_MARGIN)
+    if device == "cpu":
+        prefill_chunk = min(prefill_chunk, CPU_PREFILL_TOKENS)
+    long = min(prefill_chunk + SHORT_PROMPT_TOKENS, room)
+    runs = [WarmupRun(long, DECODE_STEPS)]
+    if batching and max_concurrency > 1:
+        widest = CPU_WARM_BATCH if device == "cpu" else MAX_WARM_BATCH
+        runs.append(WarmupRun(min(SHORT_PROMPT_TOKENS, room), DECODE_STEPS, min(max_concurrency, widest)))
+    runs.append(WarmupRun(min(prefill_chunk, room), 1, timed=True))
+    return tuple(runs)
+
+
+def forget_warmup(engine: Any) -> None:
+    """Worker thread: drop what the warm-up left in the engine's figures and
+    prefix cache, so status and the cache describe user traffic only."""
+    counts = getattr(engine, "counts", None)
+    if dataclasses.is_dataclass(counts) and not isinstance(counts, type):
+        fresh = type(counts)()
+        for f in dataclasses.fields(counts):
+            setattr(counts, f.name, getattr(fresh, f.name))
+    cache = getattr(engine, "prefix_cache", None)
+    if cache is not None:
+        cache.clear()
+        cache.hits = cache.misses = cache.tokens_reused = 0
+
+
+def _passage() -> str:
+    # Real text: a random model fed repeated words can stop at once.
+    import argparse
+
+    source = Path(argparse.__file__).read_text(encoding="utf-8")
+    start = source.index("class ArgumentParser(")
+    return source[start : start + SAMPLE_CHARS]
+
+
+def prompt_texts(lengths: Sequence[int], max_chars: int) -> list[str]:
+    """Prompts of about ``lengths[i]`` tokens each (at most ``max_chars``
+    characters, so even one token per character fits the context): real
+    source text repeated, each opening with its own line so that no prompt is
+    a prefix of another (the prefix cache would serve it instead of
+    prefilling).
+
+    Sized by characters, without the tokenizer: tokenizing here with each
+    freshly loaded tokenizer grew the process by ~60 KB a load/unload cycle
+    (measured), which a daemon that swaps models for weeks cannot afford.
+    """
+    passage = _passage()
+    texts = []
+    for number, n in enumerate(lengths):
+        size = max(1, min(int(n * CHARS_PER_TOKEN), max_chars))
+        text = f"# part {number}\n" + passage * (size // len(passage) + 1)
+        texts.append(text[:size])
+    return texts
+
+
+async def _one(engine: Any, prompt: str, max_tokens: int, request_id: str, chat: bool = False) -> float:
+    """Run one greedy request to its end; returns seconds to its first chunk.
+    ``chat``: as a chat message (compiles the chat template once, too)."""
+    text: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
+    request = GenerationRequest(
+        request_id=request_id, max_tokens=max_tokens, sampling=SamplingParams(temperature=0.0),
+        ignore_eos=True, **text,
+    )
+    started = time.perf_counter()
+    first: float | None = None
+    stream = engine.generate(request)
+    try:
+        async for _chunk in stream:
+            if first is None:
+                first = time.perf_counter() - started
+    finally:
+        closer = getattr(stream, "aclose", None)
+        if closer is not None:
+            await closer()
+    return first if first is not None else time.perf_counter() - started
+
+
+async def warm_up(
+    engine: Any,
+    runs: Sequence[WarmupRun],
+    *,
+    max_chars: int,
+    forget: Callable[[], Any] | None = None,
+) -> WarmupReport:
+    """Send ``runs`` through ``engine.generate``; never raises (a model that
+    cannot run a warm-up prompt fails its first request the same way, with
+    the error a user can read)."""
+    started = time.perf_counter()
+    requests = 0
+    rate: float | None = None
+    error: str | None = None
+    try:
+        prompts = prompt_texts([r.prompt_tokens for run in runs for r in [run] * run.concurrent], max_chars)
+        texts = iter(prompts)
+        for number, run in enumerate(runs):
+            batch = [next(texts) for _ in range(run.concurrent)]
+            waits = await asyncio.gather(*(
+                _one(engine, text, run.max_tokens, f"warmup-{number}-{i}", chat=number == 0)
+                for i, text in enumerate(batch)
+            ))
+            requests += run.concurrent
+            if run.timed and waits[0] > 0:
+                rate = run.prompt_tokens / waits[0]
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        error = describe_exception(exc)
+        log.warning("warm-up of %s failed (the model stays loaded): %s", getattr(engine, "name", "?"), error)
+    if forget is not None:
+        await forget()
+    return WarmupReport(round(time.perf_counter() - started, 4), requests,
+                        round(rate, 1) if rate else None, error)

@@ -1,0 +1,83 @@
+"""A text model is warmed up before the loader hands it over (so before the
+daemon reports it `loaded`), and warming changes nothing a user sees."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from engine.engine_support import CHAT, collect, greedy, run, spec_for, text_of
+from support.daemon import daemon_in_thread, write_registry
+
+from mlxd.engine.loader import load_text_engine
+from mlxd.engine.warmup import CPU_PREFILL_TOKENS, WarmupRun, plan_warmup
+from mlxd.registry.device import current_device
+
+
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        # One sequence on a GPU: a full prefill chunk plus a rest, then a timed chunk.
+        (dict(max_context=4096, prefill_chunk=512, max_concurrency=1, batching=False),
+         (WarmupRun(528, 3), WarmupRun(512, 1, timed=True))),
+        # Batching adds short requests at once, as many as it will batch (at most 4).
+        (dict(max_context=4096, prefill_chunk=512, max_concurrency=8, batching=True),
+         (WarmupRun(528, 3), WarmupRun(16, 3, 4), WarmupRun(512, 1, timed=True))),
+        (dict(max_context=4096, prefill_chunk=512, max_concurrency=2, batching=True),
+         (WarmupRun(528, 3), WarmupRun(16, 3, 2), WarmupRun(512, 1, timed=True))),
+        # max_concurrency > 1 on a model that cannot batch: no batched run.
+        (dict(max_context=4096, prefill_chunk=512, max_concurrency=4, batching=False),
+         (WarmupRun(528, 3), WarmupRun(512, 1, timed=True))),
+        # A short context caps every prompt below it.
+        (dict(max_context=200, prefill_chunk=512, max_concurrency=1, batching=False),
+         (WarmupRun(181, 3), WarmupRun(181, 1, timed=True))),
+        # The CPU compiles per operation, not per length or batch: a short chunk, two at once.
+        (dict(max_context=4096, prefill_chunk=512, max_concurrency=1, batching=False, device="cpu"),
+         (WarmupRun(CPU_PREFILL_TOKENS + 16, 3), WarmupRun(CPU_PREFILL_TOKENS, 1, timed=True))),
+        (dict(max_context=4096, prefill_chunk=512, max_concurrency=8, batching=True, device="cpu"),
+         (WarmupRun(CPU_PREFILL_TOKENS + 16, 3), WarmupRun(16, 3, 2), WarmupRun(CPU_PREFILL_TOKENS, 1, timed=True))),
+    ],
+)
+def test_the_warmup_plan(kwargs, expected):
+    assert plan_warmup(**kwargs) == expected
+
+
+@pytest.mark.mlx
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_the_loader_returns_a_warm_engine_with_nothing_left_of_the_warmup(worker, qwen_tiny, concurrency):
+    from engine.test_engine_text import direct_mlx_lm
+
+    engine = run(load_text_engine(spec_for(qwen_tiny, max_concurrency=concurrency), worker))
+    try:
+        report = engine.warmup
+        stats = engine.stats()
+        assert report is not None and report.error is None
+        # It really ran through the engine: the batched path too when batching.
+        wide = 2 if current_device().kind == "cpu" else 4
+        assert report.requests == (2 + wide if concurrency == 4 else 2)
+        assert stats["batching"] is (concurrency > 1)
+        if concurrency > 1:
+            assert stats["batched_steps"] > 0
+        assert report.seconds > 0 and report.prefill_tokens_per_s > 0
+        assert stats["warmup"] == report.as_dict()
+        # ... and left nothing a user would see: no counts, no cache entries.
+        assert (stats["generations"], stats["tokens_generated"]) == (0, 0)
+        cache = stats["prefix_cache"]
+        assert (cache["memory_entries"], cache["hits"], cache["misses"]) == (0, 0, 0)
+        # The first user's greedy answer is plain mlx-lm's.
+        first = text_of(run(collect(engine, greedy("first"))))
+        assert first == direct_mlx_lm(worker, qwen_tiny, CHAT, 24)
+    finally:
+        run(engine.close())
+
+
+@pytest.mark.mlx
+def test_status_says_loaded_only_once_the_warmup_is_done(tmp_path):
+    registry = write_registry(tmp_path, [{"name": "qwen", "model": "qwen", "max_concurrency": 2}])
+    with daemon_in_thread(registry, tmp_path) as d:
+        assert d.model("qwen")["state"] == "unloaded"
+        assert httpx.post(f"{d.url}/v1/models/qwen/load", json={}, timeout=120).status_code == 200
+        status = d.model("qwen")
+        assert status["state"] == "loaded"
+        warmup = status["engine"]["warmup"]
+        assert warmup["requests"] == 4 and warmup["error"] is None  # long, 2 at once, timed and warmup["seconds"] > 0
+        assert status["engine"]["generations"] == 0

@@ -1,0 +1,179 @@
+"""SmolLM2-135M-Instruct, a trained model imported from its GGUF file, through
+a real ``mlxd serve`` over HTTP: a real tokenizer, chat template and weights
+come through the daemon intact.
+
+The model decodes at a few tokens a second on a CPU: one daemon serves the
+whole module and every request asks for a dozen tokens or so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from mlxd.factory.smollm2 import smollm2_gguf
+from mlxd.gguf.cache import converted_dir
+from support.daemon import Daemon, daemon_process
+
+pytestmark = [pytest.mark.mlx, pytest.mark.slow]
+
+NAME = "smollm2"
+CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+class Served:
+    """The module's daemon, restartable on the same registry and cache."""
+
+    def __init__(self, registry: Path, tmp: Path) -> None:
+        self.registry, self.tmp = registry, tmp
+        self._stack = contextlib.ExitStack()
+        self.daemon: Daemon = self._start()
+
+    def _start(self) -> Daemon:
+        return self._stack.enter_context(daemon_process(self.registry, self.tmp))
+
+    def restart(self) -> None:
+        self._stack.close()
+        self._stack = contextlib.ExitStack()
+        self.daemon = self._start()
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def chat(self, messages: list[dict], **fields) -> dict:
+        body = {"model": NAME, "messages": messages, "temperature": 0, "max_tokens": 16, **fields}
+        reply = httpx.post(f"{self.daemon.url}/v1/chat/completions", json=body, timeout=120)
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+    def stream(self, messages: list[dict], **fields) -> tuple[str, str]:
+        body = {"model": NAME, "messages": messages, "temperature": 0, "max_tokens": 16,
+                "stream": True, **fields}
+        pieces, finish = [], None
+        with httpx.stream("POST", f"{self.daemon.url}/v1/chat/completions", json=body, timeout=120) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                choice = json.loads(line.removeprefix("data: "))["choices"][0]
+                pieces.append(choice["delta"].get("content") or "")
+                finish = choice.get("finish_reason") or finish
+        return "".join(pieces), finish
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return converted_dir(smollm2_gguf(), tmp_path_factory.mktemp("gguf-cache"))
+
+
+@pytest.fixture(scope="module")
+def served(model_dir, tmp_path_factory) -> Iterator[Served]:
+    tmp = tmp_path_factory.mktemp("smollm2")
+    registry = tmp / "models.yaml"
+    registry.write_text(yaml.safe_dump({
+        "manager": {"memory_budget": "2GB", "cache_dir": str(tmp / "cache")},
+        "models": [{"name": NAME, "path": str(model_dir), "max_context": 2048, "max_concurrency": 2}],
+    }))
+    daemon = Served(registry, tmp)
+    yield daemon
+    daemon.close()
+
+
+def content(reply: dict) -> str:
+    return reply["choices"][0]["message"]["content"]
+
+
+def cached(reply: dict) -> int:
+    return (reply["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+
+
+def test_greedy_answer_is_mlx_lm_generate_and_makes_sense(served, model_dir):
+    import mlx_lm
+
+    model, tokenizer = mlx_lm.load(str(model_dir))
+    prompt = tokenizer.apply_chat_template(CAPITAL, add_generation_prompt=True)
+    direct = mlx_lm.generate(model, tokenizer, prompt, max_tokens=16)
+
+    reply = served.chat(CAPITAL)
+    assert content(reply) == direct == "The capital of France is Paris."
+    # <|im_end|>, the template's end of turn, ended it before max_tokens.
+    assert reply["choices"][0]["finish_reason"] == "stop"
+    assert reply["usage"]["completion_tokens"] < 16
+    assert reply["usage"]["prompt_tokens"] == len(prompt)
+
+
+def test_same_answer_cold_warm_restored_and_after_restart(served):
+    # Its own system prompt: the template's default one is cached by other tests.
+    question = [{"role": "system", "content": "You answer briefly."},
+                {"role": "user", "content": "Name three colours of the rainbow."}]
+    cold = served.chat(question, max_tokens=8)
+    # Only the template's first tokens (<|im_start|>system) can be shared.
+    assert cached(cold) <= 4
+    whole_prompt = cold["usage"]["prompt_tokens"] - 1
+
+    warm = served.chat(question, max_tokens=8)
+    assert (content(warm), cached(warm) >= whole_prompt) == (content(cold), True)
+
+    unloaded = httpx.post(f"{served.daemon.url}/v1/models/{NAME}/unload", json={}, timeout=120)
+    assert unloaded.json()["state"] == "unloaded"
+    restored = served.chat(question, max_tokens=8)
+    assert (content(restored), cached(restored) >= whole_prompt) == (content(cold), True)
+
+    served.restart()
+    again = served.chat(question, max_tokens=8)
+    assert (content(again), cached(again) >= whole_prompt) == (content(cold), True)
+    assert served.daemon.model(NAME)["prefix_cache"]["restored_entries"] >= 1
+
+
+def test_stream_reassembles_byte_exactly_with_multibyte_text(served):
+    question = [{"role": "user", "content": "Write the French words café, crème brûlée and naïve."}]
+    whole = served.chat(question, max_tokens=20)
+    streamed, finish = served.stream(question, max_tokens=20)
+    text = content(whole)
+    assert any(ord(ch) > 127 for ch in text), text  # the answer does hold multi-byte characters
+    assert streamed.encode() == text.encode()
+    assert finish == whole["choices"][0]["finish_reason"]
+
+
+def test_stop_strings_and_max_tokens_end_where_they_should(served):
+    full = content(served.chat(CAPITAL))
+    assert "Paris" in full
+
+    stopped = served.chat(CAPITAL, stop=["Paris"])
+    assert content(stopped) == full[: full.index("Paris")]
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+    streamed, finish = served.stream(CAPITAL, stop=["Paris"])
+    assert (streamed, finish) == (content(stopped), "stop")
+
+    short = served.chat(CAPITAL, max_tokens=3)
+    assert short["choices"][0]["finish_reason"] == "length"
+    assert short["usage"]["completion_tokens"] == 3
+    assert full.startswith(content(short)) and len(content(short)) < len(full)
+
+
+def test_the_demo_registry_serves_smollm2_as_default(tmp_path):
+    from mlxd.factory.demo import is_stale, write_demo
+    from mlxd.registry.loader import load_registry
+
+    path = write_demo(tmp_path / "demo", sizes=("tiny",))
+    registry = load_registry(path)
+    default = next(m for m in registry.models if "default" in m.aliases)
+    assert default.name == "smollm2-135m"
+    assert default.source.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert (default.path / "config.json").is_file()  # converted when the registry was read
+    assert default.defaults.temperature == 0
+
+    # `mlxd serve` rebuilds a demo registry an older mlxd wrote (its default
+    # was a random model), never one written by hand.
+    assert not is_stale(path)
+    older = tmp_path / "older.yaml"
+    older.write_text("# The mlxd demo registry: small real models made offline by `mlxd demo`.\nmodels: []\n")
+    own = tmp_path / "own.yaml"
+    own.write_text("models: []\n")
+    assert is_stale(older) and not is_stale(own)
