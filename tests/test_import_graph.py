@@ -28,11 +28,10 @@ ALLOWED = {
     # Constrained decoding and tool calls (engine side), GGUF import.
     "grammar": {"errors", "engine"},  # engine.types only, see CONTRACT
     "tools": {"errors", "engine", "grammar"},
-    # The shell holds engines by their contract (engine/types.py) only.
-    "residency": {"errors", "registry", "engine"},
-    # Registry entries served by other servers: an engine over HTTP.
-    "remote": {"errors", "registry", "engine"},
-    "factory": {"errors"},
+    "gguf": {"errors", "factory"},
+    "monitoring": {"mlxd", "errors", "registry", "engine", "residency", "remote"},
+    "api": {"mlxd", "errors", "registry", "settings", "engine", "residency", "monitoring", "remote"},
+    "daemon": {"mlxd", "errors", "registry", "settings", "engine", "residency", "monitoring", "api", "remote"},
     "cli": {"mlxd", "errors", "registry", "settings", "engine", "factory", "service", "gguf", "daemon"},
     "__main__": {"cli"},
 }

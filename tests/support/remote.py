@@ -85,6 +85,6 @@ def sse_events(response: httpx.Response) -> list[Any]:
 
 
 def reload(front_url: str) -> dict[str, Any]:
-    response = httpx.post(f"{front_url}/v1/admin/reload", timeout=30)
+    response = httpx.post(f"{front_url}/v1/admin/reload", json={}, timeout=30)
     assert response.status_code == 200, response.text
     return response.json()
