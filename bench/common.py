@@ -98,8 +98,13 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 @contextlib.contextmanager
-def daemon(models: list[dict[str, Any]], manager: dict[str, Any] | None = None,
-           env: dict[str, str] | None = None, log_to: Path | None = None) -> Iterator[str]:
+def daemon(
+    models: list[dict[str, Any]],
+    manager: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    log_to: Path | None = None,
+    backends: dict[str, Any] | None = None,
+) -> Iterator[str]:
     """A `mlxd serve` process (which preloads OpenBLAS itself) on a temporary
     registry. Yields its base URL. ``env`` adds variables; ``log_to`` keeps a
     copy of its log."""
@@ -107,6 +112,7 @@ def daemon(models: list[dict[str, Any]], manager: dict[str, Any] | None = None,
         registry = Path(tmp) / "models.yaml"
         doc = {
             "manager": {"memory_budget": "70%", "cache_dir": str(Path(tmp) / "cache"), **(manager or {})},
+            **({"backends": backends} if backends else {}),
             "models": models,
         }
         registry.write_text(yaml.safe_dump(doc, sort_keys=False))

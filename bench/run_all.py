@@ -25,6 +25,7 @@ QUICK = [
     ["status_latency.py"],
     ["constrained.py", "--size", "tiny"],
     ["constrained.py", "--size", "small"],
+    ["remote.py", "--size", "tiny"],
 ]
 FULL = [
     ["overhead.py", "--size", "bench"],

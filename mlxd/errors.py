@@ -142,6 +142,47 @@ class RequestTimeout(MlxdError):
     code = "timeout"
 
 
+class BackendUnavailable(ServiceUnavailable):
+    """A remote backend cannot be reached or refuses connections."""
+
+    code = "backend_unavailable"
+
+
+class BackendFailed(MlxdError):
+    """A remote backend answered with a server error, broke the protocol or
+    died mid-answer."""
+
+    status_code = 502
+    error_type = "server_error"
+    code = "bad_gateway"
+
+
+class BackendTimeout(RequestTimeout):
+    """A remote backend sent no first output, or went silent mid-stream, for
+    longer than its ``timeouts``."""
+
+    code = "backend_timeout"
+
+
+class UpstreamRejected(MlxdError):
+    """A remote backend turned the request down (a 4xx): its status and
+    message are passed through to the client."""
+
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        *,
+        error_type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message, param=param, code=code or "upstream_error", retry_after=retry_after)
+        self.status_code = status_code
+        self.error_type = error_type
+
+
 class ClientDisconnected(MlxdError):
     """Not sent to anyone (the client is gone); logged and counted as 499."""
 

@@ -21,16 +21,18 @@ ALLOWED = {
     "engine": {"errors", "registry", "grammar", "tools"},
     # The shell holds engines by their contract (engine/types.py) only.
     "residency": {"errors", "registry", "engine"},
+    # Registry entries served by other servers: an engine over HTTP.
+    "remote": {"errors", "registry", "engine"},
     "factory": {"errors"},
     "service": {"errors", "registry", "settings"},
     # Constrained decoding and tool calls (engine side), GGUF import.
     "grammar": {"errors", "engine"},  # engine.types only, see CONTRACT
     "tools": {"errors", "engine", "grammar"},
     "gguf": {"errors", "factory"},
-    "monitoring": {"mlxd", "errors", "registry", "engine", "residency"},
+    "monitoring": {"mlxd", "errors", "registry", "engine", "residency", "remote"},
     # The request path plans tools and splits tool calls for every surface.
-    "api": {"mlxd", "errors", "registry", "settings", "engine", "grammar", "tools", "residency", "monitoring"},
-    "daemon": {"mlxd", "errors", "registry", "settings", "engine", "residency", "monitoring", "api"},
+    "api": {"mlxd", "errors", "registry", "settings", "engine", "grammar", "tools", "residency", "monitoring", "remote"},
+    "daemon": {"mlxd", "errors", "registry", "settings", "engine", "residency", "monitoring", "api", "remote"},
     "cli": {"mlxd", "errors", "registry", "settings", "engine", "factory", "service", "gguf", "daemon"},
     "__main__": {"cli"},
 }

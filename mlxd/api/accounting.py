@@ -21,6 +21,9 @@ def record_request(
     metrics = ctx.metrics
     metrics.requests.labels(model, str(status)).inc()
     metrics.request_seconds.labels(model).observe(seconds)
+    backend = plan.spec.backend
+    if backend is not None:
+        metrics.backend_requests.labels(backend, model, str(status)).inc()
     if tokens_in:
         metrics.tokens.labels(model, "in").inc(tokens_in)
     if tokens_out:
@@ -29,7 +32,8 @@ def record_request(
     extra = ""
     if ctx.settings.log_prompts:
         extra = " prompt=" + repr([r.messages or r.prompt for r in plan.requests])[:2000]
+    where = f" backend={backend}" if backend is not None else ""
     log.info(
-        "%s model=%s status=%d tokens_in=%d tokens_out=%d seconds=%.3f stream=%s%s",
-        plan.kind, model, status, tokens_in, tokens_out, seconds, plan.stream, extra,
+        "%s model=%s%s status=%d tokens_in=%d tokens_out=%d seconds=%.3f stream=%s%s",
+        plan.kind, model, where, status, tokens_in, tokens_out, seconds, plan.stream, extra,
     )

@@ -43,6 +43,9 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         ctx.worker.start()
         await ctx.manager.start()
+        # Polled in the background: a backend that is down at start is
+        # reported, never a reason not to serve the others.
+        await ctx.backends.start()
         watching = reloader is not None and ctx.settings.watch_config
         if watching:
             await reloader.start_watching()
@@ -54,6 +57,7 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
             # A SIGTERM drain has already done this; a plain stop has not.
             if not ctx.manager.shutting_down:
                 await ctx.manager.shutdown(ctx.settings.server.shutdown_grace_seconds)
+            await ctx.backends.close()
             await ctx.worker.shutdown()
 
     app = FastAPI(title="mlxd", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)

@@ -17,6 +17,7 @@ from mlxd.monitoring.metrics import Metrics
 from mlxd.monitoring.snapshot import ConfigState, DaemonSnapshot
 from mlxd.monitoring.status import EVENTS_LIMIT
 from mlxd.registry.model import Registry, ServerSpec
+from mlxd.remote.backends import BackendPool
 from mlxd.residency.events import EventLog
 from mlxd.residency.shell import ResidencyManager
 from mlxd.settings import EffectiveSettings
@@ -39,6 +40,7 @@ class DaemonContext:
     responses: ResponseStore = field(default_factory=ResponseStore)
     # Decoded image pixels held at once, across every request.
     image_memory: ImageMemory = field(default_factory=lambda: ImageMemory(ServerSpec().max_image_memory_bytes))
+    backends: BackendPool = field(default_factory=lambda: BackendPool(()))
 
     @property
     def registry(self) -> Registry:
@@ -62,4 +64,5 @@ class DaemonContext:
             port=server.port,
             auth_required=bool(server.api_keys),
             metrics_enabled=self.settings.metrics,
+            backends=self.backends.views(),
         )

@@ -298,7 +298,23 @@ async def open_stream(ctx: DaemonContext, plan: Plan, request: Request, framer: 
         record_request(ctx, plan.spec.name, exc.status_code, plan)
         raise
     pending = None if lease is not None else acquiring
-    frames = _frames(ctx, plan, lease, framer, pending)
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    producer = None
+    first = None
+    if lease is not None and getattr(lease.engine, "confirms_start", False):
+        # A remote engine's first chunk says the backend took the request:
+        # until then a refusal can still be an HTTP status, not a frame.
+        producer = asyncio.ensure_future(_pump(lease.engine, plan.requests, queue))
+        try:
+            first = await guarded(request, queue.get(), plan.remaining())
+            if isinstance(first, MlxdError):
+                raise first
+        except MlxdError as exc:
+            await _stop(producer)
+            lease.release()
+            record_request(ctx, plan.spec.name, exc.status_code, plan)
+            raise
+    frames = _frames(ctx, plan, lease, framer, pending, queue, producer, first)
     return LeasedStreamingResponse(
         frames, lease, pending=pending, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     )
@@ -403,12 +419,22 @@ async def _heartbeats_until(
         yield framer.heartbeat
 
 
+async def _stop(producer: asyncio.Future[None]) -> None:
+    producer.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await producer
+
+
 async def _frames(
-    ctx: DaemonContext, plan: Plan, lease: Lease | None, framer: Framer,
-    pending: asyncio.Future[Lease] | None = None,
+    ctx: DaemonContext,
+    plan: Plan,
+    lease: Lease | None,
+    framer: Framer,
+    pending: asyncio.Future[Lease] | None,
+    queue: asyncio.Queue[Any],
+    producer: asyncio.Future[None] | None = None,
+    first: Any = None,
 ) -> AsyncIterator[str]:
-    queue: asyncio.Queue[Any] = asyncio.Queue()
-    producer: asyncio.Future[None] | None = None
     state = _StreamState(ctx, plan, framer)
     heartbeat = ctx.settings.heartbeat_seconds
     inactivity = ctx.settings.server.request_timeout_s
@@ -429,9 +455,14 @@ async def _frames(
                     log.error("stream on %s failed: %s", plan.spec.name, describe_exception(exc))
                 yield framer.error(exc) + framer.closing(None)
                 return
-        producer = asyncio.ensure_future(_pump(lease.engine, plan.requests, queue))
+        if producer is None:
+            producer = asyncio.ensure_future(_pump(lease.engine, plan.requests, queue))
         last_progress = loop.time()
         done = False
+        if first is not None:
+            out, done = state.handle(first)
+            if out:
+                yield "".join(out)
         while not done:
             try:
                 item = await asyncio.wait_for(queue.get(), heartbeat)
@@ -460,9 +491,7 @@ async def _frames(
         raise
     finally:
         if producer is not None:
-            producer.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await producer
+            await _stop(producer)
         if lease is not None:
             lease.release()
         elif pending is not None:

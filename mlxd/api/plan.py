@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from mlxd.api.conversation import Conversation
@@ -101,6 +101,17 @@ def resolve_sampling(asked: SamplingDefaults, spec: ModelSpec) -> SamplingParams
     )
 
 
+def sampling_set(asked: SamplingDefaults, spec: ModelSpec) -> frozenset[str]:
+    """The sampling fields given by the request or the model's defaults."""
+    return frozenset(
+        name for name in SAMPLING_FIELDS
+        if getattr(asked, name) is not None or getattr(spec.defaults, name) is not None
+    )
+
+
+SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams))
+
+
 def resolve_max_tokens(ctx: DaemonContext, asked: Requested, spec: ModelSpec) -> int:
     server = ctx.settings.server
     value = _pick(asked.sampling.max_tokens, spec.defaults.max_tokens, server.default_max_tokens)
@@ -157,6 +168,7 @@ def plan_chat(
         request_id=f"{id_prefix}{uuid.uuid4().hex[:24]}",
         max_tokens=resolve_max_tokens(ctx, asked, spec),
         sampling=resolve_sampling(asked.sampling, spec),
+        sampling_set=sampling_set(asked.sampling, spec),
         stop=list(asked.stop),
         messages=conversation.template_messages(),
         ignore_eos=asked.ignore_eos,
@@ -209,10 +221,11 @@ def plan_prompts(
         check_prompt_length(spec, len(prompt), "prompt" if len(prompts) == 1 else f"prompt[{i}]")
     max_tokens = resolve_max_tokens(ctx, asked, spec)
     sampling = resolve_sampling(asked.sampling, spec)
+    given = sampling_set(asked.sampling, spec)
     plan_id = f"{id_prefix}{uuid.uuid4().hex[:24]}"
     requests = [
         GenerationRequest(
-            request_id=f"{plan_id}-{i}", max_tokens=max_tokens, sampling=sampling,
+            request_id=f"{plan_id}-{i}", max_tokens=max_tokens, sampling=sampling, sampling_set=given,
             stop=list(asked.stop), prompt=prompt, ignore_eos=asked.ignore_eos,
         )
         for i, prompt in enumerate(prompts)

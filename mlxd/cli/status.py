@@ -168,6 +168,8 @@ def _memory(doc: dict[str, Any], width: int) -> Text:
 
 def _memory_cell(model: dict[str, Any]) -> str:
     mem = model["memory"]
+    if model.get("backend"):
+        return f"on {model['backend']}"  # holds nothing here
     if mem["reserved_bytes"]:
         return human_bytes(mem["reserved_bytes"])
     if mem["measured_bytes"] is not None:
@@ -207,6 +209,23 @@ def _models(doc: dict[str, Any]) -> Table:
     return table
 
 
+def _backends(doc: dict[str, Any]) -> Text:
+    """One line per backend: where, whether it answers, what it is doing."""
+    text = Text("backends", style="bold")
+    for b in doc["backends"]:
+        text.append(f"\n  {b['name']:<10} ", style="bold")
+        if b["reachable"] is None:
+            text.append("not polled yet", style="dim")
+        elif b["reachable"]:
+            text.append(f"up {b['latency_ms']:.0f} ms", style="green")
+        else:
+            text.append("unreachable", style="red")
+        text.append(f"  {b['in_flight']}/{b['max_concurrency']} in flight  {b['errors']} errors  {b['url']}", style="dim")
+        if b["models"]:
+            text.append("\n             " + ", ".join(f"{n} {s}" for n, s in b["models"].items()), style="dim")
+    return text
+
+
 def _events(doc: dict[str, Any]) -> Text:
     events = doc["events"][-EVENTS_SHOWN:]
     text = Text("recent events", style="bold")
@@ -223,7 +242,10 @@ def _events(doc: dict[str, Any]) -> Text:
 def render(doc: dict[str, Any], width: int = DEFAULT_WIDTH) -> RenderableType:
     """``width``: the terminal's, so the memory bar fits on its line."""
     try:
-        return Group(_header(doc), Text(""), _memory(doc, width), Text(""), _models(doc), Text(""), _events(doc))
+        parts = [_header(doc), Text(""), _memory(doc, width), Text(""), _models(doc), Text("")]
+        if doc.get("backends"):
+            parts += [_backends(doc), Text("")]
+        return Group(*parts, _events(doc))
     except (KeyError, TypeError, AttributeError):
         # A daemon from another release: its schema is not the one drawn here.
         return Text(

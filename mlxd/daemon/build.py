@@ -20,6 +20,7 @@ from mlxd.engine.worker import MlxWorker
 from mlxd.monitoring.metrics import Metrics
 from mlxd.monitoring.snapshot import ConfigState
 from mlxd.registry.model import Registry
+from mlxd.remote.backends import BackendPool
 from mlxd.residency.events import EventLog
 from mlxd.residency.footprints import FootprintStore
 from mlxd.residency.shell import EngineFactory as BuildsEngines
@@ -53,9 +54,10 @@ def build_daemon(
     events = EventLog()
     metrics = Metrics()
     footprints = FootprintStore(eff.state_dir / "footprints.json")
+    backends = BackendPool(registry.backends)
     manager = ResidencyManager(
         registry,
-        engines or EngineFactory(worker),
+        engines or EngineFactory(worker, backends),
         events=events,
         hooks=PrefixCacheHooks(),
         recall=footprints.known,
@@ -74,6 +76,7 @@ def build_daemon(
         metrics=metrics,
         blas=blas_report(),
         image_memory=ImageMemory(eff.server.max_image_memory_bytes),
+        backends=backends,
     )
     metrics.attach(ctx.snapshot)
     reloader = None

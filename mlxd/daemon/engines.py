@@ -12,6 +12,8 @@ from mlxd.engine.types import Engine
 from mlxd.engine.worker import MlxWorker
 from mlxd.errors import ModelLoadFailed
 from mlxd.registry.model import ModelSpec, Registry
+from mlxd.remote.backends import BackendPool
+from mlxd.remote.engine import RemoteEngine
 
 log = logging.getLogger("mlxd.requests")
 
@@ -20,10 +22,15 @@ class EngineFactory:
     """Builds the right engine for a spec on the shared worker. Text models
     persist their prefix cache under the registry's ``cache_dir``."""
 
-    def __init__(self, worker: MlxWorker) -> None:
+    def __init__(self, worker: MlxWorker, backends: BackendPool | None = None) -> None:
         self.worker = worker
+        self.backends = backends
 
     async def __call__(self, spec: ModelSpec, registry: Registry) -> Engine:
+        if spec.backend is not None:
+            if self.backends is None:
+                raise ModelLoadFailed(f"Model `{spec.name}` is remote but this daemon has no backends")
+            return RemoteEngine(spec, self.backends)
         if spec.kind == "vision":
             try:
                 from mlxd.engine.vision import load_vision_engine

@@ -160,6 +160,7 @@ class Reloader:
             "summary": "invalid; the previous registry keeps serving",
             "models": {},
             "manager": [],
+            "backends": [],
             "server": {"applied": [], "needs_restart": [], "overridden": []},
             "problems": [],
             "error": error.as_dict(),
@@ -176,6 +177,7 @@ class Reloader:
         # The settings and the registry change together (reconfigure does not
         # yield to the event loop): no request sees one without the other.
         ctx.settings = settings
+        ctx.backends.reconfigure(registry.backends)
         renames = ctx.manager.renamable(dict(diff.renamed))
         preloading = await ctx.manager.reconfigure(registry, renames)
         config.file_hash = registry.file_hash
@@ -192,6 +194,7 @@ class Reloader:
             "summary": diff.summary(),
             "models": _model_outcomes(diff, preloading, renames),
             "manager": list(diff.manager_fields),
+            "backends": list(diff.backends),
             "server": server,
             # Models whose files cannot be used: registered, failed, the rest serve.
             "problems": [p.as_dict() for p in registry.problems],

@@ -56,6 +56,9 @@ class GenerationRequest:
     request_id: str
     max_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # The sampling fields the request or the model's defaults set; the others
+    # are fallbacks, which a remote engine leaves to the backend's own defaults.
+    sampling_set: frozenset[str] = frozenset()
     stop: list[str] = field(default_factory=list)
     # Exactly one of ``prompt`` (completions) and ``messages`` (chat) is set.
     prompt: str | None = None

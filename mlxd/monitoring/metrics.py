@@ -129,6 +129,10 @@ class Metrics:
         self.request_seconds = Histogram(
             "mlxd_request_seconds", "Request duration", ["model"], registry=r, buckets=REQUEST_BUCKETS
         )
+        self.backend_requests = Counter(
+            "mlxd_backend_requests", "Requests served by remote backends, by backend, model and HTTP status",
+            ["backend", "model", "status"], registry=r,
+        )
         self.throughput = ThroughputWindow(throughput_window_seconds)
         self._attached = False
 
@@ -181,6 +185,13 @@ class _SnapshotGauges:
             by_name["mlxd_model_active_leases"].add_metric([name], m.active)
             by_name["mlxd_model_queued_requests"].add_metric([name], m.queued)
             by_name["mlxd_model_recent_tokens_per_second"].add_metric([name], snap.recent_rate(name))
+        for b in snap.backends:
+            name = b.spec.name
+            by_name["mlxd_backend_up"].add_metric([name], 1.0 if b.stats.reachable else 0.0)
+            by_name["mlxd_backend_in_flight"].add_metric([name], b.stats.in_flight)
+            by_name["mlxd_backend_errors"].add_metric([name], b.stats.errors)
+            if b.stats.latency_ms is not None:
+                by_name["mlxd_backend_poll_latency_seconds"].add_metric([name], b.stats.latency_ms / 1000)
         by_name["mlxd_memory_budget_bytes"].add_metric([], snap.manager.budget)
         by_name["mlxd_memory_committed_bytes"].add_metric([], snap.manager.committed)
         by_name["mlxd_config_generation"].add_metric([], snap.config.generation)
@@ -202,6 +213,11 @@ class _SnapshotGauges:
             GaugeMetricFamily("mlxd_model_queued_requests", "Requests waiting for the model", labels=model),
             GaugeMetricFamily("mlxd_model_recent_tokens_per_second",
                               "Output tokens per second averaged over the last 60 s", labels=model),
+            GaugeMetricFamily("mlxd_backend_up", "1 when the backend answered its last poll", labels=["backend"]),
+            GaugeMetricFamily("mlxd_backend_in_flight", "Requests on the backend now", labels=["backend"]),
+            GaugeMetricFamily("mlxd_backend_errors", "Requests the backend failed since start", labels=["backend"]),
+            GaugeMetricFamily("mlxd_backend_poll_latency_seconds", "How long the last poll took",
+                              labels=["backend"]),
             GaugeMetricFamily("mlxd_memory_budget_bytes", "The configured memory budget"),
             GaugeMetricFamily("mlxd_memory_committed_bytes", "Bytes reserved by all models"),
             GaugeMetricFamily("mlxd_config_generation", "How many registries have been applied"),

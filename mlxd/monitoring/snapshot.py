@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxd.errors import ConfigError
+from mlxd.remote.backends import BackendView
 from mlxd.residency.events import Event
 from mlxd.residency.shell import ManagerSnapshot
 
@@ -42,6 +43,7 @@ class DaemonSnapshot:
     port: int
     auth_required: bool
     metrics_enabled: bool
+    backends: tuple[BackendView, ...] = ()
 
     def recent_rate(self, model: str) -> float:
         return self.recent_tokens.get(model, 0) / self.window_seconds

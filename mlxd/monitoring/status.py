@@ -22,6 +22,7 @@ import psutil
 
 from mlxd import __version__
 from mlxd.monitoring.snapshot import DaemonSnapshot
+from mlxd.remote.backends import BackendView
 from mlxd.residency.core import State
 from mlxd.residency.shell import ModelView
 
@@ -139,6 +140,35 @@ def model_status(snap: DaemonSnapshot, m: ModelView) -> dict[str, Any]:
         "prefill_tokens_per_s": _warmup(m.engine).get("prefill_tokens_per_s"),
         "prefix_cache": prefix_cache_status(m.engine),
         "engine": m.engine,
+        "backend": spec.backend,
+        "remote_model": spec.remote_model,
+    }
+
+
+def backend_status(b: BackendView) -> dict[str, Any]:
+    spec = b.spec
+    return {
+        "name": spec.name,
+        "url": spec.url,
+        "kind": spec.kind,
+        # Whether a key is sent, never the key (nor its variable's value).
+        "api_key_env": spec.api_key_env,
+        "max_concurrency": spec.max_concurrency,
+        "timeouts": {
+            "connect": spec.connect_timeout_s,
+            "first_byte": spec.first_byte_timeout_s,
+            "idle": spec.idle_timeout_s,
+        },
+        "reachable": b.stats.reachable,
+        "latency_ms": b.stats.latency_ms,
+        "polled_at": b.stats.polled_at,
+        "poll_error": b.stats.poll_error,
+        "in_flight": b.stats.in_flight,
+        "requests": b.stats.requests,
+        "errors": b.stats.errors,
+        "last_error": b.stats.last_error,
+        # kind: mlxd: the backend's models and their states.
+        "models": b.stats.models,
     }
 
 
@@ -148,6 +178,11 @@ def problems(snap: DaemonSnapshot) -> list[str]:
         f"model `{m.name}` failed to load: {m.last_error}"
         for m in snap.manager.models
         if m.state is State.FAILED
+    ]
+    found += [
+        f"backend `{b.spec.name}` ({b.spec.url}) is not reachable: {b.stats.poll_error}"
+        for b in snap.backends
+        if b.stats.reachable is False
     ]
     if snap.config.error is not None:
         found.append(f"the configuration file is invalid: {snap.config.error}")
@@ -199,6 +234,7 @@ def status_document(snap: DaemonSnapshot) -> dict[str, Any]:
             "mlx": mlx_memory_now(),
         },
         "models": [model_status(snap, m) for m in snap.manager.models],
+        "backends": [backend_status(b) for b in snap.backends],
         # Built by hand: dataclasses.asdict costs ~20 µs an event, 2 ms for a full ring.
         "events": [
             {"at": e.at, "kind": e.kind, "model": e.model, "message": e.message}
@@ -216,6 +252,9 @@ def health_document(snap: DaemonSnapshot) -> dict[str, Any]:
         reasons.append(f"{failed} model(s) failed to load")
     if snap.config.error is not None:
         reasons.append("the configuration file on disk is invalid")
+    down = sum(1 for b in snap.backends if b.stats.reachable is False)
+    if down:
+        reasons.append(f"{down} backend(s) not reachable")
     return {
         "status": "degraded" if reasons else "ok",
         "reasons": reasons,

@@ -49,6 +49,9 @@ class RegistryDiff:
     changes: tuple[ModelChange, ...]
     manager_fields: tuple[str, ...] = ()
     server_fields: tuple[str, ...] = ()
+    # Backends added, removed or edited. Edits apply to requests that start
+    # after the reload; the ones in flight finish where they began.
+    backends: tuple[str, ...] = ()
 
     def names(self, kind: ChangeKind) -> tuple[str, ...]:
         return tuple(c.name for c in self.changes if c.kind == kind)
@@ -88,6 +91,7 @@ class RegistryDiff:
             all(c.kind == "unchanged" for c in self.changes)
             and not self.manager_fields
             and not self.server_fields
+            and not self.backends
         )
 
     def summary(self) -> str:
@@ -103,6 +107,8 @@ class RegistryDiff:
             parts.append("manager: " + ", ".join(self.manager_fields))
         if self.server_fields:
             parts.append("server: " + ", ".join(self.server_fields))
+        if self.backends:
+            parts.append("backends: " + ", ".join(self.backends))
         return "; ".join(parts) or "no changes"
 
 
@@ -141,7 +147,14 @@ def diff_registries(old: Registry, new: Registry) -> RegistryDiff:
         changes=tuple(changes),
         manager_fields=_changed(old.manager, new.manager),
         server_fields=_changed(old.server, new.server),
+        backends=_changed_backends(old, new),
     )
+
+
+def _changed_backends(old: Registry, new: Registry) -> tuple[str, ...]:
+    before = {b.name: b for b in old.backends}
+    after = {b.name: b for b in new.backends}
+    return tuple(sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n)))
 
 
 def _classify(old: ModelSpec, new: ModelSpec) -> ModelChange:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from pydantic import ValidationError
 
 from mlxd.errors import ConfigError
 from mlxd.registry.model import (
+    BackendSpec,
     ContentionSpec,
     Footprint,
     ManagerSpec,
@@ -37,6 +39,7 @@ from mlxd.registry.resolve import Downloader, detect_kind, read_model_config, re
 from mlxd.registry.schema import (
     LOCATION_KEYS,
     PHYSICAL_MEMORY,
+    REMOTE_KEYS,
     VLLM_MLX_IGNORED_MODEL_KEYS,
     ManagerSection,
     ModelEntry,
@@ -136,6 +139,7 @@ def _load(
         file_hash=hashlib.sha256(raw).hexdigest(),
         manager=builder.manager(),
         server=builder.server(),
+        backends=builder.backends(),
         models=builder.models(),
         problems=tuple(builder.problems),
     )
@@ -467,8 +471,72 @@ class _Builder:
                     raise self.doc.error(loc, f"the name `{name}` is already used by {where}")
                 used[name] = loc
 
+    def backends(self) -> tuple[BackendSpec, ...]:
+        env = os.environ if self.env is None else self.env
+        specs = []
+        for name, b in self.parsed.backends.items():
+            if b.api_key_env is not None and not env.get(b.api_key_env):
+                raise self.doc.error(
+                    ("backends", name, "api_key_env"),
+                    f"the environment variable `{b.api_key_env}` is not set (it holds the key for `{name}`)",
+                )
+            specs.append(
+                BackendSpec(
+                    name=name,
+                    url=b.url,
+                    kind=b.kind,
+                    api_key_env=b.api_key_env,
+                    max_concurrency=b.max_concurrency,
+                    connect_timeout_s=b.timeouts.connect,
+                    first_byte_timeout_s=b.timeouts.first_byte,
+                    idle_timeout_s=b.timeouts.idle,
+                    poll_interval_s=b.poll_interval_s,
+                )
+            )
+        return tuple(specs)
+
+    def _remote_model(self, i: int, entry: ModelEntry) -> ModelSpec:
+        """An entry served by a backend: nothing local to resolve, size or
+        load, so it costs nothing against the memory budget."""
+        here: Loc = ("models", i)
+        backend = self.parsed.backends.get(entry.backend or "")
+        if backend is None:
+            known = ", ".join(f"`{n}`" for n in self.parsed.backends) or "none are defined"
+            raise self.doc.error(
+                (*here, "backend"), f"unknown backend `{entry.backend}` (backends: {known})"
+            )
+        local = [k for k in entry.model_fields_set if k not in REMOTE_KEYS]
+        if local:
+            key = min(local, key=lambda k: self.doc.line_of((*here, k)))
+            raise self.doc.error(
+                (*here, key),
+                f"`{key}` is a local-model setting; `{entry.name}` is served by backend "
+                f"`{entry.backend}` (a remote entry takes only: {', '.join(REMOTE_KEYS)})",
+            )
+        remote_model = entry.remote_model or entry.name
+        return ModelSpec(
+            name=entry.name,
+            path=Path(),
+            source=f"{entry.backend}:{remote_model}",
+            aliases=tuple(entry.aliases),
+            description=entry.description,
+            idle_unload_seconds=0.0,
+            max_concurrency=backend.max_concurrency,
+            max_queue=entry.max_queue,
+            defaults=self._sampling(i, entry),
+            prefix_cache=PrefixCacheSpec(max_bytes=0, disk_max_bytes=0, persist=False),
+            backend=entry.backend,
+            remote_model=remote_model,
+        )
+
     def _model(self, i: int, entry: ModelEntry) -> ModelSpec:
         here: Loc = ("models", i)
+        if entry.backend is not None:
+            return self._remote_model(i, entry)
+        if entry.remote_model is not None:
+            raise self.doc.error(
+                (*here, "remote_model"), "`remote_model` needs a `backend` to name the model on"
+            )
         located = entry.location()
         if located is None:
             given = [k for k in LOCATION_KEYS if getattr(entry, k) is not None]

@@ -82,6 +82,14 @@ class ModelSpec:
     # Vision inputs: local files only under this folder; remote URLs only if allowed.
     local_image_dir: Path | None = None
     allow_remote_images: bool = False
+    # Remote entries: the backend (a name in ``Registry.backends``) serving
+    # the model and its name there. None for local models.
+    backend: str | None = None
+    remote_model: str | None = None
+
+    @property
+    def is_remote(self) -> bool:
+        return self.backend is not None
     # The registry's ``tool_parser:`` (None: guess from the chat template).
     tool_parser: str | None = None
     # Why the model's files on disk cannot be used (missing folder, corrupt
@@ -110,6 +118,10 @@ class ModelSpec:
         "kv_bits",
         "trust_remote_code",
         "prefix_cache",
+        # A remote entry moved to another backend or model: requests in
+        # flight finish where they started (the old engine drains).
+        "backend",
+        "remote_model",
         # The engine resolves the tool-call format when it loads.
         "tool_parser",
         "broken",
@@ -171,12 +183,34 @@ def is_pattern(alias: str) -> bool:
 
 
 @dataclass(frozen=True)
+class BackendSpec:
+    """An existing server that serves some registry names (another mlxd,
+    vLLM, SGLang, mlx_lm.server: anything OpenAI-compatible)."""
+
+    name: str
+    # Ends in /v1 (the OpenAI root), no trailing slash.
+    url: str
+    kind: str = "openai"  # "openai" | "mlxd" (mlxd adds /v1/status)
+    # The environment variable holding the bearer key; never the key itself.
+    api_key_env: str | None = None
+    max_concurrency: int = 8
+    connect_timeout_s: float = 5.0
+    first_byte_timeout_s: float = 600.0
+    idle_timeout_s: float = 120.0
+    poll_interval_s: float = 10.0
+
+
+@dataclass(frozen=True)
 class Registry:
     source_path: Path | None
     file_hash: str
     manager: ManagerSpec
     server: ServerSpec
     models: tuple[ModelSpec, ...]
+    backends: tuple[BackendSpec, ...] = ()
+
+    def backend(self, name: str) -> BackendSpec | None:
+        return next((b for b in self.backends if b.name == name), None)
     # The broken models' problems, located (file, line, key): ``mlxd check``
     # reports them as errors, the daemon logs them and serves the rest.
     problems: tuple[ConfigError, ...] = field(default=(), compare=False)

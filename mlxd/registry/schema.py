@@ -194,6 +194,10 @@ class ModelEntry(_Section):
     trust_remote_code: bool = False
     local_image_dir: str | None = None
     allow_remote_images: bool = False
+    # Served by a backend (a name under ``backends:``) instead of locally.
+    backend: str | None = Field(None, min_length=1)
+    # The backend's name for the model (default: this entry's name).
+    remote_model: str | None = Field(None, min_length=1)
     # mlx-lm's tool parser module (or llama3_json, or none); unset: guessed
     # from the chat template as mlx-lm does.
     tool_parser: str | None = None
@@ -250,17 +254,57 @@ class ModelEntry(_Section):
         return given[0] if len(given) == 1 else None
 
 
+class TimeoutsSection(_Section):
+    """Seconds. ``first_byte`` runs from sending the request to the first
+    output (prefill and, on an mlxd backend, its model load); ``idle`` is the
+    longest silence allowed once output has started."""
+
+    connect: PositiveFloat = 5.0
+    first_byte: PositiveFloat = 600.0
+    idle: PositiveFloat = 120.0
+
+
+class BackendSection(_Section):
+    url: str
+    kind: Literal["mlxd", "openai"] = "openai"
+    # The name of an environment variable holding the key: the key itself
+    # never sits in the file (nor in status, logs or the reload report).
+    api_key_env: str | None = Field(None, min_length=1)
+    max_concurrency: int = Field(8, ge=1)
+    timeouts: TimeoutsSection = TimeoutsSection()
+    # How often the background poll asks the backend how it is (bounded so a
+    # typo cannot turn it into a flood or into never).
+    poll_interval_s: float = Field(10.0, ge=1, le=300)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")) or len(value) <= len("https://"):
+            raise ValueError(f"must be an http:// or https:// URL ending in /v1, got {value!r}")
+        return value.rstrip("/")
+
+
 class RegistryFile(_Section):
     server: ServerSection = ServerSection()
     manager: ManagerSection = ManagerSection()
+    backends: dict[str, BackendSection] = {}
     models: list[ModelEntry] = Field(min_length=1)
+
+
+# The only keys a remote entry may set: everything else describes local files,
+# memory or the MLX engine, which a remote entry has none of.
+REMOTE_KEYS = ("name", "aliases", "description", "defaults", "max_queue", "backend", "remote_model")
 
 
 def section_for_path(loc: tuple[str | int, ...]) -> type[BaseModel] | None:
     """The schema class of the mapping at ``loc`` (to list its valid keys)."""
     current: type[BaseModel] = RegistryFile
+    keyed = False  # the next part is a key of a mapping (a backend's name)
     for part in loc:
         if isinstance(part, int):
+            continue
+        if keyed:
+            keyed = False
             continue
         field = current.model_fields.get(part)
         if field is None:
@@ -268,6 +312,7 @@ def section_for_path(loc: tuple[str | int, ...]) -> type[BaseModel] | None:
         target = _model_class(field.annotation)
         if target is None:
             return None
+        keyed = getattr(field.annotation, "__origin__", None) is dict
         current = target
     return current
 

@@ -519,7 +519,15 @@ class ResidencyCore:
         return any(w.model == model for w in self.waiters)
 
     def _can_grant(self, r: Resident) -> bool:
-        return r.state is State.LOADED and r.active < r.spec.max_concurrency
+        if r.state is not State.LOADED or r.active >= r.spec.max_concurrency:
+            return False
+        if r.spec.backend is None:
+            return True
+        # Remote entries share their backend's max_concurrency: they queue
+        # here for it, and never for memory, so a slow backend holds up
+        # only the names it serves.
+        busy = sum(x.active for x in self.residents.values() if x.spec.backend == r.spec.backend)
+        return busy < r.spec.max_concurrency
 
     def _load_failed_error(self, r: Resident, now: float) -> ModelLoadFailed:
         retry = max(1.0, (r.retry_at or now) - now)
@@ -573,7 +581,8 @@ class ResidencyCore:
         return [
             Candidate(r.name, r.reserved, r.last_used or 0.0, busy=r.active > 0, pinned=r.spec.pinned)
             for r in self.residents.values()
-            if r.state is State.LOADED and r.name != exclude
+            # A remote entry holds no memory: unloading it would free nothing.
+            if r.state is State.LOADED and r.name != exclude and r.spec.backend is None
         ]
 
     def _leaving(self) -> int:

@@ -9,16 +9,17 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from monitoring.monitoring_support import chat, corrupt_model
 from reload.harness import reloading_daemon
-from support.daemon import write_registry
+from support.daemon import free_port, wait_until, write_registry
 
 from mlxd.monitoring.status import SCHEMA_VERSION
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "status.md"
 # Objects whose keys belong to another component; documented as opaque.
-OPAQUE = {"models[].engine", "config.last_reload.models"}
+OPAQUE = {"models[].engine", "config.last_reload.models", "backends[].models"}
 
 
 def documented(section: str) -> dict[str, str]:
@@ -64,15 +65,21 @@ def leaves(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
 @pytest.fixture(scope="module")
 def rich_status(tmp_path_factory) -> tuple[dict[str, Any], dict[str, Any], str]:
     """A status document in which every optional part is filled in: a loaded
-    model, a failed one, events, and a reload rejected because the file on
-    disk became invalid."""
+    model, a failed one, a remote one on a backend that is down, events,
+    and a reload rejected because the file on disk became invalid."""
     tmp = tmp_path_factory.mktemp("docs")
     registry = write_registry(
-        tmp, [{"name": "qwen", "model": "qwen", "aliases": ["q"]}, {"name": "broken", "path": str(corrupt_model(tmp))}]
+        tmp, [{"name": "qwen", "model": "qwen", "aliases": ["q"]}, {"name": "broken", "path": str(corrupt_model(tmp))},
+              {"name": "far", "backend": "off"}]
     )
+    doc = yaml.safe_load(registry.read_text())
+    doc["backends"] = {"off": {"url": f"http://127.0.0.1:{free_port()}/v1", "poll_interval_s": 1}}
+    registry.write_text(yaml.safe_dump(doc, sort_keys=False))
     with reloading_daemon(registry, tmp, watch=False) as d:
         assert chat(d, "qwen").status_code == 200
         assert chat(d, "broken").status_code == 503
+        assert chat(d, "far").status_code == 503
+        wait_until(lambda: d.status()["backends"][0]["polled_at"])
         registry.write_text(registry.read_text() + "surprise: 1\n")
         assert d.reload().status_code == 400
         yield d.status(), httpx.get(f"{d.url}/health").json(), httpx.get(f"{d.url}/metrics").text

@@ -10,12 +10,14 @@ from pydantic import BaseModel
 
 from mlxd.registry.schema import (
     VLLM_MLX_IGNORED_MODEL_KEYS,
+    BackendSection,
     ContentionSection,
     ManagerSection,
     ModelEntry,
     PrefixCacheSection,
     SamplingSection,
     ServerSection,
+    TimeoutsSection,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,6 +28,8 @@ SECTIONS = [
     PrefixCacheSection,
     ModelEntry,
     SamplingSection,
+    BackendSection,
+    TimeoutsSection,
 ]
 # vllm-mlx spellings: documented in the reference's mapping, not in our example.
 VLLM_MLX_ONLY = {

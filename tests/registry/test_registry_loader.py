@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from mlxd.errors import ConfigError
 from mlxd.registry.device import current_device
 
 from mlxd.registry.loader import load_registry, load_registry_text
@@ -336,10 +337,12 @@ def test_models_yaml_example_is_valid(tmp_path, make_model, llama_like):
     registry = load_registry_text(
         example,
         tmp_path / "models.yaml",
-        env={"HF_HUB_CACHE": str(cache)},
+        env={"HF_HUB_CACHE": str(cache), "STUDIO_KEY": "not-a-real-key"},
         physical_memory=64 * GIB,
     )
-    assert [m.name for m in registry.models] == ["qwen-0.5b", "coder", "vision"]
+    assert [m.name for m in registry.models] == ["qwen-0.5b", "coder", "vision", "qwen-122b"]
+    assert registry.lookup("qwen-122b").remote_model == "qwen3.5-122b"
+    assert registry.backend("studio").kind == "mlxd"
     assert registry.lookup("fast").name == "qwen-0.5b"
     assert registry.models[1].memory_override_bytes == 3 * GIB
 
@@ -390,3 +393,82 @@ def test_pinned_models_that_cannot_all_stay_resident_are_logged(tmp_path, make_m
     with caplog.at_level(logging.WARNING, logger="mlxd.registry.loader"):
         load_registry_text(textwrap.dedent(text), tmp_path / "m.yaml")
     assert "pinned models (a, b) need 12.0 MB together but the budget is 10.0 MB" in caplog.text
+
+
+# --- backends and remote entries ------------------------------------------------
+
+REMOTE = """\
+backends:
+  studio:
+    url: http://studio.local:8080/v1/
+    kind: mlxd
+    api_key_env: STUDIO_KEY
+    max_concurrency: 3
+    timeouts: {connect: 2, idle: 30}
+models:
+  - name: big
+    backend: studio
+    remote_model: qwen3.5-122b
+    aliases: [b]
+    defaults: {temperature: 0.3}
+"""
+
+
+def _remote(text, env=None):
+    return load_registry_text(text, Path("/etc/mlxd/models.yaml"), env={"STUDIO_KEY": "sk-7f3a9e"} if env is None else env)
+
+
+def test_a_remote_entry_costs_nothing_and_takes_its_backends_capacity():
+    registry = _remote(REMOTE)
+    spec = registry.lookup("b")
+    assert (spec.backend, spec.remote_model, spec.charge_bytes) == ("studio", "qwen3.5-122b", 0)
+    assert spec.max_concurrency == 3 and spec.idle_unload_seconds == 0
+    studio = registry.backend("studio")
+    assert studio.url == "http://studio.local:8080/v1"
+    assert (studio.connect_timeout_s, studio.first_byte_timeout_s, studio.idle_timeout_s) == (2, 600, 30)
+    assert "sk-7f3a9e" not in repr(registry), "the key is read when used, never kept"
+
+
+def test_remote_model_defaults_to_the_entrys_name():
+    assert _remote(REMOTE.replace("    remote_model: qwen3.5-122b\n", "")).lookup("big").remote_model == "big"
+
+
+@pytest.mark.parametrize(
+    ("edit", "line", "key", "message"),
+    [
+        (("backend: studio", "backend: stdio"), 10, "models[0].backend", "unknown backend `stdio` (backends: `studio`)"),
+        (("    aliases: [b]", "    max_context: 4096"), 12, "models[0].max_context", "`max_context` is a local-model setting"),
+        (("    aliases: [b]", "    path: /models/x"), 12, "models[0].path", "served by backend `studio`"),
+        (("    backend: studio\n", ""), 10, "models[0].remote_model", "needs a `backend`"),
+        (("idle: 30", "idel: 30"), 7, "backends.studio.timeouts.idel", "did you mean `idle`?"),
+        (("    kind: mlxd", "    knd: mlxd"), 4, "backends.studio.knd", "did you mean `kind`?"),
+        (("kind: mlxd", "kind: vllm"), 4, "backends.studio.kind", "mlxd"),
+        (("url: http://studio.local:8080/v1/", "url: studio.local"), 3, "backends.studio.url", "http://"),
+    ],
+)
+def test_backend_mistakes_name_file_line_and_key(edit, line, key, message):
+    with pytest.raises(ConfigError) as caught:
+        _remote(REMOTE.replace(*edit))
+    error = caught.value
+    assert (error.file, error.line, error.key) == ("/etc/mlxd/models.yaml", line, key)
+    assert message in error.detail
+
+
+def test_a_key_variable_that_is_not_set_is_a_config_error_naming_it():
+    with pytest.raises(ConfigError) as caught:
+        _remote(REMOTE, env={})
+    assert caught.value.key == "backends.studio.api_key_env" and caught.value.line == 5
+    assert "`STUDIO_KEY` is not set" in caught.value.detail
+
+
+def test_a_backend_edit_is_a_difference_of_its_own_and_no_model_reloads():
+    from mlxd.registry.diff import diff_registries
+
+    old = _remote(REMOTE)
+    new = _remote(REMOTE.replace("http://studio.local:8080/v1/", "http://studio.lan:8080/v1"))
+    diff = diff_registries(old, new)
+    assert diff.backends == ("studio",) and not diff.is_empty
+    assert diff.unchanged == ("big",)
+    assert diff.summary() == "backends: studio"
+    moved = _remote(REMOTE.replace("remote_model: qwen3.5-122b", "remote_model: qwen3.5-27b"))
+    assert diff_registries(old, moved).reload == ("big",)

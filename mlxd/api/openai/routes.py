@@ -59,7 +59,7 @@ def router() -> APIRouter:
                         "id": name,
                         "object": "model",
                         "created": created,
-                        "owned_by": "mlxd",
+                        "owned_by": spec.backend or "mlxd",
                         "root": spec.name,
                         "kind": spec.kind,
                         "state": state,

@@ -1,0 +1,1 @@
+"""Registry entries served by other servers (another mlxd, vLLM, any OpenAI-compatible one)."""

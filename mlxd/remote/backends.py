@@ -1,0 +1,200 @@
+"""The daemon's remote backends: their current settings, one HTTP client
+shared by all of them, what each has done (in flight, errors, latency) and
+a background poll that keeps "is it reachable" fresh for status.
+
+Built once by ``build_daemon``; a hot reload hands it the new backends. A
+request takes the backend's settings when it starts (``link``), so an edit
+applies to the requests after it and the ones in flight finish unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import httpx
+
+from mlxd.errors import describe_exception
+from mlxd.registry.model import BackendSpec
+
+log = logging.getLogger("mlxd.remote")
+
+
+@dataclass
+class BackendStats:
+    """What one backend has done, for status and metrics (the event loop
+    alone writes these)."""
+
+    in_flight: int = 0
+    requests: int = 0
+    errors: int = 0
+    last_error: str | None = None
+    last_error_at: float | None = None
+    # From the background poll (None: not polled yet).
+    reachable: bool | None = None
+    latency_ms: float | None = None
+    polled_at: float | None = None
+    poll_error: str | None = None
+    # kind: mlxd: the backend's own models and their states, from its /v1/status.
+    models: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BackendLink:
+    """One request's view of its backend: the settings it started with."""
+
+    spec: BackendSpec
+    stats: BackendStats
+    client: httpx.AsyncClient
+
+    def headers(self, environ: Mapping[str, str]) -> dict[str, str]:
+        key = environ.get(self.spec.api_key_env) if self.spec.api_key_env else None
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def timeout(self) -> httpx.Timeout:
+        # Reads are bounded by first_byte / idle in the engine, which know
+        # which phase of the answer the stream is in.
+        connect = self.spec.connect_timeout_s
+        return httpx.Timeout(connect=connect, read=None, write=connect, pool=None)
+
+
+@dataclass(frozen=True)
+class BackendView:
+    """A backend as status shows it: its settings and a copy of its figures,
+    safe to keep."""
+
+    spec: BackendSpec
+    stats: BackendStats
+
+
+class BackendPool:
+    def __init__(self, backends: tuple[BackendSpec, ...], *, environ: Mapping[str, str] | None = None) -> None:
+        self._specs = {b.name: b for b in backends}
+        self._stats: dict[str, BackendStats] = {b.name: BackendStats() for b in backends}
+        self.environ = os.environ if environ is None else environ
+        # No pool limit: each backend's max_concurrency bounds its requests
+        # in the residency queue already.
+        self._client: httpx.AsyncClient | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        # Made on first use, inside the event loop it will run on.
+        if self._client is None:
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+            self._client = httpx.AsyncClient(limits=limits, trust_env=False)
+        return self._client
+
+    def names(self) -> list[str]:
+        return list(self._specs)
+
+    def link(self, name: str) -> BackendLink:
+        return BackendLink(self._specs[name], self._stats[name], self.client)
+
+    def reconfigure(self, backends: tuple[BackendSpec, ...]) -> None:
+        self._specs = {b.name: b for b in backends}
+        for name in self._specs:
+            self._stats.setdefault(name, BackendStats())
+        # Figures of a backend that is gone go with it; in-flight requests
+        # keep their own reference until they finish.
+        for name in [n for n in self._stats if n not in self._specs]:
+            del self._stats[name]
+        self._wake.set()  # poll the new settings now, not at the old interval
+
+    def failed(self, name: str, error: BaseException) -> None:
+        stats = self._stats.get(name)
+        if stats is not None:
+            stats.errors += 1
+            stats.last_error = describe_exception(error)
+            stats.last_error_at = time.time()
+
+    def views(self) -> tuple[BackendView, ...]:
+        return tuple(
+            BackendView(spec, replace(self._stats[name], models=dict(self._stats[name].models)))
+            for name, spec in self._specs.items()
+        )
+
+    # --- the background poll ---------------------------------------------------
+
+    async def start(self) -> None:
+        if self._specs and self._poller is None:
+            self._poller = asyncio.create_task(self._poll_loop(), name="mlxd-backend-poll")
+
+    async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def poll_all(self) -> None:
+        """Ask every backend how it is, at once (one slow backend does not
+        hold up the others' figures)."""
+        await asyncio.gather(*(self._poll(self.link(n)) for n in list(self._specs)))
+
+    async def _poll_loop(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                await self.poll_all()
+            except Exception:  # a bug here must not stop polling for good
+                log.exception("polling backends failed")
+            interval = min((s.poll_interval_s for s in self._specs.values()), default=10.0)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), interval)
+
+    async def _poll(self, link: BackendLink) -> None:
+        spec, stats = link.spec, link.stats
+        # mlxd says what its models are doing; any OpenAI server lists models.
+        path = "/status" if spec.kind == "mlxd" else "/models"
+        started = time.perf_counter()
+        try:
+            response = await link.client.get(
+                spec.url + path,
+                headers=link.headers(self.environ),
+                timeout=httpx.Timeout(spec.connect_timeout_s, read=max(spec.connect_timeout_s, 5.0)),
+            )
+            # Reachable is "it answers": some servers' model lists are broken
+            # (mlx_lm.server's fails without a Hugging Face cache), and a 4xx
+            # still means requests get there.
+            if response.status_code >= 500:
+                raise httpx.HTTPStatusError(f"HTTP {response.status_code}", request=response.request, response=response)
+            answer = await response.aread()
+        except httpx.HTTPError as exc:
+            if stats.reachable is not False:
+                log.warning("backend %s (%s) is not reachable: %s", spec.name, spec.url, describe_exception(exc))
+            stats.reachable = False
+            stats.poll_error = describe_exception(exc)
+            stats.latency_ms = None
+        else:
+            if stats.reachable is False:
+                log.info("backend %s (%s) is reachable again", spec.name, spec.url)
+            stats.reachable = True
+            stats.poll_error = f"HTTP {response.status_code} from {path}" if response.status_code >= 400 else None
+            stats.latency_ms = round((time.perf_counter() - started) * 1000, 1)
+            stats.models = _model_states(answer) if spec.kind == "mlxd" else {}
+        stats.polled_at = time.time()
+
+
+def _model_states(answer: bytes) -> dict[str, str]:
+    try:
+        status = json.loads(answer)
+    except ValueError:
+        return {}
+    models = status.get("models") if isinstance(status, dict) else None
+    return {
+        str(m["name"]): str(m.get("state", "unknown"))
+        for m in models or []
+        if isinstance(m, dict) and "name" in m
+    }

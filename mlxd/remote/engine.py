@@ -1,0 +1,150 @@
+"""The engine of a remote entry: the Engine contract over HTTP.
+
+``generate`` sends the request in OpenAI form (always streaming, so that the
+first-byte and idle timeouts mean the same for every surface) to the entry's
+backend and turns what comes back into engine chunks. Every API surface
+works on a remote entry because none of them sees the difference.
+
+It holds no memory of its own: residency charges it nothing and "loading"
+it only builds this object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from mlxd.engine.types import GenerationChunk, GenerationRequest
+from mlxd.errors import BackendFailed, BackendTimeout, BackendUnavailable, MlxdError
+from mlxd.registry.model import ModelSpec
+from mlxd.remote.backends import BackendLink, BackendPool
+from mlxd.remote.wire import StreamReader, endpoint, request_body, upstream_error
+
+# Long enough to read an upstream error body, short enough not to hang on one.
+ERROR_BODY_TIMEOUT_S = 5.0
+RETRY_UNREACHABLE_S = 5.0
+
+
+class RemoteEngine:
+    kind = "remote"
+    # Streams wait for this engine's first chunk before answering 200: a
+    # backend that is down or says no is then a real HTTP status.
+    confirms_start = True
+    measured_bytes = 0
+
+    def __init__(self, spec: ModelSpec, pool: BackendPool) -> None:
+        assert spec.backend is not None
+        self.name = spec.name
+        self.backend = spec.backend
+        self.remote_model = spec.remote_model or spec.name
+        self._pool = pool
+        self._ids = itertools.count()
+        # Open upstream answers, so that abort_all can cut them.
+        self._open: dict[int, httpx.Response | None] = {}
+        self._aborted: set[int] = set()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        link = self._pool.link(self.backend)
+        key = next(self._ids)
+        self._open[key] = None
+        link.stats.in_flight += 1
+        link.stats.requests += 1
+        try:
+            async for chunk in self._exchange(link, request, key):
+                yield chunk
+        except MlxdError as exc:
+            if key in self._aborted:
+                yield GenerationChunk(text="", finish_reason="abort")
+                return
+            self._pool.failed(self.backend, exc)
+            raise
+        finally:
+            link.stats.in_flight -= 1
+            response = self._open.pop(key, None)
+            self._aborted.discard(key)
+            if response is not None:
+                # Closing the connection is what tells the backend to stop.
+                await response.aclose()
+
+    async def _exchange(self, link: BackendLink, request: GenerationRequest, key: int) -> AsyncIterator[GenerationChunk]:
+        spec = link.spec
+        loop = asyncio.get_running_loop()
+        first_byte_at = loop.time() + spec.first_byte_timeout_s
+        where = f"backend `{spec.name}` ({spec.url})"
+        outgoing = link.client.build_request(
+            "POST",
+            spec.url + endpoint(request),
+            json=request_body(request, self.remote_model),
+            headers=link.headers(self._pool.environ),
+            timeout=link.timeout(),
+        )
+        try:
+            async with asyncio.timeout_at(first_byte_at):
+                response = await link.client.send(outgoing, stream=True)
+        except TimeoutError:
+            raise BackendTimeout(f"No answer from {where} within {spec.first_byte_timeout_s:g} s") from None
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise BackendUnavailable(
+                f"Cannot reach {where}: {_reason(exc)}", retry_after=RETRY_UNREACHABLE_S
+            ) from None
+        except httpx.HTTPError as exc:
+            raise BackendFailed(f"The request to {where} failed: {_reason(exc)}", retry_after=RETRY_UNREACHABLE_S) from None
+        self._open[key] = response
+        if response.status_code >= 400:
+            try:
+                async with asyncio.timeout(ERROR_BODY_TIMEOUT_S):
+                    body = await response.aread()
+            except (TimeoutError, httpx.HTTPError):
+                body = b""
+            raise upstream_error(spec.name, response.status_code, body, response.headers.get("retry-after"))
+        # Accepted: the front may answer 200 now.
+        yield GenerationChunk(text="")
+        reader = StreamReader()
+        lines = response.aiter_lines()
+        try:
+            async with asyncio.timeout_at(first_byte_at) as deadline:
+                started = False
+                async for line in lines:
+                    chunk = reader.feed(line)
+                    if chunk is not None:
+                        started = True
+                        deadline.reschedule(loop.time() + spec.idle_timeout_s)
+                        yield chunk
+                    elif started:
+                        deadline.reschedule(loop.time() + spec.idle_timeout_s)
+                    if reader.done:
+                        break
+        except TimeoutError:
+            phase = "sent nothing for" if started else "sent no output within"
+            limit = spec.idle_timeout_s if started else spec.first_byte_timeout_s
+            raise BackendTimeout(f"{where} {phase} {limit:g} s") from None
+        except (httpx.HTTPError, httpx.StreamError) as exc:
+            raise BackendFailed(f"{where} broke off the answer: {_reason(exc)}") from None
+        yield reader.finish()
+
+    async def abort_all(self, reason: str) -> int:
+        keys = list(self._open)
+        self._aborted.update(keys)
+        for key in keys:
+            response = self._open.get(key)
+            if response is not None:
+                await response.aclose()
+        return len(keys)
+
+    async def before_unload(self) -> None:
+        return None  # nothing local outlives a remote entry
+
+    async def close(self) -> None:
+        return None  # the pool owns the connections
+
+    def stats(self) -> dict[str, Any]:
+        return {"backend": self.backend, "remote_model": self.remote_model, "in_flight": len(self._open)}
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return text[:200] or type(exc).__name__

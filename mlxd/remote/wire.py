@@ -1,0 +1,187 @@
+"""The OpenAI wire form of a remote request, as pure functions: an engine
+request -> the upstream JSON body, upstream stream events -> engine chunks,
+an upstream error answer -> a typed error. No I/O here (``remote.engine``
+does the talking), so every translation is a plain unit test."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from mlxd.engine.types import GenerationChunk, GenerationRequest, SamplingParams
+from mlxd.errors import BackendFailed, MlxdError, UpstreamRejected
+
+# Sampling fields outside OpenAI's own set: servers that do not know them
+# (OpenAI itself) reject them, so they go out only when they change something.
+_EXTENSIONS_NEUTRAL = {"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
+
+
+def endpoint(request: GenerationRequest) -> str:
+    return "/chat/completions" if request.messages is not None else "/completions"
+
+
+def request_body(request: GenerationRequest, remote_model: str) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": remote_model,
+        "max_tokens": request.max_tokens,
+        "stream": True,
+        # Usage comes back in the last chunk only when asked for.
+        "stream_options": {"include_usage": True},
+        **_sampling(request.sampling, request.sampling_set),
+    }
+    if request.messages is not None:
+        body["messages"] = [_wire_message(m) for m in request.messages]
+    else:
+        body["prompt"] = request.prompt or ""
+    if request.stop:
+        body["stop"] = list(request.stop)
+    tools = getattr(request, "tools", None)
+    if tools:
+        body["tools"] = tools
+    if request.ignore_eos:
+        body["ignore_eos"] = True  # vLLM and mlxd know it; a benchmark setting
+    return body
+
+
+def _sampling(s: SamplingParams, given: frozenset[str]) -> dict[str, Any]:
+    """What the request or the entry's defaults said; the backend applies
+    its own defaults (an mlxd backend: its model's) to the rest."""
+    out: dict[str, Any] = {}
+    for name in sorted(given):
+        value = getattr(s, name)
+        if name in _EXTENSIONS_NEUTRAL and value == _EXTENSIONS_NEUTRAL[name]:
+            continue
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def _wire_message(message: dict[str, Any]) -> dict[str, Any]:
+    """Template messages carry tool-call arguments as objects (templates
+    render them with ``tojson``); on the wire they are JSON text."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    wired = []
+    for call in calls:
+        function = dict(call.get("function") or {})
+        if not isinstance(function.get("arguments"), str):
+            function["arguments"] = json.dumps(function.get("arguments"))
+        wired.append({**call, "function": function})
+    return {**message, "tool_calls": wired}
+
+
+# --- the answer ---------------------------------------------------------------
+
+
+@dataclass
+class StreamReader:
+    """Reads one upstream stream's ``data:`` payloads. Text goes out at once;
+    the finish is held back until the stream ends, because the usage that
+    belongs in it comes in a chunk of its own after it."""
+
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    done: bool = False
+
+    def feed(self, line: str) -> GenerationChunk | None:
+        """One line of the event stream; a chunk when it carries new text."""
+        if not line.startswith("data:"):
+            return None  # comments (heartbeats), event names, blank separators
+        data = line[5:].strip()
+        if data == "[DONE]":
+            self.done = True
+            return None
+        try:
+            payload = json.loads(data)
+        except ValueError:
+            raise BackendFailed("The backend sent a stream event that is not JSON") from None
+        if not isinstance(payload, dict):
+            raise BackendFailed("The backend sent a stream event that is not a JSON object")
+        if "error" in payload:
+            raise upstream_stream_error(payload)
+        self._usage(payload.get("usage"))
+        text = ""
+        for choice in payload.get("choices") or []:
+            delta = choice.get("delta")
+            piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+            if isinstance(piece, str):
+                text += piece
+            if choice.get("finish_reason"):
+                self.finish_reason = str(choice["finish_reason"])
+        return GenerationChunk(text=text, completion_tokens=self.completion_tokens) if text else None
+
+    def _usage(self, usage: Any) -> None:
+        if not isinstance(usage, dict):
+            return
+        self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        self.completion_tokens = int(usage.get("completion_tokens") or 0)
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict):
+            self.cached_tokens = int(details.get("cached_tokens") or 0)
+
+    def finish(self) -> GenerationChunk:
+        """The closing chunk; a stream that ended without saying how is a
+        backend that died mid-answer."""
+        if self.finish_reason is None:
+            raise BackendFailed("The backend closed the stream before the answer was finished")
+        return GenerationChunk(
+            text="",
+            finish_reason=self.finish_reason,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            cached_tokens=self.cached_tokens,
+        )
+
+
+def _error_fields(payload: Any) -> dict[str, Any]:
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(error, dict):
+        return error
+    if isinstance(error, str):
+        return {"message": error}
+    if isinstance(payload, dict) and isinstance(payload.get("detail"), str):
+        return {"message": payload["detail"]}
+    return {}
+
+
+def upstream_error(backend: str, status: int, body: bytes, retry_after: str | None) -> MlxdError:
+    """The typed error for an upstream answer with an error status."""
+    try:
+        fields = _error_fields(json.loads(body))
+    except ValueError:
+        fields = {}
+    message = str(fields.get("message") or "").strip()[:500]
+    retry = _seconds(retry_after)
+    if status in (401, 403):
+        # The client's key was fine (the front checked it); the front's key
+        # for the backend is not, which is the operator's to fix.
+        return BackendFailed(
+            f"Backend `{backend}` refused mlxd's credentials ({status}); check its api_key_env"
+        )
+    if 400 <= status < 500:
+        return UpstreamRejected(
+            status,
+            message or f"Backend `{backend}` rejected the request ({status})",
+            error_type=str(fields.get("type") or "invalid_request_error"),
+            param=fields.get("param") if isinstance(fields.get("param"), str) else None,
+            code=fields.get("code") if isinstance(fields.get("code"), str) else None,
+            retry_after=retry,
+        )
+    detail = f": {message}" if message else ""
+    return BackendFailed(f"Backend `{backend}` failed ({status}){detail}", retry_after=retry or 5)
+
+
+def upstream_stream_error(payload: dict[str, Any]) -> BackendFailed:
+    message = str(_error_fields(payload).get("message") or "the backend reported an error").strip()[:500]
+    return BackendFailed(f"The backend failed mid-answer: {message}")
+
+
+def _seconds(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None

@@ -1,0 +1,92 @@
+"""The OpenAI wire form of remote requests: pure translations, no server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mlxd.engine.types import GenerationRequest, SamplingParams
+from mlxd.errors import BackendFailed, UpstreamRejected
+from mlxd.remote.wire import StreamReader, endpoint, request_body, upstream_error
+
+
+def test_a_chat_request_goes_out_as_a_streaming_chat_completion_under_the_remote_name():
+    request = GenerationRequest(
+        request_id="r", max_tokens=7, sampling=SamplingParams(temperature=0.2, top_p=0.9, seed=3),
+        sampling_set=frozenset({"temperature", "seed"}), stop=["\n\n"], messages=[{"role": "user", "content": "hi"}],
+    )
+    body = request_body(request, "qwen3.5-122b")
+    assert endpoint(request) == "/chat/completions"
+    assert body == {
+        "model": "qwen3.5-122b", "max_tokens": 7, "stream": True, "stream_options": {"include_usage": True},
+        "temperature": 0.2, "seed": 3,
+        "messages": [{"role": "user", "content": "hi"}], "stop": ["\n\n"],
+    }
+
+
+def test_sampling_nobody_asked_for_is_left_to_the_backends_defaults():
+    plain = request_body(GenerationRequest(request_id="r", max_tokens=1, prompt="x"), "m")
+    assert not {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed"} & plain.keys()
+    everything = frozenset({"temperature", "top_k", "min_p", "repetition_penalty"})
+    tuned = request_body(
+        GenerationRequest(request_id="r", max_tokens=1, prompt="x", sampling_set=everything,
+                          sampling=SamplingParams(temperature=0, top_k=40, repetition_penalty=1.1)), "m")
+    assert (tuned["temperature"], tuned["top_k"], tuned["repetition_penalty"]) == (0, 40, 1.1)
+    assert "min_p" not in tuned, "a neutral value of a non-OpenAI field is not sent"
+    assert endpoint(GenerationRequest(request_id="r", max_tokens=1, prompt="x")) == "/completions"
+
+
+def test_tool_call_arguments_go_back_on_the_wire_as_json_text():
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"city": "Oslo"}}}
+    request = GenerationRequest(request_id="r", max_tokens=1, messages=[{"role": "assistant", "content": "", "tool_calls": [call]}])
+    sent = request_body(request, "m")["messages"][0]["tool_calls"][0]["function"]["arguments"]
+    assert json.loads(sent) == {"city": "Oslo"}
+
+
+def feed(reader, payload):
+    return reader.feed("data: " + (payload if isinstance(payload, str) else json.dumps(payload)))
+
+
+def test_the_finish_waits_for_the_usage_that_follows_it():
+    reader = StreamReader()
+    assert feed(reader, {"choices": [{"delta": {"role": "assistant", "content": ""}}]}) is None
+    assert feed(reader, {"choices": [{"delta": {"content": "Hel"}}]}).text == "Hel"
+    assert reader.feed(": heartbeat") is None
+    assert feed(reader, {"choices": [{"delta": {}, "finish_reason": "length"}]}) is None
+    feed(reader, {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2,
+                                           "prompt_tokens_details": {"cached_tokens": 4}}})
+    feed(reader, "[DONE]")
+    assert reader.done
+    last = reader.finish()
+    assert (last.finish_reason, last.prompt_tokens, last.completion_tokens, last.cached_tokens) == ("length", 5, 2, 4)
+
+
+def test_completions_text_is_read_too():
+    reader = StreamReader()
+    assert feed(reader, {"choices": [{"text": "Once", "finish_reason": None}]}).text == "Once"
+
+
+def test_a_stream_that_ends_unfinished_or_reports_an_error_is_a_bad_gateway():
+    with pytest.raises(BackendFailed, match="before the answer was finished"):
+        StreamReader().finish()
+    with pytest.raises(BackendFailed, match="mid-answer: out of memory"):
+        feed(StreamReader(), {"error": {"message": "out of memory", "type": "server_error"}})
+    with pytest.raises(BackendFailed, match="not JSON"):
+        feed(StreamReader(), "{oops")
+
+
+def test_upstream_errors_keep_a_4xx_and_its_message_and_turn_5xx_into_502():
+    body = json.dumps({"error": {"message": "max_tokens is too large", "type": "invalid_request_error",
+                                 "param": "max_tokens", "code": "invalid_value"}}).encode()
+    rejected = upstream_error("studio", 400, body, None)
+    assert isinstance(rejected, UpstreamRejected) and rejected.status_code == 400
+    assert rejected.body()["error"] == {"message": "max_tokens is too large", "type": "invalid_request_error",
+                                        "param": "max_tokens", "code": "invalid_value"}
+    busy = upstream_error("studio", 429, b"{}", "7")
+    assert busy.status_code == 429 and busy.headers() == {"Retry-After": "7"}
+    broken = upstream_error("studio", 500, b"<html>oops</html>", None)
+    assert broken.status_code == 502 and "Retry-After" in broken.headers()
+    assert "Backend `studio` failed (500)" in broken.message
+    vllm_style = upstream_error("gpu", 404, json.dumps({"detail": "Not Found"}).encode(), None)
+    assert vllm_style.status_code == 404 and vllm_style.message == "Not Found"

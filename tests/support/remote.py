@@ -1,0 +1,90 @@
+"""Front daemons with remote entries, and real servers to put behind them:
+a second `mlxd serve`, or mlx-lm's own `mlx_lm.server`. Loopback only."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from support.daemon import free_port, tiny_model, wait_until
+
+
+def write_front(
+    directory: Path,
+    backends: dict[str, dict[str, Any]],
+    models: list[dict[str, Any]],
+) -> Path:
+    """A front registry: ``backends`` as in models.yaml, ``models`` remote
+    (or local, with "model" naming a tiny model as in write_registry)."""
+    entries = []
+    for m in models:
+        entry = dict(m)
+        kind = entry.pop("model", None)
+        if kind is not None:
+            entry["path"] = str(tiny_model(kind))
+        entries.append(entry)
+    doc = {
+        "manager": {"memory_budget": "1GB", "cache_dir": str(directory / "cache")},
+        "backends": backends,
+        "models": entries,
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "models.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+@contextlib.contextmanager
+def mlx_lm_server(model_dir: Path, log_path: Path) -> Iterator[str]:
+    """mlx-lm's own OpenAI server on a free loopback port; yields its /v1 URL."""
+    port = free_port()
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "mlx_lm", "server", "--model", str(model_dir),
+             "--host", "127.0.0.1", "--port", str(port)],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}/v1"
+
+    def up() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"mlx_lm.server exited ({process.returncode}):\n{log_path.read_text()}")
+        try:
+            return httpx.get(f"{url}/models", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(up, timeout=120, interval=0.2)
+    try:
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def sse_events(response: httpx.Response) -> list[Any]:
+    """Every ``data:`` payload of a stream, ``[DONE]`` kept as the string."""
+    out: list[Any] = []
+    for line in response.iter_lines():
+        if line.startswith("data:"):
+            data = line[5:].strip()
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def reload(front_url: str) -> dict[str, Any]:
+    response = httpx.post(f"{front_url}/v1/admin/reload", json={}, timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()
