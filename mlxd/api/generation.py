@@ -191,6 +191,8 @@ class Framer(Protocol):
 
 
 _END = object()
+# Put into a stream's queue when it has been quiet for a heartbeat interval.
+_TICK = object()
 
 
 class LeasedStreamingResponse(StreamingResponse):
@@ -286,27 +288,35 @@ async def _frames(ctx: DaemonContext, plan: Plan, lease: Lease, framer: Framer) 
     inactivity = ctx.settings.server.request_timeout_s
     loop = asyncio.get_running_loop()
     last_progress = loop.time()
+    # One timer re-armed per item instead of asyncio.wait_for, which (before
+    # Python 3.12) wraps every queue.get() in a new task.
+    timer = loop.call_later(heartbeat, queue.put_nowait, _TICK)
     try:
         opening = framer.opening()
         if opening:
             yield opening
         done = False
         while not done:
-            try:
-                item = await asyncio.wait_for(queue.get(), heartbeat)
-            except asyncio.TimeoutError:
+            item = await queue.get()
+            if item is _TICK:
+                timer = loop.call_later(heartbeat, queue.put_nowait, _TICK)
                 if loop.time() - last_progress >= inactivity:
                     state.status = 504
                     yield framer.error(RequestTimeout(f"No output for {inactivity:.0f} seconds"))
                     break
                 yield framer.heartbeat
                 continue
+            timer.cancel()
+            timer = loop.call_later(heartbeat, queue.put_nowait, _TICK)
             last_progress = loop.time()
             out, done = state.handle(item)
             # Whatever else is already queued goes out in the same write: one
             # send per batch of tokens instead of one per token.
             while not done and not queue.empty():
-                more, done = state.handle(queue.get_nowait())
+                queued = queue.get_nowait()
+                if queued is _TICK:
+                    continue
+                more, done = state.handle(queued)
                 out += more
             text = "".join(out)
             if text:
@@ -318,6 +328,7 @@ async def _frames(ctx: DaemonContext, plan: Plan, lease: Lease, framer: Framer) 
         state.status = 499  # the client went away mid-stream
         raise
     finally:
+        timer.cancel()
         producer.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await producer
