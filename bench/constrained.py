@@ -14,7 +14,14 @@ slow runs measure the neighbours), with the ratio of medians beside it.
 - compile: building the llguidance tokenizer, compiling a large schema
   (200 properties, nested), and a cached grammar's copy.
 
+``--daemon`` measures the same through a `mlxd serve` process instead:
+streamed /v1/chat/completions with ``response_format: json_schema`` against
+the same requests without (``ignore_eos``), single and 4 concurrent clients,
+tok/s from the first streamed token to the last (HTTP, SSE framing and the
+tool-call splitting path included).
+
     python bench/constrained.py --size tiny
+    python bench/constrained.py --size tiny --daemon
     python bench/constrained.py --size small --max-tokens 96 --repeats 3
 
 Prints a table and merges the figures into bench/results/constrained.json
@@ -194,6 +201,85 @@ async def bench(size: str, max_tokens: int, repeats: int) -> dict[str, Any]:
     return result
 
 
+async def streamed(client: Any, max_tokens: int, constrained: bool) -> tuple[float, float, int]:
+    """(first token time, last token time, tokens) of one streamed chat request."""
+    import json
+
+    body: dict[str, Any] = {
+        "model": "bench", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens,
+        "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+    }
+    if constrained:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "long", "schema": LONG}}
+    else:
+        body["ignore_eos"] = True
+    first = last = 0.0
+    tokens = 0
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        async for line in response.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[len("data: "):])
+            now = time.perf_counter()
+            if any(c["delta"].get("content") for c in chunk["choices"]):
+                first = first or now
+                last = now
+            if chunk.get("usage") and not chunk["choices"]:
+                tokens = chunk["usage"]["completion_tokens"]
+    return first, last, tokens
+
+
+async def daemon_rate(url: str, rows: int, max_tokens: int, constrained: bool) -> float:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        results = await asyncio.gather(*(streamed(client, max_tokens, constrained) for _ in range(rows)))
+    for *_, tokens in results:
+        assert tokens == max_tokens, (tokens, max_tokens)
+    start = max(first for first, _, _ in results)
+    end = max(last for _, last, _ in results)
+    generated = sum(tokens for *_, tokens in results) - rows
+    return generated / (end - start) if end > start else float("nan")
+
+
+def daemon_bench(size: str, max_tokens: int, repeats: int) -> dict[str, Any]:
+    from bench.common import daemon
+    from mlxd.factory import ModelRecipe, build_model
+
+    path = build_model(ModelRecipe(arch="qwen2", size=size))
+    result: dict[str, Any] = {"size": size, "max_tokens": max_tokens, "repeats": repeats, "through": "daemon"}
+    for label, concurrency, rows in (("single", 1, 1), ("batch_of_4", 4, 4)):
+        model = {"name": "bench", "path": str(path), "max_concurrency": concurrency, "max_context": 8192,
+                 "prefix_cache": {"max_bytes": 0}}
+        with daemon([model]) as url:
+            asyncio.run(daemon_rate(url, rows, 16, True))  # warm-up: load, JIT kernels, grammar compile
+            asyncio.run(daemon_rate(url, rows, 16, False))
+            free, constrained = [], []
+            for _ in range(repeats):
+                free.append(asyncio.run(daemon_rate(url, rows, max_tokens, False)))
+                constrained.append(asyncio.run(daemon_rate(url, rows, max_tokens, True)))
+        f, c = max(free), max(constrained)
+        result[label] = {
+            "rows": rows, "free_tok_s": round(f, 1), "constrained_tok_s": round(c, 1), "ratio": round(c / f, 3),
+            "ratio_of_medians": round(statistics.median(constrained) / statistics.median(free), 3),
+            "free_runs": [round(x, 1) for x in free], "constrained_runs": [round(x, 1) for x in constrained],
+        }
+    result.update(environment())
+    return result
+
+
+def print_daemon_table(result: dict[str, Any]) -> None:
+    print(
+        f"\nqwen2-{result['size']} through mlxd serve (streamed chat): {result['max_tokens']} tokens a request, "
+        f"best of {result['repeats']}, load average {result['load_average']:.1f}"
+    )
+    rows = [
+        [label, r["rows"], r["free_tok_s"], r["constrained_tok_s"], f"{r['ratio']:.3f}", f"{r['ratio_of_medians']:.3f}"]
+        for label, r in (("single", result["single"]), ("batch of 4", result["batch_of_4"]))
+    ]
+    print(table(["run", "rows", "free tok/s", "json_schema tok/s", "ratio", "of medians"], rows))
+
+
 def print_table(result: dict[str, Any]) -> None:
     print(
         f"\nqwen2-{result['size']}: {result['max_tokens']} tokens a request, best of {result['repeats']}, "
@@ -219,10 +305,16 @@ def main() -> None:
     parser.add_argument("--size", choices=["tiny", "small", "bench"], default="tiny")
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--daemon", action="store_true", help="through a `mlxd serve` process and HTTP")
     args = parser.parse_args()
-    reexec_with_openblas()
     max_tokens = args.max_tokens or {"tiny": 128, "small": 96, "bench": 32}[args.size]
     repeats = args.repeats or {"tiny": 5, "small": 3, "bench": 2}[args.size]
+    if args.daemon:
+        result = daemon_bench(args.size, max_tokens, repeats)
+        print_daemon_table(result)
+        print(f"saved to {save('constrained', f'{args.size}-daemon', result)}")
+        return
+    reexec_with_openblas()
     result = asyncio.run(bench(args.size, max_tokens, repeats))
     print_table(result)
     print(f"saved to {save('constrained', args.size, result)}")

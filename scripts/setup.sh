@@ -68,3 +68,18 @@ if [ "$(uname -s)" = Linux ]; then
     apt_install "the dashboard test needs them" chromium chromium-driver
   fi
 fi
+# The coding-agent CLIs the agent tests drive (tests/agents/test_agent_clis.py),
+# from npm into .agents/ (no global install, no root): the versions docs/agents.md was checked with.
+AGENT_CLIS="@anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0"
+if [ "${1:-}" = "--tests" ]; then
+  if command -v npm >/dev/null 2>&1; then
+    if [ ! -x .agents/node_modules/.bin/claude ] || [ ! -x .agents/node_modules/.bin/codex ]; then
+      mkdir -p .agents
+      # shellcheck disable=SC2086
+      npm install --prefix .agents --no-audit --no-fund --loglevel=error $AGENT_CLIS >/dev/null ||
+        echo "warning: could not install $AGENT_CLIS; the agent CLI tests will fail" >&2
+    fi
+  else
+    echo "hint: install Node 20+ and re-run: the agent CLI tests need claude and codex from npm" >&2
+  fi
+fi

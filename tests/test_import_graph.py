@@ -28,7 +28,8 @@ ALLOWED = {
     "tools": {"errors", "engine", "grammar"},
     "gguf": {"errors", "factory"},
     "monitoring": {"mlxd", "errors", "registry", "engine", "residency"},
-    "api": {"mlxd", "errors", "registry", "settings", "engine", "residency", "monitoring"},
+    # The request path plans tools and splits tool calls for every surface.
+    "api": {"mlxd", "errors", "registry", "settings", "engine", "grammar", "tools", "residency", "monitoring"},
     "daemon": {"mlxd", "errors", "registry", "settings", "engine", "residency", "monitoring", "api"},
     "cli": {"mlxd", "errors", "registry", "settings", "engine", "factory", "service", "gguf", "daemon"},
     "__main__": {"cli"},
@@ -117,7 +118,15 @@ def test_no_two_modules_import_each_other_even_indirectly():
     for module in sorted(modules):
         if module not in state:
             visit(module, [module])
-    assert set(cycles) == KNOWN_CIRCLES
+    # The same circle, whichever module the search entered it from.
+    assert {_canonical(c) for c in cycles} == {_canonical(c) for c in KNOWN_CIRCLES}
+
+
+def _canonical(cycle: str) -> str:
+    ring = cycle.split(" -> ")[:-1]
+    start = ring.index(min(ring))
+    ring = ring[start:] + ring[:start]
+    return " -> ".join([*ring, ring[0]])
 
 
 # The layers this page describes module by module; the others it names.

@@ -14,8 +14,11 @@ from mlxd import __version__
 from mlxd.api.auth import check_api_key
 from mlxd.api.context import DaemonContext
 from mlxd.api.errors import ErrorShape, error_response, install_error_handlers
+from mlxd.api.anthropic import routes as anthropic
+from mlxd.api.anthropic.errors import AnthropicErrors
 from mlxd.api.openai import routes as openai
 from mlxd.api.openai.errors import OpenAIErrors
+from mlxd.api.responses import routes as responses
 from mlxd.api.routes import admin, monitoring
 from mlxd.api.guards import RequestGuard
 from mlxd.errors import MlxdError, ShuttingDown
@@ -81,9 +84,12 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
     app = FastAPI(title="mlxd", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.ctx = ctx
     openai_errors = OpenAIErrors()
+    anthropic_errors = AnthropicErrors()
 
     def shape_for(path: str) -> ErrorShape:
-        # Every route speaks OpenAI's errors today; a new surface claims its paths here.
+        # Each surface claims its paths; the Responses API speaks OpenAI's errors.
+        if path == anthropic.PREFIX or path.startswith(anthropic.PREFIX + "/"):
+            return anthropic_errors
         return openai_errors
 
     install_error_handlers(app, shape_for)
@@ -94,6 +100,8 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
     app.add_middleware(RequestGuard, server=lambda: ctx.settings.server)
 
     app.include_router(openai.router())
+    app.include_router(anthropic.router())
+    app.include_router(responses.router())
     app.include_router(admin.router(reloader))
     # Also serves GET / and /dashboard, the status page.
     app.include_router(monitoring.router())

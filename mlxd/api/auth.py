@@ -1,4 +1,5 @@
-"""Bearer API keys for every /v1 route; /health stays open."""
+"""API keys for every /v1 route, as a bearer token or in `x-api-key`
+(Anthropic clients send that); /health stays open."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def check_api_key(request: Request, keys: tuple[str, ...]) -> None:
     if scheme.lower() != "bearer" or not token.strip():
         token = request.headers.get("x-api-key", "")
         if not token:
-            raise AuthenticationFailed("API key required: send 'Authorization: Bearer <key>'")
+            raise AuthenticationFailed("API key required: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'")
     token = token.strip()
     # Compare against every key so timing reveals neither the key nor which one matched.
     matched = False

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mlxd.api.images import ImageMemory
+from mlxd.api.responses.store import ResponseStore
+from mlxd.api.token_count import TokenCounter
 from mlxd.engine.worker import MlxWorker
 from mlxd.monitoring.metrics import Metrics
 from mlxd.monitoring.snapshot import ConfigState, DaemonSnapshot
@@ -31,6 +33,10 @@ class DaemonContext:
     # Set on SIGTERM: new requests get 503 while in-flight ones finish.
     draining: bool = False
     blas: dict[str, Any] = field(default_factory=dict)
+    # /v1/messages/count_tokens: tokenizers read apart from the engines.
+    token_counter: TokenCounter = field(default_factory=TokenCounter)
+    # /v1/responses: recent responses, for previous_response_id.
+    responses: ResponseStore = field(default_factory=ResponseStore)
     # Decoded image pixels held at once, across every request.
     image_memory: ImageMemory = field(default_factory=lambda: ImageMemory(ServerSpec().max_image_memory_bytes))
 

@@ -28,6 +28,9 @@ log = logging.getLogger("mlxd.http")
 class ErrorShape(Protocol):
     """One surface's error bodies."""
 
+    # The status of a body that does not validate (OpenAI: 422, Anthropic: 400).
+    invalid_status: int
+
     def body(self, exc: BaseException) -> dict[str, Any]:
         """A typed error's body; for anything else, a generic internal error."""
         ...
@@ -68,7 +71,8 @@ def install_error_handlers(app: FastAPI, shape_for: ShapeFor) -> None:
             message = "The request body is not valid JSON"
         else:
             message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
-        return JSONResponse(shape_for(request.url.path).invalid(message, param or None), status_code=422)
+        shape = shape_for(request.url.path)
+        return JSONResponse(shape.invalid(message, param or None), status_code=shape.invalid_status)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

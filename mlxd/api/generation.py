@@ -19,8 +19,8 @@ from starlette.types import Receive, Scope, Send
 
 from mlxd.api.accounting import record_request
 from mlxd.api.context import DaemonContext
-from mlxd.api.events import Finish, OutputEvent, TextDelta, ToolCallDelta, Usage, chunk_events
-from mlxd.api.plan import Plan
+from mlxd.api.events import ChoiceEvents, Finish, Logprobs, OutputEvent, TextDelta, ToolCallDelta, Usage
+from mlxd.api.plan import Plan, shape_output
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.errors import (
     ClientDisconnected,
@@ -79,18 +79,39 @@ async def _read_images_and_acquire(ctx: DaemonContext, plan: Plan) -> Lease:
     """Images are read (files, remote fetches, headers) before the lease, so
     a bad image is a 400 that never loads a model or holds a slot; they are
     decoded only once the lease is held, so requests the queue refuses never
-    decode anything, and under the daemon-wide image memory bound."""
+    decode anything, and under the daemon-wide image memory bound. Tools and
+    structured output are checked against the leased engine (its tool-call
+    format). A failure after the lease gives it straight back."""
     images = plan.images if plan.images is not None and plan.images.sources else None
     if images is not None:
         await images.read()
     lease = await ctx.manager.acquire(plan.requested_name, timeout=plan.remaining())
-    if images is not None:
-        try:
-            plan.requests[0].images = await images.decode(ctx.image_memory)
-        except BaseException:
-            lease.release()
-            raise
+    try:
+        if images is not None:
+            decoded = await images.decode(ctx.image_memory)
+            for request in plan.requests:  # n > 1: every choice sees them
+                request.images = decoded
+        shape_output(plan, lease.engine)
+        await _compile_grammar(plan, lease.engine)
+    except BaseException:
+        lease.release()
+        raise
     return lease
+
+
+async def _compile_grammar(plan: Plan, engine: Any) -> None:
+    """Compile the request's grammar now, off the event loop (the engine
+    keeps it in its cache), so that a schema that cannot be compiled is a
+    400 before a stream's 200 rather than an error frame inside it."""
+    grammars = getattr(engine, "grammars", None)
+    constraint = plan.requests[0].constraint if plan.requests else None
+    # (A vision engine has no grammars: plan_chat refused the request already.)
+    if grammars is not None and constraint is not None:
+        await asyncio.to_thread(grammars.matcher, constraint)
+
+
+def _choice_events(plan: Plan) -> ChoiceEvents:
+    return ChoiceEvents(plan.tool_format, plan.requests[0].tools if plan.requests else None)
 
 
 # --- one answer ---------------------------------------------------------------
@@ -109,6 +130,8 @@ class Choice:
     text: str = ""
     finish_reason: str = "stop"
     tool_calls: list[CalledTool] = field(default_factory=list)
+    # mlxd.engine.logprobs.TokenLogprob per token, when the request asked.
+    logprobs: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -131,27 +154,62 @@ class Answer:
             call.id = event.id or call.id
             call.name = event.name or call.name
             call.arguments += event.arguments
+        elif isinstance(event, Logprobs):
+            choice.logprobs.extend(event.entries)
         elif isinstance(event, Finish):
             choice.finish_reason = event.reason
             self.usage = self.usage + event.usage
 
 
+def _together(engine: Any, requests: list[GenerationRequest]) -> bool:
+    """Whether a plan's requests (n > 1, a list of prompts) decode side by
+    side: only in a continuous batch, which bounds the rows itself; the single
+    path runs them one after the other within its one slot."""
+    return len(requests) > 1 and bool(engine.stats().get("batching"))
+
+
+async def _run_each(
+    engine: Any, requests: list[GenerationRequest], one: Callable[[int, GenerationRequest], Awaitable[None]]
+) -> None:
+    """``one(index, request)`` for every request, side by side when the
+    engine batches; the first failure is raised as itself."""
+    if not _together(engine, requests):
+        for index, request in enumerate(requests):
+            await one(index, request)
+        return
+    try:
+        async with asyncio.TaskGroup() as group:
+            for index, request in enumerate(requests):
+                group.create_task(one(index, request))
+    except BaseExceptionGroup as group_failure:
+        failure: BaseException = group_failure
+        while isinstance(failure, BaseExceptionGroup) and failure.exceptions:
+            failure = failure.exceptions[0]
+        raise failure from None
+
+
 async def _generate_all(ctx: DaemonContext, plan: Plan, lease: Lease) -> Answer:
     answer = Answer(choices=[])
     meter = ctx.metrics.meter(plan.spec.name, plan.started)
-    for index, request in enumerate(plan.requests):
+    events = _choice_events(plan)
+
+    async def one(index: int, request: GenerationRequest) -> None:
         last = GenerationChunk(text="")
         async with contextlib.aclosing(lease.engine.generate(request)) as chunks:
             async for chunk in chunks:
                 meter.chunk(request.request_id, chunk)
                 last = chunk
                 if chunk.finish_reason != "abort":
-                    for event in chunk_events(index, chunk):
+                    for event in events.of(index, chunk):
                         answer.add(event)
         if last.finish_reason == "abort":
             raise _preempted(plan, retry_after=5)
         if not last.finish_reason:
-            answer.add(Finish(index, "stop", Usage(last.prompt_tokens, last.completion_tokens, last.cached_tokens)))
+            ended = GenerationChunk("", "stop", last.prompt_tokens, last.completion_tokens, last.cached_tokens)
+            for event in events.of(index, ended):
+                answer.add(event)
+
+    await _run_each(lease.engine, plan.requests, one)
     return answer
 
 
@@ -181,6 +239,13 @@ class Framer(Protocol):
     send (possibly several frames, possibly empty)."""
 
     heartbeat: str
+    # True: wait EARLY_WAIT_SECONDS for the lease (what fails at once, such
+    # as a full queue, is still a real status code), then answer 200, send
+    # opening() and keep waiting with heartbeats flowing, so a client never
+    # sits through a queue or a load without a byte; a failure after that
+    # travels as an error frame. False: acquire first, so a 503/504 is a
+    # real status code.
+    early: bool
 
     def opening(self) -> str: ...
     def event(self, event: OutputEvent) -> str: ...
@@ -199,9 +264,14 @@ class LeasedStreamingResponse(StreamingResponse):
     """A stream that gives its lease back however it ends, even when the
     client is gone before the first byte and the body is never iterated."""
 
-    def __init__(self, content: AsyncIterator[str], lease: Lease, **kw: Any) -> None:
+    def __init__(
+        self, content: AsyncIterator[str], lease: Lease | None, *, pending: asyncio.Future[Lease] | None = None,
+        **kw: Any,
+    ) -> None:
         super().__init__(content, media_type="text/event-stream", **kw)
         self._lease = lease
+        # An early stream's lease, still being waited for.
+        self._pending = pending
         self._content = content
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -210,29 +280,68 @@ class LeasedStreamingResponse(StreamingResponse):
         finally:
             with contextlib.suppress(Exception):
                 await self._content.aclose()  # type: ignore[attr-defined]
-            self._lease.release()
+            if self._lease is not None:
+                self._lease.release()
+            if self._pending is not None:
+                await _abandon(self._pending)
 
 
 async def open_stream(ctx: DaemonContext, plan: Plan, request: Request, framer: Framer) -> LeasedStreamingResponse:
-    """Acquire before answering, so a 404/503/504 is a real status code; once
-    the 200 is sent, errors travel in the stream."""
+    """Acquire before answering, so a 404/429/503/504 is a real status code;
+    an ``early`` framer waits only a moment for that, then answers 200 and
+    keeps waiting inside the stream, heartbeats flowing. Once the 200 is
+    sent, errors travel in the stream."""
+    acquiring = asyncio.ensure_future(_read_images_and_acquire(ctx, plan))
+    # Not early: the deadline (guarded's) ends the wait, with a 504.
+    wait = EARLY_WAIT_SECONDS if getattr(framer, "early", False) else plan.remaining() + 1
     try:
-        lease = await guarded(request, _read_images_and_acquire(ctx, plan), plan.remaining())
+        lease = await guarded(request, _first_of(acquiring, wait), plan.remaining())
     except MlxdError as exc:
         record_request(ctx, plan.spec.name, exc.status_code, plan)
         raise
-    frames = _frames(ctx, plan, lease, framer)
+    pending = None if lease is not None else acquiring
+    frames = _frames(ctx, plan, lease, framer, pending)
     return LeasedStreamingResponse(
-        frames, lease, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        frames, lease, pending=pending, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     )
 
 
-async def _pump(engine: Any, requests: list[GenerationRequest], queue: asyncio.Queue[Any]) -> None:
+# How long an early stream waits for its lease before it answers 200: long
+# enough that a full queue or an unknown failure is a real status code, short
+# enough that a queued client sees its first byte at once.
+EARLY_WAIT_SECONDS = 0.5
+
+
+async def _first_of(acquiring: asyncio.Future[Lease], seconds: float) -> Lease | None:
+    """The lease if ``acquiring`` settles within ``seconds`` (raising what it
+    raised), else None with the wait still running. Cancelled (disconnect,
+    deadline), it cancels the wait too."""
     try:
-        for index, request in enumerate(requests):
-            async with contextlib.aclosing(engine.generate(request)) as chunks:
-                async for chunk in chunks:
-                    queue.put_nowait((index, chunk))
+        done, _ = await asyncio.wait({acquiring}, timeout=max(0.0, seconds))
+    except asyncio.CancelledError:
+        await _abandon(acquiring)
+        raise
+    return acquiring.result() if done else None
+
+
+async def _abandon(acquiring: asyncio.Future[Lease]) -> None:
+    """Stop waiting for a lease; one granted meanwhile is given back."""
+    if not acquiring.done():
+        acquiring.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await acquiring
+    elif not acquiring.cancelled() and acquiring.exception() is None:
+        acquiring.result().release()
+
+
+async def _pump(engine: Any, requests: list[GenerationRequest], queue: asyncio.Queue[Any]) -> None:
+    async def one(index: int, request: GenerationRequest) -> None:
+        async with contextlib.aclosing(engine.generate(request)) as chunks:
+            async for chunk in chunks:
+                queue.put_nowait((index, chunk))
+
+    try:
+        await _run_each(engine, requests, one)
         queue.put_nowait(_END)
     except asyncio.CancelledError:
         raise
@@ -247,6 +356,8 @@ class _StreamState:
         self.plan = plan
         self.framer = framer
         self.meter = ctx.metrics.meter(plan.spec.name, plan.started)
+        # Made at the first chunk: the tool-call format is known once leased.
+        self.events: ChoiceEvents | None = None
         self.usage = Usage()
         # Running counts of the generation in progress (its chunks carry
         # them): a stream that ends early is logged with what it really cost.
@@ -271,8 +382,10 @@ class _StreamState:
         if chunk.finish_reason == "abort":
             self.status = 503
             return [self.framer.error(_preempted(self.plan))], True
+        if self.events is None:
+            self.events = _choice_events(self.plan)
         out = []
-        for event in chunk_events(index, chunk):
+        for event in self.events.of(index, chunk):
             if isinstance(event, Finish):
                 self._partial = (0, 0)
                 self.usage = self.usage + event.usage
@@ -280,21 +393,50 @@ class _StreamState:
         return out, False
 
 
-async def _frames(ctx: DaemonContext, plan: Plan, lease: Lease, framer: Framer) -> AsyncIterator[str]:
+async def _heartbeats_until(
+    ctx: DaemonContext, acquiring: asyncio.Future[Lease], framer: Framer
+) -> AsyncIterator[str]:
+    """A heartbeat every ``heartbeat_seconds`` until the lease is granted
+    (or its wait fails: the caller reads which)."""
+    while True:
+        done, _ = await asyncio.wait({acquiring}, timeout=ctx.settings.heartbeat_seconds)
+        if done:
+            return
+        yield framer.heartbeat
+
+
+async def _frames(
+    ctx: DaemonContext, plan: Plan, lease: Lease | None, framer: Framer,
+    pending: asyncio.Future[Lease] | None = None,
+) -> AsyncIterator[str]:
     queue: asyncio.Queue[Any] = asyncio.Queue()
-    producer = asyncio.ensure_future(_pump(lease.engine, plan.requests, queue))
+    producer: asyncio.Future[None] | None = None
     state = _StreamState(ctx, plan, framer)
     heartbeat = ctx.settings.heartbeat_seconds
     inactivity = ctx.settings.server.request_timeout_s
     loop = asyncio.get_running_loop()
-    last_progress = loop.time()
-    # One timer re-armed per item instead of asyncio.wait_for, which (before
-    # Python 3.12) wraps every queue.get() in a new task.
-    timer = loop.call_later(heartbeat, queue.put_nowait, _TICK)
+    timer: asyncio.TimerHandle | None = None
     try:
         opening = framer.opening()
         if opening:
             yield opening
+        if lease is None:
+            assert pending is not None
+            try:
+                async for beat in _heartbeats_until(ctx, pending, framer):
+                    yield beat
+                lease = pending.result()
+            except Exception as exc:
+                state.status = exc.status_code if isinstance(exc, MlxdError) else 500
+                if state.status == 500:
+                    log.error("stream on %s failed: %s", plan.spec.name, describe_exception(exc))
+                yield framer.error(exc) + framer.closing(None)
+                return
+        producer = asyncio.ensure_future(_pump(lease.engine, plan.requests, queue))
+        last_progress = loop.time()
+        # One timer re-armed per item instead of asyncio.wait_for, which
+        # (before Python 3.12) wraps every queue.get() in a new task.
+        timer = loop.call_later(heartbeat, queue.put_nowait, _TICK)
         done = False
         while not done:
             item = await queue.get()
@@ -328,11 +470,16 @@ async def _frames(ctx: DaemonContext, plan: Plan, lease: Lease, framer: Framer) 
         state.status = 499  # the client went away mid-stream
         raise
     finally:
-        timer.cancel()
-        producer.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await producer
-        lease.release()
+        if timer is not None:
+            timer.cancel()
+        if producer is not None:
+            producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await producer
+        if lease is not None:
+            lease.release()
+        elif pending is not None:
+            await _abandon(pending)
         record_request(ctx, plan.spec.name, state.status, plan, *state.totals())
 
 

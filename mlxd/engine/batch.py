@@ -49,6 +49,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlxd.engine.logprobs import token_logprob
 from mlxd.engine.lifecycle import FirstGenerationPeak, GenerationControl, GenerationCounts
 from mlxd.engine.prefix_cache import PrefixCache
 from mlxd.engine.text_model import Prepared, TextModel
@@ -95,6 +96,8 @@ class _Sequence:
     reused: int = 0  # of which came from the prefix cache
     uid: int | None = None  # its id in the BatchGenerator once it joined
     detokenizer: Any = None
+    # Log-probabilities of the tokens since the last chunk (request.logprobs).
+    scored: list[Any] = field(default_factory=list)
 
     def leaving(self) -> bool:
         return self.cancelled or self.control.abort_reason is not None
@@ -351,6 +354,9 @@ class BatchScheduler:
                 continue
             assert seq.prepared is not None
             seq.control.completion_tokens += 1
+            if seq.prepared.logprobs is not None and response.finish_reason != "stop":
+                _, tokenizer = self._model.get()
+                seq.scored.append(token_logprob(tokenizer, response.token, response.logprobs, seq.prepared.logprobs))
             detokenizer = seq.detokenizer
             # "stop" from the batch is the end-of-sequence token: no text of its own.
             if response.finish_reason != "stop":
@@ -450,12 +456,16 @@ class BatchScheduler:
         return shared
 
     def _chunk(self, seq: _Sequence, text: str, finish: str | None = None) -> GenerationChunk:
+        entries = None
+        if seq.prepared is not None and seq.prepared.logprobs is not None:
+            entries, seq.scored = seq.scored, []
         return GenerationChunk(
             text=text,
             finish_reason=finish,
             prompt_tokens=seq.control.prompt_tokens,
             completion_tokens=seq.control.completion_tokens,
             cached_tokens=seq.reused,
+            logprobs=entries,
         )
 
     def _post(self, seq: _Sequence, item: Any) -> None:

@@ -85,6 +85,7 @@ def make_logits_processors(params: SamplingParams) -> list[LogitsProcessor]:
             params.repetition_penalty if params.repetition_penalty != 1.0 else None
         ),
         presence_penalty=params.presence_penalty or None,
+        frequency_penalty=params.frequency_penalty or None,
     )
 
 

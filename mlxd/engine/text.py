@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from mlxd.engine import memory
 from mlxd.engine.batch import BatchScheduler
 from mlxd.engine.lifecycle import EngineBase, GenerationControl, relay
+from mlxd.engine.logprobs import token_logprob
 from mlxd.engine.prefix_cache import PrefixCache
 from mlxd.engine.text_model import PENALTY_CONTEXT, LoadedText, Prepared, TextModel
 from mlxd.engine.types import GenerationChunk, GenerationRequest, SavedCache
@@ -176,16 +177,25 @@ class TextEngine(EngineBase):
         if cache is None:
             cache = make_prompt_cache(model)
         generated: list[int] = []
+        scored: list[Any] = []
+
+        def on_token(response: Any) -> None:
+            generated.append(response.token)
+            if prepared.logprobs is not None and response.finish_reason != "stop":
+                scored.append(token_logprob(tokenizer, response.token, response.logprobs, prepared.logprobs))
 
         def chunk(text: str, finish: str | None = None) -> GenerationChunk:
             if finish == "abort":
                 self.counts.abort()
+            entries = scored[:] if prepared.logprobs is not None else None
+            scored.clear()
             return GenerationChunk(
                 text=text,
                 finish_reason=finish,
                 prompt_tokens=n_prompt,
                 completion_tokens=control.completion_tokens,
                 cached_tokens=reused,
+                logprobs=entries,
             )
 
         # The footprint estimate assumes a quantised KV cache from the first token.
@@ -223,6 +233,6 @@ class TextEngine(EngineBase):
 
         yield from relay(
             responses, control, stops, chunk,
-            on_token=lambda response: generated.append(response.token),
+            on_token=on_token,
             on_finish=keep,
         )

@@ -51,6 +51,8 @@ class Prepared:
     stops: StopMatcher
     # Prompt tokens left for stream_generate even on a prefix cache hit.
     keep: int = 1
+    # Alternatives per token when the request wants logprobs (None: it does not).
+    logprobs: int | None = None
 
 
 class TextModel:
@@ -129,7 +131,8 @@ class TextModel:
         self.check_context(n_prompt, request)
         limit = self.max_context
         control.prompt_tokens = n_prompt
-        penalties = request.sampling.repetition_penalty != 1.0 or bool(request.sampling.presence_penalty)
+        s = request.sampling
+        penalties = s.repetition_penalty != 1.0 or bool(s.presence_penalty) or bool(s.frequency_penalty)
         return Prepared(
             tokens=tokens,
             # The KV cache was budgeted for max_context tokens: never decode past it.
@@ -140,6 +143,7 @@ class TextModel:
             # Penalties look back over tokens stream_generate itself processed:
             # give it as many as on a cold start, so the output is the same.
             keep=PENALTY_CONTEXT if penalties else 1,
+            logprobs=request.logprobs,
         )
 
     def _processors(self, request: GenerationRequest, tokenizer: Any) -> list[Any]:

@@ -18,6 +18,7 @@ class SamplingParams:
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int | None = None
 
 
@@ -67,6 +68,8 @@ class GenerationRequest:
     tools: list[dict[str, Any]] | None = None
     # Constrained decoding (structured output, forced tool calls).
     constraint: Constraint | None = None
+    # Per-token log-probabilities with this many alternatives (None: none).
+    logprobs: int | None = None
 
 
 @dataclass
@@ -83,6 +86,9 @@ class GenerationChunk:
     completion_tokens: int = 0
     # Prompt tokens served from the prefix cache instead of prefilled.
     cached_tokens: int = 0
+    # With ``request.logprobs``: the tokens decoded since the last chunk
+    # (``mlxd.engine.logprobs.TokenLogprob``), end-of-sequence left out.
+    logprobs: list[Any] | None = None
 
 
 @dataclass(frozen=True)

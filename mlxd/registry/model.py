@@ -7,6 +7,8 @@ what hot reload uses to decide whether a model changed.
 
 from __future__ import annotations
 
+import fnmatch
+
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,6 +29,7 @@ class SamplingDefaults:
     min_p: float | None = None
     repetition_penalty: float | None = None
     presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     max_tokens: int | None = None
     seed: int | None = None
 
@@ -163,6 +166,10 @@ class ServerSpec:
     max_image_memory_bytes: int = 1 << 30
 
 
+def is_pattern(alias: str) -> bool:
+    return any(c in alias for c in "*?[")
+
+
 @dataclass(frozen=True)
 class Registry:
     source_path: Path | None
@@ -175,8 +182,14 @@ class Registry:
     problems: tuple[ConfigError, ...] = field(default=(), compare=False)
 
     def lookup(self, name: str) -> ModelSpec | None:
+        """Exact names and aliases first; then aliases that are glob
+        patterns (``claude-*``), in file order, first match wins, so one
+        local model can answer every name an agent asks for."""
         for spec in self.models:
             if name in spec.names():
+                return spec
+        for spec in self.models:
+            if any(is_pattern(a) and fnmatch.fnmatchcase(name, a) for a in spec.aliases):
                 return spec
         return None
 

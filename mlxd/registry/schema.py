@@ -146,6 +146,7 @@ class SamplingSection(_Section):
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     max_tokens: int | None = Field(None, ge=1)
     seed: int | None = Field(None, ge=0, lt=2**64)
 

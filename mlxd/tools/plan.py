@@ -15,7 +15,7 @@ from typing import Any
 
 from mlxd.engine.types import Constraint
 from mlxd.errors import BadRequest
-from mlxd.tools.forcing import forced_call
+from mlxd.tools.forcing import closed, forced_call
 from mlxd.tools.formats import ToolFormat, require
 
 # With parallel_tool_calls a forced answer may hold this many calls.
@@ -59,6 +59,19 @@ def plan_output(
     return OutputPlan(tools=checked, constraint=forced_call(fmt, checked, name, max_calls=calls), tool_format=fmt)
 
 
+def check_output(*, tools: Any = None, tool_choice: Any = None, response_format: Any = None) -> None:
+    """What ``plan_output`` checks that does not depend on the model: run
+    before the lease, so that a stream can still answer with a 400."""
+    constraint = _response_format(response_format)
+    checked = _tools(tools)
+    choice = _tool_choice(tool_choice, checked)
+    if constraint is not None and checked and choice not in ("none", "auto"):
+        raise BadRequest(
+            "response_format cannot be combined with a tool_choice that forces a call.",
+            param="response_format",
+        )
+
+
 def _response_format(value: Any) -> Constraint | None:
     if value is None:
         return None
@@ -74,7 +87,8 @@ def _response_format(value: Any) -> Constraint | None:
             raise BadRequest(
                 "response_format.json_schema.schema must be a JSON schema object.", param="response_format"
             )
-        return Constraint.json_schema(schema)
+        # OpenAI's strict mode allows no key the schema does not declare.
+        return Constraint.json_schema(closed(schema) if spec.get("strict") else schema)
     raise BadRequest(
         "response_format.type must be one of `text`, `json_object`, `json_schema`.", param="response_format"
     )

@@ -295,7 +295,7 @@ def _error(call: Call) -> dict[str, Any]:
     ("body", "status", "param", "code"),
     [
         ({"model": "nope", "messages": CHAT}, 404, "model", "model_not_found"),
-        ({"model": "m", "messages": CHAT, "n": 2}, 400, "n", "invalid_request"),
+        ({"model": "m", "messages": CHAT, "top_logprobs": 2}, 400, "top_logprobs", "invalid_request"),
         ({"model": "m", "messages": [{"role": "wizard", "content": "hi"}]}, 422, "messages[0].role", "invalid_value"),
         ({"model": "m", "messages": []}, 422, "messages", "invalid_value"),
         ({"model": "m", "messages": CHAT, "max_tokens": 10**9}, 400, "max_tokens", "invalid_request"),

@@ -371,8 +371,12 @@ def test_close_never_releases_the_model_under_a_generation_caught_mid_step(worke
         engine = await load_text_engine(spec_for(qwen_tiny, "m", max_concurrency=concurrency), worker)
         real_model, real_release = engine.model.get, engine._release
 
+        worker_thread = worker._thread
+
         def held() -> Any:  # worker thread, first step of the generation
-            if not entered.is_set():
+            # The prompt is tokenized on a thread of its own first, which
+            # reads the model too: hold only the worker's step.
+            if threading.current_thread() is worker_thread and not entered.is_set():
                 entered.set()
                 resume.wait(30)
             return real_model()

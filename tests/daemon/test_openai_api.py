@@ -162,7 +162,7 @@ BAD_INPUTS = [
     ({"model": "qwen", "messages": CHAT, "max_tokens": 6000}, 400, "max_tokens"),
     ({"model": "qwen", "messages": CHAT, "temperature": 3}, 422, "temperature"),
     ({"model": "qwen", "messages": CHAT, "top_p": 0}, 422, "top_p"),
-    ({"model": "qwen", "messages": CHAT, "n": 2}, 400, "n"),
+    ({"model": "qwen", "messages": CHAT, "n": 17}, 422, "n"),
     ({"model": "qwen", "messages": CHAT, "stop": ["a", "b", "c", "d", "e"]}, 422, "stop"),
     ({"model": "qwen", "messages": [{"role": "wizard", "content": "hi"}]}, 422, "messages[0].role"),
     ({"model": "qwen", "messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),

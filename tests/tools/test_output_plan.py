@@ -41,8 +41,20 @@ def test_response_formats():
     assert plan_output("m", None, response_format={"type": "text"}).constraint is None
     assert plan_output("m", None, response_format={"type": "json_object"}).constraint == Constraint.json_object()
     schema = {"type": "object", "properties": {"x": {"type": "boolean"}}}
-    got = plan_output("m", None, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}})
+    got = plan_output("m", None, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
     assert got.constraint == Constraint.json_schema(schema)
+
+
+def test_strict_closes_the_schema_where_it_says_nothing_about_other_keys():
+    import json
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "sub": {"type": "object", "properties": {}}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": True}}
+    strict = json.loads(plan_output("m", None, response_format=fmt).constraint.text)
+    assert strict["additionalProperties"] is False
+    assert strict["properties"]["sub"]["additionalProperties"] is False
+    loose = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+    assert plan_output("m", None, response_format=loose).constraint == Constraint.json_schema(schema)
 
 
 @pytest.mark.parametrize(

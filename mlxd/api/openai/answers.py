@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mlxd.api.events import Finish, OutputEvent, TextDelta, ToolCallDelta, Usage
-from mlxd.api.generation import Answer, CalledTool
+from mlxd.api.events import Finish, Logprobs, OutputEvent, TextDelta, ToolCallDelta, Usage
+from mlxd.api.generation import Answer, CalledTool, Choice
 from mlxd.api.openai.errors import error_body
 from mlxd.api.plan import Plan
 
@@ -27,20 +27,51 @@ def _tool_calls(calls: list[CalledTool]) -> list[dict[str, Any]]:
     return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
 
 
-def chat_completion(plan: Plan, answer: Answer) -> dict[str, Any]:
-    choice = answer.choices[0]
+def _message(choice: Choice) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": choice.text}
     if choice.tool_calls:
+        # As OpenAI answers a call with nothing before it: no content at all.
+        message["content"] = choice.text or None
         message["tool_calls"] = _tool_calls(choice.tool_calls)
+    return message
+
+
+def _logprob(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+
+def logprobs_body(entries: list[Any]) -> dict[str, Any]:
+    """OpenAI's ``choices[].logprobs`` from mlxd.engine.logprobs.TokenLogprob entries."""
+    return {
+        "content": [
+            {**_logprob(e.token, e.logprob), "top_logprobs": [_logprob(t, lp) for t, lp in e.top]} for e in entries
+        ],
+        "refusal": None,
+    }
+
+
+def chat_usage(plan: Plan, usage: Usage) -> Usage:
+    """n choices of one prompt: the prompt counts once, as OpenAI counts it."""
+    n = max(1, len(plan.requests))
+    return Usage(usage.prompt_tokens // n, usage.completion_tokens, usage.cached_tokens // n)
+
+
+def chat_completion(plan: Plan, answer: Answer) -> dict[str, Any]:
     return {
         "id": plan.id,
         "object": "chat.completion",
         "created": plan.created,
         "model": plan.requested_name,
         "choices": [
-            {"index": 0, "message": message, "finish_reason": choice.finish_reason, "logprobs": None}
+            {
+                "index": i,
+                "message": _message(c),
+                "finish_reason": c.finish_reason,
+                "logprobs": logprobs_body(c.logprobs) if plan.requests[0].logprobs is not None else None,
+            }
+            for i, c in enumerate(answer.choices)
         ],
-        "usage": usage_body(answer.usage),
+        "usage": usage_body(chat_usage(plan, answer.usage)),
     }
 
 
@@ -75,6 +106,8 @@ class OpenAIFrames:
     """Chunk objects for chat and completions streams (``chat`` picks which)."""
 
     heartbeat = HEARTBEAT
+    # OpenAI clients read a 503 or 504 from the status code: acquire first.
+    early = False
 
     def __init__(self, plan: Plan, *, chat: bool, include_usage: bool) -> None:
         self.plan = plan
@@ -92,7 +125,10 @@ class OpenAIFrames:
         return {**self._base(), "choices": [{"index": index, "text": text, "finish_reason": finish, "logprobs": None}]}
 
     def opening(self) -> str:
-        return sse(self._chat_chunk({"role": "assistant", "content": ""}, None)) if self.chat else ""
+        if not self.chat:
+            return ""
+        opening = {"role": "assistant", "content": ""}
+        return "".join(sse(self._chat_chunk(opening, None, i)) for i in range(max(1, len(self.plan.requests))))
 
     def event(self, event: OutputEvent) -> str:
         if isinstance(event, TextDelta):
@@ -107,6 +143,10 @@ class OpenAIFrames:
             if event.name is not None:
                 call["function"]["name"] = event.name
             return sse(self._chat_chunk({"tool_calls": [call]}, None, event.choice))
+        if isinstance(event, Logprobs):
+            frame = self._chat_chunk({}, None, event.choice)
+            frame["choices"][0]["logprobs"] = logprobs_body(list(event.entries))
+            return sse(frame)
         assert isinstance(event, Finish)
         if self.chat:
             frame = self._chat_chunk({}, event.reason, event.choice)
@@ -115,10 +155,13 @@ class OpenAIFrames:
         frame["usage"] = usage_body(event.usage)
         return sse(frame)
 
+    def _usage(self, usage: Usage) -> Usage:
+        return chat_usage(self.plan, usage) if self.chat else usage
+
     def error(self, exc: BaseException) -> str:
         return sse(error_body(exc))
 
     def closing(self, usage: Usage | None) -> str:
         if usage is not None and self.include_usage:
-            return sse({**self._base(), "choices": [], "usage": usage_body(usage)}) + DONE
+            return sse({**self._base(), "choices": [], "usage": usage_body(self._usage(usage))}) + DONE
         return DONE

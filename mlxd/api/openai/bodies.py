@@ -7,12 +7,14 @@ the answer and that mlxd cannot honour is refused with a clear 400 by
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
-from mlxd.api.plan import Requested
+from mlxd.api.plan import OutputRequest, Plan, Requested
+from mlxd.engine.logprobs import MAX_TOP
 from mlxd.errors import BadRequest
 from mlxd.registry.model import SamplingDefaults
 
@@ -43,7 +45,7 @@ class _Common(BaseModel):
     # What mx.random.key takes: an unsigned 64-bit integer.
     seed: int | None = Field(default=None, ge=0, lt=2**64)
     stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1)
+    n: int = Field(default=1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: bool | int | None = None
@@ -78,15 +80,7 @@ class _Common(BaseModel):
         return self.max_tokens
 
     def unsupported(self) -> None:
-        if self.n != 1:
-            raise BadRequest("Only n=1 is supported", param="n")
-        if self.logprobs:
-            raise BadRequest("logprobs are not supported", param="logprobs")
-        if self.frequency_penalty:
-            raise BadRequest(
-                "frequency_penalty is not supported; use presence_penalty or repetition_penalty",
-                param="frequency_penalty",
-            )
+        """Fields this surface cannot honour: a 400 rather than dropped."""
 
     @property
     def include_usage(self) -> bool:
@@ -104,13 +98,18 @@ class _Common(BaseModel):
                 min_p=self.min_p,
                 repetition_penalty=self.repetition_penalty,
                 presence_penalty=self.presence_penalty,
+                frequency_penalty=self.frequency_penalty,
                 seed=self.seed,
             ),
             stop=tuple(self.stop_list()),
             stream=self.stream,
             timeout=self.timeout,
             ignore_eos=self.ignore_eos,
+            output=self.output(),
         )
+
+    def output(self) -> OutputRequest:
+        return OutputRequest()
 
 
 class FunctionCall(BaseModel):
@@ -154,7 +153,7 @@ class ChatMessage(BaseModel):
         calls = tuple(
             ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments) for c in self.tool_calls or ()
         )
-        return Message(role=role, content=content, tool_calls=calls, tool_call_id=self.tool_call_id)
+        return Message(role=role, content=content, tool_calls=calls, tool_call_id=self.tool_call_id, name=self.name)
 
 
 def _part(part: dict[str, Any], param: str) -> Part:
@@ -169,22 +168,28 @@ def _part(part: dict[str, Any], param: str) -> Part:
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    tools: list[dict[str, Any]] | None = None
+    # Checked by mlxd.tools.plan against the model's tool-call format once
+    # the model is leased (a BadRequest naming the field for each mistake).
+    tools: list[Any] | None = None
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: Any = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)
+
+    def logprob_alternatives(self) -> int | None:
+        """How many alternatives per token the answer lists (None: no logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def unsupported(self) -> None:
         super().unsupported()
-        if self.tools:
-            raise BadRequest("Tool calling is not supported by mlxd yet", param="tools")
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise BadRequest(
-                f"response_format type {self.response_format.get('type')!r} is not supported",
-                param="response_format",
-            )
+        if self.top_logprobs is not None and not self.logprobs:
+            raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+        if self.logprobs and self.tools and self.tool_choice != "none":
+            # The tokens would show the model's call markup.
+            raise BadRequest("logprobs cannot be combined with tools", param="logprobs")
         for i, message in enumerate(self.messages):
             if isinstance(message.content, list):
                 for part in message.content:
@@ -196,6 +201,39 @@ class ChatCompletionRequest(_Common):
 
     def conversation(self) -> Conversation:
         return Conversation(tuple(m.to_message(i) for i, m in enumerate(self.messages)))
+
+    def output(self) -> OutputRequest:
+        return OutputRequest(
+            tools=self.tools,
+            tool_choice=self.tool_choice,
+            parallel_tool_calls=self.parallel_tool_calls,
+            response_format=self.response_format,
+        )
+
+    def stop_list(self) -> list[str]:
+        # A forced call is a grammar's whole answer: a stop string meant for
+        # prose would cut it inside its JSON, so it does not apply there.
+        if self.tools and (self.tool_choice == "required" or isinstance(self.tool_choice, dict)):
+            return []
+        return super().stop_list()
+
+
+def choices(plan: Plan, n: int) -> None:
+    """``n`` choices for one prompt: copies of the plan's request, each with
+    its own id and, when seeded, its own seed (else all n would be the same)."""
+    if n == 1:
+        return
+    first = plan.requests[0]
+    seed = first.sampling.seed
+    plan.requests = [
+        replace(
+            first,
+            request_id=f"{first.request_id}-{i}",
+            sampling=replace(first.sampling, seed=None if seed is None else seed + i),
+            stop=list(first.stop),
+        )
+        for i in range(n)
+    ]
 
 
 class CompletionRequest(_Common):
@@ -217,6 +255,10 @@ class CompletionRequest(_Common):
 
     def unsupported(self) -> None:
         super().unsupported()
+        if self.logprobs:
+            raise BadRequest("logprobs are supported on /v1/chat/completions only", param="logprobs")
+        if self.n != 1:
+            raise BadRequest("n > 1 is supported on /v1/chat/completions only; send the prompt n times", param="n")
         if self.echo:
             raise BadRequest("echo is not supported", param="echo")
         if self.suffix:

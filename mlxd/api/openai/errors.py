@@ -22,6 +22,8 @@ def error_body(exc: BaseException) -> dict[str, Any]:
 class OpenAIErrors:
     """The OpenAI surface's ErrorShape (mlxd.api.errors)."""
 
+    invalid_status = 422
+
     def body(self, exc: BaseException) -> dict[str, Any]:
         return error_body(exc)
 

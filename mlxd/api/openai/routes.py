@@ -10,7 +10,7 @@ from fastapi.responses import Response
 from mlxd.api.context import DaemonContext
 from mlxd.api.generation import respond
 from mlxd.api.openai.answers import OpenAIFrames, chat_completion, text_completion
-from mlxd.api.openai.bodies import ChatCompletionRequest, CompletionRequest
+from mlxd.api.openai.bodies import ChatCompletionRequest, CompletionRequest, choices
 from mlxd.api.plan import plan_chat, plan_prompts
 
 
@@ -26,6 +26,8 @@ def router() -> APIRouter:
         ctx = _ctx(request)
         body.unsupported()
         plan = plan_chat(ctx, body.requested(), body.conversation())
+        plan.requests[0].logprobs = body.logprob_alternatives()
+        choices(plan, body.n)
         return await respond(
             ctx, plan, request,
             framer=lambda: OpenAIFrames(plan, chat=True, include_usage=body.include_usage),

@@ -1,0 +1,139 @@
+"""Anthropic's message JSON and stream events, from the shared Answer and
+output events."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from mlxd.api.anthropic.errors import error_body
+from mlxd.api.events import Finish, OutputEvent, TextDelta, ToolCallDelta, Usage
+from mlxd.api.generation import Answer
+from mlxd.api.plan import Plan
+
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def stop_reason(reason: str) -> str:
+    return STOP_REASONS.get(reason, "end_turn")
+
+
+def usage_body(usage: Usage) -> dict[str, int]:
+    # Anthropic counts cached prompt tokens apart from input_tokens: the
+    # prompt is input_tokens + cache_read_input_tokens.
+    return {
+        "input_tokens": usage.prompt_tokens - usage.cached_tokens,
+        "output_tokens": usage.completion_tokens,
+        "cache_read_input_tokens": usage.cached_tokens,
+        "cache_creation_input_tokens": 0,
+    }
+
+
+def tool_input(arguments: str) -> Any:
+    try:
+        value = json.loads(arguments) if arguments else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def message_id(plan: Plan) -> str:
+    return plan.id
+
+
+def message(plan: Plan, answer: Answer) -> dict[str, Any]:
+    choice = answer.choices[0] if answer.choices else None
+    content: list[dict[str, Any]] = []
+    if choice is not None and (choice.text or not choice.tool_calls):
+        content.append({"type": "text", "text": choice.text})
+    for call in choice.tool_calls if choice else ():
+        content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": tool_input(call.arguments)})
+    return {
+        "id": message_id(plan),
+        "type": "message",
+        "role": "assistant",
+        "model": plan.requested_name,
+        "content": content,
+        "stop_reason": stop_reason(choice.finish_reason if choice else "stop"),
+        "stop_sequence": None,
+        "usage": usage_body(answer.usage),
+    }
+
+
+def event(name: str, payload: dict[str, Any]) -> str:
+    data = json.dumps({"type": name, **payload}, separators=(",", ":"), ensure_ascii=False)
+    return f"event: {name}\ndata: {data}\n\n"
+
+
+PING = event("ping", {})
+
+
+class AnthropicFrames:
+    """message_start, then per content block content_block_start / _delta /
+    _stop, then message_delta (stop reason, usage) and message_stop; ``ping``
+    while the request waits for a lease, a load or a long prefill."""
+
+    heartbeat = PING
+    # message_start goes out at once and pings follow while the request is
+    # queued or its model loads: Claude Code never waits minutes for a byte.
+    early = True
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self._index = -1
+        self._open: str | None = None  # "text" or "tool_use"
+        self._call = -1
+
+    def opening(self) -> str:
+        start = {
+            "id": message_id(self.plan),
+            "type": "message",
+            "role": "assistant",
+            "model": self.plan.requested_name,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        }
+        return event("message_start", {"message": start}) + PING
+
+    def _start(self, block: dict[str, Any]) -> str:
+        out = self._stop()
+        self._index += 1
+        self._open = block["type"]
+        return out + event("content_block_start", {"index": self._index, "content_block": block})
+
+    def _stop(self) -> str:
+        if self._open is None:
+            return ""
+        self._open = None
+        return event("content_block_stop", {"index": self._index})
+
+    def _delta(self, delta: dict[str, Any]) -> str:
+        return event("content_block_delta", {"index": self._index, "delta": delta})
+
+    def event(self, item: OutputEvent) -> str:
+        if isinstance(item, TextDelta):
+            out = "" if self._open == "text" else self._start({"type": "text", "text": ""})
+            return out + self._delta({"type": "text_delta", "text": item.text})
+        if isinstance(item, ToolCallDelta):
+            out = ""
+            if item.name is not None and item.index != self._call:
+                self._call = item.index
+                out = self._start({"type": "tool_use", "id": item.id or "", "name": item.name, "input": {}})
+            if item.arguments:
+                out += self._delta({"type": "input_json_delta", "partial_json": item.arguments})
+            return out
+        assert isinstance(item, Finish)
+        out = self._start({"type": "text", "text": ""}) if self._index < 0 else ""
+        out += self._stop()
+        return out + event(
+            "message_delta",
+            {"delta": {"stop_reason": stop_reason(item.reason), "stop_sequence": None}, "usage": usage_body(item.usage)},
+        )
+
+    def error(self, exc: BaseException) -> str:
+        return event("error", {"error": error_body(exc)["error"]})
+
+    def closing(self, usage: Usage | None) -> str:
+        return event("message_stop", {}) if usage is not None else ""

@@ -1,0 +1,200 @@
+"""Anthropic Messages request bodies -> Requested and Conversation.
+
+Tolerant the way Claude Code needs a server to be: unknown top-level fields
+and unknown content block types are ignored (newer clients send fields older
+servers answered 422 to), ``thinking`` / ``redacted_thinking`` blocks are
+dropped, and a ``system`` role inside ``messages`` becomes a system message.
+Tools and tool_choice map onto the shared OpenAI-shaped ``OutputRequest``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mlxd.api.anthropic import normalise
+from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
+from mlxd.api.plan import OutputRequest, Requested
+from mlxd.errors import BadRequest
+from mlxd.registry.model import SamplingDefaults
+
+DROPPED_BLOCKS = ("thinking", "redacted_thinking")
+
+
+class AnthropicMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["user", "assistant", "system"]
+    content: str | list[dict[str, Any]]
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(min_length=1)
+    description: str | None = None
+    # Server tools (web search, code execution, ...) carry a ``type`` and no
+    # schema: mlxd runs none of them, so they are left out of the prompt.
+    input_schema: dict[str, Any] | None = None
+    type: str | None = None
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: dict[str, Any] | None = None
+
+    def conversation(self) -> Conversation:
+        messages: list[Message] = []
+        system = _system_text(self.system)
+        if system:
+            messages.append(Message("system", system))
+        for i, message in enumerate(self.messages):
+            messages += _messages(message, f"messages[{i}]")
+        return Conversation(tuple(messages))
+
+    def output(self) -> OutputRequest:
+        tools = [t for t in self.tools or () if t.input_schema is not None or t.type in (None, "custom")]
+        if not tools:
+            # tool_choice "none" or nothing to call: the answer is text.
+            return OutputRequest()
+        choice, parallel = _tool_choice(self.tool_choice)
+        return OutputRequest(
+            tools=[
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description or "",
+                        "parameters": t.input_schema or {"type": "object", "properties": {}},
+                    },
+                }
+                for t in tools
+            ],
+            tool_choice=choice,
+            parallel_tool_calls=parallel,
+        )
+
+
+class MessagesRequest(_Base):
+    max_tokens: int = Field(ge=1)
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(default=None, ge=0, le=1)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    stream: bool = False
+
+    def requested(self) -> Requested:
+        stops = tuple(s for s in self.stop_sequences or () if s)
+        return Requested(
+            model=self.model,
+            sampling=SamplingDefaults(
+                max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k
+            ),
+            stop=stops,
+            stream=self.stream,
+            output=self.output(),
+        )
+
+
+class CountTokensRequest(_Base):
+    """The same body without ``max_tokens`` (and nothing generated)."""
+
+
+def _system_text(system: str | list[dict[str, Any]] | None) -> str:
+    if system is None:
+        return ""
+    if isinstance(system, str):
+        return normalise.without_billing_header(system)
+    texts = [normalise.without_billing_header(str(b.get("text", ""))) for b in system if b.get("type") == "text"]
+    return "\n\n".join(t for t in texts if t)
+
+
+def _tool_choice(value: dict[str, Any] | None) -> tuple[Any, bool | None]:
+    """Anthropic's tool_choice as OpenAI's, and whether calls may come in parallel."""
+    if value is None:
+        return "auto", None
+    kind = value.get("type")
+    parallel = None if "disable_parallel_tool_use" not in value else not value["disable_parallel_tool_use"]
+    if kind == "auto":
+        return "auto", parallel
+    if kind == "any":
+        return "required", parallel
+    if kind == "none":
+        return "none", parallel
+    if kind == "tool":
+        name = value.get("name")
+        if not isinstance(name, str) or not name:
+            raise BadRequest("tool_choice.name: a tool name is required for type `tool`", param="tool_choice")
+        return {"type": "function", "function": {"name": name}}, parallel
+    raise BadRequest(
+        "tool_choice.type must be one of `auto`, `any`, `tool`, `none`", param="tool_choice"
+    )
+
+
+def _image(block: dict[str, Any], param: str) -> ImagePart:
+    source = block.get("source") if isinstance(block.get("source"), dict) else {}
+    if source.get("type") == "base64":
+        media = source.get("media_type") or "image/png"
+        data = source.get("data")
+        return ImagePart(url=f"data:{media};base64,{data}" if isinstance(data, str) else None, param=param)
+    url = source.get("url")
+    return ImagePart(url=url if isinstance(url, str) else None, param=param)
+
+
+def _result_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(b.get("text", "")) for b in content if isinstance(b, dict) and b.get("type") == "text")
+    return ""
+
+
+def _messages(message: AnthropicMessage, param: str) -> list[Message]:
+    """One Anthropic message as internal messages: tool results become tool
+    messages (before the rest of the turn, as the template expects), tool_use
+    blocks the assistant's tool calls."""
+    if isinstance(message.content, str):
+        text = message.content
+        if message.role == "system":
+            text = normalise.without_billing_header(text)
+        return [Message(message.role, text)]
+    parts: list[Part] = []
+    calls: list[ToolCall] = []
+    results: list[Message] = []
+    for j, block in enumerate(message.content):
+        kind = block.get("type")
+        where = f"{param}.content[{j}]"
+        if kind == "text":
+            parts.append(TextPart(str(block.get("text", ""))))
+        elif kind == "image":
+            parts.append(_image(block, where))
+        elif kind == "tool_use":
+            arguments = block.get("input", {})
+            calls.append(
+                ToolCall(
+                    id=str(block.get("id", "")),
+                    name=str(block.get("name", "")),
+                    arguments=arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False),
+                )
+            )
+        elif kind == "tool_result":
+            text = _result_text(block.get("content"))
+            if block.get("is_error"):
+                text = f"Error: {text}"
+            results.append(Message("tool", text, tool_call_id=str(block.get("tool_use_id", ""))))
+        # thinking, redacted_thinking, documents, server tool blocks, and block
+        # types newer than this adapter: tolerated and left out.
+    out = list(results)
+    if message.role == "system":
+        text = normalise.without_billing_header("".join(p.text for p in parts if isinstance(p, TextPart)))
+        return [*out, Message("system", text)] if text else out
+    if parts or calls or not results:
+        out.append(Message(message.role, tuple(parts) if parts else "", tool_calls=tuple(calls)))
+    return out

@@ -1,0 +1,51 @@
+"""The Anthropic Messages surface: /v1/messages and /v1/messages/count_tokens.
+
+``anthropic-version`` and ``anthropic-beta`` headers and Claude Code's
+``?beta=true`` are accepted and need nothing: the answer does not depend on
+them. Keys come as ``x-api-key`` or ``Authorization: Bearer`` (api/auth.py).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from mlxd.api.anthropic.answers import AnthropicFrames, message
+from mlxd.api.anthropic.bodies import CountTokensRequest, MessagesRequest
+from mlxd.api.context import DaemonContext
+from mlxd.api.generation import respond
+from mlxd.api.plan import plan_chat
+from mlxd.errors import BadRequest
+
+PREFIX = "/v1/messages"
+
+
+def _ctx(request: Request) -> DaemonContext:
+    return request.app.state.ctx
+
+
+def router() -> APIRouter:
+    api = APIRouter()
+
+    @api.post(PREFIX)
+    async def messages(body: MessagesRequest, request: Request) -> Response:
+        ctx = _ctx(request)
+        plan = plan_chat(ctx, body.requested(), body.conversation(), kind="messages", id_prefix="msg_")
+        return await respond(
+            ctx, plan, request,
+            framer=lambda: AnthropicFrames(plan),
+            body=lambda answer: message(plan, answer),
+        )
+
+    @api.post(f"{PREFIX}/count_tokens")
+    async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, int]:
+        ctx = _ctx(request)
+        spec = ctx.manager.resolve(body.model)
+        conversation = body.conversation()
+        if conversation.has_images() and spec.kind != "vision":
+            raise BadRequest(f"Model `{body.model}` is a text model and does not accept images", param="messages")
+        tools = body.output().tools
+        count = await ctx.token_counter.count(spec, conversation.template_messages(), tools)
+        return {"input_tokens": count}
+
+    return api

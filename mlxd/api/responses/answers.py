@@ -1,0 +1,228 @@
+"""Response objects and stream events of the Responses API, from the shared
+Answer and output events. Every stream event carries ``type`` and
+``sequence_number``; a stream always ends in ``response.completed`` (status
+``completed``, or ``incomplete`` when cut by ``max_output_tokens``) or in
+``response.failed``."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlxd.api.conversation import Message, ToolCall
+from mlxd.api.events import Finish, OutputEvent, TextDelta, ToolCallDelta, Usage
+from mlxd.api.generation import Answer
+from mlxd.api.plan import Plan
+from mlxd.api.responses.bodies import ResponsesRequest
+from mlxd.api.responses.store import ResponseStore
+from mlxd.errors import MlxdError
+
+
+def _item_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+def usage_body(usage: Usage) -> dict[str, Any]:
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage.total_tokens,
+    }
+
+
+def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    content = [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+
+def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
+    return {
+        "type": "function_call", "id": item_id, "call_id": call_id, "name": name,
+        "arguments": arguments, "status": status,
+    }
+
+
+@dataclass
+class Outcome:
+    """What the response says so far: its output items, status and usage."""
+
+    output: list[dict[str, Any]] = field(default_factory=list)
+    status: str = "in_progress"
+    usage: Usage | None = None
+    error: dict[str, Any] | None = None
+
+    def output_message(self) -> Message:
+        """The response's output as the next turn's history sees it."""
+        text = "".join(
+            p["text"] for item in self.output if item["type"] == "message" for p in item["content"]
+        )
+        calls = tuple(
+            ToolCall(i["call_id"], i["name"], i["arguments"]) for i in self.output if i["type"] == "function_call"
+        )
+        return Message("assistant", text, tool_calls=calls)
+
+
+def response_object(plan: Plan, body: ResponsesRequest, outcome: Outcome) -> dict[str, Any]:
+    text_format = (body.text or {}).get("format") or {"type": "text"}
+    return {
+        "id": plan.id,
+        "object": "response",
+        "created_at": plan.created,
+        "status": outcome.status,
+        "model": plan.requested_name,
+        "output": outcome.output,
+        "usage": usage_body(outcome.usage) if outcome.usage is not None else None,
+        "error": outcome.error,
+        "incomplete_details": {"reason": "max_output_tokens"} if outcome.status == "incomplete" else None,
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "parallel_tool_calls": body.parallel_tool_calls if body.parallel_tool_calls is not None else True,
+        "previous_response_id": body.previous_response_id,
+        "reasoning": body.reasoning,
+        "store": body.store,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "text": {"format": text_format},
+        "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
+        "tools": body.tools or [],
+        "metadata": body.metadata or {},
+    }
+
+
+def _status(reason: str) -> str:
+    return "incomplete" if reason == "length" else "completed"
+
+
+def remember(store: ResponseStore, plan: Plan, body: ResponsesRequest, history: tuple[Message, ...], outcome: Outcome) -> None:
+    if body.store:
+        store.put(plan.id, (*history, outcome.output_message()))
+
+
+def complete_response(
+    plan: Plan, body: ResponsesRequest, answer: Answer, store: ResponseStore, history: tuple[Message, ...]
+) -> dict[str, Any]:
+    choice = answer.choices[0]
+    outcome = Outcome(status=_status(choice.finish_reason), usage=answer.usage)
+    if choice.text or not choice.tool_calls:
+        outcome.output.append(message_item(_item_id("msg"), choice.text))
+    for call in choice.tool_calls:
+        outcome.output.append(call_item(_item_id("fc"), call.id, call.name, call.arguments))
+    remember(store, plan, body, history, outcome)
+    return response_object(plan, body, outcome)
+
+
+class ResponsesFrames:
+    heartbeat = ": heartbeat\n\n"
+    # response.created goes out at once; waiting for the model then shows as
+    # heartbeats, and a failure to get it as response.failed.
+    early = True
+
+    def __init__(
+        self, plan: Plan, body: ResponsesRequest, store: ResponseStore, history: tuple[Message, ...]
+    ) -> None:
+        self.plan = plan
+        self.body = body
+        self.store = store
+        self.history = history
+        self.outcome = Outcome()
+        self._sequence = 0
+        self._open: dict[str, Any] | None = None
+        self._text = ""
+        self._call = -1
+
+    def _event(self, kind: str, **payload: Any) -> str:
+        data = {"type": kind, "sequence_number": self._sequence, **payload}
+        self._sequence += 1
+        return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'), ensure_ascii=False)}\n\n"
+
+    def _response(self) -> dict[str, Any]:
+        return response_object(self.plan, self.body, self.outcome)
+
+    def opening(self) -> str:
+        return self._event("response.created", response=self._response()) + self._event(
+            "response.in_progress", response=self._response()
+        )
+
+    def _add(self, item: dict[str, Any]) -> str:
+        out = self._close()
+        self._open = item
+        self._text = ""
+        out += self._event("response.output_item.added", output_index=len(self.outcome.output), item=item)
+        if item["type"] == "message":
+            out += self._event(
+                "response.content_part.added", item_id=item["id"], output_index=len(self.outcome.output),
+                content_index=0, part={"type": "output_text", "text": "", "annotations": []},
+            )
+        return out
+
+    def _close(self) -> str:
+        item, self._open = self._open, None
+        if item is None:
+            return ""
+        index = len(self.outcome.output)
+        if item["type"] == "message":
+            done = message_item(item["id"], self._text)
+            part = done["content"][0]
+            out = self._event(
+                "response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=self._text
+            )
+            out += self._event(
+                "response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=part
+            )
+        else:
+            done = {**item, "arguments": self._text, "status": "completed"}
+            out = self._event(
+                "response.function_call_arguments.done", item_id=item["id"], output_index=index, arguments=self._text
+            )
+        self.outcome.output.append(done)
+        return out + self._event("response.output_item.done", output_index=index, item=done)
+
+    def event(self, event: OutputEvent) -> str:
+        index = len(self.outcome.output)
+        if isinstance(event, TextDelta):
+            out = "" if self._open is not None and self._open["type"] == "message" else self._add(
+                message_item(_item_id("msg"), "", status="in_progress")
+            )
+            index = len(self.outcome.output)
+            self._text += event.text
+            return out + self._event(
+                "response.output_text.delta", item_id=self._open["id"], output_index=index, content_index=0,
+                delta=event.text,
+            )
+        if isinstance(event, ToolCallDelta):
+            out = ""
+            if event.name is not None and event.index != self._call:
+                self._call = event.index
+                out = self._add(call_item(_item_id("fc"), event.id or "", event.name, "", status="in_progress"))
+                index = len(self.outcome.output)
+            if event.arguments:
+                self._text += event.arguments
+                out += self._event(
+                    "response.function_call_arguments.delta", item_id=self._open["id"], output_index=index,
+                    delta=event.arguments,
+                )
+            return out
+        assert isinstance(event, Finish)
+        out = self._add(message_item(_item_id("msg"), "", status="in_progress")) if not self.outcome.output and self._open is None else ""
+        out += self._close()
+        self.outcome.status = _status(event.reason)
+        self.outcome.usage = event.usage
+        return out
+
+    def error(self, exc: BaseException) -> str:
+        self._open = None
+        self.outcome.status = "failed"
+        code = exc.code if isinstance(exc, MlxdError) else "server_error"
+        message = exc.message if isinstance(exc, MlxdError) else "Internal error during generation"
+        self.outcome.error = {"code": code, "message": message}
+        return self._event("response.failed", response=self._response())
+
+    def closing(self, usage: Usage | None) -> str:
+        if usage is None:
+            return ""
+        remember(self.store, self.plan, self.body, self.history, self.outcome)
+        return self._event("response.completed", response=self._response())

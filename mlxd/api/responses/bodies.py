@@ -1,0 +1,158 @@
+"""OpenAI Responses request bodies -> Requested and Conversation.
+
+``input`` is a string or a list of items: messages (``input_text``,
+``input_image``, ``output_text`` parts), ``function_call`` and
+``function_call_output``. Item and tool types this adapter does not know
+(reasoning, built-in tools Codex also declares) are tolerated and left out.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
+from mlxd.api.plan import OutputRequest, Requested
+from mlxd.errors import BadRequest
+from mlxd.registry.model import SamplingDefaults
+
+TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
+ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1)
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    text: dict[str, Any] | None = None
+    # Accepted; mlxd's models answer without a separate reasoning phase.
+    reasoning: dict[str, Any] | None = None
+    store: bool = True
+    stream: bool = False
+    previous_response_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    # Total seconds for this request, queueing and loading included.
+    timeout: float | None = Field(default=None, gt=0)
+
+    def function_tools(self) -> list[dict[str, Any]]:
+        """The function tools in chat's shape; built-in tool types are left out."""
+        out = []
+        for i, tool in enumerate(self.tools or ()):
+            if tool.get("type") != "function":
+                continue
+            name = tool.get("name")
+            if not isinstance(name, str) or not name:
+                raise BadRequest(f"tools[{i}].name must be a non-empty string", param="tools")
+            function: dict[str, Any] = {"name": name, "description": tool.get("description") or ""}
+            function["parameters"] = tool.get("parameters") or {"type": "object", "properties": {}}
+            out.append({"type": "function", "function": function})
+        return out
+
+    def output(self) -> OutputRequest:
+        tools = self.function_tools()
+        return OutputRequest(
+            tools=tools or None,
+            tool_choice=_tool_choice(self.tool_choice) if tools or self.tool_choice == "required" else None,
+            parallel_tool_calls=self.parallel_tool_calls,
+            response_format=_format(self.text),
+        )
+
+    def requested(self) -> Requested:
+        return Requested(
+            model=self.model,
+            sampling=SamplingDefaults(
+                max_tokens=self.max_output_tokens, temperature=self.temperature, top_p=self.top_p
+            ),
+            stream=self.stream,
+            timeout=self.timeout,
+            output=self.output(),
+        )
+
+    def history(self, earlier: tuple[Message, ...]) -> tuple[Message, ...]:
+        """The conversation without instructions: what a later response continues."""
+        if isinstance(self.input, str):
+            return (*earlier, Message("user", self.input))
+        messages = list(earlier)
+        for i, item in enumerate(self.input):
+            _add_item(messages, item, f"input[{i}]")
+        return tuple(messages)
+
+    def conversation(self, history: tuple[Message, ...]) -> Conversation:
+        head = (Message("system", self.instructions),) if self.instructions else ()
+        return Conversation((*head, *history))
+
+
+def _tool_choice(value: str | dict[str, Any] | None) -> Any:
+    if value is None or value in ("auto", "none", "required"):
+        return value
+    if isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("name"), str):
+        return {"type": "function", "function": {"name": value["name"]}}
+    raise BadRequest(
+        'tool_choice must be "auto", "none", "required" or {"type": "function", "name": ...}', param="tool_choice"
+    )
+
+
+def _format(text: dict[str, Any] | None) -> dict[str, Any] | None:
+    fmt = (text or {}).get("format")
+    if not isinstance(fmt, dict) or fmt.get("type") in (None, "text"):
+        return None
+    if fmt.get("type") == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": fmt.get("name"), "schema": fmt.get("schema")}}
+    if fmt.get("type") == "json_object":
+        return {"type": "json_object"}
+    raise BadRequest("text.format.type must be one of `text`, `json_schema`, `json_object`", param="text.format")
+
+
+def _content(content: Any, param: str) -> str | tuple[Part, ...]:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise BadRequest(f"{param}.content must be a string or a list of parts", param=param)
+    parts: list[Part] = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in TEXT_PARTS:
+            parts.append(TextPart(str(part.get("text", ""))))
+        elif kind == "input_image":
+            url = part.get("image_url")
+            parts.append(ImagePart(url=url if isinstance(url, str) else None, param=f"{param}.content[{j}]"))
+        # input_file, refusal, ...: left out.
+    return tuple(parts)
+
+
+def _add_item(messages: list[Message], item: dict[str, Any], param: str) -> None:
+    kind = item.get("type", "message")
+    if kind == "message":
+        role = ROLES.get(str(item.get("role")))
+        if role is None:
+            raise BadRequest(f"{param}.role must be user, assistant, system or developer", param=param)
+        messages.append(Message(role, _content(item.get("content", ""), param)))  # type: ignore[arg-type]
+    elif kind == "function_call":
+        arguments = item.get("arguments", "")
+        call = ToolCall(
+            id=str(item.get("call_id") or item.get("id") or ""),
+            name=str(item.get("name", "")),
+            arguments=arguments if isinstance(arguments, str) else json.dumps(arguments),
+        )
+        last = messages[-1] if messages else None
+        # Calls made in one turn belong to that turn's assistant message.
+        if last is not None and last.role == "assistant":
+            messages[-1] = Message("assistant", last.content, tool_calls=(*last.tool_calls, call))
+        else:
+            messages.append(Message("assistant", "", tool_calls=(call,)))
+    elif kind == "function_call_output":
+        output = item.get("output", "")
+        if isinstance(output, list):
+            output = "".join(str(p.get("text", "")) for p in output if isinstance(p, dict))
+        messages.append(Message("tool", str(output), tool_call_id=str(item.get("call_id", ""))))
+    # reasoning, web_search_call, local_shell_call, ...: left out.

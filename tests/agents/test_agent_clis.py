@@ -1,0 +1,120 @@
+"""Claude Code and Codex CLI, as a user runs them, against `mlxd serve`.
+
+The settings are the ones docs/agents.md shows, read from it. Each CLI gets
+its own HOME and no LD_PRELOAD (mlxd's OpenBLAS preload is
+for mlxd, not for node). The CLIs come from npm: ``scripts/setup.sh --tests``
+installs the versions below into ``.agents/`` when node is there.
+
+Claude Code's own system prompt and tool list come to ~48k tokens with the
+tiny test tokenizer (4k vocabulary; a real model's is ~20k), minutes of
+prefill on the random test model: the Claude Code run replaces the system
+prompt and turns tools off. Codex runs with its defaults (~11k tokens).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from support.daemon import daemon_process, tiny_model, write_registry
+from tools.tool_models import with_template
+
+pytestmark = [pytest.mark.mlx, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+# The settings docs/agents.md shows, used as shown (port and key swapped in).
+DOC = (ROOT / "docs" / "agents.md").read_text()
+DOC_URL, DOC_KEY = "http://127.0.0.1:8080", "sk-local"
+KEY = "sk-local-agents"
+
+
+def doc_block(language: str, containing: str) -> str:
+    return next(b for b in re.findall(rf"```{language}\n(.*?)```", DOC, flags=re.S) if containing in b)
+
+
+def doc_shell(containing: str, url: str) -> tuple[dict[str, str], list[str]]:
+    """The exports and the command of the docs' shell block that mentions ``containing``."""
+    env, command = {}, []
+    for line in doc_block("sh", containing).replace(DOC_URL, url).replace(DOC_KEY, KEY).splitlines():
+        if line.startswith("export "):
+            name, _, value = line[7:].partition("=")
+            env[name] = value
+        elif line.strip():
+            command = shlex.split(line)
+    return env, command
+
+
+def cli(name: str) -> str:
+    found = shutil.which(name) or shutil.which(name, path=str(ROOT / ".agents" / "node_modules" / ".bin"))
+    if found:
+        return found
+    if shutil.which("node") is None:
+        pytest.skip(f"node is not installed, so `{name}` cannot be (install Node 20+, then scripts/setup.sh --tests)")
+    pytest.fail(f"`{name}` is not installed: run scripts/setup.sh --tests (it installs it with npm)")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("clis")
+    # The CLIs' homes lie apart from the watched registry folder.
+    homes = tmp_path_factory.mktemp("cli-homes")
+    model = with_template(tiny_model("qwen"), tmp / "qwen-tools")
+    registry = write_registry(
+        tmp,
+        [{
+            "name": "coder", "path": str(model), "aliases": ["claude-*", "gpt-*"],
+            # Codex's prompt is ~11k tokens with the tiny tokenizer.
+            "max_context": 16384, "defaults": {"max_tokens": 24},
+        }],
+        server={"api_keys": [KEY]},
+    )
+    with daemon_process(registry, tmp) as daemon:
+        yield daemon, homes
+
+
+def _env(home: Path, **extra: str) -> dict[str, str]:
+    home.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "PYTHONPATH")}
+    return {**env, "HOME": str(home), **extra}
+
+
+def test_claude_code_completes_a_turn(served):
+    daemon, homes = served
+    claude = cli("claude")
+    exports, command = doc_shell("ANTHROPIC_BASE_URL", daemon.url)
+    assert command[:2] == ["claude", "-p"] and exports["ANTHROPIC_BASE_URL"] == daemon.url
+    run = subprocess.run(
+        [claude, *command[1:], "--system-prompt", "You are a terse assistant.", "--tools", ""],
+        env=_env(homes / "claude", **exports), cwd=homes, capture_output=True, text=True, timeout=240,
+        stdin=subprocess.DEVNULL,
+    )
+    assert run.returncode == 0, f"stdout:\n{run.stdout[-2000:]}\nstderr:\n{run.stderr[-2000:]}"
+    assert "API Error" not in run.stdout
+    assert run.stdout.strip()
+    log = daemon.log()
+    # It asked for a claude-* name, which the pattern alias sent to `local`, streaming.
+    assert "messages model=coder status=200" in log and "stream=True" in log
+
+
+def test_codex_completes_a_turn(served):
+    daemon, homes = served
+    codex = cli("codex")
+    home = homes / "codex"
+    (home / ".codex").mkdir(parents=True, exist_ok=True)
+    (home / ".codex" / "config.toml").write_text(doc_block("toml", "wire_api").replace(DOC_URL, daemon.url))
+    exports, command = doc_shell("codex exec", daemon.url)
+    assert command[:2] == ["codex", "exec"]
+    run = subprocess.run(
+        [codex, *command[1:]],
+        env=_env(home, **exports), cwd=homes, capture_output=True, text=True, timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-3000:]
+    assert "ERROR" not in output and "stream disconnected" not in output
+    assert "responses model=coder status=200" in daemon.log()

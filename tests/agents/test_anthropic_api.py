@@ -1,0 +1,280 @@
+"""The Anthropic Messages surface end to end: a real daemon, real tiny
+models, the official anthropic client (and raw HTTP where the exact wire
+matters)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import anthropic
+import httpx
+import jsonschema
+import pytest
+from agents.agents_support import KEY, PROMPT, WEATHER, agents_daemon, model_held, model_view
+from vision.vision_support import encoded, noise_image
+
+pytestmark = pytest.mark.mlx
+
+USER = [{"role": "user", "content": PROMPT}]
+TOOLS = [{"name": "get_weather", "description": "The forecast for a city", "input_schema": WEATHER}]
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    with agents_daemon(tmp_path_factory.mktemp("anthropic"), heartbeat_seconds=0.2) as d:
+        yield d
+
+
+@pytest.fixture
+def client(daemon):
+    return anthropic.Anthropic(base_url=daemon.url, api_key=KEY, max_retries=0)
+
+
+def test_a_message_with_the_anthropic_client(client):
+    reply = client.messages.create(model="qwen", max_tokens=9, messages=USER, extra_body={"temperature": 0})
+    assert reply.type == "message" and reply.role == "assistant"
+    assert reply.id.startswith("msg_")
+    assert reply.model == "qwen"
+    assert [b.type for b in reply.content] == ["text"]
+    assert reply.content[0].text
+    assert reply.stop_reason == "max_tokens"
+    assert reply.usage.output_tokens == 9
+    assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens > 10
+
+
+def test_system_text_blocks_and_unknown_fields_and_blocks_are_tolerated(client):
+    reply = client.messages.create(
+        model="qwen",
+        max_tokens=4,
+        system=[{"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}}],
+        messages=[
+            {"role": "user", "content": [{"type": "text", "text": PROMPT}]},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "hmm", "signature": "x"},
+                {"type": "redacted_thinking", "data": "abc"},
+                {"type": "text", "text": "Which file?"},
+            ]},
+            {"role": "user", "content": [{"type": "brand_new_block", "x": 1}, {"type": "text", "text": "config.yaml"}]},
+        ],
+        metadata={"user_id": "u1"},
+        thinking={"type": "enabled", "budget_tokens": 1024},
+        extra_body={"context_management": {"edits": []}, "some_future_field": True},
+        extra_headers={"anthropic-beta": "interleaved-thinking-2025-05-14", "anthropic-version": "2023-06-01"},
+        extra_query={"beta": "true"},
+    )
+    assert reply.content[0].text
+
+
+def test_the_stream_sends_the_exact_event_sequence(client):
+    with client.messages.stream(model="qwen", max_tokens=8, messages=USER, extra_body={"temperature": 0}) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    # The SDK hands text events out next to the raw ones; the wire order is below.
+    raw = [k for k in kinds if k not in ("text",)]
+    assert raw[0] == "message_start"
+    assert raw[1] == "content_block_start"
+    assert set(raw[2:-3]) == {"content_block_delta"}
+    assert raw[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    whole = client.messages.create(model="qwen", max_tokens=8, messages=USER, extra_body={"temperature": 0})
+    assert final.content[0].text == whole.content[0].text
+    assert final.stop_reason == "max_tokens"
+    assert final.usage.output_tokens == 8
+
+
+def _events(daemon, body, headers=None):
+    """The stream's (event, data) pairs as they come over the wire."""
+    out = []
+    with httpx.stream(
+        "POST", f"{daemon.url}/v1/messages?beta=true", json=body, timeout=60,
+        headers={"x-api-key": KEY, "anthropic-version": "2023-06-01", **(headers or {})},
+    ) as response:
+        assert response.status_code == 200
+        name = None
+        for line in response.iter_lines():
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                data = json.loads(line[6:])
+                assert data["type"] == name
+                out.append((name, data))
+    return out
+
+
+def test_pings_flow_while_the_request_waits_for_the_model(daemon):
+    # "qwen" serves one request at a time.
+    with model_held(daemon, "qwen"):
+        events = _events(daemon, {"model": "qwen", "max_tokens": 4, "stream": True, "messages": USER})
+    names = [n for n, _ in events]
+    first_block = names.index("content_block_start")
+    assert names[0] == "message_start"
+    # More than the one ping that always follows message_start: the request waited.
+    assert names[1:first_block].count("ping") >= 2
+    assert set(names[1:first_block]) == {"ping"}
+    assert names[-1] == "message_stop"
+
+
+def test_a_full_queue_is_a_429_rate_limit_error_even_for_a_stream(daemon):
+    with model_held(daemon, "narrow"):
+        turned_away = httpx.post(f"{daemon.url}/v1/messages", headers={"x-api-key": KEY}, timeout=30, json={
+            "model": "narrow", "max_tokens": 4, "stream": True, "messages": USER,
+        })
+    assert turned_away.status_code == 429
+    assert int(turned_away.headers["retry-after"]) >= 1
+    assert turned_away.json()["error"]["type"] == "rate_limit_error"
+
+
+def test_a_forced_tool_choice_returns_a_schema_valid_tool_use(client):
+    reply = client.messages.create(
+        model="tooly", max_tokens=120, tools=TOOLS, messages=[{"role": "user", "content": "Weather in Rome?"}],
+        tool_choice={"type": "tool", "name": "get_weather"},
+    )
+    assert reply.stop_reason == "tool_use"
+    (block,) = [b for b in reply.content if b.type == "tool_use"]
+    assert block.name == "get_weather" and block.id
+    jsonschema.validate(block.input, WEATHER)
+
+
+def test_any_tool_choice_streams_the_tool_use_as_input_json_deltas(daemon):
+    events = _events(daemon, {
+        "model": "tooly", "max_tokens": 120, "stream": True, "tools": TOOLS, "tool_choice": {"type": "any"},
+        "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+    })
+    names = [n for n, _ in events]
+    start = next(d for n, d in events if n == "content_block_start")
+    assert start["content_block"]["type"] == "tool_use" and start["content_block"]["name"] == "get_weather"
+    partial = "".join(d["delta"]["partial_json"] for n, d in events if n == "content_block_delta")
+    jsonschema.validate(json.loads(partial), WEATHER)
+    delta = next(d for n, d in events if n == "message_delta")
+    assert delta["delta"]["stop_reason"] == "tool_use"
+    assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    # The model's call markup never reaches the client as text.
+    assert "<tool_call>" not in json.dumps(events)
+
+
+def test_a_tool_result_round_trip(client):
+    first = client.messages.create(
+        model="tooly", max_tokens=120, tools=TOOLS, tool_choice={"type": "any"},
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+    )
+    call = next(b for b in first.content if b.type == "tool_use")
+    history = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": call.id, "content": [{"type": "text", "text": "Sunny, 21 C"}]},
+        ]},
+    ]
+    second = client.messages.create(model="tooly", max_tokens=6, tools=TOOLS, messages=history)
+    assert second.content and second.stop_reason in ("max_tokens", "end_turn", "tool_use")
+    # The result and the call were rendered into the prompt: it is longer by them.
+    counted = client.messages.count_tokens(model="tooly", tools=TOOLS, messages=history).input_tokens
+    without = client.messages.count_tokens(model="tooly", tools=TOOLS, messages=history[:1]).input_tokens
+    assert counted > without + 10
+    assert second.usage.input_tokens + second.usage.cache_read_input_tokens == counted
+
+
+def test_an_image_on_the_vision_model(client):
+    import base64
+
+    data = base64.b64encode(encoded(noise_image())).decode()
+    reply = client.messages.create(
+        model="eyes", max_tokens=6, extra_body={"temperature": 0},
+        messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}},
+            {"type": "text", "text": "Describe the picture"},
+        ]}],
+    )
+    assert reply.content[0].text
+    plain = client.messages.create(
+        model="eyes", max_tokens=6, extra_body={"temperature": 0}, messages=[{"role": "user", "content": "Describe the picture"}]
+    )
+    # The image was part of the prompt (its vision tokens).
+    assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens > plain.usage.input_tokens
+
+
+def test_an_image_on_a_text_model_is_an_invalid_request(client):
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(
+            model="qwen", max_tokens=4,
+            messages=[{"role": "user", "content": [
+                {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}},
+            ]}],
+        )
+    assert caught.value.body["error"]["type"] == "invalid_request_error"
+
+
+def test_count_tokens_uses_the_template_and_tools_without_touching_the_model(client, daemon):
+    before = model_view(daemon, "counted")
+    with_tools = client.messages.count_tokens(model="counted", tools=TOOLS, messages=USER).input_tokens
+    without = client.messages.count_tokens(model="counted", messages=USER).input_tokens
+    assert with_tools > without + 20  # the template renders the tool schema
+    after = model_view(daemon, "counted")
+    assert after["state"] == before["state"] == "unloaded"  # nothing was loaded to count
+    # Same count as the prompt the model really gets.
+    reply = client.messages.create(model="tooly", max_tokens=1, tools=TOOLS, messages=USER)
+    assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens == with_tools
+
+
+def test_count_tokens_does_not_refresh_the_idle_clock(client, daemon):
+    client.messages.create(model="tooly", max_tokens=1, messages=USER)
+    used = model_view(daemon, "tooly")["last_used_at"]
+    assert used is not None
+    time.sleep(0.5)
+    client.messages.count_tokens(model="tooly", tools=TOOLS, messages=USER)
+    # (Read back from a monotonic clock: equal up to float rounding.)
+    assert model_view(daemon, "tooly")["last_used_at"] == pytest.approx(used, abs=0.05)
+    client.messages.create(model="tooly", max_tokens=1, messages=USER)
+    assert model_view(daemon, "tooly")["last_used_at"] > used + 0.4
+
+
+def test_errors_come_in_anthropic_shape_and_status(client, daemon):
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        client.messages.create(model="nope", max_tokens=4, messages=USER)
+    assert missing.value.body == {"type": "error", "error": {"type": "not_found_error", "message": missing.value.body["error"]["message"]}}
+    assert "nope" in missing.value.body["error"]["message"]
+    # A body without max_tokens: Anthropic's 400, not FastAPI's 422.
+    response = httpx.post(f"{daemon.url}/v1/messages", headers={"x-api-key": KEY},
+                          json={"model": "qwen", "messages": USER}, timeout=30)
+    assert response.status_code == 400
+    assert response.json()["type"] == "error"
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert "max_tokens" in response.json()["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError) as bad_choice:
+        client.messages.create(model="tooly", max_tokens=4, messages=USER, tools=TOOLS,
+                               tool_choice={"type": "tool", "name": "not_a_tool"})
+    assert "not_a_tool" in bad_choice.value.body["error"]["message"]
+    # A stream opens before the lease, but what the request got wrong is still a 400.
+    streamed = httpx.post(f"{daemon.url}/v1/messages", headers={"x-api-key": KEY}, timeout=30, json={
+        "model": "tooly", "max_tokens": 4, "stream": True, "messages": USER, "tools": TOOLS,
+        "tool_choice": {"type": "tool", "name": "not_a_tool"},
+    })
+    assert streamed.status_code == 400 and streamed.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_x_api_key_and_bearer_both_authenticate(daemon):
+    body = {"model": "qwen", "max_tokens": 2, "messages": USER}
+    ok = httpx.post(f"{daemon.url}/v1/messages", json=body, headers={"x-api-key": KEY}, timeout=30)
+    bearer = httpx.post(f"{daemon.url}/v1/messages", json=body, headers={"authorization": f"Bearer {KEY}"}, timeout=30)
+    assert ok.status_code == bearer.status_code == 200
+    wrong = anthropic.Anthropic(base_url=daemon.url, api_key="sk-wrong", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as caught:
+        wrong.messages.create(**body)
+    assert caught.value.body["error"]["type"] == "authentication_error"
+    missing = httpx.post(f"{daemon.url}/v1/messages", json=body, timeout=30)
+    assert missing.status_code == 401 and missing.json()["type"] == "error"
+
+
+def test_a_pattern_alias_claims_the_names_an_agent_asks_for(tmp_path):
+    from mlxd.registry.loader import load_registry
+    from support.daemon import write_registry
+
+    registry = load_registry(write_registry(tmp_path, [
+        {"name": "big", "model": "qwen", "aliases": ["claude-opus-*"]},
+        {"name": "local", "model": "qwen", "aliases": ["claude-*", "sonnet"]},
+        {"name": "claude-haiku-4-5", "model": "llama"},
+    ]))
+    assert registry.lookup("claude-opus-4-1").name == "big"  # first match wins
+    assert registry.lookup("claude-sonnet-4-5").name == "local"
+    assert registry.lookup("claude-haiku-4-5").name == "claude-haiku-4-5"  # exact names before patterns
+    assert registry.lookup("gpt-5") is None

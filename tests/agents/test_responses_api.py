@@ -1,0 +1,139 @@
+"""The OpenAI Responses surface end to end: a real daemon, real tiny models,
+the official openai client's responses.create."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+from agents.agents_support import KEY, PROMPT, WEATHER, agents_daemon, model_held
+
+pytestmark = pytest.mark.mlx
+
+TOOL = {"type": "function", "name": "get_weather", "description": "The forecast", "parameters": WEATHER}
+ANSWER = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "level": {"type": "string", "enum": ["low", "high"]}},
+    "required": ["ok", "level"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    with agents_daemon(tmp_path_factory.mktemp("responses")) as d:
+        yield d
+
+
+@pytest.fixture
+def client(daemon):
+    return openai.OpenAI(base_url=f"{daemon.url}/v1", api_key=KEY, max_retries=0)
+
+
+def test_a_string_input(client):
+    response = client.responses.create(model="qwen", input=PROMPT, max_output_tokens=8, temperature=0, store=False)
+    assert response.id.startswith("resp_")
+    assert response.object == "response" and response.model == "qwen"
+    assert response.status == "incomplete"  # cut by max_output_tokens
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert [item.type for item in response.output] == ["message"]
+    assert response.output_text
+    assert response.usage.output_tokens == 8
+    again = client.responses.create(model="qwen", input=PROMPT, max_output_tokens=8, temperature=0, store=False)
+    assert again.output_text == response.output_text
+
+
+def test_instructions_and_items_with_a_function_call_output(client):
+    items = [
+        {"role": "user", "content": [{"type": "input_text", "text": "Weather in Rome?"}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Rome", "days": 2}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "Rain, 14 C"},
+        {"type": "reasoning", "id": "rs_1", "summary": []},
+    ]
+    response = client.responses.create(
+        model="tooly", input=items, instructions="Answer briefly.", tools=[TOOL], max_output_tokens=6, store=False
+    )
+    assert response.status in ("completed", "incomplete")
+    bare = client.responses.create(model="tooly", input=items[:1], tools=[TOOL], max_output_tokens=6, store=False)
+    # The call and its output were rendered into the prompt.
+    assert response.usage.input_tokens > bare.usage.input_tokens + 10
+
+
+def test_the_stream_sends_events_in_order_with_sequence_numbers(client):
+    events = list(client.responses.create(model="qwen", input=PROMPT, max_output_tokens=6, stream=True))
+    kinds = [e.type for e in events]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert kinds[:4] == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"
+    ]
+    assert set(kinds[4:-4]) == {"response.output_text.delta"}
+    assert kinds[-4:] == [
+        "response.output_text.done", "response.content_part.done", "response.output_item.done", "response.completed"
+    ]
+    done = events[-1].response
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert done.output_text == text == events[-4].text
+    assert done.usage.output_tokens == 6
+
+
+def test_a_required_tool_choice_streams_a_function_call(client):
+    events = list(client.responses.create(
+        model="tooly", input="Weather in Oslo?", tools=[TOOL], tool_choice="required", max_output_tokens=120, stream=True,
+    ))
+    kinds = [e.type for e in events]
+    assert kinds == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.function_call_arguments.delta", "response.function_call_arguments.done",
+        "response.output_item.done", "response.completed",
+    ]
+    call = events[-1].response.output[0]
+    assert call.type == "function_call" and call.name == "get_weather" and call.call_id
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+
+
+def test_json_schema_text_format(client):
+    response = client.responses.create(
+        model="qwen", input="Report the status as JSON", max_output_tokens=60, store=False,
+        text={"format": {"type": "json_schema", "name": "status", "schema": ANSWER, "strict": True}},
+    )
+    assert response.status == "completed"
+    jsonschema.validate(json.loads(response.output_text), ANSWER)
+
+
+def test_previous_response_id_continues_a_stored_response(client):
+    first = client.responses.create(model="qwen", input=PROMPT, max_output_tokens=5)
+    second = client.responses.create(model="qwen", input="And then?", max_output_tokens=3, previous_response_id=first.id)
+    fresh = client.responses.create(model="qwen", input="And then?", max_output_tokens=3)
+    # The earlier turn is in the prompt, and served from the prefix cache.
+    assert second.usage.input_tokens > fresh.usage.input_tokens + first.usage.input_tokens - 5
+    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 2
+    unstored = client.responses.create(model="qwen", input=PROMPT, max_output_tokens=2, store=False)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="qwen", input="x", max_output_tokens=2, previous_response_id=unstored.id)
+    assert caught.value.body["param"] == "previous_response_id"
+
+
+def test_errors_come_in_openai_shape(client):
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.responses.create(model="nope", input="x")
+    assert missing.value.body["type"] == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.responses.create(model="tooly", input="x", tools=[TOOL],
+                                tool_choice={"type": "function", "name": "not_a_tool"})
+    assert "not_a_tool" in bad.value.body["message"]
+    wrong = openai.OpenAI(base_url=client.base_url, api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.responses.create(model="qwen", input="x")
+
+
+def test_a_stream_that_cannot_get_the_model_in_time_ends_in_response_failed(client, daemon):
+    with model_held(daemon, "qwen"):
+        events = list(client.responses.create(
+            model="qwen", input=PROMPT, max_output_tokens=4, stream=True, extra_body={"timeout": 1.5}
+        ))
+    assert [e.type for e in events] == ["response.created", "response.in_progress", "response.failed"]
+    assert [e.sequence_number for e in events] == [0, 1, 2]
+    failed = events[-1].response
+    assert failed.status == "failed" and "timed out" in failed.error.message
