@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mlxd import __version__
 from mlxd.api.auth import check_api_key
@@ -34,6 +35,30 @@ class ConfigReloader(Protocol):
     async def reload(self, trigger: str) -> dict[str, Any]: ...
     async def start_watching(self) -> None: ...
     async def stop_watching(self) -> None: ...
+
+
+class Gatekeeper:
+    """API keys and draining, checked before routing. A plain ASGI middleware:
+    Starlette's BaseHTTPMiddleware relays every streamed chunk through an
+    extra memory stream and task switch (tens of microseconds per token)."""
+
+    def __init__(self, app: ASGIApp, ctx: DaemonContext, shape_for: Callable[[str], ErrorShape]) -> None:
+        self.app = app
+        self.ctx = ctx
+        self.shape_for = shape_for
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path = scope["path"]
+            try:
+                if path not in OPEN_PATHS and (path.startswith("/v1/") or path == "/metrics"):
+                    check_api_key(Request(scope), self.ctx.settings.server.api_keys)
+                if self.ctx.draining and scope["method"] == "POST" and path.startswith("/v1/"):
+                    raise ShuttingDown("mlxd is shutting down; retry shortly", retry_after=5)
+            except MlxdError as exc:
+                await error_response(self.shape_for(path), exc)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> FastAPI:
@@ -73,17 +98,7 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
 
     install_error_handlers(app, shape_for)
 
-    @app.middleware("http")
-    async def gatekeeper(request: Request, call_next):  # type: ignore[no-untyped-def]
-        path = request.url.path
-        try:
-            if path not in OPEN_PATHS and (path.startswith("/v1/") or path == "/metrics"):
-                check_api_key(request, ctx.settings.server.api_keys)
-            if ctx.draining and request.method == "POST" and path.startswith("/v1/"):
-                raise ShuttingDown("mlxd is shutting down; retry shortly", retry_after=5)
-        except MlxdError as exc:
-            return error_response(shape_for(path), exc)
-        return await call_next(request)
+    app.add_middleware(Gatekeeper, ctx=ctx, shape_for=shape_for)
 
     # Added last, so it runs first: refused requests never reach the app.
     app.add_middleware(RequestGuard, server=lambda: ctx.settings.server)

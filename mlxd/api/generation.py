@@ -256,6 +256,8 @@ class Framer(Protocol):
 
 
 _END = object()
+# Put into a stream's queue when it has been quiet for a heartbeat interval.
+_TICK = object()
 
 
 class LeasedStreamingResponse(StreamingResponse):
@@ -439,6 +441,7 @@ async def _frames(
     heartbeat = ctx.settings.heartbeat_seconds
     inactivity = ctx.settings.server.request_timeout_s
     loop = asyncio.get_running_loop()
+    timer: asyncio.TimerHandle | None = None
     try:
         opening = framer.opening()
         if opening:
@@ -458,27 +461,35 @@ async def _frames(
         if producer is None:
             producer = asyncio.ensure_future(_pump(lease.engine, plan.requests, queue))
         last_progress = loop.time()
+        # One timer re-armed per item instead of asyncio.wait_for, which
+        # (before Python 3.12) wraps every queue.get() in a new task.
+        timer = loop.call_later(heartbeat, queue.put_nowait, _TICK)
         done = False
         if first is not None:
             out, done = state.handle(first)
             if out:
                 yield "".join(out)
         while not done:
-            try:
-                item = await asyncio.wait_for(queue.get(), heartbeat)
-            except asyncio.TimeoutError:
+            item = await queue.get()
+            if item is _TICK:
+                timer = loop.call_later(heartbeat, queue.put_nowait, _TICK)
                 if loop.time() - last_progress >= inactivity:
                     state.status = 504
                     yield framer.error(RequestTimeout(f"No output for {inactivity:.0f} seconds"))
                     break
                 yield framer.heartbeat
                 continue
+            timer.cancel()
+            timer = loop.call_later(heartbeat, queue.put_nowait, _TICK)
             last_progress = loop.time()
             out, done = state.handle(item)
             # Whatever else is already queued goes out in the same write: one
             # send per batch of tokens instead of one per token.
             while not done and not queue.empty():
-                more, done = state.handle(queue.get_nowait())
+                queued = queue.get_nowait()
+                if queued is _TICK:
+                    continue
+                more, done = state.handle(queued)
                 out += more
             text = "".join(out)
             if text:
@@ -490,6 +501,8 @@ async def _frames(
         state.status = 499  # the client went away mid-stream
         raise
     finally:
+        if timer is not None:
+            timer.cancel()
         if producer is not None:
             await _stop(producer)
         if lease is not None:

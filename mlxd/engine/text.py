@@ -103,7 +103,7 @@ class TextEngine(EngineBase):
     async def _before_worker(self, request: GenerationRequest, control: GenerationControl) -> None:
         # Tokenizing needs no MLX: a long prompt tokenized on the worker would
         # stall every other model's decoding for as long as it takes.
-        control.prompt_ids = await asyncio.to_thread(self.model.tokenize, request)
+        control.prompt_ids = await self.model.tokenize(request)
 
     def _busy(self) -> bool:
         return self.counts.running > 0 or (self._batch is not None and self._batch.alive)
