@@ -138,6 +138,27 @@ def test_every_item_arrives_once_and_in_order(worker):
     assert run(main()) == list(range(20_000))
 
 
+def test_items_made_while_the_event_loop_is_busy_all_arrive_in_order(worker):
+    # The loop blocks while the worker keeps producing: the items pile up
+    # behind one wake-up and must still come out whole and in order.
+    import time
+
+    def slow_start():
+        yield "first"
+        for i in range(500):
+            yield i
+
+    async def main():
+        got = []
+        async for item in worker.stream(slow_start):
+            if item == "first":
+                time.sleep(0.2)  # a busy event loop, not an await
+            got.append(item)
+        return got
+
+    assert run(main()) == ["first", *range(500)]
+
+
 def test_skip_gives_up_a_turn_without_delivering(worker):
     def sparse():
         for i in range(10):
