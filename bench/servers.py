@@ -385,6 +385,27 @@ def print_result(result: dict[str, Any]) -> None:
                  "CPU us/token", "first token ms", "BLAS", "same text"], rows))
 
 
+def print_summary(results: list[dict[str, Any]]) -> None:
+    """One line per size: the direct rate, then each server's share of it
+    (ratio of the medians, and the quartiles of the per-round ratios)."""
+    servers = [p for p in PATHS[1:] if any(p in r["paths"] for r in results)]
+    rows = []
+    for result in results:
+        paths = result["paths"]
+        raw = paths.get("raw")
+        row = [f"qwen2-{result['size']}", f"{raw['decode_tok_s']['median']:.1f}" if raw else ""]
+        for name in servers:
+            entry = paths.get(name)
+            if entry is None or raw is None:
+                row.append("")
+                continue
+            iqr = entry["ratio_per_round"]["iqr"]
+            row.append(f"{entry['ratio_of_medians']:.3f} ({iqr[0]:.2f}-{iqr[1]:.2f})")
+        rows.append(row)
+    print("\ndecode tok/s through each server ÷ direct (per-round quartiles)")
+    print(table(["model", "direct tok/s", *(LABELS[s] for s in servers)], rows))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", nargs="+", choices=list(TOKENS), default=list(TOKENS))
@@ -402,11 +423,15 @@ def main() -> None:
     if "vllm-mlx" in paths and not args.vllm_mlx.exists():
         print(f"(no vllm-mlx at {args.vllm_mlx}: `bash bench/setup_vllm_mlx.sh` installs it; left out)")
         paths.remove("vllm-mlx")
+    results = []
     for size in args.sizes:
         result = bench_size(size, args.tokens or TOKENS[size], args.repeats, paths, args.vllm_mlx)
         result.update(environment())
         print_result(result)
         print(f"wrote {save('servers', f'qwen2-{size}', result)}", flush=True)
+        results.append(result)
+    if len(results) > 1:
+        print_summary(results)
 
 
 if __name__ == "__main__":
