@@ -11,6 +11,11 @@ when the model batches (max_concurrency > 1), several short requests at once
 kernel cache (``mlxd.engine.kernel_cache``), so a restarted daemon warms in
 well under a second.
 
+Sampling's kernels are compiled by two short requests with temperature,
+top-p, min-p and top-k on, one with a seed (its own key) and one without: the
+values are kernel inputs (``mlxd.engine.sampling_kernels``), so any value a
+client sends later runs on them.
+
 A last, timed prompt of a chunk measures this device's prefill speed (kernels
 are compiled by then), which the prefix cache's restore-or-recompute
 decision needs (``mlxd.engine.restore_policy``). Warm-up prompts leave
@@ -60,6 +65,7 @@ class WarmupRun:
     max_tokens: int
     concurrent: int = 1
     timed: bool = False  # measures prefill speed (runs after the kernels are compiled)
+    sampled: bool = False  # with every sampling filter on, one request with a seed and one without
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,7 @@ def plan_warmup(
     if batching and max_concurrency > 1:
         widest = CPU_WARM_BATCH if device == "cpu" else MAX_WARM_BATCH
         runs.append(WarmupRun(min(SHORT_PROMPT_TOKENS, room), DECODE_STEPS, min(max_concurrency, widest)))
+    runs.append(WarmupRun(min(SHORT_PROMPT_TOKENS, room), DECODE_STEPS, 2, sampled=True))
     runs.append(WarmupRun(min(prefill_chunk, room), 1, timed=True))
     return tuple(runs)
 
@@ -136,13 +143,18 @@ def prompt_texts(lengths: Sequence[int], max_chars: int) -> list[str]:
     return texts
 
 
-async def _one(engine: Any, prompt: str, max_tokens: int, request_id: str, chat: bool = False) -> float:
-    """Run one greedy request to its end; returns seconds to its first chunk.
+# Any values do: they are kernel inputs. Each filter on, so each is compiled.
+WARM_SAMPLING = SamplingParams(temperature=0.7, top_p=0.9, min_p=0.05, top_k=40)
+GREEDY = SamplingParams(temperature=0.0)
+
+
+async def _one(engine: Any, prompt: str, max_tokens: int, request_id: str, chat: bool = False,
+               sampling: SamplingParams = GREEDY) -> float:
+    """Run one request to its end; returns seconds to its first chunk.
     ``chat``: as a chat message (compiles the chat template once, too)."""
     text: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
     request = GenerationRequest(
-        request_id=request_id, max_tokens=max_tokens, sampling=SamplingParams(temperature=0.0),
-        ignore_eos=True, **text,
+        request_id=request_id, max_tokens=max_tokens, sampling=sampling, ignore_eos=True, **text,
     )
     started = time.perf_counter()
     first: float | None = None
@@ -156,6 +168,12 @@ async def _one(engine: Any, prompt: str, max_tokens: int, request_id: str, chat:
         if closer is not None:
             await closer()
     return first if first is not None else time.perf_counter() - started
+
+
+def _sampling(run: WarmupRun, index: int) -> SamplingParams:
+    if not run.sampled:
+        return GREEDY
+    return dataclasses.replace(WARM_SAMPLING, seed=index) if index % 2 else WARM_SAMPLING
 
 
 async def warm_up(
@@ -178,7 +196,8 @@ async def warm_up(
         for number, run in enumerate(runs):
             batch = [next(texts) for _ in range(run.concurrent)]
             waits = await asyncio.gather(*(
-                _one(engine, text, run.max_tokens, f"warmup-{number}-{i}", chat=number == 0)
+                _one(engine, text, run.max_tokens, f"warmup-{number}-{i}", chat=number == 0,
+                     sampling=_sampling(run, i))
                 for i, text in enumerate(batch)
             ))
             requests += run.concurrent
