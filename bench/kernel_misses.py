@@ -43,7 +43,8 @@ from bench.restore_vs_recompute import corpus_ids, prompt_of  # noqa: E402
 
 
 def kernel_files(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+    """CUDA's under ptx/, the CPU backend's under mlx/<version>/cpu."""
+    return {str(p.relative_to(root)) for sub in ("ptx", "mlx") for p in (root / sub).rglob("*") if p.is_file()}
 
 
 def _has_output(event: dict[str, Any]) -> bool:
@@ -72,6 +73,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--import-wait", type=float, default=15.0)
     parser.add_argument("--show", type=int, default=12, help="kernel file names printed per step")
+    parser.add_argument("--kernel-dir", type=Path, default=None,
+                        help="kernel cache folder to use and keep (default: a new, empty one)")
+    parser.add_argument("--label", default="fresh", help="key of this run in the JSON")
     add_dtype_option(parser)
     args = parser.parse_args()
     dtype = model_dtype(args)
@@ -111,7 +115,9 @@ def main() -> None:
 
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="mlxd-kernels-") as tmp:
-        root = Path(tmp)
+        root = args.kernel_dir or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        initial = len(kernel_files(root))
         env = {"MLX_PTX_CACHE_DIR": str(root / "ptx"), "TMPDIR": str(root)}
         log = RESULTS_DIR / "kernel_misses_logs" / "daemon.log"
         with daemon([entry], env=env, log_to=log) as url:
@@ -137,13 +143,14 @@ def main() -> None:
     whole = status["last_load_seconds"] or 0.0
     load = {"load_wall_s": round(load_wall, 3), "last_load_seconds": whole, "mlx_lm_load_in_daemon_s": own,
             "warmup_s": warmup, "rest_s": round(whole - own - warmup, 3),
-            "kernels_after_load": after_load, "imported_mlx_lm_s": imported_seconds(log.read_text()),
+            "kernels_at_start": initial, "kernels_after_load": after_load, "imported_mlx_lm_s": imported_seconds(log.read_text()),
             "direct": direct,
             "ratio_without_warmup": round((whole - warmup) / direct["first_load_s"], 2)
             if direct["first_load_s"] else None}
     result = {"size": args.size, "dtype": dtype, "prompt_tokens": n, "load": load, "steps": rows,
               **environment()}
-    print(f"\nqwen2-{args.size} {dtype} on {result['device']['kind']} ({result['device']['name']})")
+    print(f"\nqwen2-{args.size} {dtype} on {result['device']['kind']} ({result['device']['name']}), "
+          f"{args.label}, {initial} kernel files at the start")
     print(f"load {whole:.2f}s = mlx_lm.load {own:.2f}s + warm-up {warmup:.2f}s + rest {load['rest_s']:.2f}s; "
           f"{after_load} kernel files after it; plain mlx_lm.load in a fresh process {direct['first_load_s']}s "
           f"(second {direct['second_load_s']}s): load without warm-up / mlx_lm.load = "
@@ -153,7 +160,7 @@ def main() -> None:
     for r in rows:
         for name in r["names"][: args.show]:
             print(f"  {r['step']}: {name}")
-    print(f"wrote {save('kernel_misses', f'qwen2-{args.size}-{dtype}', result).relative_to(ROOT)}")
+    print(f"wrote {save('kernel_misses', f'qwen2-{args.size}-{dtype}-{args.label}', result).relative_to(ROOT)}")
 
 
 if __name__ == "__main__":
