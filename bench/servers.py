@@ -11,7 +11,8 @@ Method, chosen to survive a noisy shared machine:
   variable; the table shows what each process mapped), and the direct path
   runs in a process of its own that keeps the model loaded;
 - one warm-up request each, then rounds: raw, mlxd, mlx_lm.server, vllm-mlx,
-  raw, ..., so drift hits every path alike;
+  then mlxd, mlx_lm.server, vllm-mlx, raw, ... (each round starts one path
+  later), so drift and the order within a round hit every path alike;
 - the same request everywhere (/v1/completions, greedy, streamed), the same
   client for every server: a raw socket that only timestamps what it
   receives; the frames are parsed after the stream has ended, so the client
@@ -320,10 +321,14 @@ def bench_size(size: str, tokens: int, repeats: int, paths: list[str], vllm_mlx:
             started[p].run(tokens)
         load = [os.getloadavg()[0]]
         runs: dict[str, list[Run]] = {p: [] for p in order}
-        for _ in range(repeats):
-            for p in order:
+        print(f"qwen2-{size}: {repeats} rounds of {', '.join(order)}", end="", flush=True)
+        for round_ in range(repeats):
+            # Each round starts one path later, so none always goes first.
+            for p in order[round_ % len(order):] + order[: round_ % len(order)]:
                 runs[p].append(started[p].run(tokens))
             load.append(os.getloadavg()[0])
+            print(".", end="", flush=True)
+        print()
     return summarize(size, tokens, repeats, runs, blas, load)
 
 
