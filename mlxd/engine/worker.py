@@ -187,13 +187,14 @@ class _Channel:
 
     def post(self, item: Any) -> bool:
         self.items.append(item)
-        if self.scheduled:
+        if self.scheduled and not self.loop.is_closed():
             return True  # the wake-up on its way finds this item too
         self.scheduled = True
         try:
             self.loop.call_soon_threadsafe(self.wake)
         except RuntimeError:
-            # The consumer's event loop is closed: nobody will read this stream.
+            # The consumer's event loop is closed (with or without a wake-up
+            # left pending): nobody will read this stream.
             self.cancelled = True
             self.close_iter()
             return False
