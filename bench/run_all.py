@@ -26,12 +26,15 @@ QUICK = [
     ["constrained.py", "--size", "tiny"],
     ["constrained.py", "--size", "small"],
     ["remote.py", "--size", "tiny"],
+    ["servers.py", "--sizes", "tiny", "small"],
+    ["stream_cost.py"],
 ]
 FULL = [
     ["overhead.py", "--size", "bench"],
     ["residency.py", "--size", "bench", "--repeats", "3"],
     ["concurrency.py", "--size", "bench"],
     ["prefix_cache.py", "--size", "bench"],
+    ["servers.py", "--sizes", "bench"],
 ]
 
 
