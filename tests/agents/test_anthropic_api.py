@@ -82,6 +82,37 @@ def test_the_stream_sends_the_exact_event_sequence(client):
     assert final.usage.output_tokens == 8
 
 
+@pytest.mark.parametrize("model", ["qwen", "tooly"])  # one at a time; a continuous batch
+def test_a_stop_sequence_ends_the_answer_and_is_named(client, daemon, model):
+    greedy = {"temperature": 0}  # (this SDK takes sampling fields through extra_body)
+    full = client.messages.create(model=model, max_tokens=40, messages=USER, extra_body=greedy).content[0].text
+    middle = len(full) // 2
+    stop = full[middle : middle + 4]
+    assert len(stop.strip()) >= 2, f"no usable stop in {full!r}"
+    ask = {"model": model, "max_tokens": 40, "messages": USER, "stop_sequences": ["never appears", stop]}
+
+    reply = client.messages.create(**ask, extra_body=greedy)
+    assert reply.stop_reason == "stop_sequence"
+    assert reply.stop_sequence == stop
+    assert reply.content[0].text == full[: full.find(stop)]
+
+    with client.messages.stream(**ask, extra_body=greedy) as stream:
+        streamed = stream.get_final_message()
+    assert (streamed.stop_reason, streamed.stop_sequence) == ("stop_sequence", stop)
+    assert streamed.content[0].text == full[: full.find(stop)]
+    delta = next(d for n, d in _events(daemon, {**ask, **greedy, "stream": True}) if n == "message_delta")
+    assert delta["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": stop}
+
+    # Ended by itself, or by max_tokens, it names no stop sequence.
+    plain = client.messages.create(**{**ask, "stop_sequences": ["never appears"], "max_tokens": 5}, extra_body=greedy)
+    assert (plain.stop_reason, plain.stop_sequence) == ("max_tokens", None)
+    # The OpenAI surface says what it always says for a stop string.
+    chat = httpx.post(f"{daemon.url}/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"}, timeout=60,
+                      json={"model": model, "messages": USER, "max_tokens": 40, "temperature": 0, "stop": [stop]}).json()
+    assert chat["choices"][0]["finish_reason"] == "stop"
+    assert chat["choices"][0]["message"]["content"] == full[: full.find(stop)]
+
+
 def _events(daemon, body, headers=None):
     """The stream's (event, data) pairs as they come over the wire."""
     out = []
