@@ -190,7 +190,11 @@ def shape_output(plan: Plan, engine: Any) -> None:
     """Tools and structured output, checked against the leased engine's
     tool-call format (known only once the model is loaded): the template's
     ``tools`` and the grammar go on the engine requests, and the plan learns
-    how to split the answer. A client mistake is a BadRequest naming its field."""
+    how to split the answer. A client mistake is a BadRequest naming its field.
+
+    A forced call is the grammar's whole answer: a stop string meant for
+    prose (``"``, ``}``, a newline) would cut it inside its JSON, so stop
+    strings do not apply to it, on every surface."""
     if not plan.output.asks_anything():
         return
     asked = plan.output
@@ -205,6 +209,8 @@ def shape_output(plan: Plan, engine: Any) -> None:
     for request in plan.requests:
         request.tools = shaped.tools
         request.constraint = shaped.constraint
+        if shaped.forces_call:
+            request.stop = []
     plan.tool_format = shaped.tool_format
 
 

@@ -166,6 +166,21 @@ def test_a_forced_tool_choice_returns_a_schema_valid_tool_use(client):
     jsonschema.validate(block.input, WEATHER)
 
 
+@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}])
+def test_stop_sequences_do_not_cut_a_forced_tool_use(client, daemon, choice):
+    # Both stops occur in every call's JSON: applied, they would cut it at its first byte.
+    ask = {"model": "tooly", "max_tokens": 120, "tools": TOOLS, "tool_choice": choice,
+           "stop_sequences": ['"', "{"], "messages": [{"role": "user", "content": "Weather in Rome?"}]}
+    reply = client.messages.create(**ask)
+    assert (reply.stop_reason, reply.stop_sequence) == ("tool_use", None)
+    (block,) = [b for b in reply.content if b.type == "tool_use"]
+    jsonschema.validate(block.input, WEATHER)
+    events = _events(daemon, {**ask, "stream": True})
+    partial = "".join(d["delta"]["partial_json"] for n, d in events if n == "content_block_delta")
+    jsonschema.validate(json.loads(partial), WEATHER)
+    assert next(d for n, d in events if n == "message_delta")["delta"]["stop_reason"] == "tool_use"
+
+
 def test_any_tool_choice_streams_the_tool_use_as_input_json_deltas(daemon):
     events = _events(daemon, {
         "model": "tooly", "max_tokens": 120, "stream": True, "tools": TOOLS, "tool_choice": {"type": "any"},

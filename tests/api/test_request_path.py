@@ -7,16 +7,19 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from support.asgi import Call, running
 from support.residency_sim import manager, spec
 
+from mlxd.api.plan import OutputRequest, Plan, shape_output
 from mlxd.daemon.build import build_daemon
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.registry.model import Registry, ServerSpec
 from mlxd.settings import DaemonSettings
+from mlxd.tools.formats import format_named
 
 pytestmark = pytest.mark.anyio
 
@@ -371,3 +374,20 @@ def test_tool_call_deltas_stream_as_openai_tool_call_chunks():
     assert first == {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
                                      "function": {"name": "weather", "arguments": ""}}]}
     assert more == {"tool_calls": [{"index": 0, "function": {"arguments": '{"c'}}]}
+
+
+@pytest.mark.parametrize("choice, stops", [
+    ("auto", ["</s>", '"']),
+    ("required", []),
+    ({"type": "function", "function": {"name": "add"}}, []),
+])
+def test_stop_strings_apply_to_everything_but_a_forced_call(choice, stops):
+    # Shared planning: the rule holds for every surface that maps onto OutputRequest.
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    plan = Plan(
+        kind="messages", spec=spec("m", 1), requested_name="m", stream=False, timeout=FOREVER,
+        requests=[GenerationRequest("r-0", 8, stop=["</s>", '"']), GenerationRequest("r-1", 8, stop=["</s>", '"'])],
+        output=OutputRequest(tools=tools, tool_choice=choice),
+    )
+    shape_output(plan, SimpleNamespace(tool_format=format_named("json_tools")))
+    assert [r.stop for r in plan.requests] == [stops, stops]
