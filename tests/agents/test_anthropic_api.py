@@ -262,6 +262,44 @@ def test_count_tokens_uses_the_template_and_tools_without_touching_the_model(cli
     assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens == with_tools
 
 
+def test_count_tokens_counts_an_image_as_the_vision_model_sees_it(client, daemon):
+    import base64
+
+    def asking(*images):
+        blocks = [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                               "data": base64.b64encode(encoded(image)).decode()}} for image in images]
+        return [{"role": "user", "content": [*blocks, {"type": "text", "text": "Describe the picture"}]}]
+
+    small, large = noise_image(1, (80, 64)), noise_image(2, (320, 256))
+    counted = client.messages.count_tokens(model="eyes-counted", messages=asking(small)).input_tokens
+    # More pixels, more vision tokens; the text alone has none.
+    assert client.messages.count_tokens(model="eyes-counted", messages=asking(large)).input_tokens > counted
+    text_only = client.messages.count_tokens(
+        model="eyes-counted", messages=[{"role": "user", "content": "Describe the picture"}]).input_tokens
+    assert counted > text_only
+    assert model_view(daemon, "eyes-counted")["state"] == "unloaded"  # counted without the weights
+    for images in ((small,), (large, small)):
+        count = client.messages.count_tokens(model="eyes-counted", messages=asking(*images)).input_tokens
+        reply = client.messages.create(model="eyes-counted", max_tokens=2, messages=asking(*images))
+        assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens == count
+    # What the answer would refuse, the count refuses too.
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.count_tokens(model="eyes-counted", messages=asking(small), tools=TOOLS)
+    assert "tools" in caught.value.body["error"]["message"]
+
+
+def test_count_tokens_on_a_remote_entry_is_a_clear_400(tmp_path):
+    from support.daemon import daemon_in_thread
+    from support.remote import write_front
+
+    registry = write_front(tmp_path, {"far": {"url": "http://127.0.0.1:9/v1"}}, [{"name": "far-model", "backend": "far"}])
+    with daemon_in_thread(registry, tmp_path) as front:
+        far = anthropic.Anthropic(base_url=front.url, api_key="unused", max_retries=0)
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            far.messages.count_tokens(model="far-model", messages=USER)
+    assert "backend `far`" in caught.value.body["error"]["message"]
+
+
 def test_count_tokens_does_not_refresh_the_idle_clock(client, daemon):
     client.messages.create(model="tooly", max_tokens=1, messages=USER)
     used = model_view(daemon, "tooly")["last_used_at"]
