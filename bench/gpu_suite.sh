@@ -5,7 +5,8 @@
 #   bash bench/gpu_suite.sh --cpu-smoke   # here: the same steps on tiny models, in minutes
 #
 # 1. device: what MLX and the driver report; the demo built in the device's dtype.
-# 2. cold start (bench/cold_start.py): first load in a fresh process / mlx_lm.load,
+# 2. kernel misses (bench/kernel_misses.py): what the first requests after a load still compile;
+#    cold start (bench/cold_start.py): first load in a fresh process / mlx_lm.load,
 #    first-request TTFT after a load / second, a restart with a warm kernel cache,
 #    the device and the budget as /v1/status shows them.
 # 3. concurrency 1/2/4/8 clients (bench/concurrency.py).
@@ -84,6 +85,9 @@ for size in ('tiny', '$SIZE'):
     print(build_model(ModelRecipe('qwen2', size, dtype=device_dtype())))
 "
 step cold_start 200 "$PY" bench/cold_start.py --size "$SIZE" --prompt-tokens "$PROMPT_TOKENS" \
+  --import-wait "$IMPORT_WAIT"
+# shellcheck disable=SC2086
+step kernel_misses 200 "$PY" bench/kernel_misses.py --size "$SIZE" --prompt-tokens "$PROMPT_TOKENS" \
   --import-wait "$IMPORT_WAIT"
 # shellcheck disable=SC2086
 step restore_vs_recompute 150 "$PY" bench/restore_vs_recompute.py --size "$SIZE" --prompt-tokens $RESTORE_SIZES
