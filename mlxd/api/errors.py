@@ -97,8 +97,9 @@ def invalid_body(errors: Sequence[Any]) -> Invalid:
         said = [e for e in members if len(e["loc"]) == deepest]
     param = _field_path(tuple(said[0].get("loc", ())))
     kinds = {_kind(str(e.get("type", ""))) for e in said}
+    kind = kinds.pop() if len(kinds) == 1 else "type"
     message = " or ".join(dict.fromkeys(str(e.get("msg")) for e in said))
-    return Invalid(f"{param}: {message}" if param else message, param or None, kinds.pop() if len(kinds) == 1 else "type")
+    return Invalid(f"{param}: {message}" if param else message, param or None, kind)
 
 
 def _same_union(loc: tuple[object, ...], prefix: tuple[object, ...]) -> bool:
