@@ -64,7 +64,7 @@ def _registry_path(config: Path | None) -> Path:
     if config is not None:
         return config
     from mlxd.settings import default_config_path, default_demo_dir
-    from mlxd.factory.demo import is_stale, write_demo
+    from mlxd.cli.demo import is_stale, write_demo
 
     default = default_config_path()
     if default.exists():
@@ -173,7 +173,7 @@ def demo(
     dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 on GPUs and Metal, float32 on a Linux CPU), float32, float16 or bfloat16."),
 ) -> None:
     """Build the demo models offline and write DIR/models.yaml naming them."""
-    from mlxd.factory.demo import sizes_up_to, write_demo
+    from mlxd.cli.demo import sizes_up_to, write_demo
     from mlxd.factory.dtypes import device_dtype
 
     try:

@@ -87,7 +87,7 @@ def test_configuration_examples_run(tmp_path):
 
 
 def test_readme_curl_example_answers(tmp_path):
-    from mlxd.factory.demo import write_demo
+    from mlxd.cli.demo import write_demo
 
     registry = write_demo(tmp_path / "demo", sizes=("tiny",))
     curl = next(l for l in fenced_blocks(ROOT / "README.md") if l.startswith("curl"))
