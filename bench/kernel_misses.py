@@ -136,6 +136,7 @@ def main() -> None:
                     seen = now
                     rows.append({"step": name, "ttft_s": round(ttft, 3), "kernels_added": len(added),
                                  "names": added})
+                doc = http.get("/v1/status").json()
         direct = direct_load(path, {**os.environ, **env})
     engine = status["engine"]
     warmup = (engine.get("warmup") or {}).get("seconds") or 0.0
@@ -147,7 +148,10 @@ def main() -> None:
             "direct": direct,
             "ratio_without_warmup": round((whole - warmup) / direct["first_load_s"], 2)
             if direct["first_load_s"] else None}
+    first, again = rows[0]["ttft_s"], rows[1]["ttft_s"]
     result = {"size": args.size, "dtype": dtype, "prompt_tokens": n, "load": load, "steps": rows,
+              "ttft_first_over_second": round(first / again, 2) if again else None,
+              "status_device": doc["daemon"].get("device"), "budget_bytes": doc["memory"]["budget_bytes"],
               **environment()}
     print(f"\nqwen2-{args.size} {dtype} on {result['device']['kind']} ({result['device']['name']}), "
           f"{args.label}, {initial} kernel files at the start")
@@ -157,6 +161,8 @@ def main() -> None:
           f"{load['ratio_without_warmup']}")
     print(table(["after load, step", "TTFT s", "kernels compiled"],
                 [[r["step"], r["ttft_s"], r["kernels_added"]] for r in rows]))
+    print(f"first {n}-token chat after the load / the next one: {result['ttft_first_over_second']} (target <= 1.5)")
+    print(f"status: device {result['status_device']}, budget {result['budget_bytes'] / 2**30:.1f} GiB")
     for r in rows:
         for name in r["names"][: args.show]:
             print(f"  {r['step']}: {name}")

@@ -298,8 +298,10 @@ _mount_subcommands()
 
 
 def main() -> None:
+    from mlxd.engine.cuda_attention import prefer_mlx_attention_kernels
     from mlxd.engine.kernel_cache import keep_kernels_in_mlxd_cache
 
-    # Before anything imports MLX: it reads the variable once.
+    # Before anything imports MLX: it reads the variables once.
     keep_kernels_in_mlxd_cache()
+    prefer_mlx_attention_kernels()
     app()

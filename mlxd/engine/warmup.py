@@ -57,8 +57,9 @@ SAMPLE_CHARS = 1200
 CHARS_PER_TOKEN = 4
 # On the CPU backend kernels are compiled per fused operation, not per
 # sequence length, so a short prompt compiles what a long one would (and the
-# CPU pays for every warm-up token at its slow prefill speed).
-CPU_PREFILL_TOKENS = 64
+# CPU pays for every warm-up token at its slow prefill speed: SmolLM2's 4-bit
+# kernels prefilled ~7 tokens/s on this loaded 2-core machine).
+CPU_PREFILL_TOKENS = 32
 CPU_WARM_BATCH = 2
 
 
@@ -90,17 +91,18 @@ def plan_warmup(
     """The requests that compile the kernels traffic will use, in order.
 
     GPUs get two full prefill chunks and a rest: the shape every long prompt
-    is cut into, and attention over more keys than queries (cuDNN builds and
-    NVRTC-compiles a plan for that class apart from the first chunk's: a
-    first 2k-token request on an H200 took 0.97 s after a one-chunk warm-up,
-    the next one 0.35 s). ``device == "cpu"`` gets one short chunk
+    is cut into, and attention over more keys than queries, whose kernels
+    are not the first chunk's (a first 2k-token request on an H200 took
+    0.97 s after a one-chunk warm-up, the next one 0.35 s; 0.26 and 0.25 s
+    after two). ``device == "cpu"`` gets one short prompt
     (CPU_PREFILL_TOKENS) and a narrower batch (its kernels depend on neither
     the length nor the batch size)."""
     room = max(1, max_context - DECODE_STEPS - CONTEXT_MARGIN)
-    chunks = 2
     if device == "cpu":
-        prefill_chunk, chunks = min(prefill_chunk, CPU_PREFILL_TOKENS), 1
-    long = min(chunks * prefill_chunk + SHORT_PROMPT_TOKENS, room)
+        prefill_chunk = min(prefill_chunk, CPU_PREFILL_TOKENS)
+        long = min(prefill_chunk, room)
+    else:
+        long = min(2 * prefill_chunk + SHORT_PROMPT_TOKENS, room)
     runs = [WarmupRun(long, DECODE_STEPS)]
     if batching and max_concurrency > 1:
         widest = CPU_WARM_BATCH if device == "cpu" else MAX_WARM_BATCH

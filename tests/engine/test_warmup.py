@@ -36,11 +36,11 @@ CONSTRAINED = WarmupRun(16, 3, kind="constrained")
         # A short context caps every prompt below it.
         (dict(max_context=200, prefill_chunk=512, max_concurrency=1, batching=False),
          (WarmupRun(181, 3), SAMPLED, WarmupRun(181, 1, timed=True), CONSTRAINED)),
-        # The CPU compiles per operation, not per length or batch: a short chunk, two at once.
+        # The CPU compiles per operation, not per length or batch: a short prompt, two at once, no grammar.
         (dict(max_context=4096, prefill_chunk=512, max_concurrency=1, batching=False, device="cpu"),
-         (WarmupRun(CPU_PREFILL_TOKENS + 16, 3), SAMPLED, WarmupRun(CPU_PREFILL_TOKENS, 1, timed=True))),
+         (WarmupRun(CPU_PREFILL_TOKENS, 3), SAMPLED, WarmupRun(CPU_PREFILL_TOKENS, 1, timed=True))),
         (dict(max_context=4096, prefill_chunk=512, max_concurrency=8, batching=True, device="cpu"),
-         (WarmupRun(CPU_PREFILL_TOKENS + 16, 3), WarmupRun(16, 3, 2), SAMPLED, WarmupRun(CPU_PREFILL_TOKENS, 1, timed=True))),
+         (WarmupRun(CPU_PREFILL_TOKENS, 3), WarmupRun(16, 3, 2), SAMPLED, WarmupRun(CPU_PREFILL_TOKENS, 1, timed=True))),
     ],
 )
 def test_the_warmup_plan(kwargs, expected):
