@@ -28,6 +28,7 @@ QUICK = [
     ["remote.py", "--size", "tiny"],
     ["servers.py", "--sizes", "tiny", "small"],
     ["stream_cost.py"],
+    ["demo_dtype.py", "--rounds", "1", "--tokens", "16", "--repeats", "1"],
 ]
 FULL = [
     ["overhead.py", "--size", "bench"],
@@ -35,6 +36,7 @@ FULL = [
     ["concurrency.py", "--size", "bench"],
     ["prefix_cache.py", "--size", "bench"],
     ["servers.py", "--sizes", "bench"],
+    ["demo_dtype.py", "--rounds", "3"],
 ]
 
 

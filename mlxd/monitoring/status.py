@@ -40,6 +40,7 @@ PREFIX_CACHE_FIELDS = (
     "misses",
     "tokens_reused",
     "restored_entries",
+    "recompute_entries",
     "last_save_seconds",
     "last_restore_seconds",
 )
