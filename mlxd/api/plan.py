@@ -147,23 +147,27 @@ def check_prompt_length(spec: ModelSpec, chars: int, param: str) -> None:
         )
 
 
+def check_chat(spec: ModelSpec, name: str, conversation: Conversation, output: OutputRequest) -> PendingImages | None:
+    """What a chat request must pass before anything is read or leased (its
+    answer and its token count alike); for a vision model, the images to read."""
+    check_prompt_length(spec, conversation.text_length(), "messages")
+    if conversation.has_images() and spec.kind != "vision":
+        raise BadRequest(f"Model `{name}` is a text model and does not accept images", param="messages")
+    images = collect_images(conversation, ImagePolicy.for_model(spec)) if spec.kind == "vision" else None
+    if output.asks_anything():
+        check_output(tools=output.tools, tool_choice=output.tool_choice, response_format=output.response_format)
+        if spec.kind == "vision" and (output.tools or output.response_format):
+            # What the vision engine would refuse, said before any stream opens.
+            param = "tools" if output.tools else "response_format"
+            raise BadRequest(f"Vision models do not support `{param}` yet.", param=param)
+    return images
+
+
 def plan_chat(
     ctx: DaemonContext, asked: Requested, conversation: Conversation, *, kind: str = "chat", id_prefix: str = "chatcmpl-"
 ) -> Plan:
     spec = ctx.manager.resolve(asked.model)
-    check_prompt_length(spec, conversation.text_length(), "messages")
-    if conversation.has_images() and spec.kind != "vision":
-        raise BadRequest(
-            f"Model `{asked.model}` is a text model and does not accept images", param="messages"
-        )
-    images = collect_images(conversation, ImagePolicy.for_model(spec)) if spec.kind == "vision" else None
-    if asked.output.asks_anything():
-        out = asked.output
-        check_output(tools=out.tools, tool_choice=out.tool_choice, response_format=out.response_format)
-        if spec.kind == "vision" and (out.tools or out.response_format):
-            # What the vision engine would refuse, said before any stream opens.
-            param = "tools" if out.tools else "response_format"
-            raise BadRequest(f"Vision models do not support `{param}` yet.", param=param)
+    images = check_chat(spec, asked.model, conversation, asked.output)
     request = GenerationRequest(
         request_id=f"{id_prefix}{uuid.uuid4().hex[:24]}",
         max_tokens=resolve_max_tokens(ctx, asked, spec),
@@ -190,7 +194,11 @@ def shape_output(plan: Plan, engine: Any) -> None:
     """Tools and structured output, checked against the leased engine's
     tool-call format (known only once the model is loaded): the template's
     ``tools`` and the grammar go on the engine requests, and the plan learns
-    how to split the answer. A client mistake is a BadRequest naming its field."""
+    how to split the answer. A client mistake is a BadRequest naming its field.
+
+    A forced call is the grammar's whole answer: a stop string meant for
+    prose (``"``, ``}``, a newline) would cut it inside its JSON, so stop
+    strings do not apply to it, on every surface."""
     if not plan.output.asks_anything():
         return
     asked = plan.output
@@ -205,6 +213,8 @@ def shape_output(plan: Plan, engine: Any) -> None:
     for request in plan.requests:
         request.tools = shaped.tools
         request.constraint = shaped.constraint
+        if shaped.forces_call:
+            request.stop = []
     plan.tool_format = shaped.tool_format
 
 

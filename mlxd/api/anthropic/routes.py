@@ -14,7 +14,7 @@ from mlxd.api.anthropic.answers import AnthropicFrames, message
 from mlxd.api.anthropic.bodies import CountTokensRequest, MessagesRequest
 from mlxd.api.context import DaemonContext
 from mlxd.api.generation import respond
-from mlxd.api.plan import plan_chat
+from mlxd.api.plan import check_chat, plan_chat
 from mlxd.errors import BadRequest
 
 PREFIX = "/v1/messages"
@@ -41,11 +41,21 @@ def router() -> APIRouter:
     async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, int]:
         ctx = _ctx(request)
         spec = ctx.manager.resolve(body.model)
-        conversation = body.conversation()
-        if conversation.has_images() and spec.kind != "vision":
-            raise BadRequest(f"Model `{body.model}` is a text model and does not accept images", param="messages")
-        tools = body.output().tools
-        count = await ctx.token_counter.count(spec, conversation.template_messages(), tools)
+        if spec.is_remote:
+            raise BadRequest(
+                f"count_tokens counts with a local model's tokenizer; `{body.model}` is served by "
+                f"backend `{spec.backend}`.",
+                param="model",
+            )
+        conversation, output = body.conversation(), body.output()
+        pending = check_chat(spec, body.model, conversation, output)
+        # Read and decoded as for an answer (the decoded size sets an image's
+        # vision tokens), under the same bound on decoded image memory.
+        images = []
+        if pending is not None and pending.sources:
+            await pending.read()
+            images = await pending.decode(ctx.image_memory)
+        count = await ctx.token_counter.count(spec, conversation.template_messages(), output.tools, images)
         return {"input_tokens": count}
 
     return api
