@@ -19,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from mlxd.api.accounting import record_request
 from mlxd.api.context import DaemonContext
+from mlxd.api.inbox import StreamInbox
 from mlxd.api.events import ChoiceEvents, Finish, Logprobs, OutputEvent, TextDelta, ToolCallDelta, Usage
 from mlxd.api.plan import Plan, shape_output
 from mlxd.engine.types import GenerationChunk, GenerationRequest
@@ -303,7 +304,7 @@ async def open_stream(ctx: DaemonContext, plan: Plan, request: Request, framer: 
         record_request(ctx, plan.spec.name, exc.status_code, plan)
         raise
     pending = None if lease is not None else acquiring
-    queue: asyncio.Queue[Any] = asyncio.Queue()
+    queue = StreamInbox()
     producer = None
     first = None
     if lease is not None and getattr(lease.engine, "confirms_start", False):
@@ -353,7 +354,7 @@ async def _abandon(acquiring: asyncio.Future[Lease]) -> None:
         acquiring.result().release()
 
 
-async def _pump(engine: Any, requests: list[GenerationRequest], queue: asyncio.Queue[Any]) -> None:
+async def _pump(engine: Any, requests: list[GenerationRequest], queue: StreamInbox) -> None:
     async def one(index: int, request: GenerationRequest) -> None:
         async with contextlib.aclosing(engine.generate(request)) as chunks:
             async for chunk in chunks:
@@ -436,7 +437,7 @@ async def _frames(
     lease: Lease | None,
     framer: Framer,
     pending: asyncio.Future[Lease] | None,
-    queue: asyncio.Queue[Any],
+    queue: StreamInbox,
     producer: asyncio.Future[None] | None = None,
     first: Any = None,
 ) -> AsyncIterator[str]:
@@ -464,9 +465,19 @@ async def _frames(
         if producer is None:
             producer = asyncio.ensure_future(_pump(lease.engine, plan.requests, queue))
         last_progress = loop.time()
-        # One timer re-armed per item instead of asyncio.wait_for, which
-        # (before Python 3.12) wraps every queue.get() in a new task.
-        timer = loop.call_later(heartbeat, queue.put_nowait, _TICK)
+
+        def tick() -> None:
+            # Not re-armed per item (a timer handle per token): when it fires
+            # after an item came, it sleeps again until the interval since
+            # that item is over, and wakes the stream only after a quiet one.
+            nonlocal timer
+            quiet = loop.time() - last_progress
+            if quiet >= heartbeat:
+                queue.put_nowait(_TICK)  # re-armed when the stream reads it
+            else:
+                timer = loop.call_later(heartbeat - quiet, tick)
+
+        timer = loop.call_later(heartbeat, tick)
         done = False
         if first is not None:
             out, done = state.handle(first)
@@ -475,15 +486,13 @@ async def _frames(
         while not done:
             item = await queue.get()
             if item is _TICK:
-                timer = loop.call_later(heartbeat, queue.put_nowait, _TICK)
+                timer = loop.call_later(heartbeat, tick)
                 if loop.time() - last_progress >= inactivity:
                     state.status = 504
                     yield framer.error(RequestTimeout(f"No output for {inactivity:.0f} seconds"))
                     break
                 yield framer.heartbeat
                 continue
-            timer.cancel()
-            timer = loop.call_later(heartbeat, queue.put_nowait, _TICK)
             last_progress = loop.time()
             out, done = state.handle(item)
             # Whatever else is already queued goes out in the same write: one
@@ -491,6 +500,7 @@ async def _frames(
             while not done and not queue.empty():
                 queued = queue.get_nowait()
                 if queued is _TICK:
+                    timer = loop.call_later(heartbeat, tick)
                     continue
                 more, done = state.handle(queued)
                 out += more
