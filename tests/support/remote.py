@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 import httpx
 import yaml
 
-from support.daemon import free_port, tiny_model, wait_until
+from support.daemon import free_port, served_process, tiny_model
 
 
 def write_front(
@@ -46,32 +45,11 @@ def write_front(
 def mlx_lm_server(model_dir: Path, log_path: Path) -> Iterator[str]:
     """mlx-lm's own OpenAI server on a free loopback port; yields its /v1 URL."""
     port = free_port()
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "mlx_lm", "server", "--model", str(model_dir),
-             "--host", "127.0.0.1", "--port", str(port)],
-            stdout=log, stderr=subprocess.STDOUT,
-        )
     url = f"http://127.0.0.1:{port}/v1"
-
-    def up() -> bool:
-        if process.poll() is not None:
-            raise AssertionError(f"mlx_lm.server exited ({process.returncode}):\n{log_path.read_text()}")
-        try:
-            return httpx.get(f"{url}/models", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_until(up, timeout=120, interval=0.2)
-    try:
+    argv = [sys.executable, "-m", "mlx_lm", "server", "--model", str(model_dir),
+            "--host", "127.0.0.1", "--port", str(port)]
+    with served_process(argv, log_path, f"{url}/models", timeout=120):
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def sse_events(response: httpx.Response) -> list[Any]:
