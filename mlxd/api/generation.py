@@ -88,7 +88,9 @@ async def _read_images_and_acquire(ctx: DaemonContext, plan: Plan) -> Lease:
     lease = await ctx.manager.acquire(plan.requested_name, timeout=plan.remaining())
     try:
         if images is not None:
-            decoded = await images.decode(ctx.image_memory)
+            # A backend gets them as data: URLs and decodes them itself.
+            remote = getattr(lease.engine, "kind", None) == "remote"
+            decoded = images.data_urls() if remote else await images.decode(ctx.image_memory)
             for request in plan.requests:  # n > 1: every choice sees them
                 request.images = decoded
         shape_output(plan, lease.engine)

@@ -152,15 +152,18 @@ def plan_chat(
 ) -> Plan:
     spec = ctx.manager.resolve(asked.model)
     check_prompt_length(spec, conversation.text_length(), "messages")
-    if conversation.has_images() and spec.kind != "vision":
+    # A remote entry's images go to its backend, which decides whether its
+    # model sees them (a text model's server answers 400 itself).
+    takes_images = spec.kind == "vision" or spec.is_remote
+    if conversation.has_images() and not takes_images:
         raise BadRequest(
             f"Model `{asked.model}` is a text model and does not accept images", param="messages"
         )
-    images = collect_images(conversation, ImagePolicy.for_model(spec)) if spec.kind == "vision" else None
+    images = collect_images(conversation, ImagePolicy.for_model(spec)) if takes_images else None
     if asked.output.asks_anything():
         out = asked.output
         check_output(tools=out.tools, tool_choice=out.tool_choice, response_format=out.response_format)
-        if spec.kind == "vision" and (out.tools or out.response_format):
+        if spec.kind == "vision" and not spec.is_remote and (out.tools or out.response_format):
             # What the vision engine would refuse, said before any stream opens.
             param = "tools" if out.tools else "response_format"
             raise BadRequest(f"Vision models do not support `{param}` yet.", param=param)
@@ -194,6 +197,17 @@ def shape_output(plan: Plan, engine: Any) -> None:
     if not plan.output.asks_anything():
         return
     asked = plan.output
+    if getattr(engine, "kind", None) == "remote":
+        # The backend has the model's tool-call format and its own grammar:
+        # the fields go to it as the client sent them (checked for shape by
+        # check_output), and its tool calls come back already split.
+        for request in plan.requests:
+            request.tools = asked.tools
+            request.tool_choice = asked.tool_choice
+            request.parallel_tool_calls = asked.parallel_tool_calls
+            request.response_format = asked.response_format
+        plan.tool_format = None
+        return
     shaped = plan_output(
         plan.requested_name,
         getattr(engine, "tool_format", None),

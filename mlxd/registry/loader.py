@@ -525,6 +525,8 @@ class _Builder:
             max_queue=entry.max_queue,
             defaults=self._sampling(i, entry),
             prefix_cache=PrefixCacheSpec(max_bytes=0, disk_max_bytes=0, persist=False),
+            local_image_dir=self._image_dir(i, entry),
+            allow_remote_images=entry.allow_remote_images,
             backend=entry.backend,
             remote_model=remote_model,
         )

@@ -292,8 +292,12 @@ class RegistryFile(_Section):
 
 
 # The only keys a remote entry may set: everything else describes local files,
-# memory or the MLX engine, which a remote entry has none of.
-REMOTE_KEYS = ("name", "aliases", "description", "defaults", "max_queue", "backend", "remote_model")
+# memory or the MLX engine, which a remote entry has none of. (Where images
+# may come from is the front's business: it reads them and sends their bytes.)
+REMOTE_KEYS = (
+    "name", "aliases", "description", "defaults", "max_queue", "backend", "remote_model",
+    "local_image_dir", "allow_remote_images",
+)
 
 
 def section_for_path(loc: tuple[str | int, ...]) -> type[BaseModel] | None:

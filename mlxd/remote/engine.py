@@ -22,7 +22,7 @@ from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.errors import BackendFailed, BackendTimeout, BackendUnavailable, MlxdError
 from mlxd.registry.model import ModelSpec
 from mlxd.remote.backends import BackendLink, BackendPool
-from mlxd.remote.wire import StreamReader, endpoint, request_body, upstream_error
+from mlxd.remote.wire import StreamReader, endpoint, request_body, upstream_error, whole_answer
 
 # Long enough to read an upstream error body, short enough not to hang on one.
 ERROR_BODY_TIMEOUT_S = 5.0
@@ -103,6 +103,18 @@ class RemoteEngine:
             raise upstream_error(spec.name, response.status_code, body, response.headers.get("retry-after"))
         # Accepted: the front may answer 200 now.
         yield GenerationChunk(text="")
+        if response.headers.get("content-type", "").startswith("application/json"):
+            # A server that answers a stream request with the whole message.
+            try:
+                async with asyncio.timeout_at(first_byte_at):
+                    body = await response.aread()
+            except TimeoutError:
+                raise BackendTimeout(f"{where} sent no output within {spec.first_byte_timeout_s:g} s") from None
+            except httpx.HTTPError as exc:
+                raise BackendFailed(f"{where} broke off the answer: {_reason(exc)}") from None
+            for chunk in whole_answer(body):
+                yield chunk
+            return
         reader = StreamReader()
         lines = response.aiter_lines()
         try:
