@@ -218,15 +218,12 @@ class PendingImages:
         for item in self.read_images:
             async with memory.hold(item.decode_bytes, item.param):
                 images.append(await asyncio.to_thread(decode_image, item.raw, item.param, self.limits, self.target))
-        self.read_images = []  # the raw bytes are not needed any more
         return images
 
     def data_urls(self) -> list[str]:
         """The images as ``data:`` URLs, in message order, for a backend to
         decode (checked here, never decoded: that memory is the backend's)."""
-        urls = [item.data_url() for item in self.read_images]
-        self.read_images = []
-        return urls
+        return [item.data_url() for item in self.read_images]
 
     async def load(self) -> list[Any]:
         """Read and decode in one go, bounded by nothing but the limits."""

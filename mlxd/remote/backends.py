@@ -116,6 +116,12 @@ class BackendPool:
             stats.last_error = describe_exception(error)
             stats.last_error_at = time.time()
 
+    def current(self, name: str) -> BackendView | None:
+        """A backend's settings and its live figures (not a copy: read them
+        at once), or None for a name that is gone."""
+        spec = self._specs.get(name)
+        return BackendView(spec, self._stats[name]) if spec is not None else None
+
     def views(self) -> tuple[BackendView, ...]:
         return tuple(
             BackendView(spec, replace(self._stats[name], models=dict(self._stats[name].models)))

@@ -14,14 +14,28 @@ from mlxd.api.anthropic.answers import AnthropicFrames, message
 from mlxd.api.anthropic.bodies import CountTokensRequest, MessagesRequest
 from mlxd.api.context import DaemonContext
 from mlxd.api.generation import respond
-from mlxd.api.plan import plan_chat
+from mlxd.api.plan import plan_chat, resolve_entry
 from mlxd.errors import BadRequest
+from mlxd.registry.model import ModelSpec
 
 PREFIX = "/v1/messages"
 
 
 def _ctx(request: Request) -> DaemonContext:
     return request.app.state.ctx
+
+
+def _counting_model(ctx: DaemonContext, name: str) -> ModelSpec:
+    """The model whose tokenizer counts for ``name``: a failover entry's
+    first local target. A remote model's tokenizer is on its backend."""
+    entry = resolve_entry(ctx, name)
+    local = next((m for m in entry.models if not m.is_remote), None)
+    if local is None:
+        raise BadRequest(
+            f"Model `{name}` is served by a remote backend; counting tokens needs its tokenizer here.",
+            param="model",
+        )
+    return local
 
 
 def router() -> APIRouter:
@@ -40,7 +54,7 @@ def router() -> APIRouter:
     @api.post(f"{PREFIX}/count_tokens")
     async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, int]:
         ctx = _ctx(request)
-        spec = ctx.manager.resolve(body.model)
+        spec = _counting_model(ctx, body.model)
         conversation = body.conversation()
         if conversation.has_images() and spec.kind != "vision":
             raise BadRequest(f"Model `{body.model}` is a text model and does not accept images", param="messages")
