@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from mlxd.api.conversation import Conversation
 from mlxd.api.images import ImagePolicy, PendingImages, collect_images
 from mlxd.engine.types import GenerationRequest, SamplingParams
-from mlxd.errors import BadRequest
+from mlxd.errors import BadRequest, ModelNotFound
 from mlxd.registry.model import FailoverSpec, ModelSpec, SamplingDefaults
 from mlxd.tools.formats import ToolFormat
 from mlxd.tools.plan import check_output, plan_output
@@ -73,11 +73,15 @@ class Entry:
 
 
 def resolve_entry(ctx: DaemonContext, name: str) -> Entry:
+    """What a client's ``name`` stands for; an implicit failover target's
+    own name (``backend:model``) is none of them."""
     found = ctx.registry.find(name)
+    if found is None:
+        raise ModelNotFound(name, ctx.registry.model_names())
     if isinstance(found, FailoverSpec):
         targets = tuple(ctx.manager.resolve(t) for t in found.targets)
         return Entry(targets[0], found, targets)
-    return Entry(ctx.manager.resolve(name))
+    return Entry(ctx.manager.resolve(found.name))
 
 
 def takes_images(spec: ModelSpec) -> bool:

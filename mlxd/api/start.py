@@ -63,7 +63,10 @@ async def start(ctx: DaemonContext, plan: Plan) -> Started:
         await images.read()
     try:
         if plan.failover is None:
-            return await _start_on(ctx, plan, plan.requested_name)
+            try:
+                return await _start_on(ctx, plan, plan.requested_name)
+            except _Unfit as unfit:
+                raise unfit.error from None
         return await _fail_over(ctx, plan)
     finally:
         if images is not None:
@@ -79,10 +82,12 @@ async def _fail_over(ctx: DaemonContext, plan: Plan) -> Started:
     for position, target in enumerate(targets):
         try:
             return await _start_on(ctx, plan, target)
-        except MlxdError as exc:
+        except (MlxdError, _Unfit) as failure:
             plan.spec = ctx.manager.resolve(target)  # the last tried, for the accounts
-            if position == len(targets) - 1 or not falls_through(exc) or plan.remaining() <= 0:
-                raise
+            exc = failure.error if isinstance(failure, _Unfit) else failure
+            passes = isinstance(failure, _Unfit) or falls_through(exc)
+            if position == len(targets) - 1 or not passes or plan.remaining() <= 0:
+                raise exc from None
             ctx.failover.fell_through(name, target, exc)
             ctx.metrics.failover_fallthroughs.labels(name, target).inc()
             log.info("%s: target %s failed before any output (%s); trying %s",
@@ -105,7 +110,12 @@ async def _start_on(ctx: DaemonContext, plan: Plan, model: str) -> Started:
             decoded = images.data_urls() if remote else await images.decode(ctx.image_memory)
             for request in plan.requests:  # n > 1: every choice sees them
                 request.images = decoded
-        shape_output(plan, lease.engine)
+        try:
+            shape_output(plan, lease.engine)
+        except BadRequest as exc:
+            # The request's shape was checked before; what is left is this
+            # model's own lack (no tool-call format), which another may not have.
+            raise _Unfit(exc) from None
         await _compile_grammar(plan, lease.engine)
         if getattr(lease.engine, "confirms_start", False):
             started = Started(lease, await _begun(lease.engine, plan.requests[0]))
@@ -113,6 +123,16 @@ async def _start_on(ctx: DaemonContext, plan: Plan, model: str) -> Started:
         await started.close()
         raise
     return started
+
+
+class _Unfit(Exception):
+    """The leased model cannot give the answer the request asks for (tools
+    on a model without a tool-call format): a failover entry's next target
+    may; anywhere else it is the client's 400."""
+
+    def __init__(self, error: BadRequest) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 async def _begun(engine: Any, request: GenerationRequest) -> _Resumed:

@@ -123,3 +123,19 @@ def test_editing_a_failover_entry_is_a_difference_of_its_own(model_dir):
     diff = diff_registries(old, moved)
     assert diff.failovers == ("either", "qwen")
     assert (diff.added, diff.removed) == (("studio:qwen-huge",), ("studio:qwen-big",))
+
+
+def test_mlxd_check_shows_each_failover_entry_with_its_targets_and_where_they_run(model_dir):
+    from mlxd.registry.check import describe
+
+    text = describe(load(model_dir))
+    assert "Backends (1):\n  studio [mlxd] http://studio.local:8080/v1, up to 3 at once" in text
+    assert "Models (2):" in text, "the implicit target is shown under its failover entry"
+    assert "  far\n    served by backend `studio` (http://studio.local:8080/v1) as `qwen-far`" in text
+    assert (
+        "  qwen [failover, spillover]  aliases: q, qwen-*\n"
+        "    tries the first target with a free slot, else the first listed; the next when one fails before any output\n"
+        "    -> small (here)\n"
+        "    -> studio:qwen-big (on backend `studio` as `qwen-big`)\n"
+    ) in text
+    assert "  either [failover, warm]" in text

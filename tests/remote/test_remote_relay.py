@@ -60,6 +60,11 @@ def front(backend, images_dir, tmp_path_factory):
             # The front reads files under its own folder and sends their bytes.
             {"name": "vision", "backend": "studio", "remote_model": "eyes", "local_image_dir": str(images_dir)},
             {"name": "plain", "backend": "studio", "remote_model": "words"},
+            # Text here, vision on the studio: a request with an image skips the target that cannot see it.
+            {"name": "words-here", "model": "qwen"},
+            {"name": "look", "targets": ["words-here", "vision"], "strategy": "spillover"},
+            # words-here has no tool-call format: a request with tools moves on to the agent.
+            {"name": "helper", "targets": ["words-here", "agent"], "strategy": "spillover"},
         ],
     )
     with daemon_in_thread(registry, tmp) as daemon:
@@ -214,3 +219,27 @@ def test_a_backend_text_model_refuses_images_itself(front):
     assert "does not accept images" in response.json()["error"]["message"]
     assert sse_events(httpx.post(f"{front.url}/v1/chat/completions", timeout=30, json={
         "model": "plain", "messages": ASK, "max_tokens": 2, "stream": True}))[-1] == "[DONE]"
+
+
+def served_by(front, name):
+    return next(f for f in front.status()["failover"] if f["name"] == name)["recent"][-1]["target"]
+
+
+def test_a_failover_entry_sends_an_image_only_to_a_target_that_takes_images(front):
+    openai_client(front).chat.completions.create(model="look", messages=ASK, max_tokens=2)
+    assert served_by(front, "look") == "words-here"
+    reply = openai_client(front).chat.completions.create(
+        model="look", messages=image_chat(data_url(noise_image(seed=7))), **GREEDY)
+    assert reply.usage.completion_tokens == GREEDY["max_tokens"]
+    assert served_by(front, "look") == "vision"
+
+
+def test_a_failover_target_without_a_tool_call_format_lets_the_next_one_call_the_tool(front):
+    openai_client(front).chat.completions.create(model="helper", messages=ASK, max_tokens=2)
+    assert served_by(front, "helper") == "words-here"
+    (call,) = forced_call(openai_client(front), "helper").choices[0].message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+    assert served_by(front, "helper") == "agent"
+    here = next(t for f in front.status()["failover"] if f["name"] == "helper" for t in f["targets"]
+                if t["name"] == "words-here")
+    assert here["fell_through"] == 1 and "tool" in here["last_error"]
