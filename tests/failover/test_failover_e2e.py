@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ import pytest
 from monitoring.monitoring_support import corrupt_model
 from monitoring.test_dashboard import _wait, browser  # noqa: F401 (a fixture)
 from support.daemon import daemon_in_thread, daemon_process, wait_until, write_registry
-from support.remote import reload, sse_events, write_front
+from support.remote import killed_mid_stream, reload, sse_events, until_text, write_front
 
 pytestmark = [pytest.mark.mlx, pytest.mark.slow]
 
@@ -100,8 +99,8 @@ def held(front, model: str) -> Iterator[None]:
     the stream is closed, and the slot given back)."""
     body = {"model": model, "messages": MESSAGES, "max_tokens": 5000, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"{front.url}/v1/chat/completions", json=body, timeout=60) as stream:
-        lines = stream.iter_lines()
-        assert any('"content":"' in line and '"content":""' not in line for line in lines)
+        lines = stream.iter_lines()  # kept: a dropped line iterator closes the stream
+        until_text(lines)
         yield
     wait_until(lambda: front.model(model)["active_leases"] == 0)
 
@@ -164,12 +163,7 @@ def test_a_stream_that_started_is_never_retried_and_a_refused_connection_falls_t
         reload(front.url)
         wait_until(lambda: target(front, "fragile", "doomed:tiny")["reachable"] is True)
         body = {"model": "fragile", "messages": MESSAGES, "max_tokens": 4000, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", f"{front.url}/v1/chat/completions", json=body, timeout=60) as stream:
-            lines = stream.iter_lines()
-            assert any('"content":"' in line and '"content":""' not in line for line in lines)
-            doomed.process.send_signal(signal.SIGKILL)
-            doomed.process.wait()
-            data = [line for line in lines if line.startswith("data:")]
+        data = killed_mid_stream(front.url, body, doomed.process)
     assert "broke off the answer" in json.loads(data[-2][len("data: "):])["error"]["message"]
     assert data[-1] == "data: [DONE]"
     assert target(front, "fragile", "here")["requests"] == 0, "the started stream was not retried"

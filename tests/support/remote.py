@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,6 +62,22 @@ def sse_events(response: httpx.Response) -> list[Any]:
             data = line[5:].strip()
             out.append(data if data == "[DONE]" else json.loads(data))
     return out
+
+
+def until_text(lines: Iterator[str]) -> None:
+    """Read a stream's lines until one carries generated text."""
+    assert any('"content":"' in line and '"content":""' not in line for line in lines)
+
+
+def killed_mid_stream(front_url: str, body: dict[str, Any], backend: subprocess.Popen) -> list[str]:
+    """Stream ``body`` through the front, SIGKILL the ``backend`` once text
+    flows, and return the ``data:`` lines that came after."""
+    with httpx.stream("POST", f"{front_url}/v1/chat/completions", json=body, timeout=60) as stream:
+        lines = stream.iter_lines()
+        until_text(lines)
+        backend.send_signal(signal.SIGKILL)
+        backend.wait()
+        return [line for line in lines if line.startswith("data:")]
 
 
 def reload(front_url: str) -> dict[str, Any]:
