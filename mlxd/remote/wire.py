@@ -101,9 +101,12 @@ def _next_image(images: Any) -> str:
 
 @dataclass
 class StreamReader:
-    """Reads one upstream stream's ``data:`` payloads. Text and tool-call
-    pieces go out at once; the finish is held back until the stream ends,
-    because the usage that belongs in it comes in a chunk of its own after it."""
+    """Reads one upstream event stream as its bytes arrive. All the output of
+    the complete events in one read goes out as one chunk: when the front
+    falls behind, the backend's tokens pile up in the socket, and relaying
+    them as one frame costs one write instead of one per token. The finish
+    is held back until the stream ends, because the usage that belongs in
+    it comes in an event of its own after it."""
 
     finish_reason: str | None = None
     prompt_tokens: int = 0
@@ -112,20 +115,39 @@ class StreamReader:
     done: bool = False
     # Tool calls seen so far, by index: whether their name has gone out.
     _calls: dict[int, bool] = field(default_factory=dict)
+    # The start of an event line whose end has not arrived yet.
+    _partial: bytes = b""
 
-    def feed(self, line: str) -> GenerationChunk | None:
-        """One line of the event stream; a chunk when it carries new output."""
-        if not line.startswith("data:"):
-            return None  # comments (heartbeats), event names, blank separators
-        data = line[5:].strip()
-        if data == "[DONE]":
-            self.done = True
+    def feed(self, data: bytes) -> GenerationChunk | None:
+        """Bytes as they arrived (several events, or part of one); a chunk
+        when the complete events among them carry new output."""
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        text = ""
+        calls: list[ToolCallFragment] = []
+        for line in lines:
+            # Comments (heartbeats), event names and blank separators carry nothing.
+            if self.done or not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                self.done = True
+                continue
+            piece, more = self._event(_json_object(payload))
+            text += piece
+            calls += more
+        if not text and not calls:
             return None
-        return self.payload(_json_object(data))
+        return GenerationChunk(text=text, completion_tokens=self.completion_tokens, tool_calls=calls or None)
 
-    def payload(self, payload: dict[str, Any]) -> GenerationChunk | None:
-        """One event's JSON (or a whole answer's, which reads the same with
-        ``message`` where a stream has ``delta``)."""
+    def whole(self, payload: dict[str, Any]) -> GenerationChunk | None:
+        """A whole answer's JSON, which reads like one event with ``message``
+        where a stream has ``delta``."""
+        text, calls = self._event(payload)
+        if not text and not calls:
+            return None
+        return GenerationChunk(text=text, completion_tokens=self.completion_tokens, tool_calls=calls or None)
+
+    def _event(self, payload: dict[str, Any]) -> tuple[str, list[ToolCallFragment]]:
         if "error" in payload:
             raise upstream_stream_error(payload)
         self._usage(payload.get("usage"))
@@ -138,13 +160,11 @@ class StreamReader:
             piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
             if isinstance(piece, str):
                 text += piece
-            if isinstance(delta, dict):
-                calls += self._tool_calls(delta.get("tool_calls"))
+            if isinstance(delta, dict) and delta.get("tool_calls"):
+                calls += self._tool_calls(delta["tool_calls"])
             if choice.get("finish_reason"):
                 self.finish_reason = str(choice["finish_reason"])
-        if not text and not calls:
-            return None
-        return GenerationChunk(text=text, completion_tokens=self.completion_tokens, tool_calls=calls or None)
+        return text, calls
 
     def _tool_calls(self, calls: Any) -> list[ToolCallFragment]:
         out = []
@@ -201,7 +221,7 @@ def whole_answer(body: bytes) -> list[GenerationChunk]:
     """A backend that answered with one JSON document though a stream was
     asked for: its text and tool calls as one chunk, then the finish."""
     reader = StreamReader()
-    chunk = reader.payload(_json_object(body))
+    chunk = reader.whole(_json_object(body))
     return [*([chunk] if chunk is not None else []), reader.finish()]
 
 

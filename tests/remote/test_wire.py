@@ -45,14 +45,14 @@ def test_tool_call_arguments_go_back_on_the_wire_as_json_text():
 
 
 def feed(reader, payload):
-    return reader.feed("data: " + (payload if isinstance(payload, str) else json.dumps(payload)))
+    return reader.feed(b"data: " + (payload if isinstance(payload, str) else json.dumps(payload)).encode() + b"\n\n")
 
 
 def test_the_finish_waits_for_the_usage_that_follows_it():
     reader = StreamReader()
     assert feed(reader, {"choices": [{"delta": {"role": "assistant", "content": ""}}]}) is None
     assert feed(reader, {"choices": [{"delta": {"content": "Hel"}}]}).text == "Hel"
-    assert reader.feed(": heartbeat") is None
+    assert reader.feed(b": heartbeat\n\n") is None
     assert feed(reader, {"choices": [{"delta": {}, "finish_reason": "length"}]}) is None
     feed(reader, {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2,
                                            "prompt_tokens_details": {"cached_tokens": 4}}})
@@ -160,3 +160,15 @@ def test_a_whole_json_answer_reads_like_a_stream():
     assert (finish.finish_reason, finish.prompt_tokens, finish.completion_tokens) == ("tool_calls", 11, 4)
     with pytest.raises(BackendFailed, match="not JSON"):
         whole_answer(b"<html>")
+
+
+def test_events_are_read_as_their_bytes_arrive_and_those_of_one_read_go_out_as_one_chunk():
+    reader = StreamReader()
+    event = 'data: {"choices":[{"delta":{"content":"%s"}}]}\r\n\r\n'
+    whole = (event % "Hél" + event % "lo").encode()
+    cut = whole.index("é".encode()) + 1  # inside a multi-byte character
+    assert reader.feed(whole[:cut]) is None, "nothing is complete yet"
+    assert reader.feed(whole[cut:]).text == "Héllo", "two events, one chunk"
+    assert reader.feed(b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n') is None
+    assert reader.done and reader.finish().finish_reason == "stop"
+    assert reader.feed(event.encode() % b"late") is None, "nothing counts after [DONE]"
