@@ -103,10 +103,10 @@ async def _start_on(ctx: DaemonContext, plan: Plan, model: str) -> Started:
     try:
         if plan.failover is not None:
             plan.retarget(ctx.manager.resolve(model))
+        remote = getattr(lease.engine, "kind", None) == "remote"
         images = plan.images if plan.images is not None and plan.images.read_images else None
         if images is not None:
             # A backend gets them as data: URLs and decodes them itself.
-            remote = getattr(lease.engine, "kind", None) == "remote"
             decoded = images.data_urls() if remote else await images.decode(ctx.image_memory)
             for request in plan.requests:  # n > 1: every choice sees them
                 request.images = decoded
@@ -116,6 +116,8 @@ async def _start_on(ctx: DaemonContext, plan: Plan, model: str) -> Started:
             # The request's shape was checked before; what is left is this
             # model's own lack (no tool-call format), which another may not have.
             raise _Unfit(exc) from None
+        if remote and any(r.logprobs is not None for r in plan.requests):
+            raise _Unfit(BadRequest("Log-probabilities are not relayed from a remote backend.", param="logprobs"))
         await _compile_grammar(plan, lease.engine)
         if getattr(lease.engine, "confirms_start", False):
             started = Started(lease, await _begun(lease.engine, plan.requests[0]))

@@ -65,6 +65,7 @@ def front(backend, images_dir, tmp_path_factory):
             {"name": "look", "targets": ["words-here", "vision"], "strategy": "spillover"},
             # words-here has no tool-call format: a request with tools moves on to the agent.
             {"name": "helper", "targets": ["words-here", "agent"], "strategy": "spillover"},
+            {"name": "there-first", "targets": ["plain", "words-here"], "strategy": "spillover"},
         ],
     )
     with daemon_in_thread(registry, tmp) as daemon:
@@ -243,3 +244,27 @@ def test_a_failover_target_without_a_tool_call_format_lets_the_next_one_call_the
     here = next(t for f in front.status()["failover"] if f["name"] == "helper" for t in f["targets"]
                 if t["name"] == "words-here")
     assert here["fell_through"] == 1 and "tool" in here["last_error"]
+
+
+def test_log_probabilities_are_refused_on_a_remote_entry_rather_than_left_empty(front):
+    for stream in (False, True):
+        response = httpx.post(f"{front.url}/v1/chat/completions", timeout=30, json={
+            "model": "plain", "messages": ASK, "max_tokens": 2, "logprobs": True, "stream": stream})
+        assert response.status_code == 400
+        assert response.json()["error"]["param"] == "logprobs"
+    # A failover entry moves on to a local target, which has them.
+    openai_client(front).chat.completions.create(model="there-first", messages=ASK, max_tokens=2)
+    assert served_by(front, "there-first") == "plain"
+    reply = openai_client(front).chat.completions.create(
+        model="there-first", messages=ASK, max_tokens=2, logprobs=True, top_logprobs=2)
+    assert len(reply.choices[0].logprobs.content) == 2
+    assert served_by(front, "there-first") == "words-here"
+
+
+def test_counting_tokens_needs_a_local_tokenizer(front):
+    client = anthropic.Anthropic(base_url=front.url, api_key="unused", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as remote:
+        client.messages.count_tokens(model="plain", messages=ASK)
+    assert "served by a remote backend" in remote.value.message
+    # A failover entry counts with its first local target's tokenizer.
+    assert client.messages.count_tokens(model="there-first", messages=ASK).input_tokens > 5
