@@ -116,35 +116,45 @@ def daemon(
             "models": models,
         }
         registry.write_text(yaml.safe_dump(doc, sort_keys=False))
-        port = free_port()
-        env = {**os.environ, "MLXD_STATE_DIR": str(Path(tmp) / "state"), **(env or {})}
-        log = open(Path(tmp) / "daemon.log", "w")
-        process = subprocess.Popen(
-            [sys.executable, "-m", "mlxd", "serve", "--config", str(registry), "--port", str(port), "--no-watch"],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 120
-            while True:
-                if process.poll() is not None:
-                    raise RuntimeError(f"daemon exited: {(Path(tmp) / 'daemon.log').read_text()}")
-                try:
-                    if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("daemon did not start")
-                time.sleep(0.1)
+        with serving(registry, Path(tmp), env=env, log_to=log_to) as url:
             yield url
-        finally:
-            process.send_signal(signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def serving(registry: Path, tmp: Path, env: dict[str, str] | None = None,
+            log_to: Path | None = None) -> Iterator[str]:
+    """`mlxd serve --config registry`, its state and log in ``tmp``, until
+    the block ends. Yields its base URL once /health answers."""
+    port = free_port()
+    env = {**os.environ, "MLXD_STATE_DIR": str(tmp / "state"), **(env or {})}
+    log_path = tmp / "daemon.log"
+    log = open(log_path, "w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mlxd", "serve", "--config", str(registry), "--port", str(port), "--no-watch"],
+        stdout=log, stderr=subprocess.STDOUT, env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"daemon exited: {log_path.read_text()}")
             try:
-                process.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                process.kill()
-            log.close()
-            if log_to is not None:
-                log_to.parent.mkdir(parents=True, exist_ok=True)
-                log_to.write_text((Path(tmp) / "daemon.log").read_text())
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("daemon did not start")
+            time.sleep(0.1)
+        yield url
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+        if log_to is not None:
+            log_to.parent.mkdir(parents=True, exist_ok=True)
+            log_to.write_text(log_path.read_text())

@@ -5,16 +5,18 @@
 #   bash bench/gpu_suite.sh --cpu-smoke   # here: the same steps on tiny models, in minutes
 #
 # 1. device: what MLX and the driver report; the demo built in the device's dtype.
-# 2. cold start (bench/cold_start.py): first load in a fresh process / mlx_lm.load,
-#    first-request TTFT after a load / second, a restart with a warm kernel cache,
-#    the device and the budget as /v1/status shows them.
+# 2. kernel misses (bench/kernel_misses.py), with an empty kernel cache, then
+#    restarted on the cache it filled: what the first requests after a load still
+#    compile, first-request TTFT after a load / second, the load split (mlx_lm.load,
+#    warm-up, rest) / mlx_lm.load in a fresh process, the device and budget.
 # 3. concurrency 1/2/4/8 clients (bench/concurrency.py).
 # 4. reload + restore vs reload + recompute at 2k, 8k, 32k tokens (bench/restore_vs_recompute.py).
 # 5. per-token overhead against direct mlx-lm (bench/overhead.py).
 # Then everything in bench/results (figures and logs) goes into $OUT/results.tgz and
 # the tables into $OUT/summary.txt. Each step has a time limit and the whole run a
 # deadline (SUITE_SECONDS, default 540): a step that no longer fits is skipped, and
-# a failed step does not stop the others.
+# a failed step does not stop the others. STEPS="kernel_misses_fresh overhead ..."
+# runs only those (device and build always run), to split the suite over calls.
 #
 # On the H200 (shared/gpu/README.md): after the kit's part calls,
 #   bash .gpu/part2/stage.sh && source /tmp/gpu-env.sh && bash bench/gpu_suite.sh
@@ -46,6 +48,9 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 # last lines (the table) in the summary.
 step() {
   local name=$1 limit=$2; shift 2
+  if [ -n "${STEPS:-}" ] && [[ " device build $STEPS " != *" $name "* ]]; then
+    return
+  fi
   local left=$((DEADLINE - SECONDS))
   if [ "$left" -lt 20 ]; then
     note "== $name: skipped (${left}s left of ${DEADLINE}s)"
@@ -84,6 +89,9 @@ for size in ('tiny', '$SIZE'):
     print(build_model(ModelRecipe('qwen2', size, dtype=device_dtype())))
 "
 step cold_start 200 "$PY" bench/cold_start.py --size "$SIZE" --prompt-tokens "$PROMPT_TOKENS" \
+  --import-wait "$IMPORT_WAIT"
+# shellcheck disable=SC2086
+step kernel_misses 200 "$PY" bench/kernel_misses.py --size "$SIZE" --prompt-tokens "$PROMPT_TOKENS" \
   --import-wait "$IMPORT_WAIT"
 # shellcheck disable=SC2086
 step restore_vs_recompute 150 "$PY" bench/restore_vs_recompute.py --size "$SIZE" --prompt-tokens $RESTORE_SIZES

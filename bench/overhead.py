@@ -68,8 +68,9 @@ def run_direct(model: Any, tokenizer: Any, tokens: int) -> dict[str, float]:
             "tokens": len(times), "cpu_us_per_token": cpu / len(times) * 1e6}
 
 
-def run_daemon(http: httpx.Client, tokens: int, pid: int | None = None) -> dict[str, float]:
-    body = {"model": "m", "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True,
+def run_daemon(http: httpx.Client, tokens: int, pid: int | None = None, model: str = "m",
+               prompt: str = PROMPT) -> dict[str, float]:
+    body = {"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}}
     times: list[float] = []
     generated = 0

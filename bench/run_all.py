@@ -26,12 +26,14 @@ QUICK = [
     ["constrained.py", "--size", "tiny"],
     ["constrained.py", "--size", "small"],
     ["remote.py", "--size", "tiny"],
+    ["demo_dtype.py", "--rounds", "1", "--tokens", "16", "--repeats", "1"],
 ]
 FULL = [
     ["overhead.py", "--size", "bench"],
     ["residency.py", "--size", "bench", "--repeats", "3"],
     ["concurrency.py", "--size", "bench"],
     ["prefix_cache.py", "--size", "bench"],
+    ["demo_dtype.py", "--rounds", "3"],
 ]
 
 

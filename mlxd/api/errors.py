@@ -1,7 +1,8 @@
 """The one place where errors become HTTP responses, for every surface.
 
 What happens is shared: a typed error keeps its status and headers, a body
-that does not validate is a 422 naming the field, an unknown route a 404,
+that does not validate is a 400 naming the field (as OpenAI and Anthropic
+answer it, not FastAPI's 422), an unknown route a 404,
 and an unexpected failure is logged with its traceback and answered with a
 generic 500 (nothing internal reaches a client). What the body looks like is
 the surface's: each has one ``ErrorShape`` (``api/openai/errors.py``), picked
@@ -11,7 +12,8 @@ by the request's path.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
@@ -25,18 +27,28 @@ from mlxd.registry.loader import key_path
 log = logging.getLogger("mlxd.http")
 
 
+@dataclass(frozen=True)
+class Invalid:
+    """What is wrong with a request body that does not validate."""
+
+    message: str
+    # Where: the dotted path of the first bad field (``messages[0].role``),
+    # None for the body as a whole.
+    param: str | None
+    # "json" (not JSON at all), "missing" (a required field), "type" (a value
+    # of the wrong type) or "value" (the right type, a value out of range).
+    kind: str
+
+
 class ErrorShape(Protocol):
     """One surface's error bodies."""
-
-    # The status of a body that does not validate (OpenAI: 422, Anthropic: 400).
-    invalid_status: int
 
     def body(self, exc: BaseException) -> dict[str, Any]:
         """A typed error's body; for anything else, a generic internal error."""
         ...
 
-    def invalid(self, message: str, param: str | None) -> dict[str, Any]:
-        """A request body that does not validate."""
+    def invalid(self, problem: Invalid) -> dict[str, Any]:
+        """A request body that does not validate (answered with a 400)."""
         ...
 
     def http(self, status: int, message: str) -> dict[str, Any]:
@@ -52,9 +64,54 @@ def error_response(shape: ErrorShape, exc: MlxdError) -> JSONResponse:
     return JSONResponse(shape.body(exc), status_code=exc.status_code, headers=exc.headers())
 
 
-def _field_path(loc: tuple[object, ...]) -> str:
+# Types pydantic names in a location when a value matched no member of a union.
+_TYPE_NAMES = frozenset({"str", "int", "float", "bool", "bytes", "none", "any"})
+
+
+def _union_member(part: object) -> bool:
+    """Whether ``part`` of a location names the union member pydantic tried
+    (``str``, ``list[str]``, ``ChatMessage``) rather than a field: request
+    fields are snake_case, never bracketed or capitalised."""
+    return isinstance(part, str) and ("[" in part or part in _TYPE_NAMES or part[:1].isupper())
+
+
+def _field_path(loc: Sequence[object]) -> str:
     # FastAPI puts where the value came from first: not part of the field's name.
-    return key_path(tuple(p for p in loc if p not in ("body", "query", "path"))) or ""
+    return key_path(tuple(p for p in loc if p not in ("body", "query", "path") and not _union_member(p))) or ""
+
+
+def invalid_body(errors: Sequence[Any]) -> Invalid:
+    """The first problem pydantic found, named by its field. A value that
+    matched no member of a union is one problem: the member it got furthest
+    into names it (``prompt[1]`` for a list with one bad item), and members
+    that all failed at the top say so together."""
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": "value_error"}
+    if first.get("type") == "json_invalid":
+        return Invalid("The request body is not valid JSON", None, "json")
+    said = [first]
+    loc = tuple(first.get("loc", ()))
+    tag = next((i for i, part in enumerate(loc) if _union_member(part)), None)
+    if tag is not None:
+        members = [e for e in errors if _same_union(tuple(e.get("loc", ())), loc[:tag])]
+        deepest = max(len(e["loc"]) for e in members)
+        said = [e for e in members if len(e["loc"]) == deepest]
+    param = _field_path(tuple(said[0].get("loc", ())))
+    kinds = {_kind(str(e.get("type", ""))) for e in said}
+    kind = kinds.pop() if len(kinds) == 1 else "type"
+    message = " or ".join(dict.fromkeys(str(e.get("msg")) for e in said))
+    return Invalid(f"{param}: {message}" if param else message, param or None, kind)
+
+
+def _same_union(loc: tuple[object, ...], prefix: tuple[object, ...]) -> bool:
+    return len(loc) > len(prefix) and loc[: len(prefix)] == prefix and _union_member(loc[len(prefix)])
+
+
+def _kind(pydantic_type: str) -> str:
+    if pydantic_type == "missing":
+        return "missing"
+    if pydantic_type.endswith(("_type", "_parsing")):
+        return "type"
+    return "value"
 
 
 def install_error_handlers(app: FastAPI, shape_for: ShapeFor) -> None:
@@ -64,15 +121,8 @@ def install_error_handlers(app: FastAPI, shape_for: ShapeFor) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-        param = _field_path(tuple(first.get("loc", ())))
-        if first.get("type") == "json_invalid":
-            message = "The request body is not valid JSON"
-        else:
-            message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
-        shape = shape_for(request.url.path)
-        return JSONResponse(shape.invalid(message, param or None), status_code=shape.invalid_status)
+        problem = invalid_body(exc.errors())
+        return JSONResponse(shape_for(request.url.path).invalid(problem), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

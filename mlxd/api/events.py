@@ -61,11 +61,13 @@ class Logprobs:
 
 @dataclass(frozen=True)
 class Finish:
-    """The choice is complete. ``reason``: "stop", "length" or "tool_calls"."""
+    """The choice is complete. ``reason``: "stop", "length" or "tool_calls";
+    ``stop_sequence``: the request's stop string that ended it ("stop" only)."""
 
     choice: int
     reason: str
     usage: Usage
+    stop_sequence: str | None = None
 
 
 OutputEvent = TextDelta | ToolCallDelta | Logprobs | Finish
@@ -80,7 +82,7 @@ def chunk_events(choice: int, chunk: GenerationChunk) -> list[OutputEvent]:
         events.append(Logprobs(choice, tuple(chunk.logprobs)))
     if chunk.finish_reason:
         usage = Usage(chunk.prompt_tokens, chunk.completion_tokens, chunk.cached_tokens)
-        events.append(Finish(choice, chunk.finish_reason, usage))
+        events.append(Finish(choice, chunk.finish_reason, usage, chunk.stop_sequence))
     return events
 
 
@@ -108,7 +110,7 @@ class ChoiceEvents:
             elif isinstance(event, Finish):
                 out += _split_events(choice, splitter.finish())
                 reason = finish_reason(event.reason, splitter.calls) or event.reason
-                out.append(Finish(choice, reason, event.usage))
+                out.append(Finish(choice, reason, event.usage, event.stop_sequence if reason == "stop" else None))
             else:
                 out.append(event)
         return out

@@ -94,6 +94,8 @@ class CalledTool:
 class Choice:
     text: str = ""
     finish_reason: str = "stop"
+    # The stop string that ended the choice, if one did.
+    stop_sequence: str | None = None
     tool_calls: list[CalledTool] = field(default_factory=list)
     # mlxd.engine.logprobs.TokenLogprob per token, when the request asked.
     logprobs: list[Any] = field(default_factory=list)
@@ -123,6 +125,7 @@ class Answer:
             choice.logprobs.extend(event.entries)
         elif isinstance(event, Finish):
             choice.finish_reason = event.reason
+            choice.stop_sequence = event.stop_sequence
             self.usage = self.usage + event.usage
 
 

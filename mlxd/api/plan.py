@@ -234,26 +234,31 @@ def _image_policy(entry: Entry) -> ImagePolicy:
     )
 
 
+def check_chat(entry: Entry, name: str, conversation: Conversation, output: OutputRequest) -> PendingImages | None:
+    """What a chat request must pass before anything is read or leased (its
+    answer and its token count alike); when a model it may go to takes
+    images, the images to read."""
+    check_prompt_length(entry, conversation.text_length(), "messages")
+    with_images = any(takes_images(m) for m in entry.models)
+    if conversation.has_images() and not with_images:
+        raise BadRequest(f"Model `{name}` is a text model and does not accept images", param="messages")
+    images = collect_images(conversation, _image_policy(entry)) if with_images else None
+    if output.asks_anything():
+        check_output(tools=output.tools, tool_choice=output.tool_choice, response_format=output.response_format)
+        local_vision = all(m.kind == "vision" and not m.is_remote for m in entry.models)
+        if local_vision and (output.tools or output.response_format):
+            # What the vision engine would refuse, said before any stream opens.
+            param = "tools" if output.tools else "response_format"
+            raise BadRequest(f"Vision models do not support `{param}` yet.", param=param)
+    return images
+
+
 def plan_chat(
     ctx: DaemonContext, asked: Requested, conversation: Conversation, *, kind: str = "chat", id_prefix: str = "chatcmpl-"
 ) -> Plan:
     entry = resolve_entry(ctx, asked.model)
     spec = entry.spec
-    check_prompt_length(entry, conversation.text_length(), "messages")
-    with_images = any(takes_images(m) for m in entry.models)
-    if conversation.has_images() and not with_images:
-        raise BadRequest(
-            f"Model `{asked.model}` is a text model and does not accept images", param="messages"
-        )
-    images = collect_images(conversation, _image_policy(entry)) if with_images else None
-    if asked.output.asks_anything():
-        out = asked.output
-        check_output(tools=out.tools, tool_choice=out.tool_choice, response_format=out.response_format)
-        local_vision = all(m.kind == "vision" and not m.is_remote for m in entry.models)
-        if local_vision and (out.tools or out.response_format):
-            # What the vision engine would refuse, said before any stream opens.
-            param = "tools" if out.tools else "response_format"
-            raise BadRequest(f"Vision models do not support `{param}` yet.", param=param)
+    images = check_chat(entry, asked.model, conversation, asked.output)
     defaults = merged_defaults(spec, entry.failover)
     request = GenerationRequest(
         request_id=f"{id_prefix}{uuid.uuid4().hex[:24]}",
@@ -284,7 +289,11 @@ def shape_output(plan: Plan, engine: Any) -> None:
     """Tools and structured output, checked against the leased engine's
     tool-call format (known only once the model is loaded): the template's
     ``tools`` and the grammar go on the engine requests, and the plan learns
-    how to split the answer. A client mistake is a BadRequest naming its field."""
+    how to split the answer. A client mistake is a BadRequest naming its field.
+
+    A forced call is the grammar's whole answer: a stop string meant for
+    prose (``"``, ``}``, a newline) would cut it inside its JSON, so stop
+    strings do not apply to it, on every surface."""
     if not plan.output.asks_anything():
         return
     asked = plan.output
@@ -310,6 +319,8 @@ def shape_output(plan: Plan, engine: Any) -> None:
     for request in plan.requests:
         request.tools = shaped.tools
         request.constraint = shaped.constraint
+        if shaped.forces_call:
+            request.stop = []
     plan.tool_format = shaped.tool_format
 
 

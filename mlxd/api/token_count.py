@@ -1,18 +1,29 @@
 """Counting a conversation's prompt tokens with the model's real chat
-template (tools included) without leasing the model: the tokenizer is read
-from the model's folder and kept, so a count neither loads the model,
-waits in its queue, nor refreshes its idle clock (a client counting tokens
-is not using the model)."""
+template (tools included) without leasing the model: the tokenizer (for a
+vision model, its processor and config) is read from the model's folder and
+kept, so a count neither loads the weights, waits in the model's queue, nor
+refreshes its idle clock (a client counting tokens is not using the model).
+
+A vision model's images are counted as the model sees them: the processor
+expands each into its vision tokens (``engine/vision_inputs.py``, the same
+code the vision engine prefills with), so the count of a message with an
+image is the ``input_tokens`` of that message answered."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from mlxd.engine.prompt import chat_tokens
+from mlxd.engine.vision_inputs import load_vision_processor, prepare_vision_inputs
+from mlxd.errors import ModelLoadFailed
 from mlxd.registry.model import ModelSpec
+
+log = logging.getLogger(__name__)
 
 # Tokenizers kept (a few MB each); an agent talks to one or two models.
 KEEP = 4
@@ -22,31 +33,51 @@ class TokenCounter:
     def __init__(self, keep: int = KEEP) -> None:
         self._keep = keep
         self._lock = threading.Lock()
-        self._tokenizers: OrderedDict[str, Any] = OrderedDict()
+        self._kept: OrderedDict[tuple[str, str], Any] = OrderedDict()
+
+    def _cached(self, spec: ModelSpec, load: Callable[[], Any]) -> Any:
+        key = (str(spec.path), spec.kind)
+        with self._lock:
+            if key in self._kept:
+                self._kept.move_to_end(key)
+                return self._kept[key]
+        try:
+            loaded = load()
+        except Exception as exc:
+            log.exception("reading the tokenizer of %s from %s failed", spec.name, spec.path)
+            raise ModelLoadFailed(
+                f"The tokenizer of `{spec.name}` could not be read ({type(exc).__name__}); "
+                "see the daemon log for details."
+            ) from exc
+        with self._lock:
+            self._kept[key] = loaded
+            while len(self._kept) > self._keep:
+                self._kept.popitem(last=False)
+        return loaded
 
     def _tokenizer(self, spec: ModelSpec) -> Any:
-        key = str(spec.path)
-        with self._lock:
-            if key in self._tokenizers:
-                self._tokenizers.move_to_end(key)
-                return self._tokenizers[key]
         from mlx_lm.utils import load_tokenizer
 
-        tokenizer = load_tokenizer(spec.path)
-        with self._lock:
-            self._tokenizers[key] = tokenizer
-            while len(self._tokenizers) > self._keep:
-                self._tokenizers.popitem(last=False)
-        return tokenizer
+        return self._cached(spec, lambda: load_tokenizer(spec.path))
 
-    def _count(self, spec: ModelSpec, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
-        tokenizer = self._tokenizer(spec)
+    def _count(
+        self, spec: ModelSpec, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, images: list[Any]
+    ) -> int:
         if spec.kind == "vision":
-            # Vision templates place {"type": "image"} parts themselves; an
-            # image counts as its placeholder, not as its patches.
-            return len(tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True))
-        return len(chat_tokens(tokenizer, messages, tools))
+            vision = self._cached(
+                spec, lambda: load_vision_processor(spec.path, trust_remote_code=spec.trust_remote_code)
+            )
+            return prepare_vision_inputs(vision.processor, vision.config, messages=messages, images=images).n_tokens
+        return len(chat_tokens(self._tokenizer(spec), messages, tools))
 
-    async def count(self, spec: ModelSpec, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
-        # Not MLX work: tokenizing runs on a thread of its own, off the event loop.
-        return await asyncio.to_thread(self._count, spec, messages, tools)
+    async def count(
+        self,
+        spec: ModelSpec,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        images: list[Any] | None = None,
+    ) -> int:
+        """``images``: a vision request's decoded images, in message order."""
+        # Not the model's work: it runs on a thread of its own, off the event
+        # loop and off the worker every model decodes on.
+        return await asyncio.to_thread(self._count, spec, messages, tools, images or [])

@@ -64,7 +64,7 @@ def _registry_path(config: Path | None) -> Path:
     if config is not None:
         return config
     from mlxd.settings import default_config_path, default_demo_dir
-    from mlxd.factory.demo import is_stale, write_demo
+    from mlxd.cli.demo import is_stale, write_demo
 
     default = default_config_path()
     if default.exists():
@@ -173,7 +173,7 @@ def demo(
     dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 on GPUs and Metal, float32 on a Linux CPU), float32, float16 or bfloat16."),
 ) -> None:
     """Build the demo models offline and write DIR/models.yaml naming them."""
-    from mlxd.factory.demo import sizes_up_to, write_demo
+    from mlxd.cli.demo import sizes_up_to, write_demo
     from mlxd.factory.dtypes import device_dtype
 
     try:
@@ -195,12 +195,17 @@ def import_command(
     directory: Optional[Path] = typer.Argument(None, help="New folder for the MLX model (default: ./NAME)."),
     name: Optional[str] = typer.Option(None, "--name", help="Model name (default: from the file name)."),
     quantize: Optional[int] = typer.Option(None, "--quantize", help="Quantize float weights to this many bits."),
+    dtype: str = typer.Option(
+        "keep", "--dtype",
+        help="keep (the file's types, quantized blocks stay quantized), or float32, float16 or bfloat16: "
+        "dequantize every matrix and cast to it (float32 is fastest on a Linux CPU).",
+    ),
 ) -> None:
     """Convert a GGUF model into an mlx-lm folder the registry can serve (docs/import.md)."""
     from mlxd.gguf.command import run_import
 
     try:
-        typer.echo(run_import(source, directory, name, quantize))
+        typer.echo(run_import(source, directory, name, quantize, dtype))
     except ConfigError as exc:
         raise _fail(str(exc)) from None
 
@@ -293,8 +298,10 @@ _mount_subcommands()
 
 
 def main() -> None:
+    from mlxd.engine.cuda_attention import prefer_mlx_attention_kernels
     from mlxd.engine.kernel_cache import keep_kernels_in_mlxd_cache
 
-    # Before anything imports MLX: it reads the variable once.
+    # Before anything imports MLX: it reads the variables once.
     keep_kernels_in_mlxd_cache()
+    prefer_mlx_attention_kernels()
     app()

@@ -466,6 +466,7 @@ class BatchScheduler:
             completion_tokens=seq.control.completion_tokens,
             cached_tokens=seq.reused,
             logprobs=entries,
+            stop_sequence=seq.prepared.stops.matched if finish and seq.prepared is not None else None,
         )
 
     def _post(self, seq: _Sequence, item: Any) -> None:

@@ -271,7 +271,9 @@ def relay(
         responses.close()  # type: ignore[attr-defined]
         if on_finish is not None:
             on_finish()
-        return chunk(text, reason)
+        last = chunk(text, reason)
+        last.stop_sequence = stops.matched
+        return last
 
     try:
         while True:

@@ -11,6 +11,7 @@ state, i.e. they are not reproducible, as users expect.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -40,41 +41,51 @@ def make_sampler(params: SamplingParams, vocab_size: int) -> Sampler:
     from mlx_lm import sample_utils
 
     validate(params)
+    if params.temperature == 0:
+        return sample_utils.greedy_sampler
     # top_k at or above the vocabulary keeps every token: the same as no top-k
     # (mlx-lm raises for it instead).
     top_k = params.top_k if 0 < params.top_k < vocab_size else 0
-    if params.temperature == 0:
-        return sample_utils.greedy_sampler
-    if params.seed is None:
-        return sample_utils.make_sampler(
-            temp=params.temperature, top_p=params.top_p, min_p=params.min_p, top_k=top_k
-        )
-    return _seeded_sampler(params, top_k)
+    return _chain(params, top_k)
 
 
-def _seeded_sampler(params: SamplingParams, top_k: int) -> Sampler:
+def _chain(params: SamplingParams, top_k: int) -> Sampler:
+    """mlx_lm.sample_utils.make_sampler's chain, with the request's values as
+    arrays (see ``mlxd.engine.sampling_kernels``), and with the request's own
+    key when it has a seed."""
     import mlx.core as mx
     from mlx_lm import sample_utils
 
-    # The same filters, in the same order, as mlx_lm.sample_utils.make_sampler.
+    from mlxd.engine import sampling_kernels as kernels
+
     filters: list[Callable[[Any], Any]] = []
     if 0 < params.top_p < 1.0:
-        filters.append(lambda x: sample_utils.apply_top_p(x, params.top_p))
+        top_p = mx.array(params.top_p, dtype=mx.float32)
+        filters.append(lambda x: kernels.top_p(x, top_p))
     if params.min_p != 0.0:
-        filters.append(lambda x: sample_utils.apply_min_p(x, params.min_p))
+        log_min_p = mx.array(math.log(params.min_p) if params.min_p > 0 else -math.inf, dtype=mx.float32)
+        filters.append(lambda x: kernels.min_p(x, log_min_p))
     if top_k > 0:
+        # argpartition's k is a shape, not a value: no array form exists.
         filters.append(lambda x: sample_utils.apply_top_k(x, top_k))
-    inverse_temp = 1.0 / params.temperature
+    inverse_temp = mx.array(1.0 / params.temperature, dtype=mx.float32)
+    if params.seed is None:
+        def shared(logprobs: Any) -> Any:
+            for keep in filters:
+                logprobs = keep(logprobs)
+            return kernels.categorical(logprobs, inverse_temp)
+
+        return shared
     key = mx.random.key(params.seed)
 
-    def sampler(logprobs: Any) -> Any:
+    def seeded(logprobs: Any) -> Any:
         nonlocal key
         key, draw = mx.random.split(key)
         for keep in filters:
             logprobs = keep(logprobs)
-        return mx.random.categorical(logprobs * inverse_temp, key=draw)
+        return kernels.categorical_with_key(logprobs, inverse_temp, draw)
 
-    return sampler
+    return seeded
 
 
 def make_logits_processors(params: SamplingParams) -> list[LogitsProcessor]:

@@ -5,7 +5,8 @@ The model's text arrives in pieces that need not line up with a stop string:
 the longest tail of the text seen so far that could still be the start of a
 stop string, and releases it once the next piece rules that out. The output
 never contains a stop string or anything after it, and does not depend on how
-the text was split into pieces.
+the text was split into pieces. Which stop string ended it is kept
+(``matched``): the Anthropic surface reports it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ class StopMatcher:
         self._stops = tuple(dict.fromkeys(s for s in stops if s))
         self._held = ""
         self.stopped = False
+        # The stop string that ended the text, once one has.
+        self.matched: str | None = None
 
     @property
     def active(self) -> bool:
@@ -34,8 +37,9 @@ class StopMatcher:
         if not self._stops:
             return text, False
         buf = self._held + text
-        cut = _first_stop(buf, self._stops)
-        if cut is not None:
+        found = _first_stop(buf, self._stops)
+        if found is not None:
+            cut, self.matched = found
             self._held = ""
             self.stopped = True
             return buf[:cut], True
@@ -50,8 +54,8 @@ class StopMatcher:
         return "" if self.stopped else held
 
 
-def _first_stop(buf: str, stops: tuple[str, ...]) -> int | None:
-    """Where to cut ``buf``: at the stop that is complete first, as if read char by char.
+def _first_stop(buf: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
+    """Where to cut ``buf`` and at which stop: the one that is complete first, as if read char by char.
 
     Generation ends the moment any stop string is complete, so the match that
     *ends* first wins, however the text was split into pieces. Of the stops
@@ -65,7 +69,8 @@ def _first_stop(buf: str, stops: tuple[str, ...]) -> int | None:
             end = at + len(stop)
     if end is None:
         return None
-    return min(end - len(stop) for stop in stops if buf.startswith(stop, end - len(stop)))
+    stop = max((s for s in stops if buf.startswith(s, end - len(s))), key=len)
+    return end - len(stop), stop
 
 
 def _longest_stop_prefix_tail(buf: str, stops: tuple[str, ...]) -> int:

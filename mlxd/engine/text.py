@@ -136,6 +136,7 @@ class TextEngine(EngineBase):
             "misses": cache.misses if cache else 0,
             "tokens_reused": cache.tokens_reused if cache else 0,
             "restored_entries": saved.restored_entries if saved else 0,
+            "recompute_entries": saved.recompute_entries if saved else 0,
             "last_save_seconds": saved.last_save_seconds if saved else None,
             "last_restore_seconds": saved.last_restore_seconds if saved else None,
         }

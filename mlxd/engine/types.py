@@ -98,7 +98,9 @@ class GenerationChunk:
     """One step of output. ``text`` is the new text since the last chunk.
 
     The last chunk of a generation has ``finish_reason`` set ("stop",
-    "length", or "abort" when the generation was preempted or cancelled).
+    "length", or "abort" when the generation was preempted or cancelled);
+    when one of the request's stop strings ended it, ``stop_sequence`` is
+    that string.
     """
 
     text: str
@@ -110,6 +112,7 @@ class GenerationChunk:
     # With ``request.logprobs``: the tokens decoded since the last chunk
     # (``mlxd.engine.logprobs.TokenLogprob``), end-of-sequence left out.
     logprobs: list[Any] | None = None
+    stop_sequence: str | None = None
     # Tool calls the engine received as such (remote backends); a local
     # engine's calls are in its text, for the tool-call splitter.
     tool_calls: list[ToolCallFragment] | None = None

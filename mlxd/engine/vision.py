@@ -3,13 +3,14 @@
 The same contract as the text engine (``engine/text.py``): a generation is a
 synchronous generator stepped on the shared worker thread, one token per
 step, so other models keep decoding between this model's tokens. The model
-is loaded with ``mlx_vlm.load``, the prompt rendered with mlx-vlm's
-``apply_chat_template`` and tokenized with its ``prepare_inputs`` (which also
-runs the image processor), and decoded with ``mlx_vlm.stream_generate``.
+is loaded with ``mlx_vlm.load``, the prompt rendered and tokenized with the
+images by ``engine/vision_inputs.py`` (mlx-vlm's ``apply_chat_template`` and
+``prepare_inputs``, which also runs the image processor; count_tokens counts
+with the same code), and decoded with ``mlx_vlm.stream_generate``.
 
-Everything that touches mlx-vlm runs on the worker, its import included:
-mlx-vlm makes its generation stream when it is imported, and MLX streams
-belong to a thread.
+Everything that touches the model runs on the worker. Importing mlx-vlm
+elsewhere is safe: its generation stream is thread-local
+(``mx.new_thread_local_stream``), so the worker gets its own.
 
 One generation at a time per vision model: mlx-vlm keeps per-generation
 state on the model object (Qwen-VL's M-RoPE position deltas live on the
@@ -31,19 +32,16 @@ from mlxd.engine import memory, sampling
 from mlxd.engine.lifecycle import EngineBase, GenerationControl, load_on_worker, measured_load, relay
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationChunk, GenerationRequest
+from mlxd.engine.vision_inputs import prepare_vision_inputs
 from mlxd.engine.worker import SKIP, MlxWorker
 from mlxd.errors import (
     BadRequest,
     ModelLoadFailed,
     ModelUnloaded,
-    describe_exception,
 )
 from mlxd.registry.model import ModelSpec
 
 log = logging.getLogger(__name__)
-
-_IMAGE_PARTS = ("image", "image_url", "input_image")
-
 
 @dataclass
 class LoadedVision:
@@ -177,52 +175,18 @@ class VisionEngine(EngineBase):
         self, model: Any, processor: Any, request: GenerationRequest, control: GenerationControl
     ) -> _Prepared:
         """Render, tokenize and process the images: everything that can fail before decoding."""
-        from mlx_vlm import apply_chat_template, prepare_inputs
-        from mlx_vlm.utils import should_add_special_tokens
-
         if request.max_tokens < 1:
             raise BadRequest("max_tokens must be at least 1.", param="max_tokens")
-        if (request.prompt is None) == (request.messages is None):
-            raise BadRequest("Give exactly one of `prompt` and `messages`.", param="messages")
         if request.constraint is not None or request.tools:
             # Never an unenforced constraint passed off as enforced.
             param = "tools" if request.tools else "response_format"
             raise BadRequest(f"Vision models do not support `{param}` yet.", param=param)
         images = list(request.images)
         param = "messages" if request.messages is not None else "prompt"
-        if request.messages is not None:
-            messages = _template_messages(request.messages, len(images))
-            try:
-                prompt = apply_chat_template(processor, model.config, messages, num_images=len(images))
-            except Exception as exc:  # templates and mlx-vlm's formatter raise their own types
-                raise BadRequest(
-                    f"The chat template rejected the messages: {describe_exception(exc)}", param=param
-                ) from exc
-        else:
-            if images:
-                raise BadRequest("Images need chat messages; use /v1/chat/completions.", param="prompt")
-            prompt = request.prompt or ""
-        if not isinstance(prompt, str):
-            raise BadRequest("This model's chat template does not render a text prompt.", param=param)
-        try:
-            inputs = dict(
-                prepare_inputs(
-                    processor,
-                    images=images or None,
-                    prompts=prompt,
-                    image_token_index=getattr(model.config, "image_token_index", None),
-                    add_special_tokens=should_add_special_tokens(model.config.model_type, processor),
-                )
-            )
-        except Exception as exc:
-            log.warning("preparing inputs for %s failed: %s", self.name, describe_exception(exc))
-            raise BadRequest(
-                "The images could not be prepared for this model (too small, or an unusual shape).",
-                param=param,
-            ) from exc
-        n_prompt = int(inputs["input_ids"].shape[-1])
-        if n_prompt == 0:
-            raise BadRequest("The prompt is empty.", param=param)
+        prepared = prepare_vision_inputs(
+            processor, model.config, messages=request.messages, prompt=request.prompt, images=images
+        )
+        n_prompt = prepared.n_tokens
         limit = self.spec.max_context
         if n_prompt > limit:
             raise BadRequest(
@@ -234,8 +198,8 @@ class VisionEngine(EngineBase):
         control.prompt_tokens = n_prompt
         self._images += len(images)
         return _Prepared(
-            prompt=prompt,
-            inputs=inputs,
+            prompt=prepared.prompt,
+            inputs=prepared.inputs,
             max_tokens=min(request.max_tokens, max(1, limit - n_prompt)),
             sampler=sampling.make_sampler(request.sampling, self._vocab_size),
             processors=self._processors(request, processor),
@@ -296,44 +260,3 @@ def _vocab_size(model: Any) -> int:
         if isinstance(size, int) and size > 0:
             return size
     return 0
-
-
-def _template_messages(messages: list[dict[str, Any]], n_images: int) -> list[dict[str, Any]]:
-    """OpenAI messages as mlx-vlm's formatter takes them: image parts (whatever
-    their payload) become ``{"type": "image"}`` in place, so the template puts
-    each image where the client put it. The count must match the images given."""
-    out = []
-    seen = 0
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise BadRequest("Each message must be an object.", param=f"messages[{i}]")
-        content = message.get("content")
-        if content is None:
-            content = ""
-        elif isinstance(content, list):
-            parts = []
-            for part in content:
-                kind = part.get("type") if isinstance(part, dict) else None
-                if kind in _IMAGE_PARTS:
-                    if message.get("role") != "user":
-                        # mlx-vlm's formatter would drop it from the prompt.
-                        raise BadRequest(
-                            "Images are accepted in user messages only.", param=f"messages[{i}].content"
-                        )
-                    parts.append({"type": "image"})
-                    seen += 1
-                elif kind == "text":
-                    parts.append({"type": "text", "text": str(part.get("text", ""))})
-                else:
-                    raise BadRequest(
-                        f"Message content of type `{kind}` is not supported.", param=f"messages[{i}].content"
-                    )
-            content = parts
-        elif not isinstance(content, str):
-            raise BadRequest("Message content must be a string or a list of parts.", param=f"messages[{i}]")
-        out.append({**message, "content": content})
-    if seen != n_images:
-        raise BadRequest(
-            f"The messages hold {seen} image parts but {n_images} images were decoded.", param="messages"
-        )
-    return out

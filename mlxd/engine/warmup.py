@@ -11,6 +11,14 @@ when the model batches (max_concurrency > 1), several short requests at once
 kernel cache (``mlxd.engine.kernel_cache``), so a restarted daemon warms in
 well under a second.
 
+Sampling's kernels are compiled by two short requests with temperature,
+top-p, min-p and top-k on, one with a seed (its own key) and one without: the
+values are kernel inputs (``mlxd.engine.sampling_kernels``), so any value a
+client sends later runs on them. The seeded one also has the penalties and
+logprobs, and on GPUs a last request decodes under a JSON grammar: on an H200 each of
+those paths compiled its own gather/scatter kernels on first use, 2.4-8.3 s
+for whoever sent it first.
+
 A last, timed prompt of a chunk measures this device's prefill speed (kernels
 are compiled by then), which the prefix cache's restore-or-recompute
 decision needs (``mlxd.engine.restore_policy``). Warm-up prompts leave
@@ -30,7 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from mlxd.engine.types import GenerationRequest, SamplingParams
+from mlxd.engine.types import Constraint, GenerationRequest, SamplingParams
 from mlxd.errors import describe_exception
 
 log = logging.getLogger(__name__)
@@ -49,8 +57,9 @@ SAMPLE_CHARS = 1200
 CHARS_PER_TOKEN = 4
 # On the CPU backend kernels are compiled per fused operation, not per
 # sequence length, so a short prompt compiles what a long one would (and the
-# CPU pays for every warm-up token at its slow prefill speed).
-CPU_PREFILL_TOKENS = 64
+# CPU pays for every warm-up token at its slow prefill speed: SmolLM2's 4-bit
+# kernels prefilled ~7 tokens/s on this loaded 2-core machine).
+CPU_PREFILL_TOKENS = 32
 CPU_WARM_BATCH = 2
 
 
@@ -60,6 +69,9 @@ class WarmupRun:
     max_tokens: int
     concurrent: int = 1
     timed: bool = False  # measures prefill speed (runs after the kernels are compiled)
+    # "greedy"; "sampled": every sampling filter on, the second request also
+    # seeded, with penalties and logprobs; "constrained": under a JSON grammar.
+    kind: str = "greedy"
 
 
 @dataclass(frozen=True)
@@ -78,18 +90,31 @@ def plan_warmup(
 ) -> tuple[WarmupRun, ...]:
     """The requests that compile the kernels traffic will use, in order.
 
-    GPUs get a full prefill chunk (the shape every long prompt is cut into);
-    ``device == "cpu"`` a short one (CPU_PREFILL_TOKENS) and a narrower batch
-    (batched kernels there do not depend on the batch size either)."""
+    GPUs get two full prefill chunks and a rest: the shape every long prompt
+    is cut into, and attention over more keys than queries, whose kernels
+    are not the first chunk's (a first 2k-token request on an H200 took
+    0.97 s after a one-chunk warm-up, the next one 0.35 s; 0.26 and 0.25 s
+    after two). ``device == "cpu"`` gets one short prompt
+    (CPU_PREFILL_TOKENS) and a narrower batch (its kernels depend on neither
+    the length nor the batch size)."""
     room = max(1, max_context - DECODE_STEPS - CONTEXT_MARGIN)
     if device == "cpu":
         prefill_chunk = min(prefill_chunk, CPU_PREFILL_TOKENS)
-    long = min(prefill_chunk + SHORT_PROMPT_TOKENS, room)
+        long = min(prefill_chunk, room)
+    else:
+        long = min(2 * prefill_chunk + SHORT_PROMPT_TOKENS, room)
     runs = [WarmupRun(long, DECODE_STEPS)]
     if batching and max_concurrency > 1:
         widest = CPU_WARM_BATCH if device == "cpu" else MAX_WARM_BATCH
         runs.append(WarmupRun(min(SHORT_PROMPT_TOKENS, room), DECODE_STEPS, min(max_concurrency, widest)))
+    short = min(SHORT_PROMPT_TOKENS, room)
+    runs.append(WarmupRun(short, DECODE_STEPS, 2, kind="sampled"))
     runs.append(WarmupRun(min(prefill_chunk, room), 1, timed=True))
+    if device != "cpu":
+        # Only GPUs compile kernels for it, and building the grammar's
+        # tokenizer at every load grew a CPU daemon by ~10 KB a load/unload
+        # cycle (bench/load_cycles.py: 15 KB against 5 KB without).
+        runs.append(WarmupRun(short, DECODE_STEPS, kind="constrained"))
     return tuple(runs)
 
 
@@ -136,14 +161,36 @@ def prompt_texts(lengths: Sequence[int], max_chars: int) -> list[str]:
     return texts
 
 
-async def _one(engine: Any, prompt: str, max_tokens: int, request_id: str, chat: bool = False) -> float:
-    """Run one greedy request to its end; returns seconds to its first chunk.
-    ``chat``: as a chat message (compiles the chat template once, too)."""
+# Any values do: they are kernel inputs. Each filter on, so each is compiled.
+WARM_SAMPLING = SamplingParams(temperature=0.7, top_p=0.9, min_p=0.05, top_k=40)
+GREEDY = SamplingParams(temperature=0.0)
+
+
+WARM_PENALTIES = dict(repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.5)
+WARM_LOGPROBS = 3
+# Needs a few tokens to complete, so a warm-up's 3 steps stay inside it.
+WARM_SCHEMA = '{"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}'
+
+
+def warmup_request(run: WarmupRun, index: int, prompt: str, request_id: str, chat: bool) -> GenerationRequest:
     text: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
-    request = GenerationRequest(
-        request_id=request_id, max_tokens=max_tokens, sampling=SamplingParams(temperature=0.0),
-        ignore_eos=True, **text,
-    )
+    extra: dict[str, Any] = {}
+    sampling = GREEDY
+    if run.kind == "sampled":
+        sampling = WARM_SAMPLING
+        if index % 2:
+            sampling = dataclasses.replace(WARM_SAMPLING, seed=index, **WARM_PENALTIES)
+            extra["logprobs"] = WARM_LOGPROBS
+    elif run.kind == "constrained":
+        # The grammar decides when to end; suppressing the end would leave no token allowed.
+        return GenerationRequest(request_id=request_id, max_tokens=run.max_tokens, sampling=GREEDY,
+                                 constraint=Constraint("json_schema", WARM_SCHEMA), **text)
+    return GenerationRequest(request_id=request_id, max_tokens=run.max_tokens, sampling=sampling,
+                             ignore_eos=True, **text, **extra)
+
+
+async def _one(engine: Any, request: GenerationRequest) -> float:
+    """Run one request to its end; returns seconds to its first chunk."""
     started = time.perf_counter()
     first: float | None = None
     stream = engine.generate(request)
@@ -177,8 +224,9 @@ async def warm_up(
         texts = iter(prompts)
         for number, run in enumerate(runs):
             batch = [next(texts) for _ in range(run.concurrent)]
+            # The first one as a chat message: compiles the chat template once, too.
             waits = await asyncio.gather(*(
-                _one(engine, text, run.max_tokens, f"warmup-{number}-{i}", chat=number == 0)
+                _one(engine, warmup_request(run, i, text, f"warmup-{number}-{i}", chat=number == 0))
                 for i, text in enumerate(batch)
             ))
             requests += run.concurrent

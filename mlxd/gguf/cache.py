@@ -12,7 +12,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from mlxd.gguf.convert import import_gguf
+from mlxd.gguf.convert import KEEP, import_dtype, import_gguf
 
 # Bump when the converted folder for the same file changes.
 CONVERTER_VERSION = 1
@@ -37,10 +37,14 @@ def content_key(source: Path, cache_root: Path) -> str:
     return key
 
 
-def converted_dir(source: Path, cache_root: Path) -> Path:
-    """The mlx-lm folder converted from ``source``, converting it if needed."""
-    source, cache_root = Path(source), Path(cache_root).expanduser()
-    target = cache_root / "gguf" / f"{source.name.removesuffix('.gguf')}-{content_key(source, cache_root)}"
+def converted_dir(source: Path, cache_root: Path, dtype: str = KEEP) -> Path:
+    """The mlx-lm folder converted from ``source`` (in ``dtype``, see
+    :func:`mlxd.gguf.convert.import_gguf`), converting it if needed."""
+    source, cache_root, dtype = Path(source), Path(cache_root).expanduser(), import_dtype(dtype)
+    # A kept conversion has no dtype in its name: folders from before there
+    # was a choice are still found.
+    label = "" if dtype == KEEP else f"-{dtype}"
+    target = cache_root / "gguf" / f"{source.name.removesuffix('.gguf')}{label}-{content_key(source, cache_root)}"
     if (target / "config.json").is_file():
         return target
-    return import_gguf(source, target)
+    return import_gguf(source, target, dtype=dtype)

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from mlxd.errors import GGUFError
-from mlxd.gguf.convert import import_gguf
+from mlxd.gguf.convert import KEEP, import_gguf
 
 
 def default_name(source: Path) -> str:
@@ -18,7 +18,7 @@ def default_name(source: Path) -> str:
 
 
 def run_import(source: Path, directory: Path | None, name: str | None,
-               quantize_bits: int | None = None) -> str:
+               quantize_bits: int | None = None, dtype: str = KEEP) -> str:
     """Convert and return what to tell the user (where it went, how to serve it)."""
     source = Path(source).expanduser()
     if not source.is_file():
@@ -26,7 +26,7 @@ def run_import(source: Path, directory: Path | None, name: str | None,
     name = name or default_name(source)
     target = (Path(directory).expanduser() if directory is not None else Path.cwd() / name).absolute()
     try:
-        import_gguf(source, target, quantize_bits=quantize_bits)
+        import_gguf(source, target, quantize_bits=quantize_bits, dtype=dtype)
     finally:
         # The lock that serialises concurrent conversions is no file to leave
         # in the user's folder after a one-off import.

@@ -24,9 +24,8 @@ def _required(metadata: Mapping[str, Any], key: str) -> Any:
     return metadata[key]
 
 
-def quantization_of(tensors: Mapping[str, mx.array]) -> dict[str, Any] | None:
-    """mlx-lm's ``quantization`` section: the most common (group_size, bits)
-    as the default, and an entry for each layer that differs from it.
+def quantized_layers(tensors: Mapping[str, mx.array]) -> dict[str, tuple[int, int]]:
+    """``(group_size, bits)`` of each quantized layer, from the packed shapes.
 
     Every quantized tensor here has GGUF's block of 32 weights as its group,
     whether MLX kept it from the file or :func:`requantize` made it.
@@ -41,6 +40,13 @@ def quantization_of(tensors: Mapping[str, mx.array]) -> dict[str, Any] | None:
         in_features = scales.shape[-1] * GGUF_GROUP_SIZE
         bits = tensors[f"{layer}.weight"].shape[-1] * 32 // in_features
         layers[layer] = (GGUF_GROUP_SIZE, bits)
+    return layers
+
+
+def quantization_of(tensors: Mapping[str, mx.array]) -> dict[str, Any] | None:
+    """mlx-lm's ``quantization`` section: the most common (group_size, bits)
+    as the default, and an entry for each layer that differs from it."""
+    layers = quantized_layers(tensors)
     if not layers:
         return None
     (group_size, bits), _ = Counter(layers.values()).most_common(1)[0]
@@ -52,7 +58,8 @@ def quantization_of(tensors: Mapping[str, mx.array]) -> dict[str, Any] | None:
 
 
 def build_config(architecture: str, metadata: Mapping[str, Any], tensors: Mapping[str, mx.array],
-                 *, eos_token_ids: list[int], bos_token_id: int | None) -> dict[str, Any]:
+                 *, eos_token_ids: list[int], bos_token_id: int | None,
+                 dtype: str | None = None) -> dict[str, Any]:
     a = architecture
     heads = int(_required(metadata, f"{a}.attention.head_count"))
     hidden = int(_required(metadata, f"{a}.embedding_length"))
@@ -86,6 +93,9 @@ def build_config(architecture: str, metadata: Mapping[str, Any], tensors: Mappin
         }
     elif scaling not in (None, "none"):
         raise GGUFError(f"GGUF RoPE scaling `{scaling}` is not supported")
+    if dtype is not None:
+        # mlxd's memory estimate reads the activation dtype from here.
+        config["torch_dtype"] = dtype
     quantization = quantization_of(tensors)
     if quantization is not None:
         config["quantization"] = quantization

@@ -41,6 +41,7 @@ PREFIX_CACHE_FIELDS = (
     "misses",
     "tokens_reused",
     "restored_entries",
+    "recompute_entries",
     "last_save_seconds",
     "last_restore_seconds",
 )
@@ -62,6 +63,7 @@ def _mlx_runtime() -> dict[str, str | None]:
 def device_now() -> dict[str, Any]:
     """The device MLX runs on and what a percentage budget is a share of.
     Fixed for the life of the process: probed once."""
+    from mlxd.engine.cuda_attention import CUDNN_SDPA_ENV
     from mlxd.engine.kernel_cache import PTX_ENV
     from mlxd.registry.device import current_device
 
@@ -69,7 +71,8 @@ def device_now() -> dict[str, Any]:
         found = current_device().as_dict()
     except Exception:  # status must answer even if MLX is unhappy
         found = {"kind": None, "name": None, "memory_bytes": None, "memory_source": None, "ram_bytes": None}
-    return {**found, "kernel_cache": os.environ.get(PTX_ENV)}
+    return {**found, "kernel_cache": os.environ.get(PTX_ENV),
+            "cudnn_attention": os.environ.get(CUDNN_SDPA_ENV, "1") != "0"}
 
 
 def mlx_memory_now() -> dict[str, int | None]:

@@ -29,6 +29,8 @@ class OutputPlan:
     constraint: Constraint | None = None
     # Split the answer into text and calls with this (None: the answer is text).
     tool_format: ToolFormat | None = None
+    # The grammar forces a call: the whole answer is the call's markup and JSON.
+    forces_call: bool = False
 
 
 def plan_output(
@@ -56,7 +58,9 @@ def plan_output(
         )
     name = None if choice == "required" else choice
     calls = MAX_PARALLEL_CALLS if choice == "required" and parallel_tool_calls else 1
-    return OutputPlan(tools=checked, constraint=forced_call(fmt, checked, name, max_calls=calls), tool_format=fmt)
+    return OutputPlan(
+        tools=checked, constraint=forced_call(fmt, checked, name, max_calls=calls), tool_format=fmt, forces_call=True
+    )
 
 
 def check_output(*, tools: Any = None, tool_choice: Any = None, response_format: Any = None) -> None:

@@ -36,6 +36,8 @@ def agents_daemon(tmp: Path, **settings) -> Iterator[Daemon]:
             {"name": "qwen", "model": "qwen", "max_concurrency": 1},
             {"name": "tooly", "path": str(tooly), "max_concurrency": 2},
             {"name": "eyes", "path": str(tiny_vision_model())},
+            # Only ever counted before it is asked to answer.
+            {"name": "eyes-counted", "path": str(tiny_vision_model())},
             {"name": "counted", "path": str(tooly)},
             # One at a time and nobody waits: the second request is turned away.
             {"name": "narrow", "model": "qwen", "max_concurrency": 1, "max_queue": 0, "preload": True},

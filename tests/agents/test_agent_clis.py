@@ -5,10 +5,13 @@ its own HOME and no LD_PRELOAD (mlxd's OpenBLAS preload is
 for mlxd, not for node). The CLIs come from npm: ``scripts/setup.sh --tests``
 installs the versions below into ``.agents/`` when node is there.
 
-Claude Code's own system prompt and tool list come to ~48k tokens with the
-tiny test tokenizer (4k vocabulary; a real model's is ~20k), minutes of
-prefill on the random test model: the Claude Code run replaces the system
-prompt and turns tools off. Codex runs with its defaults (~11k tokens).
+Claude Code's own system prompt and 24 tools come to ~48k tokens with the
+tiny test tokenizer (4k vocabulary; a real model's is ~20k), two minutes of
+prefill on the random test model (it completes a turn; measured by hand):
+the Claude Code run replaces the system prompt and keeps two of its tools,
+~6k tokens, so its tool list still goes through the chat template and the
+answer through the tool-call splitter. Codex runs with its defaults (~11k
+tokens).
 """
 
 from __future__ import annotations
@@ -89,7 +92,7 @@ def test_claude_code_completes_a_turn(served):
     exports, command = doc_shell("ANTHROPIC_BASE_URL", daemon.url)
     assert command[:2] == ["claude", "-p"] and exports["ANTHROPIC_BASE_URL"] == daemon.url
     run = subprocess.run(
-        [claude, *command[1:], "--system-prompt", "You are a terse assistant.", "--tools", ""],
+        [claude, *command[1:], "--system-prompt", "You are a terse assistant.", "--tools", "Bash,Read"],
         env=_env(homes / "claude", **exports), cwd=homes, capture_output=True, text=True, timeout=240,
         stdin=subprocess.DEVNULL,
     )
@@ -97,8 +100,11 @@ def test_claude_code_completes_a_turn(served):
     assert "API Error" not in run.stdout
     assert run.stdout.strip()
     log = daemon.log()
-    # It asked for a claude-* name, which the pattern alias sent to `local`, streaming.
-    assert "messages model=coder status=200" in log and "stream=True" in log
+    # It asked for a claude-* name, which the pattern alias sent to `coder`, streaming.
+    turn = re.search(r"messages model=coder status=200 tokens_in=(\d+) .* stream=True", log)
+    assert turn, log[-3000:]
+    # The two tools' schemas were in the prompt (the same turn without tools is ~200 tokens).
+    assert int(turn.group(1)) > 2000
 
 
 def test_codex_completes_a_turn(served):

@@ -82,6 +82,37 @@ def test_the_stream_sends_the_exact_event_sequence(client):
     assert final.usage.output_tokens == 8
 
 
+@pytest.mark.parametrize("model", ["qwen", "tooly"])  # one at a time; a continuous batch
+def test_a_stop_sequence_ends_the_answer_and_is_named(client, daemon, model):
+    greedy = {"temperature": 0}  # (this SDK takes sampling fields through extra_body)
+    full = client.messages.create(model=model, max_tokens=40, messages=USER, extra_body=greedy).content[0].text
+    middle = len(full) // 2
+    stop = full[middle : middle + 4]
+    assert len(stop.strip()) >= 2, f"no usable stop in {full!r}"
+    ask = {"model": model, "max_tokens": 40, "messages": USER, "stop_sequences": ["never appears", stop]}
+
+    reply = client.messages.create(**ask, extra_body=greedy)
+    assert reply.stop_reason == "stop_sequence"
+    assert reply.stop_sequence == stop
+    assert reply.content[0].text == full[: full.find(stop)]
+
+    with client.messages.stream(**ask, extra_body=greedy) as stream:
+        streamed = stream.get_final_message()
+    assert (streamed.stop_reason, streamed.stop_sequence) == ("stop_sequence", stop)
+    assert streamed.content[0].text == full[: full.find(stop)]
+    delta = next(d for n, d in _events(daemon, {**ask, **greedy, "stream": True}) if n == "message_delta")
+    assert delta["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": stop}
+
+    # Ended by itself, or by max_tokens, it names no stop sequence.
+    plain = client.messages.create(**{**ask, "stop_sequences": ["never appears"], "max_tokens": 5}, extra_body=greedy)
+    assert (plain.stop_reason, plain.stop_sequence) == ("max_tokens", None)
+    # The OpenAI surface says what it always says for a stop string.
+    chat = httpx.post(f"{daemon.url}/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"}, timeout=60,
+                      json={"model": model, "messages": USER, "max_tokens": 40, "temperature": 0, "stop": [stop]}).json()
+    assert chat["choices"][0]["finish_reason"] == "stop"
+    assert chat["choices"][0]["message"]["content"] == full[: full.find(stop)]
+
+
 def _events(daemon, body, headers=None):
     """The stream's (event, data) pairs as they come over the wire."""
     out = []
@@ -133,6 +164,21 @@ def test_a_forced_tool_choice_returns_a_schema_valid_tool_use(client):
     (block,) = [b for b in reply.content if b.type == "tool_use"]
     assert block.name == "get_weather" and block.id
     jsonschema.validate(block.input, WEATHER)
+
+
+@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}])
+def test_stop_sequences_do_not_cut_a_forced_tool_use(client, daemon, choice):
+    # Both stops occur in every call's JSON: applied, they would cut it at its first byte.
+    ask = {"model": "tooly", "max_tokens": 120, "tools": TOOLS, "tool_choice": choice,
+           "stop_sequences": ['"', "{"], "messages": [{"role": "user", "content": "Weather in Rome?"}]}
+    reply = client.messages.create(**ask)
+    assert (reply.stop_reason, reply.stop_sequence) == ("tool_use", None)
+    (block,) = [b for b in reply.content if b.type == "tool_use"]
+    jsonschema.validate(block.input, WEATHER)
+    events = _events(daemon, {**ask, "stream": True})
+    partial = "".join(d["delta"]["partial_json"] for n, d in events if n == "content_block_delta")
+    jsonschema.validate(json.loads(partial), WEATHER)
+    assert next(d for n, d in events if n == "message_delta")["delta"]["stop_reason"] == "tool_use"
 
 
 def test_any_tool_choice_streams_the_tool_use_as_input_json_deltas(daemon):
@@ -214,6 +260,44 @@ def test_count_tokens_uses_the_template_and_tools_without_touching_the_model(cli
     # Same count as the prompt the model really gets.
     reply = client.messages.create(model="tooly", max_tokens=1, tools=TOOLS, messages=USER)
     assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens == with_tools
+
+
+def test_count_tokens_counts_an_image_as_the_vision_model_sees_it(client, daemon):
+    import base64
+
+    def asking(*images):
+        blocks = [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                               "data": base64.b64encode(encoded(image)).decode()}} for image in images]
+        return [{"role": "user", "content": [*blocks, {"type": "text", "text": "Describe the picture"}]}]
+
+    small, large = noise_image(1, (80, 64)), noise_image(2, (320, 256))
+    counted = client.messages.count_tokens(model="eyes-counted", messages=asking(small)).input_tokens
+    # More pixels, more vision tokens; the text alone has none.
+    assert client.messages.count_tokens(model="eyes-counted", messages=asking(large)).input_tokens > counted
+    text_only = client.messages.count_tokens(
+        model="eyes-counted", messages=[{"role": "user", "content": "Describe the picture"}]).input_tokens
+    assert counted > text_only
+    assert model_view(daemon, "eyes-counted")["state"] == "unloaded"  # counted without the weights
+    for images in ((small,), (large, small)):
+        count = client.messages.count_tokens(model="eyes-counted", messages=asking(*images)).input_tokens
+        reply = client.messages.create(model="eyes-counted", max_tokens=2, messages=asking(*images))
+        assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens == count
+    # What the answer would refuse, the count refuses too.
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.count_tokens(model="eyes-counted", messages=asking(small), tools=TOOLS)
+    assert "tools" in caught.value.body["error"]["message"]
+
+
+def test_count_tokens_on_a_remote_entry_is_a_clear_400(tmp_path):
+    from support.daemon import daemon_in_thread
+    from support.remote import write_front
+
+    registry = write_front(tmp_path, {"far": {"url": "http://127.0.0.1:9/v1"}}, [{"name": "far-model", "backend": "far"}])
+    with daemon_in_thread(registry, tmp_path) as front:
+        far = anthropic.Anthropic(base_url=front.url, api_key="unused", max_retries=0)
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            far.messages.count_tokens(model="far-model", messages=USER)
+    assert "backend `far`" in caught.value.body["error"]["message"]
 
 
 def test_count_tokens_does_not_refresh_the_idle_clock(client, daemon):

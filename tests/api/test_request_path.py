@@ -7,16 +7,19 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from support.asgi import Call, running
 from support.residency_sim import manager, spec
 
+from mlxd.api.plan import OutputRequest, Plan, shape_output
 from mlxd.daemon.build import build_daemon
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.registry.model import Registry, ServerSpec
 from mlxd.settings import DaemonSettings
+from mlxd.tools.formats import format_named
 
 pytestmark = pytest.mark.anyio
 
@@ -296,8 +299,16 @@ def _error(call: Call) -> dict[str, Any]:
     [
         ({"model": "nope", "messages": CHAT}, 404, "model", "model_not_found"),
         ({"model": "m", "messages": CHAT, "top_logprobs": 2}, 400, "top_logprobs", "invalid_request"),
-        ({"model": "m", "messages": [{"role": "wizard", "content": "hi"}]}, 422, "messages[0].role", "invalid_value"),
-        ({"model": "m", "messages": []}, 422, "messages", "invalid_value"),
+        # A body that does not validate: OpenAI's 400 naming the field by its dotted path, not FastAPI's 422.
+        ({"model": "m", "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role", "invalid_value"),
+        ({"model": "m", "messages": []}, 400, "messages", "invalid_value"),
+        ({"model": "m"}, 400, "messages", "missing_required_parameter"),
+        ({"model": "m", "messages": CHAT, "max_tokens": "lots"}, 400, "max_tokens", "invalid_type"),
+        # No member of a union fits: the field is named, not the member pydantic tried.
+        ({"model": "m", "messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content", "invalid_type"),
+        ({"model": "m", "messages": CHAT, "stop": 5}, 400, "stop", "invalid_type"),
+        ({"model": "m", "messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]}, 400,
+         "messages[0].tool_calls[0].function.name", "missing_required_parameter"),
         ({"model": "m", "messages": CHAT, "max_tokens": 10**9}, 400, "max_tokens", "invalid_request"),
         ({"model": "m", "messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}, 400, "messages", "invalid_request"),
@@ -318,11 +329,32 @@ async def test_bad_requests_get_openai_error_bodies(tmp_path, body, status, para
     assert h.engine.requests == [], "a refused request never reaches the engine"
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "param", "code"),
+    [
+        ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 0}, "max_tokens", "invalid_value"),
+        ("/v1/completions", {"model": "m", "prompt": ["a", 5]}, "prompt[1]", "invalid_type"),
+        ("/v1/responses", {"model": "m"}, "input", "missing_required_parameter"),
+        ("/v1/responses", {"model": "m", "input": 5}, "input", "invalid_type"),
+        ("/v1/responses", {"model": "m", "input": "hi", "temperature": 9}, "temperature", "invalid_value"),
+    ],
+)
+async def test_every_openai_surface_answers_a_body_that_does_not_validate_with_a_400(tmp_path, path, body, param, code):
+    h = Harness(tmp_path, ["never", "stop"])
+    async with running(h.app):
+        call = await h.post(path, body).done()
+    assert call.status == 400
+    error = _error(call)
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, code)
+    assert error["message"].startswith(f"{param}: ")
+
+
 async def test_a_body_that_is_not_json_is_named_as_such(tmp_path):
     h = Harness(tmp_path, ["stop"])
     async with running(h.app):
         call = await h.post("/v1/chat/completions", b"{not json").done()
-    assert call.status == 422 and _error(call)["message"] == "The request body is not valid JSON"
+    assert call.status == 400 and _error(call)["message"] == "The request body is not valid JSON"
+    assert _error(call)["param"] is None
 
 
 async def test_a_preempted_answer_is_a_503_with_retry_after(tmp_path):
@@ -371,3 +403,20 @@ def test_tool_call_deltas_stream_as_openai_tool_call_chunks():
     assert first == {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
                                      "function": {"name": "weather", "arguments": ""}}]}
     assert more == {"tool_calls": [{"index": 0, "function": {"arguments": '{"c'}}]}
+
+
+@pytest.mark.parametrize("choice, stops", [
+    ("auto", ["</s>", '"']),
+    ("required", []),
+    ({"type": "function", "function": {"name": "add"}}, []),
+])
+def test_stop_strings_apply_to_everything_but_a_forced_call(choice, stops):
+    # Shared planning: the rule holds for every surface that maps onto OutputRequest.
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    plan = Plan(
+        kind="messages", spec=spec("m", 1), requested_name="m", stream=False, timeout=FOREVER,
+        requests=[GenerationRequest("r-0", 8, stop=["</s>", '"']), GenerationRequest("r-1", 8, stop=["</s>", '"'])],
+        output=OutputRequest(tools=tools, tool_choice=choice),
+    )
+    shape_output(plan, SimpleNamespace(tool_format=format_named("json_tools")))
+    assert [r.stop for r in plan.requests] == [stops, stops]

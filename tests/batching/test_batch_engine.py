@@ -128,9 +128,10 @@ def test_stop_strings_are_per_request(batched, single):
     ]))
     for k in (0, 1):
         assert text_of(crowd[k]) == full[k][: full[k].find(stops[k])]
-        assert crowd[k][-1].finish_reason == "stop"
+        assert (crowd[k][-1].finish_reason, crowd[k][-1].stop_sequence) == ("stop", stops[k])
         assert crowd[k][-1].completion_tokens < 32
     assert text_of(crowd[2]) == full[2]
+    assert crowd[2][-1].stop_sequence is None
 
 
 def test_ignore_eos_is_per_request(batched):

@@ -156,15 +156,15 @@ def test_unknown_model_is_404_naming_the_available_ones(client):
 
 
 BAD_INPUTS = [
-    ({"model": "qwen", "messages": []}, 422, "messages"),
-    ({"model": "qwen"}, 422, "messages"),
-    ({"model": "qwen", "messages": CHAT, "max_tokens": 0}, 422, "max_tokens"),
+    ({"model": "qwen", "messages": []}, 400, "messages"),
+    ({"model": "qwen"}, 400, "messages"),
+    ({"model": "qwen", "messages": CHAT, "max_tokens": 0}, 400, "max_tokens"),
     ({"model": "qwen", "messages": CHAT, "max_tokens": 6000}, 400, "max_tokens"),
-    ({"model": "qwen", "messages": CHAT, "temperature": 3}, 422, "temperature"),
-    ({"model": "qwen", "messages": CHAT, "top_p": 0}, 422, "top_p"),
-    ({"model": "qwen", "messages": CHAT, "n": 17}, 422, "n"),
-    ({"model": "qwen", "messages": CHAT, "stop": ["a", "b", "c", "d", "e"]}, 422, "stop"),
-    ({"model": "qwen", "messages": [{"role": "wizard", "content": "hi"}]}, 422, "messages[0].role"),
+    ({"model": "qwen", "messages": CHAT, "temperature": 3}, 400, "temperature"),
+    ({"model": "qwen", "messages": CHAT, "top_p": 0}, 400, "top_p"),
+    ({"model": "qwen", "messages": CHAT, "n": 17}, 400, "n"),
+    ({"model": "qwen", "messages": CHAT, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ({"model": "qwen", "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
     ({"model": "qwen", "messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
     (
         {"model": "qwen", "messages": [{"role": "user", "content": [
@@ -186,11 +186,11 @@ def test_bad_input_gets_a_clear_openai_error(daemon, body, status, param):
     assert "Traceback" not in response.text
 
 
-def test_malformed_json_is_a_422_not_a_500(daemon):
+def test_malformed_json_is_a_400_not_a_500(daemon):
     response = httpx.post(
         f"{daemon.url}/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
     )
-    assert response.status_code == 422
+    assert response.status_code == 400
     assert response.json()["error"]["message"] == "The request body is not valid JSON"
 
 

@@ -372,10 +372,10 @@ def test_bad_tools_tool_choice_and_response_format_are_openai_400s(daemon, extra
     assert words in error["message"]
 
 
-def test_a_body_of_the_wrong_shape_is_the_surface_s_422(daemon):
+def test_a_body_of_the_wrong_shape_is_a_400_naming_the_field(daemon):
     body = {"model": "tooly", "messages": ASK, "tools": {"type": "function"}}
     response = httpx.post(f"{daemon.url}/v1/chat/completions", json=body, timeout=60)
-    assert response.status_code == 422
+    assert response.status_code == 400
     assert response.json()["error"]["param"] == "tools"
 
 

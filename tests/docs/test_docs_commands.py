@@ -1,6 +1,7 @@
 """The commands the README and docs/configuration.md show are the commands
 that work."""
 
+import json
 import os
 import re
 import shlex
@@ -86,7 +87,7 @@ def test_configuration_examples_run(tmp_path):
 
 
 def test_readme_curl_example_answers(tmp_path):
-    from mlxd.factory.demo import write_demo
+    from mlxd.cli.demo import write_demo
 
     registry = write_demo(tmp_path / "demo", sizes=("tiny",))
     curl = next(l for l in fenced_blocks(ROOT / "README.md") if l.startswith("curl"))
@@ -105,17 +106,21 @@ def test_readme_curl_example_answers(tmp_path):
         process.wait(timeout=60)
 
 
-def test_import_example_converts_the_demo_gguf(tmp_path):
+def test_import_examples_convert_the_demo_gguf(tmp_path):
     from mlxd.factory.smollm2 import smollm2_gguf
 
-    line = next(l for l in command_lines(ROOT / "docs" / "import.md") if l.startswith("mlxd import ~/.cache"))
+    lines = [l for l in command_lines(ROOT / "docs" / "import.md") if l.startswith("mlxd import ~/.cache")]
+    assert len(lines) == 2  # kept quantized, and dequantized to float32
     wheels = tmp_path / ".cache" / "mlxd" / "wheels"
     wheels.mkdir(parents=True)
     (wheels / smollm2_gguf().name).symlink_to(smollm2_gguf())
-    process = _run(line, tmp_path)
-    output, _ = process.communicate(timeout=300)
-    assert process.returncode == 0, output
+    for line in lines:
+        process = _run(line, tmp_path)
+        output, _ = process.communicate(timeout=300)
+        assert process.returncode == 0, output
     assert (tmp_path / "models" / "smollm2" / "tokenizer.json").is_file()
+    config = json.loads((tmp_path / "models" / "smollm2-f32" / "config.json").read_text())
+    assert "quantization" not in config and config["torch_dtype"] == "float32"
 
 
 def _health(port: int) -> bool:

@@ -22,12 +22,19 @@ def stream(stops: list[str], pieces: list[str]) -> tuple[list[str], bool]:
 
 def expected(text: str, stops: list[str]) -> tuple[str, bool]:
     """Read one character at a time; stop as soon as any stop string is complete."""
+    text, stop = expected_stop(text, stops)
+    return text, stop is not None
+
+
+def expected_stop(text: str, stops: list[str]) -> tuple[str, str | None]:
+    """The text before the first stop, and that stop (None: no stop ended it)."""
     for end in range(1, len(text) + 1):
         seen = text[:end]
-        hits = [seen.find(s) for s in stops if s and s in seen]
+        hits = sorted((seen.find(s), s) for s in stops if s and s in seen)
         if hits:
-            return seen[: min(hits)], True
-    return text, False
+            cut, stop = hits[0]
+            return seen[:cut], stop
+    return text, None
 
 
 def test_stop_split_across_pieces_is_cut_without_leaking_its_start():
@@ -56,6 +63,14 @@ def test_the_stop_completed_first_wins_however_the_text_is_split():
         assert "".join(out) == "<"
 
 
+def test_the_matcher_says_which_stop_ended_the_text():
+    matcher = StopMatcher(["never", "</answer>", "END"])
+    assert matcher.feed("The result is 4</ans") == ("The result is 4", False)
+    assert matcher.matched is None
+    assert matcher.feed("wer> and more END") == ("", True)
+    assert matcher.matched == "</answer>"
+
+
 def test_without_stops_every_piece_passes_through_unchanged():
     out, stopped = stream([], ["a", "", "bc"])
     assert (out, stopped) == (["a", "", "bc", ""], False)
@@ -72,10 +87,18 @@ alphabet = st.sampled_from("abAB \n<>é")
 def test_streamed_output_equals_the_text_before_the_first_stop(text, cuts, stops):
     bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
     pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
-    out, stopped = stream(stops, pieces)
-    want, want_stopped = expected(text, stops)
+    matcher = StopMatcher(stops)
+    out = []
+    for piece in pieces:
+        emitted, stopped = matcher.feed(piece)
+        out.append(emitted)
+        if stopped:
+            break
+    out.append(matcher.flush())
+    want, want_stop = expected_stop(text, stops)
     assert "".join(out) == want
-    assert stopped == want_stopped
+    assert matcher.stopped == (want_stop is not None)
+    assert matcher.matched == want_stop
 
 
 @given(

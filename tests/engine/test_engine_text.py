@@ -84,10 +84,13 @@ def test_stop_string_from_the_middle_cuts_the_output_before_it(engine):
     full = text_of(run(collect(engine, greedy(max_tokens=32))))
     middle = len(full) // 2
     stop = full[middle : middle + 3]
-    chunks = run(collect(engine, greedy(max_tokens=32, stop=[stop])))
+    chunks = run(collect(engine, greedy(max_tokens=32, stop=["never appears", stop])))
     assert text_of(chunks) == full[: full.find(stop)]
-    assert chunks[-1].finish_reason == "stop"
+    assert (chunks[-1].finish_reason, chunks[-1].stop_sequence) == ("stop", stop)
     assert chunks[-1].completion_tokens < 32
+    # Ended by max_tokens, it names no stop string.
+    short = run(collect(engine, greedy(max_tokens=2, stop=["never appears"])))
+    assert (short[-1].finish_reason, short[-1].stop_sequence) == ("length", None)
 
 
 def test_stop_string_spanning_two_tokens_is_caught(engine):

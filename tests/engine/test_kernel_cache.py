@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mlxd.engine.cuda_attention import CUDNN_SDPA_ENV, attention_env
 from mlxd.engine.kernel_cache import PTX_ENV, kernel_cache_env
 
 HOME = Path("/home/u")
@@ -29,11 +30,18 @@ def test_the_mlxd_command_sets_it_before_mlx_is_imported(tmp_path):
     # was not imported before it was set.
     code = ("import os, sys; from mlxd.cli import main as cli; sys.argv=['mlxd','--help'];\n"
             "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
-            "print(os.environ.get('MLX_PTX_CACHE_DIR')); print('mlx.core' in sys.modules)")
-    env = {k: v for k, v in os.environ.items() if k != PTX_ENV}
+            "print(os.environ.get('MLX_PTX_CACHE_DIR')); print(os.environ.get('MLX_CUDA_USE_CUDNN_SDPA'));"
+            "print('mlx.core' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k not in (PTX_ENV, CUDNN_SDPA_ENV)}
     env["XDG_CACHE_HOME"] = str(tmp_path)
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    *_, folder, mlx_imported = done.stdout.strip().splitlines()
+    *_, folder, cudnn_attention, mlx_imported = done.stdout.strip().splitlines()
     assert folder.startswith(str(tmp_path / "mlxd" / "kernels" / "mlx-")) and folder.endswith("/ptx")
+    assert cudnn_attention == "0"  # MLX's own prefill attention (mlxd.engine.cuda_attention)
     assert mlx_imported == "False"
+
+
+def test_cudnn_attention_is_off_unless_the_user_asked_for_it():
+    assert attention_env({}) == {CUDNN_SDPA_ENV: "0"}
+    assert attention_env({CUDNN_SDPA_ENV: "1"}) == {}

@@ -13,28 +13,34 @@ from mlxd.engine.warmup import CPU_PREFILL_TOKENS, WarmupRun, plan_warmup
 from mlxd.registry.device import current_device
 
 
+# Sampling's kernels: two short requests, with a seed (and penalties, logprobs) and without.
+SAMPLED = WarmupRun(16, 3, 2, kind="sampled")
+# ... and on GPUs one under a JSON grammar, after the timed chunk.
+CONSTRAINED = WarmupRun(16, 3, kind="constrained")
+
+
 @pytest.mark.parametrize(
     "kwargs, expected",
     [
-        # One sequence on a GPU: a full prefill chunk plus a rest, then a timed chunk.
+        # One sequence on a GPU: two full prefill chunks plus a rest, sampling, a timed chunk, a grammar.
         (dict(max_context=4096, prefill_chunk=512, max_concurrency=1, batching=False),
-         (WarmupRun(528, 3), WarmupRun(512, 1, timed=True))),
+         (WarmupRun(1040, 3), SAMPLED, WarmupRun(512, 1, timed=True), CONSTRAINED)),
         # Batching adds short requests at once, as many as it will batch (at most 4).
         (dict(max_context=4096, prefill_chunk=512, max_concurrency=8, batching=True),
-         (WarmupRun(528, 3), WarmupRun(16, 3, 4), WarmupRun(512, 1, timed=True))),
+         (WarmupRun(1040, 3), WarmupRun(16, 3, 4), SAMPLED, WarmupRun(512, 1, timed=True), CONSTRAINED)),
         (dict(max_context=4096, prefill_chunk=512, max_concurrency=2, batching=True),
-         (WarmupRun(528, 3), WarmupRun(16, 3, 2), WarmupRun(512, 1, timed=True))),
+         (WarmupRun(1040, 3), WarmupRun(16, 3, 2), SAMPLED, WarmupRun(512, 1, timed=True), CONSTRAINED)),
         # max_concurrency > 1 on a model that cannot batch: no batched run.
         (dict(max_context=4096, prefill_chunk=512, max_concurrency=4, batching=False),
-         (WarmupRun(528, 3), WarmupRun(512, 1, timed=True))),
+         (WarmupRun(1040, 3), SAMPLED, WarmupRun(512, 1, timed=True), CONSTRAINED)),
         # A short context caps every prompt below it.
         (dict(max_context=200, prefill_chunk=512, max_concurrency=1, batching=False),
-         (WarmupRun(181, 3), WarmupRun(181, 1, timed=True))),
-        # The CPU compiles per operation, not per length or batch: a short chunk, two at once.
+         (WarmupRun(181, 3), SAMPLED, WarmupRun(181, 1, timed=True), CONSTRAINED)),
+        # The CPU compiles per operation, not per length or batch: a short prompt, two at once, no grammar.
         (dict(max_context=4096, prefill_chunk=512, max_concurrency=1, batching=False, device="cpu"),
-         (WarmupRun(CPU_PREFILL_TOKENS + 16, 3), WarmupRun(CPU_PREFILL_TOKENS, 1, timed=True))),
+         (WarmupRun(CPU_PREFILL_TOKENS, 3), SAMPLED, WarmupRun(CPU_PREFILL_TOKENS, 1, timed=True))),
         (dict(max_context=4096, prefill_chunk=512, max_concurrency=8, batching=True, device="cpu"),
-         (WarmupRun(CPU_PREFILL_TOKENS + 16, 3), WarmupRun(16, 3, 2), WarmupRun(CPU_PREFILL_TOKENS, 1, timed=True))),
+         (WarmupRun(CPU_PREFILL_TOKENS, 3), WarmupRun(16, 3, 2), SAMPLED, WarmupRun(CPU_PREFILL_TOKENS, 1, timed=True))),
     ],
 )
 def test_the_warmup_plan(kwargs, expected):
@@ -52,8 +58,9 @@ def test_the_loader_returns_a_warm_engine_with_nothing_left_of_the_warmup(worker
         stats = engine.stats()
         assert report is not None and report.error is None
         # It really ran through the engine: the batched path too when batching.
-        wide = 2 if current_device().kind == "cpu" else 4
-        assert report.requests == (2 + wide if concurrency == 4 else 2)
+        on_cpu = current_device().kind == "cpu"
+        wide, alone = (2, 4) if on_cpu else (4, 5)  # GPUs also warm the grammar path
+        assert report.requests == (alone + wide if concurrency == 4 else alone)
         assert stats["batching"] is (concurrency > 1)
         if concurrency > 1:
             assert stats["batched_steps"] > 0
@@ -79,5 +86,6 @@ def test_status_says_loaded_only_once_the_warmup_is_done(tmp_path):
         status = d.model("qwen")
         assert status["state"] == "loaded"
         warmup = status["engine"]["warmup"]
-        assert warmup["requests"] == 4 and warmup["error"] is None  # long, 2 at once, timed and warmup["seconds"] > 0
+        # long, 2 at once, 2 sampled, timed (and a grammar on GPUs)
+        assert warmup["requests"] == (6 if current_device().kind == "cpu" else 7) and warmup["error"] is None and warmup["seconds"] > 0
         assert status["engine"]["generations"] == 0

@@ -85,6 +85,55 @@ def test_float_weights_are_kept_or_requantized_when_asked(tmp_path):
     assert text  # mlx-lm loads the quantized layers and decodes
 
 
+def _last_logits(folder: Path) -> mx.array:
+    import mlx_lm
+
+    model, tokenizer = mlx_lm.load(str(folder))
+    prompt = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True)
+    return model(mx.array([prompt]))[0, -1].astype(mx.float32)
+
+
+@pytest.mark.parametrize("kind, qtype", [("llama", Q4_1), ("qwen", Q8_0), ("qwen", Q4_0)], ids=["llama-Q4_1", "qwen-Q8_0", "qwen-Q4_0"])
+def test_a_float32_import_answers_like_the_quantized_one_with_no_quantized_tensor_left(tmp_path, kind, qtype):
+    gguf = write_gguf(tiny_model(kind), tmp_path / "model.gguf", qtype)
+    quantized = import_gguf(gguf, tmp_path / "quantized")
+    floats = import_gguf(gguf, tmp_path / "float32", dtype="float32")
+
+    assert _greedy(floats) == _greedy(quantized)
+    expected, got = _last_logits(quantized), _last_logits(floats)
+    # Equal here; a BLAS that sums in another order may differ in the last bits.
+    assert mx.abs(got - expected).max().item() <= 1e-4 * mx.abs(expected).max().item()
+    assert mx.argmax(got).item() == mx.argmax(expected).item()
+
+    tensors = mx.load(str(floats / "model.safetensors"))
+    assert not [n for n in tensors if n.endswith((".scales", ".biases"))]
+    assert {v.dtype for v in tensors.values()} == {mx.float32}
+    q_proj = tensors["model.layers.0.self_attn.q_proj.weight"]
+    assert q_proj.shape == (128, 128)  # unpacked: out x in, not out x in * bits / 32
+    config = json.loads((floats / "config.json").read_text())
+    assert "quantization" not in config and config["torch_dtype"] == "float32"
+
+
+def test_a_bfloat16_import_casts_every_float_and_still_decodes(tmp_path):
+    gguf = write_gguf(tiny_model("qwen"), tmp_path / "model.gguf", Q4_1)
+    folder = import_gguf(gguf, tmp_path / "bf16", dtype="bf16")
+    tensors = mx.load(str(folder / "model.safetensors"))
+    assert {v.dtype for v in tensors.values()} == {mx.bfloat16}
+    assert not [n for n in tensors if n.endswith(".scales")]
+    assert json.loads((folder / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    _, text = _greedy(folder, max_tokens=8)
+    assert text
+
+
+def test_quantizing_and_dequantizing_at_once_is_refused_before_any_work(tmp_path):
+    gguf = write_gguf(tiny_model("qwen"), tmp_path / "m.gguf", F16)
+    with pytest.raises(GGUFError, match="--quantize 4 cannot be combined with --dtype float32"):
+        import_gguf(gguf, tmp_path / "out", quantize_bits=4, dtype="float32")
+    with pytest.raises(GGUFError, match="unknown dtype 'int8'; choose from keep, float32"):
+        import_gguf(gguf, tmp_path / "out", dtype="int8")
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_sentencepiece_vocabulary_is_rebuilt_with_byte_fallback():
     from mlxd.gguf.tokenizer import build_tokenizer
 
@@ -176,6 +225,20 @@ def test_cli_imports_into_a_named_folder_and_says_how_to_serve_it(tmp_path):
     again = _mlxd("import", str(gguf), "--name", "tiny", cwd=tmp_path)
     assert again.returncode == 2
     assert again.stderr.strip().splitlines() == [f"mlxd: error: {tmp_path / 'tiny'} already exists and is not an empty folder"]
+
+
+def test_cli_imports_as_float32_and_refuses_a_contradiction(tmp_path):
+    gguf = write_gguf(tiny_model("qwen"), tmp_path / "Tiny.Q4_1.gguf", Q4_1)
+    done = _mlxd("import", str(gguf), "f32", "--dtype", "float32", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "quantization" not in json.loads((tmp_path / "f32" / "config.json").read_text())
+
+    both = _mlxd("import", str(gguf), "both", "--dtype", "float32", "--quantize", "4", cwd=tmp_path)
+    assert both.returncode == 2
+    assert both.stderr.strip().splitlines() == [
+        "mlxd: error: --quantize 4 cannot be combined with --dtype float32, which dequantizes every matrix: use one or the other"
+    ]
+    assert not (tmp_path / "both").exists()
 
 
 def test_cli_error_is_one_line_with_status_2(tmp_path):

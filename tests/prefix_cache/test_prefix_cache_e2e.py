@@ -56,7 +56,13 @@ def test_cold_warm_restored_and_restarted_answers_are_the_same(tmp_path):
     with daemon_process(registry, tmp_path) as d:
         again, cached = ask(d, "q")
         assert (again, cached > 0) == (cold, True)
-        assert d.model("q")["prefix_cache"]["restored_entries"] == 2
+        # Both saved entries are accounted for; which of them is restored
+        # rather than left to recompute is the measured-rate policy's call
+        # (engine/restore_policy.py, tested as a table), and the first one,
+        # with no restore rate measured yet, always is.
+        figures = d.model("q")["prefix_cache"]
+        assert figures["restored_entries"] >= 1
+        assert figures["restored_entries"] + figures["recompute_entries"] == 2
 
 
 def test_idle_unload_and_eviction_save_the_cache_too(tmp_path):

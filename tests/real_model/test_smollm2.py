@@ -158,22 +158,48 @@ def test_stop_strings_and_max_tokens_end_where_they_should(served):
 
 
 def test_the_demo_registry_serves_smollm2_as_default(tmp_path):
-    from mlxd.factory.demo import is_stale, write_demo
+    import mlx.core as mx
+    import mlx_lm
+
+    from mlxd.cli.demo import is_stale, write_demo
     from mlxd.registry.loader import load_registry
 
-    path = write_demo(tmp_path / "demo", sizes=("tiny",))
-    registry = load_registry(path)
-    default = next(m for m in registry.models if "default" in m.aliases)
+    # A CPU demo: imported once into the demo's own folder, dequantized to
+    # float32 (the only matrix products MLX's CPU backend runs through BLAS).
+    path = write_demo(tmp_path / "demo", sizes=("tiny",), dtype="float32")
+    default = next(m for m in load_registry(path).models if "default" in m.aliases)
     assert default.name == "smollm2-135m"
-    assert default.source.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
-    assert (default.path / "config.json").is_file()  # converted when the registry was read
-    assert default.defaults.temperature == 0
+    assert default.path.parent == tmp_path.resolve() / "demo" / "models" / "gguf"
+    assert "float32" in default.path.name and default.defaults.temperature == 0
+    config = json.loads((default.path / "config.json").read_text())
+    assert "quantization" not in config and config["torch_dtype"] == "float32"
+    weights = mx.load(str(default.path / "model.safetensors"))
+    assert {v.dtype for v in weights.values()} == {mx.float32} and not any(n.endswith(".scales") for n in weights)
+    written = (default.path / "model.safetensors").stat().st_mtime_ns
+    write_demo(tmp_path / "demo", sizes=("tiny",), dtype="float32")
+    assert (default.path / "model.safetensors").stat().st_mtime_ns == written  # not imported again
+
+    # Dequantizing changes no greedy answer the docs and tests quote.
+    model, tokenizer = mlx_lm.load(str(default.path))
+    prompt = tokenizer.apply_chat_template(CAPITAL, add_generation_prompt=True)
+    assert mlx_lm.generate(model, tokenizer, prompt, max_tokens=16) == "The capital of France is Paris."
+
+    # A bf16 demo (GPUs, Metal, with fast quantized kernels) names the file,
+    # which the registry converts keeping it quantized.
+    gpu = write_demo(tmp_path / "gpu", sizes=("tiny",), dtype="bfloat16")
+    quantized = next(m for m in load_registry(gpu).models if "default" in m.aliases)
+    assert quantized.source.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert json.loads((quantized.path / "config.json").read_text())["quantization"]["bits"] == 4
 
     # `mlxd serve` rebuilds a demo registry an older mlxd wrote (its default
-    # was a random model), never one written by hand.
+    # was a random model, then the quantized file on every device), never one
+    # written by hand.
     assert not is_stale(path)
     older = tmp_path / "older.yaml"
     older.write_text("# The mlxd demo registry: small real models made offline by `mlxd demo`.\nmodels: []\n")
+    quantized_everywhere = tmp_path / "v2.yaml"
+    quantized_everywhere.write_text("# The mlxd demo registry (version 2): SmolLM2 (from a GGUF file) and small "
+                                    "models made offline by `mlxd demo`.\nmodels: []\n")
     own = tmp_path / "own.yaml"
     own.write_text("models: []\n")
-    assert is_stale(older) and not is_stale(own)
+    assert is_stale(older) and is_stale(quantized_everywhere) and not is_stale(own)

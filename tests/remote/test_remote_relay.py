@@ -265,6 +265,6 @@ def test_counting_tokens_needs_a_local_tokenizer(front):
     client = anthropic.Anthropic(base_url=front.url, api_key="unused", max_retries=0)
     with pytest.raises(anthropic.BadRequestError) as remote:
         client.messages.count_tokens(model="plain", messages=ASK)
-    assert "served by a remote backend" in remote.value.message
+    assert "served by backend `studio`" in remote.value.message
     # A failover entry counts with its first local target's tokenizer.
     assert client.messages.count_tokens(model="there-first", messages=ASK).input_tokens > 5

@@ -33,6 +33,8 @@ def test_required_and_named_are_forced_by_a_grammar():
     for plan in (required, named):
         assert plan.constraint is not None and plan.constraint.kind == "lark"
         assert '"const": "add"' in plan.constraint.text
+        assert plan.forces_call
+    assert not plan_output("m", HERMES, tools=TOOLS).forces_call
     parallel = plan_output("m", HERMES, tools=TOOLS, tool_choice="required", parallel_tool_calls=True)
     assert "{0,3}" in parallel.constraint.text and "{0," not in required.constraint.text
 

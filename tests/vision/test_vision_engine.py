@@ -128,7 +128,7 @@ def test_stop_string_cuts_the_output_before_it(worker, vision_tiny):
     stop = whole.strip()[len(whole.strip()) // 2 :][:3]
     [cut] = generate_all(worker, vision_tiny, [ask(noise_image(), max_tokens=24, stop=["never there", stop])])
     assert text_of(cut) == whole[: whole.find(stop)]
-    assert cut[-1].finish_reason == "stop"
+    assert (cut[-1].finish_reason, cut[-1].stop_sequence) == ("stop", stop)
     assert cut[-1].completion_tokens < 24
 
 

@@ -14,7 +14,9 @@ from mlxd.api.plan import Plan
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
-def stop_reason(reason: str) -> str:
+def stop_reason(reason: str, stop_sequence: str | None = None) -> str:
+    if reason == "stop" and stop_sequence is not None:
+        return "stop_sequence"
     return STOP_REASONS.get(reason, "end_turn")
 
 
@@ -54,8 +56,8 @@ def message(plan: Plan, answer: Answer) -> dict[str, Any]:
         "role": "assistant",
         "model": plan.requested_name,
         "content": content,
-        "stop_reason": stop_reason(choice.finish_reason if choice else "stop"),
-        "stop_sequence": None,
+        "stop_reason": stop_reason(choice.finish_reason, choice.stop_sequence) if choice else "end_turn",
+        "stop_sequence": choice.stop_sequence if choice else None,
         "usage": usage_body(answer.usage),
     }
 
@@ -129,7 +131,10 @@ class AnthropicFrames:
         out += self._stop()
         return out + event(
             "message_delta",
-            {"delta": {"stop_reason": stop_reason(item.reason), "stop_sequence": None}, "usage": usage_body(item.usage)},
+            {
+                "delta": {"stop_reason": stop_reason(item.reason, item.stop_sequence), "stop_sequence": item.stop_sequence},
+                "usage": usage_body(item.usage),
+            },
         )
 
     def error(self, exc: BaseException) -> str:

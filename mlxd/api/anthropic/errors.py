@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mlxd.api.errors import Invalid
 from mlxd.errors import MlxdError
 
 TYPES = {
@@ -42,14 +43,11 @@ def error_body(exc: BaseException) -> dict[str, Any]:
 class AnthropicErrors:
     """The Anthropic surface's ErrorShape (mlxd.api.errors)."""
 
-    # Anthropic answers a body that does not validate with a 400.
-    invalid_status = 400
-
     def body(self, exc: BaseException) -> dict[str, Any]:
         return error_body(exc)
 
-    def invalid(self, message: str, param: str | None) -> dict[str, Any]:
-        return body_for(400, message)
+    def invalid(self, problem: Invalid) -> dict[str, Any]:
+        return body_for(400, problem.message)
 
     def http(self, status: int, message: str) -> dict[str, Any]:
         return body_for(status, message)

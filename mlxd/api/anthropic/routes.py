@@ -14,7 +14,7 @@ from mlxd.api.anthropic.answers import AnthropicFrames, message
 from mlxd.api.anthropic.bodies import CountTokensRequest, MessagesRequest
 from mlxd.api.context import DaemonContext
 from mlxd.api.generation import respond
-from mlxd.api.plan import plan_chat, resolve_entry
+from mlxd.api.plan import Entry, check_chat, plan_chat, resolve_entry
 from mlxd.errors import BadRequest
 from mlxd.registry.model import ModelSpec
 
@@ -32,7 +32,8 @@ def _counting_model(ctx: DaemonContext, name: str) -> ModelSpec:
     local = next((m for m in entry.models if not m.is_remote), None)
     if local is None:
         raise BadRequest(
-            f"Model `{name}` is served by a remote backend; counting tokens needs its tokenizer here.",
+            f"count_tokens counts with a local model's tokenizer; `{name}` is served by "
+            f"backend `{entry.spec.backend}`.",
             param="model",
         )
     return local
@@ -55,11 +56,15 @@ def router() -> APIRouter:
     async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, int]:
         ctx = _ctx(request)
         spec = _counting_model(ctx, body.model)
-        conversation = body.conversation()
-        if conversation.has_images() and spec.kind != "vision":
-            raise BadRequest(f"Model `{body.model}` is a text model and does not accept images", param="messages")
-        tools = body.output().tools
-        count = await ctx.token_counter.count(spec, conversation.template_messages(), tools)
+        conversation, output = body.conversation(), body.output()
+        pending = check_chat(Entry(spec), body.model, conversation, output)
+        # Read and decoded as for an answer (the decoded size sets an image's
+        # vision tokens), under the same bound on decoded image memory.
+        images = []
+        if pending is not None and pending.sources:
+            await pending.read()
+            images = await pending.decode(ctx.image_memory)
+        count = await ctx.token_counter.count(spec, conversation.template_messages(), output.tools, images)
         return {"input_tokens": count}
 
     return api

@@ -210,13 +210,6 @@ class ChatCompletionRequest(_Common):
             response_format=self.response_format,
         )
 
-    def stop_list(self) -> list[str]:
-        # A forced call is a grammar's whole answer: a stop string meant for
-        # prose would cut it inside its JSON, so it does not apply there.
-        if self.tools and (self.tool_choice == "required" or isinstance(self.tool_choice, dict)):
-            return []
-        return super().stop_list()
-
 
 def choices(plan: Plan, n: int) -> None:
     """``n`` choices for one prompt: copies of the plan's request, each with

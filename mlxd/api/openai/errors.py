@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mlxd.api.errors import Invalid
 from mlxd.errors import MlxdError
 
 INTERNAL = {"error": {"message": "Internal error during generation", "type": "server_error",
@@ -19,17 +20,20 @@ def error_body(exc: BaseException) -> dict[str, Any]:
     return INTERNAL
 
 
-class OpenAIErrors:
-    """The OpenAI surface's ErrorShape (mlxd.api.errors)."""
+# OpenAI's codes for a body that does not validate (a body that is not JSON has none).
+INVALID_CODES = {"missing": "missing_required_parameter", "type": "invalid_type", "value": "invalid_value"}
 
-    invalid_status = 422
+
+class OpenAIErrors:
+    """The OpenAI surface's ErrorShape (mlxd.api.errors), for chat,
+    completions and the Responses API alike."""
 
     def body(self, exc: BaseException) -> dict[str, Any]:
         return error_body(exc)
 
-    def invalid(self, message: str, param: str | None) -> dict[str, Any]:
-        return {"error": {"message": message, "type": "invalid_request_error", "param": param,
-                          "code": "invalid_value"}}
+    def invalid(self, problem: Invalid) -> dict[str, Any]:
+        return {"error": {"message": problem.message, "type": "invalid_request_error", "param": problem.param,
+                          "code": INVALID_CODES.get(problem.kind)}}
 
     def http(self, status: int, message: str) -> dict[str, Any]:
         if status >= 500:

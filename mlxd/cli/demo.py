@@ -1,9 +1,16 @@
-"""The built-in demo registry: a few small real models and a models.yaml naming them.
+"""The built-in demo registry: a few small real models and a models.yaml naming
+them, what `mlxd demo` writes and a bare `mlxd serve` serves. It composes the
+factory's models with a GGUF import, so it lives above both.
 
 The default model is SmolLM2-135M-Instruct, a trained model whose answers make
-sense: its GGUF file comes from a PyPI wheel (mlxd.factory.smollm2) and the
-registry converts it on first read (a ``path:`` may name a ``.gguf`` file).
-The others are the factory's seeded random-weight models the tests use.
+sense: its GGUF file (Q4_1) comes from a PyPI wheel (mlxd.factory.smollm2). On
+GPUs and Metal the registry names the file and converts it on first read,
+quantized (a ``path:`` may name a ``.gguf`` file). For a float32 demo (a Linux
+CPU) it is imported once, dequantized, into the demo's models folder: MLX's
+CPU backend runs only float32 matrix products through BLAS, and its quantized
+kernels made the demo's first answer (load, warm-up, reply) several times
+slower (bench/demo_dtype.py; docs/performance.md has the figures). The others
+are the factory's seeded random-weight models the tests use.
 """
 
 from __future__ import annotations
@@ -13,13 +20,15 @@ import importlib.util
 from pathlib import Path
 
 from mlxd.factory.build import ModelRecipe, build_model
+from mlxd.factory.dtypes import device_dtype
 from mlxd.factory.smollm2 import smollm2_gguf
 from mlxd.factory.vision import VisionRecipe, build_vision_model
+from mlxd.gguf.cache import converted_dir
 
 DEFAULT_MODEL = "smollm2-135m"
 # Bump when the demo's models change, so a registry an older mlxd wrote into
 # the default demo folder is rebuilt rather than served as it was.
-DEMO_VERSION = 2
+DEMO_VERSION = 3
 _HEADER = f"# The mlxd demo registry (version {DEMO_VERSION}): SmolLM2 (from a GGUF file) and small models made offline by `mlxd demo`."
 
 
@@ -51,17 +60,28 @@ def sizes_up_to(size: str) -> tuple[str, ...]:
     return DEMO_SIZES[: DEMO_SIZES.index(size) + 1]
 
 
+def _smollm2(directory: Path, models_dir: Path, dtype: str) -> tuple[str, str]:
+    """The default model's ``path:`` and description for a demo in ``dtype``."""
+    gguf = smollm2_gguf()
+    if dtype != "float32":
+        # bf16 devices have fast quantized kernels: serve the file as it is.
+        return str(gguf), "SmolLM2-135M-Instruct (GGUF Q4_1, kept quantized), a small trained chat model"
+    folder = converted_dir(gguf, models_dir, dtype="float32")
+    return (str(folder.relative_to(directory)),
+            "SmolLM2-135M-Instruct (GGUF Q4_1 dequantized to float32, fastest on a CPU), a small trained chat model")
+
+
 def write_demo(
-    directory: Path, *, sizes: tuple[str, ...] = ("tiny", "small"), dtype: str = "float32"
+    directory: Path, *, sizes: tuple[str, ...] = ("tiny", "small"), dtype: str | None = None
 ) -> Path:
-    """Build the demo models into ``directory/models`` in ``dtype`` and write
-    ``directory/models.yaml``. Returns the registry file's path."""
+    """Build the demo models into ``directory/models`` in ``dtype`` (None: this
+    device's, see :func:`device_dtype`) and write ``directory/models.yaml``.
+    Returns the registry file's path."""
     directory = directory.expanduser().resolve()
+    dtype = dtype or device_dtype()
     models_dir = directory / "models"
-    entries = [(
-        DEFAULT_MODEL, smollm2_gguf(), ("default",),
-        "SmolLM2-135M-Instruct (GGUF Q4_1), a small trained chat model", '"64MB"',
-    )]
+    path, description = _smollm2(directory, models_dir, dtype)
+    entries = [(DEFAULT_MODEL, path, ("default",), description, '"64MB"')]
     for name, recipe, aliases, description in DEMO_MODELS:
         if recipe.size not in sizes:
             continue

@@ -1,0 +1,32 @@
+"""The daemon imports the engines' libraries at start-up, off the request
+path, then hides what start-up built from the garbage collector."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from mlxd.engine.preload import modules_for
+
+PROBE = """
+import gc, sys
+from mlxd.engine.preload import import_in_background
+before = gc.get_freeze_count()
+import_in_background(["text"]).join()
+print("mlx_lm" in sys.modules, before, gc.get_freeze_count())
+"""
+
+
+def test_the_libraries_each_kind_needs():
+    assert modules_for(["text", "text"]) == ("mlx_lm",)
+    assert modules_for(["vision", "text"]) == ("mlx_vlm", "mlx_lm")
+    assert modules_for(["remote"]) == ()
+
+
+def test_start_up_imports_mlx_lm_and_freezes_what_it_built():
+    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    imported, before, after = done.stdout.split()
+    assert imported == "True"
+    # Full collections no longer walk start-up's objects (transformers alone is tens of thousands).
+    assert int(before) == 0 and int(after) > 20_000
