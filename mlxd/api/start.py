@@ -15,7 +15,7 @@ from typing import Any
 from mlxd.api.context import DaemonContext
 from mlxd.api.plan import Plan, shape_output
 from mlxd.engine.types import GenerationChunk, GenerationRequest
-from mlxd.errors import BadRequest, MlxdError, describe_exception
+from mlxd.errors import BadRequest, MlxdError, ServiceUnavailable, describe_exception
 from mlxd.failover.choice import falls_through
 from mlxd.residency.shell import Lease
 
@@ -76,9 +76,10 @@ async def start(ctx: DaemonContext, plan: Plan) -> Started:
 async def _fail_over(ctx: DaemonContext, plan: Plan) -> Started:
     assert plan.failover is not None
     name = plan.failover.name
+    # (The router leaves out targets a reload is removing.)
     targets = [t for t in ctx.failover.order(plan.failover) if plan.accepts(ctx.manager.resolve(t))]
     if not targets:
-        raise BadRequest(f"No target of `{plan.requested_name}` accepts images", param="messages")
+        raise ServiceUnavailable(f"No target of `{plan.requested_name}` can take this request now", retry_after=1)
     for position, target in enumerate(targets):
         try:
             return await _start_on(ctx, plan, target)

@@ -53,8 +53,10 @@ def router() -> APIRouter:
         data = []
         for entry in ctx.registry.entries():
             if isinstance(entry, FailoverSpec):
-                # What it stands for now: the target a request would try first.
-                first = ctx.manager.resolve(ctx.failover.order(entry)[0])
+                # What it stands for now: the target a request would try first
+                # (during a reload, the first listed may be all that is left).
+                name = next(iter(ctx.failover.order(entry)), entry.targets[0])
+                first = ctx.registry.lookup(name) or next(m for m in ctx.registry.models if m.name == name)
                 about = {"owned_by": "mlxd", "kind": first.kind, "targets": list(entry.targets),
                          "strategy": entry.strategy}
             else:
