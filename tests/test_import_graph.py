@@ -29,10 +29,14 @@ ALLOWED = {
     "grammar": {"errors", "engine"},  # engine.types only, see CONTRACT
     "tools": {"errors", "engine", "grammar"},
     "gguf": {"errors", "factory"},
-    "monitoring": {"mlxd", "errors", "registry", "engine", "residency", "remote"},
+    # Failover entries: the order to try targets in, from residency and the backend poll.
+    "failover": {"errors", "registry", "residency", "remote"},
+    "monitoring": {"mlxd", "errors", "registry", "engine", "residency", "remote", "failover"},
     # The request path plans tools and splits tool calls for every surface.
-    "api": {"mlxd", "errors", "registry", "settings", "engine", "grammar", "tools", "residency", "monitoring", "remote"},
-    "daemon": {"mlxd", "errors", "registry", "settings", "engine", "residency", "monitoring", "api", "remote"},
+    "api": {"mlxd", "errors", "registry", "settings", "engine", "grammar", "tools", "residency", "monitoring", "remote",
+            "failover"},
+    "daemon": {"mlxd", "errors", "registry", "settings", "engine", "residency", "monitoring", "api", "remote",
+               "failover"},
     "cli": {"mlxd", "errors", "registry", "settings", "engine", "factory", "service", "gguf", "daemon"},
     "__main__": {"cli"},
 }

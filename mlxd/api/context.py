@@ -13,6 +13,7 @@ from mlxd.api.images import ImageMemory
 from mlxd.api.responses.store import ResponseStore
 from mlxd.api.token_count import TokenCounter
 from mlxd.engine.worker import MlxWorker
+from mlxd.failover.router import FailoverRouter
 from mlxd.monitoring.metrics import Metrics
 from mlxd.monitoring.snapshot import ConfigState, DaemonSnapshot
 from mlxd.monitoring.status import EVENTS_LIMIT
@@ -41,6 +42,11 @@ class DaemonContext:
     # Decoded image pixels held at once, across every request.
     image_memory: ImageMemory = field(default_factory=lambda: ImageMemory(ServerSpec().max_image_memory_bytes))
     backends: BackendPool = field(default_factory=lambda: BackendPool(()))
+    # Failover entries: the target order per request, and what each target did.
+    failover: FailoverRouter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.failover = FailoverRouter(self.manager, self.backends)
 
     @property
     def registry(self) -> Registry:
@@ -65,4 +71,5 @@ class DaemonContext:
             auth_required=bool(server.api_keys),
             metrics_enabled=self.settings.metrics,
             backends=self.backends.views(),
+            failovers=self.failover.views(),
         )

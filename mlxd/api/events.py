@@ -76,6 +76,8 @@ OutputEvent = TextDelta | ToolCallDelta | Logprobs | Finish
 def chunk_events(choice: int, chunk: GenerationChunk) -> list[OutputEvent]:
     """One engine chunk as events (an "abort" chunk is the caller's to handle)."""
     events: list[OutputEvent] = [TextDelta(choice, chunk.text)] if chunk.text else []
+    for call in chunk.tool_calls or ():
+        events.append(ToolCallDelta(choice, call.index, id=call.id, name=call.name, arguments=call.arguments))
     if chunk.logprobs:
         events.append(Logprobs(choice, tuple(chunk.logprobs)))
     if chunk.finish_reason:

@@ -21,7 +21,8 @@ from mlxd.api.accounting import record_request
 from mlxd.api.context import DaemonContext
 from mlxd.api.inbox import StreamInbox
 from mlxd.api.events import ChoiceEvents, Finish, Logprobs, OutputEvent, TextDelta, ToolCallDelta, Usage
-from mlxd.api.plan import Plan, shape_output
+from mlxd.api.plan import Plan
+from mlxd.api.start import Started, start
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.errors import (
     ClientDisconnected,
@@ -30,7 +31,6 @@ from mlxd.errors import (
     RequestTimeout,
     describe_exception,
 )
-from mlxd.residency.shell import Lease
 
 log = logging.getLogger("mlxd.requests")
 T = TypeVar("T")
@@ -74,41 +74,6 @@ async def guarded(request: Request, work: Awaitable[T], timeout: float) -> T:
     if watcher in done:
         raise ClientDisconnected("client disconnected")
     raise RequestTimeout(f"Request timed out after {timeout:.1f} seconds")
-
-
-async def _read_images_and_acquire(ctx: DaemonContext, plan: Plan) -> Lease:
-    """Images are read (files, remote fetches, headers) before the lease, so
-    a bad image is a 400 that never loads a model or holds a slot; they are
-    decoded only once the lease is held, so requests the queue refuses never
-    decode anything, and under the daemon-wide image memory bound. Tools and
-    structured output are checked against the leased engine (its tool-call
-    format). A failure after the lease gives it straight back."""
-    images = plan.images if plan.images is not None and plan.images.sources else None
-    if images is not None:
-        await images.read()
-    lease = await ctx.manager.acquire(plan.requested_name, timeout=plan.remaining())
-    try:
-        if images is not None:
-            decoded = await images.decode(ctx.image_memory)
-            for request in plan.requests:  # n > 1: every choice sees them
-                request.images = decoded
-        shape_output(plan, lease.engine)
-        await _compile_grammar(plan, lease.engine)
-    except BaseException:
-        lease.release()
-        raise
-    return lease
-
-
-async def _compile_grammar(plan: Plan, engine: Any) -> None:
-    """Compile the request's grammar now, off the event loop (the engine
-    keeps it in its cache), so that a schema that cannot be compiled is a
-    400 before a stream's 200 rather than an error frame inside it."""
-    grammars = getattr(engine, "grammars", None)
-    constraint = plan.requests[0].constraint if plan.requests else None
-    # (A vision engine has no grammars: plan_chat refused the request already.)
-    if grammars is not None and constraint is not None:
-        await asyncio.to_thread(grammars.matcher, constraint)
 
 
 def _choice_events(plan: Plan) -> ChoiceEvents:
@@ -192,14 +157,14 @@ async def _run_each(
         raise failure from None
 
 
-async def _generate_all(ctx: DaemonContext, plan: Plan, lease: Lease) -> Answer:
+async def _generate_all(ctx: DaemonContext, plan: Plan, started: Started) -> Answer:
     answer = Answer(choices=[])
-    meter = ctx.metrics.meter(plan.spec.name, plan.started)
+    meter = ctx.metrics.meter(plan.name, plan.started)
     events = _choice_events(plan)
 
     async def one(index: int, request: GenerationRequest) -> None:
         last = GenerationChunk(text="")
-        async with contextlib.aclosing(lease.engine.generate(request)) as chunks:
+        async with contextlib.aclosing(started.generate(index, request)) as chunks:
             async for chunk in chunks:
                 meter.chunk(request.request_id, chunk)
                 last = chunk
@@ -213,21 +178,21 @@ async def _generate_all(ctx: DaemonContext, plan: Plan, lease: Lease) -> Answer:
             for event in events.of(index, ended):
                 answer.add(event)
 
-    await _run_each(lease.engine, plan.requests, one)
+    await _run_each(started.engine, plan.requests, one)
     return answer
 
 
 async def complete(ctx: DaemonContext, plan: Plan, request: Request) -> Answer:
     async def work() -> Answer:
-        async with await _read_images_and_acquire(ctx, plan) as lease:
-            return await _generate_all(ctx, plan, lease)
+        async with await start(ctx, plan) as started:
+            return await _generate_all(ctx, plan, started)
 
     try:
         answer = await guarded(request, work(), plan.remaining())
     except MlxdError as exc:
-        record_request(ctx, plan.spec.name, exc.status_code, plan)
+        record_request(ctx, exc.status_code, plan)
         raise
-    record_request(ctx, plan.spec.name, 200, plan, answer.usage.prompt_tokens, answer.usage.completion_tokens)
+    record_request(ctx, 200, plan, answer.usage.prompt_tokens, answer.usage.completion_tokens)
     return answer
 
 
@@ -269,11 +234,11 @@ class LeasedStreamingResponse(StreamingResponse):
     client is gone before the first byte and the body is never iterated."""
 
     def __init__(
-        self, content: AsyncIterator[str], lease: Lease | None, *, pending: asyncio.Future[Lease] | None = None,
-        **kw: Any,
+        self, content: AsyncIterator[str], started: Started | None, *,
+        pending: asyncio.Future[Started] | None = None, **kw: Any,
     ) -> None:
         super().__init__(content, media_type="text/event-stream", **kw)
-        self._lease = lease
+        self._started = started
         # An early stream's lease, still being waited for.
         self._pending = pending
         self._content = content
@@ -284,45 +249,30 @@ class LeasedStreamingResponse(StreamingResponse):
         finally:
             with contextlib.suppress(Exception):
                 await self._content.aclose()  # type: ignore[attr-defined]
-            if self._lease is not None:
-                self._lease.release()
+            if self._started is not None:
+                await self._started.close()
             if self._pending is not None:
                 await _abandon(self._pending)
 
 
 async def open_stream(ctx: DaemonContext, plan: Plan, request: Request, framer: Framer) -> LeasedStreamingResponse:
-    """Acquire before answering, so a 404/429/503/504 is a real status code;
-    an ``early`` framer waits only a moment for that, then answers 200 and
-    keeps waiting inside the stream, heartbeats flowing. Once the 200 is
-    sent, errors travel in the stream."""
-    acquiring = asyncio.ensure_future(_read_images_and_acquire(ctx, plan))
+    """Start before answering (a remote engine's backend accepting
+    included), so a 404/429/503/504 is a real status code; an ``early``
+    framer waits only a moment for that, then answers 200 and keeps waiting
+    inside the stream, heartbeats flowing. Once the 200 is sent, errors
+    travel in the stream."""
+    acquiring = asyncio.ensure_future(start(ctx, plan))
     # Not early: the deadline (guarded's) ends the wait, with a 504.
     wait = EARLY_WAIT_SECONDS if getattr(framer, "early", False) else plan.remaining() + 1
     try:
-        lease = await guarded(request, _first_of(acquiring, wait), plan.remaining())
+        started = await guarded(request, _first_of(acquiring, wait), plan.remaining())
     except MlxdError as exc:
-        record_request(ctx, plan.spec.name, exc.status_code, plan)
+        record_request(ctx, exc.status_code, plan)
         raise
-    pending = None if lease is not None else acquiring
-    queue = StreamInbox()
-    producer = None
-    first = None
-    if lease is not None and getattr(lease.engine, "confirms_start", False):
-        # A remote engine's first chunk says the backend took the request:
-        # until then a refusal can still be an HTTP status, not a frame.
-        producer = asyncio.ensure_future(_pump(lease.engine, plan.requests, queue))
-        try:
-            first = await guarded(request, queue.get(), plan.remaining())
-            if isinstance(first, MlxdError):
-                raise first
-        except MlxdError as exc:
-            await _stop(producer)
-            lease.release()
-            record_request(ctx, plan.spec.name, exc.status_code, plan)
-            raise
-    frames = _frames(ctx, plan, lease, framer, pending, queue, producer, first)
+    pending = None if started is not None else acquiring
+    frames = _frames(ctx, plan, started, framer, pending)
     return LeasedStreamingResponse(
-        frames, lease, pending=pending, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        frames, started, pending=pending, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     )
 
 
@@ -332,7 +282,7 @@ async def open_stream(ctx: DaemonContext, plan: Plan, request: Request, framer: 
 EARLY_WAIT_SECONDS = 0.5
 
 
-async def _first_of(acquiring: asyncio.Future[Lease], seconds: float) -> Lease | None:
+async def _first_of(acquiring: asyncio.Future[Started], seconds: float) -> Started | None:
     """The lease if ``acquiring`` settles within ``seconds`` (raising what it
     raised), else None with the wait still running. Cancelled (disconnect,
     deadline), it cancels the wait too."""
@@ -344,24 +294,24 @@ async def _first_of(acquiring: asyncio.Future[Lease], seconds: float) -> Lease |
     return acquiring.result() if done else None
 
 
-async def _abandon(acquiring: asyncio.Future[Lease]) -> None:
+async def _abandon(acquiring: asyncio.Future[Started]) -> None:
     """Stop waiting for a lease; one granted meanwhile is given back."""
     if not acquiring.done():
         acquiring.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await acquiring
     elif not acquiring.cancelled() and acquiring.exception() is None:
-        acquiring.result().release()
+        await acquiring.result().close()
 
 
-async def _pump(engine: Any, requests: list[GenerationRequest], queue: StreamInbox) -> None:
+async def _pump(started: Started, requests: list[GenerationRequest], queue: StreamInbox) -> None:
     async def one(index: int, request: GenerationRequest) -> None:
-        async with contextlib.aclosing(engine.generate(request)) as chunks:
+        async with contextlib.aclosing(started.generate(index, request)) as chunks:
             async for chunk in chunks:
                 queue.put_nowait((index, chunk))
 
     try:
-        await _run_each(engine, requests, one)
+        await _run_each(started.engine, requests, one)
         queue.put_nowait(_END)
     except asyncio.CancelledError:
         raise
@@ -375,7 +325,7 @@ class _StreamState:
     def __init__(self, ctx: DaemonContext, plan: Plan, framer: Framer) -> None:
         self.plan = plan
         self.framer = framer
-        self.meter = ctx.metrics.meter(plan.spec.name, plan.started)
+        self.meter = ctx.metrics.meter(plan.name, plan.started)
         # Made at the first chunk: the tool-call format is known once leased.
         self.events: ChoiceEvents | None = None
         self.usage = Usage()
@@ -394,7 +344,7 @@ class _StreamState:
             return [], True
         if isinstance(item, BaseException):
             self.status = item.status_code if isinstance(item, MlxdError) else 500
-            log.error("stream on %s failed: %s", self.plan.spec.name, describe_exception(item))
+            log.error("stream on %s failed: %s", self.plan.name, describe_exception(item))
             return [self.framer.error(item)], True
         index, chunk = item
         self.meter.chunk(index, chunk)
@@ -414,7 +364,7 @@ class _StreamState:
 
 
 async def _heartbeats_until(
-    ctx: DaemonContext, acquiring: asyncio.Future[Lease], framer: Framer
+    ctx: DaemonContext, acquiring: asyncio.Future[Started], framer: Framer
 ) -> AsyncIterator[str]:
     """A heartbeat every ``heartbeat_seconds`` until the lease is granted
     (or its wait fails: the caller reads which)."""
@@ -434,14 +384,13 @@ async def _stop(producer: asyncio.Future[None]) -> None:
 async def _frames(
     ctx: DaemonContext,
     plan: Plan,
-    lease: Lease | None,
+    started: Started | None,
     framer: Framer,
-    pending: asyncio.Future[Lease] | None,
-    queue: StreamInbox,
-    producer: asyncio.Future[None] | None = None,
-    first: Any = None,
+    pending: asyncio.Future[Started] | None,
 ) -> AsyncIterator[str]:
     state = _StreamState(ctx, plan, framer)
+    queue = StreamInbox()
+    producer: asyncio.Future[None] | None = None
     heartbeat = ctx.settings.heartbeat_seconds
     inactivity = ctx.settings.server.request_timeout_s
     loop = asyncio.get_running_loop()
@@ -450,20 +399,19 @@ async def _frames(
         opening = framer.opening()
         if opening:
             yield opening
-        if lease is None:
+        if started is None:
             assert pending is not None
             try:
                 async for beat in _heartbeats_until(ctx, pending, framer):
                     yield beat
-                lease = pending.result()
+                started = pending.result()
             except Exception as exc:
                 state.status = exc.status_code if isinstance(exc, MlxdError) else 500
                 if state.status == 500:
-                    log.error("stream on %s failed: %s", plan.spec.name, describe_exception(exc))
+                    log.error("stream on %s failed: %s", plan.name, describe_exception(exc))
                 yield framer.error(exc) + framer.closing(None)
                 return
-        if producer is None:
-            producer = asyncio.ensure_future(_pump(lease.engine, plan.requests, queue))
+        producer = asyncio.ensure_future(_pump(started, plan.requests, queue))
         last_progress = loop.time()
 
         def tick() -> None:
@@ -479,10 +427,6 @@ async def _frames(
 
         timer = loop.call_later(heartbeat, tick)
         done = False
-        if first is not None:
-            out, done = state.handle(first)
-            if out:
-                yield "".join(out)
         while not done:
             item = await queue.get()
             if item is _TICK:
@@ -518,11 +462,11 @@ async def _frames(
             timer.cancel()
         if producer is not None:
             await _stop(producer)
-        if lease is not None:
-            lease.release()
+        if started is not None:
+            await started.close()
         elif pending is not None:
             await _abandon(pending)
-        record_request(ctx, plan.spec.name, state.status, plan, *state.totals())
+        record_request(ctx, state.status, plan, *state.totals())
 
 
 # --- answering ----------------------------------------------------------------

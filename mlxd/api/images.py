@@ -161,7 +161,8 @@ class ImagePolicy:
             local_dir=spec.local_image_dir.resolve() if spec.local_image_dir else None,
             allow_remote=spec.allow_remote_images,
             limits=limits or ImageLimits(),
-            model_dir=spec.path,
+            # A remote entry has no folder here: its backend sizes the images.
+            model_dir=None if spec.is_remote else spec.path,
         )
 
 
@@ -183,6 +184,11 @@ class ReadImage:
     raw: bytes
     # What decoding will hold at its peak, in bytes.
     decode_bytes: int
+    # Pillow's name for the format the header declares (one of IMAGE_FORMATS).
+    format: str = "PNG"
+
+    def data_url(self) -> str:
+        return f"data:image/{self.format.lower()};base64,{base64.b64encode(self.raw).decode('ascii')}"
 
 
 @dataclass
@@ -200,8 +206,8 @@ class PendingImages:
         try:
             for source in self.sources:
                 raw = await _read(source, self.limits, client)
-                cost = await asyncio.to_thread(probe_image, raw, source.param, self.limits, self.target)
-                self.read_images.append(ReadImage(source.param, raw, cost))
+                cost, kind = await asyncio.to_thread(probe_image, raw, source.param, self.limits, self.target)
+                self.read_images.append(ReadImage(source.param, raw, cost, kind))
         finally:
             if client is not None:
                 await client.aclose()
@@ -212,8 +218,12 @@ class PendingImages:
         for item in self.read_images:
             async with memory.hold(item.decode_bytes, item.param):
                 images.append(await asyncio.to_thread(decode_image, item.raw, item.param, self.limits, self.target))
-        self.read_images = []  # the raw bytes are not needed any more
         return images
+
+    def data_urls(self) -> list[str]:
+        """The images as ``data:`` URLs, in message order, for a backend to
+        decode (checked here, never decoded: that memory is the backend's)."""
+        return [item.data_url() for item in self.read_images]
 
     async def load(self) -> list[Any]:
         """Read and decode in one go, bounded by nothing but the limits."""
@@ -237,12 +247,12 @@ def collect_images(conversation: Conversation, policy: ImagePolicy) -> PendingIm
     return PendingImages(sources, policy.limits, policy.model_dir)
 
 
-def probe_image(raw: bytes, param: str, limits: ImageLimits, target: DecodeTarget) -> int:
+def probe_image(raw: bytes, param: str, limits: ImageLimits, target: DecodeTarget) -> tuple[int, str]:
     """Check the header (format, pixel count) without decoding; return the
-    bytes decoding will hold at its peak."""
+    bytes decoding will hold at its peak, and the format."""
     with _opened(raw, param, limits, target) as image:
         # The file's own pixels, then the RGB copy convert() makes.
-        return image.size[0] * image.size[1] * (len(image.getbands()) + 3)
+        return image.size[0] * image.size[1] * (len(image.getbands()) + 3), str(image.format)
 
 
 def decode_image(raw: bytes, param: str, limits: ImageLimits, target: DecodeTarget | None = None) -> Any:

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from mlxd.api.conversation import Conversation
 from mlxd.api.images import ImagePolicy, PendingImages, collect_images
 from mlxd.engine.types import GenerationRequest, SamplingParams
-from mlxd.errors import BadRequest
-from mlxd.registry.model import ModelSpec, SamplingDefaults
+from mlxd.errors import BadRequest, ModelNotFound
+from mlxd.registry.model import FailoverSpec, ModelSpec, SamplingDefaults
 from mlxd.tools.formats import ToolFormat
 from mlxd.tools.plan import check_output, plan_output
 
@@ -58,9 +58,54 @@ class Requested:
     output: OutputRequest = field(default_factory=OutputRequest)
 
 
+@dataclass(frozen=True)
+class Entry:
+    """What a request names: a model, or a failover entry over its targets."""
+
+    spec: ModelSpec
+    failover: FailoverSpec | None = None
+    # A failover entry's targets, in the file's order (``spec`` is the first).
+    targets: tuple[ModelSpec, ...] = ()
+
+    @property
+    def models(self) -> tuple[ModelSpec, ...]:
+        return self.targets or (self.spec,)
+
+
+def resolve_entry(ctx: DaemonContext, name: str) -> Entry:
+    """What a client's ``name`` stands for; an implicit failover target's
+    own name (``backend:model``) is none of them."""
+    found = ctx.registry.find(name)
+    if found is None:
+        raise ModelNotFound(name, ctx.registry.model_names())
+    if isinstance(found, FailoverSpec):
+        targets = tuple(ctx.manager.resolve(t) for t in found.targets)
+        return Entry(targets[0], found, targets)
+    return Entry(ctx.manager.resolve(found.name))
+
+
+def takes_images(spec: ModelSpec) -> bool:
+    # A remote entry's images go to its backend, which decides whether its
+    # model sees them (a text model's server answers 400 itself).
+    return spec.kind == "vision" or spec.is_remote
+
+
+def merged_defaults(spec: ModelSpec, failover: FailoverSpec | None) -> SamplingDefaults:
+    """A model's sampling defaults, under a failover entry's own where it sets them."""
+    if failover is None:
+        return spec.defaults
+    over = failover.defaults
+    return SamplingDefaults(**{
+        f.name: getattr(over, f.name) if getattr(over, f.name) is not None else getattr(spec.defaults, f.name)
+        for f in fields(SamplingDefaults)
+    })
+
+
 @dataclass
 class Plan:
     kind: str  # what the request log calls it: "chat" | "completion" | ...
+    # The model that serves the request: for a failover entry, the target
+    # leased (before that, its first target).
     spec: ModelSpec
     requested_name: str
     requests: list[GenerationRequest]
@@ -75,9 +120,34 @@ class Plan:
     # Set once the engine is known (its tool-call format): how to split the
     # answer into text and tool calls; None when the answer is text.
     tool_format: ToolFormat | None = None
+    failover: FailoverSpec | None = None
+    # What the request itself said about sampling: a failover target's own
+    # defaults apply once it is leased.
+    asked: SamplingDefaults = field(default_factory=SamplingDefaults)
+    default_max_tokens: int = 512  # the server's, for a request and defaults that set none
+
+    @property
+    def name(self) -> str:
+        """The entry the client asked for (metrics and logs count by it)."""
+        return self.failover.name if self.failover is not None else self.spec.name
 
     def remaining(self) -> float:
         return self.timeout - (time.monotonic() - self.started)
+
+    def accepts(self, spec: ModelSpec) -> bool:
+        """Whether ``spec`` can serve this request (a failover target that
+        cannot is skipped): images need a model that takes them."""
+        return self.images is None or not self.images.sources or takes_images(spec)
+
+    def retarget(self, spec: ModelSpec) -> None:
+        """A failover target was leased: it serves the request, with its own
+        sampling defaults under the entry's and the request's."""
+        self.spec = spec
+        defaults = merged_defaults(spec, self.failover)
+        for request in self.requests:
+            request.sampling = resolve_sampling(self.asked, defaults)
+            request.sampling_set = sampling_set(self.asked, defaults)
+            request.max_tokens = _pick(self.asked.max_tokens, defaults.max_tokens, self.default_max_tokens)
 
 
 def _pick(request_value: Any, default_value: Any, fallback: Any) -> Any:
@@ -87,8 +157,7 @@ def _pick(request_value: Any, default_value: Any, fallback: Any) -> Any:
     return default_value if default_value is not None else fallback
 
 
-def resolve_sampling(asked: SamplingDefaults, spec: ModelSpec) -> SamplingParams:
-    d = spec.defaults
+def resolve_sampling(asked: SamplingDefaults, d: SamplingDefaults) -> SamplingParams:
     return SamplingParams(
         temperature=_pick(asked.temperature, d.temperature, FALLBACK.temperature),
         top_p=_pick(asked.top_p, d.top_p, FALLBACK.top_p),
@@ -101,20 +170,20 @@ def resolve_sampling(asked: SamplingDefaults, spec: ModelSpec) -> SamplingParams
     )
 
 
-def sampling_set(asked: SamplingDefaults, spec: ModelSpec) -> frozenset[str]:
+def sampling_set(asked: SamplingDefaults, defaults: SamplingDefaults) -> frozenset[str]:
     """The sampling fields given by the request or the model's defaults."""
     return frozenset(
         name for name in SAMPLING_FIELDS
-        if getattr(asked, name) is not None or getattr(spec.defaults, name) is not None
+        if getattr(asked, name) is not None or getattr(defaults, name) is not None
     )
 
 
 SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams))
 
 
-def resolve_max_tokens(ctx: DaemonContext, asked: Requested, spec: ModelSpec) -> int:
+def resolve_max_tokens(ctx: DaemonContext, asked: Requested, defaults: SamplingDefaults) -> int:
     server = ctx.settings.server
-    value = _pick(asked.sampling.max_tokens, spec.defaults.max_tokens, server.default_max_tokens)
+    value = _pick(asked.sampling.max_tokens, defaults.max_tokens, server.default_max_tokens)
     if value > server.max_request_tokens:
         raise BadRequest(
             f"max_tokens exceeds server limit ({server.max_request_tokens})", param="max_tokens"
@@ -134,29 +203,50 @@ def _timeout(ctx: DaemonContext, asked: Requested) -> float:
 MAX_CHARS_PER_TOKEN = 32
 
 
-def check_prompt_length(spec: ModelSpec, chars: int, param: str) -> None:
+def check_prompt_length(entry: Entry, chars: int, param: str) -> None:
     """A cheap bound before tokenizing: megabytes of prompt must not cost a
-    tokenizer run (and the memory it takes) only to be refused afterwards."""
-    limit = spec.max_context * MAX_CHARS_PER_TOKEN
+    tokenizer run (and the memory it takes) only to be refused afterwards.
+    (A failover entry's is its roomiest target's; each target's engine still
+    checks its own context once the prompt is tokenized.)"""
+    max_context = max(m.max_context for m in entry.models)
+    limit = max_context * MAX_CHARS_PER_TOKEN
     if chars > limit:
         raise BadRequest(
-            f"This model's maximum context length is {spec.max_context} tokens, but the "
+            f"This model's maximum context length is {max_context} tokens, but the "
             f"{param} has {chars:,} characters, far more than fit. Shorten the {param}.",
             param=param,
             code="context_length_exceeded",
         )
 
 
-def check_chat(spec: ModelSpec, name: str, conversation: Conversation, output: OutputRequest) -> PendingImages | None:
+def _image_policy(entry: Entry) -> ImagePolicy:
+    if entry.failover is None:
+        return ImagePolicy.for_model(entry.spec)
+    f = entry.failover
+    # Images are read (and sized) before a target is chosen: by the first
+    # local vision target's processor, which its twins elsewhere share.
+    vision = next((m for m in entry.targets if m.kind == "vision" and not m.is_remote), None)
+    return ImagePolicy(
+        model=f.name,
+        local_dir=f.local_image_dir.resolve() if f.local_image_dir else None,
+        allow_remote=f.allow_remote_images,
+        model_dir=vision.path if vision is not None else None,
+    )
+
+
+def check_chat(entry: Entry, name: str, conversation: Conversation, output: OutputRequest) -> PendingImages | None:
     """What a chat request must pass before anything is read or leased (its
-    answer and its token count alike); for a vision model, the images to read."""
-    check_prompt_length(spec, conversation.text_length(), "messages")
-    if conversation.has_images() and spec.kind != "vision":
+    answer and its token count alike); when a model it may go to takes
+    images, the images to read."""
+    check_prompt_length(entry, conversation.text_length(), "messages")
+    with_images = any(takes_images(m) for m in entry.models)
+    if conversation.has_images() and not with_images:
         raise BadRequest(f"Model `{name}` is a text model and does not accept images", param="messages")
-    images = collect_images(conversation, ImagePolicy.for_model(spec)) if spec.kind == "vision" else None
+    images = collect_images(conversation, _image_policy(entry)) if with_images else None
     if output.asks_anything():
         check_output(tools=output.tools, tool_choice=output.tool_choice, response_format=output.response_format)
-        if spec.kind == "vision" and (output.tools or output.response_format):
+        local_vision = all(m.kind == "vision" and not m.is_remote for m in entry.models)
+        if local_vision and (output.tools or output.response_format):
             # What the vision engine would refuse, said before any stream opens.
             param = "tools" if output.tools else "response_format"
             raise BadRequest(f"Vision models do not support `{param}` yet.", param=param)
@@ -166,13 +256,15 @@ def check_chat(spec: ModelSpec, name: str, conversation: Conversation, output: O
 def plan_chat(
     ctx: DaemonContext, asked: Requested, conversation: Conversation, *, kind: str = "chat", id_prefix: str = "chatcmpl-"
 ) -> Plan:
-    spec = ctx.manager.resolve(asked.model)
-    images = check_chat(spec, asked.model, conversation, asked.output)
+    entry = resolve_entry(ctx, asked.model)
+    spec = entry.spec
+    images = check_chat(entry, asked.model, conversation, asked.output)
+    defaults = merged_defaults(spec, entry.failover)
     request = GenerationRequest(
         request_id=f"{id_prefix}{uuid.uuid4().hex[:24]}",
-        max_tokens=resolve_max_tokens(ctx, asked, spec),
-        sampling=resolve_sampling(asked.sampling, spec),
-        sampling_set=sampling_set(asked.sampling, spec),
+        max_tokens=resolve_max_tokens(ctx, asked, defaults),
+        sampling=resolve_sampling(asked.sampling, defaults),
+        sampling_set=sampling_set(asked.sampling, defaults),
         stop=list(asked.stop),
         messages=conversation.template_messages(),
         ignore_eos=asked.ignore_eos,
@@ -187,6 +279,9 @@ def plan_chat(
         id=request.request_id,
         images=images,
         output=asked.output,
+        failover=entry.failover,
+        asked=asked.sampling,
+        default_max_tokens=ctx.settings.server.default_max_tokens,
     )
 
 
@@ -202,6 +297,17 @@ def shape_output(plan: Plan, engine: Any) -> None:
     if not plan.output.asks_anything():
         return
     asked = plan.output
+    if getattr(engine, "kind", None) == "remote":
+        # The backend has the model's tool-call format and its own grammar:
+        # the fields go to it as the client sent them (checked for shape by
+        # check_output), and its tool calls come back already split.
+        for request in plan.requests:
+            request.tools = asked.tools
+            request.tool_choice = asked.tool_choice
+            request.parallel_tool_calls = asked.parallel_tool_calls
+            request.response_format = asked.response_format
+        plan.tool_format = None
+        return
     shaped = plan_output(
         plan.requested_name,
         getattr(engine, "tool_format", None),
@@ -226,12 +332,13 @@ def plan_prompts(
         raise BadRequest(
             f"At most {limit} prompts per request; this one has {len(prompts)}.", param="prompt"
         )
-    spec = ctx.manager.resolve(asked.model)
+    entry = resolve_entry(ctx, asked.model)
     for i, prompt in enumerate(prompts):
-        check_prompt_length(spec, len(prompt), "prompt" if len(prompts) == 1 else f"prompt[{i}]")
-    max_tokens = resolve_max_tokens(ctx, asked, spec)
-    sampling = resolve_sampling(asked.sampling, spec)
-    given = sampling_set(asked.sampling, spec)
+        check_prompt_length(entry, len(prompt), "prompt" if len(prompts) == 1 else f"prompt[{i}]")
+    defaults = merged_defaults(entry.spec, entry.failover)
+    max_tokens = resolve_max_tokens(ctx, asked, defaults)
+    sampling = resolve_sampling(asked.sampling, defaults)
+    given = sampling_set(asked.sampling, defaults)
     plan_id = f"{id_prefix}{uuid.uuid4().hex[:24]}"
     requests = [
         GenerationRequest(
@@ -242,10 +349,13 @@ def plan_prompts(
     ]
     return Plan(
         kind=kind,
-        spec=spec,
+        spec=entry.spec,
         requested_name=asked.model,
         requests=requests,
         stream=asked.stream,
         timeout=_timeout(ctx, asked),
         id=plan_id,
+        failover=entry.failover,
+        asked=asked.sampling,
+        default_max_tokens=ctx.settings.server.default_max_tokens,
     )

@@ -226,6 +226,27 @@ def _backends(doc: dict[str, Any]) -> Text:
     return text
 
 
+def _failover(doc: dict[str, Any]) -> Text:
+    """One line per failover entry, then its targets in the order a request
+    would try them now, each with what it served and how often it failed."""
+    text = Text("failover", style="bold")
+    for f in doc["failover"]:
+        text.append(f"\n  {f['name']:<10} ", style="bold")
+        text.append(f"{f['strategy']}", style="cyan")
+        recent = f["recent"][-1]["target"] if f["recent"] else None
+        if recent:
+            text.append(f"  last served by {recent}", style="dim")
+        targets = {t["name"]: t for t in f["targets"]}
+        for name in f["order"]:
+            t = targets[name]
+            where = "here" if t["kind"] == "local" else f"on {t['backend']}"
+            text.append(f"\n    {name} ({where}, {t['state'] or 'state unknown'})")
+            text.append(f"  {t['in_flight']}/{t['capacity']} in flight  served {t['requests']}", style="dim")
+            if t["fell_through"]:
+                text.append(f"  fell through {t['fell_through']}", style="yellow")
+    return text
+
+
 def _events(doc: dict[str, Any]) -> Text:
     events = doc["events"][-EVENTS_SHOWN:]
     text = Text("recent events", style="bold")
@@ -245,6 +266,8 @@ def render(doc: dict[str, Any], width: int = DEFAULT_WIDTH) -> RenderableType:
         parts = [_header(doc), Text(""), _memory(doc, width), Text(""), _models(doc), Text("")]
         if doc.get("backends"):
             parts += [_backends(doc), Text("")]
+        if doc.get("failover"):
+            parts += [_failover(doc), Text("")]
         return Group(*parts, _events(doc))
     except (KeyError, TypeError, AttributeError):
         # A daemon from another release: its schema is not the one drawn here.

@@ -161,6 +161,7 @@ class Reloader:
             "models": {},
             "manager": [],
             "backends": [],
+            "failover": [],
             "server": {"applied": [], "needs_restart": [], "overridden": []},
             "problems": [],
             "error": error.as_dict(),
@@ -178,6 +179,7 @@ class Reloader:
         # yield to the event loop): no request sees one without the other.
         ctx.settings = settings
         ctx.backends.reconfigure(registry.backends)
+        ctx.failover.reconfigure(registry.failovers)
         renames = ctx.manager.renamable(dict(diff.renamed))
         preloading = await ctx.manager.reconfigure(registry, renames)
         config.file_hash = registry.file_hash
@@ -195,6 +197,7 @@ class Reloader:
             "models": _model_outcomes(diff, preloading, renames),
             "manager": list(diff.manager_fields),
             "backends": list(diff.backends),
+            "failover": list(diff.failovers),
             "server": server,
             # Models whose files cannot be used: registered, failed, the rest serve.
             "problems": [p.as_dict() for p in registry.problems],

@@ -48,7 +48,8 @@ def run_daemon(settings: DaemonSettings, registry_path: Path) -> int:
         if not eff.server.api_keys and eff.server.host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("no API keys configured and bound to %s: anyone on the network can use the models",
                         eff.server.host)
-        import_in_background(m.kind for m in registry.models)
+        # A remote entry loads nothing here: a front with only those never needs mlx-lm.
+        import_in_background(m.kind for m in registry.models if not m.is_remote)
         server = daemon.server
         server.run()
         if not server.started:

@@ -71,8 +71,26 @@ class GenerationRequest:
     tools: list[dict[str, Any]] | None = None
     # Constrained decoding (structured output, forced tool calls).
     constraint: Constraint | None = None
+    # What the request asked of the answer's shape, in OpenAI's form. A
+    # remote engine forwards these with ``tools`` (the backend enforces them
+    # with its own grammar); a local engine is given ``constraint`` instead.
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
     # Per-token log-probabilities with this many alternatives (None: none).
     logprobs: int | None = None
+
+
+@dataclass(frozen=True)
+class ToolCallFragment:
+    """A piece of a tool call that arrives already split from the text (a
+    remote backend's ``tool_calls`` delta): the first piece of a call names
+    it, later ones add argument text. ``index`` counts calls in one answer."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
 
 
 @dataclass
@@ -95,6 +113,9 @@ class GenerationChunk:
     # (``mlxd.engine.logprobs.TokenLogprob``), end-of-sequence left out.
     logprobs: list[Any] | None = None
     stop_sequence: str | None = None
+    # Tool calls the engine received as such (remote backends); a local
+    # engine's calls are in its text, for the tool-call splitter.
+    tool_calls: list[ToolCallFragment] | None = None
 
 
 @dataclass(frozen=True)

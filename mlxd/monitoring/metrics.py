@@ -133,6 +133,16 @@ class Metrics:
             "mlxd_backend_requests", "Requests served by remote backends, by backend, model and HTTP status",
             ["backend", "model", "status"], registry=r,
         )
+        self.failover_requests = Counter(
+            "mlxd_failover_requests",
+            "Requests on failover entries, by entry, the target that served them (or was tried last) and HTTP status",
+            ["model", "target", "status"], registry=r,
+        )
+        self.failover_fallthroughs = Counter(
+            "mlxd_failover_fallthroughs",
+            "Failover targets that failed before any output, so that the next one was tried",
+            ["model", "target"], registry=r,
+        )
         self.throughput = ThroughputWindow(throughput_window_seconds)
         self._attached = False
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxd.errors import ConfigError
+from mlxd.failover.router import FailoverView
 from mlxd.remote.backends import BackendView
 from mlxd.residency.events import Event
 from mlxd.residency.shell import ManagerSnapshot
@@ -44,6 +45,7 @@ class DaemonSnapshot:
     auth_required: bool
     metrics_enabled: bool
     backends: tuple[BackendView, ...] = ()
+    failovers: tuple[FailoverView, ...] = ()
 
     def recent_rate(self, model: str) -> float:
         return self.recent_tokens.get(model, 0) / self.window_seconds

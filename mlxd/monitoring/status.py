@@ -22,6 +22,7 @@ import psutil
 
 from mlxd import __version__
 from mlxd.monitoring.snapshot import DaemonSnapshot
+from mlxd.failover.router import FailoverView
 from mlxd.remote.backends import BackendView
 from mlxd.residency.core import State
 from mlxd.residency.shell import ModelView
@@ -145,6 +146,38 @@ def model_status(snap: DaemonSnapshot, m: ModelView) -> dict[str, Any]:
         "engine": m.engine,
         "backend": spec.backend,
         "remote_model": spec.remote_model,
+        "implicit": spec.implicit,
+    }
+
+
+def failover_status(f: FailoverView) -> dict[str, Any]:
+    spec = f.spec
+    return {
+        "name": spec.name,
+        "aliases": list(spec.aliases),
+        "description": spec.description,
+        "strategy": spec.strategy,
+        # The order a request arriving now would try the targets in.
+        "order": list(f.order),
+        "targets": [
+            {
+                "name": t.state.name,
+                "kind": t.state.kind,
+                "backend": t.backend,
+                "remote_model": t.remote_model,
+                "state": t.state.state,
+                "reachable": t.state.reachable,
+                "in_flight": t.state.busy,
+                "queued": t.state.waiting,
+                "capacity": t.state.capacity,
+                "requests": t.counts.requests,
+                "fell_through": t.counts.fell_through,
+                "last_error": t.counts.last_error,
+                "last_error_at": t.counts.last_error_at,
+            }
+            for t in f.targets
+        ],
+        "recent": [{"target": r.target, "status": r.status, "at": r.at} for r in f.recent],
     }
 
 
@@ -238,6 +271,7 @@ def status_document(snap: DaemonSnapshot) -> dict[str, Any]:
         },
         "models": [model_status(snap, m) for m in snap.manager.models],
         "backends": [backend_status(b) for b in snap.backends],
+        "failover": [failover_status(f) for f in snap.failovers],
         # Built by hand: dataclasses.asdict costs ~20 µs an event, 2 ms for a full ring.
         "events": [
             {"at": e.at, "kind": e.kind, "model": e.model, "message": e.message}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mlxd.registry.model import ContentionSpec, ModelSpec, Registry
+from mlxd.registry.model import ContentionSpec, FailoverSpec, ModelSpec, Registry
 from mlxd.registry.sizing import format_bytes
 
 
@@ -52,13 +52,25 @@ def _charge(spec: ModelSpec) -> str:
     return f"{format_bytes(spec.charge_bytes)} = {parts}"
 
 
-def _describe_model(spec: ModelSpec) -> list[str]:
-    header = f"  {spec.name} [{spec.kind}]"
+def _remote(spec: ModelSpec, registry: Registry) -> list[str]:
+    backend = registry.backend(spec.backend or "")
+    url = f" ({backend.url})" if backend else ""
+    return [
+        f"    served by backend `{spec.backend}`{url} as `{spec.remote_model}`; nothing held here",
+        f"    up to {spec.max_concurrency} at once (the backend's max_concurrency, shared by its entries); "
+        f"queue up to {spec.max_queue}",
+    ]
+
+
+def _describe_model(spec: ModelSpec, registry: Registry) -> list[str]:
+    header = f"  {spec.name}" + ("" if spec.is_remote else f" [{spec.kind}]")
     if spec.aliases:
         header += f"  aliases: {', '.join(spec.aliases)}"
     lines = [header]
     if spec.description:
         lines.append(f"    {spec.description}")
+    if spec.is_remote:
+        return lines + _remote(spec, registry)
     source = "" if spec.source == str(spec.path) else f"  (from {spec.source})"
     lines.append(f"    path: {spec.path}{source}")
     if spec.broken:
@@ -92,6 +104,23 @@ def _tool_calls(spec: ModelSpec) -> str:
     return f"{name} ({where})"
 
 
+def _describe_failover(failover: FailoverSpec, registry: Registry) -> list[str]:
+    header = f"  {failover.name} [failover, {failover.strategy}]"
+    if failover.aliases:
+        header += f"  aliases: {', '.join(failover.aliases)}"
+    rule = {
+        "warm": "a target that has the model loaded first, else the first listed",
+        "spillover": "the first target with a free slot, else the first listed",
+    }[failover.strategy]
+    lines = [header, f"    tries {rule}; the next when one fails before any output"]
+    by_name = {m.name: m for m in registry.models}
+    for target in failover.targets:
+        spec = by_name[target]
+        where = f"on backend `{spec.backend}` as `{spec.remote_model}`" if spec.is_remote else "here"
+        lines.append(f"    -> {target} ({where})")
+    return lines
+
+
 def describe(registry: Registry) -> str:
     """Every model with its charge, and whether the always-resident set fits."""
     m = registry.manager
@@ -110,10 +139,21 @@ def describe(registry: Registry) -> str:
         f"Server: {registry.server.host}:{registry.server.port}, "
         f"{len(registry.server.api_keys)} API key(s)",
         "",
-        f"Models ({len(registry.models)}):",
     ]
-    for spec in registry.models:
-        lines += _describe_model(spec)
+    if registry.backends:
+        lines.append(f"Backends ({len(registry.backends)}):")
+        for b in registry.backends:
+            key = f", key from ${b.api_key_env}" if b.api_key_env else ""
+            lines.append(f"  {b.name} [{b.kind}] {b.url}, up to {b.max_concurrency} at once{key}")
+        lines.append("")
+    named = [m for m in registry.models if not m.implicit]
+    lines.append(f"Models ({len(named)}):")
+    for spec in named:
+        lines += _describe_model(spec, registry)
+    if registry.failovers:
+        lines += ["", f"Failover ({len(registry.failovers)}):"]
+        for failover in registry.failovers:
+            lines += _describe_failover(failover, registry)
 
     resident = _resident(registry)
     total = sum(s.charge_bytes for s in resident)
@@ -126,6 +166,8 @@ def describe(registry: Registry) -> str:
             f"Pinned + preloaded ({', '.join(s.name for s in resident)}): "
             f"{format_bytes(total)} of {format_bytes(budget)} -- {verdict}"
         )
-    largest = max(registry.models, key=lambda s: s.charge_bytes)
-    lines.append(f"Largest model: {largest.name} ({format_bytes(largest.charge_bytes)})")
+    local = [m for m in registry.models if not m.is_remote]
+    if local:
+        largest = max(local, key=lambda s: s.charge_bytes)
+        lines.append(f"Largest model: {largest.name} ({format_bytes(largest.charge_bytes)})")
     return "\n".join(lines)

@@ -17,7 +17,7 @@ Pure functions over frozen values. Each model lands in exactly one class:
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Literal
+from typing import Any, Literal
 
 from mlxd.registry.model import ModelSpec, Registry
 
@@ -52,6 +52,11 @@ class RegistryDiff:
     # Backends added, removed or edited. Edits apply to requests that start
     # after the reload; the ones in flight finish where they began.
     backends: tuple[str, ...] = ()
+    # Failover entries added, removed or edited (targets, strategy, ...):
+    # they hold nothing, so an edit applies to the next request; requests
+    # in flight keep the target they hold. Implicit `backend:model` targets
+    # come and go as models of their own.
+    failovers: tuple[str, ...] = ()
 
     def names(self, kind: ChangeKind) -> tuple[str, ...]:
         return tuple(c.name for c in self.changes if c.kind == kind)
@@ -92,6 +97,7 @@ class RegistryDiff:
             and not self.manager_fields
             and not self.server_fields
             and not self.backends
+            and not self.failovers
         )
 
     def summary(self) -> str:
@@ -109,6 +115,8 @@ class RegistryDiff:
             parts.append("server: " + ", ".join(self.server_fields))
         if self.backends:
             parts.append("backends: " + ", ".join(self.backends))
+        if self.failovers:
+            parts.append("failover: " + ", ".join(self.failovers))
         return "; ".join(parts) or "no changes"
 
 
@@ -147,13 +155,15 @@ def diff_registries(old: Registry, new: Registry) -> RegistryDiff:
         changes=tuple(changes),
         manager_fields=_changed(old.manager, new.manager),
         server_fields=_changed(old.server, new.server),
-        backends=_changed_backends(old, new),
+        backends=_changed_names(old.backends, new.backends),
+        failovers=_changed_names(old.failovers, new.failovers),
     )
 
 
-def _changed_backends(old: Registry, new: Registry) -> tuple[str, ...]:
-    before = {b.name: b for b in old.backends}
-    after = {b.name: b for b in new.backends}
+def _changed_names(old: tuple[Any, ...], new: tuple[Any, ...]) -> tuple[str, ...]:
+    """Names added, removed or edited between two tuples of named specs."""
+    before = {b.name: b for b in old}
+    after = {b.name: b for b in new}
     return tuple(sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n)))
 
 

@@ -27,6 +27,7 @@ from mlxd.errors import ConfigError
 from mlxd.registry.model import (
     BackendSpec,
     ContentionSpec,
+    FailoverSpec,
     Footprint,
     ManagerSpec,
     ModelSpec,
@@ -37,6 +38,7 @@ from mlxd.registry.model import (
 )
 from mlxd.registry.resolve import Downloader, detect_kind, read_model_config, resolve_model_dir
 from mlxd.registry.schema import (
+    FAILOVER_KEYS,
     LOCATION_KEYS,
     PHYSICAL_MEMORY,
     REMOTE_KEYS,
@@ -141,6 +143,7 @@ def _load(
         server=builder.server(),
         backends=builder.backends(),
         models=builder.models(),
+        failovers=builder.failovers(),
         problems=tuple(builder.problems),
     )
     _warn_if_pinned_do_not_fit(registry, label)
@@ -351,6 +354,9 @@ class _Builder:
         self._manager: ManagerSpec | None = None
         self._server: ServerSpec | None = None
         self.problems: list[ConfigError] = []
+        self._failovers: list[FailoverSpec] = []
+        # Failover targets written `backend:model`, by that name.
+        self._implicit: dict[str, ModelSpec] = {}
 
     def manager(self) -> ManagerSpec:
         if self._manager is None:
@@ -455,9 +461,70 @@ class _Builder:
         return PrefixCacheSpec(**fields)
 
     def models(self) -> tuple[ModelSpec, ...]:
+        """Every model, the failover entries' implicit targets last; the
+        failover entries themselves come from ``failovers()`` after this."""
         self._check_names()
-        specs = tuple(self._model(i, entry) for i, entry in enumerate(self.parsed.models))
-        return specs
+        entries = list(enumerate(self.parsed.models))
+        specs = [self._model(i, entry) for i, entry in entries if entry.targets is None]
+        self._failovers = [self._failover(i, entry) for i, entry in entries if entry.targets is not None]
+        return (*specs, *self._implicit.values())
+
+    def failovers(self) -> tuple[FailoverSpec, ...]:
+        return tuple(self._failovers)
+
+    def _failover(self, i: int, entry: ModelEntry) -> FailoverSpec:
+        here: Loc = ("models", i)
+        other = [k for k in entry.model_fields_set if k not in FAILOVER_KEYS]
+        if other:
+            key = min(other, key=lambda k: self.doc.line_of((*here, k)))
+            raise self.doc.error(
+                (*here, key),
+                f"`{key}` is not a failover setting; `{entry.name}` is served by its targets, which "
+                f"hold the models (a failover entry takes only: {', '.join(FAILOVER_KEYS)})",
+            )
+        targets: list[str] = []
+        for j, written in enumerate(entry.targets or ()):
+            target = self._target((*here, "targets", j), written)
+            if target in targets:
+                raise self.doc.error((*here, "targets", j), f"`{written}` is listed twice")
+            targets.append(target)
+        return FailoverSpec(
+            name=entry.name,
+            targets=tuple(targets),
+            strategy=entry.strategy or "warm",
+            aliases=tuple(entry.aliases),
+            description=entry.description,
+            defaults=self._sampling(i, entry),
+            local_image_dir=self._image_dir(i, entry),
+            allow_remote_images=entry.allow_remote_images,
+        )
+
+    def _target(self, at: Loc, written: str) -> str:
+        """A failover target: an entry of this file (by name or alias), or
+        ``backend:model`` for a model on a backend that has no entry."""
+        named = next((e for e in self.parsed.models if written == e.name or written in e.aliases), None)
+        backend, colon, model = written.partition(":")
+        on_backend = bool(colon and model) and backend in self.parsed.backends
+        if named is not None and on_backend:
+            raise self.doc.error(
+                at, f"`{written}` is both an entry's name and a model on backend `{backend}`; rename the entry"
+            )
+        if named is not None:
+            if named.targets is not None:
+                raise self.doc.error(
+                    at, f"`{written}` is a failover entry itself; a target must be a model (local or remote)"
+                )
+            return named.name
+        if not on_backend:
+            known = ", ".join(f"`{n}`" for n in self.parsed.backends) or "none are defined"
+            raise self.doc.error(
+                at,
+                f"unknown target `{written}`: not an entry of this file, nor `backend:model` on a "
+                f"backend under `backends:` ({known})",
+            )
+        if written not in self._implicit:
+            self._implicit[written] = self._remote_spec(written, backend, model, implicit=True)
+        return written
 
     def _check_names(self) -> None:
         used: dict[str, Loc] = {}
@@ -513,24 +580,37 @@ class _Builder:
                 f"`{key}` is a local-model setting; `{entry.name}` is served by backend "
                 f"`{entry.backend}` (a remote entry takes only: {', '.join(REMOTE_KEYS)})",
             )
-        remote_model = entry.remote_model or entry.name
-        return ModelSpec(
-            name=entry.name,
-            path=Path(),
-            source=f"{entry.backend}:{remote_model}",
+        return self._remote_spec(
+            entry.name,
+            entry.backend or "",
+            entry.remote_model or entry.name,
             aliases=tuple(entry.aliases),
             description=entry.description,
-            idle_unload_seconds=0.0,
-            max_concurrency=backend.max_concurrency,
             max_queue=entry.max_queue,
             defaults=self._sampling(i, entry),
+            local_image_dir=self._image_dir(i, entry),
+            allow_remote_images=entry.allow_remote_images,
+        )
+
+    def _remote_spec(self, name: str, backend: str, remote_model: str, **given: Any) -> ModelSpec:
+        return ModelSpec(
+            name=name,
+            path=Path(),
+            source=f"{backend}:{remote_model}",
+            idle_unload_seconds=0.0,
+            max_concurrency=self.parsed.backends[backend].max_concurrency,
             prefix_cache=PrefixCacheSpec(max_bytes=0, disk_max_bytes=0, persist=False),
-            backend=entry.backend,
+            backend=backend,
             remote_model=remote_model,
+            **given,
         )
 
     def _model(self, i: int, entry: ModelEntry) -> ModelSpec:
         here: Loc = ("models", i)
+        if entry.strategy is not None:
+            raise self.doc.error(
+                (*here, "strategy"), "`strategy` is for failover entries; list the models under `targets:`"
+            )
         if entry.backend is not None:
             return self._remote_model(i, entry)
         if entry.remote_model is not None:

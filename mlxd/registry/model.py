@@ -86,16 +86,20 @@ class ModelSpec:
     # the model and its name there. None for local models.
     backend: str | None = None
     remote_model: str | None = None
-
-    @property
-    def is_remote(self) -> bool:
-        return self.backend is not None
+    # Made for a failover target written ``backend:model`` rather than
+    # declared as an entry: it queues and leases like one, but clients
+    # cannot ask for it by that name (only through the failover entry).
+    implicit: bool = False
     # The registry's ``tool_parser:`` (None: guess from the chat template).
     tool_parser: str | None = None
     # Why the model's files on disk cannot be used (missing folder, corrupt
     # weights, bad config.json). Such a model stays registered but failed, so
     # one bad download never keeps the other models from serving.
     broken: str | None = None
+
+    @property
+    def is_remote(self) -> bool:
+        return self.backend is not None
 
     @property
     def charge_bytes(self) -> int:
@@ -200,6 +204,35 @@ class BackendSpec:
     poll_interval_s: float = 10.0
 
 
+FAILOVER_STRATEGIES = ("warm", "spillover")
+
+
+@dataclass(frozen=True)
+class FailoverSpec:
+    """A name served by one of several targets (local models, remote
+    entries, models on a backend), tried in an order ``strategy`` picks per
+    request: "warm" prefers a target that has the model loaded already,
+    "spillover" the first that is not at capacity (mlxd.failover.choice)."""
+
+    name: str
+    # The targets' ModelSpec names, in the file's order.
+    targets: tuple[str, ...]
+    strategy: str = "warm"
+    aliases: tuple[str, ...] = ()
+    description: str = ""
+    # Over each target's own defaults; a request's values over both.
+    defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
+    local_image_dir: Path | None = None
+    allow_remote_images: bool = False
+
+    def names(self) -> tuple[str, ...]:
+        return (self.name, *self.aliases)
+
+
+def _matches(names: tuple[str, ...], name: str) -> bool:
+    return any(is_pattern(a) and fnmatch.fnmatchcase(name, a) for a in names[1:])
+
+
 @dataclass(frozen=True)
 class Registry:
     source_path: Path | None
@@ -208,25 +241,37 @@ class Registry:
     server: ServerSpec
     models: tuple[ModelSpec, ...]
     backends: tuple[BackendSpec, ...] = ()
-
-    def backend(self, name: str) -> BackendSpec | None:
-        return next((b for b in self.backends if b.name == name), None)
+    failovers: tuple[FailoverSpec, ...] = ()
     # The broken models' problems, located (file, line, key): ``mlxd check``
     # reports them as errors, the daemon logs them and serves the rest.
     problems: tuple[ConfigError, ...] = field(default=(), compare=False)
 
-    def lookup(self, name: str) -> ModelSpec | None:
+    def backend(self, name: str) -> BackendSpec | None:
+        return next((b for b in self.backends if b.name == name), None)
+
+    def entries(self) -> tuple[ModelSpec | FailoverSpec, ...]:
+        """What clients can name: models (not the implicit failover
+        targets) and failover entries."""
+        return (*(m for m in self.models if not m.implicit), *self.failovers)
+
+    def find(self, name: str) -> ModelSpec | FailoverSpec | None:
         """Exact names and aliases first; then aliases that are glob
-        patterns (``claude-*``), in file order, first match wins, so one
-        local model can answer every name an agent asks for."""
-        for spec in self.models:
-            if name in spec.names():
-                return spec
-        for spec in self.models:
-            if any(is_pattern(a) and fnmatch.fnmatchcase(name, a) for a in spec.aliases):
-                return spec
-        return None
+        patterns (``claude-*``), models before failover entries, each in
+        file order, first match wins, so one entry can answer every name an
+        agent asks for."""
+        entries = self.entries()
+        return next((e for e in entries if name in e.names()), None) or next(
+            (e for e in entries if _matches(e.names(), name)), None
+        )
+
+    def lookup(self, name: str) -> ModelSpec | None:
+        """The model ``name`` resolves to (None for a failover entry)."""
+        found = self.find(name)
+        return found if isinstance(found, ModelSpec) else None
+
+    def failover(self, name: str) -> FailoverSpec | None:
+        return next((f for f in self.failovers if f.name == name), None)
 
     def model_names(self) -> list[str]:
-        """Every name a client may use: model names and aliases."""
-        return [n for spec in self.models for n in spec.names()]
+        """Every name a client may use: entry names and aliases."""
+        return [n for entry in self.entries() for n in entry.names()]

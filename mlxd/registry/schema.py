@@ -201,6 +201,11 @@ class ModelEntry(_Section):
     # mlx-lm's tool parser module (or llama3_json, or none); unset: guessed
     # from the chat template as mlx-lm does.
     tool_parser: str | None = None
+    # Failover: served by one of these (entry names, or `backend:model` for
+    # a model on a backend that has no entry of its own), tried in the order
+    # `strategy` picks for each request.
+    targets: Names | None = Field(None, min_length=2)
+    strategy: Literal["warm", "spillover"] | None = None
 
     # vllm-mlx keys with a meaning here.
     estimated_memory_gb: PositiveFloat | None = None
@@ -292,8 +297,19 @@ class RegistryFile(_Section):
 
 
 # The only keys a remote entry may set: everything else describes local files,
-# memory or the MLX engine, which a remote entry has none of.
-REMOTE_KEYS = ("name", "aliases", "description", "defaults", "max_queue", "backend", "remote_model")
+# memory or the MLX engine, which a remote entry has none of. (Where images
+# may come from is the front's business: it reads them and sends their bytes.)
+REMOTE_KEYS = (
+    "name", "aliases", "description", "defaults", "max_queue", "backend", "remote_model",
+    "local_image_dir", "allow_remote_images",
+)
+
+
+# The only keys a failover entry may set: it is a name over its targets,
+# which hold the models, their memory and their queues.
+FAILOVER_KEYS = (
+    "name", "aliases", "description", "defaults", "targets", "strategy", "local_image_dir", "allow_remote_images",
+)
 
 
 def section_for_path(loc: tuple[str | int, ...]) -> type[BaseModel] | None:

@@ -116,6 +116,12 @@ class BackendPool:
             stats.last_error = describe_exception(error)
             stats.last_error_at = time.time()
 
+    def current(self, name: str) -> BackendView | None:
+        """A backend's settings and its live figures (not a copy: read them
+        at once), or None for a name that is gone."""
+        spec = self._specs.get(name)
+        return BackendView(spec, self._stats[name]) if spec is not None else None
+
     def views(self) -> tuple[BackendView, ...]:
         return tuple(
             BackendView(spec, replace(self._stats[name], models=dict(self._stats[name].models)))
@@ -144,15 +150,27 @@ class BackendPool:
         await asyncio.gather(*(self._poll(self.link(n)) for n in list(self._specs)))
 
     async def _poll_loop(self) -> None:
+        """Each backend at its own ``poll_interval_s``; all of them at once
+        after a reconfigure (their settings may have changed)."""
+        loop = asyncio.get_running_loop()
+        due: dict[str, float] = {}
         while True:
             self._wake.clear()
+            now = loop.time()
+            names = [n for n in self._specs if due.get(n, now) <= now]
             try:
-                await self.poll_all()
+                await asyncio.gather(*(self._poll(self.link(n)) for n in names))
             except Exception:  # a bug here must not stop polling for good
                 log.exception("polling backends failed")
-            interval = min((s.poll_interval_s for s in self._specs.values()), default=10.0)
+            due = {n: due.get(n, now) for n in self._specs}
+            for name in names:
+                if name in self._specs:
+                    due[name] = loop.time() + self._specs[name].poll_interval_s
+            wait = min(due.values(), default=now + 10.0) - loop.time()
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), interval)
+                await asyncio.wait_for(self._wake.wait(), max(0.0, wait))
+            if self._wake.is_set():
+                due.clear()
 
     async def _poll(self, link: BackendLink) -> None:
         spec, stats = link.spec, link.stats

@@ -22,7 +22,7 @@ from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.errors import BackendFailed, BackendTimeout, BackendUnavailable, MlxdError
 from mlxd.registry.model import ModelSpec
 from mlxd.remote.backends import BackendLink, BackendPool
-from mlxd.remote.wire import StreamReader, endpoint, request_body, upstream_error
+from mlxd.remote.wire import StreamReader, endpoint, request_body, upstream_error, whole_answer
 
 # Long enough to read an upstream error body, short enough not to hang on one.
 ERROR_BODY_TIMEOUT_S = 5.0
@@ -103,19 +103,31 @@ class RemoteEngine:
             raise upstream_error(spec.name, response.status_code, body, response.headers.get("retry-after"))
         # Accepted: the front may answer 200 now.
         yield GenerationChunk(text="")
+        if response.headers.get("content-type", "").startswith("application/json"):
+            # A server that answers a stream request with the whole message.
+            try:
+                async with asyncio.timeout_at(first_byte_at):
+                    body = await response.aread()
+            except TimeoutError:
+                raise BackendTimeout(f"{where} sent no output within {spec.first_byte_timeout_s:g} s") from None
+            except httpx.HTTPError as exc:
+                raise BackendFailed(f"{where} broke off the answer: {_reason(exc)}") from None
+            for chunk in whole_answer(body):
+                yield chunk
+            return
         reader = StreamReader()
-        lines = response.aiter_lines()
+        started = False
         try:
             async with asyncio.timeout_at(first_byte_at) as deadline:
-                started = False
-                async for line in lines:
-                    chunk = reader.feed(line)
+                async for data in response.aiter_bytes():
+                    chunk = reader.feed(data)
                     if chunk is not None:
-                        started = True
-                        deadline.reschedule(loop.time() + spec.idle_timeout_s)
+                        if not started:
+                            started = True
+                            watchdog = _Watchdog(loop, deadline, spec.idle_timeout_s)
                         yield chunk
-                    elif started:
-                        deadline.reschedule(loop.time() + spec.idle_timeout_s)
+                    if started:
+                        watchdog.progress()
                     if reader.done:
                         break
         except TimeoutError:
@@ -124,6 +136,9 @@ class RemoteEngine:
             raise BackendTimeout(f"{where} {phase} {limit:g} s") from None
         except (httpx.HTTPError, httpx.StreamError) as exc:
             raise BackendFailed(f"{where} broke off the answer: {_reason(exc)}") from None
+        finally:
+            if started:
+                watchdog.stop()
         yield reader.finish()
 
     async def abort_all(self, reason: str) -> int:
@@ -143,6 +158,38 @@ class RemoteEngine:
 
     def stats(self) -> dict[str, Any]:
         return {"backend": self.backend, "remote_model": self.remote_model, "in_flight": len(self._open)}
+
+
+class _Watchdog:
+    """The idle timeout once output has started: the longest silence allowed
+    between two reads. Progress is a time stamp; one timer, re-armed only
+    when it fires, checks it and expires ``deadline`` (which then cancels
+    the read) once the silence is long enough. Rescheduling the deadline at
+    every read would cost a timer per token."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, deadline: asyncio.Timeout, idle_s: float) -> None:
+        self._loop = loop
+        self._deadline = deadline
+        self._idle = idle_s
+        self._last = loop.time()
+        deadline.reschedule(None)  # the first-byte limit is met: only silence counts now
+        self._timer: asyncio.TimerHandle | None = loop.call_at(self._last + idle_s, self._check)
+
+    def progress(self) -> None:
+        self._last = self._loop.time()
+
+    def _check(self) -> None:
+        silent_until = self._last + self._idle
+        if self._loop.time() >= silent_until:
+            self._timer = None
+            self._deadline.reschedule(self._loop.time())  # expire now
+        else:
+            self._timer = self._loop.call_at(silent_until, self._check)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 def _reason(exc: BaseException) -> str:

@@ -230,6 +230,16 @@ class ResidencyCore:
     def queued(self, model: str) -> int:
         return sum(1 for w in self.waiters if w.model == model and w.takes_lease)
 
+    def occupancy(self, model: str) -> tuple[int, int, int]:
+        """Leases held, requests waiting for one, and how many it may hold at
+        once. A remote entry's are its backend's: every entry on that backend
+        shares its max_concurrency."""
+        r = self.residents[model]
+        if r.spec.backend is None:
+            return r.active, self.queued(model), r.spec.max_concurrency
+        sharing = [x for x in self.residents.values() if x.spec.backend == r.spec.backend]
+        return sum(x.active for x in sharing), sum(self.queued(x.name) for x in sharing), r.spec.max_concurrency
+
     def next_deadline(self) -> float | None:
         """The earliest time at which ``tick`` could have something to do."""
         times: list[float] = []

@@ -142,6 +142,18 @@ class ModelView:
 
 
 @dataclass(frozen=True)
+class Occupancy:
+    """A model's state and load; for a remote entry, ``busy``, ``waiting``
+    and ``capacity`` are its backend's (shared by its entries)."""
+
+    spec: ModelSpec
+    state: State
+    busy: int
+    waiting: int
+    capacity: int
+
+
+@dataclass(frozen=True)
 class ManagerSnapshot:
     """Every model and the memory budget, read at one instant."""
 
@@ -272,7 +284,11 @@ class ResidencyManager:
     # --- requests ------------------------------------------------------------
 
     def resolve(self, name: str) -> ModelSpec:
+        """The model ``name`` (a name, an alias, or an implicit failover
+        target's own name) stands for."""
         spec = self.registry.lookup(name)
+        if spec is None and name in self.core.residents:
+            spec = self.core.residents[name].spec  # a failover's `backend:model` target
         if spec is None or spec.name not in self.core.residents or self.core.residents[spec.name].removed:
             raise ModelNotFound(name, self.registry.model_names())
         return spec
@@ -456,6 +472,15 @@ class ResidencyManager:
             committed=self.core.committed(),
             models=tuple(v for v in views if v is not None),
         )
+
+    def occupancy(self, name: str) -> Occupancy | None:
+        """How busy ``name`` (its registered name) is now, cheaply: what a
+        failover entry needs to pick a target for each request."""
+        r = self.core.residents.get(name)
+        if r is None or r.removed:
+            return None
+        busy, waiting, capacity = self.core.occupancy(name)
+        return Occupancy(r.spec, r.state, busy, waiting, capacity)
 
     @property
     def shutting_down(self) -> bool:

@@ -70,7 +70,8 @@ def rich_status(tmp_path_factory) -> tuple[dict[str, Any], dict[str, Any], str]:
     tmp = tmp_path_factory.mktemp("docs")
     registry = write_registry(
         tmp, [{"name": "qwen", "model": "qwen", "aliases": ["q"]}, {"name": "broken", "path": str(corrupt_model(tmp))},
-              {"name": "far", "backend": "off"}]
+              {"name": "far", "backend": "off"},
+              {"name": "either", "targets": ["off:elsewhere", "qwen"], "strategy": "spillover"}]
     )
     doc = yaml.safe_load(registry.read_text())
     doc["backends"] = {"off": {"url": f"http://127.0.0.1:{free_port()}/v1", "poll_interval_s": 1}}
@@ -79,6 +80,7 @@ def rich_status(tmp_path_factory) -> tuple[dict[str, Any], dict[str, Any], str]:
         assert chat(d, "qwen").status_code == 200
         assert chat(d, "broken").status_code == 503
         assert chat(d, "far").status_code == 503
+        assert chat(d, "either").status_code == 200
         wait_until(lambda: d.status()["backends"][0]["polled_at"])
         registry.write_text(registry.read_text() + "surprise: 1\n")
         assert d.reload().status_code == 400

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
 import socket
 import threading
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ import httpx
 import pytest
 
 from support.daemon import daemon_in_thread, daemon_process, free_port, wait_until, write_registry
-from support.remote import reload, write_front
+from support.remote import killed_mid_stream, reload, until_text, write_front
 
 pytestmark = [pytest.mark.mlx, pytest.mark.slow]
 
@@ -100,7 +99,7 @@ def test_a_url_edit_leaves_the_stream_in_flight_alone_and_moves_new_requests(fro
     body = {"model": "studio", "messages": MESSAGES, "max_tokens": 400, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"{front.url}/v1/chat/completions", json=body, timeout=60) as stream:
         lines = stream.iter_lines()
-        assert any('"content":"' in line and '"content":""' not in line for line in lines)
+        until_text(lines)
         point(front, studio={"url": DEAD, "kind": "mlxd"})
         assert chat(front).status_code == 503  # a new request goes to the new (dead) URL
         rest = list(lines)
@@ -116,12 +115,7 @@ def test_a_backend_killed_mid_stream_ends_the_stream_cleanly(front, tmp_path):
     with daemon_process(_backend_registry(tmp_path), tmp_path) as doomed:
         point(front, doomed={"url": doomed.url + "/v1", "kind": "mlxd"})
         body = {"model": "doomed", "messages": MESSAGES, "max_tokens": 2000, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", f"{front.url}/v1/chat/completions", json=body, timeout=60) as stream:
-            lines = stream.iter_lines()
-            assert any('"content":"' in line and '"content":""' not in line for line in lines)
-            doomed.process.send_signal(signal.SIGKILL)
-            doomed.process.wait()
-            data = [line for line in lines if line.startswith("data:")]
+        data = killed_mid_stream(front.url, body, doomed.process)
     assert '"error"' in data[-2] and "broke off the answer" in data[-2]
     assert data[-1] == "data: [DONE]"
     model = front.model("doomed")

@@ -45,14 +45,14 @@ def test_tool_call_arguments_go_back_on_the_wire_as_json_text():
 
 
 def feed(reader, payload):
-    return reader.feed("data: " + (payload if isinstance(payload, str) else json.dumps(payload)))
+    return reader.feed(b"data: " + (payload if isinstance(payload, str) else json.dumps(payload)).encode() + b"\n\n")
 
 
 def test_the_finish_waits_for_the_usage_that_follows_it():
     reader = StreamReader()
     assert feed(reader, {"choices": [{"delta": {"role": "assistant", "content": ""}}]}) is None
     assert feed(reader, {"choices": [{"delta": {"content": "Hel"}}]}).text == "Hel"
-    assert reader.feed(": heartbeat") is None
+    assert reader.feed(b": heartbeat\n\n") is None
     assert feed(reader, {"choices": [{"delta": {}, "finish_reason": "length"}]}) is None
     feed(reader, {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2,
                                            "prompt_tokens_details": {"cached_tokens": 4}}})
@@ -90,3 +90,85 @@ def test_upstream_errors_keep_a_4xx_and_its_message_and_turn_5xx_into_502():
     assert "Backend `studio` failed (500)" in broken.message
     vllm_style = upstream_error("gpu", 404, json.dumps({"detail": "Not Found"}).encode(), None)
     assert vllm_style.status_code == 404 and vllm_style.message == "Not Found"
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+
+
+def test_the_answers_shape_goes_out_as_the_client_asked_for_it():
+    request = GenerationRequest(
+        request_id="r", max_tokens=9, messages=[{"role": "user", "content": "hi"}], tools=[WEATHER_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, parallel_tool_calls=False,
+    )
+    body = request_body(request, "m")
+    assert body["tools"] == [WEATHER_TOOL]
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert body["parallel_tool_calls"] is False
+    assert "response_format" not in body
+    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    shaped = request_body(GenerationRequest(request_id="r", max_tokens=9, messages=[], response_format=schema), "m")
+    assert shaped["response_format"] == schema and "tools" not in shaped
+
+
+def test_images_go_out_in_place_as_data_urls():
+    messages = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "and"}, {"type": "image"}]},
+        {"role": "assistant", "content": "two"},
+        {"role": "user", "content": [{"type": "text", "text": "this?"}, {"type": "image"}]},
+    ]
+    urls = ["data:image/png;base64,AAA", "data:image/jpeg;base64,BBB", "data:image/webp;base64,CCC"]
+    sent = request_body(GenerationRequest(request_id="r", max_tokens=1, messages=messages, images=urls), "m")["messages"]
+    assert sent[0]["content"] == [
+        {"type": "image_url", "image_url": {"url": urls[0]}}, {"type": "text", "text": "and"},
+        {"type": "image_url", "image_url": {"url": urls[1]}},
+    ]
+    assert sent[1] == {"role": "assistant", "content": "two"}
+    assert sent[2]["content"][1] == {"type": "image_url", "image_url": {"url": urls[2]}}
+    assert messages[0]["content"][0] == {"type": "image"}, "the engine request itself is left as it was"
+
+
+def test_streamed_tool_call_deltas_become_fragments_named_once():
+    reader = StreamReader()
+    first = feed(reader, {"choices": [{"delta": {"tool_calls": [
+        {"index": 0, "id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]}}]})
+    assert [(f.index, f.id, f.name, f.arguments) for f in first.tool_calls] == [(0, "call_1", "get_weather", "")]
+    assert first.text == ""
+    # Some servers repeat the id and name on every piece: they go out once.
+    more = feed(reader, {"choices": [{"delta": {"tool_calls": [
+        {"index": 0, "id": "call_1", "function": {"name": "get_weather", "arguments": '{"city": '}}]}}]})
+    assert [(f.id, f.name, f.arguments) for f in more.tool_calls] == [(None, None, '{"city": ')]
+    second = feed(reader, {"choices": [{"delta": {"tool_calls": [
+        {"index": 1, "function": {"name": "add", "arguments": {"a": 1}}}]}}]})
+    call = second.tool_calls[0]
+    assert call.index == 1 and call.id.startswith("call_") and call.name == "add"
+    assert json.loads(call.arguments) == {"a": 1}, "an object is sent on as JSON text"
+    feed(reader, {"choices": [{"delta": {}, "finish_reason": "tool_calls"}]})
+    assert reader.finish().finish_reason == "tool_calls"
+
+
+def test_a_whole_json_answer_reads_like_a_stream():
+    from mlxd.remote.wire import whole_answer
+
+    body = json.dumps({
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+            "role": "assistant", "content": None,
+            "tool_calls": [{"id": "c9", "type": "function", "function": {"name": "add", "arguments": "{}"}}]}}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 4},
+    }).encode()
+    calls, finish = whole_answer(body)
+    assert [(f.index, f.id, f.name, f.arguments) for f in calls.tool_calls] == [(0, "c9", "add", "{}")]
+    assert (finish.finish_reason, finish.prompt_tokens, finish.completion_tokens) == ("tool_calls", 11, 4)
+    with pytest.raises(BackendFailed, match="not JSON"):
+        whole_answer(b"<html>")
+
+
+def test_events_are_read_as_their_bytes_arrive_and_those_of_one_read_go_out_as_one_chunk():
+    reader = StreamReader()
+    event = 'data: {"choices":[{"delta":{"content":"%s"}}]}\r\n\r\n'
+    whole = (event % "Hél" + event % "lo").encode()
+    cut = whole.index("é".encode()) + 1  # inside a multi-byte character
+    assert reader.feed(whole[:cut]) is None, "nothing is complete yet"
+    assert reader.feed(whole[cut:]).text == "Héllo", "two events, one chunk"
+    assert reader.feed(b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n') is None
+    assert reader.done and reader.finish().finish_reason == "stop"
+    assert reader.feed(event.encode() % b"late") is None, "nothing counts after [DONE]"

@@ -118,32 +118,27 @@ def daemon_in_thread(registry: Path, tmp_path: Path, **settings: Any) -> Iterato
 
 
 @contextlib.contextmanager
-def daemon_process(
-    registry: Path | None, tmp_path: Path, *args: str, env: dict[str, str] | None = None
-) -> Iterator[Daemon]:
-    """``registry`` None: no --config, so mlxd picks its registry itself."""
-    port = free_port()
-    log_path = tmp_path / f"daemon-{port}.log"
-    full_env = {**os.environ, "MLXD_STATE_DIR": str(tmp_path / "state"), **(env or {})}
-    config = ["--config", str(registry)] if registry is not None else []
+def served_process(
+    argv: list[str], log_path: Path, ready_url: str, *, env: dict[str, str] | None = None, timeout: float = 60
+) -> Iterator[subprocess.Popen]:
+    """A server process (``mlxd serve``, ``mlx_lm.server``...) with its output
+    in ``log_path``, yielded once ``ready_url`` answers 200; stopped with
+    SIGTERM (a kill after a minute) however the test ends. A process that
+    exits before it is ready fails the test with its log."""
     with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "mlxd", "serve", *config, "--port", str(port), *args],
-            stdout=log, stderr=subprocess.STDOUT, env=full_env,
-        )
-    daemon = Daemon(url=f"http://127.0.0.1:{port}", process=process, log_path=log_path)
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def up() -> bool:
         if process.poll() is not None:
-            raise AssertionError(f"daemon exited early ({process.returncode}):\n{daemon.log()}")
+            raise AssertionError(f"{' '.join(argv[2:4])} exited early ({process.returncode}):\n{log_path.read_text()}")
         try:
-            return httpx.get(f"{daemon.url}/health", timeout=1).status_code == 200
+            return httpx.get(ready_url, timeout=1).status_code == 200
         except httpx.HTTPError:
             return False
 
-    wait_until(up, timeout=60, interval=0.1)
     try:
-        yield daemon
+        wait_until(up, timeout=timeout, interval=0.1)
+        yield process
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
@@ -152,3 +147,18 @@ def daemon_process(
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+@contextlib.contextmanager
+def daemon_process(
+    registry: Path | None, tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[Daemon]:
+    """``registry`` None: no --config, so mlxd picks its registry itself."""
+    port = free_port()
+    log_path = tmp_path / f"daemon-{port}.log"
+    full_env = {**os.environ, "MLXD_STATE_DIR": str(tmp_path / "state"), **(env or {})}
+    config = ["--config", str(registry)] if registry is not None else []
+    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "mlxd", "serve", *config, "--port", str(port), *args]
+    with served_process(argv, log_path, f"{url}/health", env=full_env) as process:
+        yield Daemon(url=url, process=process, log_path=log_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from typing import Any
 import httpx
 import yaml
 
-from support.daemon import free_port, tiny_model, wait_until
+from support.daemon import free_port, served_process, tiny_model
 
 
 def write_front(
@@ -46,32 +47,11 @@ def write_front(
 def mlx_lm_server(model_dir: Path, log_path: Path) -> Iterator[str]:
     """mlx-lm's own OpenAI server on a free loopback port; yields its /v1 URL."""
     port = free_port()
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "mlx_lm", "server", "--model", str(model_dir),
-             "--host", "127.0.0.1", "--port", str(port)],
-            stdout=log, stderr=subprocess.STDOUT,
-        )
     url = f"http://127.0.0.1:{port}/v1"
-
-    def up() -> bool:
-        if process.poll() is not None:
-            raise AssertionError(f"mlx_lm.server exited ({process.returncode}):\n{log_path.read_text()}")
-        try:
-            return httpx.get(f"{url}/models", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_until(up, timeout=120, interval=0.2)
-    try:
+    argv = [sys.executable, "-m", "mlx_lm", "server", "--model", str(model_dir),
+            "--host", "127.0.0.1", "--port", str(port)]
+    with served_process(argv, log_path, f"{url}/models", timeout=120):
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def sse_events(response: httpx.Response) -> list[Any]:
@@ -82,6 +62,22 @@ def sse_events(response: httpx.Response) -> list[Any]:
             data = line[5:].strip()
             out.append(data if data == "[DONE]" else json.loads(data))
     return out
+
+
+def until_text(lines: Iterator[str]) -> None:
+    """Read a stream's lines until one carries generated text."""
+    assert any('"content":"' in line and '"content":""' not in line for line in lines)
+
+
+def killed_mid_stream(front_url: str, body: dict[str, Any], backend: subprocess.Popen) -> list[str]:
+    """Stream ``body`` through the front, SIGKILL the ``backend`` once text
+    flows, and return the ``data:`` lines that came after."""
+    with httpx.stream("POST", f"{front_url}/v1/chat/completions", json=body, timeout=60) as stream:
+        lines = stream.iter_lines()
+        until_text(lines)
+        backend.send_signal(signal.SIGKILL)
+        backend.wait()
+        return [line for line in lines if line.startswith("data:")]
 
 
 def reload(front_url: str) -> dict[str, Any]:

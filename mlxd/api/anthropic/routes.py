@@ -14,14 +14,29 @@ from mlxd.api.anthropic.answers import AnthropicFrames, message
 from mlxd.api.anthropic.bodies import CountTokensRequest, MessagesRequest
 from mlxd.api.context import DaemonContext
 from mlxd.api.generation import respond
-from mlxd.api.plan import check_chat, plan_chat
+from mlxd.api.plan import Entry, check_chat, plan_chat, resolve_entry
 from mlxd.errors import BadRequest
+from mlxd.registry.model import ModelSpec
 
 PREFIX = "/v1/messages"
 
 
 def _ctx(request: Request) -> DaemonContext:
     return request.app.state.ctx
+
+
+def _counting_model(ctx: DaemonContext, name: str) -> ModelSpec:
+    """The model whose tokenizer counts for ``name``: a failover entry's
+    first local target. A remote model's tokenizer is on its backend."""
+    entry = resolve_entry(ctx, name)
+    local = next((m for m in entry.models if not m.is_remote), None)
+    if local is None:
+        raise BadRequest(
+            f"count_tokens counts with a local model's tokenizer; `{name}` is served by "
+            f"backend `{entry.spec.backend}`.",
+            param="model",
+        )
+    return local
 
 
 def router() -> APIRouter:
@@ -40,15 +55,9 @@ def router() -> APIRouter:
     @api.post(f"{PREFIX}/count_tokens")
     async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, int]:
         ctx = _ctx(request)
-        spec = ctx.manager.resolve(body.model)
-        if spec.is_remote:
-            raise BadRequest(
-                f"count_tokens counts with a local model's tokenizer; `{body.model}` is served by "
-                f"backend `{spec.backend}`.",
-                param="model",
-            )
+        spec = _counting_model(ctx, body.model)
         conversation, output = body.conversation(), body.output()
-        pending = check_chat(spec, body.model, conversation, output)
+        pending = check_chat(Entry(spec), body.model, conversation, output)
         # Read and decoded as for an answer (the decoded size sets an image's
         # vision tokens), under the same bound on decoded image memory.
         images = []

@@ -12,6 +12,7 @@ from mlxd.api.generation import respond
 from mlxd.api.openai.answers import OpenAIFrames, chat_completion, text_completion
 from mlxd.api.openai.bodies import ChatCompletionRequest, CompletionRequest, choices
 from mlxd.api.plan import plan_chat, plan_prompts
+from mlxd.registry.model import FailoverSpec
 
 
 def _ctx(request: Request) -> DaemonContext:
@@ -50,21 +51,21 @@ def router() -> APIRouter:
         ctx = _ctx(request)
         created = int(ctx.started_at)
         data = []
-        for spec in ctx.registry.models:
-            view = ctx.manager.view(spec.name)
+        for entry in ctx.registry.entries():
+            if isinstance(entry, FailoverSpec):
+                # What it stands for now: the target a request would try first
+                # (during a reload, the first listed may be all that is left).
+                name = next(iter(ctx.failover.order(entry)), entry.targets[0])
+                first = ctx.registry.lookup(name) or next(m for m in ctx.registry.models if m.name == name)
+                about = {"owned_by": "mlxd", "kind": first.kind, "targets": list(entry.targets),
+                         "strategy": entry.strategy}
+            else:
+                first, about = entry, {"owned_by": entry.backend or "mlxd", "kind": entry.kind}
+            view = ctx.manager.view(first.name)
             state = view.state.value if view else "unloaded"
-            for name in spec.names():
-                data.append(
-                    {
-                        "id": name,
-                        "object": "model",
-                        "created": created,
-                        "owned_by": spec.backend or "mlxd",
-                        "root": spec.name,
-                        "kind": spec.kind,
-                        "state": state,
-                    }
-                )
+            for name in entry.names():
+                data.append({"id": name, "object": "model", "created": created, "root": entry.name, **about,
+                             "state": state})
         return {"object": "list", "data": data}
 
     return api

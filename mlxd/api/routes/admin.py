@@ -8,7 +8,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from mlxd.api.context import DaemonContext
-from mlxd.errors import ConfigError, ServiceUnavailable, UnsupportedMediaType
+from mlxd.errors import BadRequest, ConfigError, ServiceUnavailable, UnsupportedMediaType
+from mlxd.registry.model import FailoverSpec, ModelSpec
 
 
 def require_json(request: Request) -> None:
@@ -25,13 +26,22 @@ if TYPE_CHECKING:
     from mlxd.api.app import ConfigReloader
 
 
+def _model(ctx: DaemonContext, name: str) -> ModelSpec:
+    failover = ctx.registry.find(name)
+    if isinstance(failover, FailoverSpec):
+        raise BadRequest(
+            f"`{name}` is a failover entry over {', '.join(failover.targets)}: load or unload one of its targets"
+        )
+    return ctx.manager.resolve(name)
+
+
 def router(reloader: ConfigReloader | None) -> APIRouter:
     api = APIRouter(dependencies=[Depends(require_json)])
 
     @api.post("/v1/models/{name}/load")
     async def load(name: str, request: Request) -> dict[str, Any]:
         ctx: DaemonContext = request.app.state.ctx
-        spec = ctx.manager.resolve(name)
+        spec = _model(ctx, name)
         await ctx.manager.load(spec.name)
         view = ctx.manager.view(spec.name)
         return {"model": spec.name, "state": view.state.value if view else "removed"}
@@ -39,7 +49,7 @@ def router(reloader: ConfigReloader | None) -> APIRouter:
     @api.post("/v1/models/{name}/unload")
     async def unload(name: str, request: Request) -> dict[str, Any]:
         ctx: DaemonContext = request.app.state.ctx
-        spec = ctx.manager.resolve(name)
+        spec = _model(ctx, name)
         state = await ctx.manager.unload(spec.name)
         return {"model": spec.name, "state": state}
 

@@ -1,0 +1,185 @@
+"""From a plan to a request under way: images read, a lease held, the
+output shape checked against the leased engine, and a remote engine's
+backend heard to accept. For a failover entry the targets are tried in the
+order its strategy picks; one that fails before any output reached the
+client lets the next one try (mlxd.failover.choice.falls_through)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from mlxd.api.context import DaemonContext
+from mlxd.api.plan import Plan, shape_output
+from mlxd.engine.types import GenerationChunk, GenerationRequest
+from mlxd.errors import BadRequest, MlxdError, ServiceUnavailable, describe_exception
+from mlxd.failover.choice import falls_through
+from mlxd.residency.shell import Lease
+
+log = logging.getLogger("mlxd.requests")
+
+
+class Started:
+    """A held lease and, on an engine that confirms its start (a remote
+    one), the first request already begun: its backend took it."""
+
+    def __init__(self, lease: Lease, head: _Resumed | None = None) -> None:
+        self.lease = lease
+        self.engine: Any = lease.engine
+        self._head = head
+
+    def generate(self, index: int, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        if index == 0 and self._head is not None:
+            head, self._head = self._head, None
+            return head
+        return self.engine.generate(request)
+
+    async def close(self) -> None:
+        """Give everything back; safe to call more than once."""
+        head, self._head = self._head, None
+        if head is not None:
+            with contextlib.suppress(Exception):
+                await head.aclose()
+        self.lease.release()
+
+    async def __aenter__(self) -> Started:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+async def start(ctx: DaemonContext, plan: Plan) -> Started:
+    """Images are read (files, remote fetches, headers) before the lease, so
+    a bad image is a 400 that never loads a model or holds a slot; they are
+    decoded only once the lease is held (so requests the queue refuses never
+    decode anything, under the daemon-wide image memory bound), or sent on as
+    data: URLs to a remote engine."""
+    images = plan.images if plan.images is not None and plan.images.sources else None
+    if images is not None:
+        await images.read()
+    try:
+        if plan.failover is None:
+            try:
+                return await _start_on(ctx, plan, plan.requested_name)
+            except _Unfit as unfit:
+                raise unfit.error from None
+        return await _fail_over(ctx, plan)
+    finally:
+        if images is not None:
+            images.read_images = []  # the raw bytes are not needed any more
+
+
+async def _fail_over(ctx: DaemonContext, plan: Plan) -> Started:
+    assert plan.failover is not None
+    name = plan.failover.name
+    # (The router leaves out targets a reload is removing.)
+    targets = [t for t in ctx.failover.order(plan.failover) if plan.accepts(ctx.manager.resolve(t))]
+    if not targets:
+        raise ServiceUnavailable(f"No target of `{plan.requested_name}` can take this request now", retry_after=1)
+    for position, target in enumerate(targets):
+        try:
+            return await _start_on(ctx, plan, target)
+        except (MlxdError, _Unfit) as failure:
+            plan.spec = ctx.manager.resolve(target)  # the last tried, for the accounts
+            exc = failure.error if isinstance(failure, _Unfit) else failure
+            passes = isinstance(failure, _Unfit) or falls_through(exc)
+            if position == len(targets) - 1 or not passes or plan.remaining() <= 0:
+                raise exc from None
+            ctx.failover.fell_through(name, target, exc)
+            ctx.metrics.failover_fallthroughs.labels(name, target).inc()
+            log.info("%s: target %s failed before any output (%s); trying %s",
+                     name, target, describe_exception(exc), targets[position + 1])
+    raise AssertionError("unreachable: the last target raises")
+
+
+async def _start_on(ctx: DaemonContext, plan: Plan, model: str) -> Started:
+    """Lease ``model`` and get the request under way there; a failure gives
+    the lease straight back."""
+    lease = await ctx.manager.acquire(model, timeout=plan.remaining())
+    started = Started(lease)
+    try:
+        if plan.failover is not None:
+            plan.retarget(ctx.manager.resolve(model))
+        remote = getattr(lease.engine, "kind", None) == "remote"
+        images = plan.images if plan.images is not None and plan.images.read_images else None
+        if images is not None:
+            # A backend gets them as data: URLs and decodes them itself.
+            decoded = images.data_urls() if remote else await images.decode(ctx.image_memory)
+            for request in plan.requests:  # n > 1: every choice sees them
+                request.images = decoded
+        try:
+            shape_output(plan, lease.engine)
+        except BadRequest as exc:
+            # The request's shape was checked before; what is left is this
+            # model's own lack (no tool-call format), which another may not have.
+            raise _Unfit(exc) from None
+        if remote and any(r.logprobs is not None for r in plan.requests):
+            raise _Unfit(BadRequest("Log-probabilities are not relayed from a remote backend.", param="logprobs"))
+        await _compile_grammar(plan, lease.engine)
+        if getattr(lease.engine, "confirms_start", False):
+            started = Started(lease, await _begun(lease.engine, plan.requests[0]))
+    except BaseException:
+        await started.close()
+        raise
+    return started
+
+
+class _Unfit(Exception):
+    """The leased model cannot give the answer the request asks for (tools
+    on a model without a tool-call format): a failover entry's next target
+    may; anywhere else it is the client's 400."""
+
+    def __init__(self, error: BadRequest) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+async def _begun(engine: Any, request: GenerationRequest) -> _Resumed:
+    """``request`` begun on ``engine`` up to its first chunk (a remote
+    engine's says the backend accepted it; a refusal raises here, where it
+    can still be an HTTP status or let another target try)."""
+    chunks = engine.generate(request)
+    try:
+        first = await anext(chunks)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await chunks.aclose()
+        raise
+    return _Resumed(first, chunks)
+
+
+class _Resumed:
+    """A generation whose first chunk was taken already: it yields that
+    chunk again, then the rest; closing it closes the generation, whether it
+    was iterated or not."""
+
+    def __init__(self, first: GenerationChunk, chunks: Any) -> None:
+        self._first: GenerationChunk | None = first
+        self._chunks = chunks
+
+    def __aiter__(self) -> _Resumed:
+        return self
+
+    async def __anext__(self) -> GenerationChunk:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        return await anext(self._chunks)
+
+    async def aclose(self) -> None:
+        await self._chunks.aclose()
+
+
+async def _compile_grammar(plan: Plan, engine: Any) -> None:
+    """Compile the request's grammar now, off the event loop (the engine
+    keeps it in its cache), so that a schema that cannot be compiled is a
+    400 before a stream's 200 rather than an error frame inside it."""
+    grammars = getattr(engine, "grammars", None)
+    constraint = plan.requests[0].constraint if plan.requests else None
+    # (A vision engine has no grammars: plan_chat refused the request already.)
+    if grammars is not None and constraint is not None:
+        await asyncio.to_thread(grammars.matcher, constraint)

@@ -1,0 +1,1 @@
+"""Failover entries: one name over several targets (docs/backends.md#failover)."""
