@@ -211,7 +211,10 @@ def test_fifty_rapid_edits_load_each_changed_model_once(tmp_path):
         wait_until(lambda: reached(d, final), timeout=30)
         wait_until(lambda: d.model("a")["state"] == "loaded" and d.model("c")["state"] == "loaded", timeout=30)
         applied = [e for e in d.reload_events() if "applied" in e["message"]]
-        assert 1 <= len(applied) <= 3, [e["message"] for e in applied]
+        # Coalesced: far fewer generations than edits. How few depends on how
+        # the edit loop is scheduled against the 0.2 s debounce (3 on a quiet
+        # machine, 5 seen at load average 6-10); the loads below do not.
+        assert 1 <= len(applied) <= 10, [e["message"] for e in applied]
         assert d.factory.count("a") == 2, d.factory.loads  # the first load, then one reload
         assert d.factory.count("b") == 1 and d.factory.count("c") == 1
         assert d.model("a")["description"] == "edit 49"
