@@ -26,6 +26,8 @@ QUICK = [
     ["constrained.py", "--size", "tiny"],
     ["constrained.py", "--size", "small"],
     ["remote.py", "--size", "tiny"],
+    ["servers.py", "--sizes", "tiny", "small"],
+    ["stream_cost.py"],
     ["demo_dtype.py", "--rounds", "1", "--tokens", "16", "--repeats", "1"],
 ]
 FULL = [
@@ -33,6 +35,7 @@ FULL = [
     ["residency.py", "--size", "bench", "--repeats", "3"],
     ["concurrency.py", "--size", "bench"],
     ["prefix_cache.py", "--size", "bench"],
+    ["servers.py", "--sizes", "bench"],
     ["demo_dtype.py", "--rounds", "3"],
 ]
 

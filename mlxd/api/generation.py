@@ -19,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from mlxd.api.accounting import record_request
 from mlxd.api.context import DaemonContext
+from mlxd.api.inbox import StreamInbox
 from mlxd.api.events import ChoiceEvents, Finish, Logprobs, OutputEvent, TextDelta, ToolCallDelta, Usage
 from mlxd.api.plan import Plan
 from mlxd.api.start import Started, start
@@ -303,7 +304,7 @@ async def _abandon(acquiring: asyncio.Future[Started]) -> None:
         await acquiring.result().close()
 
 
-async def _pump(started: Started, requests: list[GenerationRequest], queue: asyncio.Queue[Any]) -> None:
+async def _pump(started: Started, requests: list[GenerationRequest], queue: StreamInbox) -> None:
     async def one(index: int, request: GenerationRequest) -> None:
         async with contextlib.aclosing(started.generate(index, request)) as chunks:
             async for chunk in chunks:
@@ -388,7 +389,7 @@ async def _frames(
     pending: asyncio.Future[Started] | None,
 ) -> AsyncIterator[str]:
     state = _StreamState(ctx, plan, framer)
-    queue: asyncio.Queue[Any] = asyncio.Queue()
+    queue = StreamInbox()
     producer: asyncio.Future[None] | None = None
     heartbeat = ctx.settings.heartbeat_seconds
     inactivity = ctx.settings.server.request_timeout_s
@@ -412,22 +413,30 @@ async def _frames(
                 return
         producer = asyncio.ensure_future(_pump(started, plan.requests, queue))
         last_progress = loop.time()
-        # One timer re-armed per item instead of asyncio.wait_for, which
-        # (before Python 3.12) wraps every queue.get() in a new task.
-        timer = loop.call_later(heartbeat, queue.put_nowait, _TICK)
+
+        def tick() -> None:
+            # Not re-armed per item (a timer handle per token): when it fires
+            # after an item came, it sleeps again until the interval since
+            # that item is over, and wakes the stream only after a quiet one.
+            nonlocal timer
+            quiet = loop.time() - last_progress
+            if quiet >= heartbeat:
+                queue.put_nowait(_TICK)  # re-armed when the stream reads it
+            else:
+                timer = loop.call_later(heartbeat - quiet, tick)
+
+        timer = loop.call_later(heartbeat, tick)
         done = False
         while not done:
             item = await queue.get()
             if item is _TICK:
-                timer = loop.call_later(heartbeat, queue.put_nowait, _TICK)
+                timer = loop.call_later(heartbeat, tick)
                 if loop.time() - last_progress >= inactivity:
                     state.status = 504
                     yield framer.error(RequestTimeout(f"No output for {inactivity:.0f} seconds"))
                     break
                 yield framer.heartbeat
                 continue
-            timer.cancel()
-            timer = loop.call_later(heartbeat, queue.put_nowait, _TICK)
             last_progress = loop.time()
             out, done = state.handle(item)
             # Whatever else is already queued goes out in the same write: one
@@ -435,6 +444,7 @@ async def _frames(
             while not done and not queue.empty():
                 queued = queue.get_nowait()
                 if queued is _TICK:
+                    timer = loop.call_later(heartbeat, tick)
                     continue
                 more, done = state.handle(queued)
                 out += more

@@ -9,7 +9,8 @@ Scheduling is a ring of generators stepped one step each in turn, so
 concurrent generations interleave token by token. Pending one-shot calls run
 between any two steps, so a load or an unload never waits for a whole
 generation. The hot path per token is: pop a stream off the ring, one
-``next()``, one ``loop.call_soon_threadsafe`` to hand the item over.
+``next()``, an append to the stream's items and, unless one is on its way
+already, one ``loop.call_soon_threadsafe`` to wake the consumer.
 
 A generator may yield :data:`SKIP` to give up its turn without producing an
 item (e.g. a token whose text is still held back); the worker delivers nothing
@@ -120,14 +121,17 @@ def _settle_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
 class _Channel:
     """The state one stream shares between the worker thread and the event loop.
 
-    ``step`` and ``abandon`` run only on the worker thread; ``deliver`` only on
-    the event loop. Items cross over through ``call_soon_threadsafe``, which
-    keeps their order, so nothing is lost or duplicated. The worker's ring holds
+    ``step`` and ``abandon`` run only on the worker thread; ``wake`` only on
+    the event loop. The worker appends items to ``items`` itself (a deque:
+    appends and pops are atomic) and asks the loop to ``wake`` the consumer
+    only when no wake-up is on its way already, so tokens that pile up while
+    the loop is busy cost one hand-off between them, not one each, and none
+    waits longer than it did. The worker's ring holds
     channels, never the consumer's ``WorkerStream``, so a consumer that drops
     its iterator lets it be collected (and cancelled) at once.
     """
 
-    __slots__ = ("make_iter", "iter", "loop", "items", "waiter", "cancelled")
+    __slots__ = ("make_iter", "iter", "loop", "items", "waiter", "cancelled", "scheduled")
 
     def __init__(self, make_iter: Callable[[], Iterator[Any]], loop: asyncio.AbstractEventLoop):
         self.make_iter: Callable[[], Iterator[Any]] | None = make_iter
@@ -137,6 +141,9 @@ class _Channel:
         self.waiter: asyncio.Future[None] | None = None
         # Written by the consumer, read by the worker: a plain bool is enough.
         self.cancelled = False
+        # Set by the worker when it asks for a wake-up, cleared by the wake-up
+        # before it looks at the items, so an item is never left unannounced.
+        self.scheduled = False
 
     # ----------------------------------------------------------- worker side
     def step(self) -> bool:
@@ -179,18 +186,23 @@ class _Channel:
             log.exception("closing a cancelled worker stream failed")
 
     def post(self, item: Any) -> bool:
+        self.items.append(item)
+        if self.scheduled and not self.loop.is_closed():
+            return True  # the wake-up on its way finds this item too
+        self.scheduled = True
         try:
-            self.loop.call_soon_threadsafe(self.deliver, item)
+            self.loop.call_soon_threadsafe(self.wake)
         except RuntimeError:
-            # The consumer's event loop is closed: nobody will read this stream.
+            # The consumer's event loop is closed (with or without a wake-up
+            # left pending): nobody will read this stream.
             self.cancelled = True
             self.close_iter()
             return False
         return True
 
     # ------------------------------------------------------------ loop side
-    def deliver(self, item: Any) -> None:
-        self.items.append(item)
+    def wake(self) -> None:
+        self.scheduled = False
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)

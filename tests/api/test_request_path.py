@@ -192,6 +192,29 @@ async def test_a_completions_stream_numbers_its_choices(tmp_path):
     assert got[-1] == "[DONE]"
 
 
+TRICKY = ['say "hi"\n', "back\\slash\t", "\x00\x1f", "é€😀", "\u2028</script>"]
+
+
+@pytest.mark.parametrize("chat", [True, False])
+async def test_streamed_text_reaches_the_client_exactly_in_openai_chunks(tmp_path, chat):
+    # Quotes, escapes, control and non-ASCII characters, as a model may write them.
+    h = Harness(tmp_path, [*TRICKY, "stop"])
+    async with running(h.app):
+        call = await (h.chat(stream=True) if chat else
+                      h.post("/v1/completions", {"model": "m", "prompt": "x", "stream": True})).done()
+    got = [f for f in frames(call.text)[:-1] if f["choices"][0]["finish_reason"] is None]
+    if chat:
+        got = got[1:]  # the role frame
+    pieces = [f["choices"][0]["delta"]["content"] if chat else f["choices"][0]["text"] for f in got]
+    assert pieces == TRICKY
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    first = got[0]
+    assert list(first) == ["id", "object", "created", "model", "choices"] and first["object"] == kind
+    assert first["choices"][0]["index"] == 0 and first["choices"][0]["logprobs"] is None
+    # Non-ASCII text travels as UTF-8, not as escapes.
+    assert "é€😀" in call.text
+
+
 async def test_heartbeats_flow_while_the_engine_is_silent(tmp_path):
     h = Harness(tmp_path, [0.35, "late", "stop"], heartbeat_seconds=0.05)
     async with running(h.app):

@@ -138,6 +138,50 @@ def test_every_item_arrives_once_and_in_order(worker):
     assert run(main()) == list(range(20_000))
 
 
+def test_items_made_while_the_event_loop_is_busy_all_arrive_in_order(worker):
+    # The loop blocks while the worker keeps producing: the items pile up
+    # behind one wake-up and must still come out whole and in order.
+    import time
+
+    def slow_start():
+        yield "first"
+        for i in range(500):
+            yield i
+
+    async def main():
+        got = []
+        async for item in worker.stream(slow_start):
+            if item == "first":
+                time.sleep(0.2)  # a busy event loop, not an await
+            got.append(item)
+        return got
+
+    assert run(main()) == ["first", *range(500)]
+
+
+def test_a_stream_whose_event_loop_closed_stops_on_the_worker(worker):
+    # The loop goes away with items (and a wake-up) still on their way: the
+    # worker must not step an endless generator for nobody.
+    import time
+
+    source = Closable()  # endless
+    loop = asyncio.new_event_loop()
+
+    async def start():
+        stream = worker.stream(source.items)
+        await stream.__anext__()
+        return stream
+
+    stream = loop.run_until_complete(start())
+    time.sleep(0.1)  # stopped, not closed: a wake-up is scheduled that will never run
+    loop.close()
+    deadline = time.monotonic() + 5
+    while source.closed_on is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert source.closed_on == "mlx-worker"
+    del stream
+
+
 def test_skip_gives_up_a_turn_without_delivering(worker):
     def sparse():
         for i in range(10):

@@ -1,6 +1,6 @@
-"""SmolLM2-135M-Instruct, a trained model imported from its GGUF file, through
-a real ``mlxd serve`` over HTTP: a real tokenizer, chat template and weights
-come through the daemon intact.
+"""SmolLM2-135M-Instruct, a trained model imported from its GGUF file (as the
+demo serves it on this device), through a real ``mlxd serve`` over HTTP: a
+real tokenizer, chat template and weights come through the daemon intact.
 
 The model decodes at a few tokens a second on a CPU: one daemon serves the
 whole module and every request asks for a dozen tokens or so.
@@ -17,6 +17,7 @@ import httpx
 import pytest
 import yaml
 
+from mlxd.factory.dtypes import device_dtype
 from mlxd.factory.smollm2 import smollm2_gguf
 from mlxd.gguf.cache import converted_dir
 from support.daemon import Daemon, daemon_process
@@ -69,7 +70,11 @@ class Served:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    return converted_dir(smollm2_gguf(), tmp_path_factory.mktemp("gguf-cache"))
+    # The weights the demo serves on this device: float32 on a CPU, where the
+    # quantized kernels are slow (a load's warm-up alone took 40-90 s), the
+    # file's Q4_1 on GPUs and Metal.
+    dtype = "float32" if device_dtype() == "float32" else "keep"
+    return converted_dir(smollm2_gguf(), tmp_path_factory.mktemp("gguf-cache"), dtype=dtype)
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ output events."""
 from __future__ import annotations
 
 import json
+from json.encoder import encode_basestring
 from typing import Any
 
 from mlxd.api.events import Finish, Logprobs, OutputEvent, TextDelta, ToolCallDelta, Usage
@@ -93,9 +94,24 @@ def text_completion(plan: Plan, answer: Answer) -> dict[str, Any]:
 # OpenAI clients expect exactly "data: [DONE]\n\n" at the end.
 
 
+# One encoder for every frame: json.dumps with options builds a new one per call.
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+# Stands in for a text delta while a stream's frame template is made.
+_MARK = "\x00"
+
+
 def sse(payload: dict[str, Any] | str) -> str:
-    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    data = payload if isinstance(payload, str) else _encode(payload)
     return f"data: {data}\n\n"
+
+
+def _template(frame: dict[str, Any]) -> tuple[str, str]:
+    """A text frame cut around its text: what comes before and after the
+    marked text (its last occurrence: the text is the frame's last string).
+    Joined around ``encode_basestring(text)`` (the very function the encoder
+    uses for strings) it is the frame ``sse`` writes, byte for byte."""
+    head, _, tail = sse(frame).rpartition(encode_basestring(_MARK))
+    return head, tail
 
 
 DONE = "data: [DONE]\n\n"
@@ -113,6 +129,10 @@ class OpenAIFrames:
         self.plan = plan
         self.chat = chat
         self.include_usage = include_usage
+        # Per choice: a text delta's frame around its text. Text frames are
+        # nearly every frame of a stream; encoding only the text saves
+        # building and encoding the whole chunk object per token.
+        self._text_frames: dict[int, tuple[str, str]] = {}
 
     def _base(self) -> dict[str, Any]:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
@@ -130,11 +150,17 @@ class OpenAIFrames:
         opening = {"role": "assistant", "content": ""}
         return "".join(sse(self._chat_chunk(opening, None, i)) for i in range(max(1, len(self.plan.requests))))
 
+    def _text_frame(self, text: str, index: int) -> str:
+        parts = self._text_frames.get(index)
+        if parts is None:
+            frame = self._chat_chunk({"content": _MARK}, None, index) if self.chat else \
+                self._text_chunk(_MARK, None, index)
+            parts = self._text_frames[index] = _template(frame)
+        return parts[0] + encode_basestring(text) + parts[1]
+
     def event(self, event: OutputEvent) -> str:
         if isinstance(event, TextDelta):
-            if self.chat:
-                return sse(self._chat_chunk({"content": event.text}, None, event.choice))
-            return sse(self._text_chunk(event.text, None, event.choice))
+            return self._text_frame(event.text, event.choice)
         if isinstance(event, ToolCallDelta):
             call: dict[str, Any] = {"index": event.index, "function": {"arguments": event.arguments}}
             if event.id is not None:
