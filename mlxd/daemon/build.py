@@ -13,6 +13,7 @@ from mlxd.api.app import create_app
 from mlxd.api.context import DaemonContext
 from mlxd.api.images import ImageMemory
 from mlxd.daemon.engines import EngineFactory, PrefixCacheHooks
+from mlxd.engine.preload import StartupImports
 from mlxd.daemon.reload import DEFAULT_DEBOUNCE_S, Reloader
 from mlxd.daemon.server import DaemonServer, build_server
 from mlxd.engine.blas import blas_report
@@ -35,6 +36,8 @@ class Daemon:
     server: DaemonServer
     # None when the registry has no file to reload from.
     reloader: Reloader | None
+    # The engines' libraries, imported in the background once serving starts.
+    imports: StartupImports
 
 
 def build_daemon(
@@ -55,9 +58,10 @@ def build_daemon(
     metrics = Metrics()
     footprints = FootprintStore(eff.state_dir / "footprints.json")
     backends = BackendPool(registry.backends)
+    imports = StartupImports()
     manager = ResidencyManager(
         registry,
-        engines or EngineFactory(worker, backends),
+        engines or EngineFactory(worker, backends, imports),
         events=events,
         hooks=PrefixCacheHooks(),
         recall=footprints.known,
@@ -84,4 +88,4 @@ def build_daemon(
         reloader = Reloader(ctx, settings, registry.source_path, debounce_s=reload_debounce_s)
     app = create_app(ctx, reloader)
     server = build_server(app, ctx, on_reload=reloader.on_signal if reloader else None)
-    return Daemon(ctx=ctx, app=app, server=server, reloader=reloader)
+    return Daemon(ctx=ctx, app=app, server=server, reloader=reloader, imports=imports)

@@ -8,6 +8,7 @@ import asyncio
 import logging
 
 from mlxd.engine.cache_store.bound import CacheDirBound
+from mlxd.engine.preload import StartupImports
 from mlxd.engine.types import Engine
 from mlxd.engine.worker import MlxWorker
 from mlxd.errors import ModelLoadFailed
@@ -22,15 +23,19 @@ class EngineFactory:
     """Builds the right engine for a spec on the shared worker. Text models
     persist their prefix cache under the registry's ``cache_dir``."""
 
-    def __init__(self, worker: MlxWorker, backends: BackendPool | None = None) -> None:
+    def __init__(self, worker: MlxWorker, backends: BackendPool | None = None,
+                 imports: StartupImports | None = None) -> None:
         self.worker = worker
         self.backends = backends
+        self.imports = imports
 
     async def __call__(self, spec: ModelSpec, registry: Registry) -> Engine:
         if spec.backend is not None:
             if self.backends is None:
                 raise ModelLoadFailed(f"Model `{spec.name}` is remote but this daemon has no backends")
             return RemoteEngine(spec, self.backends)
+        if self.imports is not None:
+            await asyncio.to_thread(self.imports.wait)
         if spec.kind == "vision":
             try:
                 from mlxd.engine.vision import load_vision_engine

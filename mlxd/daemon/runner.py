@@ -11,7 +11,6 @@ from mlxd.daemon.build import build_daemon
 from mlxd.daemon.lockfile import StateLock
 from mlxd.daemon.logs import configure_logging
 from mlxd.daemon.reload import log_problems
-from mlxd.engine.preload import import_in_background
 from mlxd.errors import StartupError
 from mlxd.registry.loader import load_registry
 from mlxd.settings import DaemonSettings, effective
@@ -49,7 +48,7 @@ def run_daemon(settings: DaemonSettings, registry_path: Path) -> int:
             log.warning("no API keys configured and bound to %s: anyone on the network can use the models",
                         eff.server.host)
         # A remote entry loads nothing here: a front with only those never needs mlx-lm.
-        import_in_background(m.kind for m in registry.models if not m.is_remote)
+        daemon.imports.start(m.kind for m in registry.models if not m.is_remote)
         server = daemon.server
         server.run()
         if not server.started:

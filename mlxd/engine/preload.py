@@ -4,8 +4,8 @@
 this 2-core CPU, 11 s on the H200 image. Left lazy, it lands in the first
 load of every daemon process, i.e. in some user's first request. The daemon
 starts it on a background thread as it starts serving; a load that comes
-sooner waits on Python's import lock for the rest of the same import, never
-for a second one. (mlx-lm's generation stream is thread-local, so importing
+sooner waits for the rest of it (``StartupImports.wait``), never pays for a
+second one. (mlx-lm's generation stream is thread-local, so importing
 it off the worker thread is safe.)
 
 Once they are in, what start-up built (modules, fastapi's and pydantic's
@@ -52,7 +52,27 @@ def _import_all(names: tuple[str, ...]) -> None:
     gc.freeze()
 
 
-def import_in_background(kinds: Iterable[str]) -> threading.Thread:
-    thread = threading.Thread(target=_import_all, args=(modules_for(kinds),), name="mlxd-preimport", daemon=True)
-    thread.start()
-    return thread
+class StartupImports:
+    """The background import, and a way for loads to wait for it.
+
+    A load that came while the import ran used to import the same package on
+    the worker thread at the same time; two threads inside one package's
+    circular imports can see a half-initialised module, and the load failed
+    with ImportError (seen with mlx_vlm: a vision model loaded right after
+    start-up). Loads wait here first, then import what is already imported.
+    """
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+
+    def start(self, kinds: Iterable[str]) -> threading.Thread:
+        thread = threading.Thread(target=_import_all, args=(modules_for(kinds),), name="mlxd-preimport",
+                                  daemon=True)
+        self._thread = thread
+        thread.start()
+        return thread
+
+    def wait(self) -> None:
+        """Blocks until the background import is over (at once if none ran)."""
+        if self._thread is not None:
+            self._thread.join()

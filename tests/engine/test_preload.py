@@ -10,9 +10,12 @@ from mlxd.engine.preload import modules_for
 
 PROBE = """
 import gc, sys
-from mlxd.engine.preload import import_in_background
+from mlxd.engine.preload import StartupImports
+imports = StartupImports()
+imports.wait()  # nothing started: returns at once
 before = gc.get_freeze_count()
-import_in_background(["text"]).join()
+imports.start(["text"])
+imports.wait()
 print("mlx_lm" in sys.modules, before, gc.get_freeze_count())
 """
 
