@@ -44,9 +44,11 @@ def write_registry(
     models: list[dict[str, Any]],
     manager: dict[str, Any] | None = None,
     server: dict[str, Any] | None = None,
+    backends: dict[str, dict[str, Any]] | None = None,
 ) -> Path:
     """models: entries like {"name": "a", "model": "qwen", ...}; "model" picks
-    a tiny model from TINY and becomes the entry's path."""
+    a tiny model from TINY and becomes the entry's path. ``backends`` as in
+    models.yaml."""
     entries = []
     for m in models:
         entry = dict(m)
@@ -56,6 +58,7 @@ def write_registry(
         entries.append(entry)
     doc = {
         "manager": {"memory_budget": "2GB", "cache_dir": str(directory / "cache"), **(manager or {})},
+        **({"backends": backends} if backends is not None else {}),
         "models": entries,
     }
     if server:

@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
-from support.daemon import free_port, served_process, tiny_model
+from support.daemon import free_port, served_process, write_registry
 
 
 def write_front(
@@ -25,22 +24,8 @@ def write_front(
 ) -> Path:
     """A front registry: ``backends`` as in models.yaml, ``models`` remote
     (or local, with "model" naming a tiny model as in write_registry)."""
-    entries = []
-    for m in models:
-        entry = dict(m)
-        kind = entry.pop("model", None)
-        if kind is not None:
-            entry["path"] = str(tiny_model(kind))
-        entries.append(entry)
-    doc = {
-        "manager": {"memory_budget": "1GB", "cache_dir": str(directory / "cache")},
-        "backends": backends,
-        "models": entries,
-    }
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "models.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
+    return write_registry(directory, models, manager={"memory_budget": "1GB"}, backends=backends)
 
 
 @contextlib.contextmanager
