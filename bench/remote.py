@@ -5,6 +5,7 @@ prompt, greedy, the same number of tokens, in one run.
 
     python bench/remote.py                          # tiny model, 12 pairs: about a minute
     python bench/remote.py --size small --repeats 20 --tokens 128
+    python bench/remote.py --size small --placement apart
 
 Made to survive a shared, noisy machine. Each repeat is a pair: one request
 straight to the backend and one through the front, back to back, the order
@@ -16,16 +17,22 @@ per relayed token (its process, from psutil) is reported beside them: CPU
 time barely moves when other jobs share the cores, so it is the relay's
 own cost however noisy the wall clock is.
 
-Both daemons run on this machine (loopback), so the front's work competes
-with the backend's decode for the same cores; on a laptop in front of a
-studio they are apart. Targets (issue #15): under 5 ms added time to first
-token, decode >= 0.98 of direct. Prints a table and merges the figures into
+Both daemons run on this machine (loopback). ``--placement shared`` (the
+default) lets every process use every core, so the front's work competes
+with the backend's decode for them. ``--placement apart`` is a laptop in
+front of a studio on one machine: the backend gets the last core (or the
+upper half of them) to itself, the front and the client the rest, as the
+apps and the front share the laptop and the backend has the studio. The
+direct runs use the same placement, so both sides decode on the same
+cores. Targets (issue #15): under 5 ms added time to first token, decode
+>= 0.98 of direct. Prints a table and merges the figures into
 bench/results/remote.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -68,16 +75,32 @@ def spread(s: dict[str, float], unit: str = "") -> str:
     return f"{s['median']}{unit} (IQR {s['q1']}..{s['q3']})"
 
 
+def placement(kind: str) -> tuple[set[int] | None, set[int] | None]:
+    """(the backend's cores, the front's and this client's cores); None: all."""
+    if kind == "shared":
+        return None, None
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("--placement apart needs at least two cores")
+    half = max(1, len(cores) // 2)
+    return set(cores[half:]), set(cores[:half])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", choices=["tiny", "small", "bench"], default="tiny",
                         help="size of the factory's Qwen2-shaped model")
     parser.add_argument("--tokens", type=int, default=None, help="tokens per request (default: by size)")
     parser.add_argument("--repeats", type=int, default=12, help="interleaved pairs (at least 10)")
+    parser.add_argument("--placement", choices=["shared", "apart"], default="shared",
+                        help="shared: every process on every core; apart: the backend on cores of its own")
     args = parser.parse_args()
     if args.repeats < 10:
         parser.error("--repeats must be at least 10: fewer pairs make no median worth quoting on a shared machine")
     reexec_with_openblas()
+    backend_cpus, front_cpus = placement(args.placement)
+    if front_cpus:
+        os.sched_setaffinity(0, front_cpus)  # this client; the front inherits it
     tokens = args.tokens or {"tiny": 256, "small": 128, "bench": 48}[args.size]
 
     from mlxd.factory import ModelRecipe, build_model
@@ -87,7 +110,7 @@ def main() -> None:
     entry = {"name": "m", "path": str(path), "preload": True, "max_context": 32768, "idle_unload_seconds": 0,
              "prefix_cache": {"max_bytes": 0, "persist": False}}
     pairs: list[dict[str, Any]] = []
-    with daemon([entry]) as backend_url:
+    with daemon([entry], cpus=backend_cpus) as backend_url:
         backends = {"studio": {"url": backend_url + "/v1", "kind": "mlxd"}}
         with daemon([{"name": "m", "backend": "studio"}], backends=backends) as front_url, \
                 httpx.Client(base_url=backend_url, timeout=600) as direct, \
@@ -114,7 +137,9 @@ def main() -> None:
                 "decode_tok_s": summary([p[name]["decode_tok_s"] for p in pairs], 1)}
 
     result = {
-        "size": args.size, "tokens": tokens, "pairs": args.repeats,
+        "size": args.size, "tokens": tokens, "pairs": args.repeats, "placement": args.placement,
+        "backend_cpus": sorted(backend_cpus or os.sched_getaffinity(0)),
+        "front_cpus": sorted(front_cpus or os.sched_getaffinity(0)),
         "direct": side("direct"), "front": side("front"),
         "ttft_added_ms": summary(added, 2),
         "decode_ratio": summary(ratio, 3),
@@ -131,7 +156,8 @@ def main() -> None:
         **environment(),
     }
     print(f"\nqwen2-{args.size}: {tokens} tokens, {args.repeats} interleaved pairs, BLAS {result['blas']}, "
-          f"load average {result['load_average']:.1f}")
+          f"load average {result['load_average']:.1f}, placement {args.placement} (backend on cores "
+          f"{result['backend_cpus']}, front and client on {result['front_cpus']})")
     print(table(
         ["path", "first text ms (median, IQR)", "decode tok/s (median, IQR)"],
         [["backend mlxd, directly", spread(result["direct"]["ttft_ms"]), spread(result["direct"]["decode_tok_s"])],
@@ -142,7 +168,7 @@ def main() -> None:
     print(f"front CPU per relayed token: {result['front_cpu_us_per_token']} us over the run, per pair "
           f"{spread(result['front_cpu_us_per_token_pairs'], ' us')}; while idle: "
           f"{result['front_idle_cpu_us_per_token']} us")
-    print(f"wrote {save('remote', f'qwen2-{args.size}', result)}")
+    print(f"wrote {save('remote', f'qwen2-{args.size}-{args.placement}', result)}")
 
 
 if __name__ == "__main__":

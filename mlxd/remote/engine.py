@@ -16,7 +16,7 @@ import itertools
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import aiohttp
 
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.errors import BackendFailed, BackendTimeout, BackendUnavailable, MlxdError
@@ -44,7 +44,7 @@ class RemoteEngine:
         self._pool = pool
         self._ids = itertools.count()
         # Open upstream answers, so that abort_all can cut them.
-        self._open: dict[int, httpx.Response | None] = {}
+        self._open: dict[int, aiohttp.ClientResponse | None] = {}
         self._aborted: set[int] = set()
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
@@ -67,50 +67,52 @@ class RemoteEngine:
             response = self._open.pop(key, None)
             self._aborted.discard(key)
             if response is not None:
-                # Closing the connection is what tells the backend to stop.
-                await response.aclose()
+                # A finished answer's connection goes back to the pool; an
+                # unfinished one's is closed, which is what tells the
+                # backend to stop.
+                response.release()
 
     async def _exchange(self, link: BackendLink, request: GenerationRequest, key: int) -> AsyncIterator[GenerationChunk]:
         spec = link.spec
         loop = asyncio.get_running_loop()
         first_byte_at = loop.time() + spec.first_byte_timeout_s
         where = f"backend `{spec.name}` ({spec.url})"
-        outgoing = link.client.build_request(
-            "POST",
-            spec.url + endpoint(request),
-            json=request_body(request, self.remote_model),
-            headers=link.headers(self._pool.environ),
-            timeout=link.timeout(),
-        )
         try:
             async with asyncio.timeout_at(first_byte_at):
-                response = await link.client.send(outgoing, stream=True)
-        except TimeoutError:
-            raise BackendTimeout(f"No answer from {where} within {spec.first_byte_timeout_s:g} s") from None
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                response = await link.client.post(
+                    spec.url + endpoint(request),
+                    json=request_body(request, self.remote_model),
+                    headers=link.headers(self._pool.environ),
+                    timeout=link.timeout(),
+                )
+        # A connect timeout is also a TimeoutError: it is caught first, as
+        # the backend being unreachable rather than slow to answer.
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             raise BackendUnavailable(
                 f"Cannot reach {where}: {_reason(exc)}", retry_after=RETRY_UNREACHABLE_S
             ) from None
-        except httpx.HTTPError as exc:
+        except TimeoutError:
+            raise BackendTimeout(f"No answer from {where} within {spec.first_byte_timeout_s:g} s") from None
+        except aiohttp.ClientError as exc:
             raise BackendFailed(f"The request to {where} failed: {_reason(exc)}", retry_after=RETRY_UNREACHABLE_S) from None
         self._open[key] = response
-        if response.status_code >= 400:
+        if response.status >= 400:
             try:
                 async with asyncio.timeout(ERROR_BODY_TIMEOUT_S):
-                    body = await response.aread()
-            except (TimeoutError, httpx.HTTPError):
+                    body = await response.read()
+            except (TimeoutError, aiohttp.ClientError):
                 body = b""
-            raise upstream_error(spec.name, response.status_code, body, response.headers.get("retry-after"))
+            raise upstream_error(spec.name, response.status, body, response.headers.get("retry-after"))
         # Accepted: the front may answer 200 now.
         yield GenerationChunk(text="")
         if response.headers.get("content-type", "").startswith("application/json"):
             # A server that answers a stream request with the whole message.
             try:
                 async with asyncio.timeout_at(first_byte_at):
-                    body = await response.aread()
+                    body = await response.read()
             except TimeoutError:
                 raise BackendTimeout(f"{where} sent no output within {spec.first_byte_timeout_s:g} s") from None
-            except httpx.HTTPError as exc:
+            except aiohttp.ClientError as exc:
                 raise BackendFailed(f"{where} broke off the answer: {_reason(exc)}") from None
             for chunk in whole_answer(body):
                 yield chunk
@@ -119,7 +121,7 @@ class RemoteEngine:
         started = False
         try:
             async with asyncio.timeout_at(first_byte_at) as deadline:
-                async for data in response.aiter_bytes():
+                async for data in response.content.iter_any():
                     chunk = reader.feed(data)
                     if chunk is not None:
                         if not started:
@@ -134,7 +136,7 @@ class RemoteEngine:
             phase = "sent nothing for" if started else "sent no output within"
             limit = spec.idle_timeout_s if started else spec.first_byte_timeout_s
             raise BackendTimeout(f"{where} {phase} {limit:g} s") from None
-        except (httpx.HTTPError, httpx.StreamError) as exc:
+        except aiohttp.ClientError as exc:
             raise BackendFailed(f"{where} broke off the answer: {_reason(exc)}") from None
         finally:
             if started:
@@ -147,7 +149,7 @@ class RemoteEngine:
         for key in keys:
             response = self._open.get(key)
             if response is not None:
-                await response.aclose()
+                response.close()
         return len(keys)
 
     async def before_unload(self) -> None:
