@@ -12,6 +12,9 @@
 # 3. concurrency 1/2/4/8 clients (bench/concurrency.py).
 # 4. reload + restore vs reload + recompute at 2k, 8k, 32k tokens (bench/restore_vs_recompute.py).
 # 5. per-token overhead against direct mlx-lm (bench/overhead.py).
+# 6. a front mlxd on the CPU cores in front of a backend mlxd on the GPU, against
+#    asking the backend directly (bench/remote.py): the backend on cores of its own
+#    (a team GPU server and a laptop), then every process on every core.
 # Then everything in bench/results (figures and logs) goes into $OUT/results.tgz and
 # the tables into $OUT/summary.txt. Each step has a time limit and the whole run a
 # deadline (SUITE_SECONDS, default 540): a step that no longer fits is skipped, and
@@ -99,6 +102,9 @@ done
 step restore_vs_recompute 150 "$PY" bench/restore_vs_recompute.py --size "$SIZE" --prompt-tokens $RESTORE_SIZES
 step concurrency 120 "$PY" bench/concurrency.py --size "$SIZE" --tokens "$TOKENS" --rounds "$ROUNDS"
 step overhead 90 "$PY" bench/overhead.py --size "$SIZE" --tokens "$TOKENS" --repeats "$REPEATS"
+for placement in apart shared; do
+  step "remote_$placement" 240 "$PY" bench/remote.py --size "$SIZE" --tokens "$TOKENS" --placement "$placement"
+done
 
 note "== total $((SECONDS))s"
 tar -czf "$OUT/results.tgz" bench/results

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
 
-from bench.common import daemon, environment, reexec_with_openblas, save, table  # noqa: E402
+from bench.common import add_dtype_option, daemon, environment, model_dtype, reexec_with_openblas, save, table  # noqa: E402
 from bench.overhead import run_daemon  # noqa: E402
 
 
@@ -94,6 +94,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=12, help="interleaved pairs (at least 10)")
     parser.add_argument("--placement", choices=["shared", "apart"], default="shared",
                         help="shared: every process on every core; apart: the backend on cores of its own")
+    add_dtype_option(parser)
     args = parser.parse_args()
     if args.repeats < 10:
         parser.error("--repeats must be at least 10: fewer pairs make no median worth quoting on a shared machine")
@@ -105,7 +106,7 @@ def main() -> None:
 
     from mlxd.factory import ModelRecipe, build_model
 
-    path = build_model(ModelRecipe("qwen2", args.size))
+    path = build_model(ModelRecipe("qwen2", args.size, dtype=model_dtype(args)))
     # No prefix cache: a repeated prompt would be served from it.
     entry = {"name": "m", "path": str(path), "preload": True, "max_context": 32768, "idle_unload_seconds": 0,
              "prefix_cache": {"max_bytes": 0, "persist": False}}
