@@ -51,9 +51,10 @@ class Target:
 
     @property
     def down(self) -> bool:
-        if self.kind == "local":
-            return self.state == "failed"
-        return self.reachable is False
+        # A model that failed to load, here or on an mlxd backend, fails the
+        # same way until its file or settings change: trying it first would
+        # cost every request a round trip before the next target.
+        return self.state == "failed" or (self.kind != "local" and self.reachable is False)
 
 
 def order(strategy: str, targets: Sequence[Target]) -> list[str]:

@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 
 from mlxd.errors import describe_exception
-from mlxd.registry.model import BackendSpec
+from mlxd.registry.model import BackendSpec, is_pattern
 
 log = logging.getLogger("mlxd.remote")
 
@@ -213,13 +213,22 @@ class BackendPool:
 
 
 def _model_states(answer: bytes) -> dict[str, str]:
+    """Each model's state by every exact name a client may use for it: its
+    own and its aliases (a front's ``remote_model`` may be either)."""
     try:
         status = json.loads(answer)
     except ValueError:
         return {}
     models = status.get("models") if isinstance(status, dict) else None
-    return {
-        str(m["name"]): str(m.get("state", "unknown"))
-        for m in models or []
-        if isinstance(m, dict) and "name" in m
-    }
+    states: dict[str, str] = {}
+    for model in models or []:
+        if not isinstance(model, dict) or "name" not in model:
+            continue
+        state = str(model.get("state", "unknown"))
+        aliases = model.get("aliases") if isinstance(model.get("aliases"), list) else []
+        # Glob aliases match many names: they say nothing about one of them.
+        for alias in aliases:
+            if isinstance(alias, str) and not is_pattern(alias):
+                states.setdefault(alias, state)
+        states[str(model["name"])] = state  # a name wins over another model's alias
+    return states

@@ -61,6 +61,9 @@ ROWS = [
     ("spillover", [local(state="failed"), mlxd(busy=8)], ["studio:big", "local"]),
     ("warm", [local(state="failed"), mlxd(reachable=False)], ["local", "studio:big"]),  # all down: file order
     ("spillover", [mlxd(reachable=None), local()], ["studio:big", "local"]),  # not polled yet is not down
+    # A model the mlxd backend reports failed is down although the backend answers.
+    ("warm", [mlxd(state="failed"), local(state="unloaded")], ["local", "studio:big"]),
+    ("spillover", [mlxd(state="failed"), local(busy=1)], ["local", "studio:big"]),
 ]
 
 

@@ -32,7 +32,7 @@ MESSAGES = [{"role": "user", "content": "Tell me about the sea."}]
 def backend(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("backend")
     registry = write_registry(tmp, [
-        {"name": "tiny", "model": "qwen", "preload": True},
+        {"name": "tiny", "model": "qwen", "preload": True, "aliases": ["small-talk"]},
         {"name": "broken", "path": str(corrupt_model(tmp))},
     ])
     with daemon_process(registry, tmp) as daemon:
@@ -47,6 +47,8 @@ class Front:
         self.backends = {"studio": {"url": backend_url, "kind": "mlxd", "poll_interval_s": 1}}
         self.failovers = {
             "warm-one": {"targets": ["here", "studio:tiny"], "strategy": "warm"},
+            # The backend's model by one of its aliases there.
+            "by-alias": {"targets": ["here", "studio:small-talk"], "strategy": "warm"},
             "spill": {"targets": ["here", "studio:tiny"], "strategy": "spillover", "aliases": ["sp"]},
             # A backend model that answers 503 (its files are broken over there).
             "mended": {"targets": ["studio:broken", "here"], "strategy": "spillover"},
@@ -105,18 +107,20 @@ def held(front, model: str) -> Iterator[None]:
     wait_until(lambda: front.model(model)["active_leases"] == 0)
 
 
-def test_warm_prefers_the_backend_that_has_the_model_loaded_then_the_local_one_once_it_is(front):
+# The backend's model by its name there, and by an alias it has there.
+@pytest.mark.parametrize(("name", "remote"), [("warm-one", "studio:tiny"), ("by-alias", "studio:small-talk")])
+def test_warm_prefers_the_backend_that_has_the_model_loaded_then_the_local_one_once_it_is(front, name, remote):
     unload_here(front)
     # The backend preloads; the front learns it from its poll of the backend's status.
-    wait_until(lambda: target(front, "warm-one", "studio:tiny")["state"] == "loaded")
-    assert failover(front, "warm-one")["order"] == ["studio:tiny", "here"]
-    assert ask(front, "warm-one").choices[0].finish_reason == "length"
-    assert served_by(front, "warm-one") == "studio:tiny"
+    wait_until(lambda: target(front, name, remote)["state"] == "loaded")
+    assert failover(front, name)["order"] == [remote, "here"]
+    assert ask(front, name).choices[0].finish_reason == "length"
+    assert served_by(front, name) == remote
     assert front.model("here")["state"] == "unloaded", "nothing was loaded here for it"
     assert httpx.post(f"{front.url}/v1/models/here/load", json={}, timeout=60).status_code == 200
-    assert failover(front, "warm-one")["order"] == ["here", "studio:tiny"]  # both warm: the file's order
-    ask(front, "warm-one")
-    assert served_by(front, "warm-one") == "here"
+    assert failover(front, name)["order"] == ["here", remote]  # both warm: the file's order
+    ask(front, name)
+    assert served_by(front, name) == "here"
 
 
 def test_spillover_sends_a_request_elsewhere_while_the_local_model_is_busy(front):
@@ -143,14 +147,20 @@ def test_a_backend_answering_503_lets_the_next_target_serve(front):
     broken = target(front, "mended", "studio:broken")
     assert broken["fell_through"] == before + 1
     assert "failed (503)" in broken["last_error"]
+    # The backend's status now says the model failed: the next requests go
+    # to `here` first instead of paying that round trip again.
+    wait_until(lambda: target(front, "mended", "studio:broken")["state"] == "failed")
+    assert failover(front, "mended")["order"] == ["here", "studio:broken"]
     # A stream too: the 200 comes from the target that took the request.
     stream = httpx.post(f"{front.url}/v1/chat/completions", timeout=60, json={
         "model": "mended", "messages": MESSAGES, "max_tokens": 4, "stream": True})
     frames = sse_events(stream)
     assert stream.status_code == 200 and frames[-1] == "[DONE]"
     assert not [f for f in frames[:-1] if "error" in f]
+    assert served_by(front, "mended") == "here"
+    assert target(front, "mended", "studio:broken")["fell_through"] == before + 1
     metrics = httpx.get(f"{front.url}/metrics", timeout=10).text
-    assert 'mlxd_failover_fallthroughs_total{model="mended",target="studio:broken"} 2.0' in metrics
+    assert f'mlxd_failover_fallthroughs_total{{model="mended",target="studio:broken"}} {before + 1}.0' in metrics
     assert 'mlxd_failover_requests_total{model="mended",status="200",target="here"}' in metrics
 
 
@@ -221,10 +231,12 @@ def test_mlxd_status_shows_each_failover_entry_and_its_targets(front):
     start = lines.index("failover")
     mended = next(i for i, line in enumerate(lines) if line.startswith("mended ") and i > start)
     assert "spillover" in lines[mended] and "last served by here" in lines[mended]
+    # Its targets in the order a request would try them now: `here` first
+    # while the backend reports its model failed.
+    broken, here = sorted(lines[mended + 1:mended + 3], key=lambda line: not line.startswith("studio:broken"))
     # The backend's own state for it (loading, or failed while it backs off).
-    assert lines[mended + 1].startswith("studio:broken (on studio, ")
-    assert "fell through" in lines[mended + 1]
-    assert lines[mended + 2].startswith("here (here, ")
+    assert broken.startswith("studio:broken (on studio, ") and "fell through" in broken
+    assert here.startswith("here (here, ")
 
 
 def test_the_dashboard_shows_each_failover_entry(front, browser):  # noqa: F811
@@ -236,4 +248,8 @@ def test_the_dashboard_shows_each_failover_entry(front, browser):  # noqa: F811
             strategy: r.querySelector('td.strategy').textContent,
             targets: Array.from(r.querySelectorAll('.target')).map(t => t.dataset.target),
             last: r.querySelector('td.last-served').textContent}]));"""))
-    assert rows["mended"] == {"strategy": "spillover", "targets": ["studio:broken", "here"], "last": "here (200)"}
+    mended = rows["mended"]
+    # Targets in the order a request would try them now, which depends on
+    # whether the backend still reports its model failed.
+    assert sorted(mended.pop("targets")) == ["here", "studio:broken"]
+    assert mended == {"strategy": "spillover", "last": "here (200)"}
