@@ -19,12 +19,14 @@ import contextlib
 import json
 import logging
 import os
+import ssl
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
+import certifi
 
 from mlxd.errors import describe_exception
 from mlxd.registry.model import BackendSpec, is_pattern
@@ -94,7 +96,10 @@ class BackendPool:
         # Made on first use, inside the event loop it will run on. The proxy
         # settings of the environment are not the backends' business.
         if self._client is None:
-            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+            # Certificates checked against certifi's roots, as httpx did: a
+            # Python from python.org on macOS has no system roots to offer.
+            tls = ssl.create_default_context(cafile=certifi.where())
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ssl=tls)
             self._client = aiohttp.ClientSession(connector=connector, trust_env=False)
         return self._client
 
