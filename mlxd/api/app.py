@@ -101,7 +101,7 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
     app.add_middleware(Gatekeeper, ctx=ctx, shape_for=shape_for)
 
     # Added last, so it runs first: refused requests never reach the app.
-    app.add_middleware(RequestGuard, server=lambda: ctx.settings.server)
+    app.add_middleware(RequestGuard, server=lambda: ctx.settings.server, shape_for=shape_for)
 
     app.include_router(openai.router())
     app.include_router(anthropic.router())

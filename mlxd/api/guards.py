@@ -12,7 +12,9 @@
   through this guard, so a client that sends headers and then a trickle
   holds its connection for ``body_timeout_s`` at most.
 
-Every refusal has OpenAI's error body and closes the connection.
+Every refusal has the error body of the API surface its path belongs to
+(the app's ``ShapeFor``, the same one its error handlers use) and closes the
+connection.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from mlxd.api.errors import ErrorShape, ShapeFor
 from mlxd.errors import BodyTimeout, MlxdError, PayloadTooLarge, PermissionDenied, clip
 from mlxd.registry.model import ServerSpec
 from mlxd.registry.sizing import format_bytes
@@ -78,11 +81,13 @@ def origin_allowed(origin: str | None, host_header: str | None, allowed: tuple[s
 
 
 class RequestGuard:
-    """ASGI middleware; ``server`` gives the live server settings."""
+    """ASGI middleware; ``server`` gives the live server settings,
+    ``shape_for`` the error body a path's surface answers in."""
 
-    def __init__(self, app: ASGIApp, server: Callable[[], ServerSpec]) -> None:
+    def __init__(self, app: ASGIApp, server: Callable[[], ServerSpec], shape_for: ShapeFor) -> None:
         self.app = app
         self.server = server
+        self.shape_for = shape_for
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -108,10 +113,11 @@ class RequestGuard:
             )
         elif _declared_length(headers) > server.max_body_bytes:
             refusal = _too_large(server)
+        shape = self.shape_for(scope["path"])
         if refusal is not None:
-            await send_error(send, refusal)
+            await send_error(send, refusal, shape)
             return
-        body = _BoundedBody(receive, send, server)
+        body = _BoundedBody(receive, send, server, shape)
         await self.app(scope, body.receive, body.send)
 
 
@@ -120,8 +126,9 @@ class _BoundedBody:
     it within ``body_timeout_s``. Past either, the guard answers itself and
     tells the app the client has gone (which it then treats as a 499)."""
 
-    def __init__(self, receive: Receive, send: Send, server: ServerSpec) -> None:
+    def __init__(self, receive: Receive, send: Send, server: ServerSpec, shape: ErrorShape) -> None:
         self._receive = receive
+        self._shape = shape
         self._send = send
         self._limit = server.max_body_bytes
         self._timeout = server.body_timeout_s
@@ -158,7 +165,7 @@ class _BoundedBody:
     async def _refuse(self, error: MlxdError) -> Message:
         self._answered = True
         if not self._started:
-            await send_error(self._send, error)
+            await send_error(self._send, error, self._shape)
         return {"type": "http.disconnect"}
 
 
@@ -178,8 +185,8 @@ def _declared_length(headers: dict[str, str]) -> int:
     return int(value) if value.isdigit() else 0
 
 
-async def send_error(send: Send, error: MlxdError) -> None:
-    body = json.dumps(error.body()).encode()
+async def send_error(send: Send, error: MlxdError, shape: ErrorShape) -> None:
+    body = json.dumps(shape.body(error)).encode()
     headers: list[tuple[bytes, bytes]] = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),

@@ -80,7 +80,7 @@ class ScriptedEngine:
 
 class Harness:
     def __init__(self, tmp_path: Path, script: list[Any], *, request_timeout_s: float = 30.0,
-                 heartbeat_seconds: float = 5.0, max_concurrency: int = 1) -> None:
+                 heartbeat_seconds: float = 5.0, max_concurrency: int = 1, **server: Any) -> None:
         self.engine = ScriptedEngine("m", script)
 
         async def engines(model_spec, registry):
@@ -88,7 +88,7 @@ class Harness:
 
         registry = Registry(
             source_path=None, file_hash="x", manager=manager(8),
-            server=ServerSpec(request_timeout_s=request_timeout_s),
+            server=ServerSpec(request_timeout_s=request_timeout_s, **server),
             models=(spec("m", 1, aliases=("alias",), max_concurrency=max_concurrency),
                     spec("eyes", 1, kind="vision")),
         )

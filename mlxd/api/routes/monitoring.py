@@ -41,9 +41,14 @@ def _wants_html(request: Request) -> bool:
 def router() -> APIRouter:
     api = APIRouter()
 
-    @api.get("/health")
-    async def health(request: Request) -> JSONResponse:
-        return JSONResponse(health_document(request.app.state.ctx.snapshot()), headers=NO_STORE)
+    @api.api_route("/health", methods=["GET", "HEAD"])
+    async def health(request: Request) -> Response:
+        response = JSONResponse(health_document(request.app.state.ctx.snapshot()), headers=NO_STORE)
+        if request.method == "HEAD":
+            # Load balancers and `curl -I` probe with HEAD: GET's status and
+            # headers (its content-length too), no body.
+            return Response(status_code=response.status_code, headers=dict(response.headers))
+        return response
 
     @api.get("/v1/status")
     async def status(request: Request) -> Response:
