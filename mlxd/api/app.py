@@ -19,6 +19,7 @@ from mlxd.api.anthropic.errors import AnthropicErrors
 from mlxd.api.openai import routes as openai
 from mlxd.api.openai.errors import OpenAIErrors
 from mlxd.api.responses import routes as responses
+from mlxd.api.responses.bodies import FIELDS as RESPONSES_FIELDS
 from mlxd.api.routes import admin, monitoring
 from mlxd.api.guards import RequestGuard
 from mlxd.errors import MlxdError, ShuttingDown
@@ -88,12 +89,16 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
     app = FastAPI(title="mlxd", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.ctx = ctx
     openai_errors = OpenAIErrors()
+    # OpenAI's errors, naming the Responses API's own fields.
+    responses_errors = OpenAIErrors(RESPONSES_FIELDS)
     anthropic_errors = AnthropicErrors()
 
     def shape_for(path: str) -> ErrorShape:
-        # Each surface claims its paths; the Responses API speaks OpenAI's errors.
+        # Each surface claims its paths.
         if path == anthropic.PREFIX or path.startswith(anthropic.PREFIX + "/"):
             return anthropic_errors
+        if path == responses.PATH or path.startswith(responses.PATH + "/"):
+            return responses_errors
         return openai_errors
 
     install_error_handlers(app, shape_for)

@@ -40,6 +40,8 @@ class ToolCall:
     name: str
     # JSON text, as the model wrote it.
     arguments: str
+    # Where the arguments are in the surface's request body.
+    param: str = "messages"
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,11 @@ by the request's path.
 
 from __future__ import annotations
 
+import copy
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
@@ -54,6 +56,33 @@ class ErrorShape(Protocol):
     def http(self, status: int, message: str) -> dict[str, Any]:
         """Routing and server-level failures (no such route, 500)."""
         ...
+
+
+@dataclass(frozen=True)
+class FieldNames:
+    """What a surface calls the fields that the shared request path checks
+    under chat's names (``max_tokens``, ``response_format``, ``messages``):
+    the surface's one mapping, applied where its errors become bodies, so an
+    error names the field its client sent, whichever layer raised it (the
+    plan, the output plan, the grammar compiler)."""
+
+    # chat's name -> the surface's; a param is renamed when it is the name or
+    # starts with it and a ".".
+    names: Mapping[str, str] = field(default_factory=dict)
+
+    def renamed(self, exc: MlxdError) -> MlxdError:
+        """``exc`` with its param, and that field's name in its message, in
+        this surface's terms (``exc`` itself when it names no mapped field)."""
+        param = exc.param or ""
+        found = next((k for k in self.names if param == k or param.startswith(k + ".")), None)
+        if found is None:
+            return exc
+        out = copy.copy(exc)
+        out.param = self.names[found] + param[len(found):]
+        # The field's name as a word of the message, not inside a longer name.
+        out.message = re.sub(rf"(?<![\w.]){re.escape(found)}(?![\w])", self.names[found], exc.message)
+        out.args = (out.message,)
+        return out
 
 
 # The shape for a request path: each surface answers in its own.

@@ -4,6 +4,7 @@ images to read and the request's deadline."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field, fields
@@ -15,7 +16,7 @@ from mlxd.engine.types import GenerationRequest, SamplingParams
 from mlxd.errors import BadRequest, ModelNotFound
 from mlxd.registry.model import FailoverSpec, ModelSpec, SamplingDefaults
 from mlxd.tools.formats import ToolFormat
-from mlxd.tools.plan import check_output, plan_output
+from mlxd.tools.plan import OutputPlan, check_output, plan_output
 
 if TYPE_CHECKING:
     from mlxd.api.context import DaemonContext
@@ -37,6 +38,8 @@ class OutputRequest:
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
+    # Where each of ``tools`` is in the surface's body (None: ``tools[i]``).
+    tool_params: tuple[str, ...] | None = None
 
     def asks_anything(self) -> bool:
         return bool(self.tools) or self.tool_choice is not None or self.response_format is not None
@@ -239,18 +242,33 @@ def check_chat(entry: Entry, name: str, conversation: Conversation, output: Outp
     answer and its token count alike); when a model it may go to takes
     images, the images to read."""
     check_prompt_length(entry, conversation.text_length(), "messages")
+    _check_tool_calls(conversation)
     with_images = any(takes_images(m) for m in entry.models)
     if conversation.has_images() and not with_images:
         raise BadRequest(f"Model `{name}` is a text model and does not accept images", param="messages")
     images = collect_images(conversation, _image_policy(entry)) if with_images else None
     if output.asks_anything():
-        check_output(tools=output.tools, tool_choice=output.tool_choice, response_format=output.response_format)
+        check_output(
+            tools=output.tools, tool_choice=output.tool_choice, response_format=output.response_format,
+            tool_params=output.tool_params,
+        )
         local_vision = all(m.kind == "vision" and not m.is_remote for m in entry.models)
         if local_vision and (output.tools or output.response_format):
             # What the vision engine would refuse, said before any stream opens.
             param = "tools" if output.tools else "response_format"
             raise BadRequest(f"Vision models do not support `{param}` yet.", param=param)
     return images
+
+
+def _check_tool_calls(conversation: Conversation) -> None:
+    """Earlier tool calls' arguments go to the chat template as objects:
+    text that is not JSON is the client's 400, named where it sent it."""
+    for message in conversation.messages:
+        for call in message.tool_calls:
+            try:
+                json.loads(call.arguments)
+            except ValueError:
+                raise BadRequest(f"{call.param} is not valid JSON.", param=call.param) from None
 
 
 def plan_chat(
@@ -285,6 +303,21 @@ def plan_chat(
     )
 
 
+def output_plan(name: str, tool_format: ToolFormat | None, asked: OutputRequest) -> OutputPlan:
+    """What ``asked`` comes to on a model with ``tool_format`` (the tools
+    its template renders, the grammar); a BadRequest when that model cannot
+    give it. An answer and a token count of the same request both ask here."""
+    return plan_output(
+        name,
+        tool_format,
+        tools=asked.tools,
+        tool_choice=asked.tool_choice,
+        parallel_tool_calls=asked.parallel_tool_calls,
+        response_format=asked.response_format,
+        tool_params=asked.tool_params,
+    )
+
+
 def shape_output(plan: Plan, engine: Any) -> None:
     """Tools and structured output, checked against the leased engine's
     tool-call format (known only once the model is loaded): the template's
@@ -308,14 +341,7 @@ def shape_output(plan: Plan, engine: Any) -> None:
             request.response_format = asked.response_format
         plan.tool_format = None
         return
-    shaped = plan_output(
-        plan.requested_name,
-        getattr(engine, "tool_format", None),
-        tools=asked.tools,
-        tool_choice=asked.tool_choice,
-        parallel_tool_calls=asked.parallel_tool_calls,
-        response_format=asked.response_format,
-    )
+    shaped = output_plan(plan.requested_name, getattr(engine, "tool_format", None), asked)
     for request in plan.requests:
         request.tools = shaped.tools
         request.constraint = shaped.constraint

@@ -10,6 +10,7 @@ its field. Pure: no MLX.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,9 +42,13 @@ def plan_output(
     tool_choice: Any = None,
     parallel_tool_calls: bool | None = None,
     response_format: Any = None,
+    tool_params: Sequence[str] | None = None,
 ) -> OutputPlan:
+    """``tool_params``: where each of ``tools`` is in the surface's request
+    body (``tools[i]`` when not given: a surface that leaves tools out
+    numbers the rest as its client did)."""
     constraint = _response_format(response_format)
-    checked = _tools(tools)
+    checked = _tools(tools, tool_params)
     choice = _tool_choice(tool_choice, checked)
     if not checked or choice == "none":
         # "none": the model answers in text; calls in the history still render.
@@ -63,11 +68,14 @@ def plan_output(
     )
 
 
-def check_output(*, tools: Any = None, tool_choice: Any = None, response_format: Any = None) -> None:
+def check_output(
+    *, tools: Any = None, tool_choice: Any = None, response_format: Any = None,
+    tool_params: Sequence[str] | None = None,
+) -> None:
     """What ``plan_output`` checks that does not depend on the model: run
     before the lease, so that a stream can still answer with a 400."""
     constraint = _response_format(response_format)
-    checked = _tools(tools)
+    checked = _tools(tools, tool_params)
     choice = _tool_choice(tool_choice, checked)
     if constraint is not None and checked and choice not in ("none", "auto"):
         raise BadRequest(
@@ -98,24 +106,46 @@ def _response_format(value: Any) -> Constraint | None:
     )
 
 
-def _tools(tools: Any) -> list[dict[str, Any]]:
+def _tools(tools: Any, params: Sequence[str] | None = None) -> list[dict[str, Any]]:
     if tools is None:
         return []
     if not isinstance(tools, list):
         raise BadRequest("tools must be a list.", param="tools")
     checked = []
+    seen: dict[str, str] = {}
     for i, tool in enumerate(tools):
+        where = params[i] if params is not None and i < len(params) else f"tools[{i}]"
         function = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(function, dict):
-            raise BadRequest(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{...}}}}.", param="tools")
+            raise BadRequest(f"{where} must be {{\"type\": \"function\", \"function\": {{...}}}}.", param=where)
         name = function.get("name")
         if not isinstance(name, str) or not name:
-            raise BadRequest(f"tools[{i}].function.name must be a non-empty string.", param="tools")
-        parameters = function.get("parameters")
-        if parameters is not None and not isinstance(parameters, dict):
-            raise BadRequest(f"tools[{i}].function.parameters must be a JSON schema object.", param="tools")
+            raise BadRequest(f"{where}.function.name must be a non-empty string.", param=where)
+        if name in seen:
+            # The model could not say which one it calls, nor the parser.
+            raise BadRequest(
+                f"{where}: the tool name `{name}` is already used by {seen[name]}; tool names must be unique.",
+                param=where,
+            )
+        seen[name] = where
+        if "parameters" in function and not _object_schema(function["parameters"]):
+            raise BadRequest(
+                f"{where}: the tool's parameters must be described by a JSON schema of an object "
+                "(`{\"type\": \"object\", \"properties\": {...}}`).",
+                param=where,
+            )
         checked.append(tool)
     return checked
+
+
+def _object_schema(schema: Any) -> bool:
+    """Whether ``schema`` can describe an object of arguments, by its top level
+    only (compiling it is left to a forced call): a dict whose ``type``, if
+    it says one, is or includes "object"."""
+    if not isinstance(schema, dict):
+        return False
+    kind = schema.get("type", "object")
+    return kind == "object" or (isinstance(kind, list) and "object" in kind)
 
 
 def _tool_choice(value: Any, tools: list[dict[str, Any]]) -> str:

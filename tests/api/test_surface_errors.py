@@ -100,3 +100,188 @@ async def test_head_health_answers_like_get_without_a_body(tmp_path):
     assert get.status == 200 and get.json()["status"]
     assert head.status == 200 and head.text == ""
     assert head.headers["content-type"] == get.headers["content-type"]
+
+
+# --- tools and tool_choice --------------------------------------------------------
+
+
+def schema(**properties: Any) -> dict[str, Any]:
+    return {"type": "object", "properties": {k: {"type": v} for k, v in properties.items()}}
+
+
+def chat_tool(name: str, parameters: Any = None, **extra: Any) -> dict[str, Any]:
+    function = {"name": name, "parameters": parameters if parameters is not None else schema(a="integer"), **extra}
+    return {"type": "function", "function": function}
+
+
+def responses_tool(name: str, **fields: Any) -> dict[str, Any]:
+    return {"type": "function", "name": name, "parameters": schema(a="integer"), **fields}
+
+
+def anthropic_tool(name: str, **fields: Any) -> dict[str, Any]:
+    return {"name": name, "input_schema": schema(a="integer"), **fields}
+
+
+WEB_SEARCH = {"type": "web_search_20250305", "name": "web_search"}
+
+
+async def answer(tmp_path, path: str, body: dict[str, Any], *, tool_format: str | None = "json_tools") -> Call:
+    h = Harness(tmp_path, ["fine", "stop"])
+    h.engine.tool_format = format_named(tool_format) if tool_format else None
+    async with running(h.app):
+        call = await h.post(path, body).done()
+    if call.status != 200:
+        assert h.engine.requests == [], "a refused request never reaches the engine"
+    return call
+
+
+@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "lookup"}])
+async def test_anthropic_refuses_a_tool_choice_that_forces_a_call_without_tools(tmp_path, choice):
+    call = await answer(tmp_path, "/v1/messages", {**MESSAGES, "tool_choice": choice})
+    assert call.status == 400
+    error = anthropic_error(call)
+    assert error["type"] == "invalid_request_error" and "tools" in error["message"]
+
+
+async def test_anthropic_tool_choice_auto_or_none_without_tools_is_plain_text(tmp_path):
+    for choice in ({"type": "auto"}, {"type": "none"}):
+        call = await answer(tmp_path, "/v1/messages", {**MESSAGES, "tool_choice": choice})
+        assert call.status == 200 and call.json()["content"] == [{"type": "text", "text": "fine"}]
+
+
+DUPLICATES = [
+    ("/v1/chat/completions", {"model": "m", "messages": CHAT, "tools": [chat_tool("add"), chat_tool("add")]},
+     "tools[1]"),
+    ("/v1/responses", {"model": "m", "input": "hi",
+                       "tools": [{"type": "web_search"}, responses_tool("add"), responses_tool("add")]}, "tools[2]"),
+    ("/v1/messages", {**MESSAGES, "tools": [WEB_SEARCH, anthropic_tool("add"), anthropic_tool("add")]}, "tools[2]"),
+]
+
+
+def refused_at(call: Call, path: str, where: str) -> str:
+    """The 400's message, its param checked where the surface has one."""
+    assert call.status == 400
+    if path.startswith("/v1/messages"):
+        return anthropic_error(call)["message"]
+    error = openai_error(call)
+    assert error["param"] == where
+    return error["message"]
+
+
+@pytest.mark.parametrize(("path", "body", "where"), DUPLICATES)
+async def test_a_tool_name_given_twice_is_a_400_naming_the_second_entry(tmp_path, path, body, where):
+    message = refused_at(await answer(tmp_path, path, body), path, where)
+    assert where in message and "`add`" in message
+
+
+NOT_OBJECT_SCHEMAS = [
+    ("/v1/chat/completions", {"model": "m", "messages": CHAT,
+                              "tools": [chat_tool("ok"), chat_tool("s", {"type": "string"})]}, "tools[1]"),
+    # OpenAI chat's parameters is an object when given; null is not one.
+    ("/v1/chat/completions", {"model": "m", "messages": CHAT,
+                              "tools": [{"type": "function", "function": {"name": "n", "parameters": None}}]},
+     "tools[0]"),
+    ("/v1/responses", {"model": "m", "input": "hi",
+                       "tools": [{"type": "web_search"}, responses_tool("s", parameters={"type": "array"})]},
+     "tools[1]"),
+    ("/v1/messages", {**MESSAGES, "tools": [anthropic_tool("s", input_schema={"type": "string"})]}, "tools[0]"),
+    # A custom tool's input_schema is required by Anthropic's API.
+    ("/v1/messages", {**MESSAGES, "tools": [WEB_SEARCH, {"name": "bare"}]}, "tools[1]"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "where"), NOT_OBJECT_SCHEMAS)
+async def test_a_tool_schema_that_is_no_object_schema_is_a_400_under_auto_too(tmp_path, path, body, where):
+    message = refused_at(await answer(tmp_path, path, body), path, where)
+    assert where in message and "object" in message
+
+
+@pytest.mark.parametrize("parameters", [None, {}, {"properties": {"a": {"type": "integer"}}},
+                                        {"type": ["object", "null"], "properties": {}}])
+async def test_object_schemas_and_the_responses_null_pass(tmp_path, parameters):
+    body = {"model": "m", "input": "hi", "tools": [responses_tool("f", parameters=parameters)]}
+    call = await answer(tmp_path, "/v1/responses", body)
+    assert call.status == 200, call.text
+
+
+# --- the Responses API's own field names -----------------------------------------------
+
+
+async def test_responses_text_format_must_be_an_object(tmp_path):
+    for text in ({"format": "json"}, {"format": ["json_object"]}):
+        call = await answer(tmp_path, "/v1/responses", {"model": "m", "input": "hi", "text": text})
+        assert call.status == 400
+        assert openai_error(call)["param"] == "text.format"
+    ok = await answer(tmp_path, "/v1/responses", {"model": "m", "input": "hi", "text": {"format": {"type": "text"}}})
+    assert ok.status == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ({"max_output_tokens": 10**15}, "max_output_tokens", "max_output_tokens exceeds server limit"),
+        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": "an object"}}}, "text.format",
+         "text.format.schema"),
+        ({"text": {"format": {"type": "json_object"}}, "tool_choice": "required", "tools": [responses_tool("f")]},
+         "text.format", "text.format cannot be combined"),
+        ({"input": [{"role": "user", "content": "hi"},
+                    {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{not json"}]},
+         "input[1].arguments", "input[1].arguments is not valid JSON"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content[0]",
+         "input[0].content[0].image_url"),
+    ],
+)
+async def test_responses_errors_name_the_responses_fields(tmp_path, body, param, words):
+    call = await answer(tmp_path, "/v1/responses", {"model": "m", "input": "hi", **body})
+    assert call.status == 400
+    error = openai_error(call)
+    assert error["param"] == param
+    assert words in error["message"]
+    assert "max_tokens" not in error["message"] and "response_format" not in error["message"]
+
+
+async def test_chat_names_a_tool_call_whose_arguments_are_not_json_before_the_engine_sees_it(tmp_path):
+    messages = [*CHAT, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+        {"id": "c2", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "1"}]
+    call = await answer(tmp_path, "/v1/chat/completions", {"model": "m", "messages": messages, "stream": True})
+    assert call.status == 400
+    assert openai_error(call)["param"] == "messages[1].tool_calls[1].function.arguments"
+
+
+# --- Anthropic's own field names ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "where", "words"),
+    [
+        ([{"type": "tool_use", "id": "t1", "name": "f", "input": "{not json"}], "messages[1].content[0].input",
+         "tool_use"),
+        ([{"type": "tool_use", "id": "t1", "name": "f", "input": ["a"]}], "messages[1].content[0].input",
+         "tool_use"),
+    ],
+)
+async def test_anthropic_names_a_bad_tool_use_input_by_its_own_fields(tmp_path, content, where, words):
+    messages = [*CHAT, {"role": "assistant", "content": content}]
+    call = await answer(tmp_path, "/v1/messages", {**MESSAGES, "messages": messages})
+    assert call.status == 400
+    message = anthropic_error(call)["message"]
+    assert where in message and words in message and "tool_calls" not in message
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        {"type": "image"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png"}},
+        {"type": "image", "source": {"type": "url"}},
+        {"type": "image", "source": {"type": "file", "file_id": "f1"}},
+    ],
+)
+async def test_anthropic_names_an_image_without_a_source_by_its_own_fields(tmp_path, block):
+    body = {**MESSAGES, "model": "eyes", "messages": [{"role": "user", "content": [block]}]}
+    call = await answer(tmp_path, "/v1/messages", body)
+    assert call.status == 400
+    message = anthropic_error(call)["message"]
+    assert "messages[0].content[0].source" in message and "image_url" not in message

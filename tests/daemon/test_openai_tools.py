@@ -340,9 +340,9 @@ def test_a_constrained_and_a_free_request_share_one_batch(client, daemon):
 # --- errors ---------------------------------------------------------------------
 
 BAD = [
-    ({"tools": [{"type": "function", "function": {"description": "x"}}]}, "tools", "tools[0].function.name"),
-    ({"tools": [{"type": "retrieval"}]}, "tools", "tools[0]"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}, "tools", "parameters"),
+    ({"tools": [{"type": "function", "function": {"description": "x"}}]}, "tools[0]", "tools[0].function.name"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0]", "tools[0]"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}, "tools[0]", "parameters"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "nope"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "tool_choice must be"),
     ({"tool_choice": "required"}, "tool_choice", "needs `tools`"),

@@ -63,11 +63,16 @@ def test_strict_closes_the_schema_where_it_says_nothing_about_other_keys():
     ("fields", "param", "words"),
     [
         ({"tools": TOOLS, "fmt": None}, "tools", "tool_parser"),  # a model without a format
-        ({"tools": [{"type": "retrieval"}]}, "tools", "tools[0]"),
-        ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools", "name"),
+        ({"tools": [{"type": "retrieval"}]}, "tools[0]", "tools[0]"),
+        ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools[0]", "name"),
         ({"tools": TOOLS, "tool_choice": "always"}, "tool_choice", "tool_choice must be"),
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "sub"}}}, "tool_choice", "sub"),
         ({"tool_choice": "required"}, "tool_choice", "needs `tools`"),
+        ({"tools": [*TOOLS, *TOOLS]}, "tools[1]", "`add` is already used by tools[0]"),
+        ({"tools": [{"type": "function", "function": {"name": "s", "parameters": {"type": "string"}}}]}, "tools[0]",
+         "object"),
+        # A surface that leaves some tools out names the rest where its client put them.
+        ({"tools": [*TOOLS, *TOOLS], "tool_params": ("tools[2]", "tools[5]")}, "tools[5]", "used by tools[2]"),
         ({"response_format": {"type": "xml"}}, "response_format", "json_schema"),
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format", "schema"),
     ],

@@ -60,25 +60,32 @@ class _Base(BaseModel):
         return Conversation(tuple(messages))
 
     def output(self) -> OutputRequest:
-        tools = [t for t in self.tools or () if t.input_schema is not None or t.type in (None, "custom")]
+        # Server tools (a ``type`` of their own, no schema) are left out.
+        tools = [
+            (i, t) for i, t in enumerate(self.tools or ()) if t.type in (None, "custom") or t.input_schema is not None
+        ]
+        choice, parallel = _tool_choice(self.tool_choice)
         if not tools:
+            if choice == "required":
+                raise BadRequest("tool_choice `any` needs `tools`.", param="tool_choice")
+            if isinstance(choice, dict):
+                # Refused by the shared check: the tool it names is not there.
+                return OutputRequest(tool_choice=choice)
             # tool_choice "none" or nothing to call: the answer is text.
             return OutputRequest()
-        choice, parallel = _tool_choice(self.tool_choice)
         return OutputRequest(
             tools=[
                 {
                     "type": "function",
-                    "function": {
-                        "name": t.name,
-                        "description": t.description or "",
-                        "parameters": t.input_schema or {"type": "object", "properties": {}},
-                    },
+                    # A custom tool's input_schema is required: a missing one
+                    # is the shared check's 400, as a schema that is no object.
+                    "function": {"name": t.name, "description": t.description or "", "parameters": t.input_schema},
                 }
-                for t in tools
+                for _, t in tools
             ],
             tool_choice=choice,
             parallel_tool_calls=parallel,
+            tool_params=tuple(f"tools[{i}]" for i, _ in tools),
         )
 
 
@@ -139,13 +146,18 @@ def _tool_choice(value: dict[str, Any] | None) -> tuple[Any, bool | None]:
 
 
 def _image(block: dict[str, Any], param: str) -> ImagePart:
-    source = block.get("source") if isinstance(block.get("source"), dict) else {}
-    if source.get("type") == "base64":
-        media = source.get("media_type") or "image/png"
-        data = source.get("data")
-        return ImagePart(url=f"data:{media};base64,{data}" if isinstance(data, str) else None, param=param)
-    url = source.get("url")
-    return ImagePart(url=url if isinstance(url, str) else None, param=param)
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    value = source.get("data" if kind == "base64" else "url") if isinstance(source, dict) else None
+    if kind not in ("base64", "url") or not isinstance(value, str) or not value.strip():
+        raise BadRequest(
+            f"{param}.source: an image block needs a source of type `base64` (with `media_type` and `data`) "
+            "or `url` (with `url`).",
+            param=f"{param}.source",
+        )
+    if kind == "base64":
+        return ImagePart(url=f"data:{source.get('media_type') or 'image/png'};base64,{value}", param=param)
+    return ImagePart(url=value, param=param)
 
 
 def _result_text(content: Any) -> str:
@@ -177,11 +189,16 @@ def _messages(message: AnthropicMessage, param: str) -> list[Message]:
             parts.append(_image(block, where))
         elif kind == "tool_use":
             arguments = block.get("input", {})
+            if not isinstance(arguments, dict):
+                raise BadRequest(
+                    f"{where}.input: a tool_use block's input must be a JSON object.", param=f"{where}.input"
+                )
             calls.append(
                 ToolCall(
                     id=str(block.get("id", "")),
                     name=str(block.get("name", "")),
-                    arguments=arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False),
+                    arguments=json.dumps(arguments, ensure_ascii=False),
+                    param=f"{where}.input",
                 )
             )
         elif kind == "tool_result":

@@ -151,7 +151,9 @@ class ChatMessage(BaseModel):
         else:
             content = self.content if self.content is not None else ""
         calls = tuple(
-            ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments) for c in self.tool_calls or ()
+            ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments,
+                     param=f"messages[{index}].tool_calls[{k}].function.arguments")
+            for k, c in enumerate(self.tool_calls or ())
         )
         return Message(role=role, content=content, tool_calls=calls, tool_call_id=self.tool_call_id, name=self.name)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxd.api.errors import Invalid
+from mlxd.api.errors import FieldNames, Invalid
 from mlxd.errors import MlxdError
 
 INTERNAL = {"error": {"message": "Internal error during generation", "type": "server_error",
@@ -26,10 +26,14 @@ INVALID_CODES = {"missing": "missing_required_parameter", "type": "invalid_type"
 
 class OpenAIErrors:
     """The OpenAI surface's ErrorShape (mlxd.api.errors), for chat,
-    completions and the Responses API alike."""
+    completions and the Responses API alike; ``fields`` is how the path's API
+    names the shared fields (the Responses API's ``max_output_tokens``)."""
+
+    def __init__(self, fields: FieldNames | None = None) -> None:
+        self.fields = fields or FieldNames()
 
     def body(self, exc: BaseException) -> dict[str, Any]:
-        return error_body(exc)
+        return error_body(self.fields.renamed(exc) if isinstance(exc, MlxdError) else exc)
 
     def invalid(self, problem: Invalid) -> dict[str, Any]:
         return {"error": {"message": problem.message, "type": "invalid_request_error", "param": problem.param,

@@ -15,7 +15,7 @@ from mlxd.api.conversation import Message, ToolCall
 from mlxd.api.events import Finish, OutputEvent, TextDelta, ToolCallDelta, Usage
 from mlxd.api.generation import Answer
 from mlxd.api.plan import Plan
-from mlxd.api.responses.bodies import ResponsesRequest
+from mlxd.api.responses.bodies import FIELDS, ResponsesRequest
 from mlxd.api.responses.store import ResponseStore
 from mlxd.errors import MlxdError
 
@@ -216,6 +216,7 @@ class ResponsesFrames:
     def error(self, exc: BaseException) -> str:
         self._open = None
         self.outcome.status = "failed"
+        exc = FIELDS.renamed(exc) if isinstance(exc, MlxdError) else exc
         code = exc.code if isinstance(exc, MlxdError) else "server_error"
         message = exc.message if isinstance(exc, MlxdError) else "Internal error during generation"
         self.outcome.error = {"code": code, "message": message}

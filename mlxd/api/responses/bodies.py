@@ -9,15 +9,23 @@
 from __future__ import annotations
 
 import json
+from types import MappingProxyType
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mlxd.api.errors import FieldNames
 from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
 from mlxd.api.plan import OutputRequest, Requested
 from mlxd.errors import BadRequest
 from mlxd.registry.model import SamplingDefaults
 
+# What this API calls the fields the shared path checks under chat's names.
+FIELDS = FieldNames(MappingProxyType({
+    "max_tokens": "max_output_tokens",
+    "response_format": "text.format",
+    "messages": "input",
+}))
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
@@ -44,9 +52,10 @@ class ResponsesRequest(BaseModel):
     # Total seconds for this request, queueing and loading included.
     timeout: float | None = Field(default=None, gt=0)
 
-    def function_tools(self) -> list[dict[str, Any]]:
-        """The function tools in chat's shape; built-in tool types are left out."""
-        out = []
+    def function_tools(self) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
+        """The function tools in chat's shape (built-in tool types are left
+        out), and where each is in ``tools``."""
+        out, where = [], []
         for i, tool in enumerate(self.tools or ()):
             if tool.get("type") != "function":
                 continue
@@ -54,17 +63,21 @@ class ResponsesRequest(BaseModel):
             if not isinstance(name, str) or not name:
                 raise BadRequest(f"tools[{i}].name must be a non-empty string", param="tools")
             function: dict[str, Any] = {"name": name, "description": tool.get("description") or ""}
-            function["parameters"] = tool.get("parameters") or {"type": "object", "properties": {}}
+            # The Responses API's parameters may be null: no arguments.
+            parameters = tool.get("parameters")
+            function["parameters"] = {"type": "object", "properties": {}} if parameters is None else parameters
             out.append({"type": "function", "function": function})
-        return out
+            where.append(f"tools[{i}]")
+        return out, tuple(where)
 
     def output(self) -> OutputRequest:
-        tools = self.function_tools()
+        tools, where = self.function_tools()
         return OutputRequest(
             tools=tools or None,
             tool_choice=_tool_choice(self.tool_choice) if tools or self.tool_choice == "required" else None,
             parallel_tool_calls=self.parallel_tool_calls,
             response_format=_format(self.text),
+            tool_params=where,
         )
 
     def requested(self) -> Requested:
@@ -104,9 +117,19 @@ def _tool_choice(value: str | dict[str, Any] | None) -> Any:
 
 def _format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     fmt = (text or {}).get("format")
-    if not isinstance(fmt, dict) or fmt.get("type") in (None, "text"):
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict):
+        raise BadRequest(
+            'text.format must be an object: {"type": "text"}, {"type": "json_object"} or '
+            '{"type": "json_schema", "name": ..., "schema": {...}}',
+            param="text.format",
+        )
+    if fmt.get("type") in (None, "text"):
         return None
     if fmt.get("type") == "json_schema":
+        if not isinstance(fmt.get("schema"), dict):
+            raise BadRequest("text.format.schema must be a JSON schema object", param="text.format")
         return {"type": "json_schema", "json_schema": {"name": fmt.get("name"), "schema": fmt.get("schema")}}
     if fmt.get("type") == "json_object":
         return {"type": "json_object"}
@@ -125,7 +148,10 @@ def _content(content: Any, param: str) -> str | tuple[Part, ...]:
             parts.append(TextPart(str(part.get("text", ""))))
         elif kind == "input_image":
             url = part.get("image_url")
-            parts.append(ImagePart(url=url if isinstance(url, str) else None, param=f"{param}.content[{j}]"))
+            where = f"{param}.content[{j}]"
+            if not isinstance(url, str) or not url.strip():
+                raise BadRequest(f"{where}.image_url must be the image's URL (a data: URL or a link).", param=where)
+            parts.append(ImagePart(url=url, param=where))
         # input_file, refusal, ...: left out.
     return tuple(parts)
 
@@ -143,6 +169,7 @@ def _add_item(messages: list[Message], item: dict[str, Any], param: str) -> None
             id=str(item.get("call_id") or item.get("id") or ""),
             name=str(item.get("name", "")),
             arguments=arguments if isinstance(arguments, str) else json.dumps(arguments),
+            param=f"{param}.arguments",
         )
         last = messages[-1] if messages else None
         # Calls made in one turn belong to that turn's assistant message.

@@ -12,11 +12,13 @@ from mlxd.api.responses.answers import ResponsesFrames, complete_response
 from mlxd.api.responses.bodies import ResponsesRequest
 from mlxd.errors import BadRequest
 
+PATH = "/v1/responses"
+
 
 def router() -> APIRouter:
     api = APIRouter()
 
-    @api.post("/v1/responses")
+    @api.post(PATH)
     async def responses(body: ResponsesRequest, request: Request) -> Response:
         ctx: DaemonContext = request.app.state.ctx
         earlier: tuple = ()
