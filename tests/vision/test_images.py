@@ -66,6 +66,31 @@ def test_bad_base64_names_the_message_and_part():
     assert "base64" in err.message
 
 
+def padded_png() -> tuple[bytes, str]:
+    """A PNG whose base64 ends in padding, and that base64."""
+    raw = next(r for r in (encoded(noise_image(size=(9, 9 + i))) for i in range(6)) if len(r) % 3)
+    return raw, base64.b64encode(raw).decode()
+
+
+def test_base64_without_its_padding_is_the_same_image():
+    _, text = padded_png()
+    assert text.endswith("=")
+    [whole] = load(image_chat(f"data:image/png;base64,{text}"), policy())
+    [unpadded] = load(image_chat(f"data:image/png;base64,{text.rstrip('=')}"), policy())
+    assert unpadded.size == whole.size and unpadded.tobytes() == whole.tobytes()
+
+
+@pytest.mark.parametrize("mangle", [
+    lambda text: text + "*",  # not a base64 character
+    lambda text: text + "A" * ((1 - len(text)) % 4),  # a length no padding makes whole
+    lambda text: text[:4] + "=" + text[4:],  # padding inside the data
+])
+def test_base64_that_no_padding_mends_is_still_refused(mangle):
+    _, text = padded_png()
+    err = rejected(image_chat(f"data:image/png;base64,{mangle(text.rstrip('='))}"), policy())
+    assert "not valid base64" in err.message
+
+
 def test_bytes_that_are_not_an_image_are_rejected():
     url = "data:image/png;base64," + base64.b64encode(b"just some text, no pixels").decode()
     err = rejected(image_chat(url), policy())
