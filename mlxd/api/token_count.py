@@ -22,6 +22,8 @@ from mlxd.engine.prompt import chat_tokens
 from mlxd.engine.vision_inputs import load_vision_processor, prepare_vision_inputs
 from mlxd.errors import ModelLoadFailed
 from mlxd.registry.model import ModelSpec
+from mlxd.tools import formats as tool_formats
+from mlxd.tools.formats import ToolFormat
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,13 @@ class TokenCounter:
             )
             return prepare_vision_inputs(vision.processor, vision.config, messages=messages, images=images).n_tokens
         return len(chat_tokens(self._tokenizer(spec), messages, tools))
+
+    async def tool_format(self, spec: ModelSpec) -> ToolFormat | None:
+        """The tool-call format the text model ``spec`` has once loaded, read
+        from its tokenizer (a vision model takes no tools)."""
+        if spec.kind == "vision":
+            return None
+        return await asyncio.to_thread(lambda: tool_formats.resolve(self._tokenizer(spec), spec.tool_parser))
 
     async def count(
         self,

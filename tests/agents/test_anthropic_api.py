@@ -262,6 +262,21 @@ def test_count_tokens_uses_the_template_and_tools_without_touching_the_model(cli
     assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens == with_tools
 
 
+def test_count_tokens_refuses_tools_on_a_model_without_a_tool_call_format_as_messages_does(client):
+    # The plain tiny model's template names no tool-call format.
+    with pytest.raises(anthropic.BadRequestError) as counted:
+        client.messages.count_tokens(model="qwen", tools=TOOLS, messages=USER)
+    with pytest.raises(anthropic.BadRequestError) as answered:
+        client.messages.create(model="qwen", max_tokens=1, tools=TOOLS, messages=USER)
+    assert counted.value.body == answered.value.body
+    assert counted.value.body["error"]["type"] == "invalid_request_error"
+    assert "tool_parser" in counted.value.body["error"]["message"]
+    # With tool_choice none the answer's prompt has no tools: nothing to refuse, nothing counted for them.
+    none = {"type": "none"}
+    assert (client.messages.count_tokens(model="counted", tools=TOOLS, tool_choice=none, messages=USER).input_tokens
+            == client.messages.count_tokens(model="counted", messages=USER).input_tokens)
+
+
 def test_count_tokens_counts_an_image_as_the_vision_model_sees_it(client, daemon):
     import base64
 
@@ -298,6 +313,22 @@ def test_count_tokens_on_a_remote_entry_is_a_clear_400(tmp_path):
         with pytest.raises(anthropic.BadRequestError) as caught:
             far.messages.count_tokens(model="far-model", messages=USER)
     assert "backend `far`" in caught.value.body["error"]["message"]
+
+
+def test_a_base64_image_source_without_its_padding_is_accepted(client):
+    import base64
+
+    raw = next(r for r in (encoded(noise_image(size=(32, 32 + i))) for i in range(6)) if len(r) % 3)
+    data = base64.b64encode(raw).decode()
+
+    def counted(text):
+        return client.messages.count_tokens(model="eyes-counted", messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": text}},
+            {"type": "text", "text": "Describe the picture"},
+        ]}]).input_tokens
+
+    assert data.endswith("=")
+    assert counted(data.rstrip("=")) == counted(data)
 
 
 def test_count_tokens_does_not_refresh_the_idle_clock(client, daemon):

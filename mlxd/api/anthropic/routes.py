@@ -14,7 +14,7 @@ from mlxd.api.anthropic.answers import AnthropicFrames, message
 from mlxd.api.anthropic.bodies import CountTokensRequest, MessagesRequest
 from mlxd.api.context import DaemonContext
 from mlxd.api.generation import respond
-from mlxd.api.plan import Entry, check_chat, plan_chat, resolve_entry
+from mlxd.api.plan import Entry, check_chat, output_plan, plan_chat, resolve_entry
 from mlxd.errors import BadRequest
 from mlxd.registry.model import ModelSpec
 
@@ -64,7 +64,11 @@ def router() -> APIRouter:
         if pending is not None and pending.sources:
             await pending.read()
             images = await pending.decode(ctx.image_memory)
-        count = await ctx.token_counter.count(spec, conversation.template_messages(), output.tools, images)
+        # The tools as the answer's prompt would have them (none for tool_choice
+        # `none`), refused as the answer would be on a model with no tool-call format.
+        tool_format = await ctx.token_counter.tool_format(spec) if output.tools else None
+        tools = output_plan(body.model, tool_format, output).tools
+        count = await ctx.token_counter.count(spec, conversation.template_messages(), tools, images)
         return {"input_tokens": count}
 
     return api
