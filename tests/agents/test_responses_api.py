@@ -102,6 +102,19 @@ def test_json_schema_text_format(client):
     jsonschema.validate(json.loads(response.output_text), ANSWER)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_text_format_schema_that_does_not_compile_names_text_format(client, stream):
+    # Compiled by the model's grammar compiler once it is leased, still before the stream's 200.
+    gone = {"type": "object", "properties": {"x": {"$ref": "#/$defs/gone"}}}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(
+            model="qwen", input="x", max_output_tokens=4, store=False, stream=stream,
+            text={"format": {"type": "json_schema", "name": "s", "schema": gone}},
+        )
+    assert caught.value.body["param"] == "text.format"
+    assert "/$defs/gone" in caught.value.body["message"]
+
+
 def test_previous_response_id_continues_a_stored_response(client):
     first = client.responses.create(model="qwen", input=PROMPT, max_output_tokens=5)
     second = client.responses.create(model="qwen", input="And then?", max_output_tokens=3, previous_response_id=first.id)
