@@ -40,6 +40,18 @@ def events_of(stream: str) -> list[tuple[str | None, str]]:
 PLAN = SimpleNamespace(id="chatcmpl-1", created=1, requested_name="m", requests=[None])
 
 
+def texts_around_a_call(frames) -> list[tuple[str | None, str]]:
+    """Every text, then a tool call (which opens a block or item of its own),
+    then every text again (which opens a third)."""
+    seen = []
+    for text in TEXTS:
+        seen += events_of(frames.event(TextDelta(0, text)))
+    seen += events_of(frames.event(ToolCallDelta(0, 0, "t1", "f", '{"a":1}')))
+    for text in TEXTS:
+        seen += events_of(frames.event(TextDelta(0, text)))
+    return seen
+
+
 @pytest.mark.parametrize("chat", [True, False])
 def test_openai_text_frames_are_what_the_encoder_writes(chat):
     frames = OpenAIFrames(PLAN, chat=chat, include_usage=False)
@@ -53,14 +65,7 @@ def test_openai_text_frames_are_what_the_encoder_writes(chat):
 
 
 def test_anthropic_text_frames_are_what_the_encoder_writes_in_each_block():
-    frames = AnthropicFrames(PLAN)
-    seen = []
-    for text in TEXTS:
-        seen += events_of(frames.event(TextDelta(0, text)))
-    # A tool call in between opens a block; the next text opens a third one.
-    seen += events_of(frames.event(ToolCallDelta(0, 0, "t1", "f", '{"a":1}')))
-    for text in TEXTS:
-        seen += events_of(frames.event(TextDelta(0, text)))
+    seen = texts_around_a_call(AnthropicFrames(PLAN))
     deltas = [canonical(d) for name, d in seen if name == "content_block_delta"]
     texts = [d["delta"]["text"] for d in deltas if d["delta"]["type"] == "text_delta"]
     assert texts == TEXTS + TEXTS
@@ -69,13 +74,7 @@ def test_anthropic_text_frames_are_what_the_encoder_writes_in_each_block():
 
 
 def test_responses_text_frames_are_what_the_encoder_writes_with_running_sequence_numbers():
-    frames = ResponsesFrames(PLAN, SimpleNamespace(), SimpleNamespace(), ())
-    seen = []
-    for text in TEXTS:
-        seen += events_of(frames.event(TextDelta(0, text)))
-    seen += events_of(frames.event(ToolCallDelta(0, 0, "c1", "f", "{}")))
-    for text in TEXTS:
-        seen += events_of(frames.event(TextDelta(0, text)))
+    seen = texts_around_a_call(ResponsesFrames(PLAN, SimpleNamespace(), SimpleNamespace(), ()))
     data = [canonical(d) for _, d in seen]
     assert [d["sequence_number"] for d in data] == list(range(len(data)))
     deltas = [d for d in data if d["type"] == "response.output_text.delta"]
