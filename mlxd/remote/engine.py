@@ -166,10 +166,10 @@ class RemoteEngine:
                         ended = True
                         first = reader.close()
                         break
-                    seen += len(data)
-                    if seen > MAX_EVENT_BYTES:
-                        raise broken(spec.name, f"sent {MAX_EVENT_BYTES // (1024 * 1024)} MiB without an event")
                     first = await _fed(reader, data)
+                    seen += len(data)
+                    if not reader.events and seen > MAX_EVENT_BYTES:  # lines that are no events
+                        raise broken(spec.name, f"sent {MAX_EVENT_BYTES // (1024 * 1024)} MiB without an event")
         except TimeoutError:
             raise BackendTimeout(f"{where} sent no output within {spec.first_byte_timeout_s:g} s") from None
         except aiohttp.ClientError as exc:
@@ -304,7 +304,7 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return "timed out connecting"
     if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return "the connection was closed mid-answer"
+        return "the connection was closed"
     if isinstance(exc, aiohttp.ClientPayloadError):
         text = str(exc)
         if "not completed" in text:

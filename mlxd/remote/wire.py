@@ -428,8 +428,9 @@ def upstream_error(backend: str, status: int, body: bytes, retry_after: str | No
         )
     # A server error's own words (a path, a device) are the operator's to
     # read in the log, not the client's.
+    said = message or clip(body[:200].decode("utf-8", "replace").strip(), 200)
     return BackendFailed(f"Backend `{backend}` failed ({status})", retry_after=retry or RETRY_BROKEN_S,
-                         detail=message or None)
+                         detail=said or None)
 
 
 def redirected(backend: str, status: int) -> BackendFailed:
