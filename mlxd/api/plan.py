@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlxd.api.conversation import Conversation
 from mlxd.api.images import ImagePolicy, PendingImages, collect_images
+from mlxd.engine.sampling import check_bias_ids
 from mlxd.engine.types import GenerationRequest, SamplingParams
 from mlxd.errors import BadRequest, ModelNotFound
 from mlxd.registry.model import FailoverSpec, ModelSpec, SamplingDefaults
@@ -56,6 +57,9 @@ class Requested:
     timeout: float | None = None
     ignore_eos: bool = False
     output: OutputRequest = field(default_factory=OutputRequest)
+    # OpenAI's logit_bias, its keys as token ids (checked against the
+    # leased model's vocabulary by ``shape_output``).
+    logit_bias: dict[int, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -268,6 +272,7 @@ def plan_chat(
         stop=list(asked.stop),
         messages=conversation.template_messages(),
         ignore_eos=asked.ignore_eos,
+        logit_bias=asked.logit_bias,
     )
     return Plan(
         kind=kind,
@@ -293,7 +298,12 @@ def shape_output(plan: Plan, engine: Any) -> None:
 
     A forced call is the grammar's whole answer: a stop string meant for
     prose (``"``, ``}``, a newline) would cut it inside its JSON, so stop
-    strings do not apply to it, on every surface."""
+    strings do not apply to it, on every surface.
+
+    A ``logit_bias`` is checked here against the engine's vocabulary too
+    (the engine checks it again), so that a stream's bad id is a 400 before
+    its 200; a remote engine's backend checks its own."""
+    _check_bias(plan, engine)
     if not plan.output.asks_anything():
         return
     asked = plan.output
@@ -324,6 +334,13 @@ def shape_output(plan: Plan, engine: Any) -> None:
     plan.tool_format = shaped.tool_format
 
 
+def _check_bias(plan: Plan, engine: Any) -> None:
+    vocab_size = getattr(engine, "vocab_size", None)
+    for request in plan.requests:
+        if request.logit_bias and isinstance(vocab_size, int):
+            check_bias_ids(request.logit_bias, vocab_size)
+
+
 def plan_prompts(
     ctx: DaemonContext, asked: Requested, prompts: list[str], *, kind: str = "completion", id_prefix: str = "cmpl-"
 ) -> Plan:
@@ -343,7 +360,7 @@ def plan_prompts(
     requests = [
         GenerationRequest(
             request_id=f"{plan_id}-{i}", max_tokens=max_tokens, sampling=sampling, sampling_set=given,
-            stop=list(asked.stop), prompt=prompt, ignore_eos=asked.ignore_eos,
+            stop=list(asked.stop), prompt=prompt, ignore_eos=asked.ignore_eos, logit_bias=asked.logit_bias,
         )
         for i, prompt in enumerate(prompts)
     ]

@@ -7,6 +7,7 @@ the answer and that mlxd cannot honour is refused with a clear 400 by
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -22,6 +23,9 @@ from mlxd.registry.model import SamplingDefaults
 # {"type": "input_image", "image_url": "..."} (the Responses API's shape).
 IMAGE_PART_TYPES = ("image_url", "input_image")
 PART_TYPES = ("text", *IMAGE_PART_TYPES)
+# A logit_bias key: a token id, as OpenAI's JSON object keys carry it
+# (negative ones parse, to be refused as outside the vocabulary).
+_TOKEN_ID = re.compile(r"-?[0-9]+")
 
 
 class StreamOptions(BaseModel):
@@ -53,7 +57,30 @@ class _Common(BaseModel):
     timeout: float | None = Field(default=None, gt=0)
     # vLLM's extension: decode to max_tokens even past the end token.
     ignore_eos: bool = False
+    # Token id (an integer, as a string) -> a bias in [-100, 100] added to
+    # that token's logit at every step; ids are checked against the model's
+    # vocabulary once it is leased.
+    logit_bias: dict[str, Any] | None = None
     user: str | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _biases(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        seen: set[int] = set()
+        for key, bias in (value or {}).items():
+            if not _TOKEN_ID.fullmatch(key):
+                raise ValueError(f"keys must be token ids (integers, as strings), not {key!r}")
+            if int(key) in seen:
+                raise ValueError(f"token id {int(key)} is given twice")
+            seen.add(int(key))
+            if isinstance(bias, bool) or not isinstance(bias, int | float) or not -100 <= bias <= 100:
+                raise ValueError(f"the bias of token {key} must be a number from -100 to 100, not {bias!r}")
+        return value
+
+    def token_bias(self) -> dict[int, float] | None:
+        if not self.logit_bias:
+            return None
+        return {int(key): float(bias) for key, bias in self.logit_bias.items()}
 
     @field_validator("stop")
     @classmethod
@@ -106,6 +133,7 @@ class _Common(BaseModel):
             timeout=self.timeout,
             ignore_eos=self.ignore_eos,
             output=self.output(),
+            logit_bias=self.token_bias(),
         )
 
     def output(self) -> OutputRequest:
