@@ -247,14 +247,20 @@ def check_chat(entry: Entry, name: str, conversation: Conversation, output: Outp
     if conversation.has_images() and not with_images:
         raise BadRequest(f"Model `{name}` is a text model and does not accept images", param="messages")
     images = collect_images(conversation, _image_policy(entry)) if with_images else None
-    if output.asks_anything():
-        check_output(tools=output.tools, tool_choice=output.tool_choice, response_format=output.response_format)
-        local_vision = all(m.kind == "vision" and not m.is_remote for m in entry.models)
-        if local_vision and (output.tools or output.response_format):
-            # What the vision engine would refuse, said before any stream opens.
-            param = "tools" if output.tools else "response_format"
-            raise BadRequest(f"Vision models do not support `{param}` yet.", param=param)
+    _check_output(entry, output)
     return images
+
+
+def _check_output(entry: Entry, output: OutputRequest) -> None:
+    """The answer's shape, as far as it can be checked before the lease."""
+    if not output.asks_anything():
+        return
+    check_output(tools=output.tools, tool_choice=output.tool_choice, response_format=output.response_format)
+    local_vision = all(m.kind == "vision" and not m.is_remote for m in entry.models)
+    if local_vision and (output.tools or output.response_format):
+        # What the vision engine would refuse, said before any stream opens.
+        param = "tools" if output.tools else "response_format"
+        raise BadRequest(f"Vision models do not support `{param}` yet.", param=param)
 
 
 def plan_chat(
@@ -352,6 +358,9 @@ def plan_prompts(
     entry = resolve_entry(ctx, asked.model)
     for i, prompt in enumerate(prompts):
         check_prompt_length(entry, len(prompt), "prompt" if len(prompts) == 1 else f"prompt[{i}]")
+    # Only response_format reaches here (a raw prompt has no template for tools):
+    # its grammar constrains the text after the prompt as it does a chat answer.
+    _check_output(entry, asked.output)
     defaults = merged_defaults(entry.spec, entry.failover)
     max_tokens = resolve_max_tokens(ctx, asked, defaults)
     sampling = resolve_sampling(asked.sampling, defaults)
@@ -372,6 +381,7 @@ def plan_prompts(
         stream=asked.stream,
         timeout=_timeout(ctx, asked),
         id=plan_id,
+        output=asked.output,
         failover=entry.failover,
         asked=asked.sampling,
         default_max_tokens=ctx.settings.server.default_max_tokens,

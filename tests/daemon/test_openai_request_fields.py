@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import jsonschema
 import openai
 import pytest
 from support.daemon import daemon_in_thread, write_registry
@@ -86,3 +87,59 @@ def test_a_bad_logit_bias_is_a_400_naming_it(daemon, path, bias, stream):
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert (error["type"], error["param"]) == ("invalid_request_error", "logit_bias")
+
+
+def test_completions_honour_response_format(client):
+    schema = client.completions.create(
+        model="qwen", prompt=PROMPT, max_tokens=20, temperature=0,
+        extra_body={"response_format": {"type": "json_schema", "json_schema": {"name": "k", "schema": KIND}}},
+    )
+    assert schema.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(schema.choices[0].text), KIND)
+    plain = client.completions.create(model="qwen", prompt=PROMPT, max_tokens=20, temperature=0)
+    assert not plain.choices[0].text.startswith("{")
+    # A biased, constrained, streamed completion: the grammar still holds.
+    chunks = client.completions.create(
+        model="qwen", prompt=PROMPT, max_tokens=20, temperature=0, stream=True, logit_bias={THE: 100},
+        extra_body={"response_format": {"type": "json_schema", "json_schema": {"name": "k", "schema": KIND}}},
+    )
+    jsonschema.validate(json.loads("".join(c.choices[0].text for c in chunks if c.choices)), KIND)
+
+
+def test_completions_json_object_opens_an_object_where_the_model_would_not(client):
+    # A random model writes one string key until max_tokens; what matters is
+    # that the grammar started an object with a key.
+    reply = client.completions.create(
+        model="qwen", prompt=PROMPT, max_tokens=30, temperature=0, extra_body={"response_format": {"type": "json_object"}}
+    )
+    assert reply.choices[0].text.startswith('{"')
+
+
+REFUSED = [
+    ("/v1/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ("/v1/completions", {"tool_choice": "auto"}, "tool_choice"),
+    ("/v1/completions", {"parallel_tool_calls": False}, "parallel_tool_calls"),
+    ("/v1/completions", {"logprobs": 0}, "logprobs"),
+    ("/v1/completions", {"response_format": {"type": "xml"}}, "response_format"),
+    ("/v1/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+    ("/v1/chat/completions", {"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+    ("/v1/chat/completions", {"function_call": "auto"}, "function_call"),
+    ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
+    ("/v1/chat/completions", {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    ("/v1/chat/completions", {"web_search_options": {}}, "web_search_options"),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path,extra,param", REFUSED, ids=[f"{p[4:]}-{x}" for p, _, x in REFUSED])
+def test_a_field_mlxd_cannot_honour_is_a_400_naming_it(daemon, path, extra, param, stream):
+    body = {"model": "qwen", "max_tokens": 2, "stream": stream, **extra}
+    body.update({"messages": CHAT} if "chat" in path else {"prompt": PROMPT})
+    response = httpx.post(f"{daemon.url}{path}", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_text_only_modalities_are_what_mlxd_answers_anyway(client):
+    reply = client.chat.completions.create(model="qwen", messages=CHAT, max_tokens=2, modalities=["text"])
+    assert reply.choices[0].message.content is not None
