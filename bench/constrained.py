@@ -97,6 +97,8 @@ async def timed(engine: Any, req: Any) -> tuple[float, float, int]:
     first = last = 0.0
     tokens = 0
     async for chunk in engine.generate(req):
+        if not chunk.completion_tokens:
+            continue  # the acceptance, before the prefill
         now = time.perf_counter()
         first = first or now
         last, tokens = now, chunk.completion_tokens

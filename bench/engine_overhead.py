@@ -70,7 +70,8 @@ async def run_engine(engine: Any, max_tokens: int) -> Run:
     seen: list[tuple[float, int, str]] = []
     started = time.perf_counter()
     async for chunk in engine.generate(request):
-        seen.append((time.perf_counter(), chunk.completion_tokens, chunk.text))
+        if chunk.completion_tokens:  # not the acceptance, which comes before the prefill
+            seen.append((time.perf_counter(), chunk.completion_tokens, chunk.text))
     return measure(seen, started)
 
 

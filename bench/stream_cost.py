@@ -71,6 +71,8 @@ async def stream_once(app: Any, path: str, body: dict[str, Any]) -> int:
 
     async def send(message: dict[str, Any]) -> None:
         nonlocal writes
+        if message["type"] == "http.response.start" and message["status"] != 200:
+            raise SystemExit(f"{path} answered {message['status']}")
         if message["type"] == "http.response.body":
             writes += 1
             if not message.get("more_body", False):
@@ -120,6 +122,8 @@ async def bench(tokens: int, step_s: float, repeats: int) -> dict[str, Any]:
         kinds = {
             "completions": ("/v1/completions", {"prompt": "x"}),
             "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
+            "messages": ("/v1/messages", {"messages": [{"role": "user", "content": "x"}]}),
+            "responses": ("/v1/responses", {"input": "x", "max_output_tokens": tokens + 1}),
         }
         costs: dict[str, list[float]] = {k: [] for k in kinds}
         writes: dict[str, int] = {}
@@ -129,6 +133,8 @@ async def bench(tokens: int, step_s: float, repeats: int) -> dict[str, Any]:
             for _ in range(repeats + 1):  # the first round warms up
                 for kind, (path, extra) in kinds.items():
                     body = {"model": "m", "max_tokens": tokens + 1, "stream": True, "temperature": 0, **extra}
+                    if kind == "responses":
+                        del body["max_tokens"]
                     started = time.thread_time()
                     writes[kind] = await stream_once(daemon.app, path, body)
                     costs[kind].append((time.thread_time() - started) / tokens * 1e6)
@@ -158,7 +164,7 @@ def main() -> None:
           f"median of {args.repeats}, load average {result['load_average']:.1f}")
     print(table(["stream", "loop CPU us/token", "min-max", "body writes"],
                 [[k, result[k]["loop_cpu_us_per_token"], f"{result[k]['min']}-{result[k]['max']}", result[k]["writes"]]
-                 for k in ("completions", "chat")]))
+                 for k in ("completions", "chat", "messages", "responses")]))
     print(f"wrote {save('stream_cost', 'paced', result)}")
 
 

@@ -79,6 +79,49 @@ class Conversation:
         return [_template_message(m) for m in self.messages]
 
 
+# Deeper JSON than this in a tool's schema or a call's arguments is refused:
+# no real tool nests so deep, and chat templates render such values
+# recursively (transformers' own helpers hit Python's recursion limit at a
+# few hundred levels, on the thread that tokenizes for every request).
+MAX_NESTING = 100
+
+
+def nesting_depth(value: Any) -> int:
+    """How deep JSON-like ``value`` nests (a scalar is 0), without recursion."""
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict):
+            pending.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend((v, depth + 1) for v in item)
+        else:
+            deepest = max(deepest, depth)
+            continue
+        deepest = max(deepest, depth + 1)
+    return deepest
+
+
+def encodable(value: Any) -> bool:
+    """Whether every string in JSON-like ``value`` is valid Unicode text. JSON
+    may carry a lone surrogate (``"\\ud800"``), which no tokenizer encodes."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+    return True
+
+
 def _template_message(message: Message) -> dict[str, Any]:
     out: dict[str, Any] = {"role": message.role}
     if isinstance(message.content, str):

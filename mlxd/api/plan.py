@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from mlxd.api.conversation import Conversation
+from mlxd.api.conversation import MAX_NESTING, Conversation, encodable, nesting_depth
 from mlxd.api.images import ImagePolicy, PendingImages, collect_images
 from mlxd.engine.sampling import check_bias_ids
 from mlxd.engine.types import GenerationRequest, SamplingParams
@@ -238,10 +238,30 @@ def _image_policy(entry: Entry) -> ImagePolicy:
     )
 
 
+def check_conversation(conversation: Conversation, tools: list[dict[str, Any]] | None) -> None:
+    """What no chat template can render, whatever the surface: no message
+    at all, text that is not valid Unicode, JSON nested past all reason."""
+    if not conversation.messages:
+        raise BadRequest("The conversation has no messages; send at least one.", param="messages")
+    messages = conversation.template_messages()
+    for what, param, value in (("The conversation", "messages", messages), ("A tool definition", "tools", tools)):
+        if not encodable(value):
+            raise BadRequest(f"{what} contains an unpaired UTF-16 surrogate; it is not valid Unicode text.",
+                             param=param)
+    for message in messages:
+        for call in message.get("tool_calls") or ():
+            if nesting_depth(call["function"]["arguments"]) > MAX_NESTING:
+                raise BadRequest(f"A tool call's arguments nest deeper than {MAX_NESTING} levels.", param="messages")
+    for tool in tools or ():
+        if nesting_depth(tool) > MAX_NESTING:
+            raise BadRequest(f"A tool definition nests deeper than {MAX_NESTING} levels.", param="tools")
+
+
 def check_chat(entry: Entry, name: str, conversation: Conversation, output: OutputRequest) -> PendingImages | None:
     """What a chat request must pass before anything is read or leased (its
     answer and its token count alike); when a model it may go to takes
     images, the images to read."""
+    check_conversation(conversation, output.tools)
     check_prompt_length(entry, conversation.text_length(), "messages")
     with_images = any(takes_images(m) for m in entry.models)
     if conversation.has_images() and not with_images:

@@ -121,7 +121,14 @@ async def _start_on(ctx: DaemonContext, plan: Plan, model: str) -> Started:
             raise _Unfit(BadRequest("Log-probabilities are not relayed from a remote backend.", param="logprobs"))
         await _compile_grammar(plan, lease.engine)
         if getattr(lease.engine, "confirms_start", False):
-            started = Started(lease, await _begun(lease.engine, plan.requests[0]))
+            try:
+                head = await _begun(lease.engine, plan.requests[0])
+            except BadRequest as exc:
+                if exc.code != "context_length_exceeded":
+                    raise
+                # A prompt too long for this model may fit another target's.
+                raise _Unfit(exc) from None
+            started = Started(lease, head)
     except BaseException:
         await started.close()
         raise

@@ -123,6 +123,15 @@ class FirstGenerationPeak:
 
 class EngineBase:
     kind = ""
+    # Every generation's first chunk is an empty one, once the request has
+    # passed every check of its content (tokenized, within the context): a
+    # stream answers 200 only after it, so a prompt that does not fit is a
+    # real 400 rather than an error frame inside a 200.
+    confirms_start = True
+    # Where that chunk comes from: here, once ``_before_worker`` has checked
+    # the request, or (True) from the subclass's own ``_run`` on the worker,
+    # where it checks what needs the model (a vision prompt's images).
+    accepts_on_worker = False
 
     def __init__(self, spec: ModelSpec, worker: MlxWorker, *, load_bytes: int, load_seconds: float) -> None:
         self.name = spec.name
@@ -206,6 +215,9 @@ class EngineBase:
             # ShuttingDown, and the entry must not outlive the request.
             self._in_flight.add(control)
             await self._before_worker(request, control)
+            if not self.accepts_on_worker:
+                tokens = control.prompt_ids
+                yield GenerationChunk(text="", prompt_tokens=len(tokens) if tokens is not None else 0)
             source = self._open(request, control)
             async for chunk in source:
                 yield chunk

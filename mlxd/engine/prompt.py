@@ -62,6 +62,11 @@ def chat_tokens(
         # Templates raise their own messages ("roles must alternate ..."),
         # written for the person sending the conversation.
         raise BadRequest(f"The chat template rejected the messages: {exc}", param="messages") from exc
+    except RecursionError:
+        # The API layer bounds nesting; a template that recurses more deeply
+        # still must not be a server error for what the client sent.
+        raise BadRequest("The conversation nests too deeply for this model's chat template.",
+                         param="messages") from None
     return list(tokens)
 
 

@@ -149,7 +149,10 @@ class Engine(Protocol):
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         """Stream chunks. Closing the iterator early stops generation within a
-        token or two and frees the request's resources."""
+        token or two and frees the request's resources. An engine with
+        ``confirms_start`` yields an empty chunk first, once the request is
+        accepted (a local one: its prompt fits; a remote one: the backend
+        took it); a stream answers 200 only after it."""
         ...
 
     async def abort_all(self, reason: str) -> int:

@@ -122,6 +122,8 @@ class VisionEngine(EngineBase):
     """A loaded mlx-vlm model implementing ``mlxd.engine.types.Engine``."""
 
     kind = "vision"
+    # Its prompt is checked with the images, by the processor, on the worker.
+    accepts_on_worker = True
 
     def __init__(self, spec: ModelSpec, worker: MlxWorker, loaded: LoadedVision) -> None:
         super().__init__(spec, worker, load_bytes=loaded.load_bytes, load_seconds=loaded.load_seconds)
@@ -166,6 +168,8 @@ class VisionEngine(EngineBase):
                 raise ModelUnloaded(self.name)
             with self.counts.generation(control):
                 prepared = self._prepare(model, processor, request, control)
+                # Accepted: the prompt and its images fit.
+                yield GenerationChunk(text="", prompt_tokens=control.prompt_tokens)
                 with self.peak.measure():
                     yield from self._decode(model, processor, prepared, control)
         finally:

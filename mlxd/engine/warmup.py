@@ -190,13 +190,14 @@ def warmup_request(run: WarmupRun, index: int, prompt: str, request_id: str, cha
 
 
 async def _one(engine: Any, request: GenerationRequest) -> float:
-    """Run one request to its end; returns seconds to its first chunk."""
+    """Run one request to its end; returns seconds to its first token (the
+    acceptance before it comes before the prefill)."""
     started = time.perf_counter()
     first: float | None = None
     stream = engine.generate(request)
     try:
-        async for _chunk in stream:
-            if first is None:
+        async for chunk in stream:
+            if first is None and (chunk.completion_tokens > 0 or chunk.finish_reason is not None):
                 first = time.perf_counter() - started
     finally:
         closer = getattr(stream, "aclose", None)

@@ -24,6 +24,20 @@ def raw(text: str) -> dict:
     return {"content": text.encode(), "headers": {"content-type": "application/json"}}
 
 
+def nested(depth: int, leaf: str = '{"type":"string"}') -> str:
+    """A JSON schema ``depth`` objects deep, as text."""
+    return '{"type":"object","properties":{"a":' * depth + leaf + "}}" * depth
+
+
+def deep_arguments(depth: int) -> str:
+    return '{"a":' * depth + "1" + "}" * depth
+
+
+ASSISTANT_CALL = ('{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",'
+                  '"function":{"name":"f","arguments":%s}}]}')
+MESSAGES_URL = "/v1/messages"
+
+
 # (id, method, path, httpx keyword arguments, expected status)
 CASES = [
     ("seed-negative", "POST", CHAT_URL, {"json": chat(seed=-1)}, 400),
@@ -34,6 +48,46 @@ CASES = [
      raw('{"model":"qwen","max_tokens":2,"messages":[{"role":"user","content":[{"type":"text","text":"\\udfff"}]}]}'),
      400),
     ("lone-surrogate-prompt", "POST", "/v1/completions", raw('{"model":"qwen","max_tokens":2,"prompt":"\\ud800"}'), 400),
+    # The same text on every surface, and in what its template renders.
+    ("lone-surrogate-anthropic", "POST", MESSAGES_URL,
+     raw('{"model":"qwen","max_tokens":2,"messages":[{"role":"user","content":"\\ud800"}]}'), 400),
+    ("lone-surrogate-anthropic-system", "POST", MESSAGES_URL,
+     raw('{"model":"qwen","max_tokens":2,"system":[{"type":"text","text":"\\ud800"}],'
+         '"messages":[{"role":"user","content":"hi"}]}'), 400),
+    ("lone-surrogate-count-tokens", "POST", MESSAGES_URL + "/count_tokens",
+     raw('{"model":"qwen","messages":[{"role":"user","content":"\\ud800"}]}'), 400),
+    ("lone-surrogate-responses", "POST", "/v1/responses",
+     raw('{"model":"qwen","max_output_tokens":2,"input":"\\ud800"}'), 400),
+    ("lone-surrogate-instructions", "POST", "/v1/responses",
+     raw('{"model":"qwen","max_output_tokens":2,"input":"hi","instructions":"\\ud800"}'), 400),
+    ("lone-surrogate-tool-description", "POST", CHAT_URL,
+     raw('{"model":"qwen","max_tokens":2,"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function",'
+         '"function":{"name":"f","description":"\\ud800","parameters":{"type":"object"}}}]}'), 400),
+    ("responses-no-input", "POST", "/v1/responses", {"json": {"model": "qwen", "input": [], "max_output_tokens": 2}},
+     400),
+    ("responses-only-skipped-items", "POST", "/v1/responses",
+     {"json": {"model": "qwen", "input": [{"type": "reasoning", "summary": []}], "max_output_tokens": 2}}, 400),
+    # JSON nested deeper than a chat template can render.
+    ("deep-tool-schema", "POST", CHAT_URL,
+     raw('{"model":"qwen","max_tokens":2,"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function",'
+         '"function":{"name":"f","parameters":' + nested(300) + '}}]}'), 400),
+    ("deep-tool-schema-count-tokens", "POST", MESSAGES_URL + "/count_tokens",
+     raw('{"model":"qwen","messages":[{"role":"user","content":"hi"}],'
+         '"tools":[{"name":"f","input_schema":' + nested(300) + '}]}'), 400),
+    ("deep-tool-call-arguments", "POST", CHAT_URL,
+     raw('{"model":"qwen","max_tokens":2,"messages":[{"role":"user","content":"hi"},'
+         + ASSISTANT_CALL % json.dumps(deep_arguments(250))
+         + ',{"role":"tool","tool_call_id":"c1","content":"ok"}]}'), 400),
+    ("deep-tool-use-input", "POST", MESSAGES_URL,
+     raw('{"model":"qwen","max_tokens":2,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":'
+         '[{"type":"tool_use","id":"t1","name":"f","input":' + deep_arguments(600) + '}]},{"role":"user","content":'
+         '[{"type":"tool_result","tool_use_id":"t1","content":"ok"}]}]}'), 400),
+    # A prompt that passes the cheap length bound but not the tokenized one:
+    # a stream too is a 400, not a 200 with an error inside.
+    ("stream-prompt-over-max-context", "POST", CHAT_URL,
+     {"json": chat(messages=[{"role": "user", "content": "hello " * 3000}], stream=True)}, 400),
+    ("stream-completion-over-max-context", "POST", "/v1/completions",
+     {"json": {"model": "qwen", "prompt": "hello " * 3000, "max_tokens": 2, "stream": True}}, 400),
     ("lone-surrogate-stop", "POST", CHAT_URL,
      raw('{"model":"qwen","max_tokens":2,"messages":[{"role":"user","content":"hi"}],"stop":["\\ud800"]}'), 400),
     ("repetition-penalty-infinity", "POST", CHAT_URL,
@@ -86,10 +140,14 @@ def test_bad_input_is_a_4xx_and_the_daemon_stays_healthy(daemon, method, path, k
     with httpx.Client(base_url=daemon.url, timeout=60) as http:
         answer = http.request(method, path, **kw)
         assert answer.status_code == status, answer.text[:500]
-        error = answer.json()["error"]
+        body = answer.json()
+        error = body["error"]
         assert isinstance(error["message"], str) and error["message"]
         assert error["type"] in ("invalid_request_error", "authentication_error")
-        assert set(error) >= {"message", "type", "param", "code"}
+        if path.startswith(MESSAGES_URL):  # Anthropic's shape
+            assert body["type"] == "error" and set(error) >= {"message", "type"}
+        else:
+            assert set(error) >= {"message", "type", "param", "code"}
         # Nothing the client sent is echoed back at length.
         assert len(answer.content) < 2000
         normal = http.post(CHAT_URL, json=chat())

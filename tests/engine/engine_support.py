@@ -38,7 +38,18 @@ def greedy(request_id: str = "r", max_tokens: int = 24, **kwargs: Any) -> Genera
 
 
 async def collect(engine: Any, request: GenerationRequest) -> list[GenerationChunk]:
-    return [chunk async for chunk in engine.generate(request)]
+    """What the generation made: its chunks after the acceptance (the empty
+    chunk an engine yields first once the prompt is checked; a generation
+    aborted before its turn ends without one)."""
+    return after_acceptance([chunk async for chunk in engine.generate(request)])
+
+
+def is_acceptance(chunk: GenerationChunk) -> bool:
+    return chunk.text == "" and chunk.finish_reason is None and chunk.completion_tokens == 0
+
+
+def after_acceptance(chunks: list[GenerationChunk]) -> list[GenerationChunk]:
+    return chunks[1:] if chunks and is_acceptance(chunks[0]) else chunks
 
 
 def text_of(chunks: list[GenerationChunk]) -> str:

@@ -32,6 +32,7 @@ def daemon(tmp_path_factory, vision_tiny, images_dir):
         [
             {"name": "eyes", "path": str(vision_tiny), "local_image_dir": str(images_dir), "max_concurrency": 2},
             {"name": "eyes-web", "path": str(vision_tiny), "allow_remote_images": True},
+            {"name": "eyes-small", "path": str(vision_tiny), "max_context": 256},
             {"name": "words", "model": "qwen"},
         ],
     )
@@ -126,6 +127,15 @@ def test_not_an_image_is_a_400_also_when_streaming(daemon):
     error = error_of(httpx.post(f"{daemon.url}/v1/chat/completions", json=body, timeout=60))
     assert error["param"] == "messages[0].content[1]"
     assert "PNG, JPEG or WebP" in error["message"]
+
+
+def test_a_streamed_prompt_past_max_context_is_a_400_not_an_error_inside_a_200(daemon):
+    # Within the cheap character bound, past the tokenized one (images included).
+    messages = image_chat(data_url(noise_image()), "describe " * 400)
+    body = {"model": "eyes-small", "messages": messages, "stream": True, **GREEDY}
+    response = httpx.post(f"{daemon.url}/v1/chat/completions", json=body, timeout=120)
+    assert error_of(response)["code"] == "context_length_exceeded"
+    assert "images included" in response.json()["error"]["message"]
 
 
 def test_a_file_under_local_image_dir_is_read(client, images_dir):
