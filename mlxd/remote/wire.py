@@ -45,6 +45,9 @@ def request_body(request: GenerationRequest, remote_model: str) -> dict[str, Any
             body[name] = value
     if request.ignore_eos:
         body["ignore_eos"] = True  # vLLM and mlxd know it; a benchmark setting
+    if request.logit_bias:
+        # The ids are the backend model's: it checks them against its vocabulary.
+        body["logit_bias"] = {str(token): bias for token, bias in request.logit_bias.items()}
     return body
 
 

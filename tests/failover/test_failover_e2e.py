@@ -52,11 +52,14 @@ class Front:
             "spill": {"targets": ["here", "studio:tiny"], "strategy": "spillover", "aliases": ["sp"]},
             # A backend model that answers 503 (its files are broken over there).
             "mended": {"targets": ["studio:broken", "here"], "strategy": "spillover"},
+            # A long prompt does not fit the first target's context; the second's it does.
+            "roomy": {"targets": ["cramped", "here"], "strategy": "spillover"},
         }
         self.path = self.write()
 
     def write(self):
-        models = [{"name": "here", "model": "qwen", "max_concurrency": 1}]
+        models = [{"name": "here", "model": "qwen", "max_concurrency": 1},
+                  {"name": "cramped", "model": "qwen", "max_context": 64}]
         models += [{"name": name, **entry} for name, entry in self.failovers.items()]
         return write_front(self.tmp, self.backends, models)
 
@@ -162,6 +165,17 @@ def test_a_backend_answering_503_lets_the_next_target_serve(front):
     metrics = httpx.get(f"{front.url}/metrics", timeout=10).text
     assert f'mlxd_failover_fallthroughs_total{{model="mended",target="studio:broken"}} {before + 1}.0' in metrics
     assert 'mlxd_failover_requests_total{model="mended",status="200",target="here"}' in metrics
+
+
+def test_a_prompt_too_long_for_one_target_goes_to_one_it_fits(front):
+    long = [{"role": "user", "content": "Tell me about the sea and the ships upon it. " * 12}]
+    stream = httpx.post(f"{front.url}/v1/chat/completions", timeout=60, json={
+        "model": "roomy", "messages": long, "max_tokens": 4, "stream": True})
+    frames = sse_events(stream)
+    assert stream.status_code == 200 and frames[-1] == "[DONE]"
+    assert not [f for f in frames[:-1] if "error" in f]
+    assert served_by(front, "roomy") == "here"
+    assert "context length" in target(front, "roomy", "cramped")["last_error"]
 
 
 def test_a_stream_that_started_is_never_retried_and_a_refused_connection_falls_through(front, tmp_path):

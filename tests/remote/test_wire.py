@@ -27,7 +27,7 @@ def test_a_chat_request_goes_out_as_a_streaming_chat_completion_under_the_remote
 
 def test_sampling_nobody_asked_for_is_left_to_the_backends_defaults():
     plain = request_body(GenerationRequest(request_id="r", max_tokens=1, prompt="x"), "m")
-    assert not {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed"} & plain.keys()
+    assert not {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "logit_bias"} & plain.keys()
     everything = frozenset({"temperature", "top_k", "min_p", "repetition_penalty"})
     tuned = request_body(
         GenerationRequest(request_id="r", max_tokens=1, prompt="x", sampling_set=everything,

@@ -8,6 +8,7 @@ from typing import Any
 
 from mlxd.api.anthropic.errors import error_body
 from mlxd.api.events import Finish, OutputEvent, TextDelta, ToolCallDelta, Usage
+from mlxd.api.frames import MARK, cut, encode, encode_text
 from mlxd.api.generation import Answer
 from mlxd.api.plan import Plan
 
@@ -63,8 +64,7 @@ def message(plan: Plan, answer: Answer) -> dict[str, Any]:
 
 
 def event(name: str, payload: dict[str, Any]) -> str:
-    data = json.dumps({"type": name, **payload}, separators=(",", ":"), ensure_ascii=False)
-    return f"event: {name}\ndata: {data}\n\n"
+    return f"event: {name}\ndata: {encode({'type': name, **payload})}\n\n"
 
 
 PING = event("ping", {})
@@ -85,6 +85,8 @@ class AnthropicFrames:
         self._index = -1
         self._open: str | None = None  # "text" or "tool_use"
         self._call = -1
+        # The text block's delta frame around its text (mlxd.api.frames), for its index.
+        self._text_frame: tuple[int, str, str] | None = None
 
     def opening(self) -> str:
         start = {
@@ -114,10 +116,16 @@ class AnthropicFrames:
     def _delta(self, delta: dict[str, Any]) -> str:
         return event("content_block_delta", {"index": self._index, "delta": delta})
 
+    def _text_delta(self, text: str) -> str:
+        frame = self._text_frame
+        if frame is None or frame[0] != self._index:
+            frame = self._text_frame = (self._index, *cut(self._delta({"type": "text_delta", "text": MARK})))
+        return frame[1] + encode_text(text) + frame[2]
+
     def event(self, item: OutputEvent) -> str:
         if isinstance(item, TextDelta):
             out = "" if self._open == "text" else self._start({"type": "text", "text": ""})
-            return out + self._delta({"type": "text_delta", "text": item.text})
+            return out + self._text_delta(item.text)
         if isinstance(item, ToolCallDelta):
             out = ""
             if item.name is not None and item.index != self._call:

@@ -3,11 +3,10 @@ output events."""
 
 from __future__ import annotations
 
-import json
-from json.encoder import encode_basestring
 from typing import Any
 
 from mlxd.api.events import Finish, Logprobs, OutputEvent, TextDelta, ToolCallDelta, Usage
+from mlxd.api.frames import MARK, cut, encode, encode_text
 from mlxd.api.generation import Answer, CalledTool, Choice
 from mlxd.api.openai.errors import error_body
 from mlxd.api.plan import Plan
@@ -94,24 +93,9 @@ def text_completion(plan: Plan, answer: Answer) -> dict[str, Any]:
 # OpenAI clients expect exactly "data: [DONE]\n\n" at the end.
 
 
-# One encoder for every frame: json.dumps with options builds a new one per call.
-_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-# Stands in for a text delta while a stream's frame template is made.
-_MARK = "\x00"
-
-
 def sse(payload: dict[str, Any] | str) -> str:
-    data = payload if isinstance(payload, str) else _encode(payload)
+    data = payload if isinstance(payload, str) else encode(payload)
     return f"data: {data}\n\n"
-
-
-def _template(frame: dict[str, Any]) -> tuple[str, str]:
-    """A text frame cut around its text: what comes before and after the
-    marked text (its last occurrence: the text is the frame's last string).
-    Joined around ``encode_basestring(text)`` (the very function the encoder
-    uses for strings) it is the frame ``sse`` writes, byte for byte."""
-    head, _, tail = sse(frame).rpartition(encode_basestring(_MARK))
-    return head, tail
 
 
 DONE = "data: [DONE]\n\n"
@@ -153,10 +137,10 @@ class OpenAIFrames:
     def _text_frame(self, text: str, index: int) -> str:
         parts = self._text_frames.get(index)
         if parts is None:
-            frame = self._chat_chunk({"content": _MARK}, None, index) if self.chat else \
-                self._text_chunk(_MARK, None, index)
-            parts = self._text_frames[index] = _template(frame)
-        return parts[0] + encode_basestring(text) + parts[1]
+            frame = self._chat_chunk({"content": MARK}, None, index) if self.chat else \
+                self._text_chunk(MARK, None, index)
+            parts = self._text_frames[index] = cut(sse(frame))
+        return parts[0] + encode_text(text) + parts[1]
 
     def event(self, event: OutputEvent) -> str:
         if isinstance(event, TextDelta):

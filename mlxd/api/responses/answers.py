@@ -6,13 +6,13 @@ Answer and output events. Every stream event carries ``type`` and
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from mlxd.api.conversation import Message, ToolCall
 from mlxd.api.events import Finish, OutputEvent, TextDelta, ToolCallDelta, Usage
+from mlxd.api.frames import MARK, cut, encode, encode_text
 from mlxd.api.generation import Answer
 from mlxd.api.plan import Plan
 from mlxd.api.responses.bodies import ResponsesRequest
@@ -115,6 +115,11 @@ def complete_response(
     return response_object(plan, body, outcome)
 
 
+# Stands in for the sequence number while a text-delta template is made: no
+# real one is negative.
+_SEQUENCE_MARK = -7_770_777
+
+
 class ResponsesFrames:
     heartbeat = ": heartbeat\n\n"
     # response.created goes out at once; waiting for the model then shows as
@@ -133,11 +138,27 @@ class ResponsesFrames:
         self._open: dict[str, Any] | None = None
         self._text = ""
         self._call = -1
+        # The open message's text-delta frame around its sequence number and
+        # its text (mlxd.api.frames), for that message and output index.
+        self._text_frame: tuple[tuple[str, int], str, str, str] | None = None
+
+    @staticmethod
+    def _render(kind: str, sequence: int, payload: dict[str, Any]) -> str:
+        return f"event: {kind}\ndata: {encode({'type': kind, 'sequence_number': sequence, **payload})}\n\n"
 
     def _event(self, kind: str, **payload: Any) -> str:
-        data = {"type": kind, "sequence_number": self._sequence, **payload}
         self._sequence += 1
-        return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'), ensure_ascii=False)}\n\n"
+        return self._render(kind, self._sequence - 1, payload)
+
+    def _text_delta(self, item_id: str, index: int, text: str) -> str:
+        frame = self._text_frame
+        if frame is None or frame[0] != (item_id, index):
+            payload = {"item_id": item_id, "output_index": index, "content_index": 0, "delta": MARK}
+            head, tail = cut(self._render("response.output_text.delta", _SEQUENCE_MARK, payload))
+            before, _, after = head.partition(str(_SEQUENCE_MARK))
+            frame = self._text_frame = ((item_id, index), before, after, tail)
+        self._sequence += 1
+        return f"{frame[1]}{self._sequence - 1}{frame[2]}{encode_text(text)}{frame[3]}"
 
     def _response(self) -> dict[str, Any]:
         return response_object(self.plan, self.body, self.outcome)
@@ -189,10 +210,7 @@ class ResponsesFrames:
             )
             index = len(self.outcome.output)
             self._text += event.text
-            return out + self._event(
-                "response.output_text.delta", item_id=self._open["id"], output_index=index, content_index=0,
-                delta=event.text,
-            )
+            return out + self._text_delta(self._open["id"], index, event.text)
         if isinstance(event, ToolCallDelta):
             out = ""
             if event.name is not None and event.index != self._call:
