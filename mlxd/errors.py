@@ -156,6 +156,12 @@ class BackendFailed(MlxdError):
     error_type = "server_error"
     code = "bad_gateway"
 
+    def __init__(self, message: str, *, detail: str | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        # The backend's own words (a server error's message): for the log,
+        # never for the client.
+        self.detail = detail
+
 
 class BackendTimeout(RequestTimeout):
     """A remote backend sent no first output, or went silent mid-stream, for

@@ -344,7 +344,10 @@ class _StreamState:
             return [], True
         if isinstance(item, BaseException):
             self.status = item.status_code if isinstance(item, MlxdError) else 500
-            log.error("stream on %s failed: %s", self.plan.name, describe_exception(item))
+            if isinstance(item, MlxdError):  # a backend that failed, a preemption: expected, and typed
+                log.warning("stream on %s failed: %s", self.plan.name, describe_exception(item))
+            else:
+                log.error("stream on %s failed: %s", self.plan.name, describe_exception(item), exc_info=item)
             return [self.framer.error(item)], True
         index, chunk = item
         self.meter.chunk(index, chunk)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlxd.api.conversation import MAX_NESTING, Conversation, encodable, nesting_depth
 from mlxd.api.images import ImagePolicy, PendingImages, collect_images
+from mlxd.engine.sampling import check_bias_ids
 from mlxd.engine.types import GenerationRequest, SamplingParams
 from mlxd.errors import BadRequest, ModelNotFound
 from mlxd.registry.model import FailoverSpec, ModelSpec, SamplingDefaults
@@ -59,6 +60,9 @@ class Requested:
     timeout: float | None = None
     ignore_eos: bool = False
     output: OutputRequest = field(default_factory=OutputRequest)
+    # OpenAI's logit_bias, its keys as token ids (checked against the
+    # leased model's vocabulary by ``shape_output``).
+    logit_bias: dict[int, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -267,17 +271,23 @@ def check_chat(entry: Entry, name: str, conversation: Conversation, output: Outp
     if conversation.has_images() and not with_images:
         raise BadRequest(f"Model `{name}` is a text model and does not accept images", param="messages")
     images = collect_images(conversation, _image_policy(entry)) if with_images else None
-    if output.asks_anything():
-        check_output(
-            tools=output.tools, tool_choice=output.tool_choice, response_format=output.response_format,
-            tool_params=output.tool_params,
-        )
-        local_vision = all(m.kind == "vision" and not m.is_remote for m in entry.models)
-        if local_vision and (output.tools or output.response_format):
-            # What the vision engine would refuse, said before any stream opens.
-            param = "tools" if output.tools else "response_format"
-            raise BadRequest(f"Vision models do not support `{param}` yet.", param=param)
+    _check_output(entry, output)
     return images
+
+
+def _check_output(entry: Entry, output: OutputRequest) -> None:
+    """The answer's shape, as far as it can be checked before the lease."""
+    if not output.asks_anything():
+        return
+    check_output(
+        tools=output.tools, tool_choice=output.tool_choice, response_format=output.response_format,
+        tool_params=output.tool_params,
+    )
+    local_vision = all(m.kind == "vision" and not m.is_remote for m in entry.models)
+    if local_vision and (output.tools or output.response_format):
+        # What the vision engine would refuse, said before any stream opens.
+        param = "tools" if output.tools else "response_format"
+        raise BadRequest(f"Vision models do not support `{param}` yet.", param=param)
 
 
 def _check_tool_calls(conversation: Conversation) -> None:
@@ -306,6 +316,7 @@ def plan_chat(
         stop=list(asked.stop),
         messages=conversation.template_messages(),
         ignore_eos=asked.ignore_eos,
+        logit_bias=asked.logit_bias,
     )
     return Plan(
         kind=kind,
@@ -346,7 +357,12 @@ def shape_output(plan: Plan, engine: Any) -> None:
 
     A forced call is the grammar's whole answer: a stop string meant for
     prose (``"``, ``}``, a newline) would cut it inside its JSON, so stop
-    strings do not apply to it, on every surface."""
+    strings do not apply to it, on every surface.
+
+    A ``logit_bias`` is checked here against the engine's vocabulary too
+    (the engine checks it again), so that a stream's bad id is a 400 before
+    its 200; a remote engine's backend checks its own."""
+    _check_bias(plan, engine)
     if not plan.output.asks_anything():
         return
     asked = plan.output
@@ -370,6 +386,13 @@ def shape_output(plan: Plan, engine: Any) -> None:
     plan.tool_format = shaped.tool_format
 
 
+def _check_bias(plan: Plan, engine: Any) -> None:
+    vocab_size = getattr(engine, "vocab_size", None)
+    for request in plan.requests:
+        if request.logit_bias and isinstance(vocab_size, int):
+            check_bias_ids(request.logit_bias, vocab_size)
+
+
 def plan_prompts(
     ctx: DaemonContext, asked: Requested, prompts: list[str], *, kind: str = "completion", id_prefix: str = "cmpl-"
 ) -> Plan:
@@ -381,6 +404,9 @@ def plan_prompts(
     entry = resolve_entry(ctx, asked.model)
     for i, prompt in enumerate(prompts):
         check_prompt_length(entry, len(prompt), "prompt" if len(prompts) == 1 else f"prompt[{i}]")
+    # Only response_format reaches here (a raw prompt has no template for tools):
+    # its grammar constrains the text after the prompt as it does a chat answer.
+    _check_output(entry, asked.output)
     defaults = merged_defaults(entry.spec, entry.failover)
     max_tokens = resolve_max_tokens(ctx, asked, defaults)
     sampling = resolve_sampling(asked.sampling, defaults)
@@ -389,7 +415,7 @@ def plan_prompts(
     requests = [
         GenerationRequest(
             request_id=f"{plan_id}-{i}", max_tokens=max_tokens, sampling=sampling, sampling_set=given,
-            stop=list(asked.stop), prompt=prompt, ignore_eos=asked.ignore_eos,
+            stop=list(asked.stop), prompt=prompt, ignore_eos=asked.ignore_eos, logit_bias=asked.logit_bias,
         )
         for i, prompt in enumerate(prompts)
     ]
@@ -401,6 +427,7 @@ def plan_prompts(
         stream=asked.stream,
         timeout=_timeout(ctx, asked),
         id=plan_id,
+        output=asked.output,
         failover=entry.failover,
         asked=asked.sampling,
         default_max_tokens=ctx.settings.server.default_max_tokens,

@@ -102,15 +102,47 @@ def make_logits_processors(params: SamplingParams) -> list[LogitsProcessor]:
 
 def suppress_tokens(token_ids: set[int] | list[int], vocab_size: int) -> LogitsProcessor:
     """A processor that makes ``token_ids`` impossible (``ignore_eos``)."""
-    import mlx.core as mx
-
     penalty = [0.0] * vocab_size
     for token in token_ids:
         if 0 <= token < vocab_size:
             penalty[token] = float("-inf")
-    mask = mx.array(penalty)
+    return _adding(penalty)
+
+
+def bias_tokens(bias: dict[int, float], vocab_size: int) -> LogitsProcessor:
+    """OpenAI's ``logit_bias``: each token's bias added to its logit before
+    sampling.
+
+    Not mlx-lm's ``logit_bias`` processor: that one scatters into the
+    logits (``.at[:, ids].add``), a gather/scatter path that compiles its own
+    kernels on a GPU's first use (see ``mlxd.engine.warmup``). A dense vector
+    added to the logits is the very operation ``ignore_eos`` runs, which the
+    warm-up compiles, whatever ids and values a request sends."""
+    check_bias_ids(bias, vocab_size)
+    values = [0.0] * vocab_size
+    for token, value in bias.items():
+        values[token] = float(value)
+    return _adding(values)
+
+
+def check_bias_ids(bias: dict[int, float], vocab_size: int) -> None:
+    """A ``logit_bias`` id outside the vocabulary is the client's mistake (400)."""
+    outside = sorted(token for token in bias if not 0 <= token < vocab_size)
+    if outside:
+        raise BadRequest(
+            f"logit_bias names token id {outside[0]}, which is outside this model's vocabulary "
+            f"(ids 0 to {vocab_size - 1}).",
+            param="logit_bias",
+        )
+
+
+def _adding(values: list[float]) -> LogitsProcessor:
+    """A processor that adds ``values`` (one per token) to the logits."""
+    import mlx.core as mx
+
+    vector = mx.array(values)
 
     def processor(tokens: Any, logits: Any) -> Any:
-        return logits + mask.astype(logits.dtype)
+        return logits + vector.astype(logits.dtype)
 
     return processor

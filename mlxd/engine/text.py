@@ -72,6 +72,8 @@ class TextEngine(EngineBase):
         # The model's grammar compiler and tool-call format, for the request path.
         self.grammars = self.model.grammars
         self.tool_format = self.model.tool_format
+        # Token ids a request's ``logit_bias`` may name: 0 to vocab_size - 1.
+        self.vocab_size = self.model.vocab_size
         self._prefill_chunk = max(1, prefill_chunk)
         self.prefix_cache: PrefixCache | None = (
             PrefixCache(spec.prefix_cache.max_bytes) if spec.prefix_cache.max_bytes > 0 else None

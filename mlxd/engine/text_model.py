@@ -147,8 +147,13 @@ class TextModel:
         )
 
     def _processors(self, request: GenerationRequest, tokenizer: Any) -> list[Any]:
-        processors = sampling.make_logits_processors(request.sampling)
+        processors: list[Any] = []
+        if request.logit_bias:
+            # First, as mlx-lm orders its own: the penalties see biased logits.
+            processors.append(sampling.bias_tokens(request.logit_bias, self.vocab_size))
+        processors += sampling.make_logits_processors(request.sampling)
         if request.ignore_eos:
+            # After the bias, so that no bias can revive the end token.
             eos = set(getattr(tokenizer, "eos_token_ids", None) or ())
             processors.append(sampling.suppress_tokens(eos, self.vocab_size))
         if request.constraint is not None:

@@ -79,6 +79,10 @@ class GenerationRequest:
     response_format: dict[str, Any] | None = None
     # Per-token log-probabilities with this many alternatives (None: none).
     logprobs: int | None = None
+    # OpenAI's ``logit_bias``: token id -> bias in [-100, 100] added to its
+    # logit at every step (None: no bias). Ids are checked against the
+    # engine's vocabulary there.
+    logit_bias: dict[int, float] | None = None
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,7 @@ class VisionEngine(EngineBase):
         super().__init__(spec, worker, load_bytes=loaded.load_bytes, load_seconds=loaded.load_seconds)
         self._model: Any = loaded.model
         self._processor: Any = loaded.processor
-        self._vocab_size = _vocab_size(loaded.model)
+        self.vocab_size = _vocab_size(loaded.model)
         # Touched only on the worker thread: generations in arrival order;
         # the first one runs, the others wait their turn.
         self._turns: collections.deque[GenerationControl] = collections.deque()
@@ -205,18 +205,22 @@ class VisionEngine(EngineBase):
             prompt=prepared.prompt,
             inputs=prepared.inputs,
             max_tokens=min(request.max_tokens, max(1, limit - n_prompt)),
-            sampler=sampling.make_sampler(request.sampling, self._vocab_size),
+            sampler=sampling.make_sampler(request.sampling, self.vocab_size),
             processors=self._processors(request, processor),
             stops=StopMatcher(request.stop),
         )
 
     def _processors(self, request: GenerationRequest, processor: Any) -> list[Any]:
-        processors = sampling.make_logits_processors(request.sampling)
+        processors: list[Any] = []
+        if request.logit_bias:
+            # As on the text path (``TextModel._processors``): bias first, EOS suppression after it.
+            processors.append(sampling.bias_tokens(request.logit_bias, self.vocab_size))
+        processors += sampling.make_logits_processors(request.sampling)
         if request.ignore_eos:
             tokenizer = getattr(processor, "tokenizer", processor)
             criteria = getattr(tokenizer, "stopping_criteria", None)
             eos = set(getattr(criteria, "eos_token_ids", None) or ())
-            processors.append(sampling.suppress_tokens(eos, self._vocab_size))
+            processors.append(sampling.suppress_tokens(eos, self.vocab_size))
         return processors
 
     def _decode(self, model: Any, processor: Any, prepared: _Prepared, control: GenerationControl) -> Iterator[Any]:

@@ -260,9 +260,10 @@ class ModelEntry(_Section):
 
 
 class TimeoutsSection(_Section):
-    """Seconds. ``first_byte`` runs from sending the request to the first
-    output (prefill and, on an mlxd backend, its model load); ``idle`` is the
-    longest silence allowed once output has started."""
+    """Seconds. ``first_byte`` runs from sending the request to the
+    backend's first event (its model load, on an mlxd backend, and for a
+    server that sends nothing before its first token, the prefill); ``idle``
+    is the longest silence allowed after it."""
 
     connect: PositiveFloat = 5.0
     first_byte: PositiveFloat = 600.0

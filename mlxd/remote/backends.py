@@ -33,6 +33,10 @@ from mlxd.registry.model import BackendSpec, is_pattern
 
 log = logging.getLogger("mlxd.remote")
 
+# A backend's /v1/status or model list; a larger one is cut (and then not
+# JSON: its model states are unknown).
+MAX_STATUS_BYTES = 8 * 1024 * 1024
+
 
 @dataclass
 class BackendStats:
@@ -191,9 +195,10 @@ class BackendPool:
             total=None, sock_connect=spec.connect_timeout_s, sock_read=max(spec.connect_timeout_s, 5.0)
         )
         try:
-            async with link.client.get(spec.url + path, headers=link.headers(self.environ), timeout=timeout) as response:
+            async with link.client.get(spec.url + path, headers=link.headers(self.environ), timeout=timeout,
+                                       allow_redirects=False) as response:
                 status = response.status
-                answer = await response.read()
+                answer, _ = await read_bounded(response, MAX_STATUS_BYTES)
         except (aiohttp.ClientError, TimeoutError) as exc:
             problem: str | None = describe_exception(exc)
         else:
@@ -211,10 +216,26 @@ class BackendPool:
             if stats.reachable is False:
                 log.info("backend %s (%s) is reachable again", spec.name, spec.url)
             stats.reachable = True
-            stats.poll_error = f"HTTP {status} from {path}" if status >= 400 else None
+            stats.poll_error = f"HTTP {status} from {path}" if status >= 300 else None
             stats.latency_ms = round((time.perf_counter() - started) * 1000, 1)
             stats.models = _model_states(answer) if spec.kind == "mlxd" else {}
         stats.polled_at = time.time()
+
+
+async def read_bounded(response: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+    """At most ``limit`` bytes of an answer's body (decompressed, if the
+    server compressed it), and whether there was more: a backend's answer is
+    never read whole on trust."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        data = await response.content.read(limit + 1 - size)
+        if not data:
+            return b"".join(parts), False
+        parts.append(data)
+        size += len(data)
+        if size > limit:
+            return b"".join(parts)[:limit], True
 
 
 def _model_states(answer: bytes) -> dict[str, str]:

@@ -13,26 +13,48 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 
 from mlxd.engine.types import GenerationChunk, GenerationRequest
-from mlxd.errors import BackendFailed, BackendTimeout, BackendUnavailable, MlxdError
+from mlxd.errors import BackendFailed, BackendTimeout, BackendUnavailable, MlxdError, UpstreamRejected, describe_exception
 from mlxd.registry.model import ModelSpec
-from mlxd.remote.backends import BackendLink, BackendPool
-from mlxd.remote.wire import StreamReader, endpoint, request_body, upstream_error, whole_answer
+from mlxd.remote.backends import BackendLink, BackendPool, read_bounded
+from mlxd.remote.wire import (
+    MAX_ERROR_BODY_BYTES,
+    MAX_EVENT_BYTES,
+    RETRY_BROKEN_S,
+    StreamReader,
+    broken,
+    endpoint,
+    redirected,
+    request_body,
+    upstream_error,
+    whole_answer,
+)
+
+log = logging.getLogger("mlxd.remote")
 
 # Long enough to read an upstream error body, short enough not to hang on one.
 ERROR_BODY_TIMEOUT_S = 5.0
 RETRY_UNREACHABLE_S = 5.0
+# A read larger than this (bytes that piled up, or a compressed burst) is
+# parsed a slice at a time, letting the loop serve others in between.
+READ_SLICE_BYTES = 1024 * 1024
+# A backend's answer is either malformed in some way the reader did not
+# foresee or a bug here: either way the client gets a 502, the log the detail.
+_UNREADABLE = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError)
 
 
 class RemoteEngine:
     kind = "remote"
-    # Streams wait for this engine's first chunk before answering 200: a
-    # backend that is down or says no is then a real HTTP status.
+    # Streams wait for this engine's first chunk before answering 200; it
+    # comes once the backend's first event has been read, so a backend that
+    # is down, says no, sends garbage or nothing is a real HTTP status (and
+    # lets a failover entry try its next target).
     confirms_start = True
     measured_bytes = 0
 
@@ -54,13 +76,22 @@ class RemoteEngine:
         link.stats.in_flight += 1
         link.stats.requests += 1
         try:
-            async for chunk in self._exchange(link, request, key):
-                yield chunk
+            try:
+                async for chunk in self._exchange(link, request, key):
+                    yield chunk
+            except _UNREADABLE as exc:
+                log.warning("backend %s (%s) sent an answer for %s that could not be read: %s",
+                            link.spec.name, link.spec.url, self.name, describe_exception(exc))
+                raise broken(link.spec.name, "sent an answer that could not be read") from None
         except MlxdError as exc:
             if key in self._aborted:
                 yield GenerationChunk(text="", finish_reason="abort")
                 return
             self._pool.failed(self.backend, exc)
+            detail = getattr(exc, "detail", None)
+            log.log(logging.INFO if isinstance(exc, UpstreamRejected) else logging.WARNING,
+                    "backend %s (%s), %s: %s%s", link.spec.name, link.spec.url, self.name,
+                    describe_exception(exc), f" (the backend said: {detail})" if detail else "")
             raise
         finally:
             link.stats.in_flight -= 1
@@ -76,14 +107,20 @@ class RemoteEngine:
         spec = link.spec
         loop = asyncio.get_running_loop()
         first_byte_at = loop.time() + spec.first_byte_timeout_s
-        where = f"backend `{spec.name}` ({spec.url})"
+        where = f"backend `{spec.name}`"  # the URL is in the log and status, not in clients' messages
+        path = endpoint(request)
+        headers = link.headers(self._pool.environ)
+        # An event stream gains nothing from compression, and a compressed
+        # answer is the cheapest way to make the front hold a lot.
+        headers["Accept-Encoding"] = "identity"
         try:
             async with asyncio.timeout_at(first_byte_at):
                 response = await link.client.post(
-                    spec.url + endpoint(request),
+                    spec.url + path,
                     json=request_body(request, self.remote_model),
-                    headers=link.headers(self._pool.environ),
+                    headers=headers,
                     timeout=link.timeout(),
+                    allow_redirects=False,
                 )
         # A connect timeout is also a TimeoutError: it is caught first, as
         # the backend being unreachable rather than slow to answer.
@@ -96,52 +133,92 @@ class RemoteEngine:
         except aiohttp.ClientError as exc:
             raise BackendFailed(f"The request to {where} failed: {_reason(exc)}", retry_after=RETRY_UNREACHABLE_S) from None
         self._open[key] = response
-        if response.status >= 400:
-            try:
-                async with asyncio.timeout(ERROR_BODY_TIMEOUT_S):
-                    body = await response.read()
-            except (TimeoutError, aiohttp.ClientError):
-                body = b""
-            raise upstream_error(spec.name, response.status, body, response.headers.get("retry-after"))
-        # Accepted: the front may answer 200 now.
-        yield GenerationChunk(text="")
+        if response.status >= 300:
+            await self._refused(spec.name, response)
         if response.headers.get("content-type", "").startswith("application/json"):
             # A server that answers a stream request with the whole message.
             try:
                 async with asyncio.timeout_at(first_byte_at):
-                    body = await response.read()
+                    body, cut = await read_bounded(response, MAX_EVENT_BYTES)
             except TimeoutError:
                 raise BackendTimeout(f"{where} sent no output within {spec.first_byte_timeout_s:g} s") from None
             except aiohttp.ClientError as exc:
-                raise BackendFailed(f"{where} broke off the answer: {_reason(exc)}") from None
-            for chunk in whole_answer(body):
+                raise BackendFailed(f"{where} broke off the answer: {_reason(exc)}", retry_after=RETRY_BROKEN_S) from None
+            if cut:
+                raise broken(spec.name, f"sent an answer larger than {MAX_EVENT_BYTES // (1024 * 1024)} MiB")
+            chunks = whole_answer(body, spec.name, chat=path == "/chat/completions")
+            yield GenerationChunk(text="")  # accepted: the front may answer 200 now
+            for chunk in chunks:
                 yield chunk
             return
-        reader = StreamReader()
-        started = False
+        reader = StreamReader(spec.name, chat=path == "/chat/completions")
+        content = response.content
+        # Up to the first event, first_byte bounds the wait: headers alone,
+        # comments or garbage are no answer yet.
+        first: GenerationChunk | None = None
+        ended = False
+        seen = 0
         try:
-            async with asyncio.timeout_at(first_byte_at) as deadline:
-                async for data in response.content.iter_any():
-                    chunk = reader.feed(data)
-                    if chunk is not None:
-                        if not started:
-                            started = True
-                            watchdog = _Watchdog(loop, deadline, spec.idle_timeout_s)
-                        yield chunk
-                    if started:
-                        watchdog.progress()
-                    if reader.done:
+            async with asyncio.timeout_at(first_byte_at):
+                while not reader.events and not ended:
+                    data = await content.readany()
+                    if not data:
+                        ended = True
+                        first = reader.close()
                         break
+                    first = await _fed(reader, data)
+                    seen += len(data)
+                    if not reader.events and seen > MAX_EVENT_BYTES:  # lines that are no events
+                        raise broken(spec.name, f"sent {MAX_EVENT_BYTES // (1024 * 1024)} MiB without an event")
         except TimeoutError:
-            phase = "sent nothing for" if started else "sent no output within"
-            limit = spec.idle_timeout_s if started else spec.first_byte_timeout_s
-            raise BackendTimeout(f"{where} {phase} {limit:g} s") from None
+            raise BackendTimeout(f"{where} sent no output within {spec.first_byte_timeout_s:g} s") from None
         except aiohttp.ClientError as exc:
-            raise BackendFailed(f"{where} broke off the answer: {_reason(exc)}") from None
-        finally:
-            if started:
-                watchdog.stop()
+            raise BackendFailed(f"{where} broke off the answer: {_reason(exc)}", retry_after=RETRY_BROKEN_S) from None
+        if not reader.events:
+            raise broken(spec.name, "closed the connection without sending an event")
+        yield GenerationChunk(text="")  # accepted: the front may answer 200 now
+        if first is not None:
+            yield first
+        if not reader.done and not ended:
+            watchdog: _Watchdog | None = None
+            try:
+                async with asyncio.timeout(None) as deadline:
+                    watchdog = _Watchdog(loop, deadline, spec.idle_timeout_s)
+                    async for data in content.iter_any():
+                        chunk = reader.feed(data) if len(data) <= READ_SLICE_BYTES else await _fed(reader, data)
+                        if chunk is not None:
+                            yield chunk
+                        watchdog.progress()
+                        if reader.done:
+                            break
+                    else:
+                        chunk = reader.close()
+                        if chunk is not None:
+                            yield chunk
+            except TimeoutError:
+                raise BackendTimeout(f"{where} sent nothing for {spec.idle_timeout_s:g} s") from None
+            except aiohttp.ClientError as exc:
+                raise BackendFailed(f"{where} broke off the answer: {_reason(exc)}", retry_after=RETRY_BROKEN_S) from None
+            finally:
+                if watchdog is not None:
+                    watchdog.stop()
         yield reader.finish()
+
+    async def _refused(self, backend: str, response: aiohttp.ClientResponse) -> None:
+        """Raise the error for an answer with a redirect or error status,
+        after reading at most ``MAX_ERROR_BODY_BYTES`` of its body."""
+        if response.status < 400:
+            response.close()
+            raise redirected(backend, response.status)
+        body, cut = b"", True
+        try:
+            async with asyncio.timeout(ERROR_BODY_TIMEOUT_S):
+                body, cut = await read_bounded(response, MAX_ERROR_BODY_BYTES)
+        except (TimeoutError, aiohttp.ClientError):
+            pass
+        if cut:
+            response.close()  # the rest is not worth reading
+        raise upstream_error(backend, response.status, body, response.headers.get("retry-after"))
 
     async def abort_all(self, reason: str) -> int:
         keys = list(self._open)
@@ -162,19 +239,38 @@ class RemoteEngine:
         return {"backend": self.backend, "remote_model": self.remote_model, "in_flight": len(self._open)}
 
 
+async def _fed(reader: StreamReader, data: bytes) -> GenerationChunk | None:
+    """``data`` fed to ``reader`` a slice at a time, the loop free to run
+    between slices (one huge read must not hold every other request up),
+    and the output of all of them as one chunk."""
+    if len(data) <= READ_SLICE_BYTES:
+        return reader.feed(data)
+    text, calls = [], []
+    for start in range(0, len(data), READ_SLICE_BYTES):
+        chunk = reader.feed(data[start:start + READ_SLICE_BYTES])
+        if chunk is not None:
+            text.append(chunk.text)
+            calls += chunk.tool_calls or []
+        await asyncio.sleep(0)
+    if not text:
+        return None
+    return GenerationChunk(text="".join(text), completion_tokens=reader.completion_tokens, tool_calls=calls or None)
+
+
 class _Watchdog:
-    """The idle timeout once output has started: the longest silence allowed
-    between two reads. Progress is a time stamp; one timer, re-armed only
-    when it fires, checks it and expires ``deadline`` (which then cancels
-    the read) once the silence is long enough. Rescheduling the deadline at
-    every read would cost a timer per token."""
+    """The idle timeout once the backend's answer has begun: the longest
+    silence allowed between two reads (any bytes count, heartbeats and
+    events the front does not relay included). Progress is a time stamp;
+    one timer, re-armed only when it fires, checks it and expires
+    ``deadline`` (which then cancels the read) once the silence is long
+    enough. Rescheduling the deadline at every read would cost a timer per
+    token."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, deadline: asyncio.Timeout, idle_s: float) -> None:
         self._loop = loop
         self._deadline = deadline
         self._idle = idle_s
         self._last = loop.time()
-        deadline.reschedule(None)  # the first-byte limit is met: only silence counts now
         self._timer: asyncio.TimerHandle | None = loop.call_at(self._last + idle_s, self._check)
 
     def progress(self) -> None:
@@ -195,5 +291,27 @@ class _Watchdog:
 
 
 def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return text[:200] or type(exc).__name__
+    """An aiohttp failure in a few plain words (its own text names hosts,
+    sockets and parser internals)."""
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return "its host name does not resolve"
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return "its TLS certificate was not accepted"
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return "the TLS handshake failed"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return "connection refused" if isinstance(exc.os_error, ConnectionRefusedError) else "cannot connect"
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return "timed out connecting"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the connection was closed"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        text = str(exc)
+        if "not completed" in text:
+            return "the connection was closed mid-answer"
+        return "an answer that does not decompress" if "decompress" in text.lower() else "a malformed HTTP answer"
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return "a malformed HTTP answer"
+    if isinstance(exc, (aiohttp.ClientConnectionResetError, ConnectionResetError)):
+        return "the connection was reset"
+    return "the connection failed"

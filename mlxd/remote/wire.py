@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxd.engine.types import GenerationChunk, GenerationRequest, SamplingParams, ToolCallFragment
-from mlxd.errors import BackendFailed, BadRequest, MlxdError, UpstreamRejected
+from mlxd.errors import BackendFailed, BadRequest, MlxdError, UpstreamRejected, clip
 
 # Sampling fields outside OpenAI's own set: servers that do not know them
 # (OpenAI itself) reject them, so they go out only when they change something.
@@ -45,6 +45,9 @@ def request_body(request: GenerationRequest, remote_model: str) -> dict[str, Any
             body[name] = value
     if request.ignore_eos:
         body["ignore_eos"] = True  # vLLM and mlxd know it; a benchmark setting
+    if request.logit_bias:
+        # The ids are the backend model's: it checks them against its vocabulary.
+        body["logit_bias"] = {str(token): bias for token, bias in request.logit_bias.items()}
     return body
 
 
@@ -98,73 +101,193 @@ def _next_image(images: Any) -> str:
 
 # --- the answer ---------------------------------------------------------------
 
+# What one backend may make the front hold: an event (or a whole JSON answer)
+# larger than any real one is a broken or hostile backend, not a long answer.
+MAX_EVENT_BYTES = 8 * 1024 * 1024
+# An error answer's body is read this far for its message; the rest is
+# discarded with the connection.
+MAX_ERROR_BODY_BYTES = 64 * 1024
+# Distinct tool calls in one answer: a backend's index is a label, never a
+# count of calls to make room for.
+MAX_TOOL_CALLS = 128
+# Garbage is as retryable as a 5xx: the backend may be mid-restart.
+RETRY_BROKEN_S = 5.0
+# The largest usage count believed; beyond it a figure is noise (and would
+# not fit prometheus' floats exactly).
+_MAX_COUNT = 10**15
+_FINISH_LIMIT = 40
+
+
+def broken(backend: str, what: str, *, detail: str | None = None) -> BackendFailed:
+    """A backend that broke the protocol: a 502 with Retry-After, naming the
+    backend only by its registry name."""
+    return BackendFailed(f"{_who(backend)} {what}", retry_after=RETRY_BROKEN_S, detail=detail)
+
+
+def _who(backend: str) -> str:
+    return f"Backend `{backend}`" if backend else "The backend"
+
+
+@dataclass
+class _Call:
+    """One of the backend's tool calls: its local index once named (the
+    next free one: indices are dense and in order of naming), and what
+    arrived for it before its name did."""
+
+    local: int | None = None
+    held_id: str | None = None
+    held: list[str] = field(default_factory=list)
+    held_bytes: int = 0
+
 
 @dataclass
 class StreamReader:
-    """Reads one upstream event stream as its bytes arrive. All the output of
-    the complete events in one read goes out as one chunk: when the front
-    falls behind, the backend's tokens pile up in the socket, and relaying
-    them as one frame costs one write instead of one per token. The finish
-    is held back until the stream ends, because the usage that belongs in
-    it comes in an event of its own after it."""
+    """Reads one upstream event stream as its bytes arrive (SSE: lines end
+    at LF, CRLF or CR; an event is its ``data:`` lines joined by LF, up to a
+    blank line). All the output of the complete events in one read goes out
+    as one chunk: when the front falls behind, the backend's tokens pile up
+    in the socket, and relaying them as one frame costs one write instead of
+    one per token. The finish is held back until the stream ends, because
+    the usage that belongs in it comes in an event of its own after it.
 
+    A line still arriving is kept as its pieces and only the new bytes of a
+    read are scanned, so a long line costs its length, not its length
+    squared; an event over ``MAX_EVENT_BYTES`` is refused."""
+
+    backend: str = ""
+    # A /v1/completions answer: tool calls are a chat affair, ignored there.
+    chat: bool = True
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
     done: bool = False
-    # Tool calls seen so far, by index: whether their name has gone out.
-    _calls: dict[int, bool] = field(default_factory=dict)
-    # The start of an event line whose end has not arrived yet.
-    _partial: bytes = b""
+    # Complete data events read (the first one is the backend's acceptance).
+    events: int = 0
+    _calls: dict[int, _Call] = field(default_factory=dict)
+    _named: int = 0
+    # The pieces of the line still arriving, and their size.
+    _line: list[bytes] = field(default_factory=list)
+    _line_bytes: int = 0
+    # The data lines of the event still arriving, and their size.
+    _data: list[bytes] = field(default_factory=list)
+    _data_bytes: int = 0
+    # The last read ended in CR: an LF that starts the next one ends no line.
+    _after_cr: bool = False
 
     def feed(self, data: bytes) -> GenerationChunk | None:
         """Bytes as they arrived (several events, or part of one); a chunk
         when the complete events among them carry new output."""
-        *lines, self._partial = (self._partial + data).split(b"\n")
+        if self._after_cr and data:
+            self._after_cr = False
+            if data[:1] == b"\n":
+                data = data[1:]
+        if b"\r" in data:
+            self._after_cr = data.endswith(b"\r")
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = data.split(b"\n")
+        rest = lines.pop()
         text = ""
         calls: list[ToolCallFragment] = []
+        if lines and self._line:
+            self._line.append(lines[0])
+            lines[0] = b"".join(self._line)
+            self._line.clear()
+            self._line_bytes = 0
         for line in lines:
-            # Comments (heartbeats), event names and blank separators carry nothing.
-            if self.done or not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                self.done = True
-                continue
-            piece, more = self._event(_json_object(payload))
-            text += piece
-            calls += more
+            if line.startswith(b"data:"):
+                value = line[6:] if line[5:6] == b" " else line[5:]
+                self._data.append(value)
+                self._data_bytes += len(value)
+                if self._data_bytes > MAX_EVENT_BYTES:
+                    raise self._too_large()
+            elif not line and self._data:
+                piece, more = self._dispatch()
+                text += piece
+                calls += more
+            # Comments (heartbeats), event names, ids: nothing to relay.
+        if rest:
+            self._line.append(rest)
+            self._line_bytes += len(rest)
+            if self._line_bytes + self._data_bytes > MAX_EVENT_BYTES:
+                raise self._too_large()
         if not text and not calls:
             return None
         return GenerationChunk(text=text, completion_tokens=self.completion_tokens, tool_calls=calls or None)
 
+    def close(self) -> GenerationChunk | None:
+        """The stream ended cleanly: a last event that no blank line (or no
+        newline at all) followed is complete all the same."""
+        self._after_cr = False
+        return self.feed(b"\n\n") if self._line or self._data else None
+
+    def _too_large(self) -> BackendFailed:
+        return broken(self.backend, f"sent an event larger than {MAX_EVENT_BYTES // (1024 * 1024)} MiB")
+
+    def _dispatch(self) -> tuple[str, list[ToolCallFragment]]:
+        payload = self._data[0] if len(self._data) == 1 else b"\n".join(self._data)
+        self._data.clear()
+        self._data_bytes = 0
+        if self.done:
+            return "", []  # nothing counts after [DONE]
+        if len(payload) < 16:
+            payload = payload.strip()
+            if payload == b"[DONE]":
+                self.events += 1
+                self.done = True
+                return "", []
+            if not payload:
+                return "", []  # an empty event carries nothing
+        self.events += 1
+        return self._event(_json_object(payload, self.backend))
+
     def whole(self, payload: dict[str, Any]) -> GenerationChunk | None:
         """A whole answer's JSON, which reads like one event with ``message``
         where a stream has ``delta``."""
+        self.events += 1
         text, calls = self._event(payload)
         if not text and not calls:
             return None
         return GenerationChunk(text=text, completion_tokens=self.completion_tokens, tool_calls=calls or None)
 
     def _event(self, payload: dict[str, Any]) -> tuple[str, list[ToolCallFragment]]:
-        if "error" in payload:
-            raise upstream_stream_error(payload)
+        if payload.get("error") is not None:
+            raise upstream_stream_error(payload, self.backend)
         self._usage(payload.get("usage"))
+        choices = payload.get("choices")
+        if choices is None:
+            return "", []
+        if not isinstance(choices, list):
+            raise broken(self.backend, "sent `choices` that is not a list")
         text = ""
         calls: list[ToolCallFragment] = []
-        for choice in payload.get("choices") or []:
+        for choice in choices:
             if not isinstance(choice, dict):
+                raise broken(self.backend, "sent a choice that is not an object")
+            # mlxd asks for one choice: another index is not this answer's.
+            if choice.get("index") not in (None, 0):
                 continue
             delta = choice.get("delta", choice.get("message"))
             piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
             if isinstance(piece, str):
                 text += piece
-            if isinstance(delta, dict) and delta.get("tool_calls"):
+            if self.chat and isinstance(delta, dict) and delta.get("tool_calls"):
                 calls += self._tool_calls(delta["tool_calls"])
-            if choice.get("finish_reason"):
-                self.finish_reason = str(choice["finish_reason"])
+            self._finish(choice.get("finish_reason"))
         return text, calls
+
+    def _finish(self, reason: Any) -> None:
+        if not reason:
+            return
+        if not isinstance(reason, str):
+            # It did say the answer is over; how is not readable.
+            self.finish_reason = "stop"
+        elif reason == "abort":
+            # The front's own word for a preempted local generation (a 503);
+            # a backend that aborted its answer has failed it.
+            raise broken(self.backend, "aborted the answer")
+        else:
+            self.finish_reason = clip(reason, _FINISH_LIMIT)
 
     def _tool_calls(self, calls: Any) -> list[ToolCallFragment]:
         out = []
@@ -173,41 +296,57 @@ class StreamReader:
                 continue
             index = call.get("index")
             # A whole answer's calls carry no index: their order is it.
-            index = index if isinstance(index, int) else position
+            key = index if isinstance(index, int) and not isinstance(index, bool) else position
+            state = self._calls.get(key)
+            if state is None:
+                if len(self._calls) >= MAX_TOOL_CALLS:
+                    raise broken(self.backend, f"sent more than {MAX_TOOL_CALLS} tool calls in one answer")
+                state = self._calls[key] = _Call()
             function = call.get("function") if isinstance(call.get("function"), dict) else {}
             arguments = function.get("arguments")
             if arguments is not None and not isinstance(arguments, str):
                 arguments = json.dumps(arguments)  # some servers send an object
             call_id = call.get("id") if isinstance(call.get("id"), str) else None
-            name = function.get("name") if isinstance(function.get("name"), str) else None
-            # Some servers repeat the id and name on every piece: each goes
-            # out once, the id with the call's first piece.
-            if index not in self._calls:
-                self._calls[index] = False
-                call_id = call_id or f"call_{uuid.uuid4().hex[:24]}"
-            else:
-                call_id = None
-            if name is not None and not self._calls[index]:
-                self._calls[index] = True
-            else:
-                name = None
-            out.append(ToolCallFragment(index, call_id, name, arguments or ""))
+            name = function.get("name") if isinstance(function.get("name"), str) and function["name"] else None
+            if state.local is not None:
+                # Some servers repeat the id and name on every piece: each
+                # went out once, with the call's first piece.
+                if arguments:
+                    out.append(ToolCallFragment(state.local, None, None, arguments))
+                continue
+            state.held_id = state.held_id or call_id
+            if arguments:
+                state.held.append(arguments)
+                state.held_bytes += len(arguments)
+                if state.held_bytes > MAX_EVENT_BYTES:
+                    raise self._too_large()
+            if name is None:
+                # A call goes out only once it is named: no surface can open
+                # a call without a name, and one that never gets one is none.
+                continue
+            state.local = self._named
+            self._named += 1
+            held = "".join(state.held)
+            state.held.clear()
+            out.append(ToolCallFragment(state.local, state.held_id or f"call_{uuid.uuid4().hex[:24]}", name, held))
         return out
 
     def _usage(self, usage: Any) -> None:
+        # A backend's accounting is not worth failing its answer over: a
+        # figure that is not a count counts as 0.
         if not isinstance(usage, dict):
             return
-        self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-        self.completion_tokens = int(usage.get("completion_tokens") or 0)
+        self.prompt_tokens = _count(usage.get("prompt_tokens"))
+        self.completion_tokens = _count(usage.get("completion_tokens"))
         details = usage.get("prompt_tokens_details")
         if isinstance(details, dict):
-            self.cached_tokens = int(details.get("cached_tokens") or 0)
+            self.cached_tokens = _count(details.get("cached_tokens"))
 
     def finish(self) -> GenerationChunk:
         """The closing chunk; a stream that ended without saying how is a
         backend that died mid-answer."""
         if self.finish_reason is None:
-            raise BackendFailed("The backend closed the stream before the answer was finished")
+            raise broken(self.backend, "closed the stream before the answer was finished")
         return GenerationChunk(
             text="",
             finish_reason=self.finish_reason,
@@ -217,42 +356,63 @@ class StreamReader:
         )
 
 
-def whole_answer(body: bytes) -> list[GenerationChunk]:
+def _count(value: Any) -> int:
+    """A usage figure: a non-negative int or a string of digits; anything
+    else (text, lists, negatives, floats, NaN) is 0."""
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return value if 0 <= value <= _MAX_COUNT else 0
+    if isinstance(value, str) and 0 < len(value) <= 15 and value.isascii() and value.isdigit():
+        return int(value)
+    return 0
+
+
+def whole_answer(body: bytes, backend: str = "", *, chat: bool = True) -> list[GenerationChunk]:
     """A backend that answered with one JSON document though a stream was
     asked for: its text and tool calls as one chunk, then the finish."""
-    reader = StreamReader()
-    chunk = reader.whole(_json_object(body))
+    reader = StreamReader(backend, chat=chat)
+    chunk = reader.whole(_json_object(body, backend))
     return [*([chunk] if chunk is not None else []), reader.finish()]
 
 
-def _json_object(data: str | bytes) -> dict[str, Any]:
+def _json_object(data: str | bytes, backend: str = "") -> dict[str, Any]:
     try:
         payload = json.loads(data)
-    except ValueError:
-        raise BackendFailed("The backend sent an answer that is not JSON") from None
+    except (ValueError, RecursionError):  # (nesting deep enough to exhaust the stack)
+        raise broken(backend, "sent an answer that is not JSON") from None
     if not isinstance(payload, dict):
-        raise BackendFailed("The backend sent an answer that is not a JSON object")
+        raise broken(backend, "sent an answer that is not a JSON object")
     return payload
 
 
-def _error_fields(payload: Any) -> dict[str, Any]:
-    error = payload.get("error") if isinstance(payload, dict) else None
+def _error_fields(payload: Any) -> dict[str, str]:
+    """An error body's message, type, param and code: strings only (another
+    server's objects are not this API's fields)."""
+    if not isinstance(payload, dict):
+        return {}
+    error = payload.get("error")
     if isinstance(error, dict):
-        return error
+        return {k: error[k] for k in ("message", "type", "param", "code") if isinstance(error.get(k), str)}
     if isinstance(error, str):
         return {"message": error}
-    if isinstance(payload, dict) and isinstance(payload.get("detail"), str):
-        return {"message": payload["detail"]}
+    detail = payload.get("detail")
+    if isinstance(detail, str):
+        return {"message": detail}
+    if isinstance(detail, list):  # FastAPI's validation errors
+        texts = [d["msg"] for d in detail if isinstance(d, dict) and isinstance(d.get("msg"), str)]
+        return {"message": "; ".join(texts)} if texts else {}
     return {}
 
 
 def upstream_error(backend: str, status: int, body: bytes, retry_after: str | None) -> MlxdError:
-    """The typed error for an upstream answer with an error status."""
+    """The typed error for an upstream answer with an error status (``body``:
+    as much of it as was read)."""
     try:
         fields = _error_fields(json.loads(body))
-    except ValueError:
+    except (ValueError, RecursionError):
         fields = {}
-    message = str(fields.get("message") or "").strip()[:500]
+    message = clip(fields.get("message", "").strip(), 500)
     retry = _seconds(retry_after)
     if status in (401, 403):
         # The client's key was fine (the front checked it); the front's key
@@ -264,22 +424,40 @@ def upstream_error(backend: str, status: int, body: bytes, retry_after: str | No
         return UpstreamRejected(
             status,
             message or f"Backend `{backend}` rejected the request ({status})",
-            error_type=str(fields.get("type") or "invalid_request_error"),
-            param=fields.get("param") if isinstance(fields.get("param"), str) else None,
-            code=fields.get("code") if isinstance(fields.get("code"), str) else None,
+            error_type=clip(fields.get("type") or "invalid_request_error", 80),
+            param=clip(fields["param"], 200) if "param" in fields else None,
+            code=clip(fields["code"], 80) if "code" in fields else None,
             retry_after=retry,
         )
-    detail = f": {message}" if message else ""
-    return BackendFailed(f"Backend `{backend}` failed ({status}){detail}", retry_after=retry or 5)
+    # A server error's own words (a path, a device) are the operator's to
+    # read in the log, not the client's.
+    said = message or clip(body[:200].decode("utf-8", "replace").strip(), 200)
+    return BackendFailed(f"Backend `{backend}` failed ({status})", retry_after=retry or RETRY_BROKEN_S,
+                         detail=said or None)
 
 
-def upstream_stream_error(payload: dict[str, Any]) -> BackendFailed:
-    message = str(_error_fields(payload).get("message") or "the backend reported an error").strip()[:500]
-    return BackendFailed(f"The backend failed mid-answer: {message}")
+def redirected(backend: str, status: int) -> BackendFailed:
+    """Redirects are not followed: the prompt goes where the registry says,
+    not wherever a backend points."""
+    return BackendFailed(
+        f"Backend `{backend}` answered with a redirect ({status}); its `url` should point at the final address"
+    )
+
+
+def upstream_stream_error(payload: dict[str, Any], backend: str = "") -> BackendFailed:
+    fields = _error_fields(payload)
+    kind = fields.get("type") or fields.get("code")
+    error = payload.get("error")
+    if kind is None and isinstance(error, dict) and isinstance(error.get("code"), int):
+        kind = str(error["code"])
+    suffix = f" ({clip(kind, 40)})" if kind else ""
+    return BackendFailed(f"{_who(backend)} failed mid-answer{suffix}", retry_after=RETRY_BROKEN_S,
+                         detail=clip(fields.get("message", ""), 500) or None)
 
 
 def _seconds(value: str | None) -> float | None:
     try:
-        return float(value) if value is not None else None
+        seconds = float(value) if value is not None else None
     except ValueError:
         return None
+    return seconds if seconds is not None and 0 <= seconds < 86400 else None

@@ -5,6 +5,7 @@ environment and never shown."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -104,6 +105,23 @@ def test_completions_work_on_a_remote_entry(front, backend):
     theirs = direct(backend).completions.create(model="tiny", prompt="Once upon", max_tokens=6, temperature=0)
     assert ours.choices[0].text == theirs.choices[0].text
     assert ours.usage.completion_tokens == 6
+
+
+def test_logit_bias_and_a_completions_response_format_are_relayed_to_the_backend(front, backend):
+    # Token 294 is " the" in the tiny qwen2's vocabulary.
+    biased = via(front).chat.completions.create(model="big", messages=MESSAGES, max_tokens=6, logit_bias={"294": 100})
+    assert biased.choices[0].message.content.split() == ["the"] * 6
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    shaped = {"response_format": {"type": "json_schema", "json_schema": {"name": "v", "schema": schema}}}
+    ours = via(front).completions.create(model="big", prompt="Once upon", max_tokens=12, extra_body=shaped)
+    theirs = direct(backend).completions.create(model="tiny", prompt="Once upon", max_tokens=12, extra_body=shaped)
+    assert ours.choices[0].text == theirs.choices[0].text
+    assert isinstance(json.loads(ours.choices[0].text)["ok"], bool)
+    # The ids are the backend model's: its vocabulary decides, and its 400 comes back.
+    with pytest.raises(openai.BadRequestError) as outside:
+        via(front).chat.completions.create(model="big", messages=MESSAGES, max_tokens=2, logit_bias={"2048": 1})
+    assert "outside this model's vocabulary" in outside.value.message
 
 
 def test_models_lists_remote_names_owned_by_their_backend(front):

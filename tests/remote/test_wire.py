@@ -8,7 +8,7 @@ import pytest
 
 from mlxd.engine.types import GenerationRequest, SamplingParams
 from mlxd.errors import BackendFailed, UpstreamRejected
-from mlxd.remote.wire import StreamReader, endpoint, request_body, upstream_error
+from mlxd.remote.wire import MAX_EVENT_BYTES, MAX_TOOL_CALLS, StreamReader, endpoint, request_body, upstream_error, whole_answer
 
 
 def test_a_chat_request_goes_out_as_a_streaming_chat_completion_under_the_remote_name():
@@ -27,7 +27,7 @@ def test_a_chat_request_goes_out_as_a_streaming_chat_completion_under_the_remote
 
 def test_sampling_nobody_asked_for_is_left_to_the_backends_defaults():
     plain = request_body(GenerationRequest(request_id="r", max_tokens=1, prompt="x"), "m")
-    assert not {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed"} & plain.keys()
+    assert not {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "logit_bias"} & plain.keys()
     everything = frozenset({"temperature", "top_k", "min_p", "repetition_penalty"})
     tuned = request_body(
         GenerationRequest(request_id="r", max_tokens=1, prompt="x", sampling_set=everything,
@@ -70,8 +70,11 @@ def test_completions_text_is_read_too():
 def test_a_stream_that_ends_unfinished_or_reports_an_error_is_a_bad_gateway():
     with pytest.raises(BackendFailed, match="before the answer was finished"):
         StreamReader().finish()
-    with pytest.raises(BackendFailed, match="mid-answer: out of memory"):
-        feed(StreamReader(), {"error": {"message": "out of memory", "type": "server_error"}})
+    with pytest.raises(BackendFailed, match=r"^Backend `gpu` failed mid-answer \(server_error\)$") as failed:
+        feed(StreamReader("gpu"), {"error": {"message": "CUDA out of memory at /opt/vllm/worker.py:123",
+                                             "type": "server_error"}})
+    assert failed.value.detail == "CUDA out of memory at /opt/vllm/worker.py:123", "the backend's words go to the log"
+    assert failed.value.headers() == {"Retry-After": "5"}
     with pytest.raises(BackendFailed, match="not JSON"):
         feed(StreamReader(), "{oops")
 
@@ -88,6 +91,8 @@ def test_upstream_errors_keep_a_4xx_and_its_message_and_turn_5xx_into_502():
     broken = upstream_error("studio", 500, b"<html>oops</html>", None)
     assert broken.status_code == 502 and "Retry-After" in broken.headers()
     assert "Backend `studio` failed (500)" in broken.message
+    leaky = upstream_error("studio", 500, json.dumps({"error": {"message": "OOM at /opt/vllm/worker.py"}}).encode(), None)
+    assert leaky.message == "Backend `studio` failed (500)" and leaky.detail == "OOM at /opt/vllm/worker.py"
     vllm_style = upstream_error("gpu", 404, json.dumps({"detail": "Not Found"}).encode(), None)
     assert vllm_style.status_code == 404 and vllm_style.message == "Not Found"
 
@@ -172,3 +177,171 @@ def test_events_are_read_as_their_bytes_arrive_and_those_of_one_read_go_out_as_o
     assert reader.feed(b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n') is None
     assert reader.done and reader.finish().finish_reason == "stop"
     assert reader.feed(event.encode() % b"late") is None, "nothing counts after [DONE]"
+
+
+def event(payload) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+def text_event(text: str) -> bytes:
+    return event({"choices": [{"index": 0, "delta": {"content": text}}]})
+
+
+def test_an_event_may_span_several_data_lines_joined_by_a_newline():
+    reader = StreamReader()
+    assert reader.feed(b'data: {"choices": [{"delta":\ndata: {"content": "a\\nb"}}]}\n\n').text == "a\nb"
+    # "data:" without a space, and other fields, are SSE too.
+    assert reader.feed(b'event: message\nid: 7\ndata:{"choices":[{"delta":{"content":"c"}}]}\n\n').text == "c"
+
+
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n", b"\r"])
+def test_lines_end_at_lf_crlf_or_a_bare_cr_even_when_a_read_cuts_between_them(newline):
+    stream = (text_event("Hel") + text_event("lo")).replace(b"\n", newline)
+    for cut in range(len(stream) + 1):
+        reader = StreamReader()
+        chunks = [reader.feed(stream[:cut]), reader.feed(stream[cut:])]
+        assert "".join(c.text for c in chunks if c is not None) == "Hello", cut
+        assert reader.events == 2
+
+
+def test_a_last_event_without_its_newline_is_complete_at_a_clean_end_of_stream():
+    reader = StreamReader()
+    assert reader.feed(text_event("Hi") + b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}') .text == "Hi"
+    assert reader.finish_reason is None, "the event is not over until its line is"
+    assert reader.close() is None
+    assert reader.finish().finish_reason == "stop"
+
+
+def test_a_long_line_is_assembled_in_linear_time_and_bounded():
+    reader = StreamReader()
+    piece = b"a" * 65536
+    reader.feed(b'data: {"choices":[{"delta":{"content":"')
+    for _ in range(64):  # 4 MiB of one line, 64 reads: each scans only its own bytes
+        assert reader.feed(piece) is None
+    assert reader._line_bytes < MAX_EVENT_BYTES and len(reader._line) == 65
+    chunk = reader.feed(b'"}}]}\n\n')
+    assert chunk.text == "a" * 64 * 65536
+    assert not reader._line and not reader._data
+    with pytest.raises(BackendFailed, match="sent an event larger than 8 MiB") as failed:
+        endless = StreamReader("gpu")
+        endless.feed(b"data: ")
+        for _ in range(MAX_EVENT_BYTES // len(piece) + 1):
+            endless.feed(piece)
+    assert failed.value.message.startswith("Backend `gpu`") and failed.value.headers() == {"Retry-After": "5"}
+    with pytest.raises(BackendFailed, match="larger than"):
+        # Many data lines of one event count together.
+        StreamReader().feed((b"data: " + piece + b"\n") * (MAX_EVENT_BYTES // len(piece) + 1))
+
+
+def test_tool_call_indices_are_relabelled_densely_in_order_of_first_naming():
+    reader = StreamReader()
+    named = reader.feed(event({"choices": [{"delta": {"tool_calls": [
+        {"index": 3000000, "id": "a", "function": {"name": "f", "arguments": "{"}},
+        {"index": -1, "function": {"name": "g", "arguments": ""}}]}}]}))
+    more = reader.feed(event({"choices": [{"delta": {"tool_calls": [
+        {"index": -1, "function": {"arguments": "{}"}}, {"index": 2, "function": {"name": "h"}}]}}]}))
+    assert [(f.index, f.id, f.name, f.arguments) for f in named.tool_calls] == [(0, "a", "f", "{"), (1, named.tool_calls[1].id, "g", "")]
+    assert named.tool_calls[1].id.startswith("call_")
+    assert [(f.index, f.name, f.arguments) for f in more.tool_calls] == [(1, None, "{}"), (2, "h", "")]
+
+
+def test_a_call_goes_out_once_named_and_one_never_named_is_no_call():
+    reader = StreamReader()
+    assert reader.feed(event({"choices": [{"delta": {"tool_calls": [
+        {"index": 5, "id": "c5", "function": {"arguments": '{"a":'}}]}}]})) is None
+    later = reader.feed(event({"choices": [{"delta": {"tool_calls": [
+        {"index": 5, "function": {"name": "f", "arguments": "1}"}}]}}]}))
+    assert [(f.index, f.id, f.name, f.arguments) for f in later.tool_calls] == [(0, "c5", "f", '{"a":1}')]
+    assert reader.feed(event({"choices": [{"delta": {"tool_calls": [{"index": 9, "function": {"arguments": "x"}}]}}]})) is None
+
+
+def test_more_distinct_tool_calls_than_the_cap_is_a_bad_gateway():
+    reader = StreamReader()
+    calls = [{"index": i, "function": {"name": "f"}} for i in range(MAX_TOOL_CALLS)]
+    assert len(reader.feed(event({"choices": [{"delta": {"tool_calls": calls}}]})).tool_calls) == MAX_TOOL_CALLS
+    with pytest.raises(BackendFailed, match=f"more than {MAX_TOOL_CALLS} tool calls"):
+        reader.feed(event({"choices": [{"delta": {"tool_calls": [{"index": -7, "function": {"name": "f"}}]}}]}))
+
+
+def test_a_completions_answer_ignores_chat_tool_calls():
+    reader = StreamReader(chat=False)
+    chunk = reader.feed(event({"choices": [{"text": "x", "delta": None}]}))
+    assert chunk.text == "x"
+    assert reader.feed(event({"choices": [{"delta": {"tool_calls": [
+        {"index": 0, "function": {"name": "f", "arguments": "{}"}}]}}]})) is None
+
+
+@pytest.mark.parametrize("usage", [
+    {"prompt_tokens": "five", "completion_tokens": [1]}, [1], {"a": 1}, "x",
+    {"prompt_tokens": -5, "completion_tokens": 1e999, "prompt_tokens_details": {"cached_tokens": "x"}},
+    {"prompt_tokens": float("nan"), "completion_tokens": True, "prompt_tokens_details": [3]},
+    {"prompt_tokens": 10**30, "completion_tokens": "-3"},
+])
+def test_usage_that_is_not_a_count_counts_as_zero_and_fails_nothing(usage):
+    reader = StreamReader()
+    reader.feed(event({"choices": [{"delta": {}, "finish_reason": "stop"}]}))
+    reader.feed(event({"choices": [], "usage": usage}))
+    last = reader.finish()
+    assert (last.prompt_tokens, last.completion_tokens, last.cached_tokens) == (0, 0, 0)
+
+
+def test_usage_as_numeric_strings_counts():
+    reader = StreamReader()
+    reader.feed(event({"choices": [{"delta": {}, "finish_reason": "stop"}], "usage": {
+        "prompt_tokens": "5", "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": "4"}}}))
+    last = reader.finish()
+    assert (last.prompt_tokens, last.completion_tokens, last.cached_tokens) == (5, 2, 4)
+
+
+@pytest.mark.parametrize("payload, message", [
+    ({"choices": 5}, "`choices` that is not a list"),
+    ({"choices": [5]}, "a choice that is not an object"),
+    ({"choices": [{"delta": {}, "finish_reason": "abort"}]}, "aborted the answer"),
+    ([1, 2], "not a JSON object"),
+])
+def test_malformed_choices_are_a_bad_gateway(payload, message):
+    with pytest.raises(BackendFailed, match=message) as failed:
+        StreamReader("gpu").feed(b"data: " + json.dumps(payload).encode() + b"\n\n")
+    assert failed.value.headers() == {"Retry-After": "5"}
+    with pytest.raises(BackendFailed, match="not JSON"):
+        StreamReader().feed(b"data: " + b"[" * 100000 + b"\n\n")
+
+
+def test_only_the_first_choice_is_relayed_and_an_odd_finish_reason_reads_as_stop():
+    reader = StreamReader()
+    chunk = reader.feed(event({"choices": [{"index": 1, "delta": {"content": "other"}, "finish_reason": "length"},
+                                           {"index": 0, "delta": {"content": "mine"}}]}))
+    assert chunk.text == "mine" and reader.finish_reason is None
+    reader.feed(event({"choices": [{"index": 0, "delta": {}, "finish_reason": {"x": 1}}]}))
+    assert reader.finish().finish_reason == "stop"
+
+
+def test_a_null_error_field_is_no_error():
+    assert StreamReader().feed(event({"error": None, "choices": [{"delta": {"content": "ok"}}]})).text == "ok"
+
+
+def test_the_first_event_is_what_accepts_the_request():
+    reader = StreamReader()
+    assert reader.feed(b": keep-alive\n\n") is None and reader.events == 0
+    assert reader.feed(b"<html>\n\n") is None and reader.events == 0
+    assert reader.feed(event({"choices": [{"delta": {"role": "assistant", "content": ""}}]})) is None
+    assert reader.events == 1
+
+
+def test_error_bodies_pass_only_string_fields_and_fastapi_details_read_as_text():
+    odd = json.dumps({"error": {"message": {"nested": "obj"}, "type": 123, "param": ["p"], "code": 7}}).encode()
+    rejected = upstream_error("studio", 400, odd, None)
+    assert rejected.body()["error"] == {"message": "Backend `studio` rejected the request (400)",
+                                        "type": "invalid_request_error", "param": None, "code": "upstream_error"}
+    fastapi = json.dumps({"detail": [{"loc": ["body", "n"], "msg": "n must be 1", "type": "value_error"},
+                                     {"msg": "and so on"}]}).encode()
+    assert upstream_error("gpu", 422, fastapi, None).message == "n must be 1; and so on"
+
+
+def test_a_whole_answer_is_read_with_the_same_rules():
+    body = json.dumps({"choices": [{"index": 0, "finish_reason": "stop", "message": {"content": "hi", "tool_calls": [
+        {"index": 2, "function": {"name": "f", "arguments": "{}"}}]}}], "usage": {"prompt_tokens": -5}}).encode()
+    chunk, finish = whole_answer(body)
+    assert [(f.index, f.name) for f in chunk.tool_calls] == [(0, "f")]
+    assert finish.prompt_tokens == 0
+    assert whole_answer(body, chat=False)[0].tool_calls is None

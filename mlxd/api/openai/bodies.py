@@ -7,6 +7,7 @@ the answer and that mlxd cannot honour is refused with a clear 400 by
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -22,6 +23,9 @@ from mlxd.registry.model import SamplingDefaults
 # {"type": "input_image", "image_url": "..."} (the Responses API's shape).
 IMAGE_PART_TYPES = ("image_url", "input_image")
 PART_TYPES = ("text", *IMAGE_PART_TYPES)
+# A logit_bias key: a token id, as OpenAI's JSON object keys carry it
+# (negative ones parse, to be refused as outside the vocabulary).
+_TOKEN_ID = re.compile(r"-?[0-9]+")
 
 
 class StreamOptions(BaseModel):
@@ -53,7 +57,30 @@ class _Common(BaseModel):
     timeout: float | None = Field(default=None, gt=0)
     # vLLM's extension: decode to max_tokens even past the end token.
     ignore_eos: bool = False
+    # Token id (an integer, as a string) -> a bias in [-100, 100] added to
+    # that token's logit at every step; ids are checked against the model's
+    # vocabulary once it is leased.
+    logit_bias: dict[str, Any] | None = None
     user: str | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _biases(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        seen: set[int] = set()
+        for key, bias in (value or {}).items():
+            if not _TOKEN_ID.fullmatch(key):
+                raise ValueError(f"keys must be token ids (integers, as strings), not {key!r}")
+            if int(key) in seen:
+                raise ValueError(f"token id {int(key)} is given twice")
+            seen.add(int(key))
+            if isinstance(bias, bool) or not isinstance(bias, int | float) or not -100 <= bias <= 100:
+                raise ValueError(f"the bias of token {key} must be a number from -100 to 100, not {bias!r}")
+        return value
+
+    def token_bias(self) -> dict[int, float] | None:
+        if not self.logit_bias:
+            return None
+        return {int(key): float(bias) for key, bias in self.logit_bias.items()}
 
     @field_validator("stop")
     @classmethod
@@ -106,6 +133,7 @@ class _Common(BaseModel):
             timeout=self.timeout,
             ignore_eos=self.ignore_eos,
             output=self.output(),
+            logit_bias=self.token_bias(),
         )
 
     def output(self) -> OutputRequest:
@@ -177,6 +205,14 @@ class ChatCompletionRequest(_Common):
     parallel_tool_calls: bool | None = None
     response_format: Any = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)
+    # OpenAI fields that would change the answer and that mlxd cannot honour:
+    # declared so that ``unsupported`` refuses them, where as unknown fields
+    # they would be dropped without a word.
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: list[str] | None = None
+    web_search_options: Any = None
 
     def logprob_alternatives(self) -> int | None:
         """How many alternatives per token the answer lists (None: no logprobs)."""
@@ -187,6 +223,15 @@ class ChatCompletionRequest(_Common):
 
     def unsupported(self) -> None:
         super().unsupported()
+        for name in ("functions", "function_call"):
+            if getattr(self, name) is not None:
+                raise BadRequest(f"{name} (deprecated by OpenAI) is not supported; send tools and tool_choice",
+                                 param=name)
+        if self.audio is not None or any(m != "text" for m in self.modalities or ()):
+            raise BadRequest("Only text output is supported", param="audio" if self.audio is not None else "modalities")
+        if self.web_search_options is not None:
+            raise BadRequest("web_search_options is not supported: mlxd's models do not search the web",
+                             param="web_search_options")
         if self.top_logprobs is not None and not self.logprobs:
             raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
         if self.logprobs and self.tools and self.tool_choice != "none":
@@ -236,6 +281,14 @@ class CompletionRequest(_Common):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+    # Structured output: the grammar constrains the text after the prompt,
+    # as it does a chat answer (no chat template needed).
+    response_format: Any = None
+    # Tools are rendered by a chat template and parsed in its call format;
+    # a raw prompt has neither, so these are refused rather than dropped.
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
 
     @field_validator("prompt")
     @classmethod
@@ -250,7 +303,14 @@ class CompletionRequest(_Common):
 
     def unsupported(self) -> None:
         super().unsupported()
-        if self.logprobs:
+        for name in ("tools", "tool_choice", "parallel_tool_calls"):
+            if getattr(self, name) is not None:
+                raise BadRequest(
+                    f"{name} is supported on /v1/chat/completions only: tools need the model's chat template",
+                    param=name,
+                )
+        # 0 asks for the sampled token's logprob alone: an answer, not "none".
+        if self.logprobs is not None and self.logprobs is not False:
             raise BadRequest("logprobs are supported on /v1/chat/completions only", param="logprobs")
         if self.n != 1:
             raise BadRequest("n > 1 is supported on /v1/chat/completions only; send the prompt n times", param="n")
@@ -260,6 +320,9 @@ class CompletionRequest(_Common):
             raise BadRequest("suffix is not supported", param="suffix")
         if self.best_of not in (None, 1):
             raise BadRequest("best_of is not supported", param="best_of")
+
+    def output(self) -> OutputRequest:
+        return OutputRequest(response_format=self.response_format)
 
 
 def _check_encodable(value: Any, what: str) -> None:

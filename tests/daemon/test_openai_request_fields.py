@@ -1,0 +1,145 @@
+"""OpenAI request fields that change the answer, end to end (a real daemon,
+the tiny qwen2, the official openai client): each is honoured or refused
+with a 400 naming it, never accepted and dropped.
+
+The tiny qwen2's tokenizer has 2048 tokens; " the" is token 294."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from support.daemon import daemon_in_thread, write_registry
+
+pytestmark = pytest.mark.mlx
+
+CHAT = [{"role": "user", "content": "Read the configuration file and report the errors"}]
+PROMPT = "The daemon loads models on demand and"
+THE = "294"
+KIND = {"type": "object", "properties": {"kind": {"enum": ["cat", "dog", "bird"]}}, "required": ["kind"],
+        "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fields")
+    registry = write_registry(tmp, [
+        {"name": "qwen", "model": "qwen", "max_concurrency": 4},
+        {"name": "solo", "model": "qwen", "max_concurrency": 1},
+    ])
+    with daemon_in_thread(registry, tmp) as d:
+        yield d
+
+
+@pytest.fixture
+def client(daemon):
+    return openai.OpenAI(base_url=f"{daemon.url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.mark.parametrize("model", ["qwen", "solo"])
+def test_logit_bias_on_chat_and_completions_makes_greedy_output_the_biased_token(client, model):
+    plain = client.chat.completions.create(model=model, messages=CHAT, max_tokens=8, temperature=0)
+    assert "the" not in plain.choices[0].message.content.split()
+    chat = client.chat.completions.create(
+        model=model, messages=CHAT, max_tokens=8, temperature=0, logit_bias={THE: 100}
+    )
+    assert chat.choices[0].message.content.split() == ["the"] * 8
+    text = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0, logit_bias={THE: 100})
+    assert text.choices[0].text.split() == ["the"] * 8
+
+
+def test_a_streamed_biased_chat_matches_the_answer(client):
+    asked = {"model": "qwen", "messages": CHAT, "max_tokens": 10, "temperature": 0, "logit_bias": {THE: 7, "17": -3}}
+    answer = client.chat.completions.create(**asked).choices[0].message.content
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**asked, stream=True)
+                       if c.choices)
+    assert streamed == answer
+    plain = client.chat.completions.create(model="qwen", messages=CHAT, max_tokens=10, temperature=0)
+    assert plain.choices[0].message.content != answer, "the bias changed nothing: the test proves nothing"
+
+
+BAD_BIASES = [
+    {"abc": 5},
+    {"1.5": 5},
+    [1],
+    "294",
+    {THE: 101},
+    {THE: -100.5},
+    {THE: "5"},
+    {THE: True},
+    {THE: None},
+    {"2048": 1},  # the vocabulary is ids 0-2047
+    {"-1": 1},
+    {"1": 1, "01": 2},
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("bias", BAD_BIASES, ids=[json.dumps(b) for b in BAD_BIASES])
+def test_a_bad_logit_bias_is_a_400_naming_it(daemon, path, bias, stream):
+    body = {"model": "qwen", "max_tokens": 2, "logit_bias": bias, "stream": stream}
+    body.update({"messages": CHAT} if "chat" in path else {"prompt": PROMPT})
+    response = httpx.post(f"{daemon.url}{path}", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", "logit_bias")
+
+
+def test_completions_honour_response_format(client):
+    schema = client.completions.create(
+        model="qwen", prompt=PROMPT, max_tokens=20, temperature=0,
+        extra_body={"response_format": {"type": "json_schema", "json_schema": {"name": "k", "schema": KIND}}},
+    )
+    assert schema.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(schema.choices[0].text), KIND)
+    plain = client.completions.create(model="qwen", prompt=PROMPT, max_tokens=20, temperature=0)
+    assert not plain.choices[0].text.startswith("{")
+    # A biased, constrained, streamed completion: the grammar still holds.
+    chunks = client.completions.create(
+        model="qwen", prompt=PROMPT, max_tokens=20, temperature=0, stream=True, logit_bias={THE: 100},
+        extra_body={"response_format": {"type": "json_schema", "json_schema": {"name": "k", "schema": KIND}}},
+    )
+    jsonschema.validate(json.loads("".join(c.choices[0].text for c in chunks if c.choices)), KIND)
+
+
+def test_completions_json_object_opens_an_object_where_the_model_would_not(client):
+    # A random model writes one string key until max_tokens; what matters is
+    # that the grammar started an object with a key.
+    reply = client.completions.create(
+        model="qwen", prompt=PROMPT, max_tokens=30, temperature=0, extra_body={"response_format": {"type": "json_object"}}
+    )
+    assert reply.choices[0].text.startswith('{"')
+
+
+REFUSED = [
+    ("/v1/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ("/v1/completions", {"tool_choice": "auto"}, "tool_choice"),
+    ("/v1/completions", {"parallel_tool_calls": False}, "parallel_tool_calls"),
+    ("/v1/completions", {"logprobs": 0}, "logprobs"),
+    ("/v1/completions", {"response_format": {"type": "xml"}}, "response_format"),
+    ("/v1/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+    ("/v1/chat/completions", {"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+    ("/v1/chat/completions", {"function_call": "auto"}, "function_call"),
+    ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
+    ("/v1/chat/completions", {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    ("/v1/chat/completions", {"web_search_options": {}}, "web_search_options"),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path,extra,param", REFUSED, ids=[f"{p[4:]}-{x}" for p, _, x in REFUSED])
+def test_a_field_mlxd_cannot_honour_is_a_400_naming_it(daemon, path, extra, param, stream):
+    body = {"model": "qwen", "max_tokens": 2, "stream": stream, **extra}
+    body.update({"messages": CHAT} if "chat" in path else {"prompt": PROMPT})
+    response = httpx.post(f"{daemon.url}{path}", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_text_only_modalities_are_what_mlxd_answers_anyway(client):
+    reply = client.chat.completions.create(model="qwen", messages=CHAT, max_tokens=2, modalities=["text"])
+    assert reply.choices[0].message.content is not None
