@@ -23,18 +23,9 @@ from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.errors import BackendFailed, BackendTimeout, BackendUnavailable, MlxdError, UpstreamRejected, describe_exception
 from mlxd.registry.model import ModelSpec
 from mlxd.remote.backends import BackendLink, BackendPool, read_bounded
-from mlxd.remote.wire import (
-    MAX_ERROR_BODY_BYTES,
-    MAX_EVENT_BYTES,
-    RETRY_BROKEN_S,
-    StreamReader,
-    broken,
-    endpoint,
-    redirected,
-    request_body,
-    upstream_error,
-    whole_answer,
-)
+from mlxd.remote.answer import MAX_EVENT_BYTES, StreamReader, whole_answer
+from mlxd.remote.refusals import MAX_ERROR_BODY_BYTES, RETRY_BROKEN_S, broken, redirected, upstream_error
+from mlxd.remote.wire import endpoint, request_body
 
 log = logging.getLogger("mlxd.remote")
 

@@ -8,7 +8,9 @@ import pytest
 
 from mlxd.engine.types import GenerationRequest, SamplingParams
 from mlxd.errors import BackendFailed, UpstreamRejected
-from mlxd.remote.wire import MAX_EVENT_BYTES, MAX_TOOL_CALLS, StreamReader, endpoint, request_body, upstream_error, whole_answer
+from mlxd.remote.answer import MAX_EVENT_BYTES, MAX_TOOL_CALLS, StreamReader, whole_answer
+from mlxd.remote.refusals import upstream_error
+from mlxd.remote.wire import endpoint, request_body
 
 
 def test_a_chat_request_goes_out_as_a_streaming_chat_completion_under_the_remote_name():
@@ -152,8 +154,6 @@ def test_streamed_tool_call_deltas_become_fragments_named_once():
 
 
 def test_a_whole_json_answer_reads_like_a_stream():
-    from mlxd.remote.wire import whole_answer
-
     body = json.dumps({
         "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
             "role": "assistant", "content": None,
