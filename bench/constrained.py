@@ -41,6 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import PROMPT, environment, reexec_with_openblas, save, table  # noqa: E402
+from bench.engine_ab import compare, single_and_batched  # noqa: E402
 
 ITEM = {
     "type": "object",
@@ -92,64 +93,6 @@ def request(rid: str, max_tokens: int, constrained: bool):
     )
 
 
-async def timed(engine: Any, req: Any) -> tuple[float, float, int]:
-    """(first chunk time, last chunk time, tokens) of one request."""
-    first = last = 0.0
-    tokens = 0
-    async for chunk in engine.generate(req):
-        if not chunk.completion_tokens:
-            continue  # the acceptance, before the prefill
-        now = time.perf_counter()
-        first = first or now
-        last, tokens = now, chunk.completion_tokens
-    return first, last, tokens
-
-
-async def decode_rate(engine: Any, rows: int, max_tokens: int, constrained: bool) -> tuple[float, float]:
-    """Aggregate decode tok/s of ``rows`` concurrent requests, from the first
-    token of any to the last token of all (prefill excluded), and the
-    process's CPU seconds per generated token (steadier on a busy machine)."""
-    cpu = time.process_time()
-    results = await asyncio.gather(*(timed(engine, request(f"r{i}", max_tokens, constrained)) for i in range(rows)))
-    cpu = time.process_time() - cpu
-    for _, _, tokens in results:
-        assert tokens == max_tokens, (tokens, max_tokens)
-    start = max(first for first, _, _ in results)  # all rows decoding
-    end = max(last for _, last, _ in results)
-    generated = sum(tokens for *_, tokens in results) - rows  # tokens after each first one
-    rate = generated / (end - start) if end > start else float("nan")
-    return rate, cpu / (rows * max_tokens)
-
-
-async def compare(engine: Any, rows: int, max_tokens: int, repeats: int) -> dict[str, Any]:
-    await decode_rate(engine, rows, 16, True)  # warm-up: JIT kernels, grammar compile
-    await decode_rate(engine, rows, 16, False)
-    free, constrained, free_cpu, constrained_cpu = [], [], [], []
-    for _ in range(repeats):
-        rate, cpu = await decode_rate(engine, rows, max_tokens, False)
-        free.append(rate)
-        free_cpu.append(cpu)
-        rate, cpu = await decode_rate(engine, rows, max_tokens, True)
-        constrained.append(rate)
-        constrained_cpu.append(cpu)
-    f, c = max(free), max(constrained)
-    fc, cc = statistics.median(free_cpu), statistics.median(constrained_cpu)
-    return {
-        "rows": rows,
-        # Best of the runs: on a shared machine the slow runs measure the neighbours.
-        "free_tok_s": round(f, 1),
-        "constrained_tok_s": round(c, 1),
-        "ratio": round(c / f, 3),
-        "ratio_of_medians": round(statistics.median(constrained) / statistics.median(free), 3),
-        # CPU time per token (prompt included, the same for both), median.
-        "free_cpu_ms_per_token": round(fc * 1000, 3),
-        "constrained_cpu_ms_per_token": round(cc * 1000, 3),
-        "cpu_ratio": round(fc / cc, 3),
-        "free_runs": [round(x, 1) for x in free],
-        "constrained_runs": [round(x, 1) for x in constrained],
-    }
-
-
 def compile_times(tokenizer: Any, vocab: int) -> dict[str, Any]:
     from mlxd.engine.types import Constraint
     from mlxd.grammar.compiler import GrammarCompiler
@@ -176,29 +119,12 @@ def compile_times(tokenizer: Any, vocab: int) -> dict[str, Any]:
 
 
 async def bench(size: str, max_tokens: int, repeats: int) -> dict[str, Any]:
-    from mlxd.engine.loader import load_text_engine
-    from mlxd.engine.worker import MlxWorker
-    from mlxd.factory import ModelRecipe, build_model
-    from mlxd.registry.model import ModelSpec, PrefixCacheSpec
-
-    path = build_model(ModelRecipe(arch="qwen2", size=size))
-    worker = MlxWorker().start()
-    no_cache = PrefixCacheSpec(max_bytes=0, disk_max_bytes=0, persist=False)
     result: dict[str, Any] = {"size": size, "max_tokens": max_tokens, "repeats": repeats}
-    try:
-        for label, concurrency, rows in (("single", 1, 1), ("batch_of_4", 4, 4)):
-            spec = ModelSpec(name=f"{size}-{label}", path=path, source=str(path), max_context=8192,
-                             max_concurrency=concurrency, prefix_cache=no_cache)
-            engine = await load_text_engine(spec, worker)
-            try:
-                result[label] = await compare(engine, rows, max_tokens, repeats)
-                if label == "single":
-                    _, tokenizer = engine.model.get()
-                    result["compile"] = compile_times(tokenizer, engine.grammars._vocab_size)
-            finally:
-                await engine.close()
-    finally:
-        await worker.shutdown()
+    async for label, rows, engine in single_and_batched(size):
+        result[label] = await compare(engine, request, "constrained", rows, max_tokens, repeats)
+        if label == "single":
+            _, tokenizer = engine.model.get()
+            result["compile"] = compile_times(tokenizer, engine.grammars._vocab_size)
     result.update(environment())
     return result
 

@@ -23,16 +23,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import PROMPT, environment, reexec_with_openblas, save, table  # noqa: E402
-from bench.constrained import timed  # noqa: E402
+from bench.engine_ab import compare, single_and_batched  # noqa: E402
 
 
 def biases(entries: int, vocab_size: int) -> dict[int, float]:
@@ -47,67 +45,13 @@ def request(rid: str, max_tokens: int, bias: dict[int, float] | None):
                              prompt=PROMPT, ignore_eos=True, logit_bias=bias)
 
 
-async def decode_rate(engine: Any, rows: int, max_tokens: int, bias: dict[int, float] | None) -> tuple[float, float]:
-    """Aggregate decode tok/s of ``rows`` concurrent requests (prefill
-    excluded), and the process's CPU seconds per generated token."""
-    cpu = time.process_time()
-    results = await asyncio.gather(*(timed(engine, request(f"r{i}", max_tokens, bias)) for i in range(rows)))
-    cpu = time.process_time() - cpu
-    assert all(tokens == max_tokens for *_, tokens in results)
-    start = max(first for first, _, _ in results)
-    end = max(last for _, last, _ in results)
-    generated = sum(tokens for *_, tokens in results) - rows
-    return (generated / (end - start) if end > start else float("nan")), cpu / (rows * max_tokens)
-
-
-async def compare(engine: Any, rows: int, max_tokens: int, repeats: int, bias: dict[int, float]) -> dict[str, Any]:
-    await decode_rate(engine, rows, 16, bias)  # warm-up
-    await decode_rate(engine, rows, 16, None)
-    free, biased, free_cpu, biased_cpu = [], [], [], []
-    for _ in range(repeats):
-        rate, cpu = await decode_rate(engine, rows, max_tokens, None)
-        free.append(rate)
-        free_cpu.append(cpu)
-        rate, cpu = await decode_rate(engine, rows, max_tokens, bias)
-        biased.append(rate)
-        biased_cpu.append(cpu)
-    f, b = max(free), max(biased)
-    fc, bc = statistics.median(free_cpu), statistics.median(biased_cpu)
-    return {
-        "rows": rows,
-        "free_tok_s": round(f, 1),
-        "biased_tok_s": round(b, 1),
-        "ratio": round(b / f, 3),
-        "ratio_of_medians": round(statistics.median(biased) / statistics.median(free), 3),
-        "free_cpu_ms_per_token": round(fc * 1000, 3),
-        "biased_cpu_ms_per_token": round(bc * 1000, 3),
-        "free_runs": [round(x, 1) for x in free],
-        "biased_runs": [round(x, 1) for x in biased],
-    }
-
-
 async def bench(size: str, max_tokens: int, repeats: int, entries: int) -> dict[str, Any]:
-    from mlxd.engine.loader import load_text_engine
-    from mlxd.engine.worker import MlxWorker
-    from mlxd.factory import ModelRecipe, build_model
-    from mlxd.registry.model import ModelSpec, PrefixCacheSpec
-
-    path = build_model(ModelRecipe(arch="qwen2", size=size))
-    worker = MlxWorker().start()
-    no_cache = PrefixCacheSpec(max_bytes=0, disk_max_bytes=0, persist=False)
     result: dict[str, Any] = {"size": size, "max_tokens": max_tokens, "repeats": repeats, "entries": entries}
-    try:
-        for label, concurrency, rows in (("single", 1, 1), ("batch_of_4", 4, 4)):
-            spec = ModelSpec(name=f"{size}-{label}", path=path, source=str(path), max_context=8192,
-                             max_concurrency=concurrency, prefix_cache=no_cache)
-            engine = await load_text_engine(spec, worker)
-            try:
-                result["vocab_size"] = engine.vocab_size
-                result[label] = await compare(engine, rows, max_tokens, repeats, biases(entries, engine.vocab_size))
-            finally:
-                await engine.close()
-    finally:
-        await worker.shutdown()
+    async for label, rows, engine in single_and_batched(size):
+        bias = biases(entries, engine.vocab_size)
+        result["vocab_size"] = engine.vocab_size
+        result[label] = await compare(engine, lambda rid, n, biased: request(rid, n, bias if biased else None),
+                                      "biased", rows, max_tokens, repeats)
     result.update(environment())
     return result
 
