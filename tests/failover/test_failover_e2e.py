@@ -93,6 +93,15 @@ def target(front, name: str, target_name: str) -> dict:
     return next(t for t in failover(front, name)["targets"] if t["name"] == target_name)
 
 
+def streams_cleanly(front, model: str, messages) -> None:
+    """A streamed chat through ``model``: a 200, no error frame, [DONE]."""
+    stream = httpx.post(f"{front.url}/v1/chat/completions", timeout=60, json={
+        "model": model, "messages": messages, "max_tokens": 4, "stream": True})
+    frames = sse_events(stream)
+    assert stream.status_code == 200 and frames[-1] == "[DONE]"
+    assert not [f for f in frames[:-1] if "error" in f]
+
+
 def unload_here(front) -> None:
     response = httpx.post(f"{front.url}/v1/models/here/unload", json={}, timeout=30)
     assert response.status_code == 200, response.text
@@ -155,11 +164,7 @@ def test_a_backend_answering_503_lets_the_next_target_serve(front):
     wait_until(lambda: target(front, "mended", "studio:broken")["state"] == "failed")
     assert failover(front, "mended")["order"] == ["here", "studio:broken"]
     # A stream too: the 200 comes from the target that took the request.
-    stream = httpx.post(f"{front.url}/v1/chat/completions", timeout=60, json={
-        "model": "mended", "messages": MESSAGES, "max_tokens": 4, "stream": True})
-    frames = sse_events(stream)
-    assert stream.status_code == 200 and frames[-1] == "[DONE]"
-    assert not [f for f in frames[:-1] if "error" in f]
+    streams_cleanly(front, "mended", MESSAGES)
     assert served_by(front, "mended") == "here"
     assert target(front, "mended", "studio:broken")["fell_through"] == before + 1
     metrics = httpx.get(f"{front.url}/metrics", timeout=10).text
@@ -169,11 +174,7 @@ def test_a_backend_answering_503_lets_the_next_target_serve(front):
 
 def test_a_prompt_too_long_for_one_target_goes_to_one_it_fits(front):
     long = [{"role": "user", "content": "Tell me about the sea and the ships upon it. " * 12}]
-    stream = httpx.post(f"{front.url}/v1/chat/completions", timeout=60, json={
-        "model": "roomy", "messages": long, "max_tokens": 4, "stream": True})
-    frames = sse_events(stream)
-    assert stream.status_code == 200 and frames[-1] == "[DONE]"
-    assert not [f for f in frames[:-1] if "error" in f]
+    streams_cleanly(front, "roomy", long)
     assert served_by(front, "roomy") == "here"
     assert "context length" in target(front, "roomy", "cramped")["last_error"]
 
