@@ -97,6 +97,16 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
+def stop(process: subprocess.Popen[bytes], sig: int, seconds: float) -> None:
+    """Ask a server to stop with ``sig``; kill it if it has not within ``seconds``."""
+    process.send_signal(sig)
+    try:
+        process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 @contextlib.contextmanager
 def daemon(
     models: list[dict[str, Any]],
@@ -153,11 +163,7 @@ def serving(registry: Path, tmp: Path, env: dict[str, str] | None = None,
             time.sleep(0.1)
         yield url
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop(process, signal.SIGTERM, 120)
         log.close()
         if log_to is not None:
             log_to.parent.mkdir(parents=True, exist_ok=True)

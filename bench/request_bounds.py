@@ -41,7 +41,7 @@ import httpx
 import psutil
 import yaml
 
-from bench.common import RESULTS_DIR, ROOT, environment, free_port, save, table
+from bench.common import RESULTS_DIR, ROOT, environment, free_port, save, stop, table
 
 CHAT = [{"role": "user", "content": "Say hello"}]
 
@@ -75,11 +75,7 @@ def serve(tree: Path, models: list[dict[str, Any]], env: dict[str, str] | None =
             # The serve command may re-exec itself (OpenBLAS): measure the server.
             yield url, psutil.Process(process.pid)
         finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            stop(process, signal.SIGTERM, 60)
             log.close()
 
 

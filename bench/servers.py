@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
 
-from bench.common import PROMPT, daemon, environment, free_port, reexec_with_openblas, save, table  # noqa: E402
+from bench.common import PROMPT, daemon, environment, free_port, reexec_with_openblas, save, stop, table  # noqa: E402
 
 PATHS = ("raw", "mlxd", "mlx_lm.server", "vllm-mlx")
 LABELS = {"raw": "mlx_lm.stream_generate", "mlxd": "mlxd serve", "mlx_lm.server": "mlx_lm.server",
@@ -232,12 +232,7 @@ def process_server(name: str, argv: list[str], port: int, model: str, logs: Path
         wait_ready(port, process, logs / f"{name}.log")
         yield ServerPath(port, process.pid, model)
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, signal.SIGINT, 30)
         log.close()
 
 
