@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from mlxd.api.conversation import MAX_NESTING, Conversation, encodable, nesting_depth
+from mlxd.api.conversation import MAX_NESTING, Conversation, TextPart, encodable, nesting_depth
 from mlxd.api.images import ImagePolicy, PendingImages, collect_images
 from mlxd.engine.sampling import check_bias_ids
 from mlxd.engine.types import GenerationRequest, SamplingParams
@@ -243,21 +243,35 @@ def _image_policy(entry: Entry) -> ImagePolicy:
 
 def check_conversation(conversation: Conversation, tools: list[dict[str, Any]] | None) -> None:
     """What no chat template can render, whatever the surface: no message
-    at all, text that is not valid Unicode, JSON nested past all reason."""
+    at all, text that is not valid Unicode, earlier tool calls' arguments
+    that are not JSON (templates take them as objects: the client's 400,
+    named where it sent them), JSON nested past all reason. One pass, each
+    call's arguments parsed once."""
     if not conversation.messages:
         raise BadRequest("The conversation has no messages; send at least one.", param="messages")
-    messages = conversation.template_messages()
-    for what, param, value in (("The conversation", "messages", messages), ("A tool definition", "tools", tools)):
-        if not encodable(value):
-            raise BadRequest(f"{what} contains an unpaired UTF-16 surrogate; it is not valid Unicode text.",
-                             param=param)
-    for message in messages:
-        for call in message.get("tool_calls") or ():
-            if nesting_depth(call["function"]["arguments"]) > MAX_NESTING:
+    for message in conversation.messages:
+        texts = [p.text for p in message.parts() if isinstance(p, TextPart)]
+        names = [message.tool_call_id, message.name, *(s for c in message.tool_calls for s in (c.id, c.name))]
+        if not encodable([texts, names]):
+            raise _unencodable("The conversation", "messages")
+        for call in message.tool_calls:
+            try:
+                arguments = json.loads(call.arguments)
+            except ValueError:
+                raise BadRequest(f"{call.param} is not valid JSON.", param=call.param) from None
+            if not encodable(arguments):
+                raise _unencodable("The conversation", "messages")
+            if nesting_depth(arguments) > MAX_NESTING:
                 raise BadRequest(f"A tool call's arguments nest deeper than {MAX_NESTING} levels.", param="messages")
+    if not encodable(tools):
+        raise _unencodable("A tool definition", "tools")
     for tool in tools or ():
         if nesting_depth(tool) > MAX_NESTING:
             raise BadRequest(f"A tool definition nests deeper than {MAX_NESTING} levels.", param="tools")
+
+
+def _unencodable(what: str, param: str) -> BadRequest:
+    return BadRequest(f"{what} contains an unpaired UTF-16 surrogate; it is not valid Unicode text.", param=param)
 
 
 def check_chat(entry: Entry, name: str, conversation: Conversation, output: OutputRequest) -> PendingImages | None:
@@ -266,7 +280,6 @@ def check_chat(entry: Entry, name: str, conversation: Conversation, output: Outp
     images, the images to read."""
     check_conversation(conversation, output.tools)
     check_prompt_length(entry, conversation.text_length(), "messages")
-    _check_tool_calls(conversation)
     with_images = any(takes_images(m) for m in entry.models)
     if conversation.has_images() and not with_images:
         raise BadRequest(f"Model `{name}` is a text model and does not accept images", param="messages")
@@ -288,17 +301,6 @@ def _check_output(entry: Entry, output: OutputRequest) -> None:
         # What the vision engine would refuse, said before any stream opens.
         param = "tools" if output.tools else "response_format"
         raise BadRequest(f"Vision models do not support `{param}` yet.", param=param)
-
-
-def _check_tool_calls(conversation: Conversation) -> None:
-    """Earlier tool calls' arguments go to the chat template as objects:
-    text that is not JSON is the client's 400, named where it sent it."""
-    for message in conversation.messages:
-        for call in message.tool_calls:
-            try:
-                json.loads(call.arguments)
-            except ValueError:
-                raise BadRequest(f"{call.param} is not valid JSON.", param=call.param) from None
 
 
 def plan_chat(
