@@ -259,6 +259,9 @@ def check_conversation(conversation: Conversation, tools: list[dict[str, Any]] |
                 arguments = json.loads(call.arguments)
             except ValueError:
                 raise BadRequest(f"{call.param} is not valid JSON.", param=call.param) from None
+            except RecursionError:  # deeper than Python's parser goes: far past the bound below
+                raise BadRequest(f"A tool call's arguments nest deeper than {MAX_NESTING} levels.",
+                                 param="messages") from None
             if not encodable(arguments):
                 raise _unencodable("The conversation", "messages")
             if nesting_depth(arguments) > MAX_NESTING:

@@ -78,6 +78,12 @@ CASES = [
      raw('{"model":"qwen","max_tokens":2,"messages":[{"role":"user","content":"hi"},'
          + ASSISTANT_CALL % json.dumps(deep_arguments(250))
          + ',{"role":"tool","tool_call_id":"c1","content":"ok"}]}'), 400),
+    # Arguments are JSON text inside the body: the body's own nesting bound
+    # does not reach them, Python's JSON parser's stack does.
+    ("tool-call-arguments-past-the-json-parser", "POST", CHAT_URL,
+     raw('{"model":"qwen","max_tokens":2,"messages":[{"role":"user","content":"hi"},'
+         + ASSISTANT_CALL % json.dumps(deep_arguments(100_000))
+         + ',{"role":"tool","tool_call_id":"c1","content":"ok"}]}'), 400),
     ("deep-tool-use-input", "POST", MESSAGES_URL,
      raw('{"model":"qwen","max_tokens":2,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":'
          '[{"type":"tool_use","id":"t1","name":"f","input":' + deep_arguments(600) + '}]},{"role":"user","content":'
