@@ -55,6 +55,9 @@ class Message:
     # Tool messages: which call this is the result of.
     tool_call_id: str | None = None
     name: str | None = None
+    # Assistant messages: the reasoning that came with the answer, for the
+    # chat template to render or drop as its family does.
+    reasoning: str = ""
 
     def parts(self) -> tuple[Part, ...]:
         return (TextPart(self.content),) if isinstance(self.content, str) else self.content
@@ -72,7 +75,9 @@ class Conversation:
 
     def text_length(self) -> int:
         """Characters of text (images not counted): a cheap bound on tokens."""
-        return sum(len(p.text) for m in self.messages for p in m.parts() if isinstance(p, TextPart))
+        return sum(len(p.text) for m in self.messages for p in m.parts() if isinstance(p, TextPart)) + sum(
+            len(m.reasoning) for m in self.messages
+        )
 
     def template_messages(self) -> list[dict[str, Any]]:
         """The messages as chat templates take them. An image becomes
@@ -138,6 +143,9 @@ def _template_message(message: Message) -> dict[str, Any]:
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
             for c in message.tool_calls
         ]
+    if message.reasoning:
+        # Qwen3-style templates read ``reasoning_content``, gpt-oss's ``thinking``.
+        out["reasoning_content"] = out["thinking"] = message.reasoning
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
     if message.name is not None:

@@ -9,8 +9,9 @@ from typing import Any
 
 from mlxd.engine.types import GenerationChunk
 from mlxd.tools.formats import ToolFormat
+from mlxd.tools.reasoning import ReasoningFormat
+from mlxd.tools.splitter import AnswerSplitter, ReasoningText, ToolCallArguments, ToolCallStart, finish_reason
 from mlxd.tools.splitter import TextDelta as SplitText
-from mlxd.tools.splitter import ToolCallArguments, ToolCallSplitter, ToolCallStart, finish_reason
 
 
 @dataclass(frozen=True)
@@ -19,12 +20,15 @@ class Usage:
     completion_tokens: int = 0
     # Prompt tokens served from the prefix cache instead of prefilled.
     cached_tokens: int = 0
+    # Completion tokens the model spent reasoning (part of completion_tokens).
+    reasoning_tokens: int = 0
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
             self.prompt_tokens + other.prompt_tokens,
             self.completion_tokens + other.completion_tokens,
             self.cached_tokens + other.cached_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
         )
 
     @property
@@ -34,6 +38,15 @@ class Usage:
 
 @dataclass(frozen=True)
 class TextDelta:
+    choice: int
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    """Text of the model's reasoning (a thinking model's ``<think>`` block,
+    gpt-oss's analysis channel), apart from the answer's text."""
+
     choice: int
     text: str
 
@@ -70,49 +83,83 @@ class Finish:
     stop_sequence: str | None = None
 
 
-OutputEvent = TextDelta | ToolCallDelta | Logprobs | Finish
+OutputEvent = TextDelta | ReasoningDelta | ToolCallDelta | Logprobs | Finish
 
 
 def chunk_events(choice: int, chunk: GenerationChunk) -> list[OutputEvent]:
     """One engine chunk as events (an "abort" chunk is the caller's to handle)."""
-    events: list[OutputEvent] = [TextDelta(choice, chunk.text)] if chunk.text else []
+    events: list[OutputEvent] = [ReasoningDelta(choice, chunk.reasoning)] if chunk.reasoning else []
+    if chunk.text:
+        events.append(TextDelta(choice, chunk.text))
     for call in chunk.tool_calls or ():
         events.append(ToolCallDelta(choice, call.index, id=call.id, name=call.name, arguments=call.arguments))
     if chunk.logprobs:
         events.append(Logprobs(choice, tuple(chunk.logprobs)))
     if chunk.finish_reason:
-        usage = Usage(chunk.prompt_tokens, chunk.completion_tokens, chunk.cached_tokens)
+        usage = Usage(chunk.prompt_tokens, chunk.completion_tokens, chunk.cached_tokens, chunk.reasoning_tokens)
         events.append(Finish(choice, chunk.finish_reason, usage, chunk.stop_sequence))
     return events
 
 
 class ChoiceEvents:
     """Engine chunks as output events for every choice of one request, with
-    tool calls split out of the text when the answer may hold them (the
-    model's own call markup never reaches a client as text)."""
+    reasoning and tool calls split out of the text when the answer may hold
+    them (the model's own markup never reaches a client as text), and the
+    tokens spent reasoning counted."""
 
-    def __init__(self, tool_format: ToolFormat | None = None, tools: Any = None) -> None:
+    def __init__(
+        self, tool_format: ToolFormat | None = None, tools: Any = None, reasoning: ReasoningFormat | None = None
+    ) -> None:
         self._format = tool_format
         self._tools = tools
-        self._splitters: dict[int, ToolCallSplitter] = {}
+        self._reasoning = reasoning
+        self._choices: dict[int, _Choice] = {}
 
     def of(self, choice: int, chunk: GenerationChunk) -> list[OutputEvent]:
         events = chunk_events(choice, chunk)
-        if self._format is None:
+        if self._format is None and self._reasoning is None and not chunk.reasoning:
             return events
-        splitter = self._splitters.get(choice)
-        if splitter is None:
-            splitter = self._splitters[choice] = ToolCallSplitter(self._format, self._tools)
+        state = self._choices.get(choice)
+        if state is None:
+            # The first chunk says whether the prompt left a reasoning block open.
+            splitter = AnswerSplitter(self._format, self._tools, self._reasoning, opens=chunk.opens_reasoning)
+            state = self._choices[choice] = _Choice(splitter)
+        return state.events(choice, chunk, events)
+
+
+class _Choice:
+    """One choice's splitter and its count of reasoning tokens: a chunk's
+    tokens are reasoning when reasoning came out of it or it ended inside
+    the reasoning (a marker held back), as the engine counted them."""
+
+    def __init__(self, splitter: AnswerSplitter) -> None:
+        self.splitter = splitter
+        self.reasoning_tokens = 0
+        self._seen = 0
+
+    def events(self, choice: int, chunk: GenerationChunk, events: list[OutputEvent]) -> list[OutputEvent]:
+        splitter = self.splitter
+        was_reasoning = splitter.reasoning
         out: list[OutputEvent] = []
         for event in events:
             if isinstance(event, TextDelta):
                 out += _split_events(choice, splitter.feed(event.text))
             elif isinstance(event, Finish):
-                out += _split_events(choice, splitter.finish())
-                reason = finish_reason(event.reason, splitter.calls) or event.reason
-                out.append(Finish(choice, reason, event.usage, event.stop_sequence if reason == "stop" else None))
+                out += _split_events(choice, splitter.finish())  # the Finish itself comes last, below
             else:
                 out.append(event)
+        spent = max(0, chunk.completion_tokens - self._seen)
+        self._seen = max(self._seen, chunk.completion_tokens)
+        if was_reasoning or splitter.reasoning or any(isinstance(e, ReasoningDelta) for e in out):
+            self.reasoning_tokens += spent
+        for event in events:
+            if isinstance(event, Finish):
+                reason = finish_reason(event.reason, splitter.calls) or event.reason
+                # A backend's own count, when it split the reasoning itself.
+                reasoning = event.usage.reasoning_tokens or self.reasoning_tokens
+                usage = Usage(event.usage.prompt_tokens, event.usage.completion_tokens, event.usage.cached_tokens,
+                              min(reasoning, event.usage.completion_tokens))
+                out.append(Finish(choice, reason, usage, event.stop_sequence if reason == "stop" else None))
         return out
 
 
@@ -121,6 +168,8 @@ def _split_events(choice: int, events: list[Any]) -> list[OutputEvent]:
     for event in events:
         if isinstance(event, SplitText):
             out.append(TextDelta(choice, event.text))
+        elif isinstance(event, ReasoningText):
+            out.append(ReasoningDelta(choice, event.text))
         elif isinstance(event, ToolCallStart):
             out.append(ToolCallDelta(choice, event.index, id=event.id, name=event.name))
         elif isinstance(event, ToolCallArguments):

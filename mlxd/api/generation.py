@@ -20,7 +20,7 @@ from starlette.types import Receive, Scope, Send
 from mlxd.api.accounting import record_request
 from mlxd.api.context import DaemonContext
 from mlxd.api.inbox import StreamInbox
-from mlxd.api.events import ChoiceEvents, Finish, Logprobs, OutputEvent, TextDelta, ToolCallDelta, Usage
+from mlxd.api.events import ChoiceEvents, Finish, Logprobs, OutputEvent, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from mlxd.api.plan import Plan
 from mlxd.api.start import Started, start
 from mlxd.engine.types import GenerationChunk, GenerationRequest
@@ -77,7 +77,7 @@ async def guarded(request: Request, work: Awaitable[T], timeout: float) -> T:
 
 
 def _choice_events(plan: Plan) -> ChoiceEvents:
-    return ChoiceEvents(plan.tool_format, plan.requests[0].tools if plan.requests else None)
+    return ChoiceEvents(plan.tool_format, plan.requests[0].tools if plan.requests else None, plan.reasoning_format)
 
 
 # --- one answer ---------------------------------------------------------------
@@ -100,6 +100,8 @@ class Choice:
     tool_calls: list[CalledTool] = field(default_factory=list)
     # mlxd.engine.logprobs.TokenLogprob per token, when the request asked.
     logprobs: list[Any] = field(default_factory=list)
+    # What the model reasoned before its answer (a thinking model's).
+    reasoning: str = ""
 
 
 @dataclass
@@ -115,6 +117,8 @@ class Answer:
         choice = self.choices[event.choice]
         if isinstance(event, TextDelta):
             choice.text += event.text
+        elif isinstance(event, ReasoningDelta):
+            choice.reasoning += event.text
         elif isinstance(event, ToolCallDelta):
             while len(choice.tool_calls) <= event.index:
                 choice.tool_calls.append(CalledTool())

@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from mlxd.api.conversation import MAX_NESTING, Conversation, TextPart, encodable, nesting_depth
 from mlxd.api.images import ImagePolicy, PendingImages, collect_images
+from mlxd.api.reasoning import ReasoningRequest, merged_template_kwargs
 from mlxd.engine.sampling import check_bias_ids
 from mlxd.engine.types import GenerationRequest, SamplingParams
 from mlxd.errors import BadRequest, ModelNotFound
 from mlxd.registry.model import FailoverSpec, ModelSpec, SamplingDefaults
 from mlxd.tools.formats import ToolFormat
 from mlxd.tools.plan import OutputPlan, check_output, plan_output
+from mlxd.tools.reasoning import ReasoningFormat
 
 if TYPE_CHECKING:
     from mlxd.api.context import DaemonContext
@@ -63,6 +65,8 @@ class Requested:
     # OpenAI's logit_bias, its keys as token ids (checked against the
     # leased model's vocabulary by ``shape_output``).
     logit_bias: dict[int, float] | None = None
+    # Thinking on or off, effort, budget, chat_template_kwargs (api/reasoning.py).
+    reasoning: ReasoningRequest = field(default_factory=ReasoningRequest)
 
 
 @dataclass(frozen=True)
@@ -127,11 +131,14 @@ class Plan:
     # Set once the engine is known (its tool-call format): how to split the
     # answer into text and tool calls; None when the answer is text.
     tool_format: ToolFormat | None = None
+    # Set with it: how to split the model's reasoning from its answer.
+    reasoning_format: ReasoningFormat | None = None
     failover: FailoverSpec | None = None
     # What the request itself said about sampling: a failover target's own
     # defaults apply once it is leased.
     asked: SamplingDefaults = field(default_factory=SamplingDefaults)
     default_max_tokens: int = 512  # the server's, for a request and defaults that set none
+    reasoning: ReasoningRequest = field(default_factory=ReasoningRequest)
 
     @property
     def name(self) -> str:
@@ -155,6 +162,8 @@ class Plan:
             request.sampling = resolve_sampling(self.asked, defaults)
             request.sampling_set = sampling_set(self.asked, defaults)
             request.max_tokens = _pick(self.asked.max_tokens, defaults.max_tokens, self.default_max_tokens)
+            if request.messages is not None:
+                request.chat_template_kwargs = merged_template_kwargs(spec, self.reasoning)
 
 
 def _pick(request_value: Any, default_value: Any, fallback: Any) -> Any:
@@ -250,7 +259,7 @@ def check_conversation(conversation: Conversation, tools: list[dict[str, Any]] |
     if not conversation.messages:
         raise BadRequest("The conversation has no messages; send at least one.", param="messages")
     for message in conversation.messages:
-        texts = [p.text for p in message.parts() if isinstance(p, TextPart)]
+        texts = [p.text for p in message.parts() if isinstance(p, TextPart)] + [message.reasoning]
         names = [message.tool_call_id, message.name, *(s for c in message.tool_calls for s in (c.id, c.name))]
         if not encodable([texts, names]):
             raise _unencodable("The conversation", "messages")
@@ -322,6 +331,9 @@ def plan_chat(
         messages=conversation.template_messages(),
         ignore_eos=asked.ignore_eos,
         logit_bias=asked.logit_bias,
+        chat_template_kwargs=merged_template_kwargs(spec, asked.reasoning),
+        reasoning_budget=asked.reasoning.budget,
+        reasoning_effort=asked.reasoning.asked_effort,
     )
     return Plan(
         kind=kind,
@@ -336,6 +348,7 @@ def plan_chat(
         failover=entry.failover,
         asked=asked.sampling,
         default_max_tokens=ctx.settings.server.default_max_tokens,
+        reasoning=asked.reasoning,
     )
 
 
@@ -368,6 +381,8 @@ def shape_output(plan: Plan, engine: Any) -> None:
     (the engine checks it again), so that a stream's bad id is a 400 before
     its 200; a remote engine's backend checks its own."""
     _check_bias(plan, engine)
+    # A remote engine has none: its backend splits the reasoning itself.
+    plan.reasoning_format = getattr(engine, "reasoning_format", None)
     if not plan.output.asks_anything():
         return
     asked = plan.output

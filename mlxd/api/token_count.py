@@ -63,14 +63,16 @@ class TokenCounter:
         return self._cached(spec, lambda: load_tokenizer(spec.path))
 
     def _count(
-        self, spec: ModelSpec, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, images: list[Any]
+        self, spec: ModelSpec, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, images: list[Any],
+        template_kwargs: dict[str, Any] | None,
     ) -> int:
         if spec.kind == "vision":
             vision = self._cached(
                 spec, lambda: load_vision_processor(spec.path, trust_remote_code=spec.trust_remote_code)
             )
-            return prepare_vision_inputs(vision.processor, vision.config, messages=messages, images=images).n_tokens
-        return len(chat_tokens(self._tokenizer(spec), messages, tools))
+            return prepare_vision_inputs(vision.processor, vision.config, messages=messages, images=images,
+                                         template_kwargs=template_kwargs).n_tokens
+        return len(chat_tokens(self._tokenizer(spec), messages, tools, template_kwargs))
 
     async def tool_format(self, spec: ModelSpec) -> ToolFormat | None:
         """The tool-call format the text model ``spec`` has once loaded, read
@@ -85,8 +87,11 @@ class TokenCounter:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         images: list[Any] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> int:
-        """``images``: a vision request's decoded images, in message order."""
+        """``images``: a vision request's decoded images, in message order;
+        ``template_kwargs``: the template variables the answer would render
+        with (a thinking model's no-think prompt is shorter)."""
         # Not the model's work: it runs on a thread of its own, off the event
         # loop and off the worker every model decodes on.
-        return await asyncio.to_thread(self._count, spec, messages, tools, images or [])
+        return await asyncio.to_thread(self._count, spec, messages, tools, images or [], template_kwargs)

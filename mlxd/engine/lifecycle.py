@@ -45,6 +45,9 @@ class GenerationControl:
     # The prompt's token ids when they were computed before the worker saw
     # the request (``EngineBase._before_worker``).
     prompt_ids: list[int] | None = None
+    # The chat prompt ended inside a reasoning block its template opened:
+    # said on the request's first chunk (GenerationChunk.opens_reasoning).
+    opens_reasoning: bool = False
 
 
 @dataclass
@@ -215,11 +218,17 @@ class EngineBase:
             # ShuttingDown, and the entry must not outlive the request.
             self._in_flight.add(control)
             await self._before_worker(request, control)
+            first = True
             if not self.accepts_on_worker:
                 tokens = control.prompt_ids
-                yield GenerationChunk(text="", prompt_tokens=len(tokens) if tokens is not None else 0)
+                yield GenerationChunk(text="", prompt_tokens=len(tokens) if tokens is not None else 0,
+                                      opens_reasoning=control.opens_reasoning)
+                first = False
             source = self._open(request, control)
             async for chunk in source:
+                if first:
+                    chunk.opens_reasoning = control.opens_reasoning
+                    first = False
                 yield chunk
         except MlxdError:
             raise

@@ -29,7 +29,7 @@ def prompt_tokens(tokenizer: Any, request: GenerationRequest) -> list[int]:
     if (request.prompt is None) == (request.messages is None):
         raise BadRequest("Give exactly one of `prompt` and `messages`.", param="messages")
     if request.messages is not None:
-        return chat_tokens(tokenizer, request.messages, request.tools)
+        return chat_tokens(tokenizer, request.messages, request.tools, request.chat_template_kwargs)
     return text_tokens(tokenizer, request.prompt or "")
 
 
@@ -41,11 +41,14 @@ def text_tokens(tokenizer: Any, prompt: str) -> list[int]:
 
 
 def chat_tokens(
-    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """Chat messages (and OpenAI-shaped tool definitions) as token ids: the
-    tokenizer's chat template with the generation prompt added. Raises
-    ``BadRequest`` when the template refuses."""
+    tokenizer's chat template with the generation prompt added, and
+    ``template_kwargs`` as the template's variables (``enable_thinking``:
+    mlx-lm's wrapper renames it for families whose template calls it
+    ``thinking``). Raises ``BadRequest`` when the template refuses."""
     try:
         from jinja2 import TemplateError
     except ImportError:  # pragma: no cover - transformers depends on jinja2
@@ -57,7 +60,9 @@ def chat_tokens(
         )
     flat = [flatten_message(m) for m in messages]
     try:
-        tokens = tokenizer.apply_chat_template(flat, tools=tools or None, add_generation_prompt=True)
+        tokens = tokenizer.apply_chat_template(
+            flat, tools=tools or None, add_generation_prompt=True, **(template_kwargs or {})
+        )
     except TemplateError as exc:
         # Templates raise their own messages ("roles must alternate ..."),
         # written for the person sending the conversation.

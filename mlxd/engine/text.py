@@ -68,10 +68,13 @@ class TextEngine(EngineBase):
         prefill_chunk: int = 512,
     ) -> None:
         super().__init__(spec, worker, load_bytes=loaded.load_bytes, load_seconds=loaded.load_seconds)
-        self.model = TextModel(spec.name, loaded.model, loaded.tokenizer, spec.max_context, spec.tool_parser)
+        self.model = TextModel(
+            spec.name, loaded.model, loaded.tokenizer, spec.max_context, spec.tool_parser, spec.reasoning_parser
+        )
         # The model's grammar compiler and tool-call format, for the request path.
         self.grammars = self.model.grammars
         self.tool_format = self.model.tool_format
+        self.reasoning_format = self.model.reasoning_format
         # Token ids a request's ``logit_bias`` may name: 0 to vocab_size - 1.
         self.vocab_size = self.model.vocab_size
         self._prefill_chunk = max(1, prefill_chunk)
@@ -106,6 +109,7 @@ class TextEngine(EngineBase):
         # Tokenizing needs no MLX: a long prompt tokenized on the worker would
         # stall every other model's decoding for as long as it takes.
         control.prompt_ids = await self.model.tokenize(request)
+        control.opens_reasoning = self.model.opens_reasoning(request, control.prompt_ids)
 
     def _busy(self) -> bool:
         return self.counts.running > 0 or (self._batch is not None and self._batch.alive)

@@ -17,12 +17,14 @@ from typing import Any
 from mlxd.engine import sampling
 from mlxd.engine.lifecycle import GenerationControl
 from mlxd.engine.prompt import prompt_tokens
+from mlxd.engine.reasoning_budget import reasoning_phase
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationRequest
 from mlxd.errors import BadRequest, ModelUnloaded
 from mlxd.grammar.compiler import GrammarCompiler
 from mlxd.grammar.processor import GrammarProcessor
 from mlxd.tools import formats as tool_formats
+from mlxd.tools import reasoning as reasoning_formats
 
 # Prompt tokens always left for stream_generate after our own chunked prefill:
 # mlx-lm's repetition and presence penalties look back 20 tokens, and they only
@@ -59,7 +61,8 @@ class TextModel:
     """The model and tokenizer of one engine, until ``drop``. Worker thread."""
 
     def __init__(
-        self, name: str, model: Any, tokenizer: Any, max_context: int, tool_parser: str | None = None
+        self, name: str, model: Any, tokenizer: Any, max_context: int, tool_parser: str | None = None,
+        reasoning_parser: str | None = None,
     ) -> None:
         self.name = name
         self._model = model
@@ -69,6 +72,8 @@ class TextModel:
         self.grammars = GrammarCompiler(tokenizer, self.vocab_size)
         # How this model writes tool calls (None: it has no format mlxd knows).
         self.tool_format = tool_formats.resolve(tokenizer, tool_parser)
+        # How it marks its reasoning (None: its answers are all text).
+        self.reasoning_format = reasoning_formats.resolve(tokenizer, reasoning_parser)
         # Tokenizing runs on a thread of this model's own (one caller at a
         # time, so a tokenizer never sees two at once) that ends with the
         # model: the Rust tokenizers library keeps per-thread state for every
@@ -107,6 +112,11 @@ class TextModel:
         self.check_context(len(tokens), request)
         return tokens
 
+    def opens_reasoning(self, request: GenerationRequest, tokens: list[int]) -> bool:
+        """Whether this chat prompt ends inside a reasoning block its template opened."""
+        fmt = self.reasoning_format
+        return request.messages is not None and fmt is not None and fmt.opens_in(tokens)
+
     def check_context(self, n_prompt: int, request: GenerationRequest) -> None:
         param = "messages" if request.messages is not None else "prompt"
         if n_prompt == 0:
@@ -131,6 +141,7 @@ class TextModel:
         self.check_context(n_prompt, request)
         limit = self.max_context
         control.prompt_tokens = n_prompt
+        control.opens_reasoning = self.opens_reasoning(request, tokens)
         s = request.sampling
         penalties = s.repetition_penalty != 1.0 or bool(s.presence_penalty) or bool(s.frequency_penalty)
         return Prepared(
@@ -138,7 +149,7 @@ class TextModel:
             # The KV cache was budgeted for max_context tokens: never decode past it.
             max_tokens=min(request.max_tokens, max(1, limit - n_prompt)),
             sampler=sampling.make_sampler(request.sampling, self.vocab_size),
-            processors=self._processors(request, tokenizer),
+            processors=self._processors(request, tokenizer, control.opens_reasoning),
             stops=StopMatcher(request.stop),
             # Penalties look back over tokens stream_generate itself processed:
             # give it as many as on a cold start, so the output is the same.
@@ -146,7 +157,7 @@ class TextModel:
             logprobs=request.logprobs,
         )
 
-    def _processors(self, request: GenerationRequest, tokenizer: Any) -> list[Any]:
+    def _processors(self, request: GenerationRequest, tokenizer: Any, opens_reasoning: bool = False) -> list[Any]:
         processors: list[Any] = []
         if request.logit_bias:
             # First, as mlx-lm orders its own: the penalties see biased logits.
@@ -156,11 +167,17 @@ class TextModel:
             # After the bias, so that no bias can revive the end token.
             eos = set(getattr(tokenizer, "eos_token_ids", None) or ())
             processors.append(sampling.suppress_tokens(eos, self.vocab_size))
+        grammar: list[Any] = []
         if request.constraint is not None:
-            # Last, so that no later processor can revive a masked token.
             grammars = self.grammars
             matcher = grammars.matcher(request.constraint)
-            processors.append(GrammarProcessor(matcher, self.vocab_size, grammars.eos_token_ids))
+            grammar.append(GrammarProcessor(matcher, self.vocab_size, grammars.eos_token_ids))
+        phase = reasoning_phase(self.reasoning_format, opens=opens_reasoning, budget=request.reasoning_budget,
+                                after=grammar)
+        # Last, so that no later processor can revive a masked token: the
+        # reasoning phase (its budget; the grammar, held until the reasoning
+        # ends) or the grammar alone.
+        processors += [phase] if phase is not None else grammar
         return processors
 
 

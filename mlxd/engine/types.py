@@ -83,6 +83,15 @@ class GenerationRequest:
     # logit at every step (None: no bias). Ids are checked against the
     # engine's vocabulary there.
     logit_bias: dict[int, float] | None = None
+    # Extra variables for the chat template (``enable_thinking: false``,
+    # ``reasoning_effort``): the model's registry defaults under the request's.
+    chat_template_kwargs: dict[str, Any] | None = None
+    # At most this many tokens of reasoning, then the reasoning's end marker
+    # is forced and the answer follows (None: no limit).
+    reasoning_budget: int | None = None
+    # What the client asked of reasoning, for a remote backend to apply:
+    # OpenAI's ``reasoning_effort``.
+    reasoning_effort: str | None = None
 
 
 @dataclass(frozen=True)
@@ -120,6 +129,15 @@ class GenerationChunk:
     # Tool calls the engine received as such (remote backends); a local
     # engine's calls are in its text, for the tool-call splitter.
     tool_calls: list[ToolCallFragment] | None = None
+    # Reasoning the engine received as such (a backend's reasoning_content);
+    # a local engine's is in its text, for the reasoning splitter.
+    reasoning: str = ""
+    # A backend's count of the completion tokens spent reasoning (0: unknown).
+    reasoning_tokens: int = 0
+    # On the first chunk of a local chat generation: the prompt ended inside
+    # a reasoning block the chat template opened (``<think>``), so the text
+    # starts as reasoning.
+    opens_reasoning: bool = False
 
 
 @dataclass(frozen=True)

@@ -188,7 +188,8 @@ class VisionEngine(EngineBase):
         images = list(request.images)
         param = "messages" if request.messages is not None else "prompt"
         prepared = prepare_vision_inputs(
-            processor, model.config, messages=request.messages, prompt=request.prompt, images=images
+            processor, model.config, messages=request.messages, prompt=request.prompt, images=images,
+            template_kwargs=request.chat_template_kwargs,
         )
         n_prompt = prepared.n_tokens
         limit = self.spec.max_context

@@ -66,6 +66,7 @@ def prepare_vision_inputs(
     messages: list[dict[str, Any]] | None = None,
     prompt: str | None = None,
     images: list[Any] | tuple[Any, ...] = (),
+    template_kwargs: dict[str, Any] | None = None,
 ) -> VisionInputs:
     """Render and tokenize: everything about the prompt that can fail
     before decoding fails here, as a BadRequest naming the request's field."""
@@ -79,7 +80,8 @@ def prepare_vision_inputs(
     if messages is not None:
         parts = template_messages(messages, len(images))
         try:
-            text = apply_chat_template(processor, config, parts, num_images=len(images))
+            # The template's variables (enable_thinking ...) pass through mlx-vlm to the template.
+            text = apply_chat_template(processor, config, parts, num_images=len(images), **(template_kwargs or {}))
         except Exception as exc:  # templates and mlx-vlm's formatter raise their own types
             raise BadRequest(
                 f"The chat template rejected the messages: {describe_exception(exc)}", param=param

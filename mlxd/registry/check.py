@@ -89,19 +89,42 @@ def _describe_model(spec: ModelSpec, registry: Registry) -> list[str]:
     )
     if spec.kind == "text":
         lines.append(f"    tool calls: {_tool_calls(spec)}")
+        lines.append(f"    reasoning: {_reasoning(spec)}")
+    if spec.chat_template_kwargs:
+        given = ", ".join(f"{name}={text}" for name, text in spec.chat_template_kwargs)
+        lines.append(f"    chat_template_kwargs: {given}")
     return lines
+
+
+def _reasoning(spec: ModelSpec) -> str:
+    from mlxd.tools.reasoning import resolve_from_files
+
+    return _parser_line(
+        "reasoning_parser", spec.reasoning_parser, resolve_from_files(spec.path, spec.reasoning_parser),
+        off="; any reasoning stays in the answer's text",
+        missing="none found (no think markers in the vocabulary; set `reasoning_parser:` if it has some)",
+        guessed="detected from the vocabulary",
+    )
 
 
 def _tool_calls(spec: ModelSpec) -> str:
     from mlxd.tools.formats import resolve_from_files
 
-    if spec.tool_parser == "none":
-        return "off (tool_parser: none)"
-    name = resolve_from_files(spec.path, spec.tool_parser)
-    if name is None:
-        return "none (requests with `tools` get a 400; set `tool_parser:` to enable)"
-    where = "tool_parser:" if spec.tool_parser else "guessed from the chat template"
-    return f"{name} ({where})"
+    return _parser_line(
+        "tool_parser", spec.tool_parser, resolve_from_files(spec.path, spec.tool_parser), off="",
+        missing="none (requests with `tools` get a 400; set `tool_parser:` to enable)",
+        guessed="guessed from the chat template",
+    )
+
+
+def _parser_line(key: str, configured: str | None, found: str | None, *, off: str, missing: str,
+                 guessed: str) -> str:
+    """What `mlxd check` says of a parser: off, missing, or which one and why."""
+    if configured == "none":
+        return f"off ({key}: none{off})"
+    if found is None:
+        return missing
+    return f"{found} ({key + ':' if configured else guessed})"
 
 
 def _describe_failover(failover: FailoverSpec, registry: Registry) -> list[str]:

@@ -35,6 +35,7 @@ from mlxd.registry.model import (
     Registry,
     SamplingDefaults,
     ServerSpec,
+    template_pairs,
 )
 from mlxd.registry.resolve import Downloader, detect_kind, read_model_config, resolve_model_dir
 from mlxd.registry.schema import (
@@ -590,6 +591,7 @@ class _Builder:
             defaults=self._sampling(i, entry),
             local_image_dir=self._image_dir(i, entry),
             allow_remote_images=entry.allow_remote_images,
+            chat_template_kwargs=template_pairs(entry.chat_template_kwargs),
         )
 
     def _remote_spec(self, name: str, backend: str, remote_model: str, **given: Any) -> ModelSpec:
@@ -696,6 +698,8 @@ class _Builder:
             local_image_dir=self._image_dir(i, entry),
             allow_remote_images=entry.allow_remote_images,
             tool_parser=entry.tool_parser,
+            reasoning_parser=entry.reasoning_parser,
+            chat_template_kwargs=template_pairs(entry.chat_template_kwargs),
             broken=broken,
         )
         self._check_fits(here, spec)

@@ -11,7 +11,8 @@ import fnmatch
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+import json
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mlxd.errors import ConfigError
@@ -92,10 +93,19 @@ class ModelSpec:
     implicit: bool = False
     # The registry's ``tool_parser:`` (None: guess from the chat template).
     tool_parser: str | None = None
+    # The registry's ``reasoning_parser:`` (None: mlx-lm's detection).
+    reasoning_parser: str | None = None
+    # The registry's ``chat_template_kwargs:``, as (name, JSON text) pairs
+    # (the spec is frozen and hashable); requests' own go over them.
+    chat_template_kwargs: tuple[tuple[str, str], ...] = ()
     # Why the model's files on disk cannot be used (missing folder, corrupt
     # weights, bad config.json). Such a model stays registered but failed, so
     # one bad download never keeps the other models from serving.
     broken: str | None = None
+
+    def template_defaults(self) -> dict[str, Any]:
+        """The registry's ``chat_template_kwargs:`` as a fresh dict."""
+        return {name: json.loads(text) for name, text in self.chat_template_kwargs}
 
     @property
     def is_remote(self) -> bool:
@@ -126,8 +136,9 @@ class ModelSpec:
         # flight finish where they started (the old engine drains).
         "backend",
         "remote_model",
-        # The engine resolves the tool-call format when it loads.
+        # The engine resolves the tool-call and reasoning formats when it loads.
         "tool_parser",
+        "reasoning_parser",
         "broken",
     )
 
@@ -136,6 +147,11 @@ class ModelSpec:
 
     def changed_fields(self, old: ModelSpec) -> list[str]:
         return [f.name for f in fields(self) if getattr(self, f.name) != getattr(old, f.name)]
+
+
+def template_pairs(kwargs: dict[str, Any] | None) -> tuple[tuple[str, str], ...]:
+    """``chat_template_kwargs:`` as ModelSpec keeps them."""
+    return tuple((name, json.dumps(value)) for name, value in (kwargs or {}).items())
 
 
 @dataclass(frozen=True)

@@ -201,6 +201,12 @@ class ModelEntry(_Section):
     # mlx-lm's tool parser module (or llama3_json, or none); unset: guessed
     # from the chat template as mlx-lm does.
     tool_parser: str | None = None
+    # How the model marks its reasoning (docs/thinking.md); unset: mlx-lm's
+    # detection from the vocabulary (think markers, gpt-oss's harmony).
+    reasoning_parser: str | None = None
+    # Chat-template variables every request gets (``enable_thinking: false``),
+    # under what a request's own ``chat_template_kwargs`` say.
+    chat_template_kwargs: dict[str, Any] | None = None
     # Failover: served by one of these (entry names, or `backend:model` for
     # a model on a backend that has no entry of its own), tried in the order
     # `strategy` picks for each request.
@@ -251,6 +257,26 @@ class ModelEntry(_Section):
 
         if value is not None and value not in known_parsers():
             raise ValueError(f"unknown tool parser {value!r}; choose from {', '.join(known_parsers())}")
+        return value
+
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _reasoning_parser(cls, value: str | None) -> str | None:
+        from mlxd.tools.reasoning import known_parsers
+
+        if value is not None and value not in known_parsers():
+            raise ValueError(f"unknown reasoning parser {value!r}; choose from {', '.join(known_parsers())}")
+        return value
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        from mlxd.tools.reasoning import reserved_template_keys
+
+        taken = sorted(set(value or ()) & reserved_template_keys())
+        if taken:
+            raise ValueError(f"{taken[0]!r} is not a template variable mlxd lets a registry set "
+                             "(it is an argument of apply_chat_template itself)")
         return value
 
     def location(self) -> tuple[str, str] | None:

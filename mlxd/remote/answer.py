@@ -58,6 +58,9 @@ class StreamReader:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    # Reasoning the backend split out, not yet handed on in a chunk.
+    _reasoning: list[str] = field(default_factory=list)
     done: bool = False
     # Complete data events read (the first one is the backend's acceptance).
     events: int = 0
@@ -108,9 +111,16 @@ class StreamReader:
             self._line_bytes += len(rest)
             if self._line_bytes + self._data_bytes > MAX_EVENT_BYTES:
                 raise self._too_large()
-        if not text and not calls:
+        return self._chunk(text, calls)
+
+    def _chunk(self, text: str, calls: list[ToolCallFragment]) -> GenerationChunk | None:
+        """What the events read so far hand on (None: nothing)."""
+        reasoning = "".join(self._reasoning)
+        self._reasoning.clear()
+        if not text and not calls and not reasoning:
             return None
-        return GenerationChunk(text=text, completion_tokens=self.completion_tokens, tool_calls=calls or None)
+        return GenerationChunk(text=text, completion_tokens=self.completion_tokens, tool_calls=calls or None,
+                               reasoning=reasoning)
 
     def close(self) -> GenerationChunk | None:
         """The stream ended cleanly: a last event that no blank line (or no
@@ -143,9 +153,7 @@ class StreamReader:
         where a stream has ``delta``."""
         self.events += 1
         text, calls = self._event(payload)
-        if not text and not calls:
-            return None
-        return GenerationChunk(text=text, completion_tokens=self.completion_tokens, tool_calls=calls or None)
+        return self._chunk(text, calls)
 
     def _event(self, payload: dict[str, Any]) -> tuple[str, list[ToolCallFragment]]:
         if payload.get("error") is not None:
@@ -168,6 +176,11 @@ class StreamReader:
             piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
             if isinstance(piece, str):
                 text += piece
+            if self.chat and isinstance(delta, dict):
+                # vLLM, DeepSeek and mlxd say reasoning_content; mlx_lm.server and OpenRouter, reasoning.
+                thought = delta.get("reasoning_content") or delta.get("reasoning")
+                if isinstance(thought, str):
+                    self._reasoning.append(thought)
             if self.chat and isinstance(delta, dict) and delta.get("tool_calls"):
                 calls += self._tool_calls(delta["tool_calls"])
             self._finish(choice.get("finish_reason"))
@@ -238,6 +251,9 @@ class StreamReader:
         details = usage.get("prompt_tokens_details")
         if isinstance(details, dict):
             self.cached_tokens = _count(details.get("cached_tokens"))
+        details = usage.get("completion_tokens_details")
+        if isinstance(details, dict):
+            self.reasoning_tokens = _count(details.get("reasoning_tokens"))
 
     def finish(self) -> GenerationChunk:
         """The closing chunk; a stream that ended without saying how is a
@@ -250,6 +266,7 @@ class StreamReader:
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens,
             cached_tokens=self.cached_tokens,
+            reasoning_tokens=self.reasoning_tokens,
         )
 
 

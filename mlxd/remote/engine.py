@@ -236,16 +236,18 @@ async def _fed(reader: StreamReader, data: bytes) -> GenerationChunk | None:
     and the output of all of them as one chunk."""
     if len(data) <= READ_SLICE_BYTES:
         return reader.feed(data)
-    text, calls = [], []
+    text, calls, thought = [], [], []
     for start in range(0, len(data), READ_SLICE_BYTES):
         chunk = reader.feed(data[start:start + READ_SLICE_BYTES])
         if chunk is not None:
             text.append(chunk.text)
             calls += chunk.tool_calls or []
+            thought.append(chunk.reasoning)
         await asyncio.sleep(0)
     if not text:
         return None
-    return GenerationChunk(text="".join(text), completion_tokens=reader.completion_tokens, tool_calls=calls or None)
+    return GenerationChunk(text="".join(text), completion_tokens=reader.completion_tokens, tool_calls=calls or None,
+                           reasoning="".join(thought))
 
 
 class _Watchdog:

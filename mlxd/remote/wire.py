@@ -42,6 +42,14 @@ def request_body(request: GenerationRequest, remote_model: str) -> dict[str, Any
         value = getattr(request, name)
         if value is not None:
             body[name] = value
+    if request.chat_template_kwargs and request.messages is not None:
+        # The template variables (enable_thinking ...): vLLM, mlx_lm.server
+        # and mlxd render the backend model's template with them.
+        body["chat_template_kwargs"] = request.chat_template_kwargs
+    if request.reasoning_effort is not None:
+        body["reasoning_effort"] = request.reasoning_effort
+    if request.reasoning_budget is not None and request.messages is not None:
+        body["reasoning"] = {"max_tokens": request.reasoning_budget}  # mlxd and OpenRouter read it
     if request.ignore_eos:
         body["ignore_eos"] = True  # vLLM and mlxd know it; a benchmark setting
     if request.logit_bias:

@@ -22,7 +22,11 @@ from mlxd.errors import BadRequest
 
 # Formats of our own, next to mlx-lm's modules.
 LLAMA3_JSON = "llama3_json"
+# gpt-oss: calls are harmony messages to ``functions.NAME`` (mlxd.tools.harmony).
+HARMONY = "harmony"
 NONE = "none"
+# The special tokens harmony is written in: a vocabulary with them all is gpt-oss's.
+HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ def known_parsers() -> list[str]:
     spec = importlib.util.find_spec("mlx_lm")
     folders = [str(Path(p) / "tool_parsers") for p in (spec.submodule_search_locations or [])] if spec else []
     names = [m.name for m in pkgutil.iter_modules(folders)]
-    return sorted([*names, LLAMA3_JSON, NONE])
+    return sorted([*names, LLAMA3_JSON, HARMONY, NONE])
 
 
 def format_named(name: str, template: str = "") -> ToolFormat:
@@ -55,6 +59,11 @@ def format_named(name: str, template: str = "") -> ToolFormat:
         from mlxd.tools import llama3
 
         return ToolFormat(name, "", "", llama3.parse_tool_call, template)
+    if name == HARMONY:
+        from mlxd.tools import harmony
+
+        # The markers are never searched for: harmony's channels are parsed whole.
+        return ToolFormat(name, "<|channel|>", "<|call|>", harmony.parse_tool_call, template)
     if name not in known_parsers():
         raise ValueError(f"unknown tool parser {name!r}; choose from {', '.join(known_parsers())}")
     module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
@@ -71,6 +80,8 @@ def guess_name(chat_template: Any, vocab: Any, configured: str | None = None) ->
     name = _infer_tool_parser(probe)
     if name is None and isinstance(chat_template, str) and _looks_like_llama3(chat_template):
         name = LLAMA3_JSON
+    if name is None and _is_harmony(vocab or {}):
+        name = HARMONY
     return name
 
 
@@ -89,6 +100,8 @@ def resolve(tokenizer: Any, override: str | None = None) -> ToolFormat | None:
         return ToolFormat(name, tokenizer.tool_call_start, tokenizer.tool_call_end or "", parser, template)
     if _looks_like_llama3(template):
         return format_named(LLAMA3_JSON, template)
+    if _is_harmony(vocab_of(tokenizer)):
+        return format_named(HARMONY, template)
     return None
 
 
@@ -138,6 +151,19 @@ def _looks_like_llama3(template: str) -> bool:
     return "<|python_tag|>" in template or (
         "<|start_header_id|>" in template and '"parameters"' in template
     )
+
+
+def _is_harmony(vocab: Any) -> bool:
+    return isinstance(vocab, dict) and all(t in vocab for t in HARMONY_TOKENS)
+
+
+def vocab_of(tokenizer: Any) -> dict[str, Any]:
+    """The tokenizer's vocabulary ({} when it has none to give)."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except (AttributeError, TypeError):
+        return {}
+    return vocab if isinstance(vocab, dict) else {}
 
 
 def _read_json(path: Path) -> dict[str, Any]:

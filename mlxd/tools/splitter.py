@@ -12,6 +12,11 @@ arguments arrive as one fragment, already checked to be a whole call. A call
 the parser rejects, or one the output ended in the middle of, is dropped and
 counted (``dropped``), never shown as text.
 
+Reasoning is split out first (``AnswerSplitter``): the text between a
+family's think markers (``mlxd.tools.reasoning``), or gpt-oss's analysis
+channel (``mlxd.tools.harmony``), comes out as ``ReasoningText``; only the
+answer after it is searched for tool calls.
+
 Pure: no MLX, no I/O; ``split_answer`` is the same thing for a whole answer.
 """
 
@@ -23,12 +28,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from mlxd.tools.formats import ToolFormat
+from mlxd.tools.formats import HARMONY, ToolFormat, format_named
+from mlxd.tools.harmony import HarmonyChannels
 from mlxd.tools.llama3 import PYTHON_TAG
+from mlxd.tools.reasoning import ReasoningFormat
 
 
 @dataclass(frozen=True)
 class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningText:
+    """Text the model wrote while reasoning (its markers left out)."""
+
     text: str
 
 
@@ -50,7 +64,7 @@ class ToolCallEnd:
     index: int
 
 
-Event = Union[TextDelta, ToolCallStart, ToolCallArguments, ToolCallEnd]
+Event = Union[TextDelta, ReasoningText, ToolCallStart, ToolCallArguments, ToolCallEnd]
 
 
 @dataclass(frozen=True)
@@ -127,14 +141,20 @@ class ToolCallSplitter:
     # ------------------------------------------------------------ internals
     def _close_call(self, at_end: bool = False) -> list[Event]:
         text, self._call_text = self._call_text, ""
+        return self.parsed_call(text)
+
+    def parsed_call(self, text: str) -> list[Event]:
+        """One call's text (what its markers enclose), parsed, as events;
+        dropped and counted when the parser rejects it."""
         try:
             parsed = self._fmt.parse(text, self._tools)
         except (ValueError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
             self.dropped += 1
             return []
-        return self._emit(parsed if isinstance(parsed, list) else [parsed])
+        return self.add_calls(parsed if isinstance(parsed, list) else [parsed])
 
-    def _emit(self, parsed: list[Any]) -> list[Event]:
+    def add_calls(self, parsed: list[Any]) -> list[Event]:
+        """Calls in mlx-lm's parser shape (``{"name", "arguments"}``) as events."""
         events: list[Event] = []
         for call in parsed:
             if not isinstance(call, dict) or not isinstance(call.get("name"), str):
@@ -184,7 +204,112 @@ class ToolCallSplitter:
                 self.dropped += 1  # a call cut short
                 return []
             return [TextDelta(text)]  # JSON that is not a call: it was the answer
-        return self._emit(parsed if isinstance(parsed, list) else [parsed])
+        return self.add_calls(parsed if isinstance(parsed, list) else [parsed])
+
+
+class AnswerSplitter:
+    """One answer's reasoning, text and tool calls, as it streams: the
+    reasoning format splits reasoning from the answer, and the answer's
+    text goes through a ``ToolCallSplitter`` when the model has a tool-call
+    format. ``opens``: the prompt ended inside a reasoning block the
+    template opened, so the answer starts as reasoning."""
+
+    def __init__(
+        self,
+        tool_format: ToolFormat | None,
+        tools: Any = None,
+        reasoning: ReasoningFormat | None = None,
+        *,
+        opens: bool = False,
+        new_id: Callable[[], str] = new_call_id,
+    ) -> None:
+        from mlx_lm.generate import TextStateMachine
+
+        self._tools = ToolCallSplitter(tool_format, tools, new_id=new_id) if tool_format is not None else None
+        self._harmony = HarmonyChannels() if reasoning is not None and reasoning.harmony else None
+        # gpt-oss's calls are harmony messages: parsed here, whatever its tool format says.
+        self._harmony_calls = ToolCallSplitter(format_named(HARMONY), tools, new_id=new_id) if self._harmony else None
+        self._machine_state: Any = None
+        # Right after the reasoning ends: the blank lines the family puts
+        # between reasoning and answer ("</think>\n\n") are not the answer's.
+        self._trim = False
+        if reasoning is not None and not reasoning.harmony:
+            machine = TextStateMachine({
+                "normal": [(reasoning.start, "reasoning")], "reasoning": [(reasoning.end, "normal")],
+            })
+            self._machine_state = machine.make_state("reasoning" if opens else "normal")
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        calls = self._harmony_calls or self._tools
+        return calls.calls if calls is not None else []
+
+    @property
+    def dropped(self) -> int:
+        calls = self._harmony_calls or self._tools
+        return calls.dropped if calls is not None else 0
+
+    @property
+    def reasoning(self) -> bool:
+        """Whether the answer is inside its reasoning now."""
+        if self._harmony is not None:
+            return self._harmony.reasoning
+        return self._machine_state is not None and self._machine_state[0] == "reasoning"
+
+    def feed(self, text: str) -> list[Event]:
+        if not text:
+            return []
+        if self._harmony is not None:
+            return self._from_harmony(self._harmony.feed(text))
+        if self._machine_state is None:
+            return self._answer(text)
+        from mlx_lm.generate import TextStateMachine
+
+        self._machine_state, pieces = TextStateMachine.split(self._machine_state, text)
+        return self._pieces(pieces)
+
+    def finish(self) -> list[Event]:
+        if self._harmony is not None:
+            return self._from_harmony(self._harmony.finish())
+        events: list[Event] = []
+        if self._machine_state is not None:
+            from mlx_lm.generate import TextStateMachine
+
+            self._machine_state, held, state = TextStateMachine.flush(self._machine_state)
+            events = self._pieces([(state, held)]) if held else []
+        if self._tools is not None:
+            events += self._tools.finish()
+        return _merge_text(events)
+
+    def _answer(self, text: str) -> list[Event]:
+        if self._tools is None:
+            return [TextDelta(text)] if text else []
+        return self._tools.feed(text)
+
+    def _pieces(self, pieces: list[tuple[str, str]]) -> list[Event]:
+        events: list[Event] = []
+        for state, text in pieces:
+            if state == "reasoning":
+                self._trim = True
+                events += [ReasoningText(text)] if text else []
+                continue
+            if self._trim:
+                text = text.lstrip()
+                self._trim = not text
+            events += self._answer(text) if text else []
+        return _merge_text(events)
+
+    def _from_harmony(self, segments: list[tuple[str, ...]]) -> list[Event]:
+        assert self._harmony_calls is not None
+        events: list[Event] = []
+        for segment in segments:
+            if segment[0] == "reasoning":
+                events.append(ReasoningText(segment[1]))
+            elif segment[0] == "text":
+                events.append(TextDelta(segment[1]))
+            else:
+                events += self._harmony_calls.parsed_call(f"{segment[1]}\n{segment[2]}")
+        return _merge_text(events)
 
 
 @dataclass
@@ -192,14 +317,19 @@ class SplitAnswer:
     content: str
     tool_calls: list[ToolCall] = field(default_factory=list)
     dropped: int = 0
+    reasoning: str = ""
 
 
-def split_answer(fmt: ToolFormat, text: str, tools: Any = None, **kwargs: Any) -> SplitAnswer:
-    """A whole answer: its text (calls removed) and its calls."""
-    splitter = ToolCallSplitter(fmt, tools, **kwargs)
+def split_answer(
+    fmt: ToolFormat | None, text: str, tools: Any = None, reasoning: ReasoningFormat | None = None,
+    *, opens: bool = False, **kwargs: Any,
+) -> SplitAnswer:
+    """A whole answer: its text (reasoning and calls removed), its calls and its reasoning."""
+    splitter = AnswerSplitter(fmt, tools, reasoning, opens=opens, **kwargs)
     events = splitter.feed(text) + splitter.finish()
     content = "".join(e.text for e in events if isinstance(e, TextDelta))
-    return SplitAnswer(content, list(splitter.calls), splitter.dropped)
+    thought = "".join(e.text for e in events if isinstance(e, ReasoningText))
+    return SplitAnswer(content, list(splitter.calls), splitter.dropped, thought)
 
 
 def finish_reason(engine_reason: str | None, calls: list[ToolCall]) -> str | None:
@@ -212,8 +342,8 @@ def finish_reason(engine_reason: str | None, calls: list[ToolCall]) -> str | Non
 def _merge_text(events: list[Event]) -> list[Event]:
     merged: list[Event] = []
     for event in events:
-        if isinstance(event, TextDelta) and merged and isinstance(merged[-1], TextDelta):
-            merged[-1] = TextDelta(merged[-1].text + event.text)
+        if isinstance(event, TextDelta | ReasoningText) and merged and type(merged[-1]) is type(event):
+            merged[-1] = type(event)(merged[-1].text + event.text)  # type: ignore[union-attr]
         else:
             merged.append(event)
     return merged

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from mlxd.api.anthropic.errors import error_body
-from mlxd.api.events import Finish, OutputEvent, TextDelta, ToolCallDelta, Usage
+from mlxd.api.events import Finish, OutputEvent, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from mlxd.api.frames import MARK, cut, encode, encode_text
 from mlxd.api.generation import Answer
 from mlxd.api.plan import Plan
@@ -40,6 +40,11 @@ def tool_input(arguments: str) -> Any:
     return value if isinstance(value, dict) else {}
 
 
+# A thinking block's signature. Anthropic's proves the block came from its
+# model; mlxd signs nothing and checks none it is sent back.
+SIGNATURE = ""
+
+
 def message_id(plan: Plan) -> str:
     return plan.id
 
@@ -47,6 +52,8 @@ def message_id(plan: Plan) -> str:
 def message(plan: Plan, answer: Answer) -> dict[str, Any]:
     choice = answer.choices[0] if answer.choices else None
     content: list[dict[str, Any]] = []
+    if choice is not None and choice.reasoning:
+        content.append({"type": "thinking", "thinking": choice.reasoning, "signature": SIGNATURE})
     if choice is not None and (choice.text or not choice.tool_calls):
         content.append({"type": "text", "text": choice.text})
     for call in choice.tool_calls if choice else ():
@@ -83,7 +90,7 @@ class AnthropicFrames:
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self._index = -1
-        self._open: str | None = None  # "text" or "tool_use"
+        self._open: str | None = None  # "thinking", "text" or "tool_use"
         self._call = -1
         # The text block's delta frame around its text (mlxd.api.frames), for its index.
         self._text_frame: tuple[int, str, str] | None = None
@@ -110,19 +117,24 @@ class AnthropicFrames:
     def _stop(self) -> str:
         if self._open is None:
             return ""
+        # A thinking block ends with its signature, as Anthropic's do.
+        out = self._delta({"type": "signature_delta", "signature": SIGNATURE}) if self._open == "thinking" else ""
         self._open = None
-        return event("content_block_stop", {"index": self._index})
+        return out + event("content_block_stop", {"index": self._index})
 
     def _delta(self, delta: dict[str, Any]) -> str:
         return event("content_block_delta", {"index": self._index, "delta": delta})
 
-    def _text_delta(self, text: str) -> str:
+    def _text_delta(self, text: str, kind: str = "text_delta", key: str = "text") -> str:
         frame = self._text_frame
         if frame is None or frame[0] != self._index:
-            frame = self._text_frame = (self._index, *cut(self._delta({"type": "text_delta", "text": MARK})))
+            frame = self._text_frame = (self._index, *cut(self._delta({"type": kind, key: MARK})))
         return frame[1] + encode_text(text) + frame[2]
 
     def event(self, item: OutputEvent) -> str:
+        if isinstance(item, ReasoningDelta):
+            out = "" if self._open == "thinking" else self._start({"type": "thinking", "thinking": "", "signature": ""})
+            return out + self._text_delta(item.text, "thinking_delta", "thinking")
         if isinstance(item, TextDelta):
             out = "" if self._open == "text" else self._start({"type": "text", "text": ""})
             return out + self._text_delta(item.text)

@@ -2,8 +2,11 @@
 
 Tolerant the way Claude Code needs a server to be: unknown top-level fields
 and unknown content block types are ignored (newer clients send fields older
-servers answered 422 to), ``thinking`` / ``redacted_thinking`` blocks are
-dropped, and a ``system`` role inside ``messages`` becomes a system message.
+servers answered 422 to), an assistant's ``thinking`` blocks become its
+message's reasoning (for the template to render or drop), ``redacted_thinking``
+blocks are dropped, and a ``system`` role inside ``messages`` becomes a
+system message. ``thinking`` and ``output_config.effort`` say what a
+thinking model does (docs/thinking.md).
 Tools and tool_choice map onto the shared OpenAI-shaped ``OutputRequest``.
 """
 
@@ -17,10 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from mlxd.api.anthropic import normalise
 from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
 from mlxd.api.plan import OutputRequest, Requested
+from mlxd.api.reasoning import ReasoningRequest, combine, effort, template_kwargs
 from mlxd.errors import BadRequest
 from mlxd.registry.model import SamplingDefaults
 
-DROPPED_BLOCKS = ("thinking", "redacted_thinking")
+DROPPED_BLOCKS = ("redacted_thinking",)
 
 
 class AnthropicMessage(BaseModel):
@@ -49,6 +53,20 @@ class _Base(BaseModel):
     messages: list[AnthropicMessage] = Field(min_length=1)
     tools: list[Tool] | None = None
     tool_choice: dict[str, Any] | None = None
+    # {"type": "enabled", "budget_tokens": N}, {"type": "adaptive"} or {"type": "disabled"}.
+    thinking: dict[str, Any] | None = None
+    # {"effort": "low" | "medium" | "high" | "max"}.
+    output_config: dict[str, Any] | None = None
+    # vLLM's and mlx_lm.server's template variables, here too.
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def reasoning(self) -> ReasoningRequest:
+        config = self.output_config or {}
+        return combine(
+            _thinking(self.thinking),
+            effort(config.get("effort") if isinstance(config, dict) else None, "output_config.effort"),
+            ReasoningRequest(template_kwargs=template_kwargs(self.chat_template_kwargs)),
+        )
 
     def conversation(self) -> Conversation:
         messages: list[Message] = []
@@ -99,6 +117,13 @@ class MessagesRequest(_Base):
 
     def requested(self) -> Requested:
         stops = tuple(s for s in self.stop_sequences or () if s)
+        reasoning = self.reasoning()
+        if reasoning.budget is not None and reasoning.budget >= self.max_tokens:
+            raise BadRequest(
+                "`max_tokens` must be greater than `thinking.budget_tokens`: the answer comes after the "
+                "reasoning, within max_tokens.",
+                param="thinking.budget_tokens",
+            )
         return Requested(
             model=self.model,
             sampling=SamplingDefaults(
@@ -107,11 +132,31 @@ class MessagesRequest(_Base):
             stop=stops,
             stream=self.stream,
             output=self.output(),
+            reasoning=reasoning,
         )
 
 
 class CountTokensRequest(_Base):
     """The same body without ``max_tokens`` (and nothing generated)."""
+
+
+def _thinking(value: dict[str, Any] | None) -> ReasoningRequest:
+    if value is None:
+        return ReasoningRequest()
+    kind = value.get("type")
+    if kind == "disabled":
+        return ReasoningRequest(enabled=False)
+    if kind == "adaptive":
+        return ReasoningRequest(enabled=True)
+    if kind == "enabled":
+        budget = value.get("budget_tokens")
+        if budget is None:
+            return ReasoningRequest(enabled=True)
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            raise BadRequest("thinking.budget_tokens must be a whole number of tokens, at least 1.",
+                             param="thinking.budget_tokens")
+        return ReasoningRequest(enabled=True, budget=budget)
+    raise BadRequest("thinking.type must be one of `enabled`, `adaptive`, `disabled`.", param="thinking.type")
 
 
 def _system_text(system: str | list[dict[str, Any]] | None) -> str:
@@ -180,10 +225,13 @@ def _messages(message: AnthropicMessage, param: str) -> list[Message]:
     parts: list[Part] = []
     calls: list[ToolCall] = []
     results: list[Message] = []
+    reasoning: list[str] = []
     for j, block in enumerate(message.content):
         kind = block.get("type")
         where = f"{param}.content[{j}]"
-        if kind == "text":
+        if kind == "thinking" and message.role == "assistant":
+            reasoning.append(str(block.get("thinking", "")))
+        elif kind == "text":
             parts.append(TextPart(str(block.get("text", ""))))
         elif kind == "image":
             parts.append(_image(block, where))
@@ -206,12 +254,13 @@ def _messages(message: AnthropicMessage, param: str) -> list[Message]:
             if block.get("is_error"):
                 text = f"Error: {text}"
             results.append(Message("tool", text, tool_call_id=str(block.get("tool_use_id", ""))))
-        # thinking, redacted_thinking, documents, server tool blocks, and block
-        # types newer than this adapter: tolerated and left out.
+        # redacted_thinking, documents, server tool blocks, and block types
+        # newer than this adapter: tolerated and left out.
     out = list(results)
     if message.role == "system":
         text = normalise.without_billing_header("".join(p.text for p in parts if isinstance(p, TextPart)))
         return [*out, Message("system", text)] if text else out
     if parts or calls or not results:
-        out.append(Message(message.role, tuple(parts) if parts else "", tool_calls=tuple(calls)))
+        out.append(Message(message.role, tuple(parts) if parts else "", tool_calls=tuple(calls),
+                           reasoning="".join(reasoning)))
     return out

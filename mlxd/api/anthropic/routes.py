@@ -15,6 +15,7 @@ from mlxd.api.anthropic.bodies import CountTokensRequest, MessagesRequest
 from mlxd.api.context import DaemonContext
 from mlxd.api.generation import respond
 from mlxd.api.plan import Entry, check_chat, output_plan, plan_chat, resolve_entry
+from mlxd.api.reasoning import merged_template_kwargs
 from mlxd.errors import BadRequest
 from mlxd.registry.model import ModelSpec
 
@@ -68,7 +69,8 @@ def router() -> APIRouter:
         # `none`), refused as the answer would be on a model with no tool-call format.
         tool_format = await ctx.token_counter.tool_format(spec) if output.tools else None
         tools = output_plan(body.model, tool_format, output).tools
-        count = await ctx.token_counter.count(spec, conversation.template_messages(), tools, images)
+        kwargs = merged_template_kwargs(spec, body.reasoning())
+        count = await ctx.token_counter.count(spec, conversation.template_messages(), tools, images, kwargs)
         return {"input_tokens": count}
 
     return api

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxd.api.events import Finish, Logprobs, OutputEvent, TextDelta, ToolCallDelta, Usage
+from mlxd.api.events import Finish, Logprobs, OutputEvent, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from mlxd.api.frames import MARK, cut, encode, encode_text
 from mlxd.api.generation import Answer, CalledTool, Choice
 from mlxd.api.openai.errors import error_body
@@ -20,6 +20,8 @@ def usage_body(usage: Usage) -> dict[str, Any]:
     }
     if usage.cached_tokens:
         body["prompt_tokens_details"] = {"cached_tokens": usage.cached_tokens}
+    if usage.reasoning_tokens:
+        body["completion_tokens_details"] = {"reasoning_tokens": usage.reasoning_tokens}
     return body
 
 
@@ -33,6 +35,10 @@ def _message(choice: Choice) -> dict[str, Any]:
         # As OpenAI answers a call with nothing before it: no content at all.
         message["content"] = choice.text or None
         message["tool_calls"] = _tool_calls(choice.tool_calls)
+    if choice.reasoning:
+        # ``reasoning_content`` as vLLM and DeepSeek name it, ``reasoning`` as
+        # mlx_lm.server and OpenRouter do: clients read one or the other.
+        message["reasoning_content"] = message["reasoning"] = choice.reasoning
     return message
 
 
@@ -53,7 +59,7 @@ def logprobs_body(entries: list[Any]) -> dict[str, Any]:
 def chat_usage(plan: Plan, usage: Usage) -> Usage:
     """n choices of one prompt: the prompt counts once, as OpenAI counts it."""
     n = max(1, len(plan.requests))
-    return Usage(usage.prompt_tokens // n, usage.completion_tokens, usage.cached_tokens // n)
+    return Usage(usage.prompt_tokens // n, usage.completion_tokens, usage.cached_tokens // n, usage.reasoning_tokens)
 
 
 def chat_completion(plan: Plan, answer: Answer) -> dict[str, Any]:
@@ -117,6 +123,7 @@ class OpenAIFrames:
         # nearly every frame of a stream; encoding only the text saves
         # building and encoding the whole chunk object per token.
         self._text_frames: dict[int, tuple[str, str]] = {}
+        self._reasoning_frames: dict[int, tuple[str, str, str]] = {}
 
     def _base(self) -> dict[str, Any]:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
@@ -142,9 +149,23 @@ class OpenAIFrames:
             parts = self._text_frames[index] = cut(sse(frame))
         return parts[0] + encode_text(text) + parts[1]
 
+    def _reasoning_frame(self, text: str, index: int) -> str:
+        parts = self._reasoning_frames.get(index)
+        if parts is None:
+            # Both names, as in the whole answer's message: the template is
+            # cut around its two marks, and the same text goes in each.
+            frame = sse(self._chat_chunk({"reasoning_content": MARK, "reasoning": MARK}, None, index))
+            head, tail = cut(frame)
+            first, second = cut(head)
+            parts = self._reasoning_frames[index] = (first, second, tail)
+        piece = encode_text(text)
+        return parts[0] + piece + parts[1] + piece + parts[2]
+
     def event(self, event: OutputEvent) -> str:
         if isinstance(event, TextDelta):
             return self._text_frame(event.text, event.choice)
+        if isinstance(event, ReasoningDelta):
+            return self._reasoning_frame(event.text, event.choice)
         if isinstance(event, ToolCallDelta):
             call: dict[str, Any] = {"index": event.index, "function": {"arguments": event.arguments}}
             if event.id is not None:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
 from mlxd.api.plan import OutputRequest, Plan, Requested
+from mlxd.api.reasoning import ReasoningRequest, combine, effort, reasoning_object, template_kwargs
 from mlxd.engine.logprobs import MAX_TOP
 from mlxd.errors import BadRequest
 from mlxd.registry.model import SamplingDefaults
@@ -134,10 +135,14 @@ class _Common(BaseModel):
             ignore_eos=self.ignore_eos,
             output=self.output(),
             logit_bias=self.token_bias(),
+            reasoning=self.reasoning_request(),
         )
 
     def output(self) -> OutputRequest:
         return OutputRequest()
+
+    def reasoning_request(self) -> ReasoningRequest:
+        return ReasoningRequest()
 
 
 class FunctionCall(BaseModel):
@@ -163,8 +168,12 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[ChatToolCall] | None = None
     tool_call_id: str | None = None
+    # An earlier answer's reasoning, as mlxd (and vLLM, DeepSeek) return it
+    # or as mlx_lm.server and OpenRouter name it.
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
-    @field_validator("content")
+    @field_validator("content", "reasoning_content", "reasoning")
     @classmethod
     def _encodable(cls, value: Any) -> Any:
         _check_encodable(value, "content")
@@ -183,7 +192,9 @@ class ChatMessage(BaseModel):
                      param=f"messages[{index}].tool_calls[{k}].function.arguments")
             for k, c in enumerate(self.tool_calls or ())
         )
-        return Message(role=role, content=content, tool_calls=calls, tool_call_id=self.tool_call_id, name=self.name)
+        reasoning = (self.reasoning_content or self.reasoning or "") if role == "assistant" else ""
+        return Message(role=role, content=content, tool_calls=calls, tool_call_id=self.tool_call_id, name=self.name,
+                       reasoning=reasoning)
 
 
 def _part(part: dict[str, Any], param: str) -> Part:
@@ -205,6 +216,12 @@ class ChatCompletionRequest(_Common):
     parallel_tool_calls: bool | None = None
     response_format: Any = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)
+    # Thinking models (docs/thinking.md): OpenAI's effort ("none" turns it
+    # off), OpenRouter's ``reasoning`` object ({effort, max_tokens, enabled}),
+    # and the template variables vLLM and mlx_lm.server take.
+    reasoning_effort: str | None = None
+    reasoning: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     # OpenAI fields that would change the answer and that mlxd cannot honour:
     # declared so that ``unsupported`` refuses them, where as unknown fields
     # they would be dropped without a word.
@@ -248,6 +265,13 @@ class ChatCompletionRequest(_Common):
 
     def conversation(self) -> Conversation:
         return Conversation(tuple(m.to_message(i) for i, m in enumerate(self.messages)))
+
+    def reasoning_request(self) -> ReasoningRequest:
+        return combine(
+            effort(self.reasoning_effort, "reasoning_effort"),
+            reasoning_object(self.reasoning, "reasoning"),
+            ReasoningRequest(template_kwargs=template_kwargs(self.chat_template_kwargs)),
+        )
 
     def output(self) -> OutputRequest:
         return OutputRequest(

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxd.api.conversation import Message, ToolCall
-from mlxd.api.events import Finish, OutputEvent, TextDelta, ToolCallDelta, Usage
+from mlxd.api.events import Finish, OutputEvent, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from mlxd.api.frames import MARK, cut, encode, encode_text
 from mlxd.api.generation import Answer
 from mlxd.api.plan import Plan
@@ -29,7 +29,7 @@ def usage_body(usage: Usage) -> dict[str, Any]:
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {"cached_tokens": usage.cached_tokens},
         "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         "total_tokens": usage.total_tokens,
     }
 
@@ -37,6 +37,13 @@ def usage_body(usage: Usage) -> dict[str, Any]:
 def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
     content = [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+
+def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    """A thinking model's reasoning, in the open-weight form (``reasoning_text``
+    content, as gpt-oss's Responses servers give it; no summary)."""
+    content = [{"type": "reasoning_text", "text": text}] if status == "completed" else []
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": status}
 
 
 def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
@@ -63,7 +70,10 @@ class Outcome:
         calls = tuple(
             ToolCall(i["call_id"], i["name"], i["arguments"]) for i in self.output if i["type"] == "function_call"
         )
-        return Message("assistant", text, tool_calls=calls)
+        thought = "".join(
+            p["text"] for item in self.output if item["type"] == "reasoning" for p in item["content"]
+        )
+        return Message("assistant", text, tool_calls=calls, reasoning=thought)
 
 
 def response_object(plan: Plan, body: ResponsesRequest, outcome: Outcome) -> dict[str, Any]:
@@ -107,6 +117,8 @@ def complete_response(
 ) -> dict[str, Any]:
     choice = answer.choices[0]
     outcome = Outcome(status=_status(choice.finish_reason), usage=answer.usage)
+    if choice.reasoning:
+        outcome.output.append(reasoning_item(_item_id("rs"), choice.reasoning))
     if choice.text or not choice.tool_calls:
         outcome.output.append(message_item(_item_id("msg"), choice.text))
     for call in choice.tool_calls:
@@ -185,7 +197,13 @@ class ResponsesFrames:
         if item is None:
             return ""
         index = len(self.outcome.output)
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            done = reasoning_item(item["id"], self._text)
+            out = self._event(
+                "response.reasoning_text.done", item_id=item["id"], output_index=index, content_index=0,
+                text=self._text,
+            )
+        elif item["type"] == "message":
             done = message_item(item["id"], self._text)
             part = done["content"][0]
             out = self._event(
@@ -204,6 +222,15 @@ class ResponsesFrames:
 
     def event(self, event: OutputEvent) -> str:
         index = len(self.outcome.output)
+        if isinstance(event, ReasoningDelta):
+            out = "" if self._open is not None and self._open["type"] == "reasoning" else self._add(
+                reasoning_item(_item_id("rs"), "", status="in_progress")
+            )
+            self._text += event.text
+            return out + self._event(
+                "response.reasoning_text.delta", item_id=self._open["id"], output_index=len(self.outcome.output),
+                content_index=0, delta=event.text,
+            )
         if isinstance(event, TextDelta):
             out = "" if self._open is not None and self._open["type"] == "message" else self._add(
                 message_item(_item_id("msg"), "", status="in_progress")
@@ -225,7 +252,11 @@ class ResponsesFrames:
                 )
             return out
         assert isinstance(event, Finish)
-        out = self._add(message_item(_item_id("msg"), "", status="in_progress")) if not self.outcome.output and self._open is None else ""
+        out = self._close() if self._open is not None and self._open["type"] == "reasoning" else ""
+        answered = any(item["type"] != "reasoning" for item in self.outcome.output)
+        if not answered and self._open is None:
+            # An answer has a message, if only an empty one (after reasoning alone, too).
+            out += self._add(message_item(_item_id("msg"), "", status="in_progress"))
         out += self._close()
         self.outcome.status = _status(event.reason)
         self.outcome.usage = event.usage

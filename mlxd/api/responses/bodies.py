@@ -1,9 +1,10 @@
 """OpenAI Responses request bodies -> Requested and Conversation.
 
 ``input`` is a string or a list of items: messages (``input_text``,
-``input_image``, ``output_text`` parts), ``function_call`` and
-``function_call_output``. Item and tool types this adapter does not know
-(reasoning, built-in tools Codex also declares) are tolerated and left out.
+``input_image``, ``output_text`` parts), ``function_call``,
+``function_call_output`` and ``reasoning`` (an earlier answer's, for the
+template to render or drop). Item and tool types this adapter does not know
+(built-in tools Codex also declares) are tolerated and left out.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from mlxd.api.errors import FieldNames
 from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
 from mlxd.api.plan import OutputRequest, Requested
+from mlxd.api.reasoning import ReasoningRequest, combine, reasoning_object, template_kwargs
 from mlxd.errors import BadRequest
 from mlxd.registry.model import SamplingDefaults
 
@@ -43,8 +45,11 @@ class ResponsesRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     text: dict[str, Any] | None = None
-    # Accepted; mlxd's models answer without a separate reasoning phase.
+    # {"effort": ..., "summary": ...}, and OpenRouter's max_tokens / enabled
+    # (docs/thinking.md); a thinking model's reasoning comes back as a
+    # ``reasoning`` output item.
     reasoning: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     store: bool = True
     stream: bool = False
     previous_response_id: str | None = None
@@ -89,6 +94,10 @@ class ResponsesRequest(BaseModel):
             stream=self.stream,
             timeout=self.timeout,
             output=self.output(),
+            reasoning=combine(
+                reasoning_object(self.reasoning, "reasoning"),
+                ReasoningRequest(template_kwargs=template_kwargs(self.chat_template_kwargs)),
+            ),
         )
 
     def history(self, earlier: tuple[Message, ...]) -> tuple[Message, ...]:
@@ -96,13 +105,32 @@ class ResponsesRequest(BaseModel):
         if isinstance(self.input, str):
             return (*earlier, Message("user", self.input))
         messages = list(earlier)
+        thought: list[str] = []
         for i, item in enumerate(self.input):
+            if item.get("type") == "reasoning":
+                thought.append(reasoning_text(item))
+                continue
             _add_item(messages, item, f"input[{i}]")
+            if thought and messages and messages[-1].role == "assistant":
+                # A reasoning item belongs to the answer (message or call) after it.
+                last = messages[-1]
+                messages[-1] = Message("assistant", last.content, tool_calls=last.tool_calls,
+                                       reasoning=last.reasoning + "".join(thought))
+                thought = []
         return tuple(messages)
 
     def conversation(self, history: tuple[Message, ...]) -> Conversation:
         head = (Message("system", self.instructions),) if self.instructions else ()
         return Conversation((*head, *history))
+
+
+def reasoning_text(item: dict[str, Any]) -> str:
+    """A reasoning item's text: its ``reasoning_text`` content, else its
+    summary (what Codex keeps of OpenAI's encrypted reasoning)."""
+    parts = item.get("content") or item.get("summary") or []
+    if not isinstance(parts, list):
+        return ""
+    return "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
 
 
 def _tool_choice(value: str | dict[str, Any] | None) -> Any:

@@ -1,0 +1,86 @@
+"""The reasoning phase of a generation, as one logits processor.
+
+Two jobs, both needing to know whether the model is reasoning now:
+
+- a budget: at most N tokens of reasoning, then the family's end marker
+  (``</think>``) is forced and the model goes on to its answer, as
+  Anthropic's ``thinking.budget_tokens`` asks;
+- a grammar (a forced tool call, a JSON schema) shapes the answer, not the
+  reasoning: while the model reasons, the processors given as ``after``
+  are not called; they start at the first token after the end marker (a
+  grammar processor's first call reads no token, so it starts there).
+
+mlx-lm's ``(tokens, logits) -> logits``, one per request on the single and
+the batched path alike. It follows the tokens the model writes: inside
+reasoning (opened by the prompt, or by the model writing the start marker)
+it counts them; once the budget is spent it allows only the next token of
+the end marker until the marker is written.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxd.tools.reasoning import ReasoningFormat
+
+
+class ReasoningPhase:
+    def __init__(
+        self, start: tuple[int, ...], end: tuple[int, ...], *, opens: bool, budget: int | None = None,
+        after: list[Any] | None = None,
+    ) -> None:
+        self.budget = None if budget is None else max(0, budget)
+        self._start = start
+        self._end = end
+        self.inside = opens
+        self.spent = 0
+        self._after = list(after or ())
+        # The end marker's tokens written so far while forcing it.
+        self._forced = 0
+        self._calls = 0
+        self._recent: list[int] = []
+
+    def __call__(self, tokens: Any, logits: Any) -> Any:
+        import mlx.core as mx
+
+        # The first call sees the prompt only; each later one, one new token.
+        if self._calls:
+            self._see(int(tokens[-1].item()))
+        self._calls += 1
+        if not self.inside:
+            for processor in self._after:
+                logits = processor(tokens, logits)
+            return logits
+        if not self._forced and (self.budget is None or self.spent < self.budget):
+            return logits
+        target = self._end[min(self._forced, len(self._end) - 1)]
+        self._forced += 1
+        return mx.where(mx.arange(logits.shape[-1]) == target, logits, mx.array(float("-inf"), dtype=logits.dtype))
+
+    def _see(self, token: int) -> None:
+        self._recent = (self._recent + [token])[-max(len(self._start), len(self._end), 1):]
+        if self.inside:
+            if _ends_with(self._recent, self._end):
+                self.inside = False
+                self._forced = 0
+            else:
+                self.spent += 1
+        elif self._start and not self._after and _ends_with(self._recent, self._start):
+            # (Under a grammar the answer is the grammar's: no new reasoning.)
+            self.inside = True
+            self.spent = 0
+
+
+def reasoning_phase(
+    fmt: ReasoningFormat | None, *, opens: bool, budget: int | None, after: list[Any]
+) -> ReasoningPhase | None:
+    """The processor for a request's reasoning budget and for the grammar
+    that waits for the reasoning to end; None when there is neither, or the
+    model has no end marker to follow (harmony's channels)."""
+    if fmt is None or not fmt.end_ids or (budget is None and not (after and opens)):
+        return None
+    return ReasoningPhase(fmt.start_ids, fmt.end_ids, opens=opens, budget=budget, after=after)
+
+
+def _ends_with(tokens: list[int], marker: tuple[int, ...]) -> bool:
+    return bool(marker) and tuple(tokens[-len(marker):]) == marker
