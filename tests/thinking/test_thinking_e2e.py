@@ -1,0 +1,231 @@
+"""Thinking models end to end, through the official SDKs: reasoning apart
+from the answer on every surface, streamed and not; the budget that ends
+it; the controls that turn it off (the family's no-think prompt); the
+registry's defaults under the request's; earlier turns' reasoning and the
+prefix cache.
+
+``thinker`` is the tiny qwen3 whose template opens the think block (as
+Qwen3-Thinking's does): a random model never closes it, so the reasoning
+budget (``reasoning.max_tokens``, Anthropic's ``budget_tokens``) ends it
+and the answer follows. ``qwen3`` carries Qwen3's own template, where the
+model opens the block itself and ``enable_thinking: false`` closes it in
+the prompt."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from support.daemon import Daemon, daemon_in_thread, write_registry
+from thinking.thinking_models import thinking_model
+
+KEY = "sk-thinking"
+PROMPT = "Read the configuration file and report the errors"
+MESSAGES = [{"role": "user", "content": PROMPT}]
+BUDGET = 5
+# The budget's tokens, then the end marker it forces.
+REASONING_TOKENS = BUDGET + 1
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    tmp = tmp_path_factory.mktemp("thinking")
+    thinker, qwen3 = thinking_model("qwen3-thinking"), thinking_model("qwen3")
+    registry = write_registry(tmp, [
+        {"name": "thinker", "path": str(thinker)},
+        {"name": "thinker-batched", "path": str(thinker), "max_concurrency": 2},
+        {"name": "qwen3", "path": str(qwen3)},
+        {"name": "qwen3-quiet", "path": str(qwen3), "chat_template_kwargs": {"enable_thinking": False}},
+    ], server={"api_keys": [KEY]})
+    with daemon_in_thread(registry, tmp) as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def qwen3_tokenizer():
+    from mlx_lm.tokenizer_utils import load
+
+    return load(thinking_model("qwen3"))
+
+
+def openai_client(daemon: Daemon):
+    import openai
+
+    return openai.OpenAI(base_url=f"{daemon.url}/v1", api_key=KEY, max_retries=0)
+
+
+def anthropic_client(daemon: Daemon):
+    import anthropic
+
+    return anthropic.Anthropic(base_url=daemon.url, api_key=KEY, max_retries=0)
+
+
+def chat(daemon: Daemon, model: str = "thinker", **extra):
+    return openai_client(daemon).chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=20, temperature=0, extra_body=extra
+    )
+
+
+def test_chat_gives_the_reasoning_apart_from_the_answer_streamed_and_not(daemon: Daemon):
+    answer = chat(daemon, reasoning={"max_tokens": BUDGET})
+    message = answer.choices[0].message
+    extra = message.model_extra
+    assert extra["reasoning_content"] and extra["reasoning"] == extra["reasoning_content"]
+    assert message.content  # the answer after the budget ended the reasoning
+    assert "<think>" not in message.content + extra["reasoning"] and "</think>" not in message.content
+    assert answer.usage.completion_tokens_details.reasoning_tokens == REASONING_TOKENS
+    stream = openai_client(daemon).chat.completions.create(
+        model="thinker", messages=MESSAGES, max_tokens=20, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"reasoning": {"max_tokens": BUDGET}},
+    )
+    reasoning, content, usage = [], [], None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            delta = choice.delta.model_extra or {}
+            assert delta.get("reasoning") == delta.get("reasoning_content")
+            reasoning.append(delta.get("reasoning_content") or "")
+            content.append(choice.delta.content or "")
+    assert ("".join(reasoning), "".join(content)) == (extra["reasoning_content"], message.content)
+    assert usage.completion_tokens_details.reasoning_tokens == REASONING_TOKENS
+    # The batched path splits and budgets the same.
+    batched = chat(daemon, "thinker-batched", reasoning={"max_tokens": BUDGET}).choices[0].message
+    assert (batched.model_extra["reasoning_content"], batched.content) == (extra["reasoning_content"], message.content)
+
+
+def test_anthropic_thinking_blocks_with_a_budget(daemon: Daemon):
+    client = anthropic_client(daemon)
+    # (This SDK has no temperature argument any more: greedy through the body.)
+    asked = dict(model="thinker", max_tokens=20, messages=MESSAGES, extra_body={"temperature": 0},
+                 thinking={"type": "enabled", "budget_tokens": BUDGET})
+    message = client.messages.create(**asked)
+    assert [b.type for b in message.content] == ["thinking", "text"]
+    assert message.content[0].thinking and message.content[1].text
+    with client.messages.stream(**asked) as stream:
+        kinds = [(e.type, getattr(getattr(e, "delta", None), "type", None)) for e in stream]
+        final = stream.get_final_message()
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in final.content] == [
+        (b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in message.content]
+    deltas = [d for kind, d in kinds if kind == "content_block_delta"]
+    first_text = deltas.index("text_delta")
+    assert set(deltas[:first_text]) == {"thinking_delta", "signature_delta"} and deltas[first_text - 1] == "signature_delta"
+    # Claude Code sends the thinking back with the next turn: accepted, and the
+    # family's template drops it from earlier turns.
+    history = [*MESSAGES, {"role": "assistant", "content": [b.model_dump() for b in message.content]},
+               {"role": "user", "content": "And then?"}]
+    without = [*MESSAGES, {"role": "assistant", "content": message.content[1].text}, {"role": "user", "content": "And then?"}]
+    counted = [client.messages.count_tokens(model="thinker", messages=m).input_tokens for m in (history, without)]
+    assert counted[0] == counted[1]
+
+
+def test_responses_stream_reasoning_items_as_codex_reads_them(daemon: Daemon):
+    body = {"model": "thinker", "input": PROMPT, "max_output_tokens": 20, "temperature": 0, "stream": True,
+            "reasoning": {"effort": "low", "max_tokens": BUDGET}}
+    events = []
+    with httpx.stream("POST", f"{daemon.url}/v1/responses", json=body, timeout=60,
+                      headers={"authorization": f"Bearer {KEY}"}) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    kinds = [e["type"] for e in events]
+    added = [e["item"]["type"] for e in events if e["type"] == "response.output_item.added"]
+    assert added == ["reasoning", "message"]
+    assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
+    done = events[-1]
+    assert done["type"] == "response.completed"
+    reasoning, message = done["response"]["output"]
+    deltas = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
+    assert reasoning["type"] == "reasoning" and reasoning["content"] == [{"type": "reasoning_text", "text": deltas}]
+    assert message["content"][0]["text"]
+    assert done["response"]["usage"]["output_tokens_details"]["reasoning_tokens"] == REASONING_TOKENS
+    # The SDK reads the same response whole, and a second turn continues it from the store.
+    client = openai_client(daemon)
+    first = client.responses.create(model="thinker", input=PROMPT, max_output_tokens=20, temperature=0,
+                                    reasoning={"effort": "low"}, extra_body={"reasoning": {"max_tokens": BUDGET}})
+    assert [item.type for item in first.output] == ["reasoning", "message"]
+    assert first.output[1].content[0].text == message["content"][0]["text"]
+    second = client.responses.create(model="thinker", input="And then?", previous_response_id=first.id,
+                                     max_output_tokens=4, temperature=0)
+    # The template drops the first turn's reasoning; the cache still holds
+    # the whole first prompt up to the answer it opened.
+    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 3
+
+
+def prompt_tokens(daemon: Daemon, model: str = "qwen3", **extra) -> int:
+    return chat(daemon, model, **extra).usage.prompt_tokens
+
+
+def test_turning_thinking_off_renders_the_familys_no_think_prompt(daemon: Daemon, qwen3_tokenizer):
+    thinking = len(qwen3_tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True))
+    quiet = qwen3_tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, enable_thinking=False,
+                                                tokenize=False)
+    assert quiet.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    no_think = len(qwen3_tokenizer.encode(quiet, add_special_tokens=False))
+    assert no_think > thinking
+    assert prompt_tokens(daemon) == thinking
+    assert prompt_tokens(daemon, chat_template_kwargs={"enable_thinking": False}) == no_think
+    assert prompt_tokens(daemon, reasoning_effort="none") == no_think
+    assert prompt_tokens(daemon, reasoning={"enabled": False}) == no_think
+    # The registry's default, and a request that turns it back on.
+    assert prompt_tokens(daemon, "qwen3-quiet") == no_think
+    assert prompt_tokens(daemon, "qwen3-quiet", chat_template_kwargs={"enable_thinking": True}) == thinking
+    # Nothing of the answer is taken for reasoning: the prompt closed the block.
+    assert "reasoning_content" not in (chat(daemon, "qwen3-quiet").choices[0].message.model_extra or {})
+    client = anthropic_client(daemon)
+    off = client.messages.create(model="qwen3", max_tokens=4, messages=MESSAGES, thinking={"type": "disabled"})
+    assert off.usage.input_tokens + off.usage.cache_read_input_tokens == no_think
+    counted = client.messages.count_tokens(model="qwen3", messages=MESSAGES, thinking={"type": "disabled"})
+    assert counted.input_tokens == no_think
+    assert client.messages.count_tokens(model="qwen3", messages=MESSAGES).input_tokens == thinking
+
+
+def test_structured_output_starts_after_the_reasoning(daemon: Daemon):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+              "required": ["city"], "additionalProperties": False}
+    answer = chat(daemon, reasoning={"max_tokens": BUDGET},
+                  response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": schema}})
+    message = answer.choices[0].message
+    assert message.model_extra["reasoning_content"]
+    assert json.loads(message.content)["city"] in ("Paris", "Rome")
+    assert answer.usage.completion_tokens_details.reasoning_tokens == REASONING_TOKENS
+
+
+def test_reasoning_fields_a_client_got_wrong_are_400s(daemon: Daemon):
+    headers = {"authorization": f"Bearer {KEY}"}
+    base = {"model": "qwen3", "messages": MESSAGES, "max_tokens": 4}
+    cases = [
+        ({"reasoning_effort": "ultra"}, "reasoning_effort"),
+        ({"chat_template_kwargs": {"tokenize": False}}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": ["enable_thinking"]}, None),
+        ({"reasoning": {"max_tokens": -1}}, "reasoning"),
+    ]
+    for extra, param in cases:
+        response = httpx.post(f"{daemon.url}/v1/chat/completions", json={**base, **extra}, headers=headers, timeout=30)
+        assert response.status_code in (400, 422), extra
+        if param is not None:
+            assert response.json()["error"]["param"] == param
+    anthropic = {"model": "qwen3", "messages": MESSAGES, "max_tokens": 8}
+    for thinking in ({"type": "enabled", "budget_tokens": 8}, {"type": "sometimes"}, {"type": "enabled", "budget_tokens": 0}):
+        response = httpx.post(f"{daemon.url}/v1/messages", json={**anthropic, "thinking": thinking}, headers=headers,
+                              timeout=30)
+        assert response.status_code == 400 and response.json()["type"] == "error", thinking
+        assert "thinking" in response.json()["error"]["message"]
+
+
+def test_mlxd_check_shows_the_reasoning_parser(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from mlxd.cli.main import app
+
+    registry = write_registry(tmp_path, [
+        {"name": "t", "path": str(thinking_model("qwen3")), "chat_template_kwargs": {"enable_thinking": False}},
+        {"name": "plain", "model": "qwen", "reasoning_parser": "none"},
+    ])
+    result = CliRunner().invoke(app, ["check", str(registry)])
+    assert result.exit_code == 0, result.output
+    assert "reasoning: think (detected from the vocabulary)" in result.output
+    assert "chat_template_kwargs: enable_thinking=false" in result.output
+    assert "reasoning: off (reasoning_parser: none" in result.output
