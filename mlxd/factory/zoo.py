@@ -13,8 +13,9 @@ and the zoo tests run it through every path. ``paths`` records what the row
 cannot do and why (mlx-lm's own limits, or mlxd's, named as such), which is
 what docs/families.md shows.
 
-Config values ``VOCAB`` are filled in with the trained vocabulary's size and
-``EOS`` with the ids of ``eos``, so the table holds no token ids.
+Config values ``VOCAB`` are filled in with the trained vocabulary's size,
+``EOS`` with the ids of ``eos`` and ``token_id(t)`` with the id of t, so the
+table holds no token ids.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 VOCAB = "$vocab"
 EOS = "$eos"
+TOKEN_ID = "$id:"
 
 # What every zoo model is tested on, in the order docs/families.md shows them.
 PATHS = ("single", "batched", "streaming", "stop", "tools", "forced_tool", "json_schema", "images")
@@ -54,9 +56,16 @@ class Family:
     tool_parser: str | None = None
     think: tuple[str, str] | None = None
     vision: bool = False
+    # Vision rows: file name -> JSON of the image processor's files.
+    processor: dict[str, Any] = field(default_factory=dict)
+    # Keys added to tokenizer_config.json (Gemma 3's boi/eoi/image tokens).
+    tokenizer_extra: dict[str, Any] = field(default_factory=dict)
     # Seeded matrices are scaled by this (see mlxd.factory.build.WEIGHT_SCALE);
     # some architectures echo one token at 4x and need their own.
     weight_scale: float = 4.0
+    # Extra factors for the matrices under a parameter path (a vision
+    # projector whose features would otherwise not move the answer).
+    scale_under: dict[str, float] = field(default_factory=dict)
     seed: int = 0
     # path -> why it is not supported for this family (see PATHS).
     unsupported: dict[str, str] = field(default_factory=dict)
@@ -66,6 +75,10 @@ class Family:
     @property
     def model_type(self) -> str:
         return str(self.config["model_type"])
+
+
+def token_id(token: str) -> str:
+    return TOKEN_ID + token
 
 
 def _tiny(**extra: Any) -> dict[str, Any]:
@@ -127,6 +140,22 @@ _QWEN = {
     "eos": ("<|im_end|>", "<|endoftext|>"),
     "pad": "<|endoftext|>",
     "think": ("<think>", "</think>"),
+}
+_GEMMA3 = {
+    "control": ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>",
+                "<start_of_image>", "<end_of_image>", "<image_soft_token>"),
+    "bos": "<bos>",
+    "eos": ("<end_of_turn>", "<eos>"),
+    "pad": "<pad>",
+}
+_QWEN_VL_PIXELS = {
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "min_pixels": 32 * 32,
+    "max_pixels": 128 * 128,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
 }
 _QWEN_VISION = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 _HYBRID = ("ArraysCache", "KVCache")
@@ -210,13 +239,9 @@ FAMILIES: dict[str, Family] = {
                 "sliding_window_pattern": 2,
             },
             template="gemma3.jinja",
-            control=("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>",
-                     "<start_of_image>", "<end_of_image>", "<image_soft_token>"),
-            bos="<bos>",
-            eos=("<end_of_turn>", "<eos>"),
-            pad="<pad>",
             caches=_SLIDING,
             unsupported={"tools": "Gemma 3's template has no tool format, so mlx-lm infers no parser", **_NO_TOOLS},
+            **_GEMMA3,
             note="Gemma 3 1B-27B text: 5 sliding-window layers to 1 global (here 1:1, window 32)",
         ),
         Family(
@@ -401,6 +426,111 @@ FAMILIES: dict[str, Family] = {
             think=("<think>", "</think>"),
             unsupported={"tools": _NO_PARSER.format("`<TOOLCALL>[...]`"), **_NO_TOOLS},
             note="Nemotron-H / Nemotron Nano 2: Mamba-2 + attention hybrid",
+        ),
+        Family(
+            name="qwen3_vl",
+            arch="qwen3_vl",
+            config={
+                "model_type": "qwen3_vl",
+                "text_config": {
+                    "model_type": "qwen3_vl",
+                    **_qwen_text(rope_theta=5_000_000.0),
+                    # M-RoPE: (time, height, width) sections of the head's 8 rotary pairs.
+                    "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
+                },
+                "vision_config": {
+                    "model_type": "qwen3_vl",
+                    "depth": 2,
+                    "hidden_size": 32,
+                    "intermediate_size": 64,
+                    "out_hidden_size": 64,
+                    "num_heads": 2,
+                    "patch_size": 16,
+                    "spatial_merge_size": 2,
+                    "temporal_patch_size": 2,
+                    "num_position_embeddings": 64,
+                    "deepstack_visual_indexes": [1],
+                },
+                "image_token_id": token_id("<|image_pad|>"),
+                "video_token_id": token_id("<|video_pad|>"),
+                "vision_start_token_id": token_id("<|vision_start|>"),
+                "vision_end_token_id": token_id("<|vision_end|>"),
+                "vocab_size": VOCAB,
+                "tie_word_embeddings": True,
+                "eos_token_id": EOS,
+            },
+            template="qwen3_vl.jinja",
+            vision=True,
+            # At most 128x128 pixels: 64 patches of 16, merged 2x2 into 16 prompt tokens.
+            processor={
+                "preprocessor_config.json": _QWEN_VL_PIXELS,
+                "video_preprocessor_config.json": _QWEN_VL_PIXELS,
+                "processor_config.json": {},
+            },
+            tool_parser="json_tools",
+            note="Qwen3-VL 2B-32B (Thinking template): DeepStack vision features into the first layers",
+            **{**_QWEN, "control": (*_QWEN["control"], *_QWEN_VISION)},
+        ),
+        Family(
+            name="gemma3",
+            arch="gemma3",
+            config={
+                "model_type": "gemma3",
+                "text_config": {
+                    "model_type": "gemma3_text",
+                    **_tiny(num_key_value_heads=1, query_pre_attn_scalar=16),
+                    "sliding_window": 32,
+                    "sliding_window_pattern": 2,
+                    "mm_tokens_per_image": 4,
+                },
+                # SigLIP at 56x56 pixels: 4x4 patches of 14, pooled to 2x2 = 4 prompt tokens.
+                "vision_config": {
+                    "model_type": "siglip_vision_model",
+                    "num_hidden_layers": 2,
+                    "hidden_size": 32,
+                    "intermediate_size": 64,
+                    "num_attention_heads": 2,
+                    "patch_size": 14,
+                    "image_size": 56,
+                },
+                "image_token_index": token_id("<image_soft_token>"),
+                "boi_token_index": token_id("<start_of_image>"),
+                "eoi_token_index": token_id("<end_of_image>"),
+                "mm_tokens_per_image": 4,
+                "vocab_size": VOCAB,
+                "eos_token_id": EOS,
+            },
+            template="gemma3.jinja",
+            vision=True,
+            processor={
+                "preprocessor_config.json": {
+                    "image_processor_type": "Gemma3ImageProcessor",
+                    "processor_class": "Gemma3Processor",
+                    "size": {"height": 56, "width": 56},
+                    "image_mean": [0.5, 0.5, 0.5],
+                    "image_std": [0.5, 0.5, 0.5],
+                    "do_resize": True,
+                    "do_rescale": True,
+                    "rescale_factor": 1 / 255,
+                    "do_normalize": True,
+                    "do_convert_rgb": True,
+                    "resample": 2,
+                },
+                "processor_config.json": {"processor_class": "Gemma3Processor", "image_seq_length": 4},
+            },
+            tokenizer_extra={
+                "extra_special_tokens": {
+                    "boi_token": "<start_of_image>",
+                    "eoi_token": "<end_of_image>",
+                    "image_token": "<image_soft_token>",
+                },
+            },
+            caches=_SLIDING,
+            unsupported={"tools": "Gemma 3's template has no tool format, so mlx-lm infers no parser", **_NO_TOOLS},
+            weight_scale=0.5,
+            scale_under={"multi_modal_projector": 8.0},
+            note="Gemma 3 4B-27B with its SigLIP vision tower",
+            **_GEMMA3,
         ),
     )
 }

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from zoo.zoo_support import CHAT, TEXT_FAMILIES, family, zoo_model
+from zoo.zoo_support import CHAT, TEXT_FAMILIES, VISION_FAMILIES, family, zoo_model
 
-from mlxd.factory.zoo_build import template_text
+from mlxd.factory.zoo_files import template_text
 from mlxd.tools import formats
 
 pytestmark = pytest.mark.mlx
@@ -65,3 +65,23 @@ def test_an_unknown_family_names_the_known_ones():
 
     with pytest.raises(ValueError, match="qwen3_next"):
         build_family("nope")
+
+
+@pytest.mark.parametrize("name", VISION_FAMILIES)
+def test_mlx_vlm_loads_the_vision_family_and_the_image_moves_the_answer(name):
+    from mlx_vlm import apply_chat_template, load, stream_generate
+    from mlx_vlm.models.cache import make_prompt_cache
+    from vision.vision_support import noise_image, solid_image
+
+    row = family(name)
+    model, processor = load(str(zoo_model(name)))
+    assert type(model).__module__ == f"mlx_vlm.models.{row.arch}.{row.arch}"
+    assert processor.tokenizer.chat_template == template_text(row)
+    assert sorted({type(c).__name__ for c in make_prompt_cache(model.language_model)}) == sorted(row.caches)
+    prompt = apply_chat_template(processor, model.config, "Describe the picture", num_images=1)
+    answers = [
+        "".join(r.text for r in stream_generate(model, processor, prompt, image=[image], max_tokens=12, temperature=0.0))
+        for image in (noise_image(), solid_image())
+    ]
+    assert answers[0] != answers[1]
+    assert all(len(set(a)) > 4 for a in answers), answers
