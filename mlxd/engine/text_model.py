@@ -186,4 +186,13 @@ def _vocab_size(model: Any, tokenizer: Any) -> int:
     size = getattr(args, "vocab_size", None)
     if isinstance(size, int) and size > 0:
         return size
-    return int(getattr(tokenizer, "vocab_size", 0) or 0)
+    # Multimodal configs (qwen3_5) nest the text model's under text_config.
+    text = getattr(args, "text_config", None)
+    size = text.get("vocab_size") if isinstance(text, dict) else getattr(text, "vocab_size", None)
+    if isinstance(size, int) and size > 0:
+        return size
+    # The tokenizer's vocab_size leaves its added tokens (<think>, <tool_call>) out; len() counts them.
+    try:
+        return max(len(tokenizer), int(getattr(tokenizer, "vocab_size", 0) or 0))
+    except TypeError:
+        return int(getattr(tokenizer, "vocab_size", 0) or 0)

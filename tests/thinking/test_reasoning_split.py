@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from thinking.thinking_models import harmony_tokenizer, thinking_model
+from zoo.zoo_support import zoo_model
 
 from mlxd.api.events import ChoiceEvents, Finish, ReasoningDelta, TextDelta, ToolCallDelta
 from mlxd.engine.types import GenerationChunk, GenerationRequest
@@ -24,14 +24,15 @@ WEATHER_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pari
 def qwen3_tokenizer():
     from mlx_lm.tokenizer_utils import load
 
-    return load(thinking_model("qwen3"))
+    return load(zoo_model("qwen3"))
 
 
 @pytest.fixture(scope="module")
-def harmony(tmp_path_factory: pytest.TempPathFactory):
+def harmony():
+    """gpt-oss's tokenizer, harmony's special tokens in it (no openai-harmony, no network)."""
     from mlx_lm.tokenizer_utils import load
 
-    return load(harmony_tokenizer(tmp_path_factory.mktemp("harmony") / "tok"))
+    return load(zoo_model("gpt_oss"))
 
 
 def decoded_pieces(tokenizer, text: str) -> list[str]:
@@ -62,7 +63,7 @@ def test_mlx_lms_detection_gives_a_qwen3_tokenizer_the_think_markers(qwen3_token
     assert (fmt.name, fmt.start, fmt.end) == ("think", "<think>", "</think>")
     assert fmt.end_ids == tuple(qwen3_tokenizer.think_end_tokens)
     assert reasoning.resolve(qwen3_tokenizer, "none") is None
-    assert reasoning.resolve_from_files(thinking_model("qwen3")) == "think"
+    assert reasoning.resolve_from_files(zoo_model("qwen3")) == "think"
 
 
 def test_a_tokenizer_without_markers_has_no_reasoning_format():
@@ -193,7 +194,7 @@ def test_the_registry_checks_reasoning_parser_and_template_kwargs(tmp_path: Path
     from mlxd.registry.loader import load_registry
     from support.daemon import write_registry
 
-    good = write_registry(tmp_path, [{"name": "t", "path": str(thinking_model("qwen3")), "reasoning_parser": "qwen3",
+    good = write_registry(tmp_path, [{"name": "t", "path": str(zoo_model("qwen3")), "reasoning_parser": "qwen3",
                                       "chat_template_kwargs": {"enable_thinking": False}}])
     spec = load_registry(good).models[0]
     assert (spec.reasoning_parser, spec.template_defaults()) == ("qwen3", {"enable_thinking": False})

@@ -4,12 +4,12 @@ it; the controls that turn it off (the family's no-think prompt); the
 registry's defaults under the request's; earlier turns' reasoning and the
 prefix cache.
 
-``thinker`` is the tiny qwen3 whose template opens the think block (as
-Qwen3-Thinking's does): a random model never closes it, so the reasoning
-budget (``reasoning.max_tokens``, Anthropic's ``budget_tokens``) ends it
-and the answer follows. ``qwen3`` carries Qwen3's own template, where the
-model opens the block itself and ``enable_thinking: false`` closes it in
-the prompt."""
+``thinker`` is the zoo's qwen3_5, whose template (Qwen3.5's) opens the
+think block in the generation prompt: a random model never closes it, so
+the reasoning budget (``reasoning.max_tokens``, Anthropic's
+``budget_tokens``) ends it and the answer follows. ``qwen3`` is the zoo's
+qwen3 with Qwen3's own template, where the model opens the block itself and
+``enable_thinking: false`` closes it in the prompt."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 from support.daemon import Daemon, daemon_in_thread, write_registry
-from thinking.thinking_models import thinking_model
+from zoo.zoo_support import zoo_model
 
 KEY = "sk-thinking"
 PROMPT = "Read the configuration file and report the errors"
@@ -33,7 +33,7 @@ REASONING_TOKENS = BUDGET + 1
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     tmp = tmp_path_factory.mktemp("thinking")
-    thinker, qwen3 = thinking_model("qwen3-thinking"), thinking_model("qwen3")
+    thinker, qwen3 = zoo_model("qwen3_5"), zoo_model("qwen3")
     registry = write_registry(tmp, [
         {"name": "thinker", "path": str(thinker)},
         {"name": "thinker-batched", "path": str(thinker), "max_concurrency": 2},
@@ -48,7 +48,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 def qwen3_tokenizer():
     from mlx_lm.tokenizer_utils import load
 
-    return load(thinking_model("qwen3"))
+    return load(zoo_model("qwen3"))
 
 
 def openai_client(daemon: Daemon):
@@ -149,9 +149,24 @@ def test_responses_stream_reasoning_items_as_codex_reads_them(daemon: Daemon):
     assert first.output[1].content[0].text == message["content"][0]["text"]
     second = client.responses.create(model="thinker", input="And then?", previous_response_id=first.id,
                                      max_output_tokens=4, temperature=0)
-    # The template drops the first turn's reasoning; the cache still holds
-    # the whole first prompt up to the answer it opened.
-    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 3
+    # Still reasoning when max_output_tokens cut it: the reasoning item, no answer yet.
+    assert (second.status, second.output[0].type) == ("incomplete", "reasoning")
+
+
+def test_earlier_reasoning_is_dropped_as_the_template_does_and_the_cache_still_hits(daemon: Daemon, qwen3_tokenizer):
+    first = chat(daemon, "qwen3")
+    answer = first.choices[0].message.content
+    turn = [*MESSAGES, {"role": "assistant", "content": answer, "reasoning_content": "I looked at the file."},
+            {"role": "user", "content": "And then?"}]
+    rendered = qwen3_tokenizer.apply_chat_template(turn, add_generation_prompt=True, tokenize=False)
+    assert "I looked at the file." not in rendered  # Qwen3 keeps reasoning only after the last question
+    second = openai_client(daemon).chat.completions.create(model="qwen3", messages=turn, max_tokens=4, temperature=0)
+    assert second.usage.prompt_tokens == len(qwen3_tokenizer.encode(rendered, add_special_tokens=False))
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
+    # Reasoning after the last question (a tool-call turn) is the template's to render.
+    ongoing = [*MESSAGES, {"role": "assistant", "content": answer, "reasoning_content": "I looked at the file."}]
+    kept = qwen3_tokenizer.apply_chat_template(ongoing, tokenize=False)
+    assert "I looked at the file." in kept
 
 
 def prompt_tokens(daemon: Daemon, model: str = "qwen3", **extra) -> int:
@@ -221,7 +236,7 @@ def test_mlxd_check_shows_the_reasoning_parser(tmp_path: Path):
     from mlxd.cli.main import app
 
     registry = write_registry(tmp_path, [
-        {"name": "t", "path": str(thinking_model("qwen3")), "chat_template_kwargs": {"enable_thinking": False}},
+        {"name": "t", "path": str(zoo_model("qwen3")), "chat_template_kwargs": {"enable_thinking": False}},
         {"name": "plain", "model": "qwen", "reasoning_parser": "none"},
     ])
     result = CliRunner().invoke(app, ["check", str(registry)])

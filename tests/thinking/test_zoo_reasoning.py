@@ -1,0 +1,72 @@
+"""Every zoo family's reasoning format, with its real template and tokens:
+mlxd finds the markers mlx-lm finds (harmony for gpt-oss), ``mlxd check``
+reads the same from the folder, and turning thinking off renders a prompt
+that leaves no reasoning block open."""
+
+from __future__ import annotations
+
+import pytest
+from zoo.zoo_support import CHAT, TEXT_FAMILIES, family, zoo_model
+
+from mlxd.tools import reasoning
+
+
+# Families whose template ignores the enable_thinking variable, and the switch it reads instead.
+OWN_SWITCH = {"nemotron_h": "/no_think"}
+
+
+@pytest.fixture(scope="module", params=TEXT_FAMILIES)
+def loaded(request):
+    from mlx_lm.tokenizer_utils import load
+
+    return request.param, load(zoo_model(request.param))
+
+
+def test_mlxd_finds_the_reasoning_markers_mlx_lm_finds(loaded):
+    name, tokenizer = loaded
+    fmt = reasoning.resolve(tokenizer)
+    if name == "gpt_oss":
+        assert fmt is not None and fmt.harmony
+    elif family(name).think is None:
+        assert fmt is None
+    else:
+        assert (fmt.start, fmt.end) == family(name).think == (tokenizer.think_start, tokenizer.think_end)
+    assert reasoning.resolve_from_files(zoo_model(name)) == (fmt.name if fmt else None)
+
+
+@pytest.mark.parametrize("name", [n for n in TEXT_FAMILIES if family(n).think])
+def test_thinking_off_leaves_no_reasoning_block_open(name):
+    from mlx_lm.tokenizer_utils import load
+
+    tokenizer = load(zoo_model(name))
+    fmt = reasoning.resolve(tokenizer)
+    off = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, enable_thinking=False)
+    if name in OWN_SWITCH:
+        # Nemotron-H reads a system line, not the variable: what its users write, mlxd passes on.
+        assert fmt.opens_in(list(off))
+        off = tokenizer.apply_chat_template([{"role": "system", "content": OWN_SWITCH[name]}, *CHAT],
+                                            add_generation_prompt=True)
+    assert not fmt.opens_in(list(off))
+
+
+def test_templates_that_open_the_block_are_read_as_reasoning_from_the_first_token():
+    from mlx_lm.tokenizer_utils import load
+
+    opening = []
+    for name in TEXT_FAMILIES:
+        tokenizer = load(zoo_model(name))
+        fmt = reasoning.resolve(tokenizer)
+        if fmt is not None and fmt.opens_in(list(tokenizer.apply_chat_template(CHAT, add_generation_prompt=True))):
+            opening.append(name)
+    # Qwen3.5's, DeepSeek-V3.1's and Nemotron-H's generation prompts end in <think>.
+    assert {"qwen3_5", "deepseek_v3", "nemotron_h"} <= set(opening)
+    assert "qwen3" not in opening  # Qwen3 lets the model open it
+
+
+def test_gpt_oss_effort_is_its_templates_reasoning_level():
+    from mlx_lm.tokenizer_utils import load
+
+    tokenizer = load(zoo_model("gpt_oss"))
+    low = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False, reasoning_effort="low")
+    high = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False, reasoning_effort="high")
+    assert "Reasoning: low" in low and "Reasoning: high" in high
