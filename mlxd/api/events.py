@@ -96,7 +96,7 @@ def chunk_events(choice: int, chunk: GenerationChunk) -> list[OutputEvent]:
     if chunk.logprobs:
         events.append(Logprobs(choice, tuple(chunk.logprobs)))
     if chunk.finish_reason:
-        usage = Usage(chunk.prompt_tokens, chunk.completion_tokens, chunk.cached_tokens, chunk.reasoning_tokens)
+        usage = Usage(chunk.prompt_tokens, chunk.completion_tokens, chunk.cached_tokens, chunk.reasoning_tokens or 0)
         events.append(Finish(choice, chunk.finish_reason, usage, chunk.stop_sequence))
     return events
 
@@ -128,9 +128,10 @@ class ChoiceEvents:
 
 
 class _Choice:
-    """One choice's splitter and its count of reasoning tokens: a chunk's
-    tokens are reasoning when reasoning came out of it or it ended inside
-    the reasoning (a marker held back), as the engine counted them."""
+    """One choice's splitter and its count of reasoning tokens, for an
+    engine that does not count them itself: a chunk's tokens are reasoning
+    when reasoning came out of it or it ended inside the reasoning (a
+    marker held back)."""
 
     def __init__(self, splitter: AnswerSplitter) -> None:
         self.splitter = splitter
@@ -155,8 +156,9 @@ class _Choice:
         for event in events:
             if isinstance(event, Finish):
                 reason = finish_reason(event.reason, splitter.calls) or event.reason
-                # A backend's own count, when it split the reasoning itself.
-                reasoning = event.usage.reasoning_tokens or self.reasoning_tokens
+                # The engine's own count (token by token) when it kept one.
+                counted = chunk.reasoning_tokens
+                reasoning = counted if counted is not None else self.reasoning_tokens
                 usage = Usage(event.usage.prompt_tokens, event.usage.completion_tokens, event.usage.cached_tokens,
                               min(reasoning, event.usage.completion_tokens))
                 out.append(Finish(choice, reason, usage, event.stop_sequence if reason == "stop" else None))

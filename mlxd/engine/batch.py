@@ -467,6 +467,9 @@ class BatchScheduler:
             cached_tokens=seq.reused,
             logprobs=entries,
             stop_sequence=seq.prepared.stops.matched if finish and seq.prepared is not None else None,
+            reasoning_tokens=(
+                seq.prepared.reasoning_tokens(seq.control.completion_tokens) if finish and seq.prepared else None
+            ),
         )
 
     def _post(self, seq: _Sequence, item: Any) -> None:

@@ -1,6 +1,6 @@
 """The reasoning phase of a generation, as one logits processor.
 
-Two jobs, both needing to know whether the model is reasoning now:
+Three jobs, all needing to know whether the model is reasoning now:
 
 - a budget: at most N tokens of reasoning, then the family's end marker
   (``</think>``) is forced and the model goes on to its answer, as
@@ -8,7 +8,9 @@ Two jobs, both needing to know whether the model is reasoning now:
 - a grammar (a forced tool call, a JSON schema) shapes the answer, not the
   reasoning: while the model reasons, the processors given as ``after``
   are not called; they start at the first token after the end marker (a
-  grammar processor's first call reads no token, so it starts there).
+  grammar processor's first call reads no token, so it starts there);
+- the count of reasoning tokens for ``usage``, exact by token (an engine's
+  chunks may carry several tokens, reasoning and answer in one).
 
 mlx-lm's ``(tokens, logits) -> logits``, one per request on the single and
 the batched path alike. It follows the tokens the model writes: inside
@@ -39,6 +41,9 @@ class ReasoningPhase:
         self._forced = 0
         self._calls = 0
         self._recent: list[int] = []
+        # Generated tokens seen inside the reasoning (its markers included), and outside it.
+        self._reasoned = 0
+        self._answered = 0
 
     def __call__(self, tokens: Any, logits: Any) -> Any:
         import mlx.core as mx
@@ -57,9 +62,17 @@ class ReasoningPhase:
         self._forced += 1
         return mx.where(mx.arange(logits.shape[-1]) == target, logits, mx.array(float("-inf"), dtype=logits.dtype))
 
+    def reasoning_tokens(self, completion_tokens: int) -> int:
+        """Of ``completion_tokens`` generated, how many were reasoning. (The
+        last token reaches no processor call: still inside, it is reasoning.)"""
+        if self.inside:
+            return max(0, completion_tokens - self._answered)
+        return min(self._reasoned, completion_tokens)
+
     def _see(self, token: int) -> None:
         self._recent = (self._recent + [token])[-max(len(self._start), len(self._end), 1):]
         if self.inside:
+            self._reasoned += 1
             if _ends_with(self._recent, self._end):
                 self.inside = False
                 self._forced = 0
@@ -69,15 +82,19 @@ class ReasoningPhase:
             # (Under a grammar the answer is the grammar's: no new reasoning.)
             self.inside = True
             self.spent = 0
+            self._reasoned += len(self._start)
+            self._answered -= len(self._start) - 1
+        else:
+            self._answered += 1
 
 
 def reasoning_phase(
     fmt: ReasoningFormat | None, *, opens: bool, budget: int | None, after: list[Any]
 ) -> ReasoningPhase | None:
-    """The processor for a request's reasoning budget and for the grammar
-    that waits for the reasoning to end; None when there is neither, or the
-    model has no end marker to follow (harmony's channels)."""
-    if fmt is None or not fmt.end_ids or (budget is None and not (after and opens)):
+    """The processor that follows a thinking model's reasoning (its count,
+    its budget, the grammar that waits for it to end); None when the model
+    has no end marker to follow (no reasoning format, or harmony's channels)."""
+    if fmt is None or not fmt.end_ids:
         return None
     return ReasoningPhase(fmt.start_ids, fmt.end_ids, opens=opens, budget=budget, after=after)
 

@@ -203,6 +203,7 @@ class TextEngine(EngineBase):
                 completion_tokens=control.completion_tokens,
                 cached_tokens=reused,
                 logprobs=entries,
+                reasoning_tokens=prepared.reasoning_tokens(control.completion_tokens) if finish else None,
             )
 
         # The footprint estimate assumes a quantised KV cache from the first token.

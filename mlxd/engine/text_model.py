@@ -17,7 +17,7 @@ from typing import Any
 from mlxd.engine import sampling
 from mlxd.engine.lifecycle import GenerationControl
 from mlxd.engine.prompt import prompt_tokens
-from mlxd.engine.reasoning_budget import reasoning_phase
+from mlxd.engine.reasoning_budget import ReasoningPhase, reasoning_phase
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationRequest
 from mlxd.errors import BadRequest, ModelUnloaded
@@ -55,6 +55,11 @@ class Prepared:
     keep: int = 1
     # Alternatives per token when the request wants logprobs (None: it does not).
     logprobs: int | None = None
+    # A thinking model's reasoning phase (its token count for usage; None: no markers to follow).
+    reasoning: ReasoningPhase | None = None
+
+    def reasoning_tokens(self, completion_tokens: int) -> int | None:
+        return self.reasoning.reasoning_tokens(completion_tokens) if self.reasoning is not None else None
 
 
 class TextModel:
@@ -144,20 +149,24 @@ class TextModel:
         control.opens_reasoning = self.opens_reasoning(request, tokens)
         s = request.sampling
         penalties = s.repetition_penalty != 1.0 or bool(s.presence_penalty) or bool(s.frequency_penalty)
+        processors, phase = self._processors(request, tokenizer, control.opens_reasoning)
         return Prepared(
             tokens=tokens,
             # The KV cache was budgeted for max_context tokens: never decode past it.
             max_tokens=min(request.max_tokens, max(1, limit - n_prompt)),
             sampler=sampling.make_sampler(request.sampling, self.vocab_size),
-            processors=self._processors(request, tokenizer, control.opens_reasoning),
+            processors=processors,
             stops=StopMatcher(request.stop),
             # Penalties look back over tokens stream_generate itself processed:
             # give it as many as on a cold start, so the output is the same.
             keep=PENALTY_CONTEXT if penalties else 1,
             logprobs=request.logprobs,
+            reasoning=phase,
         )
 
-    def _processors(self, request: GenerationRequest, tokenizer: Any, opens_reasoning: bool = False) -> list[Any]:
+    def _processors(
+        self, request: GenerationRequest, tokenizer: Any, opens_reasoning: bool
+    ) -> tuple[list[Any], ReasoningPhase | None]:
         processors: list[Any] = []
         if request.logit_bias:
             # First, as mlx-lm orders its own: the penalties see biased logits.
@@ -178,7 +187,7 @@ class TextModel:
         # reasoning phase (its budget; the grammar, held until the reasoning
         # ends) or the grammar alone.
         processors += [phase] if phase is not None else grammar
-        return processors
+        return processors, phase
 
 
 def _vocab_size(model: Any, tokenizer: Any) -> int:

@@ -132,8 +132,10 @@ class GenerationChunk:
     # Reasoning the engine received as such (a backend's reasoning_content);
     # a local engine's is in its text, for the reasoning splitter.
     reasoning: str = ""
-    # A backend's count of the completion tokens spent reasoning (0: unknown).
-    reasoning_tokens: int = 0
+    # On the last chunk: how many of the completion tokens were reasoning,
+    # as the engine (or a backend) counted them token by token (None: not
+    # counted there; the reasoning splitter then counts by chunk).
+    reasoning_tokens: int | None = None
     # On the first chunk of a local chat generation: the prompt ended inside
     # a reasoning block the chat template opened (``<think>``), so the text
     # starts as reasoning.

@@ -30,6 +30,7 @@ from typing import Any
 
 from mlxd.engine import memory, sampling
 from mlxd.engine.lifecycle import EngineBase, GenerationControl, load_on_worker, measured_load, relay
+from mlxd.engine.reasoning_budget import ReasoningPhase, reasoning_phase
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.engine.vision_inputs import prepare_vision_inputs
@@ -40,6 +41,7 @@ from mlxd.errors import (
     ModelUnloaded,
 )
 from mlxd.registry.model import ModelSpec
+from mlxd.tools import reasoning as reasoning_formats
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,8 @@ class _Prepared:
     sampler: Any
     processors: list[Any]
     stops: StopMatcher
+    # A thinking model's reasoning phase (its token count for usage).
+    reasoning: ReasoningPhase | None = None
 
 
 # --- loading ---------------------------------------------------------------------
@@ -130,6 +134,10 @@ class VisionEngine(EngineBase):
         self._model: Any = loaded.model
         self._processor: Any = loaded.processor
         self.vocab_size = _vocab_size(loaded.model)
+        # How it marks its reasoning (qwen3_vl's thinking checkpoints: <think>).
+        self.reasoning_format = reasoning_formats.resolve_plain(
+            getattr(loaded.processor, "tokenizer", loaded.processor), spec.reasoning_parser
+        )
         # Touched only on the worker thread: generations in arrival order;
         # the first one runs, the others wait their turn.
         self._turns: collections.deque[GenerationControl] = collections.deque()
@@ -201,14 +209,20 @@ class VisionEngine(EngineBase):
                 code="context_length_exceeded",
             )
         control.prompt_tokens = n_prompt
+        fmt = self.reasoning_format
+        if request.messages is not None and fmt is not None:
+            control.opens_reasoning = fmt.opens_in(prepared.inputs["input_ids"].reshape(-1).tolist())
+        # Last: the budget forces its end marker past every other processor.
+        phase = reasoning_phase(fmt, opens=control.opens_reasoning, budget=request.reasoning_budget, after=[])
         self._images += len(images)
         return _Prepared(
             prompt=prepared.prompt,
             inputs=prepared.inputs,
             max_tokens=min(request.max_tokens, max(1, limit - n_prompt)),
             sampler=sampling.make_sampler(request.sampling, self.vocab_size),
-            processors=self._processors(request, processor),
+            processors=[*self._processors(request, processor), *([phase] if phase is not None else [])],
             stops=StopMatcher(request.stop),
+            reasoning=phase,
         )
 
     def _processors(self, request: GenerationRequest, processor: Any) -> list[Any]:
@@ -238,6 +252,10 @@ class VisionEngine(EngineBase):
                 finish_reason=finish,
                 prompt_tokens=n_prompt,
                 completion_tokens=control.completion_tokens,
+                reasoning_tokens=(
+                    prepared.reasoning.reasoning_tokens(control.completion_tokens)
+                    if finish and prepared.reasoning is not None else None
+                ),
             )
 
         inputs = dict(prepared.inputs)

@@ -58,7 +58,7 @@ class StreamReader:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
-    reasoning_tokens: int = 0
+    reasoning_tokens: int | None = None
     # Reasoning the backend split out, not yet handed on in a chunk.
     _reasoning: list[str] = field(default_factory=list)
     done: bool = False

@@ -85,15 +85,8 @@ def known_parsers() -> list[str]:
 def resolve(tokenizer: Any, override: str | None = None) -> ReasoningFormat | None:
     """The format of a loaded model (mlx-lm ``TokenizerWrapper``); None when
     it has none (its answers are all text)."""
-    if override == NONE:
-        return None
-    if override in (HARMONY, "gpt_oss"):
-        return ReasoningFormat(HARMONY)
     if override:
-        if override not in PAIRS:
-            raise ValueError(f"unknown reasoning parser {override!r}; choose from {', '.join(known_parsers())}")
-        start, end = PAIRS[override]
-        return ReasoningFormat(override, start, end, _ids(tokenizer, end), _ids(tokenizer, start))
+        return named(override, tokenizer)
     vocab = vocab_of(tokenizer)
     if all(t in vocab for t in HARMONY_TOKENS):
         return ReasoningFormat(HARMONY)
@@ -104,6 +97,25 @@ def resolve(tokenizer: Any, override: str | None = None) -> ReasoningFormat | No
             name, start, end, tuple(tokenizer.think_end_tokens or ()), tuple(tokenizer.think_start_tokens or ())
         )
     return None
+
+
+def resolve_plain(tokenizer: Any, override: str | None = None) -> ReasoningFormat | None:
+    """The same for a tokenizer mlx-lm did not wrap (a vision model's
+    processor): the markers read from its vocabulary as mlx-lm reads them."""
+    name = override or guess_from_vocab(vocab_of(tokenizer))
+    return named(name, tokenizer) if name else None
+
+
+def named(name: str, tokenizer: Any = None) -> ReasoningFormat | None:
+    """The format ``reasoning_parser: name`` gives (its marker ids from ``tokenizer``)."""
+    if name == NONE:
+        return None
+    if name in (HARMONY, "gpt_oss"):
+        return ReasoningFormat(HARMONY)
+    if name not in PAIRS:
+        raise ValueError(f"unknown reasoning parser {name!r}; choose from {', '.join(known_parsers())}")
+    start, end = PAIRS[name]
+    return ReasoningFormat(name, start, end, _ids(tokenizer, end), _ids(tokenizer, start))
 
 
 def guess_from_vocab(vocab: dict[str, Any]) -> str | None:

@@ -39,6 +39,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         {"name": "thinker-batched", "path": str(thinker), "max_concurrency": 2},
         {"name": "qwen3", "path": str(qwen3)},
         {"name": "qwen3-quiet", "path": str(qwen3), "chat_template_kwargs": {"enable_thinking": False}},
+        # Qwen3-VL-Thinking's template opens the block too.
+        {"name": "eyes", "path": str(zoo_model("qwen3_vl")), "kind": "vision"},
     ], server={"api_keys": [KEY]})
     with daemon_in_thread(registry, tmp) as d:
         yield d
@@ -94,6 +96,19 @@ def test_chat_gives_the_reasoning_apart_from_the_answer_streamed_and_not(daemon:
     # The batched path splits and budgets the same.
     batched = chat(daemon, "thinker-batched", reasoning={"max_tokens": BUDGET}).choices[0].message
     assert (batched.model_extra["reasoning_content"], batched.content) == (extra["reasoning_content"], message.content)
+
+
+def test_a_vision_model_reasons_apart_from_its_answer_too(daemon: Daemon):
+    from vision.vision_support import data_url, image_chat, noise_image
+
+    answer = openai_client(daemon).chat.completions.create(
+        model="eyes", messages=image_chat(data_url(noise_image())), max_tokens=10, temperature=0,
+        extra_body={"reasoning": {"max_tokens": 3}},
+    )
+    message = answer.choices[0].message
+    assert message.model_extra["reasoning_content"] and message.content
+    assert "</think>" not in message.content + message.model_extra["reasoning_content"]
+    assert answer.usage.completion_tokens_details.reasoning_tokens == 3 + 1
 
 
 def test_anthropic_thinking_blocks_with_a_budget(daemon: Daemon):
