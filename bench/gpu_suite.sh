@@ -73,7 +73,7 @@ step device 120 bash -c "
   $PY - <<'EOF'
 import json
 import mlx.core as mx
-from mlxd.engine.backends import installed_backends
+from mlxd.engine.mlx_backend import installed_backends
 from mlxd.factory.dtypes import device_dtype
 from mlxd.registry.device import current_device
 print('mlx', mx.__version__, mx.default_device(), 'backends', installed_backends())

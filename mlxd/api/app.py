@@ -13,11 +13,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mlxd import __version__
 from mlxd.api.auth import check_api_key
 from mlxd.api.context import DaemonContext
-from mlxd.api.errors import ErrorShape, error_response, install_error_handlers
+from mlxd.api.error_responses import ErrorShape, error_response, install_error_handlers
 from mlxd.api.anthropic import routes as anthropic
-from mlxd.api.anthropic.errors import AnthropicErrors
+from mlxd.api.anthropic.error_shape import AnthropicErrors
 from mlxd.api.openai import routes as openai
-from mlxd.api.openai.errors import OpenAIErrors
+from mlxd.api.openai.error_shape import OpenAIErrors
 from mlxd.api.responses import routes as responses
 from mlxd.api.responses.bodies import FIELDS as RESPONSES_FIELDS
 from mlxd.api.routes import admin, monitoring

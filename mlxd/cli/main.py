@@ -97,7 +97,7 @@ def serve(
     watch: Optional[bool] = typer.Option(None, "--watch/--no-watch", help="Reload models.yaml when it changes."),
 ) -> None:
     """Serve the models of a registry file over HTTP."""
-    from mlxd.engine.backends import backend_problem, installed_backends
+    from mlxd.engine.mlx_backend import backend_problem, installed_backends
     from mlxd.engine.blas import preload_env
 
     backends = installed_backends()

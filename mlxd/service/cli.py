@@ -20,7 +20,7 @@ from mlxd.settings import create_config_hint, default_config_path
 from mlxd.errors import ConfigError
 from mlxd.service.execute import SubprocessRunner, execute
 from mlxd.service.launchd import LaunchdManager
-from mlxd.service.plan import Plan, ServiceManager, describe, plan_install, plan_uninstall
+from mlxd.service.steps import Plan, ServiceManager, describe, plan_install, plan_uninstall
 from mlxd.service.spec import DEFAULT_LABEL, build_service_spec, build_target
 from mlxd.service.systemd import SystemdManager
 
