@@ -174,7 +174,7 @@ def demo(
 ) -> None:
     """Build the demo models offline and write DIR/models.yaml naming them."""
     from mlxd.cli.demo import sizes_up_to, write_demo
-    from mlxd.factory.dtypes import device_dtype
+    from mlxd.dtypes import device_dtype
 
     try:
         sizes = sizes_up_to("tiny" if tiny_only else size)
