@@ -328,7 +328,7 @@ class RegistryFile(_Section):
 # may come from is the front's business: it reads them and sends their bytes.)
 REMOTE_KEYS = (
     "name", "aliases", "description", "defaults", "max_queue", "backend", "remote_model",
-    "local_image_dir", "allow_remote_images",
+    "local_image_dir", "allow_remote_images", "chat_template_kwargs",
 )
 
 
