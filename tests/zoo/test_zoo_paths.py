@@ -16,18 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import jsonschema
 import pytest
+from agents.agents_support import WEATHER
 from zoo.zoo_support import CHAT, answer_text, batch_name, chat, family, mlx_lm_greedy
 
 pytestmark = pytest.mark.mlx
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "days"],
-}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The forecast", "parameters": WEATHER}}]
 ASK = [{"role": "user", "content": "What is the weather in Paris for the next two days?"}]
 # A turn after a call: the template renders the call and its result its own way.
