@@ -180,7 +180,7 @@ class TextModel:
         if request.constraint is not None:
             grammars = self.grammars
             matcher = grammars.matcher(request.constraint)
-            grammar.append(GrammarProcessor(matcher, self.vocab_size, grammars.eos_token_ids))
+            grammar.append(GrammarProcessor(matcher, grammars.mask_size, grammars.eos_token_ids))
         phase = reasoning_phase(self.reasoning_format, opens=opens_reasoning, budget=request.reasoning_budget,
                                 after=grammar)
         # Last, so that no later processor can revive a masked token: the
@@ -191,17 +191,12 @@ class TextModel:
 
 
 def _vocab_size(model: Any, tokenizer: Any) -> int:
+    """The width of the model's logits. Wrapper architectures (Qwen3.5,
+    Mistral 3, Gemma 3) keep it in ``text_config``; the tokenizer's own
+    ``vocab_size`` leaves out its added tokens, so it is the last resort."""
     args = getattr(model, "args", None)
-    size = getattr(args, "vocab_size", None)
-    if isinstance(size, int) and size > 0:
-        return size
-    # Multimodal configs (qwen3_5) nest the text model's under text_config.
-    text = getattr(args, "text_config", None)
-    size = text.get("vocab_size") if isinstance(text, dict) else getattr(text, "vocab_size", None)
-    if isinstance(size, int) and size > 0:
-        return size
-    # The tokenizer's vocab_size leaves its added tokens (<think>, <tool_call>) out; len() counts them.
-    try:
-        return max(len(tokenizer), int(getattr(tokenizer, "vocab_size", 0) or 0))
-    except TypeError:
-        return int(getattr(tokenizer, "vocab_size", 0) or 0)
+    for source in (args, getattr(args, "text_config", None)):
+        size = source.get("vocab_size") if isinstance(source, dict) else getattr(source, "vocab_size", None)
+        if isinstance(size, int) and size > 0:
+            return size
+    return int(getattr(tokenizer, "vocab_size", 0) or 0)
