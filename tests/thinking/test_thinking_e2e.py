@@ -223,6 +223,19 @@ def test_structured_output_starts_after_the_reasoning(daemon: Daemon):
     assert answer.usage.completion_tokens_details.reasoning_tokens == REASONING_TOKENS
 
 
+def test_a_forced_tool_call_comes_after_the_reasoning_and_parses(daemon: Daemon):
+    from agents.agents_support import WEATHER
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
+    answer = chat(daemon, reasoning={"max_tokens": BUDGET}, tools=tools, tool_choice="required", max_tokens=80)
+    choice = answer.choices[0]
+    assert choice.message.model_extra["reasoning_content"] and choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    arguments = json.loads(call.function.arguments)
+    assert call.function.name == "get_weather" and arguments["city"] in ("Paris", "Rome", "Oslo")
+    assert "<tool_call>" not in (choice.message.content or "") + choice.message.model_extra["reasoning_content"]
+
+
 def test_reasoning_fields_a_client_got_wrong_are_400s(daemon: Daemon):
     headers = {"authorization": f"Bearer {KEY}"}
     base = {"model": "qwen3", "messages": MESSAGES, "max_tokens": 4}
