@@ -289,7 +289,8 @@ FAMILIES: dict[str, Family] = {
             eos=("<|return|>", "<|call|>", "<|endoftext|>"),
             pad="<|endoftext|>",
             caches=_SLIDING,
-            unsupported={"tools": _NO_PARSER.format("harmony `to=functions.NAME<|channel|>commentary`"), **_NO_TOOLS},
+            # Calls are harmony messages, parsed by mlxd (mlxd.tools.harmony); mlx-lm has no parser.
+            unsupported={"forced_tool": "no grammar for harmony's `to=functions.NAME` messages yet"},
             seed=1,
             note="gpt-oss-20b/120b: alternating sliding/full attention with sinks, MoE, harmony format",
         ),

@@ -230,9 +230,6 @@ class AnswerSplitter:
         # gpt-oss's calls are harmony messages: parsed here, whatever its tool format says.
         self._harmony_calls = ToolCallSplitter(format_named(HARMONY), tools, new_id=new_id) if self._harmony else None
         self._machine_state: Any = None
-        # Right after the reasoning ends: the blank lines the family puts
-        # between reasoning and answer ("</think>\n\n") are not the answer's.
-        self._trim = False
         if reasoning is not None and not reasoning.harmony:
             machine = TextStateMachine({
                 "normal": [(reasoning.start, "reasoning")], "reasoning": [(reasoning.end, "normal")],
@@ -288,15 +285,11 @@ class AnswerSplitter:
 
     def _pieces(self, pieces: list[tuple[str, str]]) -> list[Event]:
         events: list[Event] = []
+        # (The blank lines a family writes after its end marker stay the
+        # answer's, as mlx_lm.server and vLLM leave them.)
         for state, text in pieces:
-            if state == "reasoning":
-                self._trim = True
-                events += [ReasoningText(text)] if text else []
-                continue
-            if self._trim:
-                text = text.lstrip()
-                self._trim = not text
-            events += self._answer(text) if text else []
+            if text:
+                events += [ReasoningText(text)] if state == "reasoning" else self._answer(text)
         return _merge_text(events)
 
     def _from_harmony(self, segments: list[tuple[str, ...]]) -> list[Event]:

@@ -61,6 +61,33 @@ def chat(daemon: Any, model: str, messages: list[dict[str, Any]], **body: Any) -
     return httpx.post(f"{daemon.url}/v1/chat/completions", json=payload, timeout=120)
 
 
+def as_split(path: Path, messages: list[dict[str, Any]], text: str, **template_kwargs: Any) -> str:
+    """mlx-lm's ``text`` as mlx_lm.server splits it into reasoning and
+    content, joined as ``answer_text`` joins them: the think markers out
+    (mlx-lm's TextStateMachine, started inside the reasoning when the prompt
+    opened it)."""
+    from mlx_lm.generate import TextStateMachine
+    from mlx_lm.tokenizer_utils import load
+
+    tokenizer = load(path)
+    if not tokenizer.has_thinking:
+        return text
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **template_kwargs)
+    opened = tokenizer.rfind_think_start(prompt) > tokenizer.rfind_think_end(prompt)
+    machine = TextStateMachine({"normal": [(tokenizer.think_start, "reasoning")],
+                                "reasoning": [(tokenizer.think_end, "normal")]})
+    state, pieces = TextStateMachine.split(machine.make_state("reasoning" if opened else "normal"), text)
+    _, held, last = TextStateMachine.flush(state)
+    pieces.append((last, held))
+    # As answer_text joins a message: all its reasoning, then its content.
+    return "".join(p for s, p in pieces if s == "reasoning") + "".join(p for s, p in pieces if s != "reasoning")
+
+
+def mlx_lm_answer(path: Path, messages: list[dict[str, Any]], max_tokens: int, **template_kwargs: Any) -> str:
+    """``mlx_lm_greedy``'s text as mlxd answers it (reasoning, then content)."""
+    return as_split(path, messages, mlx_lm_greedy(path, messages, max_tokens, **template_kwargs), **template_kwargs)
+
+
 def answer_text(message: dict[str, Any]) -> str:
     """The text the model wrote: reasoning (where a surface separates it) then content."""
     return (message.get("reasoning_content") or message.get("reasoning") or "") + (message.get("content") or "")
