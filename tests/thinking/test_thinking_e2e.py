@@ -251,7 +251,7 @@ def test_reasoning_fields_a_client_got_wrong_are_400s(daemon: Daemon):
         if param is not None:
             assert response.json()["error"]["param"] == param
     anthropic = {"model": "qwen3", "messages": MESSAGES, "max_tokens": 8}
-    for thinking in ({"type": "enabled", "budget_tokens": 8}, {"type": "sometimes"}, {"type": "enabled", "budget_tokens": 0}):
+    for thinking in ({"type": "sometimes"}, {"type": "enabled", "budget_tokens": 0}, {"type": "enabled", "budget_tokens": "8"}):
         response = httpx.post(f"{daemon.url}/v1/messages", json={**anthropic, "thinking": thinking}, headers=headers,
                               timeout=30)
         assert response.status_code == 400 and response.json()["type"] == "error", thinking

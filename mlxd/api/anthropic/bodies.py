@@ -117,13 +117,9 @@ class MessagesRequest(_Base):
 
     def requested(self) -> Requested:
         stops = tuple(s for s in self.stop_sequences or () if s)
+        # (Anthropic refuses a budget not below max_tokens; tolerated here, as
+        # the rest of a body is: max_tokens then ends the reasoning first.)
         reasoning = self.reasoning()
-        if reasoning.budget is not None and reasoning.budget >= self.max_tokens:
-            raise BadRequest(
-                "`max_tokens` must be greater than `thinking.budget_tokens`: the answer comes after the "
-                "reasoning, within max_tokens.",
-                param="thinking.budget_tokens",
-            )
         return Requested(
             model=self.model,
             sampling=SamplingDefaults(
