@@ -64,3 +64,13 @@ def chat(daemon: Any, model: str, messages: list[dict[str, Any]], **body: Any) -
 def answer_text(message: dict[str, Any]) -> str:
     """The text the model wrote: reasoning (where a surface separates it) then content."""
     return (message.get("reasoning_content") or message.get("reasoning") or "") + (message.get("content") or "")
+
+
+def mlx_vlm_greedy(path: Path, messages: list[dict[str, Any]], images: list[Any], max_tokens: int) -> str:
+    """What plain mlx-vlm answers greedily for messages with ``images``."""
+    from mlx_vlm import apply_chat_template, load, stream_generate
+
+    model, processor = load(str(path))
+    prompt = apply_chat_template(processor, model.config, messages, num_images=len(images))
+    chunks = stream_generate(model, processor, prompt, image=images, max_tokens=max_tokens, temperature=0.0)
+    return "".join(r.text for r in chunks)
