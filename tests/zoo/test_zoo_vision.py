@@ -12,7 +12,7 @@ import httpx
 import pytest
 from vision.vision_support import PROMPT, data_url, image_chat, noise_image, solid_image
 from zoo.test_zoo_paths import REPORT, TOOLS, middle_word, ok, refused
-from zoo.zoo_support import VISION_FAMILIES, answer_text, chat, family, mlx_vlm_greedy
+from zoo.zoo_support import VISION_FAMILIES, answer_text, chat, family
 
 pytestmark = pytest.mark.mlx
 
@@ -25,23 +25,23 @@ def vision_family(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-def test_the_answer_about_an_image_is_mlx_vlm_s(zoo_daemon, zoo_paths, vision_family):
+def test_the_answer_about_an_image_is_mlx_vlm_s(zoo_daemon, reference, vision_family):
     for image in (noise_image(), solid_image()):
         choice = ok(chat(zoo_daemon, vision_family, image_chat(data_url(image)), max_tokens=16))
-        assert answer_text(choice["message"]) == mlx_vlm_greedy(zoo_paths[vision_family], IMAGE_CHAT, [image], 16)
+        assert answer_text(choice["message"]) == reference.vision(vision_family, IMAGE_CHAT, [image], 16)
 
 
-def test_concurrent_image_requests_each_get_mlx_vlm_s_answer(zoo_daemon, zoo_paths, vision_family):
+def test_concurrent_image_requests_each_get_mlx_vlm_s_answer(zoo_daemon, reference, vision_family):
     images = [noise_image(seed) for seed in (1, 2, 3)]
     with ThreadPoolExecutor(len(images)) as pool:
         replies = list(
             pool.map(lambda im: chat(zoo_daemon, vision_family, image_chat(data_url(im)), max_tokens=16), images)
         )
     for image, reply in zip(images, replies, strict=True):
-        assert answer_text(ok(reply)["message"]) == mlx_vlm_greedy(zoo_paths[vision_family], IMAGE_CHAT, [image], 16)
+        assert answer_text(ok(reply)["message"]) == reference.vision(vision_family, IMAGE_CHAT, [image], 16)
 
 
-def test_streamed_image_answer_joins_to_mlx_vlm_s(zoo_daemon, zoo_paths, vision_family):
+def test_streamed_image_answer_joins_to_mlx_vlm_s(zoo_daemon, reference, vision_family):
     body = {"model": vision_family, "messages": image_chat(data_url(noise_image())), "temperature": 0,
             "max_tokens": 16, "stream": True}
     pieces = []
@@ -50,11 +50,11 @@ def test_streamed_image_answer_joins_to_mlx_vlm_s(zoo_daemon, zoo_paths, vision_
         for line in response.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 pieces += [answer_text(c.get("delta", {})) for c in json.loads(line[6:]).get("choices", [])]
-    assert "".join(pieces) == mlx_vlm_greedy(zoo_paths[vision_family], IMAGE_CHAT, [noise_image()], 16)
+    assert "".join(pieces) == reference.vision(vision_family, IMAGE_CHAT, [noise_image()], 16)
 
 
-def test_a_stop_string_cuts_the_image_answer(zoo_daemon, zoo_paths, vision_family):
-    expected = mlx_vlm_greedy(zoo_paths[vision_family], IMAGE_CHAT, [noise_image()], 16)
+def test_a_stop_string_cuts_the_image_answer(zoo_daemon, reference, vision_family):
+    expected = reference.vision(vision_family, IMAGE_CHAT, [noise_image()], 16)
     stop = middle_word(expected)
     choice = ok(chat(zoo_daemon, vision_family, image_chat(data_url(noise_image())), max_tokens=16, stop=[stop]))
     assert answer_text(choice["message"]) == expected[: expected.index(stop)]
