@@ -22,6 +22,13 @@ from zoo.zoo_support import CHAT, answer_text, batch_name, chat, family
 pytestmark = pytest.mark.mlx
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The forecast", "parameters": WEATHER}}]
+# A free string and an optional flag: the forms a call grammar writes besides enums and integers.
+NOTE = {
+    "type": "object",
+    "properties": {"text": {"type": "string", "maxLength": 12}, "urgent": {"type": "boolean"}},
+    "required": ["text"],
+}
+NOTE_TOOL = {"type": "function", "function": {"name": "note", "description": "Take a note", "parameters": NOTE}}
 ASK = [{"role": "user", "content": "What is the weather in Paris for the next two days?"}]
 # A turn after a call: the template renders the call and its result its own way.
 CALLED = [
@@ -130,16 +137,20 @@ def test_tools_render_through_the_family_template_or_are_refused(zoo_daemon, ref
 
 def test_a_forced_call_is_parsed_by_the_family_parser_and_valid(zoo_daemon, text_family):
     row = family(text_family)
-    reply = chat(zoo_daemon, text_family, ASK, tools=TOOLS, tool_choice="required", max_tokens=80)
+    tools = [*TOOLS, NOTE_TOOL]
+    schemas = {"get_weather": WEATHER, "note": NOTE}
+    reply = chat(zoo_daemon, text_family, ASK, tools=tools, tool_choice="required", max_tokens=80)
     if "forced_tool" in row.unsupported:
         param = "tools" if "tools" in row.unsupported else "tool_choice"
         refused(reply, param)
         return
-    choice = ok(reply)
-    [call] = choice["message"]["tool_calls"]
-    assert call["function"]["name"] == "get_weather"
-    jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER)
-    assert choice["finish_reason"] == "tool_calls"
+    named = chat(zoo_daemon, text_family, ASK, tools=tools, tool_choice={"type": "function", "function": {"name": "note"}},
+                 max_tokens=80)
+    for choice, allowed in ((ok(reply), set(schemas)), (ok(named), {"note"})):
+        [call] = choice["message"]["tool_calls"]
+        assert call["function"]["name"] in allowed
+        jsonschema.validate(json.loads(call["function"]["arguments"]), schemas[call["function"]["name"]])
+        assert choice["finish_reason"] == "tool_calls"
 
 
 def test_json_schema_answer_validates(zoo_daemon, text_family):
