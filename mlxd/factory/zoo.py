@@ -162,7 +162,6 @@ _QWEN_VISION = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_
 _HYBRID = ("ArraysCache", "KVCache")
 _SLIDING = ("KVCache", "RotatingKVCache")
 
-_NO_FORCED_GRAMMAR = "mlxd has no forcing grammar for the `{}` call format (forced: json_tools, qwen3_coder, mistral)"
 _NO_PARSER = "mlx-lm 0.32.2 has no tool parser for this family's call format ({})"
 _NO_TOOLS = {"forced_tool": "no tool parser (see tools)"}
 _VISION_ENGINE = "mlxd's vision engine (mlx-vlm) takes no `{}` yet: a 400 says so"
@@ -275,7 +274,6 @@ FAMILIES: dict[str, Family] = {
             caches=_SLIDING,
             tool_parser="gemma4",
             think=("<|channel>thought", "<channel|>"),
-            unsupported={"forced_tool": _NO_FORCED_GRAMMAR.format("gemma4")},
             weight_scale=1.0,
             note="Gemma 4: sliding + global layers, KV shared across the last layers; `<|channel>thought` reasoning",
         ),
@@ -349,7 +347,6 @@ FAMILIES: dict[str, Family] = {
             pad="<|endoftext|>",
             tool_parser="glm47",
             think=("<think>", "</think>"),
-            unsupported={"forced_tool": _NO_FORCED_GRAMMAR.format("glm47")},
             note="GLM-4.5 / 4.6 / 4.7: MoE; `<arg_key>` tool calls (glm47 parser)",
         ),
         Family(
@@ -401,7 +398,6 @@ FAMILIES: dict[str, Family] = {
             caches=_HYBRID,
             tool_parser="pythonic",
             think=("<think>", "</think>"),
-            unsupported={"forced_tool": _NO_FORCED_GRAMMAR.format("pythonic")},
             note="LFM2 / LFM2.5: short convolutions + attention hybrid; pythonic tool calls",
         ),
         Family(

@@ -6,8 +6,13 @@ single-request path (max_concurrency 1) and ``NAME-batch`` on the batching
 path (max_concurrency 4). The references (plain mlx-lm / mlx-vlm) run in the
 test process, which the daemon's MLX work never shares.
 
-Other lanes' zoo paths (prefix cache turns, persistence, thinking) reuse
-``zoo_daemon`` and ``zoo_model`` per family.
+Hooks for the per-family paths tested elsewhere (prefix-cache turns,
+persistence and restore, thinking): take ``text_family`` (parametrized over
+every text row), ``zoo_daemon`` (NAME and NAME-batch served), ``reference``
+(plain mlx-lm's answers) and ``zoo_paths``; for engine-level tests,
+``zoo.zoo_support.zoo_spec(name, **overrides)``. The row itself
+(``mlxd.factory.zoo.FAMILIES[name]``) says which caches the family makes
+and which think markers mlx-lm finds.
 """
 
 from __future__ import annotations

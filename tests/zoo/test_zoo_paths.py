@@ -24,6 +24,13 @@ pytestmark = pytest.mark.mlx
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The forecast", "parameters": WEATHER}}]
 # (docs/thinking.md) ends a reasoning the prompt opened, for the grammar's answer after it.
 BUDGET = {"max_tokens": 4}
+# A free string and an optional flag: the forms a call grammar writes besides enums and integers.
+NOTE = {
+    "type": "object",
+    "properties": {"text": {"type": "string", "maxLength": 12}, "urgent": {"type": "boolean"}},
+    "required": ["text"],
+}
+NOTE_TOOL = {"type": "function", "function": {"name": "note", "description": "Take a note", "parameters": NOTE}}
 ASK = [{"role": "user", "content": "What is the weather in Paris for the next two days?"}]
 # A turn after a call: the template renders the call and its result its own way.
 CALLED = [
@@ -132,18 +139,22 @@ def test_tools_render_through_the_family_template_or_are_refused(zoo_daemon, ref
 
 def test_a_forced_call_is_parsed_by_the_family_parser_and_valid(zoo_daemon, text_family):
     row = family(text_family)
+    tools = [*TOOLS, NOTE_TOOL]
+    schemas = {"get_weather": WEATHER, "note": NOTE}
     # A reasoning budget: a template that opens the think block holds the
     # grammar until the reasoning ends, which a random model never does itself.
-    reply = chat(zoo_daemon, text_family, ASK, tools=TOOLS, tool_choice="required", max_tokens=80, reasoning=BUDGET)
+    reply = chat(zoo_daemon, text_family, ASK, tools=tools, tool_choice="required", max_tokens=80, reasoning=BUDGET)
     if "forced_tool" in row.unsupported:
         param = "tools" if "tools" in row.unsupported else "tool_choice"
         refused(reply, param)
         return
-    choice = ok(reply)
-    [call] = choice["message"]["tool_calls"]
-    assert call["function"]["name"] == "get_weather"
-    jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER)
-    assert choice["finish_reason"] == "tool_calls"
+    named = chat(zoo_daemon, text_family, ASK, tools=tools, tool_choice={"type": "function", "function": {"name": "note"}},
+                 max_tokens=80, reasoning=BUDGET)
+    for choice, allowed in ((ok(reply), set(schemas)), (ok(named), {"note"})):
+        [call] = choice["message"]["tool_calls"]
+        assert call["function"]["name"] in allowed
+        jsonschema.validate(json.loads(call["function"]["arguments"]), schemas[call["function"]["name"]])
+        assert choice["finish_reason"] == "tool_calls"
 
 
 def test_json_schema_answer_validates(zoo_daemon, text_family):

@@ -137,3 +137,13 @@ def as_split(tokenizer: Any, messages: list[dict[str, Any]], text: str, **templa
 def answer_text(message: dict[str, Any]) -> str:
     """The text the model wrote: reasoning (where a surface separates it) then content."""
     return (message.get("reasoning_content") or message.get("reasoning") or "") + (message.get("content") or "")
+
+
+def zoo_spec(name: str, **overrides: Any) -> Any:
+    """A ModelSpec for the family, for engine-level tests
+    (``load_text_engine(zoo_spec("qwen3_next", max_concurrency=4), worker)``)."""
+    from mlxd.registry.model import ModelSpec
+
+    path = zoo_model(name)
+    kind = "vision" if FAMILIES[name].vision else "text"
+    return ModelSpec(name=name, path=path, source=str(path), kind=kind, **overrides)
