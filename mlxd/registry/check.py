@@ -97,11 +97,17 @@ def _tool_calls(spec: ModelSpec) -> str:
 
     if spec.tool_parser == "none":
         return "off (tool_parser: none)"
-    name = resolve_from_files(spec.path, spec.tool_parser)
-    if name is None:
-        return "none (requests with `tools` get a 400; set `tool_parser:` to enable)"
-    where = "tool_parser:" if spec.tool_parser else "guessed from the chat template"
-    return f"{name} ({where})"
+    found = resolve_from_files(spec.path, spec.tool_parser)
+    if found.name is None:
+        return "none (its chat template renders tools in a markup mlxd cannot parse; set `tool_parser:`)"
+    if found.source == "mlxd's default":
+        where = "mlxd's default: the chat template names no format"
+    else:
+        where = found.source
+    said = f"{found.name} ({where})"
+    if not found.template_renders_tools:
+        said += "; the chat template has no place for tools, so mlxd writes them into the system prompt in json_tools markup"
+    return said
 
 
 def _describe_failover(failover: FailoverSpec, registry: Registry) -> list[str]:
