@@ -107,6 +107,7 @@ class MessagesRequest(_Base):
             stop=stops,
             stream=self.stream,
             output=self.output(),
+            max_tokens_is_cap=True,
         )
 
 

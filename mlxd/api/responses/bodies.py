@@ -89,6 +89,7 @@ class ResponsesRequest(BaseModel):
             stream=self.stream,
             timeout=self.timeout,
             output=self.output(),
+            open_ended=True,
         )
 
     def history(self, earlier: tuple[Message, ...]) -> tuple[Message, ...]:
