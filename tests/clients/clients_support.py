@@ -4,7 +4,7 @@ Each client runs in its own venv under ``.agents/venvs/`` (scripts/setup.sh
 --tests installs them, pinned; they pin shared packages differently from
 mlxd and from each other), driven by a script in ``drivers/`` written as the
 client's own documentation shows, which prints what it got as JSON. One
-daemon per module serves the demo registry as `mlxd demo` writes it:
+daemon for all of them serves the demo registry as `mlxd demo` writes it:
 ``default`` (SmolLM2) for plain answers, a trained model that ends them;
 ``qwen-tiny`` for tool calls and structured output, forced by the grammar.
 """
@@ -29,7 +29,7 @@ def client_python(venv: str) -> Path:
     return python
 
 
-def drive(venv: str, driver: str, url: str, timeout: float = 600, **env: str) -> dict:
+def drive(venv: str, driver: str, url: str, timeout: float = 800, **env: str) -> dict:
     """Run ``drivers/<driver>`` with the client's python against ``url``; its JSON."""
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LD_PRELOAD")}
     run = subprocess.run(

@@ -4,9 +4,9 @@ import pytest
 from support.daemon import daemon_process
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def demo(tmp_path_factory):
-    """The demo registry as `mlxd demo` writes it, served once per module."""
+    """The demo registry as `mlxd demo` writes it, served once for every client test."""
     from mlxd.cli.demo import write_demo
 
     tmp = tmp_path_factory.mktemp("clients")

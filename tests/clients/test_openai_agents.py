@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from clients.clients_support import drive
 
-pytestmark = [pytest.mark.mlx, pytest.mark.slow]
+# Plain answers come from SmolLM2: seconds on an idle CPU, minutes on a loaded one.
+pytestmark = [pytest.mark.mlx, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_the_agents_sdk_runs_against_the_demo(demo):
