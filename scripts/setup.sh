@@ -83,3 +83,22 @@ if [ "${1:-}" = "--tests" ]; then
     echo "hint: install Node 20+ and re-run: the agent CLI tests need claude and codex from npm" >&2
   fi
 fi
+# Third-party clients the client tests drive (tests/clients/, docs/clients.md),
+# each Python one in a venv of its own under .agents/venvs/ (they pin shared
+# packages differently from mlxd and from each other; none may change .venv).
+# Pinned: the versions docs/clients.md was checked with.
+PY_CLIENTS="openai-agents:openai-agents==0.24.0 langchain:langchain-openai==1.7.4,langchain-anthropic==1.7.10 instructor:instructor==1.17.0 pydantic-ai:pydantic-ai-slim[openai]==2.68.0"
+if [ "${1:-}" = "--tests" ]; then
+  for client in $PY_CLIENTS; do
+    name="${client%%:*}"; packages="${client#*:}"
+    venv=".agents/venvs/$name"
+    if [ ! -f "$venv/.installed" ] || [ "$(cat "$venv/.installed")" != "$packages" ]; then
+      mkdir -p .agents/venvs
+      "$PY" -m venv "$venv" &&
+        # shellcheck disable=SC2046
+        "$venv/bin/python" -m pip install --quiet $(echo "$packages" | tr , ' ') &&
+        echo "$packages" >"$venv/.installed" ||
+        echo "warning: could not install $packages; its client test will fail" >&2
+    fi
+  done
+fi

@@ -67,6 +67,14 @@ class Requested:
     logit_bias: dict[int, float] | None = None
     # Thinking on or off, effort, budget, chat_template_kwargs (api/reasoning.py).
     reasoning: ReasoningRequest = field(default_factory=ReasoningRequest)
+    # The client's max_tokens is a cap it always sends (Anthropic's field is
+    # required, and Claude Code sends its hosted model's 64k-128k): above the
+    # server's limit it means the limit, not a request mlxd must refuse.
+    max_tokens_is_cap: bool = False
+    # No max_tokens means as long as the answer runs, up to the server's
+    # limit and the window (the Responses API's own meaning: Codex sends
+    # none, and an answer cut at default_max_tokens is an error to it).
+    open_ended: bool = False
 
 
 @dataclass(frozen=True)
@@ -199,7 +207,10 @@ SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams))
 
 def resolve_max_tokens(ctx: DaemonContext, asked: Requested, defaults: SamplingDefaults) -> int:
     server = ctx.settings.server
-    value = _pick(asked.sampling.max_tokens, defaults.max_tokens, server.default_max_tokens)
+    fallback = server.max_request_tokens if asked.open_ended else server.default_max_tokens
+    value = _pick(asked.sampling.max_tokens, defaults.max_tokens, fallback)
+    if asked.max_tokens_is_cap:
+        value = min(value, server.max_request_tokens)
     if value > server.max_request_tokens:
         raise BadRequest(
             f"max_tokens exceeds server limit ({server.max_request_tokens})", param="max_tokens"

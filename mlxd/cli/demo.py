@@ -28,7 +28,7 @@ from mlxd.gguf.cache import converted_dir
 DEFAULT_MODEL = "smollm2-135m"
 # Bump when the demo's models change, so a registry an older mlxd wrote into
 # the default demo folder is rebuilt rather than served as it was.
-DEMO_VERSION = 3
+DEMO_VERSION = 4
 _HEADER = f"# The mlxd demo registry (version {DEMO_VERSION}): SmolLM2 (from a GGUF file) and small models made offline by `mlxd demo`."
 
 
@@ -60,6 +60,13 @@ def sizes_up_to(size: str) -> tuple[str, ...]:
     return DEMO_SIZES[: DEMO_SIZES.index(size) + 1]
 
 
+def _context(name: str) -> int:
+    """An agent's prompt needs a long window (Claude Code's and Codex's tools
+    alone are ~5k tokens): SmolLM2's trained 8192 (at two slots, so its KV
+    cache stays within the budget), the tiny models' 16k of their 32k."""
+    return {DEFAULT_MODEL: 8192, "qwen-tiny": 16384, "llama-tiny": 16384}.get(name, 4096)
+
+
 def _smollm2(directory: Path, models_dir: Path, dtype: str) -> tuple[str, str]:
     """The default model's ``path:`` and description for a demo in ``dtype``."""
     gguf = smollm2_gguf()
@@ -81,7 +88,8 @@ def write_demo(
     dtype = dtype or device_dtype()
     models_dir = directory / "models"
     path, description = _smollm2(directory, models_dir, dtype)
-    entries = [(DEFAULT_MODEL, path, ("default",), description, '"64MB"')]
+    # Every name Claude Code and Codex ask for reaches the trained model.
+    entries = [(DEFAULT_MODEL, path, ("default", '"claude-*"', '"gpt-*"'), description, '"64MB"')]
     for name, recipe, aliases, description in DEMO_MODELS:
         if recipe.size not in sizes:
             continue
@@ -113,18 +121,19 @@ def write_demo(
         "models:",
     ]
     for name, path, aliases, description, prefix_cache in entries:
+        default = name == DEFAULT_MODEL
         lines += [
             f"  - name: {name}",
             f"    path: {path}",
             f"    description: {description}",
-            "    max_context: 4096",
-            "    max_concurrency: 4",
+            f"    max_context: {_context(name)}",
+            f"    max_concurrency: {2 if default else 4}",
             "    prefix_cache:",
             f"      max_bytes: {prefix_cache}",
         ]
         if aliases:
             lines.append(f"    aliases: [{', '.join(aliases)}]")
-        if name == DEFAULT_MODEL:
+        if default:
             # A 135M model rambles at OpenAI's default temperature of 1;
             # greedy answers are its best (a request's own value still wins).
             lines += ["    defaults:", "      temperature: 0"]

@@ -11,7 +11,8 @@ be checked from a REPL::
 
 Chat messages go through the model's chat template (OpenAI content parts
 flattened to one string, tool-call arguments parsed from JSON text, as
-mlx-lm's own server does); a raw prompt is encoded with a BOS token unless it
+mlx-lm's own server does; tools written into the text where the template
+has no place for them, ``mlxd.tools.fallback``); a raw prompt is encoded with a BOS token unless it
 already starts with one. What a client got wrong is a ``BadRequest``.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 
 from mlxd.engine.types import GenerationRequest
 from mlxd.errors import BadRequest
+from mlxd.tools import fallback
 
 
 def prompt_tokens(tokenizer: Any, request: GenerationRequest) -> list[int]:
@@ -59,6 +61,9 @@ def chat_tokens(
             param="messages",
         )
     flat = [flatten_message(m) for m in messages]
+    if fallback.needs_folding(flat, tools) and not fallback.renders_tools(getattr(tokenizer, "chat_template", None)):
+        # The template would drop them: written into the turns' text instead.
+        flat, tools = fallback.fold(flat, tools), None
     try:
         tokens = tokenizer.apply_chat_template(
             flat, tools=tools or None, add_generation_prompt=True, **(template_kwargs or {})

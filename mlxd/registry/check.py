@@ -110,11 +110,19 @@ def _reasoning(spec: ModelSpec) -> str:
 def _tool_calls(spec: ModelSpec) -> str:
     from mlxd.tools.formats import resolve_from_files
 
-    return _parser_line(
-        "tool_parser", spec.tool_parser, resolve_from_files(spec.path, spec.tool_parser), off="",
-        missing="none (requests with `tools` get a 400; set `tool_parser:` to enable)",
-        guessed="guessed from the chat template",
-    )
+    if spec.tool_parser == "none":
+        return "off (tool_parser: none)"
+    found = resolve_from_files(spec.path, spec.tool_parser)
+    if found.name is None:
+        return "none (its chat template renders tools in a markup mlxd cannot parse; set `tool_parser:`)"
+    if found.source == "mlxd's default":
+        where = "mlxd's default: the chat template names no format"
+    else:
+        where = found.source
+    said = f"{found.name} ({where})"
+    if not found.template_renders_tools:
+        said += "; the chat template has no place for tools, so mlxd writes them into the system prompt in json_tools markup"
+    return said
 
 
 def _parser_line(key: str, configured: str | None, found: str | None, *, off: str, missing: str,

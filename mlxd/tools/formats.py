@@ -5,6 +5,15 @@ them (``tool_parser_type`` in ``tokenizer_config.json``, else inferred from
 the chat template). mlx-lm has no parser for Llama 3's bare JSON calls, so
 ``llama3_json`` (``mlxd.tools.llama3``) is ours. The registry's
 ``tool_parser:`` overrides the guess; ``none`` turns tool calling off.
+
+A template that has no place for tools at all (plain ChatML, SmolLM2's)
+gets ``json_tools`` (``DEFAULT``): agents send tools on every request, and a
+400 on each left such a model unusable by them. mlxd writes the tools into
+its prompt in that convention itself (``mlxd.tools.fallback``), so the
+prompt and the parser agree; ``<tool_call>`` JSON is what most open chat
+models were tuned on (Hermes, Qwen 2.5, SmolLM2's function-calling data). A
+template that renders tools in a markup mlxd has no parser for keeps no
+format: its calls could not be read back.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxd.errors import BadRequest
+from mlxd.tools.fallback import renders_tools
 
 # Formats of our own, next to mlx-lm's modules.
 LLAMA3_JSON = "llama3_json"
@@ -28,6 +38,8 @@ HARMONY = "harmony"
 NONE = "none"
 # The special tokens harmony is written in: a vocabulary with them all is gpt-oss's.
 HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")
+# The format of a model whose template names none (see the module docstring).
+DEFAULT = "json_tools"
 
 
 @dataclass(frozen=True)
@@ -80,7 +92,7 @@ def format_named(name: str, template: str = "") -> ToolFormat:
 
 
 def guess_name(chat_template: Any, vocab: Any, configured: str | None = None) -> str | None:
-    """The parser mlx-lm would pick, else ours for Llama 3; None when the model has none."""
+    """The parser mlx-lm would pick, else ours for Llama 3; None when the template names none."""
     if configured:
         return configured
     from mlx_lm.tokenizer_utils import _infer_tool_parser
@@ -110,7 +122,10 @@ def resolve(tokenizer: Any, override: str | None = None) -> ToolFormat | None:
         fmt = format_named(LLAMA3_JSON, template)
     elif _is_harmony(vocab_of(tokenizer)):
         fmt = format_named(HARMONY, template)
+    elif not renders_tools(template):
+        fmt = format_named(DEFAULT, template)
     else:
+        # The template renders tools in a markup mlxd cannot read back.
         return None
     markers = (fmt.start, fmt.end, *_INNER_MARKERS.get(fmt.name, ()))
     return dataclasses.replace(fmt, marker_tokens=_marker_tokens(tokenizer, markers))
@@ -130,10 +145,31 @@ def _marker_tokens(tokenizer: Any, markers: tuple[str, ...]) -> tuple[tuple[str,
     return tuple((m, added[m]) for m in markers if m and isinstance(added.get(m), int))
 
 
-def resolve_from_files(model_dir: Path, override: str | None = None) -> str | None:
-    """The parser name a model folder gets, without loading it (``mlxd check``)."""
+@dataclass(frozen=True)
+class FolderFormat:
+    """What ``mlxd check`` says of a model folder's tool calls, without loading it."""
+
+    # None: tool calling is off (``tool_parser: none``).
+    name: str | None
+    # "tool_parser:", "guessed from the chat template" or "mlxd's default".
+    source: str
+    # Whether the chat template renders tools (else mlxd writes them into the prompt).
+    template_renders_tools: bool
+
+
+def resolve_from_files(model_dir: Path, override: str | None = None) -> FolderFormat:
+    """The format a model folder gets, without loading it (``mlxd check``)."""
+    template, vocab, configured = _template_from_files(model_dir)
+    renders = renders_tools(template)
     if override:
-        return None if override == NONE else override
+        return FolderFormat(None if override == NONE else override, "tool_parser:", renders)
+    guessed = guess_name(template, vocab, configured)
+    if guessed is not None:
+        return FolderFormat(guessed, "guessed from the chat template", renders)
+    return FolderFormat(None if renders else DEFAULT, "mlxd's default", renders)
+
+
+def _template_from_files(model_dir: Path) -> tuple[Any, dict[str, Any], str | None]:
     config = _read_json(model_dir / "tokenizer_config.json")
     template: Any = config.get("chat_template")
     jinja = model_dir / "chat_template.jinja"
@@ -144,15 +180,16 @@ def resolve_from_files(model_dir: Path, override: str | None = None) -> str | No
         template = named.get("default") or next(iter(named.values()), None)
     added = _read_json(model_dir / "tokenizer.json").get("added_tokens") or []
     vocab = {t.get("content"): t.get("id") for t in added if isinstance(t, dict)}
-    return guess_name(template, vocab, config.get("tool_parser_type"))
+    return template, vocab, config.get("tool_parser_type")
 
 
 def require(fmt: ToolFormat | None, model: str) -> ToolFormat:
     """The format, or the 400 that tells the client why ``tools`` cannot work here."""
     if fmt is None:
         raise BadRequest(
-            f"The model `{model}` has no tool-call format mlxd knows (its chat template names "
-            f"none). Set `tool_parser:` for it in the registry to one of: "
+            f"The model `{model}` has no tool-call format mlxd can use (`tool_parser: none`, or "
+            f"a chat template that writes calls in a markup mlxd cannot parse). Set `tool_parser:` "
+            f"for it in the registry to one of: "
             f"{', '.join(p for p in known_parsers() if p != NONE)}.",
             param="tools",
         )

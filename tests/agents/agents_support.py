@@ -33,7 +33,8 @@ def agents_daemon(tmp: Path, **settings) -> Iterator[Daemon]:
     registry = write_registry(
         tmp,
         [
-            {"name": "qwen", "model": "qwen", "max_concurrency": 1},
+            # Tool calling off: the refusal tests' model.
+            {"name": "qwen", "model": "qwen", "max_concurrency": 1, "tool_parser": "none"},
             {"name": "tooly", "path": str(tooly), "max_concurrency": 2},
             {"name": "eyes", "path": str(tiny_vision_model())},
             # Only ever counted before it is asked to answer.

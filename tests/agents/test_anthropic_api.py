@@ -262,8 +262,8 @@ def test_count_tokens_uses_the_template_and_tools_without_touching_the_model(cli
     assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens == with_tools
 
 
-def test_count_tokens_refuses_tools_on_a_model_without_a_tool_call_format_as_messages_does(client):
-    # The plain tiny model's template names no tool-call format.
+def test_count_tokens_refuses_tools_on_a_model_with_tool_calling_off_as_messages_does(client):
+    # `qwen` has `tool_parser: none`.
     with pytest.raises(anthropic.BadRequestError) as counted:
         client.messages.count_tokens(model="qwen", tools=TOOLS, messages=USER)
     with pytest.raises(anthropic.BadRequestError) as answered:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -39,6 +40,8 @@ def test_a_string_input(client):
     assert response.status == "incomplete"  # cut by max_output_tokens
     assert response.incomplete_details.reason == "max_output_tokens"
     assert [item.type for item in response.output] == ["message"]
+    # The message the answer was cut in says so itself, and keeps its text.
+    assert response.output[0].status == "incomplete"
     assert response.output_text
     assert response.usage.output_tokens == 8
     again = client.responses.create(model="qwen", input=PROMPT, max_output_tokens=8, temperature=0, store=False)
@@ -69,13 +72,26 @@ def test_the_stream_sends_events_in_order_with_sequence_numbers(client):
         "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"
     ]
     assert set(kinds[4:-4]) == {"response.output_text.delta"}
+    # Cut by max_output_tokens: the last event names that outcome, as OpenAI's stream does.
     assert kinds[-4:] == [
-        "response.output_text.done", "response.content_part.done", "response.output_item.done", "response.completed"
+        "response.output_text.done", "response.content_part.done", "response.output_item.done", "response.incomplete"
     ]
     done = events[-1].response
+    assert done.status == "incomplete" and done.incomplete_details.reason == "max_output_tokens"
+    assert events[-2].item.status == "incomplete" and done.output[0].status == "incomplete"
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert done.output_text == text == events[-4].text
     assert done.usage.output_tokens == 6
+
+
+def test_a_whole_answer_ends_the_stream_with_response_completed(client):
+    events = list(client.responses.create(
+        model="qwen", input="Report the status as JSON", max_output_tokens=60, stream=True,
+        text={"format": {"type": "json_schema", "name": "status", "schema": ANSWER, "strict": True}},
+    ))
+    assert events[-1].type == "response.completed" and events[-1].response.status == "completed"
+    assert events[-2].item.status == "completed" and events[-1].response.output[0].status == "completed"
+    assert "response.incomplete" not in [e.type for e in events]
 
 
 def test_a_required_tool_choice_streams_a_function_call(client):
@@ -150,3 +166,17 @@ def test_a_stream_that_cannot_get_the_model_in_time_ends_in_response_failed(clie
     assert [e.sequence_number for e in events] == [0, 1, 2]
     failed = events[-1].response
     assert failed.status == "failed" and "timed out" in failed.error.message
+
+
+def test_a_websocket_on_the_responses_path_is_told_to_use_http(daemon):
+    # Codex falls back to HTTP at once on a 426 (a 404 or 405 costs it five reconnects).
+    import websockets.sync.client
+    from websockets.exceptions import InvalidStatus
+
+    with pytest.raises(InvalidStatus) as refused:
+        websockets.sync.client.connect(daemon.url.replace("http", "ws") + "/v1/responses",
+                                       additional_headers={"authorization": f"Bearer {KEY}"})
+    assert refused.value.response.status_code == 426
+    assert b"POST /v1/responses" in refused.value.response.body
+    plain = httpx.get(f"{daemon.url}/v1/responses", headers={"authorization": f"Bearer {KEY}"})
+    assert plain.status_code == 426 and plain.json()["error"]["code"] == "websocket_not_supported"

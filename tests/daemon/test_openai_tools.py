@@ -69,8 +69,10 @@ def daemon(tmp_path_factory):
     registry = write_registry(
         tmp,
         [
-            # The factory's plain ChatML template: no tool-call format.
-            {"name": "plain", "model": "qwen"},
+            # Tool calling off.
+            {"name": "plain", "model": "qwen", "tool_parser": "none"},
+            # The factory's plain ChatML template: no tool-call format, no place for tools.
+            {"name": "untooled", "model": "qwen"},
             # A Qwen 2.5-style template: json_tools, batched.
             {"name": "tooly", "path": str(tooly), "max_concurrency": 4},
             {"name": "solo", "path": str(tooly), "max_concurrency": 1},
@@ -379,7 +381,7 @@ def test_a_body_of_the_wrong_shape_is_a_400_naming_the_field(daemon):
     assert response.json()["error"]["param"] == "tools"
 
 
-def test_tools_on_a_model_without_a_tool_format_name_the_registry_key(client):
+def test_tools_on_a_model_with_tool_calling_off_name_the_registry_key(client):
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model="plain", messages=ASK, tools=TOOLS, max_tokens=4)
     assert caught.value.body["param"] == "tools"

@@ -61,9 +61,9 @@ def front(backend, images_dir, tmp_path_factory):
             {"name": "vision", "backend": "studio", "remote_model": "eyes", "local_image_dir": str(images_dir)},
             {"name": "plain", "backend": "studio", "remote_model": "words"},
             # Text here, vision on the studio: a request with an image skips the target that cannot see it.
-            {"name": "words-here", "model": "qwen"},
+            {"name": "words-here", "model": "qwen", "tool_parser": "none"},
             {"name": "look", "targets": ["words-here", "vision"], "strategy": "spillover"},
-            # words-here has no tool-call format: a request with tools moves on to the agent.
+            # words-here has tool calling off: a request with tools moves on to the agent.
             {"name": "helper", "targets": ["words-here", "agent"], "strategy": "spillover"},
             {"name": "there-first", "targets": ["plain", "words-here"], "strategy": "spillover"},
         ],

@@ -62,7 +62,7 @@ def test_strict_closes_the_schema_where_it_says_nothing_about_other_keys():
 @pytest.mark.parametrize(
     ("fields", "param", "words"),
     [
-        ({"tools": TOOLS, "fmt": None}, "tools", "tool_parser"),  # a model without a format
+        ({"tools": TOOLS, "fmt": None}, "tools", "tool_parser"),  # tool_parser: none
         ({"tools": [{"type": "retrieval"}]}, "tools[0]", "tools[0]"),
         ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools[0]", "name"),
         ({"tools": TOOLS, "tool_choice": "always"}, "tool_choice", "tool_choice must be"),

@@ -58,10 +58,11 @@ def assert_valid(calls, only: str | None = None):
 
 def test_the_format_is_inferred_from_the_chat_template(hermes, single):
     assert hermes.tool_format is not None and hermes.tool_format.name == "json_tools"
-    # The factory's plain ChatML template names no tool format.
-    assert single.tool_format is None
+    # The factory's plain ChatML template names no tool format: mlxd's default.
+    assert single.tool_format is not None and single.tool_format.name == formats.DEFAULT
+    # Only `tool_parser: none` turns tools off, and the 400 names the key.
     with pytest.raises(BadRequest, match="tool_parser") as info:
-        formats.require(single.tool_format, single.name)
+        formats.require(None, single.name)
     assert info.value.param == "tools"
 
 

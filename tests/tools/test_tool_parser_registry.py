@@ -17,7 +17,7 @@ def registry(tmp_path: Path, models: str):
     return load_registry_text(text, tmp_path / "models.yaml")
 
 
-def test_check_shows_the_guessed_format_the_override_and_none(tmp_path, qwen_tiny, hermes_tiny):
+def test_check_shows_the_guessed_format_the_override_the_default_and_off(tmp_path, qwen_tiny, hermes_tiny):
     reg = registry(tmp_path, f"""\
         - name: plain
           path: {qwen_tiny}
@@ -36,9 +36,16 @@ def test_check_shows_the_guessed_format_the_override_and_none(tmp_path, qwen_tin
         start = next(i for i, line in enumerate(lines) if line.startswith(f"  {model} ["))
         return next(line for line in lines[start:] if "tool calls:" in line).strip()
 
-    assert tool_line("plain") == "tool calls: none (requests with `tools` get a 400; set `tool_parser:` to enable)"
+    # The factory's plain ChatML template names no format and renders no tools.
+    assert tool_line("plain") == (
+        "tool calls: json_tools (mlxd's default: the chat template names no format); "
+        "the chat template has no place for tools, so mlxd writes them into the system prompt in json_tools markup"
+    )
     assert tool_line("hermes") == "tool calls: json_tools (guessed from the chat template)"
-    assert tool_line("coder") == "tool calls: qwen3_coder (tool_parser:)"
+    assert tool_line("coder") == (
+        "tool calls: qwen3_coder (tool_parser:); "
+        "the chat template has no place for tools, so mlxd writes them into the system prompt in json_tools markup"
+    )
     assert tool_line("quiet") == "tool calls: off (tool_parser: none)"
     assert reg.lookup("coder").tool_parser == "qwen3_coder"
 

@@ -129,6 +129,7 @@ class MessagesRequest(_Base):
             stream=self.stream,
             output=self.output(),
             reasoning=reasoning,
+            max_tokens_is_cap=True,
         )
 
 

@@ -11,6 +11,7 @@ from mlxd.api.context import DaemonContext
 from mlxd.api.generation import respond
 from mlxd.api.openai.answers import OpenAIFrames, chat_completion, text_completion
 from mlxd.api.openai.bodies import ChatCompletionRequest, CompletionRequest, choices
+from mlxd.api.openai.models import codex_catalog, listed_names, model_item, page
 from mlxd.api.plan import plan_chat, plan_prompts
 from mlxd.registry.model import FailoverSpec
 
@@ -50,6 +51,7 @@ def router() -> APIRouter:
     async def models(request: Request) -> dict[str, Any]:
         ctx = _ctx(request)
         created = int(ctx.started_at)
+        output_cap = ctx.settings.server.max_request_tokens
         data = []
         for entry in ctx.registry.entries():
             if isinstance(entry, FailoverSpec):
@@ -63,9 +65,13 @@ def router() -> APIRouter:
                 first, about = entry, {"owned_by": entry.backend or "mlxd", "kind": entry.kind}
             view = ctx.manager.view(first.name)
             state = view.state.value if view else "unloaded"
-            for name in entry.names():
-                data.append({"id": name, "object": "model", "created": created, "root": entry.name, **about,
-                             "state": state})
-        return {"object": "list", "data": data}
+            for name in listed_names(entry, ctx.registry):
+                data.append(model_item(name, first, about, created=created, state=state, output_cap=output_cap,
+                                       root=entry.name))
+        body = page(data)
+        if "client_version" in request.query_params:
+            # Codex reading its model_catalog_url (docs/agents.md).
+            body["models"] = codex_catalog(data)
+        return body
 
     return api

@@ -1,8 +1,10 @@
 """Response objects and stream events of the Responses API, from the shared
 Answer and output events. Every stream event carries ``type`` and
-``sequence_number``; a stream always ends in ``response.completed`` (status
-``completed``, or ``incomplete`` when cut by ``max_output_tokens``) or in
-``response.failed``."""
+``sequence_number``; a stream ends in the event that names its outcome, as
+OpenAI's do: ``response.completed``, ``response.incomplete`` (cut by
+``max_output_tokens``; clients such as the OpenAI Agents SDK read the event's
+type, not the status inside it) or ``response.failed``. The item an answer
+was cut in, or open when it failed, says ``incomplete`` itself."""
 
 from __future__ import annotations
 
@@ -35,14 +37,14 @@ def usage_body(usage: Usage) -> dict[str, Any]:
 
 
 def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
-    content = [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []
+    content = [] if status == "in_progress" else [{"type": "output_text", "text": text, "annotations": []}]
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
 
 
 def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
     """A thinking model's reasoning, in the open-weight form (``reasoning_text``
     content, as gpt-oss's Responses servers give it; no summary)."""
-    content = [{"type": "reasoning_text", "text": text}] if status == "completed" else []
+    content = [] if status == "in_progress" else [{"type": "reasoning_text", "text": text}]
     return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": status}
 
 
@@ -123,6 +125,9 @@ def complete_response(
         outcome.output.append(message_item(_item_id("msg"), choice.text))
     for call in choice.tool_calls:
         outcome.output.append(call_item(_item_id("fc"), call.id, call.name, call.arguments))
+    if outcome.status == "incomplete":
+        # The answer was cut in its last item.
+        outcome.output[-1]["status"] = "incomplete"
     remember(store, plan, body, history, outcome)
     return response_object(plan, body, outcome)
 
@@ -192,19 +197,21 @@ class ResponsesFrames:
             )
         return out
 
-    def _close(self) -> str:
+    def _close(self, status: str = "completed") -> str:
+        """The open item's closing events; ``status`` is the item's own
+        (``incomplete`` for the item an answer was cut or failed in)."""
         item, self._open = self._open, None
         if item is None:
             return ""
         index = len(self.outcome.output)
         if item["type"] == "reasoning":
-            done = reasoning_item(item["id"], self._text)
+            done = reasoning_item(item["id"], self._text, status)
             out = self._event(
                 "response.reasoning_text.done", item_id=item["id"], output_index=index, content_index=0,
                 text=self._text,
             )
         elif item["type"] == "message":
-            done = message_item(item["id"], self._text)
+            done = message_item(item["id"], self._text, status)
             part = done["content"][0]
             out = self._event(
                 "response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=self._text
@@ -213,7 +220,7 @@ class ResponsesFrames:
                 "response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=part
             )
         else:
-            done = {**item, "arguments": self._text, "status": "completed"}
+            done = {**item, "arguments": self._text, "status": status}
             out = self._event(
                 "response.function_call_arguments.done", item_id=item["id"], output_index=index, arguments=self._text
             )
@@ -252,27 +259,29 @@ class ResponsesFrames:
                 )
             return out
         assert isinstance(event, Finish)
-        out = self._close() if self._open is not None and self._open["type"] == "reasoning" else ""
+        self.outcome.status = _status(event.reason)
+        reasoning_open = self._open is not None and self._open["type"] == "reasoning"
+        out = self._close(self.outcome.status) if reasoning_open else ""
         answered = any(item["type"] != "reasoning" for item in self.outcome.output)
         if not answered and self._open is None:
             # An answer has a message, if only an empty one (after reasoning alone, too).
             out += self._add(message_item(_item_id("msg"), "", status="in_progress"))
-        out += self._close()
-        self.outcome.status = _status(event.reason)
+        out += self._close(self.outcome.status)
         self.outcome.usage = event.usage
         return out
 
     def error(self, exc: BaseException) -> str:
-        self._open = None
+        out = self._close("incomplete")
         self.outcome.status = "failed"
         exc = FIELDS.renamed(exc) if isinstance(exc, MlxdError) else exc
         code = exc.code if isinstance(exc, MlxdError) else "server_error"
         message = exc.message if isinstance(exc, MlxdError) else "Internal error during generation"
         self.outcome.error = {"code": code, "message": message}
-        return self._event("response.failed", response=self._response())
+        return out + self._event("response.failed", response=self._response())
 
     def closing(self, usage: Usage | None) -> str:
         if usage is None:
             return ""
         remember(self.store, self.plan, self.body, self.history, self.outcome)
-        return self._event("response.completed", response=self._response())
+        kind = "response.incomplete" if self.outcome.status == "incomplete" else "response.completed"
+        return self._event(kind, response=self._response())

@@ -98,6 +98,7 @@ class ResponsesRequest(BaseModel):
                 reasoning_object(self.reasoning, "reasoning"),
                 ReasoningRequest(template_kwargs=template_kwargs(self.chat_template_kwargs)),
             ),
+            open_ended=True,
         )
 
     def history(self, earlier: tuple[Message, ...]) -> tuple[Message, ...]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi import APIRouter, Request, WebSocket
+from fastapi.responses import JSONResponse, Response
 
 from mlxd.api.context import DaemonContext
 from mlxd.api.generation import respond
@@ -13,6 +13,14 @@ from mlxd.api.responses.bodies import ResponsesRequest
 from mlxd.errors import BadRequest
 
 PATH = "/v1/responses"
+# Codex opens a WebSocket on the Responses path first where its provider says
+# `supports_websockets` (OpenAI's own does). 426 is the answer it falls back
+# to HTTP on at once; 404 or 405 cost its five reconnect attempts first
+# (measured with codex 0.171.0).
+NO_WEBSOCKET = {"error": {
+    "message": "mlxd serves the Responses API over HTTP: POST /v1/responses (no WebSocket transport).",
+    "type": "invalid_request_error", "param": None, "code": "websocket_not_supported",
+}}
 
 
 def router() -> APIRouter:
@@ -38,5 +46,14 @@ def router() -> APIRouter:
             framer=lambda: ResponsesFrames(plan, body, ctx.responses, history),
             body=lambda answer: complete_response(plan, body, answer, ctx.responses, history),
         )
+
+    @api.websocket(PATH)
+    async def responses_websocket(websocket: WebSocket) -> None:
+        await websocket.send_denial_response(JSONResponse(NO_WEBSOCKET, status_code=426))
+
+    @api.get(PATH)
+    async def responses_get() -> Response:
+        # The same upgrade where the server runs without a WebSocket library.
+        return JSONResponse(NO_WEBSOCKET, status_code=426)
 
     return api

@@ -1,0 +1,40 @@
+"""What the third-party client tests share (imported as ``clients.clients_support``).
+
+Each client runs in its own venv under ``.agents/venvs/`` (scripts/setup.sh
+--tests installs them, pinned; they pin shared packages differently from
+mlxd and from each other), driven by a script in ``drivers/`` written as the
+client's own documentation shows, which prints what it got as JSON. One
+daemon for all of them serves the demo registry as `mlxd demo` writes it:
+``default`` (SmolLM2) for plain answers, a trained model that ends them;
+``qwen-tiny`` for tool calls and structured output, forced by the grammar.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DRIVERS = Path(__file__).resolve().parent / "drivers"
+
+
+def client_python(venv: str) -> Path:
+    python = ROOT / ".agents" / "venvs" / venv / "bin" / "python"
+    if not python.is_file():
+        pytest.fail(f"the `{venv}` client is not installed: run scripts/setup.sh --tests")
+    return python
+
+
+def drive(venv: str, driver: str, url: str, timeout: float = 800, **env: str) -> dict:
+    """Run ``drivers/<driver>`` with the client's python against ``url``; its JSON."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LD_PRELOAD")}
+    run = subprocess.run(
+        [str(client_python(venv)), str(DRIVERS / driver)], env={**clean, "MLXD_URL": url, **env},
+        capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+    )
+    assert run.returncode == 0, f"stdout:\n{run.stdout[-3000:]}\nstderr:\n{run.stderr[-3000:]}"
+    return json.loads(run.stdout.strip().splitlines()[-1])

@@ -1,0 +1,20 @@
+"""langchain-openai (ChatOpenAI) and langchain-anthropic (ChatAnthropic):
+plain answers, streamed; bind_tools with parsed args; with_structured_output."""
+
+from __future__ import annotations
+
+import pytest
+from clients.clients_support import drive
+
+# Plain answers come from SmolLM2: seconds on an idle CPU, minutes on a loaded one.
+pytestmark = [pytest.mark.mlx, pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def test_langchain_chat_models_run_against_the_demo(demo):
+    got = drive("langchain", "langchain.py", demo.url)
+    assert got["openai_plain"].strip() and got["openai_stream"] == got["openai_plain"]
+    assert got["anthropic_plain"].strip()
+    for surface in ("openai_tool", "anthropic_tool"):
+        assert got[surface]["name"] == "get_weather"
+        assert got[surface]["args"]["city"] in ("Paris", "Oslo") and 1 <= got[surface]["args"]["days"] <= 7
+    assert got["openai_typed"]["level"] in ("low", "high") and isinstance(got["openai_typed"]["ok"], bool)
