@@ -45,6 +45,9 @@ class GenerationControl:
     # The prompt's token ids when they were computed before the worker saw
     # the request (``EngineBase._before_worker``).
     prompt_ids: list[int] | None = None
+    # Where a model whose cache cannot be trimmed checkpoints this prompt
+    # (``engine/checkpoints.py``), computed with ``prompt_ids``.
+    prompt_boundaries: list[Any] | None = None
 
 
 @dataclass
