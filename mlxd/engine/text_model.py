@@ -189,13 +189,17 @@ class TextModel:
             # Last, so that no later processor can revive a masked token.
             grammars = self.grammars
             matcher = grammars.matcher(request.constraint)
-            processors.append(GrammarProcessor(matcher, self.vocab_size, grammars.eos_token_ids))
+            processors.append(GrammarProcessor(matcher, grammars.mask_size, grammars.eos_token_ids))
         return processors
 
 
 def _vocab_size(model: Any, tokenizer: Any) -> int:
+    """The width of the model's logits. Wrapper architectures (Qwen3.5,
+    Mistral 3, Gemma 3) keep it in ``text_config``; the tokenizer's own
+    ``vocab_size`` leaves out its added tokens, so it is the last resort."""
     args = getattr(model, "args", None)
-    size = getattr(args, "vocab_size", None)
-    if isinstance(size, int) and size > 0:
-        return size
+    for source in (args, getattr(args, "text_config", None)):
+        size = source.get("vocab_size") if isinstance(source, dict) else getattr(source, "vocab_size", None)
+        if isinstance(size, int) and size > 0:
+            return size
     return int(getattr(tokenizer, "vocab_size", 0) or 0)

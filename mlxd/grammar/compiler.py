@@ -63,6 +63,12 @@ class GrammarCompiler:
     def eos_token_ids(self) -> list[int]:
         return sorted(getattr(self._wrapper, "eos_token_ids", None) or ())
 
+    @property
+    def mask_size(self) -> int:
+        """Tokens in a matcher's mask: the llguidance vocabulary, which covers
+        the model's logits and every id the tokenizer has."""
+        return int(self.ll_tokenizer().vocab_size)
+
     def ll_tokenizer(self) -> Any:
         with self._lock:
             if self._ll_tokenizer is None:

@@ -106,10 +106,17 @@ def _any_call(functions: list[dict[str, Any]], arguments_key: str) -> dict[str, 
     return objects[0] if len(objects) == 1 else {"anyOf": objects}
 
 
+def _marker(fmt: ToolFormat, marker: str) -> str:
+    """The grammar of a call marker: its token where it is one added token of
+    the model (``<[id]>``), else its text."""
+    token = fmt.marker_token(marker)
+    return f"<[{token}]>" if token is not None else _quote(marker)
+
+
 def _hermes(fmt: ToolFormat, functions: list[dict[str, Any]]) -> str:
     # <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>
     body = _json(_any_call(functions, "arguments"))
-    return f"call: {_quote(fmt.start + chr(10))} body {_quote(chr(10) + fmt.end)}\nbody: {body}"
+    return f'call: {_marker(fmt, fmt.start)} "\\n" body "\\n" {_marker(fmt, fmt.end)}\nbody: {body}'
 
 
 def _llama3(fmt: ToolFormat, functions: list[dict[str, Any]]) -> str:
@@ -124,9 +131,9 @@ def _mistral(fmt: ToolFormat, functions: list[dict[str, Any]]) -> str:
             for i, f in enumerate(functions)
         ]
         names = " | ".join(f"fn{i}" for i in range(len(functions)))
-        return f"call: {_quote(fmt.start)} ({names})\n" + "\n".join(rules)
+        return f"call: {_marker(fmt, fmt.start)} ({names})\n" + "\n".join(rules)
     # Older ones: [TOOL_CALLS][{"name": ..., "arguments": {...}}]
-    return f'call: {_quote(fmt.start + "[")} body "]"\nbody: {_json(_any_call(functions, "arguments"))}'
+    return f'call: {_marker(fmt, fmt.start)} "[" body "]"\nbody: {_json(_any_call(functions, "arguments"))}'
 
 
 def _qwen3_coder(fmt: ToolFormat, functions: list[dict[str, Any]]) -> str:
@@ -147,8 +154,8 @@ def _qwen3_coder(fmt: ToolFormat, functions: list[dict[str, Any]]) -> str:
         head = _quote(f"<function={function['name']}>\n")
         rules.append(f"fn{i}: {head} {' '.join(parts)} {_quote('</function>')}")
         alternatives.append(f"fn{i}")
-    start, end = _quote(fmt.start + "\n"), _quote("\n" + fmt.end)
-    return f"call: {start} ({' | '.join(alternatives)}) {end}\n" + "\n".join(rules)
+    start, end = _marker(fmt, fmt.start), _marker(fmt, fmt.end)
+    return f'call: {start} "\\n" ({" | ".join(alternatives)}) "\\n" {end}\n' + "\n".join(rules)
 
 
 def _xml_value(schema: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ the chat template). mlx-lm has no parser for Llama 3's bare JSON calls, so
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -39,6 +40,14 @@ class ToolFormat:
     parse: Callable[[str, Any], Any]
     # The chat template, for details of a family's forced-call shape (Mistral's [ARGS]).
     template: str = ""
+    # The markers that are one added token of this model (Qwen3's <tool_call>,
+    # Mistral's [TOOL_CALLS]), with its id: a forcing grammar must name the
+    # token, since llguidance holds every added token as a special token
+    # that the marker's text never matches.
+    marker_tokens: tuple[tuple[str, int], ...] = ()
+
+    def marker_token(self, marker: str) -> int | None:
+        return dict(self.marker_tokens).get(marker)
 
 
 def known_parsers() -> list[str]:
@@ -81,15 +90,22 @@ def resolve(tokenizer: Any, override: str | None = None) -> ToolFormat | None:
     template = getattr(tokenizer, "chat_template", None)
     template = template if isinstance(template, str) else ""
     if override:
-        return format_named(override, template)
-    parser = getattr(tokenizer, "tool_parser", None)
-    if parser is not None:
+        fmt = format_named(override, template)
+    elif (parser := getattr(tokenizer, "tool_parser", None)) is not None:
         # mlx-lm already chose one while loading.
         name = getattr(parser, "__module__", "").rsplit(".", 1)[-1]
-        return ToolFormat(name, tokenizer.tool_call_start, tokenizer.tool_call_end or "", parser, template)
-    if _looks_like_llama3(template):
-        return format_named(LLAMA3_JSON, template)
-    return None
+        fmt = ToolFormat(name, tokenizer.tool_call_start, tokenizer.tool_call_end or "", parser, template)
+    elif _looks_like_llama3(template):
+        fmt = format_named(LLAMA3_JSON, template)
+    else:
+        return None
+    return dataclasses.replace(fmt, marker_tokens=_marker_tokens(tokenizer, (fmt.start, fmt.end)))
+
+
+def _marker_tokens(tokenizer: Any, markers: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    get_added = getattr(tokenizer, "get_added_vocab", None)
+    added = get_added() if callable(get_added) else {}
+    return tuple((m, added[m]) for m in markers if m and isinstance(added.get(m), int))
 
 
 def resolve_from_files(model_dir: Path, override: str | None = None) -> str | None:
