@@ -6,9 +6,9 @@ The conversation is Claude Code's request shape as ``bench/agent_turns.py``
 records it (its long system prompt and tool list, as OpenAI chat completions
 so that every server takes it), turn after turn: the history, the answer the
 model really gave (greedy) and the next question. The model of each family is
-a tiny random-weight one built from mlx-lm's own classes
-(tests/prefix_cache/families.py), so every server runs the same architecture
-and cache type.
+the zoo's (mlxd/factory/zoo.py): a tiny random-weight one built from
+mlx-lm's own class with the family's real chat template, so every server runs
+the same architecture, cache type and prompt.
 
     python bench/agent_families.py                         # all families, 4 turns
     python bench/agent_families.py --families qwen3_next gpt_oss --turns 6
@@ -42,17 +42,6 @@ from bench.servers import VLLM_MLX, process_server  # noqa: E402
 
 SERVERS = ("mlxd", "mlx_lm.server", "vllm-mlx")
 ISSUE_FAMILIES = ("qwen3", "gemma3_text", "qwen3_next", "gpt_oss")
-
-
-def families_module() -> Any:
-    """tests/prefix_cache/families.py (by path: this folder's bench/prefix_cache.py
-    shadows the tests' package of that name)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("cache_families", ROOT / "tests" / "prefix_cache" / "families.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
 
 
 def chat_tools() -> list[dict[str, Any]]:
@@ -116,13 +105,13 @@ def conversation(url: str, model: str, turns: int, max_tokens: int) -> list[dict
 
 
 @contextlib.contextmanager
-def server(name: str, model_path: Path, logs: Path, mlxd_tree: Path, vllm: Path) -> Any:
+def server(name: str, model_path: Path, logs: Path, mlxd_tree: Path, vllm: Path, tool_parser: str | None) -> Any:
     """(base URL, model name) of ``name`` serving ``model_path``."""
     if name == "mlxd":
-        # The tiny models' template names no tool format; mlx_lm.server ignores
-        # tools then, mlxd wants to know how calls would be written.
+        # A family whose template has no tool format mlx-lm knows: mlx_lm.server
+        # renders the tools anyway and parses no calls, mlxd wants a format named.
         entry = {"name": "m", "path": str(model_path), "preload": True, "max_context": 16384,
-                 "idle_unload_seconds": 0, "tool_parser": "json_tools"}
+                 "idle_unload_seconds": 0, "tool_parser": tool_parser or "json_tools"}
         env = {"PYTHONPATH": str(mlxd_tree)}
         with daemon([entry], env=env, log_to=logs / "mlxd.log") as url:
             yield url, "m"
@@ -142,7 +131,9 @@ def server(name: str, model_path: Path, logs: Path, mlxd_tree: Path, vllm: Path)
 
 def run(families: list[str], servers: list[str], turns: int, max_tokens: int, mlxd_tree: Path,
         vllm: Path) -> dict[str, Any]:
-    build_family = families_module().build_family
+    from mlxd.factory.zoo import FAMILIES
+    from mlxd.factory.zoo_build import build_family
+
     results: dict[str, Any] = {}
     for family in families:
         path = build_family(family)
@@ -150,7 +141,8 @@ def run(families: list[str], servers: list[str], turns: int, max_tokens: int, ml
         for name in servers:
             with tempfile.TemporaryDirectory(prefix="mlxd-families-") as tmp:
                 try:
-                    with server(name, path, Path(tmp), mlxd_tree, vllm) as (url, model):
+                    parser = FAMILIES[family].tool_parser
+                    with server(name, path, Path(tmp), mlxd_tree, vllm, parser) as (url, model):
                         # Kernels compile on first use: warm on another conversation.
                         stream_chat(url, model, [{"role": "user", "content": "warm up"}], 4)
                         results[family][name] = conversation(url, model, turns, max_tokens)
@@ -196,10 +188,11 @@ def report(results: dict[str, Any], servers: list[str]) -> None:
 
 
 def main() -> None:
-    FAMILIES = families_module().FAMILIES  # noqa: N806
+    from mlxd.factory.zoo import FAMILIES
 
+    text = [n for n, f in FAMILIES.items() if not f.vision]
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    parser.add_argument("--families", nargs="+", default=text, choices=text)
     parser.add_argument("--servers", nargs="+", default=list(SERVERS), choices=list(SERVERS))
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=24)

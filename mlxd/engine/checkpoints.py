@@ -9,13 +9,14 @@ the *next* request is likely to continue:
 - ``system``: the end of the system prompt (and tools), found as mlx-lm's
   server finds it, by rendering the system messages before an empty user
   turn. New conversations and an agent's side requests start there;
-- ``prompt``: where the conversation as the chat template renders it with
-  an answer appended leaves this prompt. For most templates that is the end
-  of the prompt (the next turn repeats the prompt and adds the answer); a
-  template whose generation prompt opens a think block that it drops from
-  past answers diverges a few tokens earlier, and the checkpoint goes there;
-- the end of the prompt itself, when that differs (a completion prompt, or a
-  template that renders nothing for the appended answer).
+- ``prompt``: where the next turn, as the chat template renders it (this
+  conversation, an answer and a new user message), leaves this prompt. For
+  most templates that is the end of the prompt (the next turn repeats it and
+  adds the answer); a template whose generation prompt opens a think block
+  that it drops from past answers (Qwen3.5, Nemotron-H) diverges a few
+  tokens earlier, and the checkpoint goes there instead of the prompt's end;
+- the end of the prompt, for a completion prompt or a template the probe
+  cannot render.
 
 The reply's own end is kept too when the generation finishes (as for every
 model). Boundaries are computed on the tokenizing thread from the tokenizer
@@ -34,9 +35,9 @@ from mlxd.engine.types import GenerationRequest
 
 log = logging.getLogger(__name__)
 
-# The answer appended to find where a rendered conversation leaves the
-# prompt; any short text does.
-_PLACEHOLDER_ANSWER = "OK."
+# The next turn appended to find where its rendering leaves the prompt; any
+# short text does.
+_NEXT_TURN = ({"role": "assistant", "content": "OK."}, {"role": "user", "content": "OK?"})
 
 
 @dataclass(frozen=True)
@@ -47,18 +48,17 @@ class Boundary:
 
 def boundaries(tokenizer: Any, request: GenerationRequest, tokens: Sequence[int]) -> list[Boundary]:
     """Where a conversation's next request will likely share ``tokens`` up to."""
-    out = [Boundary(len(tokens), "prompt")]
+    end = Boundary(len(tokens), "prompt")
     messages = request.messages
     if not messages or not getattr(tokenizer, "has_chat_template", True):
-        return out
+        return [end]
+    out = []
     try:
         flat = [flatten_message(m) for m in messages]
         tools = request.tools or None
-        answered = _render(tokenizer, [*flat, {"role": "assistant", "content": _PLACEHOLDER_ANSWER}], tools)
-        shared = _common(answered, tokens)
-        if 0 < shared < len(tokens):
-            out.append(Boundary(shared, "prompt"))
-        system = [m for m in _leading_system(flat)]
+        shared = _common(_render(tokenizer, [*flat, *_NEXT_TURN], tools), tokens)
+        out.append(Boundary(shared, "prompt") if 0 < shared < len(tokens) else end)
+        system = _leading_system(flat)
         if system and len(system) < len(flat):
             rendered = _render(tokenizer, [*system, {"role": "user", "content": ""}], tools)
             shared = _common(rendered, tokens)
@@ -66,7 +66,7 @@ def boundaries(tokenizer: Any, request: GenerationRequest, tokens: Sequence[int]
                 out.append(Boundary(shared, "system"))
     except Exception as exc:  # noqa: BLE001 - a template that refuses the probe only costs reuse
         log.debug("no message boundaries for this prompt: %s", exc)
-    return out
+    return out or [end]
 
 
 def plan(boundaries: Sequence[Boundary], n_prompt: int, keep: int, reused: int) -> list[Boundary]:
