@@ -113,7 +113,7 @@ def server(name: str, model_path: Path, logs: Path, mlxd_tree: Path, vllm: Path,
         entry = {"name": "m", "path": str(model_path), "preload": True, "max_context": 16384,
                  "idle_unload_seconds": 0, "tool_parser": tool_parser or "json_tools"}
         env = {"PYTHONPATH": str(mlxd_tree)}
-        with daemon([entry], env=env, log_to=logs / "mlxd.log") as url:
+        with daemon([entry], env=env, log_to=logs / "mlxd.log", cwd=mlxd_tree) as url:
             yield url, "m"
         return
     port = free_port()
@@ -146,10 +146,19 @@ def run(families: list[str], servers: list[str], turns: int, max_tokens: int, ml
                         # Kernels compile on first use: warm on another conversation.
                         stream_chat(url, model, [{"role": "user", "content": "warm up"}], 4)
                         results[family][name] = conversation(url, model, turns, max_tokens)
+                        if name == "mlxd":
+                            results[family]["mlxd memory"] = cache_memory(url)
                 except (RuntimeError, httpx.HTTPError) as exc:
                     results[family][name] = {"error": str(exc)[-500:]}
             print(f"{family} {name}: done", flush=True)
     return results
+
+
+def cache_memory(url: str) -> dict[str, Any]:
+    """What mlxd's prefix cache holds after the conversation (/v1/status)."""
+    status = httpx.get(f"{url}/v1/status", timeout=30).json()
+    figures = status["models"][0].get("prefix_cache") or {}
+    return {k: figures.get(k) for k in ("memory_entries", "memory_bytes", "checkpoint_entries", "checkpoint_bytes")}
 
 
 def share_2_on(rows: Any) -> float | None:
@@ -182,8 +191,13 @@ def report(results: dict[str, Any], servers: list[str]) -> None:
         shares = {name: share_2_on(by_server.get(name)) for name in servers}
         print("turns 2+: cached share " + ", ".join(
             f"{n} {'n/a' if s is None else f'{s:.1%}'}" for n, s in shares.items()))
+        memory = by_server.get("mlxd memory")
+        if memory and memory.get("memory_bytes") is not None:
+            print(f"mlxd's prefix cache after it: {memory['memory_entries']} entries, "
+                  f"{memory['memory_bytes'] / 2**20:.1f} MiB, of which {memory['checkpoint_entries']} checkpoints, "
+                  f"{(memory['checkpoint_bytes'] or 0) / 2**20:.1f} MiB")
         for name, runs in by_server.items():
-            if isinstance(runs, dict):
+            if isinstance(runs, dict) and "error" in runs:
                 print(f"  {name} failed: {runs['error']}")
 
 
