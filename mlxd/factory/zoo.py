@@ -63,9 +63,10 @@ class Family:
     # Seeded matrices are scaled by this (see mlxd.factory.build.WEIGHT_SCALE);
     # some architectures echo one token at 4x and need their own.
     weight_scale: float = 4.0
-    # Extra factors for the matrices under a parameter path (a vision
-    # projector whose features would otherwise not move the answer).
-    scale_under: dict[str, float] = field(default_factory=dict)
+    # Parameters the class initialises to a constant, drawn at random instead
+    # (Gemma 3's projector starts as ones: summing mean-zero features, it
+    # would hand the model all-zero image embeddings).
+    randomize: tuple[str, ...] = ()
     seed: int = 0
     # path -> why it is not supported for this family (see PATHS).
     unsupported: dict[str, str] = field(default_factory=dict)
@@ -161,9 +162,14 @@ _QWEN_VISION = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_
 _HYBRID = ("ArraysCache", "KVCache")
 _SLIDING = ("KVCache", "RotatingKVCache")
 
-_NO_FORCED_GRAMMAR = "mlxd has no forcing grammar for the `{}` call format (forced: json_tools, qwen3_coder, mistral)"
 _NO_PARSER = "mlx-lm 0.32.2 has no tool parser for this family's call format ({})"
 _NO_TOOLS = {"forced_tool": "no tool parser (see tools)"}
+_VISION_ENGINE = "mlxd's vision engine (mlx-vlm) takes no `{}` yet: a 400 says so"
+_VISION_LIMITS = {
+    "tools": _VISION_ENGINE.format("tools"),
+    "forced_tool": _VISION_ENGINE.format("tools"),
+    "json_schema": _VISION_ENGINE.format("response_format"),
+}
 
 FAMILIES: dict[str, Family] = {
     f.name: f
@@ -268,7 +274,6 @@ FAMILIES: dict[str, Family] = {
             caches=_SLIDING,
             tool_parser="gemma4",
             think=("<|channel>thought", "<channel|>"),
-            unsupported={"forced_tool": _NO_FORCED_GRAMMAR.format("gemma4")},
             weight_scale=1.0,
             note="Gemma 4: sliding + global layers, KV shared across the last layers; `<|channel>thought` reasoning",
         ),
@@ -341,7 +346,6 @@ FAMILIES: dict[str, Family] = {
             pad="<|endoftext|>",
             tool_parser="glm47",
             think=("<think>", "</think>"),
-            unsupported={"forced_tool": _NO_FORCED_GRAMMAR.format("glm47")},
             note="GLM-4.5 / 4.6 / 4.7: MoE; `<arg_key>` tool calls (glm47 parser)",
         ),
         Family(
@@ -393,7 +397,6 @@ FAMILIES: dict[str, Family] = {
             caches=_HYBRID,
             tool_parser="pythonic",
             think=("<think>", "</think>"),
-            unsupported={"forced_tool": _NO_FORCED_GRAMMAR.format("pythonic")},
             note="LFM2 / LFM2.5: short convolutions + attention hybrid; pythonic tool calls",
         ),
         Family(
@@ -468,6 +471,7 @@ FAMILIES: dict[str, Family] = {
                 "processor_config.json": {},
             },
             tool_parser="json_tools",
+            unsupported=_VISION_LIMITS,
             note="Qwen3-VL 2B-32B (Thinking template): DeepStack vision features into the first layers",
             **{**_QWEN, "control": (*_QWEN["control"], *_QWEN_VISION)},
         ),
@@ -526,9 +530,9 @@ FAMILIES: dict[str, Family] = {
                 },
             },
             caches=_SLIDING,
-            unsupported={"tools": "Gemma 3's template has no tool format, so mlx-lm infers no parser", **_NO_TOOLS},
+            unsupported=_VISION_LIMITS,
             weight_scale=0.5,
-            scale_under={"multi_modal_projector": 8.0},
+            randomize=("multi_modal_projector.mm_input_projection_weight",),
             note="Gemma 3 4B-27B with its SigLIP vision tower",
             **_GEMMA3,
         ),

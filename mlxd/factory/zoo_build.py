@@ -18,7 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-from mlxd.factory.build import build_once, default_cache_dir
+from mlxd.factory.build import default_cache_dir
+from mlxd.files import build_once
 from mlxd.factory.corpus import corpus_digest, stdlib_files
 from mlxd.factory.zoo import FAMILIES, Family
 from mlxd.factory.zoo_files import (

@@ -75,15 +75,13 @@ def write_tokenizer_files(family: Family, tok: Any, out: Path) -> None:
 
 
 def seeded_weights(model: Any, family: Family) -> None:
-    """Scale the seeded matrices, as the text factory does, so greedy output is varied text."""
+    """Draw the constant-initialised parameters the row names, then scale
+    the seeded matrices, as the text factory does, so greedy output is varied text."""
     import mlx.core as mx
-    from mlx.utils import tree_map_with_path
+    from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
-    def scaled(path: str, p: Any) -> Any:
-        if p.ndim != 2:
-            return p
-        extra = [f for prefix, f in family.scale_under.items() if path.startswith(prefix)]
-        return p * family.weight_scale * (extra[0] if extra else 1.0)
-
-    model.update(tree_map_with_path(scaled, model.parameters()))
+    params = dict(tree_flatten(model.parameters()))
+    drawn = {k: mx.random.normal(params[k].shape) / params[k].shape[0] ** 0.5 for k in family.randomize}
+    model.update(tree_unflatten(list(drawn.items())))
+    model.update(tree_map(lambda p: p * family.weight_scale if p.ndim == 2 else p, model.parameters()))
     mx.eval(model.parameters())

@@ -7,8 +7,10 @@ call that parses and validates. Whitespace inside the JSON is fixed (the
 separators the templates use), so a weak model cannot pad it forever.
 
 Families: ``json_tools`` (Hermes / Qwen 2.5 / Qwen 3), ``qwen3_coder``
-(XML parameters), ``mistral`` (``[TOOL_CALLS]``, with or without ``[ARGS]``)
-and ``llama3_json``. Others get a BadRequest naming the format.
+(XML parameters), ``mistral`` (``[TOOL_CALLS]``, with or without ``[ARGS]``),
+``llama3_json``, ``glm47`` (GLM-4.5+: ``<arg_key>``/``<arg_value>`` pairs),
+``pythonic`` (LFM2: ``[name(key=value)]``) and ``gemma4`` (``call:name{key:value}``
+with ``<|"|>`` strings). Others get a BadRequest naming the format.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from mlxd.tools.formats import LLAMA3_JSON, ToolFormat
 
 # The separators chat templates render tool-call JSON with (Python's json.dumps).
 _JSON_STYLE = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
-FORCEABLE = ("json_tools", "qwen3_coder", "mistral", LLAMA3_JSON)
+FORCEABLE = ("json_tools", "qwen3_coder", "mistral", LLAMA3_JSON, "glm47", "pythonic", "gemma4")
 
 
 def forced_call(
@@ -47,7 +49,15 @@ def forced_call(
             f"tool format (`{fmt.name}`); enforced formats: {', '.join(FORCEABLE)}.",
             param="tool_choice",
         )
-    builder = {"json_tools": _hermes, "qwen3_coder": _qwen3_coder, "mistral": _mistral, LLAMA3_JSON: _llama3}
+    builder = {
+        "json_tools": _hermes,
+        "qwen3_coder": _qwen3_coder,
+        "mistral": _mistral,
+        LLAMA3_JSON: _llama3,
+        "glm47": _glm47,
+        "pythonic": _pythonic,
+        "gemma4": _gemma4,
+    }
     call = builder[fmt.name](fmt, functions)
     repeat = "" if max_calls <= 1 else f"(SEP call){{0,{max_calls - 1}}}"
     sep = '\nSEP: "\\n"' if max_calls > 1 else ""
@@ -127,7 +137,7 @@ def _mistral(fmt: ToolFormat, functions: list[dict[str, Any]]) -> str:
     if "[ARGS]" in fmt.template:
         # Newer templates: [TOOL_CALLS]name[ARGS]{...}
         rules = [
-            f"fn{i}: {_quote(f['name'] + '[ARGS]')} args{i}\nargs{i}: {_json(f['parameters'])}"
+            f"fn{i}: {_quote(f['name'])} {_marker(fmt, '[ARGS]')} args{i}\nargs{i}: {_json(f['parameters'])}"
             for i, f in enumerate(functions)
         ]
         names = " | ".join(f"fn{i}" for i in range(len(functions)))
@@ -171,3 +181,93 @@ def _xml_value(schema: dict[str, Any]) -> str:
         # its edges (the parser strips one).
         return f"/[^<\\n]{bound}/"
     return _json(schema)
+
+
+def _glm47(fmt: ToolFormat, functions: list[dict[str, Any]]) -> str:
+    # <tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>...</tool_call>,
+    # values raw for strings and JSON otherwise, as glm47's parser reads them.
+    key_open, key_close = _marker(fmt, "<arg_key>"), _marker(fmt, "</arg_key>")
+    value_open, value_close = _marker(fmt, "<arg_value>"), _marker(fmt, "</arg_value>")
+    rules: list[str] = []
+    alternatives = []
+    for i, function in enumerate(functions):
+        parts = []
+        for j, (param, sub, required) in enumerate(_parameters(function)):
+            rule = f"p{i}_{j}"
+            rules.append(
+                f'{rule}: "\\n" {key_open} {_quote(param)} {key_close} "\\n" {value_open} {rule}_v {value_close}'
+            )
+            rules.append(f"{rule}_v: {_xml_value(sub)}")
+            parts.append(rule if required else f"{rule}?")
+        rules.append(f"fn{i}: {_quote(function['name'])} {' '.join(parts)}")
+        alternatives.append(f"fn{i}")
+    start, end = _marker(fmt, fmt.start), _marker(fmt, fmt.end)
+    return f"call: {start} ({' | '.join(alternatives)}) {end}\n" + "\n".join(rules)
+
+
+def _pythonic(fmt: ToolFormat, functions: list[dict[str, Any]]) -> str:
+    # <|tool_call_start|>[name(key=value, ...)]<|tool_call_end|>; a JSON value
+    # is a Python literal to the parser (which reads true/false/null too).
+    calls, rules = _argument_lists(functions, "{}(", lambda param, sub: f"{_quote(param + '=')} {_json(sub)}", ", ", ")")
+    return f'call: {_marker(fmt, fmt.start)} "[" {calls} "]" {_marker(fmt, fmt.end)}\n{rules}'
+
+
+def _gemma4(fmt: ToolFormat, functions: list[dict[str, Any]]) -> str:
+    # <|tool_call>call:name{key:value,...}<tool_call|>: bare keys, strings
+    # between <|"|> tokens, other values JSON (the parser turns it into JSON).
+    quote = _marker(fmt, '<|"|>')
+
+    def argument(param: str, sub: dict[str, Any]) -> str:
+        value = f"{quote} ({_xml_value(sub)}) {quote}" if _is_string(sub) else _json(sub)
+        return f"{_quote(param + ':')} {value}"
+
+    calls, rules = _argument_lists(functions, "call:{}{{", argument, ",", "}")
+    return f"call: {_marker(fmt, fmt.start)} {calls} {_marker(fmt, fmt.end)}\n{rules}"
+
+
+def _argument_lists(
+    functions: list[dict[str, Any]], opening: str, argument: Any, sep: str, closing: str
+) -> tuple[str, str]:
+    """``(fn0 | fn1 ...)`` and the rules of each: ``opening`` (formatted with
+    the function's name), its arguments ``sep``-separated, ``closing``."""
+    rules: list[str] = []
+    for i, function in enumerate(functions):
+        items = []
+        for j, (param, sub, required) in enumerate(_parameters(function)):
+            rules.append(f"p{i}_{j}: {argument(param, sub)}")
+            items.append((f"p{i}_{j}", required))
+        arguments = _comma_list(items, _quote(sep))
+        rules.append(f"fn{i}: {_quote(opening.format(function['name']))} {arguments} {_quote(closing)}")
+    return f"({' | '.join(f'fn{i}' for i in range(len(functions)))})", "\n".join(rules)
+
+
+def _parameters(function: dict[str, Any]) -> list[tuple[str, dict[str, Any], bool]]:
+    """(name, schema, required) of a function's parameters, in schema order."""
+    schema = function["parameters"]
+    required = set(schema.get("required") or ())
+    properties = schema.get("properties") or {}
+    return [(name, sub if isinstance(sub, dict) else {}, name in required) for name, sub in properties.items()]
+
+
+def _is_string(schema: dict[str, Any]) -> bool:
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum:
+        return all(isinstance(v, str) for v in enum)
+    return schema.get("type") == "string"
+
+
+def _comma_list(items: list[tuple[str, bool]], sep: str, first: bool = True) -> str:
+    """The grammar of ``items`` in order, ``sep`` between those present, the
+    optional ones (required False) left out or not."""
+    if not items:
+        return ""
+    (rule, required), rest = items[0], items[1:]
+    head = rule if first else f"{sep} {rule}"
+    after = _comma_list(rest, sep, first=False)
+    with_it = f"{head} {after}".strip()
+    if required:
+        return with_it
+    if not first:
+        return f"({head})? {after}".strip()
+    without = _comma_list(rest, sep, first=True)
+    return f"({with_it} | {without})" if without else f"({with_it})?"

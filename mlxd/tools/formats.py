@@ -99,7 +99,16 @@ def resolve(tokenizer: Any, override: str | None = None) -> ToolFormat | None:
         fmt = format_named(LLAMA3_JSON, template)
     else:
         return None
-    return dataclasses.replace(fmt, marker_tokens=_marker_tokens(tokenizer, (fmt.start, fmt.end)))
+    markers = (fmt.start, fmt.end, *_INNER_MARKERS.get(fmt.name, ()))
+    return dataclasses.replace(fmt, marker_tokens=_marker_tokens(tokenizer, markers))
+
+
+# Markup inside a call that the families' tokenizers hold as added tokens.
+_INNER_MARKERS = {
+    "glm47": ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"),
+    "gemma4": ('<|"|>',),
+    "mistral": ("[ARGS]",),
+}
 
 
 def _marker_tokens(tokenizer: Any, markers: tuple[str, ...]) -> tuple[tuple[str, int], ...]:

@@ -174,5 +174,5 @@ def test_forcing_a_tool_that_is_not_there_is_a_bad_request(hermes):
 
 
 def test_forcing_a_format_without_a_grammar_is_a_bad_request():
-    with pytest.raises(BadRequest, match="pythonic"):
-        forced_call(formats.format_named("pythonic"), TOOLS)
+    with pytest.raises(BadRequest, match="minimax_m2"):
+        forced_call(formats.format_named("minimax_m2"), TOOLS)

@@ -17,13 +17,18 @@ from pathlib import Path
 
 import pytest
 from support.daemon import Daemon, daemon_process
-from zoo.zoo_support import FAMILIES, TEXT_FAMILIES, registry_entries, zoo_model
+from zoo.zoo_support import FAMILIES, TEXT_FAMILIES, References, registry_entries, zoo_model
 
 
 @pytest.fixture(scope="session")
 def zoo_paths() -> dict[str, Path]:
     """Every family's folder, built once (seconds the first time, then cached)."""
     return {name: zoo_model(name) for name in FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def reference(zoo_paths: dict[str, Path]) -> References:
+    return References(zoo_paths)
 
 
 @pytest.fixture(scope="session")

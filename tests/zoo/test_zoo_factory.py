@@ -15,13 +15,11 @@ pytestmark = pytest.mark.mlx
 
 
 @pytest.mark.parametrize("name", TEXT_FAMILIES)
-def test_mlx_lm_loads_the_family_with_its_template_parser_markers_and_caches(name):
-    import mlx_lm
+def test_mlx_lm_loads_the_family_with_its_template_parser_markers_and_caches(name, reference):
     from mlx_lm.models.cache import make_prompt_cache
 
     row = family(name)
-    path = zoo_model(name)
-    model, tokenizer = mlx_lm.load(str(path))
+    model, tokenizer = reference.loaded(name)
     assert type(model).__module__ == f"mlx_lm.models.{row.arch}"
     assert tokenizer.chat_template == template_text(row)
     parser = tokenizer.tool_parser.__module__.rsplit(".", 1)[-1] if tokenizer.tool_parser else None
@@ -32,18 +30,15 @@ def test_mlx_lm_loads_the_family_with_its_template_parser_markers_and_caches(nam
     # Every special token is one id, so the template's markers reach the model whole.
     for token in (*row.control, *row.markup):
         assert len(tokenizer.encode(token, add_special_tokens=False)) == 1, token
-    prompt = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True)
-    text = mlx_lm.generate(model, tokenizer, prompt, max_tokens=24)
+    text = reference.text(name, CHAT)
     # Varied text, not an echo of one token: the stop-string and streaming paths rely on it.
     assert len(set(text)) > 4, text
 
 
 @pytest.mark.parametrize("name", TEXT_FAMILIES)
-def test_mlxd_picks_the_tool_format_mlx_lm_picks(name):
-    import mlx_lm
-
+def test_mlxd_picks_the_tool_format_mlx_lm_picks(name, reference):
     path = zoo_model(name)
-    _, tokenizer = mlx_lm.load(str(path))
+    _, tokenizer = reference.loaded(name)
     fmt = formats.resolve(tokenizer)
     assert (fmt.name if fmt else None) == family(name).tool_parser
     # `mlxd check` reads the same from the folder without loading it.
@@ -68,20 +63,16 @@ def test_an_unknown_family_names_the_known_ones():
 
 
 @pytest.mark.parametrize("name", VISION_FAMILIES)
-def test_mlx_vlm_loads_the_vision_family_and_the_image_moves_the_answer(name):
-    from mlx_vlm import apply_chat_template, load, stream_generate
+def test_mlx_vlm_loads_the_vision_family_and_the_image_moves_the_answer(name, reference):
     from mlx_vlm.models.cache import make_prompt_cache
-    from vision.vision_support import noise_image, solid_image
+    from vision.vision_support import PROMPT, noise_image, solid_image
 
     row = family(name)
-    model, processor = load(str(zoo_model(name)))
+    model, processor = reference.loaded(name)
     assert type(model).__module__ == f"mlx_vlm.models.{row.arch}.{row.arch}"
     assert processor.tokenizer.chat_template == template_text(row)
     assert sorted({type(c).__name__ for c in make_prompt_cache(model.language_model)}) == sorted(row.caches)
-    prompt = apply_chat_template(processor, model.config, "Describe the picture", num_images=1)
-    answers = [
-        "".join(r.text for r in stream_generate(model, processor, prompt, image=[image], max_tokens=12, temperature=0.0))
-        for image in (noise_image(), solid_image())
-    ]
+    chat = [{"role": "user", "content": [{"type": "text", "text": PROMPT}, {"type": "image"}]}]
+    answers = [reference.vision(name, chat, [image]) for image in (noise_image(), solid_image())]
     assert answers[0] != answers[1]
     assert all(len(set(a)) > 4 for a in answers), answers

@@ -17,11 +17,18 @@ import httpx
 import jsonschema
 import pytest
 from agents.agents_support import WEATHER
-from zoo.zoo_support import CHAT, answer_text, batch_name, chat, family, mlx_lm_greedy
+from zoo.zoo_support import CHAT, answer_text, batch_name, chat, family
 
 pytestmark = pytest.mark.mlx
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The forecast", "parameters": WEATHER}}]
+# A free string and an optional flag: the forms a call grammar writes besides enums and integers.
+NOTE = {
+    "type": "object",
+    "properties": {"text": {"type": "string", "maxLength": 12}, "urgent": {"type": "boolean"}},
+    "required": ["text"],
+}
+NOTE_TOOL = {"type": "function", "function": {"name": "note", "description": "Take a note", "parameters": NOTE}}
 ASK = [{"role": "user", "content": "What is the weather in Paris for the next two days?"}]
 # A turn after a call: the template renders the call and its result its own way.
 CALLED = [
@@ -80,19 +87,19 @@ def refused(response: httpx.Response, param: str) -> str:
     return error["message"]
 
 
-def test_single_greedy_answer_is_mlx_lm_s(zoo_daemon, zoo_paths, text_family):
+def test_single_greedy_answer_is_mlx_lm_s(zoo_daemon, reference, text_family):
     choice = ok(chat(zoo_daemon, text_family, CHAT))
-    assert answer_text(choice["message"]) == mlx_lm_greedy(zoo_paths[text_family], CHAT, 24)
+    assert answer_text(choice["message"]) == reference.text(text_family, CHAT, 24)
 
 
-def test_batched_answers_are_each_mlx_lm_s(zoo_daemon, zoo_paths, text_family):
+def test_batched_answers_are_each_mlx_lm_s(zoo_daemon, reference, text_family):
     with ThreadPoolExecutor(len(QUESTIONS)) as pool:
         replies = list(pool.map(lambda m: chat(zoo_daemon, batch_name(text_family), m), QUESTIONS))
     for messages, reply in zip(QUESTIONS, replies, strict=True):
-        assert answer_text(ok(reply)["message"]) == mlx_lm_greedy(zoo_paths[text_family], messages, 24)
+        assert answer_text(ok(reply)["message"]) == reference.text(text_family, messages, 24)
 
 
-def test_streamed_deltas_join_to_mlx_lm_s_answer(zoo_daemon, zoo_paths, text_family):
+def test_streamed_deltas_join_to_mlx_lm_s_answer(zoo_daemon, reference, text_family):
     body = {"model": text_family, "messages": CHAT, "temperature": 0, "max_tokens": 24, "stream": True}
     pieces, finish = [], None
     with httpx.stream("POST", f"{zoo_daemon.url}/v1/chat/completions", json=body, timeout=120) as response:
@@ -103,43 +110,47 @@ def test_streamed_deltas_join_to_mlx_lm_s_answer(zoo_daemon, zoo_paths, text_fam
             for choice in json.loads(line[6:]).get("choices", []):
                 pieces.append(answer_text(choice.get("delta", {})))
                 finish = choice.get("finish_reason") or finish
-    assert "".join(pieces) == mlx_lm_greedy(zoo_paths[text_family], CHAT, 24)
+    assert "".join(pieces) == reference.text(text_family, CHAT, 24)
     assert finish in ("length", "stop")
 
 
-def test_a_stop_string_cuts_the_answer_where_mlx_lm_s_text_has_it(zoo_daemon, zoo_paths, text_family):
-    expected = mlx_lm_greedy(zoo_paths[text_family], CHAT, 24)
+def test_a_stop_string_cuts_the_answer_where_mlx_lm_s_text_has_it(zoo_daemon, reference, text_family):
+    expected = reference.text(text_family, CHAT, 24)
     stop = middle_word(expected)
     choice = ok(chat(zoo_daemon, text_family, CHAT, stop=[stop]))
     assert answer_text(choice["message"]) == expected[: expected.index(stop)]
     assert choice["finish_reason"] == "stop"
 
 
-def test_tools_render_through_the_family_template_or_are_refused(zoo_daemon, zoo_paths, text_family):
+def test_tools_render_through_the_family_template_or_are_refused(zoo_daemon, reference, text_family):
     row = family(text_family)
     reply = chat(zoo_daemon, text_family, ASK, tools=TOOLS)
     if "tools" in row.unsupported:
         assert "tool_parser" in refused(reply, "tools")
         return
     choice = ok(reply)
-    assert answer_text(choice["message"]) == mlx_lm_greedy(zoo_paths[text_family], ASK, 24, tools=TOOLS)
+    assert answer_text(choice["message"]) == reference.text(text_family, ASK, 24, tools=TOOLS)
     # The turn after a call: the call and its result rendered as the family's template does.
     after = ok(chat(zoo_daemon, text_family, CALLED, tools=TOOLS))
-    assert answer_text(after["message"]) == mlx_lm_greedy(zoo_paths[text_family], CALLED_FOR_TEMPLATE, 24, tools=TOOLS)
+    assert answer_text(after["message"]) == reference.text(text_family, CALLED_FOR_TEMPLATE, 24, tools=TOOLS)
 
 
 def test_a_forced_call_is_parsed_by_the_family_parser_and_valid(zoo_daemon, text_family):
     row = family(text_family)
-    reply = chat(zoo_daemon, text_family, ASK, tools=TOOLS, tool_choice="required", max_tokens=80)
+    tools = [*TOOLS, NOTE_TOOL]
+    schemas = {"get_weather": WEATHER, "note": NOTE}
+    reply = chat(zoo_daemon, text_family, ASK, tools=tools, tool_choice="required", max_tokens=80)
     if "forced_tool" in row.unsupported:
         param = "tools" if "tools" in row.unsupported else "tool_choice"
         refused(reply, param)
         return
-    choice = ok(reply)
-    [call] = choice["message"]["tool_calls"]
-    assert call["function"]["name"] == "get_weather"
-    jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER)
-    assert choice["finish_reason"] == "tool_calls"
+    named = chat(zoo_daemon, text_family, ASK, tools=tools, tool_choice={"type": "function", "function": {"name": "note"}},
+                 max_tokens=80)
+    for choice, allowed in ((ok(reply), set(schemas)), (ok(named), {"note"})):
+        [call] = choice["message"]["tool_calls"]
+        assert call["function"]["name"] in allowed
+        jsonschema.validate(json.loads(call["function"]["arguments"]), schemas[call["function"]["name"]])
+        assert choice["finish_reason"] == "tool_calls"
 
 
 def test_json_schema_answer_validates(zoo_daemon, text_family):

@@ -29,13 +29,59 @@ def zoo_model(name: str) -> Path:
     return build_family(name)
 
 
-def mlx_lm_greedy(path: Path, messages: list[dict[str, Any]], max_tokens: int, **template_kwargs: Any) -> str:
-    """What plain mlx-lm answers greedily: its own load, template and generate."""
-    import mlx_lm
+class References:
+    """What plain mlx-lm / mlx-vlm answer greedily, each model loaded once and
+    each answer computed once per session (several paths share one)."""
 
-    model, tokenizer = mlx_lm.load(str(path))
-    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **template_kwargs)
-    return mlx_lm.generate(model, tokenizer, prompt, max_tokens=max_tokens)
+    def __init__(self, paths: dict[str, Path]) -> None:
+        self._paths = paths
+        self._loaded: dict[str, Any] = {}
+        self._answers: dict[str, str] = {}
+
+    def text(self, name: str, messages: list[dict[str, Any]], max_tokens: int = 24, **template_kwargs: Any) -> str:
+        """mlx-lm's own load, template and generate."""
+        import mlx_lm
+
+        def answer() -> str:
+            model, tokenizer = self.loaded(name)
+            prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **template_kwargs)
+            return mlx_lm.generate(model, tokenizer, prompt, max_tokens=max_tokens)
+
+        return self._once(("text", name, messages, max_tokens, template_kwargs), answer)
+
+    def vision(self, name: str, messages: list[dict[str, Any]], images: list[Any], max_tokens: int = 16) -> str:
+        """mlx-vlm's own load, template and stream_generate for messages with ``images``."""
+        from mlx_vlm import apply_chat_template, load, stream_generate
+
+        def answer() -> str:
+            model, processor = self.loaded(name)
+            prompt = apply_chat_template(processor, model.config, messages, num_images=len(images))
+            chunks = stream_generate(model, processor, prompt, image=images, max_tokens=max_tokens, temperature=0.0)
+            return "".join(r.text for r in chunks)
+
+        import hashlib
+
+        pixels = [hashlib.sha256(image.tobytes()).hexdigest() + str(image.size) for image in images]
+        key = ("vision", name, messages, pixels, max_tokens)
+        return self._once(key, answer)
+
+    def loaded(self, name: str) -> Any:
+        """(model, tokenizer) from mlx_lm.load, or (model, processor) from mlx_vlm.load."""
+        if name not in self._loaded:
+            if FAMILIES[name].vision:
+                from mlx_vlm import load
+            else:
+                from mlx_lm import load
+            self._loaded[name] = load(str(self._paths[name]))
+        return self._loaded[name]
+
+    def _once(self, key: Any, answer: Any) -> str:
+        import json
+
+        text_key = json.dumps(key, sort_keys=True, default=str)
+        if text_key not in self._answers:
+            self._answers[text_key] = answer()
+        return self._answers[text_key]
 
 
 def batch_name(name: str) -> str:
