@@ -41,7 +41,6 @@ from bench.common import ROOT, daemon, environment, free_port, reexec_with_openb
 from bench.servers import VLLM_MLX, process_server  # noqa: E402
 
 SERVERS = ("mlxd", "mlx_lm.server", "vllm-mlx")
-ISSUE_FAMILIES = ("qwen3", "gemma3_text", "qwen3_next", "gpt_oss")
 
 
 def chat_tools() -> list[dict[str, Any]]:
