@@ -18,6 +18,9 @@ the issue describes. Assistant turns are what the model really answers
     python bench/agent_turns.py             # tiny factory model
     python bench/agent_turns.py --size small
 
+Per model family (every cache type) against mlx_lm.server and vllm-mlx in
+one run: bench/agent_families.py.
+
 "without" runs the same turns with the normalisation switched off in this
 process (the daemon runs in a thread here so it can be). Prints a table and
 writes bench/results/agent_turns.json. Timing only: nothing passes or fails.

@@ -115,11 +115,12 @@ def daemon(
     log_to: Path | None = None,
     backends: dict[str, Any] | None = None,
     cpus: set[int] | None = None,
+    cwd: Path | None = None,
 ) -> Iterator[str]:
     """A `mlxd serve` process (which preloads OpenBLAS itself) on a temporary
     registry. Yields its base URL. ``env`` adds variables; ``log_to`` keeps a
     copy of its log; ``cpus`` pins it (every thread it will have) to those
-    cores."""
+    cores; ``cwd`` is where it runs (``-m mlxd`` imports mlxd from there first)."""
     with tempfile.TemporaryDirectory(prefix="mlxd-bench-") as tmp:
         registry = Path(tmp) / "models.yaml"
         doc = {
@@ -128,13 +129,13 @@ def daemon(
             "models": models,
         }
         registry.write_text(yaml.safe_dump(doc, sort_keys=False))
-        with serving(registry, Path(tmp), env=env, log_to=log_to, cpus=cpus) as url:
+        with serving(registry, Path(tmp), env=env, log_to=log_to, cpus=cpus, cwd=cwd) as url:
             yield url
 
 
 @contextlib.contextmanager
 def serving(registry: Path, tmp: Path, env: dict[str, str] | None = None,
-            log_to: Path | None = None, cpus: set[int] | None = None) -> Iterator[str]:
+            log_to: Path | None = None, cpus: set[int] | None = None, cwd: Path | None = None) -> Iterator[str]:
     """`mlxd serve --config registry`, its state and log in ``tmp``, until
     the block ends. Yields its base URL once /health answers."""
     port = free_port()
@@ -143,7 +144,7 @@ def serving(registry: Path, tmp: Path, env: dict[str, str] | None = None,
     log = open(log_path, "w")
     process = subprocess.Popen(
         [sys.executable, "-m", "mlxd", "serve", "--config", str(registry), "--port", str(port), "--no-watch"],
-        stdout=log, stderr=subprocess.STDOUT, env=env,
+        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
         # Set before exec, so the BLAS and MLX threads it starts inherit it.
         preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
     )

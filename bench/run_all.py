@@ -22,6 +22,7 @@ QUICK = [
     ["residency.py", "--size", "small"],
     ["concurrency.py", "--size", "small"],
     ["prefix_cache.py", "--size", "small"],
+    ["agent_families.py", "--families", "qwen3", "gemma3_text", "qwen3_next", "gpt_oss"],
     ["status_latency.py"],
     ["constrained.py", "--size", "tiny"],
     ["constrained.py", "--size", "small"],

@@ -49,6 +49,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlxd.engine.checkpoints import checkpoint, plan
 from mlxd.engine.logprobs import token_logprob
 from mlxd.engine.lifecycle import FirstGenerationPeak, GenerationControl, GenerationCounts
 from mlxd.engine.prefix_cache import PrefixCache
@@ -94,6 +95,7 @@ class _Sequence:
     cache: list[Any] | None = None  # its own KV cache, until it joins the batch
     done: int = 0  # prompt tokens in ``cache``
     reused: int = 0  # of which came from the prefix cache
+    marks: collections.deque[Any] = field(default_factory=collections.deque)  # checkpoints still to take
     uid: int | None = None  # its id in the BatchGenerator once it joined
     detokenizer: Any = None
     # Log-probabilities of the tokens since the last chunk (request.logprobs).
@@ -272,6 +274,8 @@ class BatchScheduler:
         seq.prompt = mx.array(prepared.tokens)
         seq.cache = cache if cache is not None else make_prompt_cache(model)
         seq.done = seq.reused = reused
+        if prefix is not None:
+            seq.marks = collections.deque(plan(prepared.boundaries, len(prepared.tokens), 1, reused))
         seq.detokenizer = tokenizer.detokenizer
         self._prefilling.append(seq)
 
@@ -312,13 +316,17 @@ class BatchScheduler:
             if left > 0:
                 if budget <= 0:
                     break
-                take = min(left, budget)
+                take = min(left, budget, seq.marks[0].position - seq.done if seq.marks else left)
                 with mx.stream(generation_stream):
                     model(seq.prompt[seq.done : seq.done + take][None], cache=seq.cache)
                     mx.eval([c.state for c in seq.cache])
                 seq.done += take
                 budget -= take
                 left -= take
+                if seq.marks and seq.marks[0].position == seq.done:
+                    assert seq.prepared is not None
+                    checkpoint(self._prefix, seq.prepared.tokens[: seq.done], seq.cache,
+                               seq.marks.popleft().kind, self._name)
             if left == 0:
                 ready.append(self._prefilling.popleft())
         if ready:

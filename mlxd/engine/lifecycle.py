@@ -48,6 +48,9 @@ class GenerationControl:
     # The chat prompt ended inside a reasoning block its template opened:
     # said on the request's first chunk (GenerationChunk.opens_reasoning).
     opens_reasoning: bool = False
+    # Where a model whose cache cannot be trimmed checkpoints this prompt
+    # (``engine/checkpoints.py``), computed with ``prompt_ids``.
+    prompt_boundaries: list[Any] | None = None
 
 
 @dataclass

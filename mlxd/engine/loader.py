@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import Any
 
 from mlxd.engine import memory
 from mlxd.engine.batch import supports_batching
@@ -17,7 +18,8 @@ from mlxd.engine.cache_store.folder import CacheStore
 from mlxd.engine.cache_store.persistence import PrefixCachePersistence
 from mlxd.engine.fingerprint import model_fingerprint
 from mlxd.engine.lifecycle import load_on_worker, measured_load
-from mlxd.engine.prefix_cache import KvLayout, model_kv_layout
+from mlxd.engine.cache_entry import CacheLayout, model_cache_layout
+from mlxd.engine.cache_layers import may_outgrow_trimming
 from mlxd.engine.text import TextEngine
 from mlxd.engine.text_model import LoadedText
 from mlxd.engine.warmup import CONTEXT_MARGIN, forget_warmup, plan_warmup, warm_up
@@ -83,10 +85,10 @@ def _prefill_rate(engine: TextEngine) -> float | None:
     return engine.warmup.prefill_tokens_per_s if engine.warmup is not None else None
 
 
-def _kv_layout(engine: TextEngine) -> KvLayout:
+def _kv_layout(engine: TextEngine) -> CacheLayout:
     """Worker thread: what a restored entry must look like for this model."""
     model, _ = engine.model.get()
-    return model_kv_layout(model, engine.spec.kv_bits)
+    return model_cache_layout(model, engine.spec.kv_bits)
 
 
 def _persists(spec: ModelSpec) -> bool:
@@ -115,7 +117,17 @@ def load_text_model(spec: ModelSpec) -> LoadedText:
     return LoadedText(
         model, tokenizer, load_bytes=done.load_bytes, load_seconds=done.load_seconds,
         batchable=supports_batching(model),
+        checkpoints=_needs_checkpoints(model),
     )
+
+
+def _needs_checkpoints(model: Any) -> bool:
+    from mlx_lm.models.cache import make_prompt_cache
+
+    try:
+        return may_outgrow_trimming(make_prompt_cache(model))
+    except Exception:  # noqa: BLE001 - an exotic model: no checkpoints, the cache still works
+        return False
 
 
 def _unload(loaded: LoadedText) -> None:

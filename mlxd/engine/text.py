@@ -30,12 +30,14 @@ those, not the engine.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from mlxd.engine import memory
 from mlxd.engine.batch import BatchScheduler
+from mlxd.engine.checkpoints import checkpoint, plan
 from mlxd.engine.lifecycle import EngineBase, GenerationControl, relay
 from mlxd.engine.logprobs import token_logprob
 from mlxd.engine.prefix_cache import PrefixCache
@@ -69,7 +71,8 @@ class TextEngine(EngineBase):
     ) -> None:
         super().__init__(spec, worker, load_bytes=loaded.load_bytes, load_seconds=loaded.load_seconds)
         self.model = TextModel(
-            spec.name, loaded.model, loaded.tokenizer, spec.max_context, spec.tool_parser, spec.reasoning_parser
+            spec.name, loaded.model, loaded.tokenizer, spec.max_context, spec.tool_parser, spec.reasoning_parser,
+            checkpoints=loaded.checkpoints and spec.prefix_cache.max_bytes > 0,
         )
         # The model's grammar compiler and tool-call format, for the request path.
         self.grammars = self.model.grammars
@@ -108,7 +111,7 @@ class TextEngine(EngineBase):
     async def _before_worker(self, request: GenerationRequest, control: GenerationControl) -> None:
         # Tokenizing needs no MLX: a long prompt tokenized on the worker would
         # stall every other model's decoding for as long as it takes.
-        control.prompt_ids = await self.model.tokenize(request)
+        control.prompt_ids, control.prompt_boundaries = await self.model.tokenize(request)
         control.opens_reasoning = self.model.opens_reasoning(request, control.prompt_ids)
 
     def _busy(self) -> bool:
@@ -135,6 +138,8 @@ class TextEngine(EngineBase):
         return {
             "memory_entries": entries,
             "memory_bytes": nbytes,
+            "checkpoint_entries": cache.checkpoint_entries if cache else 0,
+            "checkpoint_bytes": cache.checkpoint_bytes if cache else 0,
             "max_bytes": cache.max_bytes if cache else 0,
             "disk_entries": saved.disk_entries if saved else None,
             "disk_bytes": saved.disk_bytes if saved else None,
@@ -212,15 +217,20 @@ class TextEngine(EngineBase):
         prompt = mx.array(prepared.tokens)
         done = reused
         step = self._prefill_chunk
-        while n_prompt - done > step + PENALTY_CONTEXT:
+        # Checkpoints of a cache that cannot be trimmed (engine/checkpoints.py).
+        marks = collections.deque(plan(prepared.boundaries, n_prompt, prepared.keep, reused) if prefix else ())
+        while marks or n_prompt - done > step + PENALTY_CONTEXT:
             if control.abort_reason is not None:
                 yield chunk("", "abort")
                 return
+            upto = min(done + step, marks[0].position) if marks else done + step
             with mx.stream(generation_stream):
-                model(prompt[done : done + step][None], cache=cache)
+                model(prompt[done:upto][None], cache=cache)
                 maybe_quantize_kv_cache(cache, 0, _KV_GROUP_SIZE, kv_bits)
                 mx.eval([c.state for c in cache])
-            done += step
+            done = upto
+            if marks and marks[0].position == done:
+                checkpoint(prefix, prepared.tokens[:done], cache, marks.popleft().kind, self.name)
             yield SKIP
 
         responses = stream_generate(

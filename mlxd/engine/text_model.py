@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mlxd.engine import sampling
+from mlxd.engine.checkpoints import Boundary, boundaries
 from mlxd.engine.lifecycle import GenerationControl
 from mlxd.engine.prompt import prompt_tokens
 from mlxd.engine.reasoning_budget import ReasoningPhase, reasoning_phase
@@ -42,6 +43,8 @@ class LoadedText:
     load_seconds: float
     # Whether mlx-lm's BatchGenerator can batch this model's KV cache layers.
     batchable: bool = False
+    # Whether its cache can become untrimmable (sliding windows, SSM state).
+    checkpoints: bool = False
 
 
 @dataclass
@@ -60,6 +63,9 @@ class Prepared:
 
     def reasoning_tokens(self, completion_tokens: int) -> int | None:
         return self.reasoning.reasoning_tokens(completion_tokens) if self.reasoning is not None else None
+    # Where to checkpoint the cache while prefilling (models whose cache
+    # cannot always be trimmed; empty for the others).
+    boundaries: list[Boundary] = field(default_factory=list)
 
 
 class TextModel:
@@ -68,8 +74,12 @@ class TextModel:
     def __init__(
         self, name: str, model: Any, tokenizer: Any, max_context: int, tool_parser: str | None = None,
         reasoning_parser: str | None = None,
+        *, checkpoints: bool = False,
     ) -> None:
         self.name = name
+        # Whether this model's cache can become untrimmable, so that its
+        # prompts are checkpointed at their message boundaries.
+        self.checkpoints = checkpoints
         self._model = model
         self._tokenizer = tokenizer
         self.max_context = max_context
@@ -106,16 +116,29 @@ class TextModel:
         _, tokenizer = self.get()
         return prompt_tokens(tokenizer, request)
 
-    async def tokenize(self, request: GenerationRequest) -> list[int]:
-        """``prompt_tokens`` on this model's tokenizing thread, checked
-        against the context length. Raises ``ModelUnloaded`` once dropped."""
+    def prompt_boundaries(self, request: GenerationRequest, tokens: list[int]) -> list[Boundary]:
+        """Where to checkpoint ``tokens`` (none unless this model needs it).
+        Any thread: the tokenizer only."""
+        if not self.checkpoints:
+            return []
+        _, tokenizer = self.get()
+        return boundaries(tokenizer, request, tokens)
+
+    def _tokens_and_boundaries(self, request: GenerationRequest) -> tuple[list[int], list[Boundary]]:
+        tokens = self.prompt_tokens(request)
+        return tokens, self.prompt_boundaries(request, tokens)
+
+    async def tokenize(self, request: GenerationRequest) -> tuple[list[int], list[Boundary]]:
+        """``prompt_tokens`` (and their checkpoint boundaries) on this
+        model's tokenizing thread, checked against the context length.
+        Raises ``ModelUnloaded`` once dropped."""
         try:
-            future = self._tokenize_thread.submit(self.prompt_tokens, request)
+            future = self._tokenize_thread.submit(self._tokens_and_boundaries, request)
         except RuntimeError:  # shut down by drop()
             raise ModelUnloaded(self.name) from None
-        tokens = await asyncio.wrap_future(future)
+        tokens, marks = await asyncio.wrap_future(future)
         self.check_context(len(tokens), request)
-        return tokens
+        return tokens, marks
 
     def opens_reasoning(self, request: GenerationRequest, tokens: list[int]) -> bool:
         """Whether this chat prompt ends inside a reasoning block its template opened."""
@@ -141,7 +164,12 @@ class TextModel:
         _, tokenizer = self.get()
         if request.max_tokens < 1:
             raise BadRequest("max_tokens must be at least 1.", param="max_tokens")
-        tokens = control.prompt_ids if control.prompt_ids is not None else prompt_tokens(tokenizer, request)
+        if control.prompt_ids is not None:
+            tokens = control.prompt_ids
+            marks = control.prompt_boundaries or []
+        else:
+            tokens = prompt_tokens(tokenizer, request)
+            marks = self.prompt_boundaries(request, tokens)
         n_prompt = len(tokens)
         self.check_context(n_prompt, request)
         limit = self.max_context
@@ -162,6 +190,7 @@ class TextModel:
             keep=PENALTY_CONTEXT if penalties else 1,
             logprobs=request.logprobs,
             reasoning=phase,
+            boundaries=marks,
         )
 
     def _processors(

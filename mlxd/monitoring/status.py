@@ -35,6 +35,8 @@ EVENTS_LIMIT = 100
 PREFIX_CACHE_FIELDS = (
     "memory_entries",
     "memory_bytes",
+    "checkpoint_entries",
+    "checkpoint_bytes",
     "disk_entries",
     "disk_bytes",
     "hits",

@@ -44,7 +44,7 @@ def make_cache(index: int) -> list:
 
 def main(root: Path, fingerprint: str, first: int) -> None:
     from mlxd.engine.cache_store.folder import CacheStore, entry_name
-    from mlxd.engine.prefix_cache import encode_entry
+    from mlxd.engine.cache_entry import encode_entry
 
     store = CacheStore(root, fingerprint, DISK_MAX_BYTES)
     index = first

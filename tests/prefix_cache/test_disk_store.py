@@ -125,7 +125,7 @@ def test_an_entry_whose_kv_length_disagrees_with_its_tokens_is_dropped(worker, q
     import hashlib
 
     from mlxd.engine.cache_store.folder import entry_name
-    from mlxd.engine.prefix_cache import encode_tokens
+    from mlxd.engine.cache_entry import encode_tokens
 
     spec = spec_for(qwen_tiny)
     run(populate(worker, spec, tmp_path, sessions(1)))

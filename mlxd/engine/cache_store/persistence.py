@@ -19,15 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxd.engine.cache_store.folder import CacheStore, Manifest, StoredEntry, entry_name
-from mlxd.engine.prefix_cache import (
-    EntryError,
-    KvLayout,
-    PrefixCache,
-    Snapshot,
-    decode_entry,
-    encode_entry,
-    persistable,
-)
+from mlxd.engine import cache_layers
+from mlxd.engine.cache_entry import CacheLayout, EntryError, decode_entry, encode_entry
+from mlxd.engine.prefix_cache import PrefixCache, Snapshot
 from mlxd.engine.restore_policy import RateMeter, Rates, decide
 from mlxd.engine.worker import MlxWorker
 from mlxd.errors import describe_exception
@@ -58,7 +52,7 @@ class PrefixCachePersistence:
         store: CacheStore,
         worker: MlxWorker,
         cache: PrefixCache,
-        layout: Callable[[], KvLayout] | None = None,
+        layout: Callable[[], CacheLayout] | None = None,
         prefill_rate: Callable[[], float | None] | None = None,
     ) -> None:
         self.store = store
@@ -99,7 +93,7 @@ class PrefixCachePersistence:
         manifest = await asyncio.to_thread(store.read_manifest)
         self._seen(manifest)
         self.stats.last_save_seconds = manifest.save_seconds
-        loaded: list[tuple[list[int], list[Any]]] = []
+        loaded: list[tuple[list[int], list[Any], str]] = []
         bad: set[str] = set()
         budget = self.cache.max_bytes
         layout = await self.worker.call(self._layout) if self._layout and manifest.entries else None
@@ -119,16 +113,14 @@ class PrefixCachePersistence:
                 bad.add(entry.file)
                 continue
             try:
-                tokens, cache = await self.worker.call(
-                    decode_entry, payload, store.fingerprint, entry.tokens, layout
-                )
+                decoded = await self.worker.call(decode_entry, payload, store.fingerprint, entry.tokens, layout)
             except EntryError as exc:
                 log.warning("prefix cache %s: entry %s: %s; deleting it", store.fingerprint, entry.file, exc)
                 bad.add(entry.file)
                 continue
             del payload
             meter.record(entry.bytes, time.perf_counter() - started)
-            loaded.append((tokens, cache))
+            loaded.append((decoded.tokens, decoded.cache, decoded.kind))
             budget -= entry.bytes
         self.stats.recompute_entries = left
         if left:
@@ -162,7 +154,8 @@ class PrefixCachePersistence:
         snapshot: list[Snapshot] = await self.worker.call(_persistable_snapshot, self.cache)
         on_disk = {e.file: e for e in (await asyncio.to_thread(store.read_manifest)).entries}
         saved: list[StoredEntry] = []
-        saved_tokens: list[tuple[int, ...]] = []
+        # Tokens of saved entries that can be trimmed: they cover their prefixes.
+        covering: list[tuple[int, ...]] = []
         total = 0
         for snap in snapshot:
             name = entry_name(snap.tokens)
@@ -170,15 +163,16 @@ class PrefixCachePersistence:
             if entry is None:
                 if total + snap.nbytes > store.max_bytes:
                     continue
-                payload = await self.worker.call(encode_entry, snap.tokens, snap.cache, store.fingerprint)
+                payload = await self.worker.call(encode_entry, snap.tokens, snap.cache, store.fingerprint, snap.kind)
                 entry = await asyncio.to_thread(store.write_entry, name, payload, len(snap.tokens))
                 del payload
             if total + entry.bytes > store.max_bytes:
                 continue
             saved.append(entry)
-            saved_tokens.append(snap.tokens)
+            if snap.trimmable:
+                covering.append(snap.tokens)
             total += entry.bytes
-        drop = _covered(on_disk.values(), saved_tokens)
+        drop = _covered(on_disk.values(), covering)
         return await asyncio.to_thread(store.commit, saved, drop, time.perf_counter() - started)
 
     def _seen(self, manifest: Manifest) -> None:
@@ -187,12 +181,13 @@ class PrefixCachePersistence:
 
 
 def _persistable_snapshot(cache: PrefixCache) -> list[Snapshot]:
-    return [s for s in cache.snapshot() if persistable(s.cache)]
+    return [s for s in cache.snapshot() if cache_layers.persistable(s.cache)]
 
 
 def _covered(stored: Any, tokens: list[tuple[int, ...]]) -> set[str]:
-    """Entries on disk that are a strict prefix of one being saved: a longer
-    KV cache is trimmed down to them, so they only take space."""
+    """Entries on disk that are a strict prefix of a trimmable one being
+    saved: it is trimmed down to them, so they only take space. (A prefix of
+    an entry that cannot be trimmed is a checkpoint and stays.)"""
     lengths = {e.tokens for e in stored}
     names = set()
     for seq in tokens:
