@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mlxd.errors import MlxdError
-from mlxd.registry.loader import key_path
+from mlxd.registry.document import key_path
 
 log = logging.getLogger("mlxd.http")
 
