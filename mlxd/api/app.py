@@ -45,7 +45,9 @@ class Gatekeeper:
             path = scope["path"]
             try:
                 if path not in OPEN_PATHS and (path.startswith("/v1/") or path == "/metrics"):
-                    check_api_key(Request(scope), self.ctx.settings.server.api_keys)
+                    # Who is asking, for every step after this one (request.state.caller).
+                    caller = check_api_key(Request(scope), self.ctx.settings.server.api_keys)
+                    scope.setdefault("state", {})["caller"] = caller
                 if self.ctx.draining and scope["method"] == "POST" and path.startswith("/v1/"):
                     raise ShuttingDown("mlxd is shutting down; retry shortly", retry_after=5)
             except MlxdError as exc:

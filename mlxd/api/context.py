@@ -11,7 +11,7 @@ from typing import Any
 
 from mlxd.api.images import ImageMemory
 from mlxd.api.responses.store import ResponseStore
-from mlxd.api.token_count import TokenCounter
+from mlxd.engine.token_count import TokenCounter
 from mlxd.engine.worker import MlxWorker
 from mlxd.failover.router import FailoverRouter
 from mlxd.monitoring.metrics import Metrics

@@ -70,13 +70,14 @@ class Reloader:
         path: Path,
         *,
         debounce_s: float = DEFAULT_DEBOUNCE_S,
-        loader: Callable[[Path], Registry] = load_registry,
+        loader: Callable[[Path], Registry] | None = None,
     ) -> None:
         self.ctx = ctx
         self.settings = settings
         self.path = Path(path)
         self.debounce_s = debounce_s
-        self._loader = loader
+        # The file is read again with the kinds table it was first read with.
+        self._loader = loader or (lambda p: load_registry(p, kinds=ctx.registry.kinds))
         self._lock = asyncio.Lock()
         # The content last looked at, valid or not: the watcher skips events
         # that leave it unchanged (touch, chmod, a neighbour's temp file).
