@@ -17,6 +17,8 @@ ALLOWED = {
     # file's sha256; the dtype names models are built and imported in.
     "files": set(),
     "dtypes": set(),
+    # Who is asking (made at the gatekeeper, read by leases and accounts).
+    "caller": set(),
     # A .gguf path is converted once into the cache when the registry resolves it.
     "registry": {"errors", "gguf"},
     "settings": {"errors", "registry"},
@@ -24,7 +26,7 @@ ALLOWED = {
     # import only the engine's contract (engine/types.py) back.
     "engine": {"errors", "files", "registry", "grammar", "tools"},
     # The shell holds engines by their contract (engine/types.py) only.
-    "residency": {"errors", "registry", "engine"},
+    "residency": {"errors", "caller", "registry", "engine"},
     # Registry entries served by other servers: an engine over HTTP.
     "remote": {"errors", "registry", "engine"},
     "factory": {"errors", "files"},
@@ -37,7 +39,7 @@ ALLOWED = {
     "failover": {"errors", "registry", "residency", "remote"},
     "monitoring": {"mlxd", "errors", "registry", "engine", "residency", "remote", "failover"},
     # The request path plans tools and splits tool calls for every surface.
-    "api": {"mlxd", "errors", "registry", "settings", "engine", "grammar", "tools", "residency", "monitoring", "remote",
+    "api": {"mlxd", "errors", "caller", "registry", "settings", "engine", "grammar", "tools", "residency", "monitoring", "remote",
             "failover"},
     "daemon": {"mlxd", "errors", "files", "registry", "settings", "engine", "residency", "monitoring", "api", "remote",
                "failover"},

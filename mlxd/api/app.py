@@ -19,6 +19,7 @@ from mlxd.api.openai import routes as openai
 from mlxd.api.openai.error_shape import OpenAIErrors
 from mlxd.api.responses import routes as responses
 from mlxd.api.responses.bodies import FIELDS as RESPONSES_FIELDS
+from mlxd.api.responses.store import ResponseStore
 from mlxd.api.routes import admin, monitoring
 from mlxd.api.routes.admin import ConfigReloader
 from mlxd.api.guards import RequestGuard
@@ -45,7 +46,9 @@ class Gatekeeper:
             path = scope["path"]
             try:
                 if path not in OPEN_PATHS and (path.startswith("/v1/") or path == "/metrics"):
-                    check_api_key(Request(scope), self.ctx.settings.server.api_keys)
+                    # Who is asking, for every step after this one (request.state.caller).
+                    caller = check_api_key(Request(scope), self.ctx.settings.server.api_keys)
+                    scope.setdefault("state", {})["caller"] = caller
                 if self.ctx.draining and scope["method"] == "POST" and path.startswith("/v1/"):
                     raise ShuttingDown("mlxd is shutting down; retry shortly", retry_after=5)
             except MlxdError as exc:
@@ -102,7 +105,7 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
 
     app.include_router(openai.router())
     app.include_router(anthropic.router())
-    app.include_router(responses.router())
+    app.include_router(responses.router(ResponseStore()))
     app.include_router(admin.router(reloader))
     # Also serves GET / and /dashboard, the status page.
     app.include_router(monitoring.router())

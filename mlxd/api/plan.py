@@ -7,15 +7,17 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from mlxd.api.conversation import MAX_NESTING, Conversation, TextPart, encodable, nesting_depth
 from mlxd.api.images import ImagePolicy, PendingImages, collect_images
 from mlxd.api.reasoning import ReasoningRequest, merged_template_kwargs
+from mlxd.caller import ANONYMOUS, Caller
 from mlxd.engine.sampling import check_bias_ids
 from mlxd.engine.types import GenerationRequest, SamplingParams
 from mlxd.errors import BadRequest, ModelNotFound
+from mlxd.registry.kinds import CHAT, COMPLETION, ModelKind
 from mlxd.registry.model import FailoverSpec, ModelSpec, SamplingDefaults
 from mlxd.tools.formats import ToolFormat
 from mlxd.tools.output_plan import OutputPlan, check_output, plan_output
@@ -85,10 +87,15 @@ class Entry:
     failover: FailoverSpec | None = None
     # A failover entry's targets, in the file's order (``spec`` is the first).
     targets: tuple[ModelSpec, ...] = ()
+    # What each of ``models`` is served as (its row of the kinds table).
+    kinds: tuple[ModelKind, ...] = ()
 
     @property
     def models(self) -> tuple[ModelSpec, ...]:
         return self.targets or (self.spec,)
+
+    def served_as(self) -> list[tuple[ModelSpec, ModelKind]]:
+        return list(zip(self.models, self.kinds, strict=True))
 
 
 def resolve_entry(ctx: DaemonContext, name: str) -> Entry:
@@ -99,14 +106,17 @@ def resolve_entry(ctx: DaemonContext, name: str) -> Entry:
         raise ModelNotFound(name, ctx.registry.model_names())
     if isinstance(found, FailoverSpec):
         targets = tuple(ctx.manager.resolve(t) for t in found.targets)
-        return Entry(targets[0], found, targets)
-    return Entry(ctx.manager.resolve(found.name))
+        return Entry(targets[0], found, targets, tuple(ctx.registry.kind_of(t) for t in targets))
+    spec = ctx.manager.resolve(found.name)
+    return Entry(spec, kinds=(ctx.registry.kind_of(spec),))
 
 
-def takes_images(spec: ModelSpec) -> bool:
-    # A remote entry's images go to its backend, which decides whether its
-    # model sees them (a text model's server answers 400 itself).
-    return spec.kind == "vision" or spec.is_remote
+def check_route(entry: Entry, name: str, route: str) -> None:
+    """A model (or every target) of a kind that does not serve ``route``
+    (an embedding model asked to chat) is the client's 400."""
+    if not any(route in kind.routes for kind in entry.kinds):
+        kind = entry.kinds[0].name
+        raise BadRequest(f"Model `{name}` is a {kind} model and does not serve {route} requests.", param="model")
 
 
 def merged_defaults(spec: ModelSpec, failover: FailoverSpec | None) -> SamplingDefaults:
@@ -136,17 +146,18 @@ class Plan:
     # Vision chat: images checked against the model's rules, read before the lease.
     images: PendingImages | None = None
     output: OutputRequest = field(default_factory=OutputRequest)
-    # Set once the engine is known (its tool-call format): how to split the
-    # answer into text and tool calls; None when the answer is text.
-    tool_format: ToolFormat | None = None
-    # Set with it: how to split the model's reasoning from its answer.
-    reasoning_format: ReasoningFormat | None = None
     failover: FailoverSpec | None = None
     # What the request itself said about sampling: a failover target's own
     # defaults apply once it is leased.
     asked: SamplingDefaults = field(default_factory=SamplingDefaults)
     default_max_tokens: int = 512  # the server's, for a request and defaults that set none
+    # A max_tokens above the server's limit means the limit (Requested.max_tokens_is_cap).
+    max_tokens_is_cap: bool = False
     reasoning: ReasoningRequest = field(default_factory=ReasoningRequest)
+    # What is asked to be done (a kinds table route: chat, completion).
+    route: str = CHAT
+    # Who is asking (from the gatekeeper): the lease, the accounts and the log carry it.
+    caller: Caller = ANONYMOUS
 
     @property
     def name(self) -> str:
@@ -156,22 +167,59 @@ class Plan:
     def remaining(self) -> float:
         return self.timeout - (time.monotonic() - self.started)
 
-    def accepts(self, spec: ModelSpec) -> bool:
-        """Whether ``spec`` can serve this request (a failover target that
-        cannot is skipped): images need a model that takes them."""
-        return self.images is None or not self.images.sources or takes_images(spec)
+    def accepts(self, kind: ModelKind) -> bool:
+        """Whether a model of ``kind`` can serve this request (a failover
+        target that cannot is skipped): one that serves its route, and for
+        images one that takes them."""
+        if self.route not in kind.routes:
+            return False
+        return self.images is None or not self.images.sources or kind.takes_images
 
-    def retarget(self, spec: ModelSpec) -> None:
-        """A failover target was leased: it serves the request, with its own
-        sampling defaults under the entry's and the request's."""
-        self.spec = spec
-        defaults = merged_defaults(spec, self.failover)
-        for request in self.requests:
-            request.sampling = resolve_sampling(self.asked, defaults)
-            request.sampling_set = sampling_set(self.asked, defaults)
-            request.max_tokens = _pick(self.asked.max_tokens, defaults.max_tokens, self.default_max_tokens)
-            if request.messages is not None:
-                request.chat_template_kwargs = merged_template_kwargs(spec, self.reasoning)
+
+@dataclass
+class Attempt:
+    """The request as it goes to one target: fresh copies of the plan's
+    engine requests with that target's sampling and limits, and what its
+    engine made of the output request. The plan itself is never rewritten,
+    so what one target did (a forced call drops the stop strings) never
+    reaches the next."""
+
+    spec: ModelSpec
+    requests: list[GenerationRequest]
+    # How to split the answer into text and tool calls; None when it is text.
+    tool_format: ToolFormat | None = None
+    # How to split the model's reasoning from its answer (None: a remote
+    # engine, whose backend splits it, or a model with no markers).
+    reasoning_format: ReasoningFormat | None = None
+
+
+def for_target(plan: Plan, spec: ModelSpec, max_request_tokens: int) -> Attempt:
+    """``plan`` on ``spec``: a failover target's own sampling defaults under
+    the entry's and the request's, and one max_tokens resolution that always
+    checks the server limit (a target's default may be higher than the
+    first target's was)."""
+    defaults = merged_defaults(spec, plan.failover)
+    max_tokens = limited_max_tokens(
+        _pick(plan.asked.max_tokens, defaults.max_tokens, plan.default_max_tokens),
+        max_request_tokens, is_cap=plan.max_tokens_is_cap,
+    )
+    requests = []
+    for request in plan.requests:
+        sampling, given = request.sampling, request.sampling_set
+        if plan.failover is not None:
+            sampling = resolve_sampling(plan.asked, defaults)
+            if plan.asked.seed is not None:  # n choices keep their own seeds
+                sampling = replace(sampling, seed=request.sampling.seed)
+            given = sampling_set(plan.asked, defaults)
+        kwargs = request.chat_template_kwargs
+        if request.messages is not None:
+            # The target's own registry defaults under the request's.
+            kwargs = merged_template_kwargs(spec, plan.reasoning)
+        requests.append(replace(
+            request, sampling=sampling, sampling_set=given, max_tokens=max_tokens,
+            stop=list(request.stop), images=list(request.images), chat_template_kwargs=kwargs,
+        ))
+    return Attempt(spec, requests)
 
 
 def _pick(request_value: Any, default_value: Any, fallback: Any) -> Any:
@@ -207,14 +255,23 @@ SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams))
 
 def resolve_max_tokens(ctx: DaemonContext, asked: Requested, defaults: SamplingDefaults) -> int:
     server = ctx.settings.server
-    fallback = server.max_request_tokens if asked.open_ended else server.default_max_tokens
-    value = _pick(asked.sampling.max_tokens, defaults.max_tokens, fallback)
-    if asked.max_tokens_is_cap:
-        value = min(value, server.max_request_tokens)
-    if value > server.max_request_tokens:
-        raise BadRequest(
-            f"max_tokens exceeds server limit ({server.max_request_tokens})", param="max_tokens"
-        )
+    value = _pick(asked.sampling.max_tokens, defaults.max_tokens, fallback_max_tokens(ctx, asked))
+    return limited_max_tokens(value, server.max_request_tokens, is_cap=asked.max_tokens_is_cap)
+
+
+def fallback_max_tokens(ctx: DaemonContext, asked: Requested) -> int:
+    """max_tokens when neither the request nor the model's defaults set it."""
+    server = ctx.settings.server
+    return server.max_request_tokens if asked.open_ended else server.default_max_tokens
+
+
+def limited_max_tokens(value: int, limit: int, *, is_cap: bool) -> int:
+    """``value`` against the server's limit: a cap the client always sends
+    means the limit above it; anything else above it is refused."""
+    if is_cap:
+        value = min(value, limit)
+    if value > limit:
+        raise BadRequest(f"max_tokens exceeds server limit ({limit})", param="max_tokens")
     return value
 
 
@@ -252,7 +309,7 @@ def _image_policy(entry: Entry) -> ImagePolicy:
     f = entry.failover
     # Images are read (and sized) before a target is chosen: by the first
     # local vision target's processor, which its twins elsewhere share.
-    vision = next((m for m in entry.targets if m.kind == "vision" and not m.is_remote), None)
+    vision = next((m for m, kind in entry.served_as() if kind.takes_images and not m.is_remote), None)
     return ImagePolicy(
         model=f.name,
         local_dir=f.local_image_dir.resolve() if f.local_image_dir else None,
@@ -303,7 +360,7 @@ def check_chat(entry: Entry, name: str, conversation: Conversation, output: Outp
     images, the images to read."""
     check_conversation(conversation, output.tools)
     check_prompt_length(entry, conversation.text_length(), "messages")
-    with_images = any(takes_images(m) for m in entry.models)
+    with_images = any(kind.takes_images for kind in entry.kinds)
     if conversation.has_images() and not with_images:
         raise BadRequest(f"Model `{name}` is a text model and does not accept images", param="messages")
     images = collect_images(conversation, _image_policy(entry)) if with_images else None
@@ -319,17 +376,19 @@ def _check_output(entry: Entry, output: OutputRequest) -> None:
         tools=output.tools, tool_choice=output.tool_choice, response_format=output.response_format,
         tool_params=output.tool_params,
     )
-    local_vision = all(m.kind == "vision" and not m.is_remote for m in entry.models)
-    if local_vision and (output.tools or output.response_format):
-        # What the vision engine would refuse, said before any stream opens.
+    without = [kind for m, kind in entry.served_as() if not kind.grammars and not m.is_remote]
+    if len(without) == len(entry.kinds) and (output.tools or output.response_format):
+        # What the engine (vision) would refuse, said before any stream opens.
         param = "tools" if output.tools else "response_format"
-        raise BadRequest(f"Vision models do not support `{param}` yet.", param=param)
+        raise BadRequest(f"{without[0].name.capitalize()} models do not support `{param}` yet.", param=param)
 
 
 def plan_chat(
-    ctx: DaemonContext, asked: Requested, conversation: Conversation, *, kind: str = "chat", id_prefix: str = "chatcmpl-"
+    ctx: DaemonContext, asked: Requested, conversation: Conversation, *, kind: str = "chat", id_prefix: str = "chatcmpl-",
+    caller: Caller = ANONYMOUS,
 ) -> Plan:
     entry = resolve_entry(ctx, asked.model)
+    check_route(entry, asked.model, CHAT)
     spec = entry.spec
     images = check_chat(entry, asked.model, conversation, asked.output)
     defaults = merged_defaults(spec, entry.failover)
@@ -358,8 +417,10 @@ def plan_chat(
         output=asked.output,
         failover=entry.failover,
         asked=asked.sampling,
-        default_max_tokens=ctx.settings.server.default_max_tokens,
+        default_max_tokens=fallback_max_tokens(ctx, asked),
+        max_tokens_is_cap=asked.max_tokens_is_cap,
         reasoning=asked.reasoning,
+        caller=caller,
     )
 
 
@@ -378,11 +439,11 @@ def output_plan(name: str, tool_format: ToolFormat | None, asked: OutputRequest)
     )
 
 
-def shape_output(plan: Plan, engine: Any) -> None:
+def shape_output(plan: Plan, attempt: Attempt, engine: Any) -> None:
     """Tools and structured output, checked against the leased engine's
     tool-call format (known only once the model is loaded): the template's
-    ``tools`` and the grammar go on the engine requests, and the plan learns
-    how to split the answer. A client mistake is a BadRequest naming its field.
+    ``tools`` and the grammar go on the attempt's engine requests, and the
+    attempt learns how to split the answer. A client mistake is a BadRequest naming its field.
 
     A forced call is the grammar's whole answer: a stop string meant for
     prose (``"``, ``}``, a newline) would cut it inside its JSON, so stop
@@ -391,9 +452,9 @@ def shape_output(plan: Plan, engine: Any) -> None:
     A ``logit_bias`` is checked here against the engine's vocabulary too
     (the engine checks it again), so that a stream's bad id is a 400 before
     its 200; a remote engine's backend checks its own."""
-    _check_bias(plan, engine)
+    _check_bias(attempt, engine)
     # A remote engine has none: its backend splits the reasoning itself.
-    plan.reasoning_format = getattr(engine, "reasoning_format", None)
+    attempt.reasoning_format = getattr(engine, "reasoning_format", None)
     if not plan.output.asks_anything():
         return
     asked = plan.output
@@ -401,31 +462,32 @@ def shape_output(plan: Plan, engine: Any) -> None:
         # The backend has the model's tool-call format and its own grammar:
         # the fields go to it as the client sent them (checked for shape by
         # check_output), and its tool calls come back already split.
-        for request in plan.requests:
+        for request in attempt.requests:
             request.tools = asked.tools
             request.tool_choice = asked.tool_choice
             request.parallel_tool_calls = asked.parallel_tool_calls
             request.response_format = asked.response_format
-        plan.tool_format = None
+        attempt.tool_format = None
         return
     shaped = output_plan(plan.requested_name, getattr(engine, "tool_format", None), asked)
-    for request in plan.requests:
+    for request in attempt.requests:
         request.tools = shaped.tools
         request.constraint = shaped.constraint
         if shaped.forces_call:
             request.stop = []
-    plan.tool_format = shaped.tool_format
+    attempt.tool_format = shaped.tool_format
 
 
-def _check_bias(plan: Plan, engine: Any) -> None:
+def _check_bias(attempt: Attempt, engine: Any) -> None:
     vocab_size = getattr(engine, "vocab_size", None)
-    for request in plan.requests:
+    for request in attempt.requests:
         if request.logit_bias and isinstance(vocab_size, int):
             check_bias_ids(request.logit_bias, vocab_size)
 
 
 def plan_prompts(
-    ctx: DaemonContext, asked: Requested, prompts: list[str], *, kind: str = "completion", id_prefix: str = "cmpl-"
+    ctx: DaemonContext, asked: Requested, prompts: list[str], *, kind: str = "completion", id_prefix: str = "cmpl-",
+    caller: Caller = ANONYMOUS,
 ) -> Plan:
     limit = ctx.settings.server.max_prompts
     if len(prompts) > limit:
@@ -433,6 +495,7 @@ def plan_prompts(
             f"At most {limit} prompts per request; this one has {len(prompts)}.", param="prompt"
         )
     entry = resolve_entry(ctx, asked.model)
+    check_route(entry, asked.model, COMPLETION)
     for i, prompt in enumerate(prompts):
         check_prompt_length(entry, len(prompt), "prompt" if len(prompts) == 1 else f"prompt[{i}]")
     # Only response_format reaches here (a raw prompt has no template for tools):
@@ -461,5 +524,8 @@ def plan_prompts(
         output=asked.output,
         failover=entry.failover,
         asked=asked.sampling,
-        default_max_tokens=ctx.settings.server.default_max_tokens,
+        default_max_tokens=fallback_max_tokens(ctx, asked),
+        max_tokens_is_cap=asked.max_tokens_is_cap,
+        route=COMPLETION,
+        caller=caller,
     )

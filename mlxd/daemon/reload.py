@@ -70,13 +70,14 @@ class Reloader:
         path: Path,
         *,
         debounce_s: float = DEFAULT_DEBOUNCE_S,
-        loader: Callable[[Path], Registry] = load_registry,
+        loader: Callable[[Path], Registry] | None = None,
     ) -> None:
         self.ctx = ctx
         self.settings = settings
         self.path = Path(path)
         self.debounce_s = debounce_s
-        self._loader = loader
+        # The file is read again with the kinds table it was first read with.
+        self._loader = loader or (lambda p: load_registry(p, kinds=ctx.registry.kinds))
         self._lock = asyncio.Lock()
         # The content last looked at, valid or not: the watcher skips events
         # that leave it unchanged (touch, chmod, a neighbour's temp file).
@@ -178,8 +179,7 @@ class Reloader:
         # The settings and the registry change together (reconfigure does not
         # yield to the event loop): no request sees one without the other.
         ctx.settings = settings
-        ctx.backends.reconfigure(registry.backends)
-        ctx.failover.reconfigure(registry.failovers)
+        ctx.follow(registry)
         renames = ctx.manager.renamable(dict(diff.renamed))
         preloading = await ctx.manager.reconfigure(registry, renames)
         config.file_hash = registry.file_hash

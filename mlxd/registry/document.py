@@ -17,7 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from mlxd.errors import ConfigError
-from mlxd.registry.schema import PHYSICAL_MEMORY, RegistryFile, section_for_path
+from mlxd.registry.schema import KINDS_TABLE, PHYSICAL_MEMORY, RegistryFile, section_for_path
 
 Loc = tuple[str | int, ...]
 
@@ -85,12 +85,12 @@ class Document:
     def error(self, loc: Loc, message: str) -> ConfigError:
         return ConfigError(message, file=self.label, line=self.line_of(loc), key=key_path(loc))
 
-    def validate(self, physical_memory: int) -> RegistryFile:
+    def validate(self, physical_memory: int, kinds: Mapping[str, Any]) -> RegistryFile:
         data = {
             k: ({} if v is None and k in ("server", "manager") else v) for k, v in self.data.items()
         }
         try:
-            return RegistryFile.model_validate(data, context={PHYSICAL_MEMORY: physical_memory})
+            return RegistryFile.model_validate(data, context={PHYSICAL_MEMORY: physical_memory, KINDS_TABLE: kinds})
         except ValidationError as exc:
             errors = exc.errors()
         # The first problem in reading order, so fixing top-down converges; on

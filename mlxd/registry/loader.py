@@ -19,6 +19,7 @@ from pathlib import Path
 
 from mlxd.errors import ConfigError
 from mlxd.registry.document import Document, Loc, key_path
+from mlxd.registry.kinds import KINDS, ModelKind
 from mlxd.registry.local_entries import LocalEntries
 from mlxd.registry.model import ModelSpec, Registry
 from mlxd.registry.remote_entries import RemoteEntries
@@ -38,12 +39,14 @@ def load_registry(
     env: Mapping[str, str] | None = None,
     physical_memory: int | None = None,
     downloader: Downloader | None = None,
+    kinds: Mapping[str, ModelKind] = KINDS,
 ) -> Registry:
     """Read, validate and resolve the registry file at ``path``.
 
     ``env`` (the Hugging Face cache variables), ``physical_memory`` (for
     ``"70%"`` budgets) and ``downloader`` (for ``allow_download``) default to
-    the real ones; tests pass their own.
+    the real ones; tests pass their own. ``kinds``: the table of model kinds
+    a ``kind:`` may name (``mlxd.registry.kinds``).
     """
     path = Path(path)
     try:
@@ -60,7 +63,7 @@ def load_registry(
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not UTF-8 text (byte {exc.start})", file=str(path)) from None
-    return _load(text, data, path, env=env, physical_memory=physical_memory, downloader=downloader)
+    return _load(text, data, path, env=env, physical_memory=physical_memory, downloader=downloader, kinds=kinds)
 
 
 def load_registry_text(
@@ -70,6 +73,7 @@ def load_registry_text(
     env: Mapping[str, str] | None = None,
     physical_memory: int | None = None,
     downloader: Downloader | None = None,
+    kinds: Mapping[str, ModelKind] = KINDS,
 ) -> Registry:
     """Like :func:`load_registry` for text in hand; ``path`` (which need not
     exist) names the file in errors and anchors relative model paths."""
@@ -80,6 +84,7 @@ def load_registry_text(
         env=env,
         physical_memory=physical_memory,
         downloader=downloader,
+        kinds=kinds,
     )
 
 
@@ -91,13 +96,14 @@ def _load(
     env: Mapping[str, str] | None,
     physical_memory: int | None,
     downloader: Downloader | None,
+    kinds: Mapping[str, ModelKind],
 ) -> Registry:
     label = str(path) if path is not None else TEXT_FILE_LABEL
     doc = Document.parse(text, label)
     memory = physical_memory or physical_memory_bytes()
-    parsed = doc.validate(memory)
+    parsed = doc.validate(memory, kinds)
     base_dir = path.absolute().parent if path is not None else Path.cwd()
-    sections = Sections(doc, parsed, base_dir, memory)
+    sections = Sections(doc, parsed, base_dir, memory, kinds)
     local, remote = LocalEntries(sections, env, downloader), RemoteEntries(sections, env)
     manager, server, backends = sections.manager(), sections.server(), remote.backends()
     _check_names(doc, parsed)
@@ -114,6 +120,7 @@ def _load(
         models=(*models, *remote.implicit.values()),
         failovers=failovers,
         problems=tuple(local.problems),
+        kinds=kinds,
     )
     _warn_if_pinned_do_not_fit(registry, label)
     return registry

@@ -77,9 +77,9 @@ class LocalEntries:
         kind = entry.kind or ("vision" if entry.mllm else detect_kind(config))
         max_context = self._max_context(i, entry, config)
         prefix_cache = self.s.prefix_cache(entry)
-        if kind == "vision":
-            # Vision engines keep no prefix cache: reserving memory for one
-            # would only crowd other models out.
+        if not self.s.kinds[kind].prefix_cache:
+            # An engine that keeps no prefix cache (vision): reserving memory
+            # for one would only crowd other models out.
             prefix_cache = PrefixCacheSpec(max_bytes=0, disk_max_bytes=0, persist=False)
         kv = 0  # estimated_memory_gb stands in for what cannot be computed
         if broken is None:

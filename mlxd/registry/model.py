@@ -14,7 +14,11 @@ from pathlib import Path
 import json
 from typing import TYPE_CHECKING, Any
 
+from mlxd.registry.kinds import KINDS, REMOTE, ModelKind
+
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from mlxd.errors import ConfigError
 
 CONTENTION_STRATEGIES = ("fail", "wait", "wait_then_fail", "preempt", "wait_then_preempt")
@@ -61,7 +65,7 @@ class ModelSpec:
     path: Path
     # As written in the file: a local path or a Hugging Face repo id.
     source: str
-    kind: str = "text"  # "text" (mlx-lm) or "vision" (mlx-vlm)
+    kind: str = "text"  # a row of the kinds table (mlxd.registry.kinds): "text", "vision", ...
     aliases: tuple[str, ...] = ()
     description: str = ""
     preload: bool = False
@@ -91,6 +95,13 @@ class ModelSpec:
     # declared as an entry: it queues and leases like one, but clients
     # cannot ask for it by that name (only through the failover entry).
     implicit: bool = False
+    # Where it draws its capacity from: None, its own max_concurrency;
+    # else every model of the group shares one max_concurrency (the models
+    # on one backend: ``backend:<name>``).
+    capacity_group: str | None = None
+    # Whether it takes memory here: one that does not is never charged to
+    # the budget nor evicted to free memory (a remote entry).
+    holds_memory: bool = True
     # The registry's ``tool_parser:`` (None: guess from the chat template).
     tool_parser: str | None = None
     # The registry's ``reasoning_parser:`` (None: mlx-lm's detection).
@@ -102,6 +113,14 @@ class ModelSpec:
     # weights, bad config.json). Such a model stays registered but failed, so
     # one bad download never keeps the other models from serving.
     broken: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend is not None:
+            # A backend's entries share its max_concurrency and hold no memory
+            # here; the residency core reads only these two, never the backend.
+            if self.capacity_group is None:
+                object.__setattr__(self, "capacity_group", f"backend:{self.backend}")
+            object.__setattr__(self, "holds_memory", False)
 
     def template_defaults(self) -> dict[str, Any]:
         """The registry's ``chat_template_kwargs:`` as a fresh dict."""
@@ -261,6 +280,13 @@ class Registry:
     # The broken models' problems, located (file, line, key): ``mlxd check``
     # reports them as errors, the daemon logs them and serves the rest.
     problems: tuple[ConfigError, ...] = field(default=(), compare=False)
+    # The kinds table the file was read with (its ``kind:`` values are rows).
+    kinds: Mapping[str, ModelKind] = field(default_factory=lambda: KINDS, compare=False)
+
+    def kind_of(self, spec: ModelSpec) -> ModelKind:
+        """What ``spec`` is served as: its kind's row, or the remote row for
+        a model served by a backend."""
+        return REMOTE if spec.is_remote else self.kinds[spec.kind]
 
     def backend(self, name: str) -> BackendSpec | None:
         return next((b for b in self.backends if b.name == name), None)

@@ -4,10 +4,12 @@ the file's folder (sampling defaults, prefix cache, image folder, paths)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from mlxd.registry.document import Document, Loc
+from mlxd.registry.kinds import ModelKind
 from mlxd.registry.model import (
     ContentionSpec,
     ManagerSpec,
@@ -28,8 +30,12 @@ _DEFAULT_MANAGER = ManagerSpec(memory_budget_bytes=1)
 class Sections:
     """The validated file with its shared sections built once, on first use."""
 
-    def __init__(self, doc: Document, parsed: RegistryFile, base_dir: Path, physical_memory: int) -> None:
+    def __init__(
+        self, doc: Document, parsed: RegistryFile, base_dir: Path, physical_memory: int,
+        kinds: Mapping[str, ModelKind],
+    ) -> None:
         self.doc = doc
+        self.kinds = kinds
         self.parsed = parsed
         self.base_dir = base_dir
         self.physical_memory = physical_memory
