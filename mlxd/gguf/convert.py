@@ -9,7 +9,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from mlxd.errors import GGUFError
+from mlxd.errors import GGUFError, clip
 from mlxd.factory.build import build_once
 from mlxd.factory.dtypes import ALIASES, DTYPES
 from mlxd.gguf.config import GGUF_GROUP_SIZE, build_config, quantized_layers
@@ -95,7 +95,19 @@ def import_gguf(source: Path, target: Path, *, quantize_bits: int | None = None,
                         "which dequantizes every matrix: use one or the other")
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise GGUFError(f"{target} already exists and is not an empty folder")
-    return build_once(target, lambda out: write_model_folder(source, out, quantize_bits=quantize_bits, dtype=dtype))
+    try:
+        return build_once(target, lambda out: write_model_folder(source, out, quantize_bits=quantize_bits, dtype=dtype))
+    except GGUFError as exc:
+        if str(source) in exc.detail:
+            raise
+        raise GGUFError(f"{source}: {exc.detail}") from None  # a registry names the file only by its line
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:
+        # The file is hostile or broken in a way no check above names: it is
+        # still that file's error, not a crash of whoever reads the registry.
+        # BaseException because a Rust panic in tokenizers is one.
+        raise GGUFError(f"{source} cannot be converted ({type(exc).__name__}: {clip(str(exc), 200)})") from None
 
 
 def write_model_folder(source: Path, folder: Path, *, quantize_bits: int | None = None, dtype: str = KEEP) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from mlxd.errors import ConfigError
+from mlxd.errors import ConfigError, clip
 from mlxd.registry.model import (
     BackendSpec,
     ContentionSpec,
@@ -649,6 +649,14 @@ class _Builder:
             weights = weights_bytes(folder)
         except ConfigError as exc:
             broken = exc.detail
+            folder, config, weights = self._local_path(source), {}, 0
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            # Whatever one model's files provoke (a parser's RecursionError,
+            # a Rust panic, a bug of ours) fails that model alone; a registry
+            # read by serve, check or a reload must survive any file.
+            broken = f"cannot read `{source}` ({type(exc).__name__}: {clip(str(exc), 200)})"
             folder, config, weights = self._local_path(source), {}, 0
 
         kind = entry.kind or ("vision" if entry.mllm else detect_kind(config))
