@@ -10,6 +10,7 @@ strings — everything that can fail before the model runs. Worker thread.
 from __future__ import annotations
 
 import asyncio
+import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -160,7 +161,8 @@ class TextModel:
             # Last, so that no later processor can revive a masked token.
             grammars = self.grammars
             matcher = grammars.matcher(request.constraint)
-            processors.append(GrammarProcessor(matcher, self.vocab_size, grammars.eos_token_ids))
+            processors.append(GrammarProcessor(matcher, self.vocab_size, grammars.eos_token_ids,
+                                               report=functools.partial(grammars.report_failure, request.constraint)))
         return processors
 
 
