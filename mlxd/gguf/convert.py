@@ -135,4 +135,18 @@ def write_model_folder(source: Path, folder: Path, *, quantize_bits: int | None 
     mx.save_safetensors(str(folder / "model.safetensors"), tensors, metadata={"format": "mlx"})
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     write_tokenizer(tokenizer, folder)
+    _check_loads(source, folder)
     log.info("converted %s (%s, dtype %s)", source, architecture, dtype)
+
+
+def _check_loads(source: Path, folder: Path) -> None:
+    """mlx-lm builds the model the config describes and takes every tensor,
+    shapes checked (lazily: no weight is read): a file whose tensors disagree
+    with its metadata is refused here, not when it is first served."""
+    from mlx_lm.utils import load_model
+
+    try:
+        load_model(folder, lazy=True)
+    except ValueError as exc:
+        detail = clip(str(exc).strip().rstrip("."), 300)
+        raise GGUFError(f"{source}: its tensors do not match its metadata ({detail})") from None

@@ -5,13 +5,16 @@ while the others serve, at start and on a hot reload alike."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 
 import httpx
 import pytest
 from support.bad_gguf import BAD_FILES, write_bad_gguf
-from support.daemon import daemon_process, write_registry
+from support.daemon import daemon_process, tiny_model, write_registry
+from support.gguf_files import F16, write_gguf
 
 from mlxd.errors import GGUFError
 from mlxd.gguf import import_gguf
@@ -106,3 +109,18 @@ def test_the_daemon_serves_on_with_bad_files_at_start_and_on_reload(tmp_path):
         lines = [line for line in log.splitlines() if f"{name}.gguf" in line or (name == "deep" and "deep-config" in line)]
         assert len(lines) == 2, (name, lines)
     assert len([line for line in log.splitlines() if "nested-arrays.gguf" in line]) == 1
+
+
+def test_tensor_shapes_that_disagree_with_the_metadata_are_refused_at_import(tmp_path):
+    # The metadata says the feed-forward layers are twice as wide as the
+    # tensors are: mlx-lm could not load the folder, so there is none.
+    source = tmp_path / "source"
+    shutil.copytree(tiny_model("qwen"), source)
+    config = json.loads((source / "config.json").read_text())
+    config["intermediate_size"] *= 2
+    (source / "config.json").write_text(json.dumps(config))
+    gguf = write_gguf(source, tmp_path / "wide.gguf", F16)
+    with pytest.raises(GGUFError, match=r"wide\.gguf: its tensors do not match its metadata \(.*shape") as info:
+        import_gguf(gguf, tmp_path / "out")
+    assert not str(info.value).endswith("..")
+    assert not (tmp_path / "out").exists()
