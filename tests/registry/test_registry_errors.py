@@ -522,6 +522,28 @@ def test_a_bad_api_key_is_not_echoed(tmp_path, model_dir):
     assert "998877665544" not in str(caught.value)
 
 
+@pytest.mark.parametrize("url, words", [
+    ("http://admin:s3cr3t-pass@gpu-box:8000/v1", "credentials"),
+    ("https://gpu-box/v1?api_key=s3cr3t-pass", "query string"),
+    ("https://gpu-box/v1#s3cr3t-pass", "query string"),
+])
+def test_credentials_in_a_backend_url_are_refused_and_not_echoed(tmp_path, model_dir, url, words):
+    # A url with a key in it would be shown by /v1/status and WARNING lines.
+    text = f"""\
+        backends:
+          gpu:
+            url: "{url}"
+        models:
+          - name: a
+            path: {model_dir}
+        """
+    with pytest.raises(ConfigError) as caught:
+        load_registry_text(textwrap.dedent(text), tmp_path / "m.yaml")
+    assert caught.value.key == "backends.gpu.url"
+    assert words in caught.value.detail and "api_key_env" in caught.value.detail
+    assert "s3cr3t" not in str(caught.value)
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError) as caught:
         load_registry(tmp_path / "nope.yaml")
