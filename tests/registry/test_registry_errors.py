@@ -508,18 +508,21 @@ def test_error_renders_as_file_line_key_message(tmp_path, model_dir):
     assert caught.value.as_dict()["line"] == 4
 
 
+def _refused(tmp_path, model_dir, head: str) -> ConfigError:
+    """The error for a file of ``head`` (YAML, dedented) above one model."""
+    text = textwrap.dedent(head) + f"models:\n  - name: a\n    path: {model_dir}\n"
+    with pytest.raises(ConfigError) as caught:
+        load_registry_text(text, tmp_path / "m.yaml")
+    return caught.value
+
+
 def test_a_bad_api_key_is_not_echoed(tmp_path, model_dir):
-    text = f"""\
+    error = _refused(tmp_path, model_dir, """\
         server:
           api_keys: [sk-good, 998877665544]
-        models:
-          - name: a
-            path: {model_dir}
-        """
-    with pytest.raises(ConfigError) as caught:
-        load_registry_text(textwrap.dedent(text), tmp_path / "m.yaml")
-    assert caught.value.key == "server.api_keys[1]"
-    assert "998877665544" not in str(caught.value)
+        """)
+    assert error.key == "server.api_keys[1]"
+    assert "998877665544" not in str(error)
 
 
 @pytest.mark.parametrize("url, words", [
@@ -529,19 +532,14 @@ def test_a_bad_api_key_is_not_echoed(tmp_path, model_dir):
 ])
 def test_credentials_in_a_backend_url_are_refused_and_not_echoed(tmp_path, model_dir, url, words):
     # A url with a key in it would be shown by /v1/status and WARNING lines.
-    text = f"""\
+    error = _refused(tmp_path, model_dir, f"""\
         backends:
           gpu:
             url: "{url}"
-        models:
-          - name: a
-            path: {model_dir}
-        """
-    with pytest.raises(ConfigError) as caught:
-        load_registry_text(textwrap.dedent(text), tmp_path / "m.yaml")
-    assert caught.value.key == "backends.gpu.url"
-    assert words in caught.value.detail and "api_key_env" in caught.value.detail
-    assert "s3cr3t" not in str(caught.value)
+        """)
+    assert error.key == "backends.gpu.url"
+    assert words in error.detail and "api_key_env" in error.detail
+    assert "s3cr3t" not in str(error)
 
 
 def test_missing_file(tmp_path):
