@@ -378,6 +378,7 @@ async def test_a_body_that_is_not_json_is_named_as_such(tmp_path):
         call = await h.post("/v1/chat/completions", b"{not json").done()
     assert call.status == 400 and _error(call)["message"] == "The request body is not valid JSON"
     assert _error(call)["param"] is None
+    assert _error(call)["code"] == "invalid_json"  # a code a client can branch on, not null
 
 
 async def test_a_preempted_answer_is_a_503_with_retry_after(tmp_path):
