@@ -444,3 +444,22 @@ def test_stop_strings_apply_to_everything_but_a_forced_call(choice, stops):
     )
     shape_output(plan, SimpleNamespace(tool_format=format_named("json_tools")))
     assert [r.stop for r in plan.requests] == [stops, stops]
+
+
+@pytest.mark.parametrize("path, body, field", [
+    ("/v1/chat/completions", {"messages": CHAT, "max_tokens": "3"}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": "3"}, "max_completion_tokens"),
+    ("/v1/messages", {"messages": CHAT, "max_tokens": "3"}, "max_tokens"),
+    ("/v1/responses", {"input": "Say hello", "max_output_tokens": "3"}, "max_output_tokens"),
+])
+async def test_a_token_limit_sent_as_a_string_is_refused_not_coerced(tmp_path, path, body, field):
+    # OpenAI and Anthropic refuse "3" for an integer; coercing it hides a
+    # client's bug (and "3" is not what a typed SDK would ever send).
+    h = Harness(tmp_path, ["stop"])
+    async with running(h.app):
+        call = await h.post(path, {"model": "m", **body}).done()
+    assert call.status == 400, call.json()
+    body = call.json()
+    message = body["error"]["message"]
+    assert field in message and "integer" in message.lower(), message
+    assert h.engine.requests == []
