@@ -613,3 +613,23 @@ def test_a_model_files_problem_breaks_that_model_only(tmp_path, make_model, text
     broken, good = registry.models
     assert fragment in broken.broken and broken.charge_bytes < good.charge_bytes
     assert good.broken is None
+
+
+def test_api_keys_in_a_file_others_can_read_are_warned_about(tmp_path, model_dir, caplog):
+    import logging
+    import os
+
+    path = tmp_path / "models.yaml"
+    path.write_text(f"server:\n  api_keys: [sk-local-key]\nmodels:\n  - name: a\n    path: {model_dir}\n")
+    os.chmod(path, 0o644)
+    with caplog.at_level(logging.WARNING, logger="mlxd.registry"):
+        load_registry(path)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(str(path) in m and "server.api_keys" in m and "chmod 600" in m for m in warned), warned
+    assert not any("sk-local-key" in m for m in warned)
+
+    caplog.clear()
+    os.chmod(path, 0o600)
+    with caplog.at_level(logging.WARNING, logger="mlxd.registry"):
+        load_registry(path)
+    assert not [r for r in caplog.records if "api_keys" in r.getMessage()]
