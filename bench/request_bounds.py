@@ -14,6 +14,9 @@ two checkouts compare on one machine):
   streams: the longest gap between that stream's chunks, and RSS growth;
   near-bound prompt: the same with 120 000 characters, under the length
   bound (4096 x 32), so it is tokenized before its 400;
+- big tools: one tool of 20,000 properties (~5 MB of JSON) on each surface
+  (chat, Messages, count_tokens, Responses) of a model not loaded: status,
+  seconds to the answer, RSS growth;
 - slow clients: 300 sockets that send headers and 9 bytes of a 100 kB body:
   open file descriptors right after, and 40 s later.
 """
@@ -202,6 +205,40 @@ def long_prompt(tree: Path, chars: int = 5 << 20) -> dict[str, Any]:
     }
 
 
+def big_tools(tree: Path, properties: int = 20_000) -> dict[str, Any]:
+    from mlxd.factory import ModelRecipe, build_model
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tools.tool_models import with_template  # the tiny model with a template that renders tools
+
+    a = with_template(build_model(ModelRecipe("qwen2", "tiny", seed=0)), Path(tempfile.mkdtemp()) / "hermes")
+    schema = {"type": "object", "properties": {
+        f"field_{i:05d}": {"type": "string", "description": f"The {i}th field of the record, in full, with every detail a careful clerk would want to write down about it." * 2}
+        for i in range(properties)}}
+    user = [{"role": "user", "content": "What is the weather in Paris?"}]
+    anthropic_tools = [{"name": "record", "input_schema": schema}]
+    bodies = {
+        "chat": ("/v1/chat/completions", {"model": "a", "messages": user, "max_tokens": 4,
+                                          "tools": [{"type": "function", "function": {"name": "record", "parameters": schema}}]}),
+        "messages": ("/v1/messages", {"model": "a", "messages": user, "max_tokens": 4, "tools": anthropic_tools}),
+        "count_tokens": ("/v1/messages/count_tokens", {"model": "a", "messages": user, "tools": anthropic_tools}),
+        "responses": ("/v1/responses", {"model": "a", "input": "What is the weather?", "max_output_tokens": 16,
+                                        "tools": [{"type": "function", "name": "record", "parameters": schema}]}),
+    }
+    out: dict[str, Any] = {"tool_bytes": len(json.dumps(anthropic_tools))}
+    with serve(tree, [{"name": "a", "path": str(a), "tool_parser": "json_tools"}]) as (url, process):
+        for name, (path, body) in bodies.items():
+            payload = json.dumps(body).encode()
+            sampler = RssSampler(process)
+            started = time.monotonic()
+            r = httpx.post(f"{url}{path}", content=payload, headers={"content-type": "application/json"}, timeout=300)
+            seconds = time.monotonic() - started
+            peak = sampler.stop()
+            out[name] = {"status": r.status_code, "seconds": round(seconds, 3),
+                         "rss_growth_mb": (peak - sampler.start_rss) >> 20}
+    return out
+
+
 def slow_clients(tree: Path) -> dict[str, Any]:
     from mlxd.factory import ModelRecipe, build_model
 
@@ -236,6 +273,7 @@ def main() -> None:
         "images": images,
         "long_prompt": long_prompt,
         "near_bound_prompt": lambda tree: long_prompt(tree, 120_000),
+        "big_tools": big_tools,
         "slow_clients": slow_clients,
     }
     parser.add_argument("--only", choices=list(scenarios), action="append")

@@ -74,10 +74,11 @@ class Conversation:
         return any(m.images() for m in self.messages)
 
     def text_length(self) -> int:
-        """Characters of text (images not counted): a cheap bound on tokens."""
-        return sum(len(p.text) for m in self.messages for p in m.parts() if isinstance(p, TextPart)) + sum(
-            len(m.reasoning) for m in self.messages
-        )
+        """Characters of text, earlier reasoning and tool calls' arguments
+        included (images not counted): a cheap bound on tokens."""
+        text = sum(len(p.text) for m in self.messages for p in m.parts() if isinstance(p, TextPart))
+        text += sum(len(m.reasoning) for m in self.messages)
+        return text + sum(len(c.arguments) for m in self.messages for c in m.tool_calls)
 
     def template_messages(self) -> list[dict[str, Any]]:
         """The messages as chat templates take them. An image becomes
@@ -108,6 +109,28 @@ def nesting_depth(value: Any) -> int:
             continue
         deepest = max(deepest, depth + 1)
     return deepest
+
+
+def json_bytes(value: Any, limit: int) -> int:
+    """About how many bytes JSON-like ``value`` takes as compact JSON
+    (escapes aside), counting only until ``limit`` is passed: refusing
+    megabytes costs a walk of the first ``limit`` bytes, not of them all."""
+    total = 0
+    pending = [value]
+    while pending and total <= limit:
+        item = pending.pop()
+        if isinstance(item, str):
+            total += 2 + (len(item) if item.isascii() else len(item.encode("utf-8", "surrogatepass")))
+        elif isinstance(item, dict):
+            total += 1 + 2 * len(item)  # the braces, each key's colon and comma
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            total += 1 + len(item)
+            pending.extend(item)
+        else:
+            total += len(str(item))
+    return total
 
 
 def encodable(value: Any) -> bool:

@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from mlxd.api.conversation import MAX_NESTING, Conversation, TextPart, encodable, nesting_depth
+from mlxd.api.conversation import MAX_NESTING, Conversation, TextPart, encodable, json_bytes, nesting_depth
 from mlxd.api.images import ImagePolicy, PendingImages, collect_images
 from mlxd.api.reasoning import ReasoningRequest, merged_template_kwargs
 from mlxd.caller import ANONYMOUS, Caller
@@ -285,22 +285,43 @@ def _timeout(ctx: DaemonContext, asked: Requested) -> float:
 # over a whole prompt (English text is about 4): a prompt longer than
 # max_context times this is refused before anyone tokenizes it.
 MAX_CHARS_PER_TOKEN = 32
+# Tool definitions above this many bytes of JSON are refused whatever the
+# context: the heaviest agents send a few hundred KB (Claude Code's 12 tools
+# are ~60 KB), while megabytes of schema cost a template render, a tokenizer
+# run and a grammar compile before any other bound could refuse them.
+MAX_TOOL_BYTES = 1 << 20
 
 
-def check_prompt_length(entry: Entry, chars: int, param: str) -> None:
+def check_prompt_length(entry: Entry, chars: int, param: str, what: str | None = None) -> None:
     """A cheap bound before tokenizing: megabytes of prompt must not cost a
     tokenizer run (and the memory it takes) only to be refused afterwards.
     (A failover entry's is its roomiest target's; each target's engine still
-    checks its own context once the prompt is tokenized.)"""
+    checks its own context once the prompt is tokenized.) ``what`` names
+    the parts counted, when more than ``param``."""
     max_context = max(m.max_context for m in entry.models)
     limit = max_context * MAX_CHARS_PER_TOKEN
     if chars > limit:
+        what = what or param
+        verb = "have" if what.endswith("s") else "has"
         raise BadRequest(
             f"This model's maximum context length is {max_context} tokens, but the "
-            f"{param} has {chars:,} characters, far more than fit. Shorten the {param}.",
+            f"{what} {verb} {chars:,} characters, far more than fit. Shorten the {param}.",
             param=param,
             code="context_length_exceeded",
         )
+
+
+def check_tool_size(tools: list[dict[str, Any]] | None) -> int:
+    """About what the tool definitions add to the prompt (their JSON, as a
+    template renders them), refused above MAX_TOOL_BYTES."""
+    size = json_bytes(tools, MAX_TOOL_BYTES) if tools else 0
+    if size > MAX_TOOL_BYTES:
+        raise BadRequest(
+            f"The tool definitions are more than {MAX_TOOL_BYTES:,} bytes of JSON; mlxd takes at most "
+            f"{MAX_TOOL_BYTES:,} bytes. Send fewer tools or shorter schemas.",
+            param="tools",
+        )
+    return size
 
 
 def _image_policy(entry: Entry) -> ImagePolicy:
@@ -358,8 +379,13 @@ def check_chat(entry: Entry, name: str, conversation: Conversation, output: Outp
     """What a chat request must pass before anything is read or leased (its
     answer and its token count alike); when a model it may go to takes
     images, the images to read."""
+    tool_chars = check_tool_size(output.tools)  # first: the walks below cost what the tools weigh
     check_conversation(conversation, output.tools)
-    check_prompt_length(entry, conversation.text_length(), "messages")
+    text_chars = conversation.text_length()
+    # What the template renders is the text and the tools alike: whichever
+    # is the larger part is the one to shorten.
+    check_prompt_length(entry, text_chars + tool_chars, "tools" if tool_chars > text_chars else "messages",
+                        what="messages and tool definitions" if tool_chars else "messages")
     with_images = any(kind.takes_images for kind in entry.kinds)
     if conversation.has_images() and not with_images:
         raise BadRequest(f"Model `{name}` is a text model and does not accept images", param="messages")

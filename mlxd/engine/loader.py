@@ -45,15 +45,26 @@ async def load_text_engine(
     entries are restored here. A restore problem is logged, never fatal.
     """
     fingerprint = await _fingerprint(spec) if cache_dir is not None and _persists(spec) else None
-    loaded = await load_on_worker(worker, load_text_model, spec, _unload)
+    store = None
+    if fingerprint is not None and cache_dir is not None:
+        store = CacheStore(Path(cache_dir) / "prefix", fingerprint, spec.prefix_cache.disk_max_bytes)
+        # In use from here to the engine's close: no cache-dir bound removes
+        # the folder while the model loads, restores or serves.
+        await asyncio.to_thread(store.hold)
+    try:
+        loaded = await load_on_worker(worker, load_text_model, spec, _unload)
+    except BaseException:
+        if store is not None:
+            store.release()
+        raise
     engine = TextEngine(spec, worker, loaded, prefill_chunk=prefill_chunk)
+    engine.cache_store = store
     try:
         await _warm(engine, spec, worker, prefill_chunk)
     except asyncio.CancelledError:
         asyncio.ensure_future(engine.close())
         raise
-    if fingerprint is not None and cache_dir is not None and engine.prefix_cache is not None:
-        store = CacheStore(Path(cache_dir) / "prefix", fingerprint, spec.prefix_cache.disk_max_bytes)
+    if store is not None and engine.prefix_cache is not None:
         engine.persistence = PrefixCachePersistence(
             store, worker, engine.prefix_cache, layout=lambda: _kv_layout(engine),
             prefill_rate=lambda: _prefill_rate(engine),

@@ -47,6 +47,7 @@ from mlxd.engine.worker import SKIP, MlxWorker
 from mlxd.registry.model import ModelSpec
 
 if TYPE_CHECKING:
+    from mlxd.engine.cache_store.folder import CacheStore
     from mlxd.engine.cache_store.persistence import PrefixCachePersistence
     from mlxd.engine.warmup import WarmupReport
 
@@ -86,6 +87,8 @@ class TextEngine(EngineBase):
         )
         # Set by the loader when the cache is saved to and restored from disk.
         self.persistence: PrefixCachePersistence | None = None
+        # Set by the loader: the cache folder this engine holds in use until it closes.
+        self.cache_store: CacheStore | None = None
         # Set by the loader: how the warm-up before `loaded` went.
         self.warmup: WarmupReport | None = None
         self._batch: BatchScheduler | None = None
@@ -99,6 +102,13 @@ class TextEngine(EngineBase):
         if self._batch is not None:
             return self._batch.generate(request, control)
         return super()._open(request, control)
+
+    async def close(self) -> None:
+        try:
+            await super().close()
+        finally:
+            if self.cache_store is not None:
+                self.cache_store.release()
 
     async def before_unload(self) -> SavedCache | None:
         """Save the prefix cache to disk. Never raises."""

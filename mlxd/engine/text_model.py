@@ -10,6 +10,7 @@ strings — everything that can fail before the model runs. Worker thread.
 from __future__ import annotations
 
 import asyncio
+import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -209,7 +210,8 @@ class TextModel:
         if request.constraint is not None:
             grammars = self.grammars
             matcher = grammars.matcher(request.constraint)
-            grammar.append(GrammarProcessor(matcher, grammars.mask_size, grammars.eos_token_ids))
+            grammar.append(GrammarProcessor(matcher, grammars.mask_size, grammars.eos_token_ids,
+                                            report=functools.partial(grammars.report_failure, request.constraint)))
         phase = reasoning_phase(self.reasoning_format, opens=opens_reasoning, budget=request.reasoning_budget,
                                 after=grammar)
         # Last, so that no later processor can revive a masked token: the

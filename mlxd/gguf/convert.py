@@ -10,7 +10,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from mlxd.dtypes import ALIASES, DTYPES
-from mlxd.errors import GGUFError
+from mlxd.errors import GGUFError, clip
 from mlxd.files import build_once
 from mlxd.gguf.config import GGUF_GROUP_SIZE, build_config, quantized_layers
 from mlxd.gguf.names import check_architecture, rename
@@ -95,7 +95,19 @@ def import_gguf(source: Path, target: Path, *, quantize_bits: int | None = None,
                         "which dequantizes every matrix: use one or the other")
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise GGUFError(f"{target} already exists and is not an empty folder")
-    return build_once(target, lambda out: write_model_folder(source, out, quantize_bits=quantize_bits, dtype=dtype))
+    try:
+        return build_once(target, lambda out: write_model_folder(source, out, quantize_bits=quantize_bits, dtype=dtype))
+    except GGUFError as exc:
+        if str(source) in exc.detail:
+            raise
+        raise GGUFError(f"{source}: {exc.detail}") from None  # a registry names the file only by its line
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:
+        # The file is hostile or broken in a way no check above names: it is
+        # still that file's error, not a crash of whoever reads the registry.
+        # BaseException because a Rust panic in tokenizers is one.
+        raise GGUFError(f"{source} cannot be converted ({type(exc).__name__}: {clip(str(exc), 200)})") from None
 
 
 def write_model_folder(source: Path, folder: Path, *, quantize_bits: int | None = None, dtype: str = KEEP) -> None:
@@ -123,4 +135,18 @@ def write_model_folder(source: Path, folder: Path, *, quantize_bits: int | None 
     mx.save_safetensors(str(folder / "model.safetensors"), tensors, metadata={"format": "mlx"})
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     write_tokenizer(tokenizer, folder)
+    _check_loads(source, folder)
     log.info("converted %s (%s, dtype %s)", source, architecture, dtype)
+
+
+def _check_loads(source: Path, folder: Path) -> None:
+    """mlx-lm builds the model the config describes and takes every tensor,
+    shapes checked (lazily: no weight is read): a file whose tensors disagree
+    with its metadata is refused here, not when it is first served."""
+    from mlx_lm.utils import load_model
+
+    try:
+        load_model(folder, lazy=True)
+    except ValueError as exc:
+        detail = clip(str(exc).strip().rstrip("."), 300)
+        raise GGUFError(f"{source}: its tensors do not match its metadata ({detail})") from None

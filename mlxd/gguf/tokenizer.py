@@ -66,6 +66,11 @@ def _byte_level_bpe(metadata: Mapping[str, Any], tokens: list[str]) -> Tokenizer
     merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges", [])]
     pre = metadata.get("tokenizer.ggml.pre")
     vocab = {token: i for i, token in enumerate(tokens)}
+    for merge in merges:
+        # The Rust tokenizer panics on such a merge (a BaseException that
+        # would pass every ``except Exception``).
+        if len(merge) != 2 or "".join(merge) not in vocab or merge[0] not in vocab or merge[1] not in vocab:
+            raise GGUFError(f"GGUF merge `{' '.join(merge)}` names a token the vocabulary lacks")
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in ("llama-bpe", "llama3")))
     if pre in ("qwen2", "deepseek-r1-qwen"):
         tok.normalizer = normalizers.NFC()
@@ -112,6 +117,8 @@ def build_tokenizer(metadata: Mapping[str, Any]) -> TokenizerFiles:
             f"GGUF tokenizer model `{kind}` is not supported; mlxd rebuilds byte-level BPE "
             "(`gpt2`: Llama 3, Qwen2, SmolLM) and SentencePiece BPE (`llama`: Llama 2, Mistral)"
         )
+    if "tokenizer.ggml.tokens" not in metadata:
+        raise GGUFError("the GGUF file has no tokenizer.ggml.tokens (its vocabulary)")
     tokens: list[str] = list(metadata["tokenizer.ggml.tokens"])
     types = list(metadata.get("tokenizer.ggml.token_type", [1] * len(tokens)))
     build, adds_bos = _BUILDERS[kind]

@@ -13,12 +13,16 @@ still opt in through the schema's own ``x-guidance`` options.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections import OrderedDict
 from typing import Any
 
 from mlxd.engine.types import Constraint
 from mlxd.errors import BadRequest
+from mlxd.grammar.processor import clipped
+
+log = logging.getLogger(__name__)
 
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
 
@@ -56,6 +60,8 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._ll_tokenizer: Any = None
         self._grammars: OrderedDict[Constraint, Any] = OrderedDict()
+        # Grammars whose output was seen leaving them (logged once each).
+        self._left: OrderedDict[Constraint, None] = OrderedDict()
         self.hits = 0
         self.compiled = 0
 
@@ -107,15 +113,26 @@ class GrammarCompiler:
         if matcher.is_error():
             what = "JSON schema" if constraint.kind == "json_schema" else "grammar"
             raise BadRequest(
-                f"The {what} cannot be compiled: {_first_line(matcher.get_error())}",
+                f"The {what} cannot be compiled: {clipped(matcher.get_error())}",
                 param="response_format" if constraint.kind == "json_schema" else "tools",
             )
         return matcher
 
+    def report_failure(self, constraint: Constraint, why: str) -> None:
+        """An output left ``constraint``'s grammar (should not happen: the
+        sampler sees only allowed tokens): one clipped line, the first time
+        per grammar; a client repeating the request does not repeat the log."""
+        with self._lock:
+            seen = constraint in self._left
+            self._left[constraint] = None
+            self._left.move_to_end(constraint)
+            while len(self._left) > self._max:
+                self._left.popitem(last=False)
+        if seen:
+            log.debug("constrained decoding left its grammar again: %s", clipped(why))
+        else:
+            log.warning("constrained decoding left its grammar: %s", clipped(why))
+
     def stats(self) -> dict[str, int]:
         return {"grammars": len(self._grammars), "compiled": self.compiled, "hits": self.hits}
 
-
-def _first_line(text: str, limit: int = 300) -> str:
-    line = text.strip().splitlines()[0] if text.strip() else "unknown error"
-    return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -18,15 +18,35 @@ stays false.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
 
+# llguidance's error text carries the whole grammar (a client's schema,
+# megabytes perhaps): a log line keeps its first line, clipped.
+LOG_LIMIT = 300
+
+
+def clipped(why: str, limit: int = LOG_LIMIT) -> str:
+    line = why.strip().splitlines()[0] if why.strip() else "unknown error"
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _log_clipped(why: str) -> None:
+    log.warning("constrained decoding left its grammar: %s", clipped(why))
+
 
 class GrammarProcessor:
-    def __init__(self, matcher: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
+    def __init__(
+        self, matcher: Any, vocab_size: int, eos_token_ids: list[int],
+        report: Callable[[str], None] | None = None,
+    ) -> None:
+        """``report``: told why, when the output leaves its grammar (the
+        compiler's ``report_failure``, which logs once per grammar)."""
         import llguidance.numpy as llg_numpy
 
+        self._report = report or _log_clipped
         self._matcher = matcher
         self._vocab = vocab_size
         self._eos = eos_token_ids
@@ -70,7 +90,7 @@ class GrammarProcessor:
         # Should not happen (the sampler only sees allowed tokens); end the
         # output rather than let it run on unconstrained.
         self.failed = why
-        log.warning("constrained decoding left its grammar: %s", why)
+        self._report(why)
 
     def _only_eos(self, logits: Any) -> Any:
         import mlx.core as mx

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -63,7 +64,20 @@ def load_registry(
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not UTF-8 text (byte {exc.start})", file=str(path)) from None
-    return _load(text, data, path, env=env, physical_memory=physical_memory, downloader=downloader, kinds=kinds)
+    registry = _load(text, data, path, env=env, physical_memory=physical_memory, downloader=downloader, kinds=kinds)
+    _warn_if_keys_readable(path, registry)
+    return registry
+
+
+def _warn_if_keys_readable(path: Path, registry: Registry) -> None:
+    # As for an API keys file: keys in a file others can read are no secret.
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return
+    if registry.server.api_keys and mode & (stat.S_IRWXG | stat.S_IRWXO):
+        logger.warning("%s holds server.api_keys and can be read by other users; chmod 600 it "
+                       "(or keep the keys in an api_keys_file)", path)
 
 
 def load_registry_text(

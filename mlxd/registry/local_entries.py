@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from mlxd.errors import ConfigError
+from mlxd.errors import ConfigError, clip
 from mlxd.registry.document import Loc
 from mlxd.registry.model import Footprint, ModelSpec, PrefixCacheSpec, template_pairs
 from mlxd.registry.resolve import Downloader, detect_kind, read_model_config, resolve_model_dir
@@ -72,6 +72,14 @@ class LocalEntries:
             weights = weights_bytes(folder)
         except ConfigError as exc:
             broken = exc.detail
+            folder, config, weights = self.s.local_path(source), {}, 0
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            # Whatever one model's files provoke (a parser's RecursionError,
+            # a Rust panic, a bug of ours) fails that model alone; a registry
+            # read by serve, check or a reload must survive any file.
+            broken = f"cannot read `{source}` ({type(exc).__name__}: {clip(str(exc), 200)})"
             folder, config, weights = self.s.local_path(source), {}, 0
 
         kind = entry.kind or ("vision" if entry.mllm else detect_kind(config))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -325,6 +326,15 @@ class BackendSection(_Section):
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
+        # A key inside the url would be shown by /v1/status and log lines:
+        # refused, and the value not echoed.
+        parts = urlsplit(value)
+        if "@" in parts.netloc:
+            raise ValueError("must not carry credentials (user:password@); put the key in an environment "
+                             "variable and name it in `api_key_env`")
+        if parts.query or parts.fragment or "?" in value or "#" in value:
+            raise ValueError("must not carry a query string or fragment (where keys hide); put the key in an "
+                             "environment variable and name it in `api_key_env`")
         if not value.startswith(("http://", "https://")) or len(value) <= len("https://"):
             raise ValueError(f"must be an http:// or https:// URL ending in /v1, got {value!r}")
         return value.rstrip("/")

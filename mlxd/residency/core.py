@@ -544,7 +544,7 @@ class ResidencyCore:
     def _load_failed_error(self, r: Resident, now: float) -> ModelLoadFailed:
         retry = max(1.0, (r.retry_at or now) - now)
         return ModelLoadFailed(
-            f"Model `{r.name}` failed to load: {r.last_error}. Retrying in {retry:.0f} s.",
+            f"Model `{r.name}` failed to load: {_sentence(r.last_error)} Retrying in {retry:.0f} s.",
             retry_after=retry,
         )
 
@@ -770,3 +770,10 @@ class ResidencyCore:
             actions.append(Note("drain", name, reason))
             actions += self._drain(self.residents[name], drain, now)
         return actions
+
+
+def _sentence(text: str | None) -> str:
+    """``text`` ending as one sentence: an error that ends with its own stop
+    gets no second one."""
+    text = (text or "").strip()
+    return text if text.endswith((".", "!", "?")) else text + "."

@@ -84,13 +84,18 @@ def closed(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = {k: closed(v) if k in _SUBSCHEMA_KEYS else v for k, v in schema.items()}
+    for key in ("properties", *_NAMED_SUBSCHEMAS):
+        if isinstance(out.get(key), dict):
+            out[key] = {k: closed(v) for k, v in out[key].items()}
     if "properties" in out and isinstance(out["properties"], dict):
-        out["properties"] = {k: closed(v) for k, v in out["properties"].items()}
         out.setdefault("additionalProperties", False)
     return out
 
 
-_SUBSCHEMA_KEYS = ("items", "anyOf", "oneOf", "allOf", "$defs", "definitions", "prefixItems")
+_SUBSCHEMA_KEYS = ("items", "anyOf", "oneOf", "allOf", "prefixItems")
+# Maps of name -> schema: each schema is closed (Pydantic's nested models
+# live in ``$defs``).
+_NAMED_SUBSCHEMAS = ("$defs", "definitions")
 
 
 def _json(schema: dict[str, Any]) -> str:
@@ -102,18 +107,53 @@ def _quote(text: str) -> str:
     return json.dumps(text)
 
 
-def _call_object(function: dict[str, Any], arguments_key: str) -> dict[str, Any]:
+def _has_refs(schema: Any) -> bool:
+    if isinstance(schema, dict):
+        return isinstance(schema.get("$ref"), str) or any(_has_refs(v) for v in schema.values())
+    return isinstance(schema, list) and any(_has_refs(v) for v in schema)
+
+
+def _rebased(schema: Any, base: str) -> Any:
+    """``schema`` with each local ``$ref`` (``#``, ``#/$defs/X``, ...) made to
+    point under ``base``, the JSON pointer where ``schema`` now sits."""
+    if isinstance(schema, list):
+        return [_rebased(s, base) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _rebased(v, base) for k, v in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        out["$ref"] = base + ref[1:]
+    return out
+
+
+def _placed(function: dict[str, Any], slot: str, defs: dict[str, Any]) -> Any:
+    """The function's parameters to nest inside a larger schema. Their
+    ``$ref`` pointers (Pydantic's ``#/$defs/Model``) are written against
+    their own root, which nesting moves: a schema with any goes whole into
+    the larger one's ``defs`` under ``slot``, its pointers rebased there,
+    and is referred to; one without stays inline as it was."""
+    params = function["parameters"]
+    if not _has_refs(params):
+        return params
+    defs[slot] = _rebased(params, f"#/$defs/{slot}")
+    return {"$ref": f"#/$defs/{slot}"}
+
+
+def _call_object(function: dict[str, Any], arguments_key: str, arguments: Any) -> dict[str, Any]:
     return {
         "type": "object",
-        "properties": {"name": {"const": function["name"]}, arguments_key: function["parameters"]},
+        "properties": {"name": {"const": function["name"]}, arguments_key: arguments},
         "required": ["name", arguments_key],
         "additionalProperties": False,
     }
 
 
 def _any_call(functions: list[dict[str, Any]], arguments_key: str) -> dict[str, Any]:
-    objects = [_call_object(f, arguments_key) for f in functions]
-    return objects[0] if len(objects) == 1 else {"anyOf": objects}
+    defs: dict[str, Any] = {}
+    objects = [_call_object(f, arguments_key, _placed(f, f"mlxd_tool_{i}", defs)) for i, f in enumerate(functions)]
+    call = objects[0] if len(objects) == 1 else {"anyOf": objects}
+    return {**call, "$defs": defs} if defs else call
 
 
 def _marker(fmt: ToolFormat, marker: str) -> str:
@@ -159,13 +199,24 @@ def _qwen3_coder(fmt: ToolFormat, functions: list[dict[str, Any]]) -> str:
             rule = f"p{i}_{j}"
             open_tag = _quote(f"<parameter={param}>\n")
             rules.append(f"{rule}: {open_tag} {rule}_v {_quote(chr(10) + '</parameter>' + chr(10))}")
-            rules.append(f"{rule}_v: {_xml_value(sub if isinstance(sub, dict) else {})}")
+            rules.append(f"{rule}_v: {_xml_value(_with_root(schema, sub if isinstance(sub, dict) else {}))}")
             parts.append(rule if param in required else f"{rule}?")
         head = _quote(f"<function={function['name']}>\n")
         rules.append(f"fn{i}: {head} {' '.join(parts)} {_quote('</function>')}")
         alternatives.append(f"fn{i}")
     start, end = _marker(fmt, fmt.start), _marker(fmt, fmt.end)
     return f'call: {start} "\\n" ({" | ".join(alternatives)}) "\\n" {end}\n' + "\n".join(rules)
+
+
+def _with_root(root: dict[str, Any], sub: dict[str, Any]) -> dict[str, Any]:
+    """A parameter's own schema, compiled alone, with what its ``$ref``
+    pointers name: the whole parameters schema rides along under ``$defs``."""
+    if not _has_refs(sub):
+        return sub
+    slot = "mlxd_params"
+    # Pointers are relative to the document's root, never to a subschema,
+    # so rebasing every one onto the slot also covers a ``$defs`` of ``sub``.
+    return {**_rebased(sub, f"#/$defs/{slot}"), "$defs": {slot: _rebased(root, f"#/$defs/{slot}")}}
 
 
 def _xml_value(schema: dict[str, Any]) -> str:

@@ -378,6 +378,7 @@ async def test_a_body_that_is_not_json_is_named_as_such(tmp_path):
         call = await h.post("/v1/chat/completions", b"{not json").done()
     assert call.status == 400 and _error(call)["message"] == "The request body is not valid JSON"
     assert _error(call)["param"] is None
+    assert _error(call)["code"] == "invalid_json"  # a code a client can branch on, not null
 
 
 async def test_a_preempted_answer_is_a_503_with_retry_after(tmp_path):
@@ -446,3 +447,22 @@ def test_stop_strings_apply_to_everything_but_a_forced_call(choice, stops):
     assert [r.stop for r in attempt.requests] == [stops, stops]
     # The plan is not rewritten: the next target's attempt starts from the client's stop strings.
     assert [r.stop for r in plan.requests] == [["</s>", '"'], ["</s>", '"']]
+
+
+@pytest.mark.parametrize("path, body, field", [
+    ("/v1/chat/completions", {"messages": CHAT, "max_tokens": "3"}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": "3"}, "max_completion_tokens"),
+    ("/v1/messages", {"messages": CHAT, "max_tokens": "3"}, "max_tokens"),
+    ("/v1/responses", {"input": "Say hello", "max_output_tokens": "3"}, "max_output_tokens"),
+])
+async def test_a_token_limit_sent_as_a_string_is_refused_not_coerced(tmp_path, path, body, field):
+    # OpenAI and Anthropic refuse "3" for an integer; coercing it hides a
+    # client's bug (and "3" is not what a typed SDK would ever send).
+    h = Harness(tmp_path, ["stop"])
+    async with running(h.app):
+        call = await h.post(path, {"model": "m", **body}).done()
+    assert call.status == 400, call.json()
+    body = call.json()
+    message = body["error"]["message"]
+    assert field in message and "integer" in message.lower(), message
+    assert h.engine.requests == []

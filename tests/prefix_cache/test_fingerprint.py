@@ -12,7 +12,7 @@ import time
 import pytest
 
 from mlxd.engine.cache_store.bound import enforce_total_bound
-from mlxd.engine.fingerprint import model_fingerprint
+from mlxd.engine.fingerprint import CACHE_FORMAT_VERSION, model_fingerprint
 from mlxd.factory import ModelRecipe, build_model
 
 
@@ -93,14 +93,22 @@ def test_a_folder_without_weights_has_none(tmp_path):
         model_fingerprint(tmp_path, None)
 
 
+def _saved_folder(folder, stem, saved_at):
+    """A fingerprint folder with one 1000-byte entry its manifest names, saved at ``saved_at``."""
+    folder.mkdir(parents=True)
+    entry = stem * 16 + ".safetensors"
+    (folder / entry).write_bytes(b"x" * 1000)
+    (folder / "manifest.json").write_text(json.dumps({
+        "format": CACHE_FORMAT_VERSION, "fingerprint": folder.name, "saved_at": saved_at,
+        "entries": [{"file": entry, "tokens": 10, "sha256": "0" * 64, "bytes": 1000}],
+    }))
+    os.utime(folder / "manifest.json", (saved_at, saved_at))
+
+
 def test_the_cache_dir_bound_removes_the_least_recently_saved_folders(tmp_path):
     root = tmp_path / "prefix"
     for age, name in enumerate(["newest", "middle", "oldest"]):
-        folder = root / name
-        folder.mkdir(parents=True)
-        (folder / ("ab" * 16 + ".safetensors")).write_bytes(b"x" * 1000)
-        stamp = time.time() - age * 1000
-        os.utime(folder / ("ab" * 16 + ".safetensors"), (stamp, stamp))
+        _saved_folder(root / name, "ab", time.time() - age * 1000)
     (root / ".locks").mkdir()
     ours = {"newest", "middle", "oldest"}
 
@@ -113,11 +121,7 @@ def test_the_cache_dir_bound_removes_the_least_recently_saved_folders(tmp_path):
 def test_the_cache_dir_bound_leaves_other_daemons_folders_until_they_are_stale(tmp_path):
     root = tmp_path / "prefix"
     for name, age in [("mine", 0), ("theirs", 3600), ("abandoned", 90 * 24 * 3600)]:
-        folder = root / name
-        folder.mkdir(parents=True)
-        (folder / ("cd" * 16 + ".safetensors")).write_bytes(b"x" * 1000)
-        stamp = time.time() - age
-        os.utime(folder / ("cd" * 16 + ".safetensors"), (stamp, stamp))
+        _saved_folder(root / name, "cd", time.time() - age)
 
     # Over the bound: the stale folder goes first; another daemon's live one never.
     assert enforce_total_bound(root, 1000, ours={"mine"}) == ["abandoned"]

@@ -508,18 +508,38 @@ def test_error_renders_as_file_line_key_message(tmp_path, model_dir):
     assert caught.value.as_dict()["line"] == 4
 
 
+def _refused(tmp_path, model_dir, head: str) -> ConfigError:
+    """The error for a file of ``head`` (YAML, dedented) above one model."""
+    text = textwrap.dedent(head) + f"models:\n  - name: a\n    path: {model_dir}\n"
+    with pytest.raises(ConfigError) as caught:
+        load_registry_text(text, tmp_path / "m.yaml")
+    return caught.value
+
+
 def test_a_bad_api_key_is_not_echoed(tmp_path, model_dir):
-    text = f"""\
+    error = _refused(tmp_path, model_dir, """\
         server:
           api_keys: [sk-good, 998877665544]
-        models:
-          - name: a
-            path: {model_dir}
-        """
-    with pytest.raises(ConfigError) as caught:
-        load_registry_text(textwrap.dedent(text), tmp_path / "m.yaml")
-    assert caught.value.key == "server.api_keys[1]"
-    assert "998877665544" not in str(caught.value)
+        """)
+    assert error.key == "server.api_keys[1]"
+    assert "998877665544" not in str(error)
+
+
+@pytest.mark.parametrize("url, words", [
+    ("http://admin:s3cr3t-pass@gpu-box:8000/v1", "credentials"),
+    ("https://gpu-box/v1?api_key=s3cr3t-pass", "query string"),
+    ("https://gpu-box/v1#s3cr3t-pass", "query string"),
+])
+def test_credentials_in_a_backend_url_are_refused_and_not_echoed(tmp_path, model_dir, url, words):
+    # A url with a key in it would be shown by /v1/status and WARNING lines.
+    error = _refused(tmp_path, model_dir, f"""\
+        backends:
+          gpu:
+            url: "{url}"
+        """)
+    assert error.key == "backends.gpu.url"
+    assert words in error.detail and "api_key_env" in error.detail
+    assert "s3cr3t" not in str(error)
 
 
 def test_missing_file(tmp_path):
@@ -593,3 +613,23 @@ def test_a_model_files_problem_breaks_that_model_only(tmp_path, make_model, text
     broken, good = registry.models
     assert fragment in broken.broken and broken.charge_bytes < good.charge_bytes
     assert good.broken is None
+
+
+def test_api_keys_in_a_file_others_can_read_are_warned_about(tmp_path, model_dir, caplog):
+    import logging
+    import os
+
+    path = tmp_path / "models.yaml"
+    path.write_text(f"server:\n  api_keys: [sk-local-key]\nmodels:\n  - name: a\n    path: {model_dir}\n")
+    os.chmod(path, 0o644)
+    with caplog.at_level(logging.WARNING, logger="mlxd.registry"):
+        load_registry(path)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(str(path) in m and "server.api_keys" in m and "chmod 600" in m for m in warned), warned
+    assert not any("sk-local-key" in m for m in warned)
+
+    caplog.clear()
+    os.chmod(path, 0o600)
+    with caplog.at_level(logging.WARNING, logger="mlxd.registry"):
+        load_registry(path)
+    assert not [r for r in caplog.records if "api_keys" in r.getMessage()]

@@ -142,6 +142,18 @@ def test_failed_load_is_retried_with_backoff_and_waiters_get_503():
     assert sim.rejected[r4].retry_after == 10, "backoff doubles"
 
 
+def test_a_load_error_that_ends_its_own_sentence_gets_no_second_stop():
+    sim = Sim.of(manager(4, load_retry_backoff_s=5), spec("a", 1), spec("b", 1))
+    first, second = sim.request("a"), sim.request("b")
+    sim.finish_load("a", error="Tensor 'x' has a dimension that is too large. Perhaps a corrupt file?")
+    sim.finish_load("b", error="Expected shape (4, 8) but received shape (4, 0).")
+    assert str(sim.rejected[first]) == (
+        "Model `a` failed to load: Tensor 'x' has a dimension that is too large. Perhaps a corrupt file? "
+        "Retrying in 5 s.")
+    assert str(sim.rejected[second]).startswith(
+        "Model `b` failed to load: Expected shape (4, 8) but received shape (4, 0). Retrying in")
+
+
 def test_admin_load_skips_the_backoff():
     sim = Sim.of(manager(4, load_retry_backoff_s=60), spec("a", 1))
     sim.request("a")

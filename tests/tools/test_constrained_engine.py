@@ -190,3 +190,33 @@ def test_a_token_outside_the_grammar_ends_the_output(qwen_tiny):
     allowed = [i for i, v in enumerate(masked[0].tolist()) if v != float("-inf")]
     assert allowed == compiler.eos_token_ids
     assert processor.failed and not processor.complete
+
+
+def test_leaving_a_large_grammar_logs_one_clipped_line_once_per_grammar(qwen_tiny, caplog):
+    import logging
+
+    import mlx.core as mx
+    from mlx_lm import load
+
+    from mlxd.grammar.compiler import GrammarCompiler
+    from mlxd.grammar.processor import GrammarProcessor
+
+    _, tokenizer = load(str(qwen_tiny))
+    compiler = GrammarCompiler(tokenizer, 2048)
+    # A client's schema of ~2 MB: it must not reach the log, let alone per request.
+    schema = {"type": "object", "properties": {f"field_{i:06d}": {"type": "boolean", "description": "x" * 60}
+                                               for i in range(2_000)}, "required": ["field_000000"]}
+    constraint = Constraint.json_schema(schema)
+    prompt = tokenizer.encode("Answer:")
+    not_json = tokenizer.encode("hello")[0]
+    with caplog.at_level(logging.WARNING, logger="mlxd.grammar"):
+        for _ in range(3):  # three requests under the same grammar, each leaving it
+            processor = GrammarProcessor(compiler.matcher(constraint), 2048, compiler.eos_token_ids,
+                                         report=lambda why: compiler.report_failure(constraint, why))
+            processor(mx.array(prompt), mx.zeros((1, 2048)))
+            processor(mx.array([*prompt, not_json]), mx.zeros((1, 2048)))
+            assert processor.failed
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "\n" not in warnings[0] and len(warnings[0]) <= 400, warnings[0][:500]
+    assert "left its grammar" in warnings[0]

@@ -45,3 +45,49 @@ def with_template(model_dir: Path, out: Path, template: str = QWEN_TOOLS_TEMPLAT
         config["chat_template"] = template
         config_file.write_text(json.dumps(config, indent=2))
     return out
+
+
+# Nested Pydantic models, as Python tool frameworks and MCP servers declare
+# tools: their JSON schema keeps each nested model under ``$defs`` and points
+# at it with ``$ref`` (``#/$defs/Address``). Bounded everywhere so that a
+# random-weight model under the grammar finishes well inside max_tokens.
+def _order_model() -> type:
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Address(BaseModel):
+        city: Literal["Paris", "Rome", "Oslo"]
+        floor: int = Field(ge=0, le=9)
+
+    class Order(BaseModel):
+        item: Literal["tea", "coffee"]
+        ship_to: Address
+        also_to: list[Address] = Field(max_length=2)
+
+    return Order
+
+
+def _refund_model() -> type:
+    from pydantic import BaseModel, Field
+
+    class Address(BaseModel):  # another tool's own Address, of another shape
+        zip: int = Field(ge=1000, le=9999)
+
+    class Refund(BaseModel):
+        order: int = Field(ge=0, le=99)
+        back_to: Address
+
+    return Refund
+
+
+def pydantic_tools() -> tuple[list[dict], dict[str, type]]:
+    """Two tools in OpenAI chat's shape, each with its own ``$defs`` (both
+    name an ``Address``), and the Pydantic models that validate their calls."""
+    models = {"place_order": _order_model(), "refund": _refund_model()}
+    tools = [
+        {"type": "function", "function": {"name": name, "description": model.__name__,
+                                          "parameters": model.model_json_schema()}}
+        for name, model in models.items()
+    ]
+    return tools, models

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from mlxd.api.anthropic import normalise
 from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
@@ -108,7 +108,7 @@ class _Base(BaseModel):
 
 
 class MessagesRequest(_Base):
-    max_tokens: int = Field(ge=1)
+    max_tokens: StrictInt = Field(ge=1)
     stop_sequences: list[str] | None = None
     temperature: float | None = Field(default=None, ge=0, le=1)
     top_p: float | None = Field(default=None, gt=0, le=1)

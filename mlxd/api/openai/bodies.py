@@ -11,7 +11,7 @@ import re
 from dataclasses import replace
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
 from mlxd.api.plan import OutputRequest, Plan, Requested
@@ -39,7 +39,7 @@ class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=0)
@@ -208,7 +208,7 @@ def _part(part: dict[str, Any], param: str) -> Part:
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     # Checked by mlxd.tools.output_plan against the model's tool-call format once
     # the model is leased (a BadRequest naming the field for each mistake).
     tools: list[Any] | None = None

@@ -21,7 +21,8 @@ def error_body(exc: BaseException) -> dict[str, Any]:
 
 
 # OpenAI's codes for a body that does not validate (a body that is not JSON has none).
-INVALID_CODES = {"missing": "missing_required_parameter", "type": "invalid_type", "value": "invalid_value"}
+INVALID_CODES = {"missing": "missing_required_parameter", "type": "invalid_type", "value": "invalid_value",
+                 "json": "invalid_json"}
 
 
 class OpenAIErrors:

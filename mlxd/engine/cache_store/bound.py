@@ -8,26 +8,27 @@ folders are neither counted nor deleted, unless nothing has saved to them for
 ``STALE_SECONDS`` (the leftovers of a replaced model, or of a daemon long
 gone), which then go first. A lock file (``.locks/bound.lock``) keeps two
 daemons from bounding at the same time, and a folder whose manifest is being
-updated (its flock is held) is never removed. Removal deletes only the files
-mlxd wrote (``files.clear_folder``) and never follows a symlink.
+updated (its flock is held) is never removed, nor one whose model any daemon
+has loaded or is loading (its use lock is held shared, restore included).
+Folders are sized by the bytes their manifests name: torn temporary files of
+a killed save are not the cache and do not push live folders out. Removal
+deletes only the files mlxd wrote (``files.clear_folder``) and never follows
+a symlink.
 
 Plain file I/O: run it with ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import logging
-import os
-import stat
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from mlxd.engine.cache_store.files import LOCKS, clear_folder, is_real_folder
-from mlxd.engine.cache_store.folder import folder_lock
+from mlxd.engine.cache_store.folder import USE, folder_lock, named_size
 
 log = logging.getLogger(__name__)
 
@@ -74,18 +75,13 @@ def enforce_total_bound(
 
 
 def _folders(root: Path) -> list[_Folder]:
-    """The fingerprint folders under ``root``; symlinks are not followed (nor listed)."""
+    """The fingerprint folders under ``root``, sized by what their manifests
+    name; symlinks are not followed (nor listed)."""
     found = []
     for path in root.iterdir():
         if path.name.startswith(".") or not is_real_folder(path):
             continue
-        size, newest = 0, 0.0
-        for item in path.iterdir():
-            with contextlib.suppress(OSError):
-                st = os.lstat(item)
-                if stat.S_ISREG(st.st_mode):
-                    size += st.st_size
-                    newest = max(newest, st.st_mtime)
+        size, newest = named_size(path)
         found.append(_Folder(path, newest, size))
     return found
 
@@ -96,10 +92,14 @@ def _evict(root: Path, folders: list[_Folder], max_bytes: int, keep: set[str]) -
     for folder in sorted(folders, key=lambda f: f.newest):
         if total <= max_bytes:
             break
-        if folder.path.name in keep:
-            continue
-        with folder_lock(root, folder.path.name, blocking=False) as taken:
-            if not taken:
+        if folder.path.name in keep or folder.size == 0:
+            continue  # a folder of no named bytes frees nothing (it may be a first save under way)
+        name = folder.path.name
+        # Not while any daemon has the model loaded or loading (its use lock
+        # is held shared), nor while its manifest is being updated.
+        with folder_lock(root, name, blocking=False, kind=USE) as unused, \
+                folder_lock(root, name, blocking=False) as taken:
+            if not (unused and taken):
                 continue
             clear_folder(folder.path)
         total -= folder.size

@@ -105,6 +105,29 @@ class CacheStore:
         self.fingerprint = fingerprint
         self.folder = self.root / fingerprint
         self.max_bytes = max(0, int(max_bytes))
+        self._use: contextlib.ExitStack | None = None
+
+    # ----------------------------------------------------------------- use
+    def hold(self) -> None:
+        """Mark the folder in use (a shared flock on its use lock) from the
+        start of a model's load, restore included, until ``release``: the
+        cache-dir bound of any daemon sharing the dir never removes it
+        meanwhile. Blocks while a bound is removing it; call it in a thread."""
+        if self._use is not None:
+            return
+        use = contextlib.ExitStack()
+        try:
+            use.enter_context(folder_lock(self.root, self.fingerprint, kind=USE, shared=True))
+        except OSError as exc:  # the dir cannot be used: saving will say so too, and fail nothing
+            log.warning("prefix cache %s: cannot mark the folder in use (%s)", self.fingerprint,
+                        describe_exception(exc))
+            return
+        self._use = use
+
+    def release(self) -> None:
+        use, self._use = self._use, None
+        if use is not None:
+            use.close()
 
     # ------------------------------------------------------------- reading
     def read_manifest(self) -> Manifest:
@@ -276,15 +299,48 @@ class CacheStore:
             remove_file(self.folder / name)
 
 
+# A folder's two locks: ``lock`` serialises manifest updates (held briefly,
+# exclusively); ``use`` is held shared by every daemon that has the model
+# loaded or loading, and exclusively by a bound while it removes the folder.
+LOCK, USE = "lock", "use"
+
+
+def named_size(folder: Path) -> tuple[int, float]:
+    """The bytes of the entries the folder's manifest names, and when it was
+    last saved (the manifest's time; without one, its newest file's). Torn
+    temporary files and orphans are not the cache: the bound counts what a
+    restore would read. Reads without the lock: manifests are replaced whole."""
+    try:
+        st = os.lstat(folder / MANIFEST)
+        raw = json.loads((folder / MANIFEST).read_bytes()) if stat.S_ISREG(st.st_mode) else None
+    except (OSError, ValueError):
+        raw, st = None, None
+    if not isinstance(raw, dict) or st is None:
+        newest = 0.0
+        with contextlib.suppress(OSError):
+            for item in folder.iterdir():
+                with contextlib.suppress(OSError):
+                    newest = max(newest, os.lstat(item).st_mtime)
+        return 0, newest
+    size = 0
+    for item in raw.get("entries") or []:
+        with contextlib.suppress(ValueError):
+            size += StoredEntry.parse(item).bytes
+    return size, st.st_mtime
+
+
 @contextlib.contextmanager
-def folder_lock(root: Path, fingerprint: str, *, blocking: bool = True) -> Iterator[bool]:
-    """An exclusive flock on one folder's lock file; yields whether it was
-    taken (always, when blocking)."""
+def folder_lock(
+    root: Path, fingerprint: str, *, blocking: bool = True, kind: str = LOCK, shared: bool = False
+) -> Iterator[bool]:
+    """A flock on one of a folder's lock files (exclusive unless ``shared``);
+    yields whether it was taken (always, when blocking)."""
     locks = Path(root) / LOCKS
     locks.mkdir(parents=True, exist_ok=True)
-    with open(locks / f"{fingerprint}.lock", "a+") as handle:
+    with open(locks / f"{fingerprint}.{kind}", "a+") as handle:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+            fcntl.flock(handle, mode | (0 if blocking else fcntl.LOCK_NB))
         except BlockingIOError:
             yield False
             return
