@@ -20,8 +20,9 @@ from mlxd.api.openai import routes as openai
 from mlxd.api.openai.errors import OpenAIErrors
 from mlxd.api.responses import routes as responses
 from mlxd.api.responses.bodies import FIELDS as RESPONSES_FIELDS
-from mlxd.api.routes import admin, monitoring
+from mlxd.api.routes import admin, cache, monitoring, requests
 from mlxd.api.guards import RequestGuard
+from mlxd.api.request_ids import RequestIds
 from mlxd.errors import MlxdError, ShuttingDown
 
 log = logging.getLogger("mlxd.http")
@@ -53,7 +54,8 @@ class Gatekeeper:
             path = scope["path"]
             try:
                 if path not in OPEN_PATHS and (path.startswith("/v1/") or path == "/metrics"):
-                    check_api_key(Request(scope), self.ctx.settings.server.api_keys)
+                    caller = check_api_key(Request(scope), self.ctx.settings.server)
+                    scope.setdefault("state", {})["caller"] = caller
                 if self.ctx.draining and scope["method"] == "POST" and path.startswith("/v1/"):
                     raise ShuttingDown("mlxd is shutting down; retry shortly", retry_after=5)
             except MlxdError as exc:
@@ -105,13 +107,17 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
 
     app.add_middleware(Gatekeeper, ctx=ctx, shape_for=shape_for)
 
-    # Added last, so it runs first: refused requests never reach the app.
+    # Added after the gatekeeper, so it runs before it: refused requests never reach the app.
     app.add_middleware(RequestGuard, server=lambda: ctx.settings.server, shape_for=shape_for)
+    # Outermost: every response, a refused one too, names its request.
+    app.add_middleware(RequestIds)
 
     app.include_router(openai.router())
     app.include_router(anthropic.router())
     app.include_router(responses.router())
     app.include_router(admin.router(reloader))
+    app.include_router(requests.router())
+    app.include_router(cache.router())
     # Also serves GET / and /dashboard, the status page.
     app.include_router(monitoring.router())
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mlxd.api.images import ImageMemory
+from mlxd.api.inflight import InFlight
 from mlxd.api.responses.store import ResponseStore
 from mlxd.api.token_count import TokenCounter
 from mlxd.engine.worker import MlxWorker
@@ -42,6 +43,8 @@ class DaemonContext:
     # Decoded image pixels held at once, across every request.
     image_memory: ImageMemory = field(default_factory=lambda: ImageMemory(ServerSpec().max_image_memory_bytes))
     backends: BackendPool = field(default_factory=lambda: BackendPool(()))
+    # The requests under way, by X-Request-Id and response id (cancel routes).
+    inflight: InFlight = field(default_factory=InFlight)
     # Failover entries: the target order per request, and what each target did.
     failover: FailoverRouter = field(init=False)
 
@@ -68,7 +71,7 @@ class DaemonContext:
             blas=dict(self.blas),
             host=server.host,
             port=server.port,
-            auth_required=bool(server.api_keys),
+            auth_required=bool(server.api_keys or server.read_only_keys),
             metrics_enabled=self.settings.metrics,
             backends=self.backends.views(),
             failovers=self.failover.views(),

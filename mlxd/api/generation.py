@@ -18,16 +18,20 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from mlxd.api.accounting import record_request
+from mlxd.api.auth import caller_of
 from mlxd.api.context import DaemonContext
+from mlxd.api.inflight import InFlightRequest
 from mlxd.api.inbox import StreamInbox
 from mlxd.api.events import ChoiceEvents, Finish, Logprobs, OutputEvent, TextDelta, ToolCallDelta, Usage
 from mlxd.api.plan import Plan
+from mlxd.api.request_ids import request_id_of
 from mlxd.api.start import Started, start
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.errors import (
     ClientDisconnected,
     MlxdError,
     ModelPreempted,
+    RequestCancelled,
     RequestTimeout,
     describe_exception,
 )
@@ -56,22 +60,31 @@ async def _disconnected(request: Request) -> None:
             return
 
 
-async def guarded(request: Request, work: Awaitable[T], timeout: float) -> T:
-    """Run ``work`` until it finishes, the client disconnects (499) or the
-    deadline passes (504). Either way the work is cancelled and awaited, so
-    whatever it held (a lease) has been given back when this returns."""
+async def guarded(
+    request: Request, work: Awaitable[T], timeout: float, cancelled: asyncio.Event | None = None
+) -> T:
+    """Run ``work`` until it finishes, the client disconnects (499), the
+    deadline passes (504) or the request is cancelled by id (499, with a
+    body). Either way the work is cancelled and awaited, so whatever it held
+    (a lease, a place in the queue) has been given back when this returns."""
     task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
+    watchers = {asyncio.ensure_future(_disconnected(request))}
+    stopper = asyncio.ensure_future(cancelled.wait()) if cancelled is not None else None
+    if stopper is not None:
+        watchers.add(stopper)
     try:
-        done, _ = await asyncio.wait({task, watcher}, timeout=max(0.0, timeout), return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({task, *watchers}, timeout=max(0.0, timeout), return_when=asyncio.FIRST_COMPLETED)
     finally:
-        watcher.cancel()
+        for watcher in watchers:
+            watcher.cancel()
     if task in done:
         return task.result()
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
-    if watcher in done:
+    if stopper is not None and stopper in done:
+        raise RequestCancelled("The request was cancelled (POST /v1/requests/{id}/cancel)")
+    if done:
         raise ClientDisconnected("client disconnected")
     raise RequestTimeout(f"Request timed out after {timeout:.1f} seconds")
 
@@ -182,13 +195,13 @@ async def _generate_all(ctx: DaemonContext, plan: Plan, started: Started) -> Ans
     return answer
 
 
-async def complete(ctx: DaemonContext, plan: Plan, request: Request) -> Answer:
+async def complete(ctx: DaemonContext, plan: Plan, request: Request, ticket: InFlightRequest) -> Answer:
     async def work() -> Answer:
         async with await start(ctx, plan) as started:
             return await _generate_all(ctx, plan, started)
 
     try:
-        answer = await guarded(request, work(), plan.remaining())
+        answer = await guarded(request, work(), plan.remaining(), ticket.cancelled)
     except MlxdError as exc:
         record_request(ctx, exc.status_code, plan)
         raise
@@ -227,6 +240,8 @@ class Framer(Protocol):
 _END = object()
 # Put into a stream's queue when it has been quiet for a heartbeat interval.
 _TICK = object()
+# Put into it when the request is cancelled by id.
+_CANCEL = object()
 
 
 class LeasedStreamingResponse(StreamingResponse):
@@ -235,13 +250,14 @@ class LeasedStreamingResponse(StreamingResponse):
 
     def __init__(
         self, content: AsyncIterator[str], started: Started | None, *,
-        pending: asyncio.Future[Started] | None = None, **kw: Any,
+        pending: asyncio.Future[Started] | None = None, done: Callable[[], None] = lambda: None, **kw: Any,
     ) -> None:
         super().__init__(content, media_type="text/event-stream", **kw)
         self._started = started
         # An early stream's lease, still being waited for.
         self._pending = pending
         self._content = content
+        self._done = done
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -253,9 +269,12 @@ class LeasedStreamingResponse(StreamingResponse):
                 await self._started.close()
             if self._pending is not None:
                 await _abandon(self._pending)
+            self._done()
 
 
-async def open_stream(ctx: DaemonContext, plan: Plan, request: Request, framer: Framer) -> LeasedStreamingResponse:
+async def open_stream(
+    ctx: DaemonContext, plan: Plan, request: Request, framer: Framer, ticket: InFlightRequest
+) -> LeasedStreamingResponse:
     """Start before answering (a remote engine's backend accepting
     included), so a 404/429/503/504 is a real status code; an ``early``
     framer waits only a moment for that, then answers 200 and keeps waiting
@@ -265,14 +284,15 @@ async def open_stream(ctx: DaemonContext, plan: Plan, request: Request, framer: 
     # Not early: the deadline (guarded's) ends the wait, with a 504.
     wait = EARLY_WAIT_SECONDS if getattr(framer, "early", False) else plan.remaining() + 1
     try:
-        started = await guarded(request, _first_of(acquiring, wait), plan.remaining())
+        started = await guarded(request, _first_of(acquiring, wait), plan.remaining(), ticket.cancelled)
     except MlxdError as exc:
         record_request(ctx, exc.status_code, plan)
         raise
     pending = None if started is not None else acquiring
-    frames = _frames(ctx, plan, started, framer, pending)
+    frames = _frames(ctx, plan, started, framer, pending, ticket)
     return LeasedStreamingResponse(
-        frames, started, pending=pending, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        frames, started, pending=pending, done=lambda: ctx.inflight.remove(ticket),
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
 
 
@@ -333,6 +353,8 @@ class _StreamState:
         # them): a stream that ends early is logged with what it really cost.
         self._partial = (0, 0)
         self.status = 200
+        self.finished: set[int] = set()
+        self.cancelled = False
 
     def totals(self) -> tuple[int, int]:
         """Prompt and completion tokens so far, the unfinished prompt included."""
@@ -342,6 +364,8 @@ class _StreamState:
         """Frames for one queue item, and whether the stream is over."""
         if item is _END:
             return [], True
+        if item is _CANCEL:
+            return self.cancel(), True
         if isinstance(item, BaseException):
             self.status = item.status_code if isinstance(item, MlxdError) else 500
             if isinstance(item, MlxdError):  # a backend that failed, a preemption: expected, and typed
@@ -362,20 +386,44 @@ class _StreamState:
             if isinstance(event, Finish):
                 self._partial = (0, 0)
                 self.usage = self.usage + event.usage
+                self.finished.add(event.choice)
             out.append(self.framer.event(event))
         return out, False
 
+    def cancel(self) -> list[str]:
+        """Cancelled by id: every unfinished choice ends as if it had
+        stopped, with the tokens it cost so far; the stream then closes
+        cleanly. (The engine stops at its next step once the pump goes.)"""
+        self.cancelled = True
+        prompt, completion = self._partial
+        out = []
+        for choice in range(max(1, len(self.plan.requests))):
+            if choice not in self.finished:
+                usage = Usage(prompt, completion)
+                prompt = completion = 0  # the running counts are one generation's
+                self.finished.add(choice)
+                self.usage = self.usage + usage
+                out.append(self.framer.event(Finish(choice, "stop", usage)))
+        self._partial = (0, 0)
+        return out
+
 
 async def _heartbeats_until(
-    ctx: DaemonContext, acquiring: asyncio.Future[Started], framer: Framer
+    ctx: DaemonContext, acquiring: asyncio.Future[Started], framer: Framer, cancelled: asyncio.Event
 ) -> AsyncIterator[str]:
     """A heartbeat every ``heartbeat_seconds`` until the lease is granted
-    (or its wait fails: the caller reads which)."""
-    while True:
-        done, _ = await asyncio.wait({acquiring}, timeout=ctx.settings.heartbeat_seconds)
-        if done:
-            return
-        yield framer.heartbeat
+    (or its wait fails: the caller reads which), or the request is cancelled."""
+    stopper = asyncio.ensure_future(cancelled.wait())
+    try:
+        while True:
+            done, _ = await asyncio.wait(
+                {acquiring, stopper}, timeout=ctx.settings.heartbeat_seconds, return_when=asyncio.FIRST_COMPLETED
+            )
+            if done:
+                return
+            yield framer.heartbeat
+    finally:
+        stopper.cancel()
 
 
 async def _stop(producer: asyncio.Future[None]) -> None:
@@ -390,6 +438,7 @@ async def _frames(
     started: Started | None,
     framer: Framer,
     pending: asyncio.Future[Started] | None,
+    ticket: InFlightRequest,
 ) -> AsyncIterator[str]:
     state = _StreamState(ctx, plan, framer)
     queue = StreamInbox()
@@ -405,8 +454,14 @@ async def _frames(
         if started is None:
             assert pending is not None
             try:
-                async for beat in _heartbeats_until(ctx, pending, framer):
+                async for beat in _heartbeats_until(ctx, pending, framer, ticket.cancelled):
                     yield beat
+                if ticket.cancelled.is_set():
+                    # Still queued (or loading): it leaves the queue.
+                    await _abandon(pending)
+                    pending = None
+                    yield "".join(state.cancel()) + framer.closing(state.usage)
+                    return
                 started = pending.result()
             except Exception as exc:
                 state.status = exc.status_code if isinstance(exc, MlxdError) else 500
@@ -415,6 +470,7 @@ async def _frames(
                 yield framer.error(exc) + framer.closing(None)
                 return
         producer = asyncio.ensure_future(_pump(started, plan.requests, queue))
+        ticket.on_cancel(lambda: queue.put_nowait(_CANCEL))
         last_progress = loop.time()
 
         def tick() -> None:
@@ -469,6 +525,7 @@ async def _frames(
             await started.close()
         elif pending is not None:
             await _abandon(pending)
+        ctx.inflight.remove(ticket)
         record_request(ctx, state.status, plan, *state.totals())
 
 
@@ -486,9 +543,19 @@ async def respond(
     """The answer to ``plan``: a stream through ``framer()`` when the plan
     streams, else ``body(answer)`` as JSON. A client gone before the answer
     gets a bare 499 (for the access log; nobody reads it)."""
+    ticket = ctx.inflight.add(InFlightRequest(
+        request_id=request_id_of(request.scope), response_id=plan.id, model=plan.name, surface=plan.kind,
+        caller=caller_of(request).name, stream=plan.stream,
+    ))
+    handed = False
     try:
         if plan.stream:
-            return await open_stream(ctx, plan, request, framer())
-        return JSONResponse(body(await complete(ctx, plan, request)))
+            response = await open_stream(ctx, plan, request, framer(), ticket)
+            handed = True  # the stream gives the ticket back when it ends
+            return response
+        return JSONResponse(body(await complete(ctx, plan, request, ticket)))
     except ClientDisconnected:
         return Response(status_code=499)
+    finally:
+        if not handed:
+            ctx.inflight.remove(ticket)

@@ -102,6 +102,14 @@ class TextEngine(EngineBase):
         await persistence.save()
         return SavedCache(persistence.store.root, persistence.fingerprint)
 
+    async def clear_prefix_cache(self) -> bool:
+        cache = self.prefix_cache
+        if cache is None or self._closed:
+            return False
+        # The cache is the worker's: cleared between two of its steps.
+        await self._worker.call(cache.clear)
+        return True
+
     async def _before_worker(self, request: GenerationRequest, control: GenerationControl) -> None:
         # Tokenizing needs no MLX: a long prompt tokenized on the worker would
         # stall every other model's decoding for as long as it takes.

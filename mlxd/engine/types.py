@@ -173,3 +173,8 @@ class Engine(Protocol):
     def stats(self) -> dict[str, Any]:
         """Cheap, non-blocking figures for /v1/status (never waits on MLX)."""
         ...
+
+    async def clear_prefix_cache(self) -> bool:
+        """Forget the in-memory prefix cache (``DELETE /v1/cache/prefix``).
+        False when the engine keeps none."""
+        ...

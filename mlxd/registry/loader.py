@@ -67,7 +67,7 @@ _DEFAULT_MODEL = ModelSpec(name="", path=Path(), source="")
 _DEFAULT_MANAGER = ManagerSpec(memory_budget_bytes=1)
 DEFAULT_MAX_CONTEXT = _DEFAULT_MODEL.max_context
 TEXT_FILE_LABEL = "<string>"
-_SECRET_KEYS = frozenset({"api_keys"})
+_SECRET_KEYS = frozenset({"api_keys", "read_only_keys"})
 
 
 def load_registry(
@@ -376,6 +376,7 @@ class _Builder:
                 host=s.host,
                 port=s.port,
                 api_keys=tuple(s.api_keys),
+                read_only_keys=tuple(s.read_only_keys),
                 default_max_tokens=s.default_max_tokens,
                 max_request_tokens=s.max_request_tokens,
                 request_timeout_s=s.request_timeout_s,

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
+from mlxd.api.auth import require_admin
 from mlxd.api.context import DaemonContext
 from mlxd.errors import BadRequest, ConfigError, ServiceUnavailable, UnsupportedMediaType
 from mlxd.registry.model import FailoverSpec, ModelSpec
@@ -36,7 +37,7 @@ def _model(ctx: DaemonContext, name: str) -> ModelSpec:
 
 
 def router(reloader: ConfigReloader | None) -> APIRouter:
-    api = APIRouter(dependencies=[Depends(require_json)])
+    api = APIRouter(dependencies=[Depends(require_admin), Depends(require_json)])
 
     @api.post("/v1/models/{name}/load")
     async def load(name: str, request: Request) -> dict[str, Any]:
