@@ -20,7 +20,7 @@ from mlxd.api.openai import routes as openai
 from mlxd.api.openai.errors import OpenAIErrors
 from mlxd.api.responses import routes as responses
 from mlxd.api.responses.bodies import FIELDS as RESPONSES_FIELDS
-from mlxd.api.routes import admin, cache, monitoring, requests
+from mlxd.api.routes import activity, admin, cache, monitoring, requests
 from mlxd.api.guards import RequestGuard
 from mlxd.api.request_ids import RequestIds
 from mlxd.errors import MlxdError, ShuttingDown
@@ -70,6 +70,8 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         ctx.worker.start()
+        if ctx.activity is not None:
+            ctx.activity.start()
         await ctx.manager.start()
         # Polled in the background: a backend that is down at start is
         # reported, never a reason not to serve the others.
@@ -87,6 +89,8 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
                 await ctx.manager.shutdown(ctx.settings.server.shutdown_grace_seconds)
             await ctx.backends.close()
             await ctx.worker.shutdown()
+            if ctx.activity is not None:
+                ctx.activity.stop()
 
     app = FastAPI(title="mlxd", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.ctx = ctx
@@ -118,6 +122,7 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
     app.include_router(admin.router(reloader))
     app.include_router(requests.router())
     app.include_router(cache.router())
+    app.include_router(activity.router())
     # Also serves GET / and /dashboard, the status page.
     app.include_router(monitoring.router())
 

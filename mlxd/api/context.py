@@ -15,6 +15,7 @@ from mlxd.api.responses.store import ResponseStore
 from mlxd.api.token_count import TokenCounter
 from mlxd.engine.worker import MlxWorker
 from mlxd.failover.router import FailoverRouter
+from mlxd.monitoring.activity import ActivityLog
 from mlxd.monitoring.metrics import Metrics
 from mlxd.monitoring.snapshot import ConfigState, DaemonSnapshot
 from mlxd.monitoring.status import EVENTS_LIMIT
@@ -45,6 +46,8 @@ class DaemonContext:
     backends: BackendPool = field(default_factory=lambda: BackendPool(()))
     # The requests under way, by X-Request-Id and response id (cancel routes).
     inflight: InFlight = field(default_factory=InFlight)
+    # Finished requests, one row each, in sqlite (None: not kept).
+    activity: ActivityLog | None = None
     # Failover entries: the target order per request, and what each target did.
     failover: FailoverRouter = field(init=False)
 

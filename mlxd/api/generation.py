@@ -27,6 +27,7 @@ from mlxd.api.plan import Plan
 from mlxd.api.request_ids import request_id_of
 from mlxd.api.start import Started, start
 from mlxd.engine.types import GenerationChunk, GenerationRequest
+from mlxd.monitoring.metrics import OutputMeter
 from mlxd.errors import (
     ClientDisconnected,
     MlxdError,
@@ -170,9 +171,8 @@ async def _run_each(
         raise failure from None
 
 
-async def _generate_all(ctx: DaemonContext, plan: Plan, started: Started) -> Answer:
+async def _generate_all(plan: Plan, started: Started, meter: OutputMeter) -> Answer:
     answer = Answer(choices=[])
-    meter = ctx.metrics.meter(plan.name, plan.started)
     events = _choice_events(plan)
 
     async def one(index: int, request: GenerationRequest) -> None:
@@ -196,16 +196,23 @@ async def _generate_all(ctx: DaemonContext, plan: Plan, started: Started) -> Ans
 
 
 async def complete(ctx: DaemonContext, plan: Plan, request: Request, ticket: InFlightRequest) -> Answer:
+    meter = ctx.metrics.meter(plan.name, plan.started)
+
     async def work() -> Answer:
         async with await start(ctx, plan) as started:
-            return await _generate_all(ctx, plan, started)
+            return await _generate_all(plan, started, meter)
 
     try:
         answer = await guarded(request, work(), plan.remaining(), ticket.cancelled)
     except MlxdError as exc:
-        record_request(ctx, exc.status_code, plan)
+        finish = "cancelled" if isinstance(exc, RequestCancelled) else None
+        record_request(ctx, exc.status_code, plan, ticket=ticket, meter=meter, finish=finish, error=exc.message)
         raise
-    record_request(ctx, 200, plan, answer.usage.prompt_tokens, answer.usage.completion_tokens)
+    usage = answer.usage
+    record_request(
+        ctx, 200, plan, usage.prompt_tokens, usage.completion_tokens, ticket=ticket, meter=meter,
+        cached=usage.cached_tokens, finish=answer.choices[0].finish_reason if answer.choices else None,
+    )
     return answer
 
 
@@ -286,7 +293,8 @@ async def open_stream(
     try:
         started = await guarded(request, _first_of(acquiring, wait), plan.remaining(), ticket.cancelled)
     except MlxdError as exc:
-        record_request(ctx, exc.status_code, plan)
+        finish = "cancelled" if isinstance(exc, RequestCancelled) else None
+        record_request(ctx, exc.status_code, plan, ticket=ticket, finish=finish, error=exc.message)
         raise
     pending = None if started is not None else acquiring
     frames = _frames(ctx, plan, started, framer, pending, ticket)
@@ -355,6 +363,9 @@ class _StreamState:
         self.status = 200
         self.finished: set[int] = set()
         self.cancelled = False
+        # For the activity log: the last choice's finish, and what failed.
+        self.finish: str | None = None
+        self.error: str | None = None
 
     def totals(self) -> tuple[int, int]:
         """Prompt and completion tokens so far, the unfinished prompt included."""
@@ -367,7 +378,7 @@ class _StreamState:
         if item is _CANCEL:
             return self.cancel(), True
         if isinstance(item, BaseException):
-            self.status = item.status_code if isinstance(item, MlxdError) else 500
+            self.fail(item)
             if isinstance(item, MlxdError):  # a backend that failed, a preemption: expected, and typed
                 log.warning("stream on %s failed: %s", self.plan.name, describe_exception(item))
             else:
@@ -377,8 +388,9 @@ class _StreamState:
         self.meter.chunk(index, chunk)
         self._partial = (chunk.prompt_tokens, chunk.completion_tokens)
         if chunk.finish_reason == "abort":
-            self.status = 503
-            return [self.framer.error(_preempted(self.plan))], True
+            preempted = _preempted(self.plan)
+            self.fail(preempted)
+            return [self.framer.error(preempted)], True
         if self.events is None:
             self.events = _choice_events(self.plan)
         out = []
@@ -387,14 +399,21 @@ class _StreamState:
                 self._partial = (0, 0)
                 self.usage = self.usage + event.usage
                 self.finished.add(event.choice)
+                self.finish = event.reason
             out.append(self.framer.event(event))
         return out, False
+
+    def fail(self, exc: BaseException) -> None:
+        self.status = exc.status_code if isinstance(exc, MlxdError) else 500
+        # What a client may read; an unexpected failure's text stays in the server log.
+        self.error = exc.message if isinstance(exc, MlxdError) else "internal error"
 
     def cancel(self) -> list[str]:
         """Cancelled by id: every unfinished choice ends as if it had
         stopped, with the tokens it cost so far; the stream then closes
         cleanly. (The engine stops at its next step once the pump goes.)"""
         self.cancelled = True
+        self.finish = "cancelled"
         prompt, completion = self._partial
         out = []
         for choice in range(max(1, len(self.plan.requests))):
@@ -464,7 +483,7 @@ async def _frames(
                     return
                 started = pending.result()
             except Exception as exc:
-                state.status = exc.status_code if isinstance(exc, MlxdError) else 500
+                state.fail(exc)
                 if state.status == 500:
                     log.error("stream on %s failed: %s", plan.name, describe_exception(exc))
                 yield framer.error(exc) + framer.closing(None)
@@ -491,8 +510,9 @@ async def _frames(
             if item is _TICK:
                 timer = loop.call_later(heartbeat, tick)
                 if loop.time() - last_progress >= inactivity:
-                    state.status = 504
-                    yield framer.error(RequestTimeout(f"No output for {inactivity:.0f} seconds"))
+                    stalled = RequestTimeout(f"No output for {inactivity:.0f} seconds")
+                    state.fail(stalled)
+                    yield framer.error(stalled)
                     break
                 yield framer.heartbeat
                 continue
@@ -515,6 +535,7 @@ async def _frames(
             yield closing
     except (GeneratorExit, asyncio.CancelledError):
         state.status = 499  # the client went away mid-stream
+        state.error = "client disconnected"
         raise
     finally:
         if timer is not None:
@@ -526,7 +547,10 @@ async def _frames(
         elif pending is not None:
             await _abandon(pending)
         ctx.inflight.remove(ticket)
-        record_request(ctx, state.status, plan, *state.totals())
+        record_request(
+            ctx, state.status, plan, *state.totals(), ticket=ticket, meter=state.meter,
+            cached=state.meter.cached_tokens, finish=state.finish, error=state.error,
+        )
 
 
 # --- answering ----------------------------------------------------------------

@@ -18,6 +18,7 @@ from mlxd.daemon.reload import DEFAULT_DEBOUNCE_S, Reloader
 from mlxd.daemon.server import DaemonServer, build_server
 from mlxd.engine.blas import blas_report
 from mlxd.engine.worker import MlxWorker
+from mlxd.monitoring.activity import ActivityLog
 from mlxd.monitoring.metrics import Metrics
 from mlxd.monitoring.snapshot import ConfigState
 from mlxd.registry.model import Registry
@@ -81,6 +82,7 @@ def build_daemon(
         blas=blas_report(),
         image_memory=ImageMemory(eff.server.max_image_memory_bytes),
         backends=backends,
+        activity=ActivityLog(eff.state_dir),
     )
     metrics.attach(ctx.snapshot)
     reloader = None

@@ -79,20 +79,24 @@ class OutputMeter:
         self._metrics = metrics
         self._model = model
         self._started = started
-        self._first_seen = False
+        # When the first token reached the request path (monotonic), if it did.
+        self.first_token_at: float | None = None
+        # Prompt tokens the prefix cache served, over the request's prompts.
+        self.cached_tokens = 0
         # Chunks carry cumulative counts per prompt: remember where each was.
         self._seen: dict[Any, int] = {}
 
     def chunk(self, prompt_key: Any, chunk: GenerationChunk) -> None:
         # An abort before any output produced no first token.
-        if not self._first_seen and (chunk.text or chunk.completion_tokens):
-            self._first_seen = True
-            self._metrics.first_token_seconds.labels(self._model).observe(time.monotonic() - self._started)
+        if self.first_token_at is None and (chunk.text or chunk.completion_tokens):
+            self.first_token_at = time.monotonic()
+            self._metrics.first_token_seconds.labels(self._model).observe(self.first_token_at - self._started)
         previous = self._seen.get(prompt_key, 0)
         if chunk.completion_tokens > previous:
             self._metrics.throughput.add(self._model, chunk.completion_tokens - previous)
             self._seen[prompt_key] = chunk.completion_tokens
         if chunk.finish_reason and chunk.cached_tokens > 0:
+            self.cached_tokens += chunk.cached_tokens
             self._metrics.prefix_cache_hits.labels(self._model).inc()
             self._metrics.tokens.labels(self._model, "cached").inc(chunk.cached_tokens)
 

@@ -1,0 +1,73 @@
+"""The dashboard's operator views in a real headless Chromium: the activity
+table, the history charts, and the actions an admin key may take (a
+read-only key may not)."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from monitoring.monitoring_support import chat
+from monitoring.test_dashboard import _wait, browser  # noqa: F401  (the fixture)
+from support.daemon import daemon_in_thread, write_registry
+
+pytestmark = pytest.mark.mlx
+
+ADMIN = "sk-dashboard-admin"
+READER = "sk-dashboard-reader"
+AS_ADMIN = {"Authorization": f"Bearer {ADMIN}"}
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    registry = write_registry(
+        tmp_path,
+        [{"name": "qwen", "model": "qwen", "idle_unload_seconds": 600}, {"name": "llama", "model": "llama"}],
+        server={"read_only_keys": [READER]},
+    )
+    with daemon_in_thread(registry, tmp_path, api_keys=ADMIN) as d:
+        yield d
+
+
+def _open(browser, daemon, key: str, interval: int = 1000) -> None:
+    browser.get(f"{daemon.url}/?interval={interval}")
+    browser.execute_script("sessionStorage.setItem('mlxd.apiKey', arguments[0])", key)
+    browser.refresh()
+
+
+ACTIVITY_JS = """
+return Array.from(document.querySelectorAll('#activity tr[data-request-id]')).map(row => ({
+  id: row.dataset.requestId,
+  model: row.querySelector('td.model').textContent,
+  status: row.querySelector('td.status').textContent,
+  out: row.querySelector('td.tokens-out').textContent,
+  finish: row.querySelector('td.finish').textContent,
+}));
+"""
+
+
+def test_the_activity_table_shows_a_request_within_two_seconds_of_its_end(daemon, browser):
+    _open(browser, daemon, ADMIN)
+    _wait(browser, lambda d: d.execute_script("return document.querySelectorAll('#models tr[data-model]').length") == 2)
+    answer = chat(daemon, "qwen", max_tokens=5, headers={**AS_ADMIN, "X-Request-Id": "seen-in-page"})
+    ended = time.monotonic()
+    assert answer.status_code == 200
+    rows = _wait(browser, lambda d: [r for r in d.execute_script(ACTIVITY_JS) if r["id"] == "seen-in-page"], timeout=10)
+    assert time.monotonic() - ended < 2.0
+    assert rows[0]["model"] == "qwen" and rows[0]["status"] == "200"
+    assert rows[0]["out"] == str(answer.json()["usage"]["completion_tokens"])
+
+    # Filters: errors only hides it; a failed request shows there.
+    from selenium.webdriver.support.ui import Select
+
+    too_long = httpx.post(f"{daemon.url}/v1/completions", headers={**AS_ADMIN, "X-Request-Id": "too-long"},
+                          json={"model": "qwen", "prompt": "alpha beta gamma delta " * 3000, "max_tokens": 2})
+    assert too_long.status_code == 400
+    Select(browser.find_element("id", "activity-status")).select_by_value("errors")
+    failed = _wait(browser, lambda d: [r for r in d.execute_script(ACTIVITY_JS) if r["id"] == "too-long"] and
+                   d.execute_script(ACTIVITY_JS))
+    assert [r["id"] for r in failed] == ["too-long"] and "4096" in failed[0]["finish"]
+    Select(browser.find_element("id", "activity-status")).select_by_value("")
+    Select(browser.find_element("id", "activity-model")).select_by_visible_text("llama")
+    _wait(browser, lambda d: d.execute_script(ACTIVITY_JS) == [])
