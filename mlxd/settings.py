@@ -88,6 +88,8 @@ class DaemonSettings(BaseSettings):
     # Prompts are private: request logs never carry them unless asked.
     log_prompts: bool = False
     heartbeat_seconds: float = Field(default=5.0, gt=0)
+    # The dashboard's history: one sample this often, for the last hour.
+    history_step_seconds: float = Field(default=5.0, ge=0.1, le=60)
     metrics: bool = True
     watch_config: bool = True
 
@@ -164,6 +166,7 @@ class EffectiveSettings:
     heartbeat_seconds: float
     metrics: bool
     watch_config: bool
+    history_step_seconds: float = 5.0
 
 
 def effective(settings: DaemonSettings, server: ServerSpec) -> EffectiveSettings:
@@ -186,6 +189,7 @@ def effective(settings: DaemonSettings, server: ServerSpec) -> EffectiveSettings
         log_level=settings.log_level,
         log_prompts=settings.log_prompts,
         heartbeat_seconds=settings.heartbeat_seconds,
+        history_step_seconds=settings.history_step_seconds,
         metrics=settings.metrics,
         watch_config=settings.watch_config,
     )

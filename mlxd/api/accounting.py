@@ -27,8 +27,12 @@ def record_request(
     entry's figures also go to the target that served it (``plan.spec``)."""
     ended = time.monotonic()
     seconds = ended - plan.started
+    if meter is not None:
+        meter.finish()
+    first = meter.first_token_at if meter is not None else None
+    if ctx.history is not None:
+        ctx.history.request_finished(plan.name, first - plan.started if first is not None else None, cached)
     if ctx.activity is not None and ticket is not None:
-        first = meter.first_token_at if meter is not None else None
         decoding = ended - first if first is not None else 0.0
         ctx.activity.add(ActivityRow(
             time=time.time(), request_id=ticket.request_id, response_id=plan.id, key=ticket.caller,

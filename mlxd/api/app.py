@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -64,6 +65,18 @@ class Gatekeeper:
         await self.app(scope, receive, send)
 
 
+async def _sample_history(ctx: DaemonContext) -> None:
+    """One history sample per step, for as long as the app runs."""
+    history = ctx.history
+    assert history is not None
+    while True:
+        await asyncio.sleep(history.step_seconds)
+        try:
+            history.sample(ctx.manager.snapshot())
+        except Exception:  # a chart gap, never a dead sampler
+            log.exception("history sample failed")
+
+
 def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> FastAPI:
     """``reloader`` is None when there is no registry file to reload."""
 
@@ -76,12 +89,15 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
         # Polled in the background: a backend that is down at start is
         # reported, never a reason not to serve the others.
         await ctx.backends.start()
+        sampling = asyncio.create_task(_sample_history(ctx)) if ctx.history is not None else None
         watching = reloader is not None and ctx.settings.watch_config
         if watching:
             await reloader.start_watching()
         try:
             yield
         finally:
+            if sampling is not None:
+                sampling.cancel()
             if watching:
                 await reloader.stop_watching()
             # A SIGTERM drain has already done this; a plain stop has not.

@@ -16,6 +16,7 @@ from mlxd.api.token_count import TokenCounter
 from mlxd.engine.worker import MlxWorker
 from mlxd.failover.router import FailoverRouter
 from mlxd.monitoring.activity import ActivityLog
+from mlxd.monitoring.history import History
 from mlxd.monitoring.metrics import Metrics
 from mlxd.monitoring.snapshot import ConfigState, DaemonSnapshot
 from mlxd.monitoring.status import EVENTS_LIMIT
@@ -48,6 +49,8 @@ class DaemonContext:
     inflight: InFlight = field(default_factory=InFlight)
     # Finished requests, one row each, in sqlite (None: not kept).
     activity: ActivityLog | None = None
+    # The last hour of samples the dashboard charts (None: not kept).
+    history: History | None = None
     # Failover entries: the target order per request, and what each target did.
     failover: FailoverRouter = field(init=False)
 
@@ -69,6 +72,7 @@ class DaemonContext:
             events=tuple(self.events.recent(EVENTS_LIMIT)),
             recent_tokens={m.name: throughput.tokens(m.name) for m in manager.models},
             window_seconds=throughput.window_seconds,
+            recent_busy={m.name: throughput.busy_seconds(m.name) for m in manager.models},
             started_at=self.started_at,
             draining=self.draining,
             blas=dict(self.blas),

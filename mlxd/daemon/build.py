@@ -19,6 +19,7 @@ from mlxd.daemon.server import DaemonServer, build_server
 from mlxd.engine.blas import blas_report
 from mlxd.engine.worker import MlxWorker
 from mlxd.monitoring.activity import ActivityLog
+from mlxd.monitoring.history import History
 from mlxd.monitoring.metrics import Metrics
 from mlxd.monitoring.snapshot import ConfigState
 from mlxd.registry.model import Registry
@@ -83,6 +84,7 @@ def build_daemon(
         image_memory=ImageMemory(eff.server.max_image_memory_bytes),
         backends=backends,
         activity=ActivityLog(eff.state_dir),
+        history=History(metrics.throughput, step_seconds=eff.history_step_seconds),
     )
     metrics.attach(ctx.snapshot)
     reloader = None

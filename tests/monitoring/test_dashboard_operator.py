@@ -9,6 +9,7 @@ import time
 import httpx
 import pytest
 from monitoring.monitoring_support import chat
+from monitoring.test_dashboard import ARTIFACTS as ARTIFACTS_DIR
 from monitoring.test_dashboard import _wait, browser  # noqa: F401  (the fixture)
 from support.daemon import daemon_in_thread, write_registry
 
@@ -26,7 +27,8 @@ def daemon(tmp_path):
         [{"name": "qwen", "model": "qwen", "idle_unload_seconds": 600}, {"name": "llama", "model": "llama"}],
         server={"read_only_keys": [READER]},
     )
-    with daemon_in_thread(registry, tmp_path, api_keys=ADMIN) as d:
+    # Samples twice a second, so the charts fill within the test.
+    with daemon_in_thread(registry, tmp_path, api_keys=ADMIN, history_step_seconds=0.5) as d:
         yield d
 
 
@@ -71,3 +73,30 @@ def test_the_activity_table_shows_a_request_within_two_seconds_of_its_end(daemon
     Select(browser.find_element("id", "activity-status")).select_by_value("")
     Select(browser.find_element("id", "activity-model")).select_by_visible_text("llama")
     _wait(browser, lambda d: d.execute_script(ACTIVITY_JS) == [])
+
+
+CHART_JS = """
+const out = {};
+for (const path of document.querySelectorAll('.chart path[data-series]')) {
+  out[path.closest('.chart').id + '/' + path.dataset.series] = Number(path.dataset.points);
+}
+return out;
+"""
+
+
+def test_the_history_charts_draw_the_traffic(daemon, browser):
+    _open(browser, daemon, ADMIN, interval=500)
+    for _ in range(3):  # the same prompt again: the prefix cache serves its start
+        assert chat(daemon, "qwen", max_tokens=24, headers=AS_ADMIN, temperature=0).status_code == 200
+    points = _wait(browser, lambda d: (p := d.execute_script(CHART_JS)).get("chart-rate/qwen", 0) >= 1
+                   and p.get("chart-ttft/qwen", 0) >= 1 and p.get("chart-cache/qwen", 0) >= 2
+                   and p.get("chart-memory/committed", 0) >= 2 and p)
+    assert points.get("chart-queue/qwen", 0) >= 2 and points.get("chart-memory/budget", 0) >= 2
+    assert "chart-rate/llama" in points, "every model has its line, drawn or not"
+    # The scale follows the data: the rate chart's top label is a real rate.
+    top = browser.execute_script("return document.querySelector('#chart-rate svg text').textContent")
+    assert top.endswith("tok/s") and float(top.split()[0]) > 0
+    browser.find_element("css selector", "#ranges button[data-range='300']").click()
+    _wait(browser, lambda d: d.execute_script(CHART_JS).get("chart-rate/qwen", 0) >= 1)
+    ARTIFACTS_DIR.mkdir(exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS_DIR / "dashboard-history.png"))

@@ -58,6 +58,14 @@ def router() -> APIRouter:
         body = json.dumps(status_document(snapshot), separators=(",", ":"), allow_nan=False)
         return Response(body, media_type="application/json", headers=NO_STORE)
 
+    @api.get("/v1/history")
+    async def history(request: Request, after: float | None = None) -> Response:
+        ctx: DaemonContext = request.app.state.ctx
+        if ctx.history is None:
+            return JSONResponse({"object": "history", "t": [], "models": {}}, headers=NO_STORE)
+        body = json.dumps(ctx.history.document(after), separators=(",", ":"), allow_nan=False)
+        return Response(body, media_type="application/json", headers=NO_STORE)
+
     @api.get("/metrics")
     async def metrics(request: Request) -> Response:
         ctx: DaemonContext = request.app.state.ctx
