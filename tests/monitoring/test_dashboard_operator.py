@@ -100,3 +100,103 @@ def test_the_history_charts_draw_the_traffic(daemon, browser):
     _wait(browser, lambda d: d.execute_script(CHART_JS).get("chart-rate/qwen", 0) >= 1)
     ARTIFACTS_DIR.mkdir(exist_ok=True)
     browser.save_screenshot(str(ARTIFACTS_DIR / "dashboard-history.png"))
+
+
+def _status_of(daemon, model: str) -> dict:
+    models = httpx.get(f"{daemon.url}/v1/status", headers=AS_ADMIN).json()["models"]
+    return next(m for m in models if m["name"] == model)
+
+
+def _click(browser, selector: str, accept: bool = True) -> None:
+    """Click an action button and answer its confirmation. (The page
+    re-renders every second: a button found may be gone when clicked.)"""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for _ in range(10):
+        try:
+            browser.find_element("css selector", selector).click()
+            break
+        except StaleElementReferenceException:
+            continue
+    alert = _wait(browser, lambda d: d.switch_to.alert, timeout=5)
+    alert.accept() if accept else alert.dismiss()
+
+
+def _result(browser) -> str:
+    return browser.execute_script("return document.getElementById('action-result').textContent")
+
+
+def _state(browser, model: str) -> str:
+    return browser.execute_script(
+        "const r = document.querySelector(`#models tr[data-model='${arguments[0]}'] .badge.state`);"
+        "return r ? r.textContent : null;", model)
+
+
+def test_an_admin_key_acts_from_the_dashboard_with_a_confirmation_and_sees_the_result(daemon, browser):
+    assert chat(daemon, "qwen", headers=AS_ADMIN).status_code == 200
+    _open(browser, daemon, ADMIN, interval=500)
+    _wait(browser, lambda d: _state(d, "qwen") == "loaded")
+    qwen = "#models tr[data-model='qwen'] button"
+
+    # Dismissed: nothing happens.
+    _click(browser, qwen + "[data-action='unload']", accept=False)
+    time.sleep(1)
+    assert _state(browser, "qwen") == "loaded" and _status_of(daemon, "qwen")["state"] == "loaded"
+
+    _click(browser, qwen + "[data-action='pin']")
+    _wait(browser, lambda d: "Done" in _result(d) and '"pinned":true' in _result(d))
+    assert _status_of(daemon, "qwen")["pinned"] is True
+    _wait(browser, lambda d: d.find_elements("css selector", qwen + "[data-action='unpin']"))
+    _click(browser, qwen + "[data-action='unpin']")
+    _wait(browser, lambda d: '"pinned":false' in _result(d))
+
+    _click(browser, qwen + "[data-action='clear-cache']")
+    _wait(browser, lambda d: '"status":"cleared"' in _result(d))
+
+    _click(browser, qwen + "[data-action='unload']")
+    _wait(browser, lambda d: _state(d, "qwen") == "unloaded")
+    assert "Done" in _result(browser)
+    _wait(browser, lambda d: d.find_elements("css selector", qwen + "[data-action='load']"))
+    _click(browser, qwen + "[data-action='load']")
+    _wait(browser, lambda d: _state(d, "qwen") == "loaded")
+
+
+def test_an_admin_cancels_a_running_request_from_the_dashboard(daemon, browser):
+    import threading
+
+    outcome: dict = {}
+
+    def stream() -> None:
+        body = {"model": "llama", "messages": [{"role": "user", "content": "Count"}], "max_tokens": 4000,
+                "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", f"{daemon.url}/v1/chat/completions", json=body,
+                          headers={**AS_ADMIN, "X-Request-Id": "long-one"}, timeout=120) as r:
+            outcome["lines"] = [line for line in r.iter_lines() if line]
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    _open(browser, daemon, ADMIN, interval=500)
+    _wait(browser, lambda d: d.find_elements("css selector", "#requests tr[data-request-id='long-one'] button"), timeout=30)
+    _click(browser, "#requests tr[data-request-id='long-one'] button[data-action='cancel']")
+    reader.join(timeout=20)
+    assert not reader.is_alive() and outcome["lines"][-1] == "data: [DONE]"
+    _wait(browser, lambda d: '"cancelled":true' in _result(d))
+    _wait(browser, lambda d: not d.find_elements("css selector", "#requests tr[data-request-id='long-one']"))
+
+
+def test_a_read_only_key_gets_no_actions_and_the_daemon_refuses_them(daemon, browser):
+    assert chat(daemon, "qwen", headers=AS_ADMIN).status_code == 200
+    _open(browser, daemon, READER, interval=500)
+    _wait(browser, lambda d: _state(d, "qwen") == "loaded")
+    time.sleep(1)  # a few refreshes: still no buttons
+    assert browser.find_elements("css selector", "#models button") == []
+    assert not browser.find_element("css selector", "th.admin-only").is_displayed()
+    # The page's own request, sent anyway, is refused: the daemon decides, not the page.
+    status = browser.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        fetch('/v1/models/qwen/unload', {method: 'POST', body: '{}', headers: {
+          'Content-Type': 'application/json', 'Authorization': 'Bearer ' + sessionStorage.getItem('mlxd.apiKey')}})
+          .then(r => done(r.status));
+    """)
+    assert status == 403
+    assert _status_of(daemon, "qwen")["state"] == "loaded"

@@ -37,6 +37,12 @@ def daemon(tmp_path_factory):
         yield d
 
 
+def _name(key: str) -> str:
+    import hashlib
+
+    return "key:" + hashlib.sha256(key.encode()).hexdigest()[:8]
+
+
 def _model(daemon, name: str) -> dict:
     return next(m for m in httpx.get(f"{daemon.url}/v1/status", headers=AS_ADMIN).json()["models"] if m["name"] == name)
 
@@ -133,11 +139,14 @@ def test_a_queued_request_cancelled_by_its_id_leaves_the_queue(daemon):
 
 def test_a_read_only_key_changes_nothing_and_cancels_only_its_own(daemon):
     for method, path in (("POST", "/v1/models/llama/unload"), ("POST", "/v1/models/llama/load"),
+                         ("POST", "/v1/models/llama/pin"), ("POST", "/v1/models/llama/unpin"),
                          ("POST", "/v1/admin/reload"), ("DELETE", "/v1/cache/prefix"), ("DELETE", "/v1/cache")):
         refused = httpx.request(method, f"{daemon.url}{path}", json={}, headers=AS_READER)
         assert refused.status_code == 403, (path, refused.text)
         assert "admin key" in refused.json()["error"]["message"]
     assert httpx.get(f"{daemon.url}/v1/cache/stats", headers=AS_READER).status_code == 200
+    assert httpx.get(f"{daemon.url}/v1/caller", headers=AS_READER).json() == {"key": _name(READER), "admin": False}
+    assert httpx.get(f"{daemon.url}/v1/caller", headers=AS_ADMIN).json() == {"key": _name(ADMIN), "admin": True}
 
     theirs = Stream(daemon, "llama", AS_ADMIN)
     mine = Stream(daemon, "llama", AS_READER)
@@ -173,3 +182,15 @@ def test_cache_routes_answer_in_the_seeds_shapes_per_model(daemon):
     everything = httpx.delete(f"{daemon.url}/v1/cache", headers=AS_ADMIN).json()
     assert everything["status"] == "cleared" and everything["caches"] == ["prefix", "mlx_buffers"]
     assert {m["model"] for m in everything["engine_cache"]["models"]} == {"qwen", "llama"}
+
+
+def test_pinning_holds_a_model_until_unpinned(daemon):
+    assert chat(daemon, "llama", headers=AS_ADMIN).status_code == 200
+    pinned = httpx.post(f"{daemon.url}/v1/models/llama/pin", json={}, headers=AS_ADMIN)
+    assert pinned.json() == {"model": "llama", "pinned": True, "state": "loaded"}
+    llama = _model(daemon, "llama")
+    assert llama["pinned"] is True and llama["idle_unload_at"] is None
+    assert httpx.post(f"{daemon.url}/v1/models/llama/unpin", json={}, headers=AS_ADMIN).json()["pinned"] is False
+    assert _model(daemon, "llama")["pinned"] is False
+    unknown = httpx.post(f"{daemon.url}/v1/models/nope/pin", json={}, headers=AS_ADMIN)
+    assert unknown.status_code == 404

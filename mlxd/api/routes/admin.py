@@ -1,4 +1,5 @@
-"""Operator actions: load and unload a model now, reload models.yaml."""
+"""Operator actions: load, unload, pin and unpin a model now, reload
+models.yaml. Admin keys only."""
 
 from __future__ import annotations
 
@@ -54,6 +55,14 @@ def router(reloader: ConfigReloader | None) -> APIRouter:
         state = await ctx.manager.unload(spec.name)
         return {"model": spec.name, "state": state}
 
+    @api.post("/v1/models/{name}/pin")
+    async def pin(name: str, request: Request) -> dict[str, Any]:
+        return _pin(request.app.state.ctx, name, True)
+
+    @api.post("/v1/models/{name}/unpin")
+    async def unpin(name: str, request: Request) -> dict[str, Any]:
+        return _pin(request.app.state.ctx, name, False)
+
     @api.post("/v1/admin/reload", response_model=None)
     async def reload(request: Request) -> dict[str, Any] | JSONResponse:
         if reloader is None:
@@ -64,6 +73,14 @@ def router(reloader: ConfigReloader | None) -> APIRouter:
             return config_error_response(exc)
 
     return api
+
+
+def _pin(ctx: DaemonContext, name: str, pinned: bool) -> dict[str, Any]:
+    spec = _model(ctx, name)
+    ctx.manager.pin(spec.name, pinned)
+    view = ctx.manager.view(spec.name)
+    return {"model": spec.name, "pinned": view.spec.pinned if view else pinned,
+            "state": view.state.value if view else "removed"}
 
 
 def config_error_response(exc: ConfigError) -> JSONResponse:

@@ -17,6 +17,12 @@ from mlxd.errors import RequestNotFound, clip
 def router() -> APIRouter:
     api = APIRouter()
 
+    @api.get("/v1/caller")
+    async def who(request: Request) -> dict[str, Any]:
+        """Who this key is: the dashboard shows actions to admin keys only."""
+        caller = caller_of(request)
+        return {"key": caller.name, "admin": caller.admin}
+
     @api.get("/v1/requests")
     async def in_flight(request: Request) -> dict[str, Any]:
         ctx: DaemonContext = request.app.state.ctx
