@@ -32,6 +32,8 @@ def record_request(
     first = meter.first_token_at if meter is not None else None
     if ctx.history is not None:
         ctx.history.request_finished(plan.name, first - plan.started if first is not None else None, cached)
+    if ticket is not None and ticket.capture is not None:
+        ticket.capture.finished(status, finish, error)
     if ctx.activity is not None and ticket is not None:
         decoding = ended - first if first is not None else 0.0
         ctx.activity.add(ActivityRow(

@@ -21,7 +21,7 @@ from mlxd.api.openai import routes as openai
 from mlxd.api.openai.errors import OpenAIErrors
 from mlxd.api.responses import routes as responses
 from mlxd.api.responses.bodies import FIELDS as RESPONSES_FIELDS
-from mlxd.api.routes import activity, admin, cache, monitoring, requests
+from mlxd.api.routes import activity, admin, cache, capture, monitoring, requests
 from mlxd.api.guards import RequestGuard
 from mlxd.api.request_ids import RequestIds
 from mlxd.errors import MlxdError, ShuttingDown
@@ -139,6 +139,7 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
     app.include_router(requests.router())
     app.include_router(cache.router())
     app.include_router(activity.router())
+    app.include_router(capture.router())
     # Also serves GET / and /dashboard, the status page.
     app.include_router(monitoring.router())
 

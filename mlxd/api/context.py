@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from mlxd.api.capture import CaptureStore
 from mlxd.api.images import ImageMemory
 from mlxd.api.inflight import InFlight
 from mlxd.api.responses.store import ResponseStore
@@ -47,6 +48,8 @@ class DaemonContext:
     backends: BackendPool = field(default_factory=lambda: BackendPool(()))
     # The requests under way, by X-Request-Id and response id (cancel routes).
     inflight: InFlight = field(default_factory=InFlight)
+    # Captured prompts, outputs and cache decisions (off unless an admin asks).
+    captures: CaptureStore = field(default_factory=CaptureStore)
     # Finished requests, one row each, in sqlite (None: not kept).
     activity: ActivityLog | None = None
     # The last hour of samples the dashboard charts (None: not kept).

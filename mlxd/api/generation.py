@@ -19,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from mlxd.api.accounting import record_request
 from mlxd.api.auth import caller_of
+from mlxd.api.capture import Captured
 from mlxd.api.context import DaemonContext
 from mlxd.api.inflight import InFlightRequest
 from mlxd.api.inbox import StreamInbox
@@ -209,6 +210,8 @@ async def complete(ctx: DaemonContext, plan: Plan, request: Request, ticket: InF
         record_request(ctx, exc.status_code, plan, ticket=ticket, meter=meter, finish=finish, error=exc.message)
         raise
     usage = answer.usage
+    if ticket.capture is not None and answer.choices:
+        ticket.capture.add_output(answer.choices[0].text)
     record_request(
         ctx, 200, plan, usage.prompt_tokens, usage.completion_tokens, ticket=ticket, meter=meter,
         cached=usage.cached_tokens, finish=answer.choices[0].finish_reason if answer.choices else None,
@@ -350,8 +353,9 @@ async def _pump(started: Started, requests: list[GenerationRequest], queue: Stre
 class _StreamState:
     """Turns engine output into frames and keeps the stream's accounts."""
 
-    def __init__(self, ctx: DaemonContext, plan: Plan, framer: Framer) -> None:
+    def __init__(self, ctx: DaemonContext, plan: Plan, framer: Framer, capture: Captured | None = None) -> None:
         self.plan = plan
+        self.capture = capture
         self.framer = framer
         self.meter = ctx.metrics.meter(plan.name, plan.started)
         # Made at the first chunk: the tool-call format is known once leased.
@@ -400,6 +404,8 @@ class _StreamState:
                 self.usage = self.usage + event.usage
                 self.finished.add(event.choice)
                 self.finish = event.reason
+            elif self.capture is not None and isinstance(event, TextDelta) and event.choice == 0:
+                self.capture.add_output(event.text)
             out.append(self.framer.event(event))
         return out, False
 
@@ -459,7 +465,7 @@ async def _frames(
     pending: asyncio.Future[Started] | None,
     ticket: InFlightRequest,
 ) -> AsyncIterator[str]:
-    state = _StreamState(ctx, plan, framer)
+    state = _StreamState(ctx, plan, framer, ticket.capture)
     queue = StreamInbox()
     producer: asyncio.Future[None] | None = None
     heartbeat = ctx.settings.heartbeat_seconds
@@ -571,6 +577,12 @@ async def respond(
         request_id=request_id_of(request.scope), response_id=plan.id, model=plan.name, surface=plan.kind,
         caller=caller_of(request).name, stream=plan.stream,
     ))
+    if ctx.captures.wants(plan.name) or ctx.captures.wants(plan.spec.name):
+        ticket.capture = ctx.captures.begin(Captured(
+            request_id=ticket.request_id, response_id=plan.id, model=plan.name, key=ticket.caller, surface=plan.kind,
+        ))
+        if plan.requests:
+            plan.requests[0].capture = ticket.capture
     handed = False
     try:
         if plan.stream:

@@ -24,6 +24,8 @@ class InFlightRequest:
     # Set by cancel(): the request path races its work against it.
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     _on_cancel: list[Callable[[], None]] = field(default_factory=list)
+    # Its capture (``mlxd.api.capture.Captured``), when it is captured.
+    capture: Any = None
 
     def on_cancel(self, callback: Callable[[], None]) -> None:
         """``callback()`` once, when (or if already) cancelled."""

@@ -147,6 +147,11 @@ class PrefixCache:
             out.append(Snapshot(tuple(tokens), entry.prompt_cache, entry.nbytes))
         return out
 
+    def entry_keys(self) -> list[tuple[int, ...]]:
+        """The entries' token keys, most recently used first: a read-only
+        query for explaining a lookup (``engine/cache_explain.py``)."""
+        return [entry.tokens for entry in self.snapshot()]
+
     def restore(self, entries: Sequence[tuple[Sequence[int], list[Any]]]) -> int:
         """Fill an empty cache with entries read from disk, given most recently
         used first, so that the first ends up the most recent. Returns how

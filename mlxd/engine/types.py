@@ -51,6 +51,14 @@ class Constraint:
         return cls("lark", grammar)
 
 
+class PromptCapture(Protocol):
+    """Where an engine reports what it saw of a captured request (opt-in,
+    ``mlxd/api/capture.py``): the prompt as the model saw it, templated,
+    and its prefix-cache decision (``engine/cache_explain.py``)."""
+
+    def prompt(self, text: str, tokens: int, decision: dict[str, Any] | None) -> None: ...
+
+
 @dataclass
 class GenerationRequest:
     request_id: str
@@ -83,6 +91,8 @@ class GenerationRequest:
     # logit at every step (None: no bias). Ids are checked against the
     # engine's vocabulary there.
     logit_bias: dict[int, float] | None = None
+    # Set only when the request is captured (off by default).
+    capture: PromptCapture | None = None
 
 
 @dataclass(frozen=True)
