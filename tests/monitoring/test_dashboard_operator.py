@@ -200,3 +200,36 @@ def test_a_read_only_key_gets_no_actions_and_the_daemon_refuses_them(daemon, bro
     """)
     assert status == 403
     assert _status_of(daemon, "qwen")["state"] == "loaded"
+
+
+def test_capture_shows_why_a_diverged_prompt_missed_the_cache(daemon, browser):
+    _open(browser, daemon, ADMIN, interval=500)
+    _wait(browser, lambda d: d.find_element("id", "capture-section").is_displayed())
+    browser.find_element("id", "capture-all").click()
+    _wait(browser, lambda d: d.switch_to.alert, timeout=5).accept()
+    _wait(browser, lambda d: '"all_models":true' in _result(d))
+
+    def ask(day: str, request_id: str) -> None:
+        messages = [{"role": "system", "content": f"You are a careful assistant. Today is {day}. Answer briefly."},
+                    {"role": "user", "content": "Read the configuration file and report the errors"}]
+        answer = httpx.post(f"{daemon.url}/v1/chat/completions", headers={**AS_ADMIN, "X-Request-Id": request_id},
+                            json={"model": "qwen", "messages": messages, "max_tokens": 6, "temperature": 0}, timeout=60)
+        assert answer.status_code == 200
+
+    ask("Monday", "monday-turn")
+    ask("Tuesday", "tuesday-turn")
+    row = "#captures tr[data-request-id='tuesday-turn']"
+    _wait(browser, lambda d: d.find_elements("css selector", row))
+    for _ in range(10):  # the table re-renders under the click now and then
+        try:
+            browser.find_element("css selector", row).click()
+            break
+        except Exception:
+            continue
+    _wait(browser, lambda d: d.find_element("id", "capture-detail").is_displayed())
+    assert browser.find_element("id", "capture-reason").text == "diverged:"
+    assert "parts from entry" in browser.find_element("id", "capture-explanation").text
+    assert "Tuesday" in browser.find_element("id", "capture-prompt-text").text
+    assert "Monday" in browser.find_element("id", "capture-entry-text").text
+    ARTIFACTS_DIR.mkdir(exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS_DIR / "dashboard-capture.png"))
