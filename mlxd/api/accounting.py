@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING
 
 from mlxd.monitoring.activity import ActivityRow
+from mlxd.monitoring.telemetry import Finished
 
 if TYPE_CHECKING:
     from mlxd.api.context import DaemonContext
@@ -32,6 +33,16 @@ def record_request(
     first = meter.first_token_at if meter is not None else None
     if ctx.history is not None:
         ctx.history.request_finished(plan.name, first - plan.started if first is not None else None, cached)
+    if ctx.telemetry is not None and ticket is not None:
+        try:
+            ctx.telemetry.record(Finished(
+                request_id=ticket.request_id, response_id=plan.id, app=ticket.caller, model=plan.name,
+                served_by=plan.spec.name, surface=plan.kind, status=status, started_at=ticket.started_at,
+                ended_at=time.time(), ttft_seconds=first - plan.started if first is not None else None,
+                tokens_in=tokens_in, tokens_out=tokens_out, finish_reason=finish, error=error,
+            ))
+        except Exception:  # telemetry must never fail a request
+            log.exception("recording OpenTelemetry for %s failed", plan.name)
     if ticket is not None and ticket.capture is not None:
         ticket.capture.finished(status, finish, error)
     if ctx.activity is not None and ticket is not None:

@@ -99,6 +99,8 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
             await ctx.worker.shutdown()
             if ctx.activity is not None:
                 ctx.activity.stop()
+            if ctx.telemetry is not None:
+                await asyncio.to_thread(ctx.telemetry.shutdown)
 
     app = FastAPI(title="mlxd", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.ctx = ctx

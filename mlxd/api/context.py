@@ -19,6 +19,7 @@ from mlxd.failover.router import FailoverRouter
 from mlxd.monitoring.activity import ActivityLog
 from mlxd.monitoring.history import History
 from mlxd.monitoring.metrics import Metrics
+from mlxd.monitoring.telemetry import Telemetry
 from mlxd.monitoring.snapshot import ConfigState, DaemonSnapshot
 from mlxd.monitoring.status import EVENTS_LIMIT
 from mlxd.registry.model import Registry, ServerSpec
@@ -54,6 +55,8 @@ class DaemonContext:
     activity: ActivityLog | None = None
     # The last hour of samples the dashboard charts (None: not kept).
     history: History | None = None
+    # OpenTelemetry (None: not configured).
+    telemetry: Telemetry | None = None
     # Failover entries: the target order per request, and what each target did.
     failover: FailoverRouter = field(init=False)
 

@@ -21,6 +21,7 @@ from mlxd.engine.worker import MlxWorker
 from mlxd.monitoring.activity import ActivityLog
 from mlxd.monitoring.history import History
 from mlxd.monitoring.metrics import Metrics
+from mlxd.monitoring.telemetry import Telemetry
 from mlxd.monitoring.snapshot import ConfigState
 from mlxd.registry.model import Registry
 from mlxd.remote.backends import BackendPool
@@ -49,11 +50,13 @@ def build_daemon(
     worker: MlxWorker | None = None,
     engines: BuildsEngines | None = None,
     reload_debounce_s: float = DEFAULT_DEBOUNCE_S,
+    telemetry: Telemetry | None = None,
 ) -> Daemon:
     """A daemon serving ``registry``. ``settings`` are the CLI flags and
     environment (merged over the file's ``server:`` section here and at every
     reload). ``engines`` replaces the real engine factory (tests count or
-    fake loads); ``worker`` is the MLX worker thread the engines run on."""
+    fake loads); ``worker`` is the MLX worker thread the engines run on;
+    ``telemetry`` replaces the OTLP exporter that ``MLXD_OTLP_ENDPOINT`` asks for."""
     eff = effective(settings, registry.server)
     worker = worker or MlxWorker()
     events = EventLog()
@@ -85,6 +88,7 @@ def build_daemon(
         backends=backends,
         activity=ActivityLog(eff.state_dir),
         history=History(metrics.throughput, step_seconds=eff.history_step_seconds),
+        telemetry=telemetry or (Telemetry.otlp(eff.otlp_endpoint) if eff.otlp_endpoint else None),
     )
     metrics.attach(ctx.snapshot)
     reloader = None
