@@ -104,11 +104,18 @@ class History:
     def __len__(self) -> int:
         return len(self._samples)
 
+    def since(self, after: float | None = None) -> list[Sample]:
+        """The samples newer than ``after`` (a copy: ``columns`` may then run
+        on another thread while sampling goes on)."""
+        return [s for s in self._samples if after is None or s.at > after]
+
     def document(self, after: float | None = None) -> dict[str, Any]:
-        """The samples (newer than ``after``) as columns, ready to chart:
-        ``t`` and ``committed_bytes`` per sample, and per model one list per
-        figure (null where the model did not exist yet or had no value)."""
-        samples = [s for s in self._samples if after is None or s.at > after]
+        return self.columns(self.since(after))
+
+    def columns(self, samples: list[Sample]) -> dict[str, Any]:
+        """Samples as columns, ready to chart: ``t`` and ``committed_bytes``
+        per sample, and per model one list per figure (null where the model
+        did not exist yet or had no value)."""
         names: list[str] = []
         for s in samples:
             names += [n for n in s.models if n not in names]

@@ -194,3 +194,25 @@ def test_pinning_holds_a_model_until_unpinned(daemon):
     assert _model(daemon, "llama")["pinned"] is False
     unknown = httpx.post(f"{daemon.url}/v1/models/nope/pin", json={}, headers=AS_ADMIN)
     assert unknown.status_code == 404
+
+
+def test_a_cancelled_anthropic_stream_ends_with_its_stop_and_usage(daemon):
+    events: list[str] = []
+    body = {"model": "llama", "max_tokens": 3000, "stream": True,
+            "messages": [{"role": "user", "content": "Read the configuration file and report the errors"}]}
+
+    def read() -> None:
+        with httpx.stream("POST", f"{daemon.url}/v1/messages", json=body, timeout=60,
+                          headers={"x-api-key": ADMIN, "X-Request-Id": "claude-turn"}) as r:
+            events.extend(line for line in r.iter_lines() if line.startswith("data: "))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    wait_until(lambda: sum('"text_delta"' in e for e in events) >= 3, timeout=30)
+    assert httpx.post(f"{daemon.url}/v1/requests/claude-turn/cancel", headers=AS_ADMIN).status_code == 200
+    reader.join(timeout=10)
+    assert not reader.is_alive()
+    kinds = [json.loads(e[6:])["type"] for e in events]
+    assert kinds[-2:] == ["message_delta", "message_stop"] and "error" not in kinds
+    delta = json.loads(events[-2][6:])
+    assert delta["delta"]["stop_reason"] == "end_turn" and 0 < delta["usage"]["output_tokens"] < 3000
