@@ -208,6 +208,21 @@ class ClientDisconnected(MlxdError):
     code = "client_closed_request"
 
 
+class RequestCancelled(MlxdError):
+    """An operator (or the request's own key) cancelled it by id before it
+    had an answer. Not a code an SDK retries (OpenAI's retry 409)."""
+
+    status_code = 499
+    error_type = "invalid_request_error"
+    code = "request_cancelled"
+
+
+class RequestNotFound(MlxdError):
+    status_code = 404
+    error_type = "invalid_request_error"
+    code = "request_not_found"
+
+
 class StartupError(MlxdError):
     """The daemon cannot start here (port taken, state dir unusable): the CLI
     prints one line and exits 2, before any model work has run."""

@@ -88,6 +88,10 @@ class DaemonSettings(BaseSettings):
     # Prompts are private: request logs never carry them unless asked.
     log_prompts: bool = False
     heartbeat_seconds: float = Field(default=5.0, gt=0)
+    # The dashboard's history: one sample this often, for the last hour.
+    history_step_seconds: float = Field(default=5.0, ge=0.1, le=60)
+    # OpenTelemetry over OTLP/HTTP (http://collector:4318); off when unset.
+    otlp_endpoint: str | None = None
     metrics: bool = True
     watch_config: bool = True
 
@@ -164,6 +168,8 @@ class EffectiveSettings:
     heartbeat_seconds: float
     metrics: bool
     watch_config: bool
+    history_step_seconds: float = 5.0
+    otlp_endpoint: str | None = None
 
 
 def effective(settings: DaemonSettings, server: ServerSpec) -> EffectiveSettings:
@@ -186,6 +192,8 @@ def effective(settings: DaemonSettings, server: ServerSpec) -> EffectiveSettings
         log_level=settings.log_level,
         log_prompts=settings.log_prompts,
         heartbeat_seconds=settings.heartbeat_seconds,
+        history_step_seconds=settings.history_step_seconds,
+        otlp_endpoint=settings.otlp_endpoint or None,
         metrics=settings.metrics,
         watch_config=settings.watch_config,
     )

@@ -1,5 +1,5 @@
-"""A finished request's accounts: its metrics, the model's token figures and
-the request log line. Shared by every API surface."""
+"""A finished request's accounts: its metrics, the model's token figures,
+the request log line and its activity-log row. Shared by every API surface."""
 
 from __future__ import annotations
 
@@ -7,17 +7,55 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from mlxd.monitoring.activity import ActivityRow
+from mlxd.monitoring.telemetry import Finished
+
 if TYPE_CHECKING:
     from mlxd.api.context import DaemonContext
+    from mlxd.api.inflight import InFlightRequest
     from mlxd.api.plan import Plan
+    from mlxd.monitoring.metrics import OutputMeter
 
 log = logging.getLogger("mlxd.requests")
 
 
-def record_request(ctx: DaemonContext, status: int, plan: Plan, tokens_in: int = 0, tokens_out: int = 0) -> None:
+def record_request(
+    ctx: DaemonContext, status: int, plan: Plan, tokens_in: int = 0, tokens_out: int = 0, *,
+    ticket: InFlightRequest | None = None, meter: OutputMeter | None = None,
+    cached: int = 0, finish: str | None = None, error: str | None = None,
+) -> None:
     """Counted under the entry the client named (``plan.name``); a failover
     entry's figures also go to the target that served it (``plan.spec``)."""
-    seconds = time.monotonic() - plan.started
+    ended = time.monotonic()
+    seconds = ended - plan.started
+    if meter is not None:
+        meter.finish()
+    first = meter.first_token_at if meter is not None else None
+    if ctx.history is not None:
+        ctx.history.request_finished(plan.name, first - plan.started if first is not None else None, cached)
+    if ctx.telemetry is not None and ticket is not None:
+        try:
+            ctx.telemetry.record(Finished(
+                request_id=ticket.request_id, response_id=plan.id, app=ticket.caller, model=plan.name,
+                served_by=plan.spec.name, surface=plan.kind, status=status, started_at=ticket.started_at,
+                ended_at=time.time(), ttft_seconds=first - plan.started if first is not None else None,
+                tokens_in=tokens_in, tokens_out=tokens_out, finish_reason=finish, error=error,
+            ))
+        except Exception:  # telemetry must never fail a request
+            log.exception("recording OpenTelemetry for %s failed", plan.name)
+    if ticket is not None and ticket.capture is not None:
+        ticket.capture.finished(status, finish, error)
+    if ctx.activity is not None and ticket is not None:
+        decoding = ended - first if first is not None else 0.0
+        ctx.activity.add(ActivityRow(
+            time=time.time(), request_id=ticket.request_id, response_id=plan.id, key=ticket.caller,
+            model=plan.name, target=plan.spec.name, surface=plan.kind, stream=plan.stream, status=status,
+            tokens_in=tokens_in, tokens_cached=cached, tokens_out=tokens_out,
+            ttft_seconds=round(first - plan.started, 4) if first is not None else None,
+            # The tokens after the first, over the time they took: decode speed.
+            tokens_per_second=round((tokens_out - 1) / decoding, 2) if tokens_out > 1 and decoding > 0 else None,
+            duration_seconds=round(seconds, 4), finish_reason=finish, error=error,
+        ))
     metrics = ctx.metrics
     model = plan.name
     metrics.requests.labels(model, str(status)).inc()

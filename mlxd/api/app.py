@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -20,9 +21,10 @@ from mlxd.api.openai.error_shape import OpenAIErrors
 from mlxd.api.responses import routes as responses
 from mlxd.api.responses.bodies import FIELDS as RESPONSES_FIELDS
 from mlxd.api.responses.store import ResponseStore
-from mlxd.api.routes import admin, monitoring
+from mlxd.api.routes import activity, admin, cache, capture, monitoring, requests
 from mlxd.api.routes.admin import ConfigReloader
 from mlxd.api.guards import RequestGuard
+from mlxd.api.request_ids import RequestIds
 from mlxd.errors import MlxdError, ShuttingDown
 
 log = logging.getLogger("mlxd.http")
@@ -47,7 +49,7 @@ class Gatekeeper:
             try:
                 if path not in OPEN_PATHS and (path.startswith("/v1/") or path == "/metrics"):
                     # Who is asking, for every step after this one (request.state.caller).
-                    caller = check_api_key(Request(scope), self.ctx.settings.server.api_keys)
+                    caller = check_api_key(Request(scope), self.ctx.settings.server)
                     scope.setdefault("state", {})["caller"] = caller
                 if self.ctx.draining and scope["method"] == "POST" and path.startswith("/v1/"):
                     raise ShuttingDown("mlxd is shutting down; retry shortly", retry_after=5)
@@ -57,22 +59,39 @@ class Gatekeeper:
         await self.app(scope, receive, send)
 
 
+async def _sample_history(ctx: DaemonContext) -> None:
+    """One history sample per step, for as long as the app runs."""
+    history = ctx.history
+    assert history is not None
+    while True:
+        await asyncio.sleep(history.step_seconds)
+        try:
+            history.sample(ctx.manager.snapshot())
+        except Exception:  # a chart gap, never a dead sampler
+            log.exception("history sample failed")
+
+
 def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> FastAPI:
     """``reloader`` is None when there is no registry file to reload."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         ctx.worker.start()
+        if ctx.activity is not None:
+            ctx.activity.start()
         await ctx.manager.start()
         # Polled in the background: a backend that is down at start is
         # reported, never a reason not to serve the others.
         await ctx.backends.start()
+        sampling = asyncio.create_task(_sample_history(ctx)) if ctx.history is not None else None
         watching = reloader is not None and ctx.settings.watch_config
         if watching:
             await reloader.start_watching()
         try:
             yield
         finally:
+            if sampling is not None:
+                sampling.cancel()
             if watching:
                 await reloader.stop_watching()
             # A SIGTERM drain has already done this; a plain stop has not.
@@ -80,6 +99,10 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
                 await ctx.manager.shutdown(ctx.settings.server.shutdown_grace_seconds)
             await ctx.backends.close()
             await ctx.worker.shutdown()
+            if ctx.activity is not None:
+                ctx.activity.stop()
+            if ctx.telemetry is not None:
+                await asyncio.to_thread(ctx.telemetry.shutdown)
 
     app = FastAPI(title="mlxd", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.ctx = ctx
@@ -100,13 +123,19 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
 
     app.add_middleware(Gatekeeper, ctx=ctx, shape_for=shape_for)
 
-    # Added last, so it runs first: refused requests never reach the app.
+    # Added after the gatekeeper, so it runs before it: refused requests never reach the app.
     app.add_middleware(RequestGuard, server=lambda: ctx.settings.server, shape_for=shape_for)
+    # Outermost: every response, a refused one too, names its request.
+    app.add_middleware(RequestIds)
 
     app.include_router(openai.router())
     app.include_router(anthropic.router())
     app.include_router(responses.router(ResponseStore()))
     app.include_router(admin.router(reloader))
+    app.include_router(requests.router())
+    app.include_router(cache.router())
+    app.include_router(activity.router())
+    app.include_router(capture.router())
     # Also serves GET / and /dashboard, the status page.
     app.include_router(monitoring.router())
 

@@ -9,11 +9,16 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from mlxd.api.capture import CaptureStore
 from mlxd.api.images import ImageMemory
+from mlxd.api.inflight import InFlight
 from mlxd.engine.token_count import TokenCounter
 from mlxd.engine.worker import MlxWorker
 from mlxd.failover.router import FailoverRouter
+from mlxd.monitoring.activity import ActivityLog
+from mlxd.monitoring.history import History
 from mlxd.monitoring.metrics import Metrics
+from mlxd.monitoring.telemetry import Telemetry
 from mlxd.monitoring.snapshot import ConfigState, DaemonSnapshot
 from mlxd.monitoring.status import EVENTS_LIMIT
 from mlxd.registry.model import Registry, ServerSpec
@@ -39,6 +44,16 @@ class DaemonContext:
     # Decoded image pixels held at once, across every request.
     image_memory: ImageMemory = field(default_factory=lambda: ImageMemory(ServerSpec().max_image_memory_bytes))
     backends: BackendPool = field(default_factory=lambda: BackendPool(()))
+    # The requests under way, by X-Request-Id and response id (cancel routes).
+    inflight: InFlight = field(default_factory=InFlight)
+    # Captured prompts, outputs and cache decisions (off unless an admin asks).
+    captures: CaptureStore = field(default_factory=CaptureStore)
+    # Finished requests, one row each, in sqlite (None: not kept).
+    activity: ActivityLog | None = None
+    # The last hour of samples the dashboard charts (None: not kept).
+    history: History | None = None
+    # OpenTelemetry (None: not configured).
+    telemetry: Telemetry | None = None
     # Failover entries: the target order per request, and what each target did.
     failover: FailoverRouter = field(init=False)
 
@@ -67,12 +82,13 @@ class DaemonContext:
             events=tuple(self.events.recent(EVENTS_LIMIT)),
             recent_tokens={m.name: throughput.tokens(m.name) for m in manager.models},
             window_seconds=throughput.window_seconds,
+            recent_busy={m.name: throughput.busy_seconds(m.name) for m in manager.models},
             started_at=self.started_at,
             draining=self.draining,
             blas=dict(self.blas),
             host=server.host,
             port=server.port,
-            auth_required=bool(server.api_keys),
+            auth_required=bool(server.api_keys or server.read_only_keys),
             metrics_enabled=self.settings.metrics,
             backends=self.backends.views(),
             failovers=self.failover.views(),

@@ -18,16 +18,22 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from mlxd.api.accounting import record_request
+from mlxd.api.auth import caller_of
+from mlxd.api.capture import Captured
 from mlxd.api.context import DaemonContext
+from mlxd.api.inflight import InFlightRequest
 from mlxd.api.inbox import StreamInbox
 from mlxd.api.events import ChoiceEvents, Finish, Logprobs, OutputEvent, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from mlxd.api.plan import Plan
+from mlxd.api.request_ids import request_id_of
 from mlxd.api.start import Started, start
 from mlxd.engine.types import GenerationChunk, GenerationRequest
+from mlxd.monitoring.metrics import OutputMeter
 from mlxd.errors import (
     ClientDisconnected,
     MlxdError,
     ModelPreempted,
+    RequestCancelled,
     RequestTimeout,
     describe_exception,
 )
@@ -56,22 +62,31 @@ async def _disconnected(request: Request) -> None:
             return
 
 
-async def guarded(request: Request, work: Awaitable[T], timeout: float) -> T:
-    """Run ``work`` until it finishes, the client disconnects (499) or the
-    deadline passes (504). Either way the work is cancelled and awaited, so
-    whatever it held (a lease) has been given back when this returns."""
+async def guarded(
+    request: Request, work: Awaitable[T], timeout: float, cancelled: asyncio.Event | None = None
+) -> T:
+    """Run ``work`` until it finishes, the client disconnects (499), the
+    deadline passes (504) or the request is cancelled by id (499, with a
+    body). Either way the work is cancelled and awaited, so whatever it held
+    (a lease, a place in the queue) has been given back when this returns."""
     task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
+    watchers = {asyncio.ensure_future(_disconnected(request))}
+    stopper = asyncio.ensure_future(cancelled.wait()) if cancelled is not None else None
+    if stopper is not None:
+        watchers.add(stopper)
     try:
-        done, _ = await asyncio.wait({task, watcher}, timeout=max(0.0, timeout), return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({task, *watchers}, timeout=max(0.0, timeout), return_when=asyncio.FIRST_COMPLETED)
     finally:
-        watcher.cancel()
+        for watcher in watchers:
+            watcher.cancel()
     if task in done:
         return task.result()
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
-    if watcher in done:
+    if stopper is not None and stopper in done:
+        raise RequestCancelled("The request was cancelled (POST /v1/requests/{id}/cancel)")
+    if done:
         raise ClientDisconnected("client disconnected")
     raise RequestTimeout(f"Request timed out after {timeout:.1f} seconds")
 
@@ -163,9 +178,8 @@ async def _run_each(
         raise failure from None
 
 
-async def _generate_all(ctx: DaemonContext, plan: Plan, started: Started) -> Answer:
+async def _generate_all(plan: Plan, started: Started, meter: OutputMeter) -> Answer:
     answer = Answer(choices=[])
-    meter = ctx.metrics.meter(plan.name, plan.started)
     events = _choice_events(started)
 
     async def one(index: int, request: GenerationRequest) -> None:
@@ -188,17 +202,26 @@ async def _generate_all(ctx: DaemonContext, plan: Plan, started: Started) -> Ans
     return answer
 
 
-async def complete(ctx: DaemonContext, plan: Plan, request: Request) -> Answer:
+async def complete(ctx: DaemonContext, plan: Plan, request: Request, ticket: InFlightRequest) -> Answer:
+    meter = ctx.metrics.meter(plan.name, plan.started)
+
     async def work() -> Answer:
         async with await start(ctx, plan) as started:
-            return await _generate_all(ctx, plan, started)
+            return await _generate_all(plan, started, meter)
 
     try:
-        answer = await guarded(request, work(), plan.remaining())
+        answer = await guarded(request, work(), plan.remaining(), ticket.cancelled)
     except MlxdError as exc:
-        record_request(ctx, exc.status_code, plan)
+        finish = "cancelled" if isinstance(exc, RequestCancelled) else None
+        record_request(ctx, exc.status_code, plan, ticket=ticket, meter=meter, finish=finish, error=exc.message)
         raise
-    record_request(ctx, 200, plan, answer.usage.prompt_tokens, answer.usage.completion_tokens)
+    usage = answer.usage
+    if ticket.capture is not None and answer.choices:
+        ticket.capture.add_output(answer.choices[0].text)
+    record_request(
+        ctx, 200, plan, usage.prompt_tokens, usage.completion_tokens, ticket=ticket, meter=meter,
+        cached=usage.cached_tokens, finish=answer.choices[0].finish_reason if answer.choices else None,
+    )
     return answer
 
 
@@ -233,6 +256,8 @@ class Framer(Protocol):
 _END = object()
 # Put into a stream's queue when it has been quiet for a heartbeat interval.
 _TICK = object()
+# Put into it when the request is cancelled by id.
+_CANCEL = object()
 
 
 class LeasedStreamingResponse(StreamingResponse):
@@ -241,13 +266,14 @@ class LeasedStreamingResponse(StreamingResponse):
 
     def __init__(
         self, content: AsyncIterator[str], started: Started | None, *,
-        pending: asyncio.Future[Started] | None = None, **kw: Any,
+        pending: asyncio.Future[Started] | None = None, done: Callable[[], None] = lambda: None, **kw: Any,
     ) -> None:
         super().__init__(content, media_type="text/event-stream", **kw)
         self._started = started
         # An early stream's lease, still being waited for.
         self._pending = pending
         self._content = content
+        self._done = done
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -259,9 +285,12 @@ class LeasedStreamingResponse(StreamingResponse):
                 await self._started.close()
             if self._pending is not None:
                 await _abandon(self._pending)
+            self._done()
 
 
-async def open_stream(ctx: DaemonContext, plan: Plan, request: Request, framer: Framer) -> LeasedStreamingResponse:
+async def open_stream(
+    ctx: DaemonContext, plan: Plan, request: Request, framer: Framer, ticket: InFlightRequest
+) -> LeasedStreamingResponse:
     """Start before answering (a remote engine's backend accepting
     included), so a 404/429/503/504 is a real status code; an ``early``
     framer waits only a moment for that, then answers 200 and keeps waiting
@@ -271,14 +300,16 @@ async def open_stream(ctx: DaemonContext, plan: Plan, request: Request, framer: 
     # Not early: the deadline (guarded's) ends the wait, with a 504.
     wait = EARLY_WAIT_SECONDS if getattr(framer, "early", False) else plan.remaining() + 1
     try:
-        started = await guarded(request, _first_of(acquiring, wait), plan.remaining())
+        started = await guarded(request, _first_of(acquiring, wait), plan.remaining(), ticket.cancelled)
     except MlxdError as exc:
-        record_request(ctx, exc.status_code, plan)
+        finish = "cancelled" if isinstance(exc, RequestCancelled) else None
+        record_request(ctx, exc.status_code, plan, ticket=ticket, finish=finish, error=exc.message)
         raise
     pending = None if started is not None else acquiring
-    frames = _frames(ctx, plan, started, framer, pending)
+    frames = _frames(ctx, plan, started, framer, pending, ticket)
     return LeasedStreamingResponse(
-        frames, started, pending=pending, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        frames, started, pending=pending, done=lambda: ctx.inflight.remove(ticket),
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
 
 
@@ -328,8 +359,9 @@ async def _pump(started: Started, requests: list[GenerationRequest], queue: Stre
 class _StreamState:
     """Turns engine output into frames and keeps the stream's accounts."""
 
-    def __init__(self, ctx: DaemonContext, plan: Plan, framer: Framer) -> None:
+    def __init__(self, ctx: DaemonContext, plan: Plan, framer: Framer, capture: Captured | None = None) -> None:
         self.plan = plan
+        self.capture = capture
         self.framer = framer
         self.meter = ctx.metrics.meter(plan.name, plan.started)
         # Made at the first chunk: the tool-call format is known once leased.
@@ -339,6 +371,11 @@ class _StreamState:
         # them): a stream that ends early is logged with what it really cost.
         self._partial = (0, 0)
         self.status = 200
+        self.finished: set[int] = set()
+        self.cancelled = False
+        # For the activity log: the last choice's finish, and what failed.
+        self.finish: str | None = None
+        self.error: str | None = None
 
     def totals(self) -> tuple[int, int]:
         """Prompt and completion tokens so far, the unfinished prompt included."""
@@ -348,8 +385,10 @@ class _StreamState:
         """Frames for one queue item, and whether the stream is over."""
         if item is _END:
             return [], True
+        if item is _CANCEL:
+            return self.cancel(), True
         if isinstance(item, BaseException):
-            self.status = item.status_code if isinstance(item, MlxdError) else 500
+            self.fail(item)
             if isinstance(item, MlxdError):  # a backend that failed, a preemption: expected, and typed
                 log.warning("stream on %s failed: %s", self.plan.name, describe_exception(item))
             else:
@@ -359,28 +398,62 @@ class _StreamState:
         self.meter.chunk(index, chunk)
         self._partial = (chunk.prompt_tokens, chunk.completion_tokens)
         if chunk.finish_reason == "abort":
-            self.status = 503
-            return [self.framer.error(_preempted(self.plan))], True
+            preempted = _preempted(self.plan)
+            self.fail(preempted)
+            return [self.framer.error(preempted)], True
         assert self.events is not None  # set once the attempt started
         out = []
         for event in self.events.of(index, chunk):
             if isinstance(event, Finish):
                 self._partial = (0, 0)
                 self.usage = self.usage + event.usage
+                self.finished.add(event.choice)
+                self.finish = event.reason
+            elif self.capture is not None and isinstance(event, TextDelta) and event.choice == 0:
+                self.capture.add_output(event.text)
             out.append(self.framer.event(event))
         return out, False
 
+    def fail(self, exc: BaseException) -> None:
+        self.status = exc.status_code if isinstance(exc, MlxdError) else 500
+        # What a client may read; an unexpected failure's text stays in the server log.
+        self.error = exc.message if isinstance(exc, MlxdError) else "internal error"
+
+    def cancel(self) -> list[str]:
+        """Cancelled by id: every unfinished choice ends as if it had
+        stopped, with the tokens it cost so far; the stream then closes
+        cleanly. (The engine stops at its next step once the pump goes.)"""
+        self.cancelled = True
+        self.finish = "cancelled"
+        prompt, completion = self._partial
+        out = []
+        for choice in range(max(1, len(self.plan.requests))):
+            if choice not in self.finished:
+                usage = Usage(prompt, completion)
+                prompt = completion = 0  # the running counts are one generation's
+                self.finished.add(choice)
+                self.usage = self.usage + usage
+                out.append(self.framer.event(Finish(choice, "stop", usage)))
+        self._partial = (0, 0)
+        return out
+
 
 async def _heartbeats_until(
-    ctx: DaemonContext, acquiring: asyncio.Future[Started], framer: Framer
+    ctx: DaemonContext, acquiring: asyncio.Future[Started], framer: Framer, cancelled: asyncio.Event
 ) -> AsyncIterator[str]:
     """A heartbeat every ``heartbeat_seconds`` until the lease is granted
-    (or its wait fails: the caller reads which)."""
-    while True:
-        done, _ = await asyncio.wait({acquiring}, timeout=ctx.settings.heartbeat_seconds)
-        if done:
-            return
-        yield framer.heartbeat
+    (or its wait fails: the caller reads which), or the request is cancelled."""
+    stopper = asyncio.ensure_future(cancelled.wait())
+    try:
+        while True:
+            done, _ = await asyncio.wait(
+                {acquiring, stopper}, timeout=ctx.settings.heartbeat_seconds, return_when=asyncio.FIRST_COMPLETED
+            )
+            if done:
+                return
+            yield framer.heartbeat
+    finally:
+        stopper.cancel()
 
 
 async def _stop(producer: asyncio.Future[None]) -> None:
@@ -395,8 +468,9 @@ async def _frames(
     started: Started | None,
     framer: Framer,
     pending: asyncio.Future[Started] | None,
+    ticket: InFlightRequest,
 ) -> AsyncIterator[str]:
-    state = _StreamState(ctx, plan, framer)
+    state = _StreamState(ctx, plan, framer, ticket.capture)
     queue = StreamInbox()
     producer: asyncio.Future[None] | None = None
     heartbeat = ctx.settings.heartbeat_seconds
@@ -410,17 +484,24 @@ async def _frames(
         if started is None:
             assert pending is not None
             try:
-                async for beat in _heartbeats_until(ctx, pending, framer):
+                async for beat in _heartbeats_until(ctx, pending, framer, ticket.cancelled):
                     yield beat
+                if ticket.cancelled.is_set():
+                    # Still queued (or loading): it leaves the queue.
+                    await _abandon(pending)
+                    pending = None
+                    yield "".join(state.cancel()) + framer.closing(state.usage)
+                    return
                 started = pending.result()
             except Exception as exc:
-                state.status = exc.status_code if isinstance(exc, MlxdError) else 500
+                state.fail(exc)
                 if state.status == 500:
                     log.error("stream on %s failed: %s", plan.name, describe_exception(exc))
                 yield framer.error(exc) + framer.closing(None)
                 return
         state.events = _choice_events(started)
         producer = asyncio.ensure_future(_pump(started, started.requests, queue))
+        ticket.on_cancel(lambda: queue.put_nowait(_CANCEL))
         last_progress = loop.time()
 
         def tick() -> None:
@@ -441,8 +522,9 @@ async def _frames(
             if item is _TICK:
                 timer = loop.call_later(heartbeat, tick)
                 if loop.time() - last_progress >= inactivity:
-                    state.status = 504
-                    yield framer.error(RequestTimeout(f"No output for {inactivity:.0f} seconds"))
+                    stalled = RequestTimeout(f"No output for {inactivity:.0f} seconds")
+                    state.fail(stalled)
+                    yield framer.error(stalled)
                     break
                 yield framer.heartbeat
                 continue
@@ -465,6 +547,7 @@ async def _frames(
             yield closing
     except (GeneratorExit, asyncio.CancelledError):
         state.status = 499  # the client went away mid-stream
+        state.error = "client disconnected"
         raise
     finally:
         if timer is not None:
@@ -475,7 +558,11 @@ async def _frames(
             await started.close()
         elif pending is not None:
             await _abandon(pending)
-        record_request(ctx, state.status, plan, *state.totals())
+        ctx.inflight.remove(ticket)
+        record_request(
+            ctx, state.status, plan, *state.totals(), ticket=ticket, meter=state.meter,
+            cached=state.meter.cached_tokens, finish=state.finish, error=state.error,
+        )
 
 
 # --- answering ----------------------------------------------------------------
@@ -492,9 +579,25 @@ async def respond(
     """The answer to ``plan``: a stream through ``framer()`` when the plan
     streams, else ``body(answer)`` as JSON. A client gone before the answer
     gets a bare 499 (for the access log; nobody reads it)."""
+    ticket = ctx.inflight.add(InFlightRequest(
+        request_id=request_id_of(request.scope), response_id=plan.id, model=plan.name, surface=plan.kind,
+        caller=caller_of(request).name, stream=plan.stream,
+    ))
+    if ctx.captures.wants(plan.name) or ctx.captures.wants(plan.spec.name):
+        ticket.capture = ctx.captures.begin(Captured(
+            request_id=ticket.request_id, response_id=plan.id, model=plan.name, key=ticket.caller, surface=plan.kind,
+        ))
+        if plan.requests:
+            plan.requests[0].capture = ticket.capture
+    handed = False
     try:
         if plan.stream:
-            return await open_stream(ctx, plan, request, framer())
-        return JSONResponse(body(await complete(ctx, plan, request)))
+            response = await open_stream(ctx, plan, request, framer(), ticket)
+            handed = True  # the stream gives the ticket back when it ends
+            return response
+        return JSONResponse(body(await complete(ctx, plan, request, ticket)))
     except ClientDisconnected:
         return Response(status_code=499)
+    finally:
+        if not handed:
+            ctx.inflight.remove(ticket)

@@ -253,6 +253,26 @@ def status(
     )
 
 
+@app.command("log")
+def log_command(
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing requests as they finish, until Ctrl-C."),
+    limit: int = typer.Option(20, "--limit", "-n", help="How many of the latest requests to print first."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Only this model's requests."),
+    errors: bool = typer.Option(False, "--errors", help="Only requests that failed (status 400 and above)."),
+    json_output: bool = typer.Option(False, "--json", help="One JSON object a line."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="The models.yaml the daemon serves (for its address)."),
+    url: Optional[str] = typer.Option(None, help="Daemon URL (default: from settings)."),
+    api_key: Optional[str] = typer.Option(None, envvar="MLXD_API_KEY"),
+) -> None:
+    """Print the activity log: one line per finished request (docs/status.md)."""
+    from mlxd.cli.activity import run_log
+
+    raise typer.Exit(run_log(
+        url=url, api_key=api_key, config=config, follow=follow, limit=limit, model=model,
+        errors=errors, as_json=json_output,
+    ))
+
+
 @app.command("reload")
 def reload_command(
     json_output: bool = typer.Option(False, "--json", help="Print the reload's full report as JSON."),

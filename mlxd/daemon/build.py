@@ -18,7 +18,10 @@ from mlxd.daemon.reload import DEFAULT_DEBOUNCE_S, Reloader
 from mlxd.daemon.server import DaemonServer, build_server
 from mlxd.engine.blas import blas_report
 from mlxd.engine.worker import MlxWorker
+from mlxd.monitoring.activity import ActivityLog
+from mlxd.monitoring.history import History
 from mlxd.monitoring.metrics import Metrics
+from mlxd.monitoring.telemetry import Telemetry
 from mlxd.monitoring.snapshot import ConfigState
 from mlxd.registry.model import Registry
 from mlxd.remote.backends import BackendPool
@@ -47,11 +50,13 @@ def build_daemon(
     worker: MlxWorker | None = None,
     engines: BuildsEngines | None = None,
     reload_debounce_s: float = DEFAULT_DEBOUNCE_S,
+    telemetry: Telemetry | None = None,
 ) -> Daemon:
     """A daemon serving ``registry``. ``settings`` are the CLI flags and
     environment (merged over the file's ``server:`` section here and at every
     reload). ``engines`` replaces the real engine factory (tests count or
-    fake loads); ``worker`` is the MLX worker thread the engines run on."""
+    fake loads); ``worker`` is the MLX worker thread the engines run on;
+    ``telemetry`` replaces the OTLP exporter that ``MLXD_OTLP_ENDPOINT`` asks for."""
     eff = effective(settings, registry.server)
     worker = worker or MlxWorker()
     events = EventLog()
@@ -81,6 +86,9 @@ def build_daemon(
         blas=blas_report(),
         image_memory=ImageMemory(eff.server.max_image_memory_bytes),
         backends=backends,
+        activity=ActivityLog(eff.state_dir),
+        history=History(metrics.throughput, step_seconds=eff.history_step_seconds),
+        telemetry=telemetry or (Telemetry.otlp(eff.otlp_endpoint) if eff.otlp_endpoint else None),
     )
     metrics.attach(ctx.snapshot)
     reloader = None

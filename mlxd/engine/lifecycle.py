@@ -181,6 +181,10 @@ class EngineBase:
         """Nothing outlives the model unless a subclass saves it."""
         return None
 
+    async def clear_prefix_cache(self) -> bool:
+        """No prefix cache unless a subclass keeps one."""
+        return False
+
     # --- what a subclass supplies ---------------------------------------------
 
     def _open(self, request: GenerationRequest, control: GenerationControl) -> AsyncIterator[Any]:

@@ -280,6 +280,11 @@ class PrefixCache:
         ordered = sorted(self._entries.values(), key=lambda e: e.used, reverse=True)
         return [Snapshot(e.tokens, e.cache, e.nbytes, e.kind, e.trimmable) for e in ordered]
 
+    def entry_keys(self) -> list[tuple[int, ...]]:
+        """The entries' token keys, most recently used first: a read-only
+        query for explaining a lookup (``engine/cache_explain.py``)."""
+        return [entry.tokens for entry in self.snapshot()]
+
     def restore(self, entries: Sequence[tuple[Sequence[int], list[Any], str]]) -> int:
         """Fill an empty cache with entries read from disk, given most recently
         used first, so that the first ends up the most recent. Returns how

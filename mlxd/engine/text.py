@@ -38,11 +38,12 @@ from typing import TYPE_CHECKING, Any
 from mlxd.engine import memory
 from mlxd.engine.batch import BatchScheduler
 from mlxd.engine.checkpoints import checkpoint, plan
+from mlxd.engine.cache_explain import CacheExplainer
 from mlxd.engine.lifecycle import EngineBase, GenerationControl, relay
 from mlxd.engine.logprobs import token_logprob
 from mlxd.engine.prefix_cache import PrefixCache
 from mlxd.engine.text_model import PENALTY_CONTEXT, LoadedText, Prepared, TextModel
-from mlxd.engine.types import GenerationChunk, GenerationRequest, SavedCache
+from mlxd.engine.types import GenerationChunk, GenerationRequest, PromptCapture, SavedCache
 from mlxd.engine.worker import SKIP, MlxWorker
 from mlxd.registry.model import ModelSpec
 
@@ -89,6 +90,8 @@ class TextEngine(EngineBase):
         self.persistence: PrefixCachePersistence | None = None
         # Set by the loader: the cache folder this engine holds in use until it closes.
         self.cache_store: CacheStore | None = None
+        # Explains captured requests' prefix-cache decisions.
+        self._explainer = CacheExplainer()
         # Set by the loader: how the warm-up before `loaded` went.
         self.warmup: WarmupReport | None = None
         self._batch: BatchScheduler | None = None
@@ -118,11 +121,33 @@ class TextEngine(EngineBase):
         await persistence.save()
         return SavedCache(persistence.store.root, persistence.fingerprint)
 
+    async def clear_prefix_cache(self) -> bool:
+        cache = self.prefix_cache
+        if cache is None or self._closed:
+            return False
+        # The cache is the worker's: cleared between two of its steps.
+        await self._worker.call(cache.clear)
+        return True
+
     async def _before_worker(self, request: GenerationRequest, control: GenerationControl) -> None:
         # Tokenizing needs no MLX: a long prompt tokenized on the worker would
         # stall every other model's decoding for as long as it takes.
         control.prompt_ids, control.prompt_boundaries = await self.model.tokenize(request)
         control.opens_reasoning = self.model.opens_reasoning(request, control.prompt_ids)
+        if request.capture is not None:
+            await self._capture(request.capture, control.prompt_ids)
+
+    async def _capture(self, capture: PromptCapture, tokens: list[int]) -> None:
+        """A captured request (opt-in): its templated prompt, and why the
+        prefix cache did or did not serve it, read just before it queues."""
+        _, tokenizer = self.model.get()
+        keys = await self._worker.call(self.prefix_cache.entry_keys) if self.prefix_cache is not None else None
+        decode = tokenizer.decode
+        text = await asyncio.to_thread(decode, tokens)
+        decision = None
+        if keys is not None:
+            decision = await asyncio.to_thread(self._explainer.explain, tokens, keys, decode)
+        capture.prompt(text, len(tokens), decision)
 
     def _busy(self) -> bool:
         return self.counts.running > 0 or (self._batch is not None and self._batch.alive)

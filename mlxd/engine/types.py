@@ -51,6 +51,14 @@ class Constraint:
         return cls("lark", grammar)
 
 
+class PromptCapture(Protocol):
+    """Where an engine reports what it saw of a captured request (opt-in,
+    ``mlxd/api/capture.py``): the prompt as the model saw it, templated,
+    and its prefix-cache decision (``engine/cache_explain.py``)."""
+
+    def prompt(self, text: str, tokens: int, decision: dict[str, Any] | None) -> None: ...
+
+
 @dataclass
 class GenerationRequest:
     request_id: str
@@ -92,6 +100,8 @@ class GenerationRequest:
     # What the client asked of reasoning, for a remote backend to apply:
     # OpenAI's ``reasoning_effort``.
     reasoning_effort: str | None = None
+    # Set only when the request is captured (off by default).
+    capture: PromptCapture | None = None
 
 
 @dataclass(frozen=True)
@@ -192,4 +202,9 @@ class Engine(Protocol):
 
     def stats(self) -> dict[str, Any]:
         """Cheap, non-blocking figures for /v1/status (never waits on MLX)."""
+        ...
+
+    async def clear_prefix_cache(self) -> bool:
+        """Forget the in-memory prefix cache (``DELETE /v1/cache/prefix``).
+        False when the engine keeps none."""
         ...

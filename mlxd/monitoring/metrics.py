@@ -31,40 +31,110 @@ FIRST_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 REQUEST_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
+class _Busy:
+    """One model's requests under way (from their first chunk to their end)
+    and the moment busy time was last counted up to."""
+
+    __slots__ = ("active", "mark")
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.mark = 0.0
+
+
 class ThroughputWindow:
-    """Output tokens per model over the last ``window_seconds``, kept in
-    one-second buckets so memory stays bounded however fast a model runs."""
+    """Output tokens per model over the last ``window_seconds``, and the
+    seconds within it that the model was busy (some request under way), kept
+    in one-second buckets so memory stays bounded however fast a model runs.
+    Tokens over busy seconds is the model's speed; over the window, its use."""
 
     def __init__(self, window_seconds: float = 60.0, clock: Clock = time.monotonic) -> None:
         self.window_seconds = window_seconds
         self._clock = clock
-        # model -> deque of [bucket second, tokens], oldest first.
-        self._buckets: dict[str, deque[list[int]]] = {}
+        # model -> deque of [bucket second, tokens, busy seconds], oldest first.
+        self._buckets: dict[str, deque[list[Any]]] = {}
+        self._busy: dict[str, _Busy] = {}
+        # model -> [tokens, busy seconds] since start (the history samples deltas).
+        self._totals: dict[str, list[Any]] = {}
+
+    def begin(self, model: str) -> None:
+        """A request of ``model`` is under way."""
+        busy = self._busy.setdefault(model, _Busy())
+        self._count_busy(model, busy, self._clock())
+        busy.active += 1
+
+    def end(self, model: str) -> None:
+        busy = self._busy.get(model)
+        if busy is None or busy.active <= 0:
+            return
+        self._count_busy(model, busy, self._clock())
+        busy.active -= 1
 
     def add(self, model: str, tokens: int) -> None:
         if tokens <= 0:
             return
-        second = int(self._clock())
-        buckets = self._buckets.setdefault(model, deque())
-        if buckets and buckets[-1][0] == second:
-            buckets[-1][1] += tokens
-        else:
-            buckets.append([second, tokens])
-        self._prune(buckets, second)
+        now = self._clock()
+        busy = self._busy.get(model)
+        if busy is not None:
+            self._count_busy(model, busy, now)
+        self._bucket(model, now)[1] += tokens
+        self._totals.setdefault(model, [0, 0.0])[0] += tokens
 
     def tokens(self, model: str) -> int:
         """Tokens produced within the window."""
-        buckets = self._buckets.get(model)
-        if not buckets:
-            return 0
-        self._prune(buckets, int(self._clock()))
-        return sum(count for _, count in buckets)
+        return sum(b[1] for b in self._current(model))
+
+    def busy_seconds(self, model: str) -> float:
+        """Seconds within the window that ``model`` had a request under way."""
+        busy = self._busy.get(model)
+        if busy is not None:
+            self._count_busy(model, busy, self._clock())
+        return min(self.window_seconds, sum(b[2] for b in self._current(model)))
+
+    def totals(self, model: str) -> tuple[int, float]:
+        """Tokens and busy seconds since start, busy time counted up to now."""
+        busy = self._busy.get(model)
+        if busy is not None:
+            self._count_busy(model, busy, self._clock())
+        tokens, seconds = self._totals.get(model, (0, 0.0))
+        return tokens, seconds
 
     def rate(self, model: str) -> float:
         """Average tokens per second over the window."""
         return self.tokens(model) / self.window_seconds
 
-    def _prune(self, buckets: deque[list[int]], second: int) -> None:
+    def busy_rate(self, model: str) -> float:
+        """Tokens per busy second within the window (0 when it was idle)."""
+        busy = self.busy_seconds(model)
+        return self.tokens(model) / busy if busy > 0 else 0.0
+
+    def _count_busy(self, model: str, busy: _Busy, now: float) -> None:
+        if busy.active > 0 and now > busy.mark:
+            self._totals.setdefault(model, [0, 0.0])[1] += now - busy.mark
+            # Split at second boundaries: each bucket holds its own busy time.
+            start = busy.mark
+            while start < now:
+                edge = min(now, float(int(start) + 1))
+                self._bucket(model, start)[2] += edge - start
+                start = edge
+        busy.mark = now
+
+    def _bucket(self, model: str, at: float) -> list[Any]:
+        second = int(at)
+        buckets = self._buckets.setdefault(model, deque())
+        if not buckets or buckets[-1][0] < second:
+            buckets.append([second, 0, 0.0])
+            self._prune(buckets, second)
+        return buckets[-1]
+
+    def _current(self, model: str) -> deque[list[Any]]:
+        buckets = self._buckets.get(model)
+        if not buckets:
+            return deque()
+        self._prune(buckets, int(self._clock()))
+        return buckets
+
+    def _prune(self, buckets: deque[list[Any]], second: int) -> None:
         oldest = second - int(self.window_seconds)
         while buckets and buckets[0][0] <= oldest:
             buckets.popleft()
@@ -79,22 +149,37 @@ class OutputMeter:
         self._metrics = metrics
         self._model = model
         self._started = started
-        self._first_seen = False
+        self._under_way = False
+        # When the first token reached the request path (monotonic), if it did.
+        self.first_token_at: float | None = None
+        # Prompt tokens the prefix cache served, over the request's prompts.
+        self.cached_tokens = 0
         # Chunks carry cumulative counts per prompt: remember where each was.
         self._seen: dict[Any, int] = {}
 
     def chunk(self, prompt_key: Any, chunk: GenerationChunk) -> None:
+        if not self._under_way:
+            # The first chunk (the engine's acceptance): busy from here.
+            self._under_way = True
+            self._metrics.throughput.begin(self._model)
         # An abort before any output produced no first token.
-        if not self._first_seen and (chunk.text or chunk.completion_tokens):
-            self._first_seen = True
-            self._metrics.first_token_seconds.labels(self._model).observe(time.monotonic() - self._started)
+        if self.first_token_at is None and (chunk.text or chunk.completion_tokens):
+            self.first_token_at = time.monotonic()
+            self._metrics.first_token_seconds.labels(self._model).observe(self.first_token_at - self._started)
         previous = self._seen.get(prompt_key, 0)
         if chunk.completion_tokens > previous:
             self._metrics.throughput.add(self._model, chunk.completion_tokens - previous)
             self._seen[prompt_key] = chunk.completion_tokens
         if chunk.finish_reason and chunk.cached_tokens > 0:
+            self.cached_tokens += chunk.cached_tokens
             self._metrics.prefix_cache_hits.labels(self._model).inc()
             self._metrics.tokens.labels(self._model, "cached").inc(chunk.cached_tokens)
+
+    def finish(self) -> None:
+        """The request is over (safe to call more than once)."""
+        if self._under_way:
+            self._under_way = False
+            self._metrics.throughput.end(self._model)
 
 
 class Metrics:

@@ -37,6 +37,8 @@ class DaemonSnapshot:
     # Output tokens per model within the throughput window, and its length.
     recent_tokens: dict[str, int]
     window_seconds: float
+    # Seconds of that window each model had a request under way.
+    recent_busy: dict[str, float]
     started_at: float
     draining: bool
     blas: dict[str, Any]
@@ -49,3 +51,8 @@ class DaemonSnapshot:
 
     def recent_rate(self, model: str) -> float:
         return self.recent_tokens.get(model, 0) / self.window_seconds
+
+    def busy_rate(self, model: str) -> float:
+        """Output tokens per busy second: the model's speed, not its use."""
+        busy = self.recent_busy.get(model, 0.0)
+        return self.recent_tokens.get(model, 0) / busy if busy > 0 else 0.0

@@ -142,6 +142,8 @@ def model_status(snap: DaemonSnapshot, m: ModelView) -> dict[str, Any]:
         "tokens_out": m.tokens_out,
         "recent_output_tokens": snap.recent_tokens.get(m.name, 0),
         "recent_tokens_per_second": round(snap.recent_rate(m.name), 3),
+        "recent_busy_seconds": round(snap.recent_busy.get(m.name, 0.0), 3),
+        "busy_tokens_per_second": round(snap.busy_rate(m.name), 3),
         "warmup_seconds": _warmup(m.engine).get("seconds"),
         "prefill_tokens_per_s": _warmup(m.engine).get("prefill_tokens_per_s"),
         "prefix_cache": prefix_cache_status(m.engine),

@@ -199,6 +199,8 @@ class ServerSpec:
     host: str = "127.0.0.1"
     port: int = 8080
     api_keys: tuple[str, ...] = ()
+    # Not admin: they generate and read, and change nothing.
+    read_only_keys: tuple[str, ...] = ()
     default_max_tokens: int = 512
     max_request_tokens: int = 32768
     request_timeout_s: float = 300.0

@@ -58,6 +58,9 @@ class ServerSection(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     api_keys: Names = []
+    # Keys that may generate and read status but change nothing (no load,
+    # unload, reload, cancel of others' requests, cache clearing).
+    read_only_keys: Names = []
     default_max_tokens: int = Field(512, ge=1)
     max_request_tokens: int = Field(32768, ge=1)
     request_timeout_s: PositiveFloat = 300.0
@@ -71,7 +74,7 @@ class ServerSection(_Section):
     body_timeout_s: PositiveFloat = 30.0
     max_image_memory: ByteSize = Field(1 << 30, ge=1 << 20)
 
-    @field_validator("api_keys")
+    @field_validator("api_keys", "read_only_keys")
     @classmethod
     def _real_keys(cls, keys: list[str]) -> list[str]:
         # An empty key would match an empty bearer token: refuse it rather

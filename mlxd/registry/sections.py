@@ -60,6 +60,7 @@ class Sections:
                 host=s.host,
                 port=s.port,
                 api_keys=tuple(s.api_keys),
+                read_only_keys=tuple(s.read_only_keys),
                 default_max_tokens=s.default_max_tokens,
                 max_request_tokens=s.max_request_tokens,
                 request_timeout_s=s.request_timeout_s,

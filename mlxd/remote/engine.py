@@ -226,6 +226,10 @@ class RemoteEngine:
     async def close(self) -> None:
         return None  # the pool owns the connections
 
+    async def clear_prefix_cache(self) -> bool:
+        # The backend's cache is its own business.
+        return False
+
     def stats(self) -> dict[str, Any]:
         return {"backend": self.backend, "remote_model": self.remote_model, "in_flight": len(self._open)}
 

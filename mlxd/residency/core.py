@@ -398,6 +398,13 @@ class ResidencyCore:
             return self._drain(r, OPERATOR_UNLOAD, now) + self._schedule(now)
         return []
 
+    def set_pinned(self, model: str, pinned: bool, now: float) -> list[Action]:
+        """An operator's pin, until the next reload: a pinned model is
+        neither unloaded when idle nor evicted."""
+        r = self.residents[model]
+        r.spec = replace(r.spec, pinned=pinned)
+        return self._schedule(now)
+
     def begin_shutdown(self, now: float) -> list[Action]:
         self.shutting_down = True
         actions: list[Action] = []

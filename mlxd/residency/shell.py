@@ -386,6 +386,12 @@ class ResidencyManager:
         r = self.core.residents.get(spec.name)
         return r.state.value if r else "removed"
 
+    def pin(self, name: str, pinned: bool) -> None:
+        """Pin or unpin ``name`` until the next reload (models.yaml's
+        ``pinned`` is the lasting setting)."""
+        spec = self.resolve(name)
+        self._apply(self.core.set_pinned(spec.name, pinned, self._clock()))
+
     def renamable(self, renames: dict[str, str]) -> dict[str, str]:
         """The renames that can keep their engine. A load or unload task in
         flight knows its model by name: such a model is replaced (drained,

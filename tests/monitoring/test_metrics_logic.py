@@ -51,6 +51,47 @@ def test_window_memory_stays_bounded_however_many_chunks_arrive():
     assert len(window._buckets["a"]) <= 61
 
 
+def test_busy_rate_divides_by_the_seconds_a_request_was_under_way_not_by_idle_ones():
+    clock = FakeClock()
+    window = ThroughputWindow(60, clock=clock)
+    window.begin("a")
+    clock.now += 2.5
+    window.add("a", 50)  # 50 tokens in 2.5 busy seconds
+    window.end("a")
+    clock.now += 40  # idle: the wall-clock rate drops, the model's speed does not
+    assert window.busy_seconds("a") == 2.5
+    assert window.busy_rate("a") == 20.0
+    assert window.rate("a") == 50 / 60
+
+
+def test_overlapping_requests_count_their_busy_time_once_and_a_running_one_counts_so_far():
+    clock = FakeClock()
+    window = ThroughputWindow(60, clock=clock)
+    window.begin("a")
+    clock.now += 1
+    window.begin("a")  # a second request joins
+    clock.now += 1
+    window.end("a")
+    clock.now += 1.5
+    assert window.busy_seconds("a") == 3.5, "still under way: counted up to now"
+    window.end("a")
+    window.end("a")  # an extra end changes nothing
+    clock.now += 10
+    assert window.busy_seconds("a") == 3.5
+    assert window.busy_rate("b") == 0.0
+
+
+def test_busy_time_older_than_the_window_no_longer_counts():
+    clock = FakeClock()
+    window = ThroughputWindow(60, clock=clock)
+    window.begin("a")
+    clock.now += 100  # one long request: only the last 60 s are in the window
+    assert 59 <= window.busy_seconds("a") <= 60
+    window.end("a")
+    clock.now += 61
+    assert window.busy_seconds("a") == 0
+
+
 def _chunk(completion: int, text: str = "x", finish: str | None = None, cached: int = 0) -> GenerationChunk:
     return GenerationChunk(text=text, finish_reason=finish, prompt_tokens=5, completion_tokens=completion,
                            cached_tokens=cached)

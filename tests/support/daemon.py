@@ -100,14 +100,14 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.02) -> Any:
 
 
 @contextlib.contextmanager
-def daemon_in_thread(registry: Path, tmp_path: Path, **settings: Any) -> Iterator[Daemon]:
+def daemon_in_thread(registry: Path, tmp_path: Path, telemetry: Any = None, **settings: Any) -> Iterator[Daemon]:
     from mlxd.daemon.build import build_daemon
     from mlxd.registry.loader import load_registry
     from mlxd.settings import DaemonSettings
 
     port = free_port()
     s = DaemonSettings(config=registry, port=port, state_dir=tmp_path / "state", watch_config=False, **settings)
-    built = build_daemon(s, load_registry(registry))
+    built = build_daemon(s, load_registry(registry), telemetry=telemetry)
     server, ctx = built.server, built.ctx
     thread = threading.Thread(target=server.run, name="test-daemon", daemon=True)
     thread.start()

@@ -1,4 +1,5 @@
-"""Operator actions: load and unload a model now, reload models.yaml."""
+"""Operator actions: load, unload, pin and unpin a model now, reload
+models.yaml. Admin keys only."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any, Protocol
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
+from mlxd.api.auth import require_admin
 from mlxd.api.context import DaemonContext
 from mlxd.errors import BadRequest, ConfigError, ServiceUnavailable, UnsupportedMediaType
 from mlxd.registry.model import FailoverSpec, ModelSpec
@@ -41,7 +43,7 @@ def _model(ctx: DaemonContext, name: str) -> ModelSpec:
 
 
 def router(reloader: ConfigReloader | None) -> APIRouter:
-    api = APIRouter(dependencies=[Depends(require_json)])
+    api = APIRouter(dependencies=[Depends(require_admin), Depends(require_json)])
 
     @api.post("/v1/models/{name}/load")
     async def load(name: str, request: Request) -> dict[str, Any]:
@@ -58,6 +60,14 @@ def router(reloader: ConfigReloader | None) -> APIRouter:
         state = await ctx.manager.unload(spec.name)
         return {"model": spec.name, "state": state}
 
+    @api.post("/v1/models/{name}/pin")
+    async def pin(name: str, request: Request) -> dict[str, Any]:
+        return _pin(request.app.state.ctx, name, True)
+
+    @api.post("/v1/models/{name}/unpin")
+    async def unpin(name: str, request: Request) -> dict[str, Any]:
+        return _pin(request.app.state.ctx, name, False)
+
     @api.post("/v1/admin/reload", response_model=None)
     async def reload(request: Request) -> dict[str, Any] | JSONResponse:
         if reloader is None:
@@ -68,6 +78,14 @@ def router(reloader: ConfigReloader | None) -> APIRouter:
             return config_error_response(exc)
 
     return api
+
+
+def _pin(ctx: DaemonContext, name: str, pinned: bool) -> dict[str, Any]:
+    spec = _model(ctx, name)
+    ctx.manager.pin(spec.name, pinned)
+    view = ctx.manager.view(spec.name)
+    return {"model": spec.name, "pinned": view.spec.pinned if view else pinned,
+            "state": view.state.value if view else "removed"}
 
 
 def config_error_response(exc: ConfigError) -> JSONResponse:

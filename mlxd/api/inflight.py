@@ -1,0 +1,80 @@
+"""The requests under way now, findable by their ``X-Request-Id`` or by
+the response object's own id, so that one can be cancelled
+(``POST /v1/requests/{id}/cancel``) and the dashboard can list them. Event
+loop only."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(eq=False)
+class InFlightRequest:
+    request_id: str
+    response_id: str
+    model: str
+    surface: str
+    caller: str
+    stream: bool
+    started_at: float = field(default_factory=time.time)
+    # Set by cancel(): the request path races its work against it.
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    _on_cancel: list[Callable[[], None]] = field(default_factory=list)
+    # Its capture (``mlxd.api.capture.Captured``), when it is captured.
+    capture: Any = None
+
+    def on_cancel(self, callback: Callable[[], None]) -> None:
+        """``callback()`` once, when (or if already) cancelled."""
+        if self.cancelled.is_set():
+            callback()
+        else:
+            self._on_cancel.append(callback)
+
+    def cancel(self) -> None:
+        if self.cancelled.is_set():
+            return
+        self.cancelled.set()
+        callbacks, self._on_cancel = self._on_cancel, []
+        for callback in callbacks:
+            callback()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.request_id, "response_id": self.response_id, "model": self.model,
+            "surface": self.surface, "key": self.caller, "stream": self.stream,
+            "started_at": round(self.started_at, 3), "cancelled": self.cancelled.is_set(),
+        }
+
+
+class InFlight:
+    def __init__(self) -> None:
+        self._by_id: dict[str, InFlightRequest] = {}
+        self._all: dict[int, InFlightRequest] = {}
+
+    def add(self, entry: InFlightRequest) -> InFlightRequest:
+        # A client reusing an X-Request-Id: the newest request answers to it.
+        self._by_id[entry.request_id] = entry
+        self._by_id[entry.response_id] = entry
+        self._all[id(entry)] = entry
+        return entry
+
+    def remove(self, entry: InFlightRequest) -> None:
+        """Safe to call more than once."""
+        if self._all.pop(id(entry), None) is None:
+            return
+        for key in (entry.request_id, entry.response_id):
+            if self._by_id.get(key) is entry:
+                del self._by_id[key]
+
+    def find(self, request_id: str) -> InFlightRequest | None:
+        return self._by_id.get(request_id)
+
+    def entries(self) -> list[InFlightRequest]:
+        return sorted(self._all.values(), key=lambda e: e.started_at)
+
+    def __len__(self) -> int:
+        return len(self._all)

@@ -1,0 +1,95 @@
+"""The seed's cache routes, per model: ``GET /v1/cache/stats`` (every
+model's prefix cache), ``DELETE /v1/cache/prefix`` (every model's, or
+``?model=NAME``'s) and ``DELETE /v1/cache`` (prefix caches and MLX's free
+buffers). Clearing is for admin keys. The shapes are vllm-mlx's, whose
+``engine_cache`` here sums the models' figures."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+
+from mlxd.api.auth import require_admin
+from mlxd.api.context import DaemonContext
+from mlxd.engine import memory
+from mlxd.errors import ModelNotFound
+from mlxd.residency.shell import ModelView
+
+# Figures that add up across models.
+SUMMED = ("memory_entries", "memory_bytes", "max_bytes", "hits", "misses", "tokens_reused")
+
+
+def _views(ctx: DaemonContext, model: str | None) -> list[ModelView]:
+    views = list(ctx.manager.snapshot().models)
+    if model is None:
+        return views
+    spec = ctx.registry.lookup(model)
+    chosen = [v for v in views if spec is not None and v.name == spec.name]
+    if not chosen:
+        raise ModelNotFound(model, [v.name for v in views])
+    return chosen
+
+
+def cache_stats(views: list[ModelView]) -> dict[str, Any]:
+    models = [
+        {"model": v.name, "state": v.state.value, "engine_cache": v.engine.get("prefix_cache")} for v in views
+    ]
+    caches = [m["engine_cache"] for m in models if m["engine_cache"]]
+    total = {key: sum(c.get(key) or 0 for c in caches) for key in SUMMED} if caches else None
+    return {
+        "object": "cache.stats",
+        "engine_cache": total,
+        "models": models,
+        # The seed's vision caches: mlxd keeps none of them.
+        "multimodal_kv_cache": None,
+        "pixel_values_cache": None,
+        "pil_image_cache": None,
+    }
+
+
+async def _clear_prefix(ctx: DaemonContext, views: list[ModelView]) -> list[dict[str, str]]:
+    out = []
+    for view in views:
+        engine = ctx.manager.engine(view.name)
+        if engine is None:
+            status = "no_engine"
+        else:
+            status = "cleared" if await engine.clear_prefix_cache() else "not_supported"
+        out.append({"model": view.name, "status": status})
+    return out
+
+
+def _overall(results: list[dict[str, str]]) -> str:
+    statuses = {r["status"] for r in results}
+    if "cleared" in statuses:
+        return "cleared"
+    return "not_supported" if "not_supported" in statuses else "no_engine"
+
+
+def router() -> APIRouter:
+    api = APIRouter()
+
+    @api.get("/v1/cache/stats")
+    async def stats(request: Request, model: str | None = None) -> dict[str, Any]:
+        return cache_stats(_views(request.app.state.ctx, model))
+
+    @api.delete("/v1/cache/prefix", dependencies=[Depends(require_admin)])
+    async def clear_prefix(request: Request, model: str | None = None) -> dict[str, Any]:
+        ctx: DaemonContext = request.app.state.ctx
+        results = await _clear_prefix(ctx, _views(ctx, model))
+        # mlxd warms nothing on its own, so nothing is scheduled again.
+        return {"status": _overall(results), "rewarm_scheduled": False, "models": results}
+
+    @api.delete("/v1/cache", dependencies=[Depends(require_admin)])
+    async def clear_all(request: Request) -> dict[str, Any]:
+        ctx: DaemonContext = request.app.state.ctx
+        results = await _clear_prefix(ctx, _views(ctx, None))
+        released = await ctx.worker.call(memory.release_memory)
+        return {
+            "status": "cleared",
+            "engine_cache": {"models": results, "mlx_memory": released["after"]},
+            "caches": ["prefix", "mlx_buffers"],
+        }
+
+    return api

@@ -1,0 +1,228 @@
+"""The activity log: one row per finished request, in sqlite under the state
+directory, so that "why was that turn slow?" can be answered after the fact
+and after a restart. Bounded by age and by row count.
+
+The request path only appends a row to an in-memory queue (a few
+microseconds, ``bench/activity_log.py``); one writer thread owns the
+database, commits what has queued up in one transaction and prunes now and
+then. Readers open their own connection (WAL: they never wait for the
+writer) and are run off the event loop by the caller."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from dataclasses import astuple, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("mlxd.activity")
+
+FILE_NAME = "activity.sqlite3"
+
+
+@dataclass(frozen=True)
+class ActivityRow:
+    """One request as the log keeps it. Times are epoch seconds; ``None``
+    where a figure does not exist (no first token, no finish)."""
+
+    time: float
+    request_id: str
+    response_id: str
+    key: str
+    model: str
+    # The model that served it, when ``model`` is a failover entry.
+    target: str
+    surface: str
+    stream: bool
+    status: int
+    tokens_in: int
+    tokens_cached: int
+    tokens_out: int
+    ttft_seconds: float | None
+    tokens_per_second: float | None
+    duration_seconds: float
+    finish_reason: str | None
+    error: str | None
+
+    def as_dict(self, row_id: int) -> dict[str, Any]:
+        out = {"id": row_id, **{f.name: getattr(self, f.name) for f in fields(self)}}
+        out["stream"] = bool(self.stream)  # sqlite keeps it as 0 or 1
+        return out
+
+
+COLUMNS = tuple(f.name for f in fields(ActivityRow))
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS activity (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    {", ".join(COLUMNS)}
+);
+CREATE INDEX IF NOT EXISTS activity_time ON activity(time);
+CREATE INDEX IF NOT EXISTS activity_request ON activity(request_id);
+"""
+_INSERT = f"INSERT INTO activity ({', '.join(COLUMNS)}) VALUES ({', '.join('?' for _ in COLUMNS)})"
+# Filters a reader may pass, and the column each compares.
+FILTERS = {"model": "model", "key": "key", "surface": "surface", "request_id": "request_id"}
+
+_STOP = object()
+
+
+@dataclass(frozen=True)
+class ActivityBounds:
+    max_age_seconds: float = 7 * 86400.0
+    max_rows: int = 100_000
+    # Prune every this many rows written (and at start).
+    prune_every: int = 500
+
+
+class ActivityLog:
+    def __init__(self, state_dir: Path, bounds: ActivityBounds = ActivityBounds()) -> None:
+        self.path = state_dir / FILE_NAME
+        self.bounds = bounds
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._written = 0
+        # Rows handed to add() (counted by its caller's thread only) and rows
+        # the writer is done with (its thread only): no lock on the hot path.
+        self._added = 0
+        self._done = 0
+        self._committed = threading.Condition()
+        self.failed: str | None = None
+
+    # --- the request path ------------------------------------------------------
+
+    def add(self, row: ActivityRow) -> None:
+        """Queue a row; never blocks, never raises."""
+        if self._thread is None:
+            return
+        self._added += 1
+        self._queue.put(row)
+
+    # --- lifecycle ---------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            db = self._connect()
+            db.executescript(_SCHEMA)
+            self._prune(db)
+        except (OSError, sqlite3.Error) as exc:
+            # The log is a convenience: a daemon whose state directory cannot
+            # hold it still serves, and says so.
+            self.failed = f"the activity log at {self.path} cannot be used: {exc}"
+            log.warning("%s", self.failed)
+            return
+        self._thread = threading.Thread(target=self._write, args=(db,), name="mlxd-activity", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._queue.put(_STOP)
+        thread.join(timeout)
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every queued row is committed (tests, shutdown)."""
+        deadline = time.monotonic() + timeout
+        target = self._added
+        with self._committed:
+            while self._done < target and self._thread is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._committed.wait(left)
+        return True
+
+    # --- the writer thread ---------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        return db
+
+    def _write(self, db: sqlite3.Connection) -> None:
+        try:
+            while True:
+                batch = [self._queue.get()]
+                while True:  # whatever queued meanwhile goes in the same transaction
+                    try:
+                        batch.append(self._queue.get_nowait())
+                    except queue.Empty:
+                        break
+                stop = any(item is _STOP for item in batch)
+                rows = [astuple(item) for item in batch if item is not _STOP]
+                self._commit(db, rows)
+                if stop:
+                    return
+        finally:
+            db.close()
+
+    def _commit(self, db: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+        try:
+            if rows:
+                with db:
+                    db.executemany(_INSERT, rows)
+                before = self._written
+                self._written += len(rows)
+                if self._written // self.bounds.prune_every != before // self.bounds.prune_every:
+                    self._prune(db)
+        except sqlite3.Error as exc:
+            log.warning("activity log: %d rows not written: %s", len(rows), exc)
+        finally:
+            with self._committed:
+                self._done += len(rows)
+                self._committed.notify_all()
+
+    def _prune(self, db: sqlite3.Connection) -> None:
+        oldest = time.time() - self.bounds.max_age_seconds
+        with db:
+            db.execute("DELETE FROM activity WHERE time < ?", (oldest,))
+            db.execute(
+                "DELETE FROM activity WHERE id <= (SELECT id FROM activity ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                (self.bounds.max_rows,),
+            )
+
+    # --- readers (blocking: run them off the event loop) -------------------------
+
+    def query(
+        self,
+        *,
+        limit: int = 100,
+        after: int | None = None,
+        errors_only: bool = False,
+        **filters: str | None,
+    ) -> list[dict[str, Any]]:
+        """The newest rows first (``after``: only rows newer than that id,
+        oldest first, for following the log)."""
+        if not self.path.exists():
+            return []
+        where, args = [], []
+        for name, value in filters.items():
+            if value:
+                where.append(f"{FILTERS[name]} = ?")
+                args.append(value)
+        if errors_only:
+            where.append("status >= 400")
+        if after is not None:
+            where.append("id > ?")
+            args.append(after)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        order = "ASC" if after is not None else "DESC"
+        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+        try:
+            found = db.execute(
+                f"SELECT id, {', '.join(COLUMNS)} FROM activity {clause} ORDER BY id {order} LIMIT ?",
+                (*args, max(1, min(limit, 1000))),
+            ).fetchall()
+        except sqlite3.Error:
+            return []
+        finally:
+            db.close()
+        return [ActivityRow(*row[1:]).as_dict(row[0]) for row in found]

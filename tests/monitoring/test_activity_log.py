@@ -1,0 +1,146 @@
+"""The activity log: one row per finished request, in sqlite under the state
+directory, bounded, surviving restarts; served at /v1/activity and printed
+by `mlxd log` (-f follows)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+from monitoring.monitoring_support import chat
+from support.daemon import daemon_in_thread, wait_until, write_registry
+
+from mlxd.cli.activity import run_log
+from mlxd.monitoring.activity import ActivityBounds, ActivityLog, ActivityRow
+
+ADMIN = "sk-admin-activity"
+READER = "sk-reader-activity"
+AS_ADMIN = {"Authorization": f"Bearer {ADMIN}"}
+AS_READER = {"Authorization": f"Bearer {READER}"}
+
+
+def _row(model: str = "qwen", status: int = 200, at: float | None = None, request_id: str = "req_1") -> ActivityRow:
+    return ActivityRow(
+        time=at if at is not None else time.time(), request_id=request_id, response_id="chatcmpl-1", key="local",
+        model=model, target=model, surface="chat", stream=True, status=status, tokens_in=10, tokens_cached=4,
+        tokens_out=5, ttft_seconds=0.1, tokens_per_second=50.0, duration_seconds=0.2, finish_reason="stop",
+        error=None if status == 200 else "boom",
+    )
+
+
+def test_rows_survive_a_restart_and_filter_by_model_and_errors(tmp_path):
+    log = ActivityLog(tmp_path)
+    log.start()
+    log.add(_row("qwen"))
+    log.add(_row("llama", status=503, request_id="req_2"))
+    assert log.flush()
+    log.stop()
+
+    again = ActivityLog(tmp_path)
+    again.start()
+    try:
+        rows = again.query()
+        assert [r["model"] for r in rows] == ["llama", "qwen"], "newest first"
+        assert rows[1]["stream"] is True and rows[1]["tokens_cached"] == 4
+        assert [r["request_id"] for r in again.query(errors_only=True)] == ["req_2"]
+        assert [r["model"] for r in again.query(model="qwen")] == ["qwen"]
+        assert [r["request_id"] for r in again.query(after=rows[1]["id"])] == ["req_2"]
+    finally:
+        again.stop()
+
+
+def test_the_log_is_bounded_by_rows_and_by_age(tmp_path):
+    log = ActivityLog(tmp_path, ActivityBounds(max_age_seconds=3600, max_rows=50, prune_every=10))
+    log.start()
+    try:
+        log.add(_row(at=time.time() - 7200, request_id="too-old"))
+        for i in range(120):
+            log.add(_row(request_id=f"req_{i}"))
+        assert log.flush()
+        rows = log.query(limit=1000)
+        # Pruned every 10 rows written: never more than 50 plus one batch.
+        assert 50 <= len(rows) <= 60
+        assert rows[0]["request_id"] == "req_119"
+        assert all(r["request_id"] != "too-old" for r in rows)
+    finally:
+        log.stop()
+
+
+def test_an_unusable_state_directory_is_reported_and_the_log_is_off(tmp_path):
+    blocker = tmp_path / "state"
+    blocker.write_text("a file where a directory should be")
+    log = ActivityLog(blocker)
+    log.start()
+    log.add(_row())
+    assert log.failed is not None and "activity log" in log.failed
+    assert log.query() == []
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("activity")
+    registry = write_registry(tmp, [{"name": "qwen", "model": "qwen"}], server={"read_only_keys": [READER]})
+    with daemon_in_thread(registry, tmp, api_keys=ADMIN) as d:
+        yield d
+
+
+def _activity(daemon, headers=AS_ADMIN, **params) -> list[dict]:
+    return httpx.get(f"{daemon.url}/v1/activity", params=params, headers=headers).json()["data"]
+
+
+@pytest.mark.mlx
+def test_a_finished_request_is_a_row_with_its_figures(daemon):
+    answer = chat(daemon, "qwen", max_tokens=6, headers={**AS_ADMIN, "X-Request-Id": "find-me"}, temperature=0)
+    assert answer.status_code == 200
+    usage = answer.json()["usage"]
+    row = wait_until(lambda: next(iter(_activity(daemon, request_id="find-me")), None), timeout=2)
+    assert row["model"] == "qwen" and row["surface"] == "chat" and row["status"] == 200
+    assert row["response_id"] == answer.json()["id"] and row["key"].startswith("key:") and ADMIN not in str(row)
+    assert (row["tokens_in"], row["tokens_out"]) == (usage["prompt_tokens"], usage["completion_tokens"])
+    assert row["finish_reason"] == answer.json()["choices"][0]["finish_reason"] and row["error"] is None
+    assert 0 < row["ttft_seconds"] <= row["duration_seconds"]
+    assert row["tokens_per_second"] > 0
+
+    # A streamed request that the client cut short is a row too, with its error.
+    with httpx.stream("POST", f"{daemon.url}/v1/chat/completions", headers={**AS_ADMIN, "X-Request-Id": "cut"},
+                      json={"model": "qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2000,
+                            "stream": True, "ignore_eos": True}) as stream:
+        lines = stream.iter_lines()
+        for _ in range(4):
+            next(lines)
+    cut = wait_until(lambda: next(iter(_activity(daemon, request_id="cut")), None), timeout=5)
+    assert cut["status"] == 499 and cut["error"] == "client disconnected" and cut["stream"] is True
+    assert 0 < cut["tokens_out"] < 2000
+
+
+@pytest.mark.mlx
+def test_a_read_only_key_reads_only_its_own_rows(daemon):
+    assert chat(daemon, "qwen", max_tokens=2, headers={**AS_READER, "X-Request-Id": "reader-1"}).status_code == 200
+    wait_until(lambda: _activity(daemon, request_id="reader-1"), timeout=2)
+    mine = _activity(daemon, headers=AS_READER)
+    assert [r["request_id"] for r in mine] == ["reader-1"]
+    assert len(_activity(daemon)) > 1
+
+
+@pytest.mark.mlx
+def test_mlxd_log_prints_the_latest_and_follows(daemon, capsys):
+    chat(daemon, "qwen", max_tokens=3, headers={**AS_ADMIN, "X-Request-Id": "printed-1"})
+    wait_until(lambda: _activity(daemon, request_id="printed-1"), timeout=2)
+    printed: list[str] = []
+
+    def later() -> None:
+        chat(daemon, "qwen", max_tokens=3, headers={**AS_ADMIN, "X-Request-Id": "followed-1"})
+
+    threading.Timer(0.3, later).start()
+    code = run_log(url=daemon.url, api_key=ADMIN, config=None, follow=True, limit=5, model="qwen", errors=False,
+                   as_json=False, interval=0.5, echo=printed.append, rounds=8)
+    assert code == 0
+    first = next(i for i, p in enumerate(printed) if "[printed-1]" in p)
+    followed = next(i for i, p in enumerate(printed) if "[followed-1]" in p)
+    assert first < followed and " 200 qwen chat key:" in printed[followed], printed
+    wrong = run_log(url=daemon.url, api_key="wrong", config=None, follow=False, limit=5, model=None,
+                    errors=False, as_json=False)
+    assert wrong == 1
+    assert "mlxd: error: 401" in capsys.readouterr().err
