@@ -16,6 +16,8 @@ from mlxd.api.context import DaemonContext
 from mlxd.api.errors import ErrorShape, error_response, install_error_handlers
 from mlxd.api.anthropic import routes as anthropic
 from mlxd.api.anthropic.errors import AnthropicErrors
+from mlxd.api.embeddings import routes as embeddings
+from mlxd.api.embeddings.errors import OllamaErrors
 from mlxd.api.openai import routes as openai
 from mlxd.api.openai.errors import OpenAIErrors
 from mlxd.api.responses import routes as responses
@@ -28,6 +30,8 @@ log = logging.getLogger("mlxd.http")
 
 # Routes that answer without a key and stay up while draining.
 OPEN_PATHS = ("/health",)
+# Where the API is, beyond /v1/: keys and draining apply there alike.
+API_PREFIXES = ("/v1/", embeddings.OLLAMA_PREFIX + "/", *embeddings.RERANK_PATHS)
 
 
 class ConfigReloader(Protocol):
@@ -52,9 +56,9 @@ class Gatekeeper:
         if scope["type"] == "http":
             path = scope["path"]
             try:
-                if path not in OPEN_PATHS and (path.startswith("/v1/") or path == "/metrics"):
+                if path not in OPEN_PATHS and (path.startswith(API_PREFIXES) or path == "/metrics"):
                     check_api_key(Request(scope), self.ctx.settings.server.api_keys)
-                if self.ctx.draining and scope["method"] == "POST" and path.startswith("/v1/"):
+                if self.ctx.draining and scope["method"] == "POST" and path.startswith(API_PREFIXES):
                     raise ShuttingDown("mlxd is shutting down; retry shortly", retry_after=5)
             except MlxdError as exc:
                 await error_response(self.shape_for(path), exc)(scope, receive, send)
@@ -92,6 +96,7 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
     # OpenAI's errors, naming the Responses API's own fields.
     responses_errors = OpenAIErrors(RESPONSES_FIELDS)
     anthropic_errors = AnthropicErrors()
+    ollama_errors = OllamaErrors()
 
     def shape_for(path: str) -> ErrorShape:
         # Each surface claims its paths.
@@ -99,6 +104,8 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
             return anthropic_errors
         if path == responses.PATH or path.startswith(responses.PATH + "/"):
             return responses_errors
+        if path.startswith(embeddings.OLLAMA_PREFIX + "/"):
+            return ollama_errors
         return openai_errors
 
     install_error_handlers(app, shape_for)
@@ -111,6 +118,7 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
     app.include_router(openai.router())
     app.include_router(anthropic.router())
     app.include_router(responses.router())
+    app.include_router(embeddings.router())
     app.include_router(admin.router(reloader))
     # Also serves GET / and /dashboard, the status page.
     app.include_router(monitoring.router())

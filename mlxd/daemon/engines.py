@@ -36,6 +36,14 @@ class EngineFactory:
             return RemoteEngine(spec, self.backends)
         if self.imports is not None:
             await asyncio.to_thread(self.imports.wait)
+        if spec.kind in ("embedding", "rerank"):
+            try:
+                from mlxd.engine.embedding import load_encoder_engine
+            except ImportError as exc:
+                raise ModelLoadFailed(
+                    f"Model `{spec.name}` is a {spec.kind} model but mlx-embeddings is not installed"
+                ) from exc
+            return await load_encoder_engine(spec, self.worker)
         if spec.kind == "vision":
             try:
                 from mlxd.engine.vision import load_vision_engine

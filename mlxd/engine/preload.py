@@ -27,7 +27,8 @@ from collections.abc import Iterable
 
 log = logging.getLogger(__name__)
 
-MODULES = {"text": ("mlx_lm",), "vision": ("mlx_vlm",)}
+MODULES = {"text": ("mlx_lm",), "vision": ("mlx_vlm",), "embedding": ("mlx_embeddings.utils",),
+           "rerank": ("mlx_embeddings.utils",)}
 
 
 def modules_for(kinds: Iterable[str]) -> tuple[str, ...]:

@@ -42,6 +42,7 @@ from mlxd.registry.schema import (
     LOCATION_KEYS,
     PHYSICAL_MEMORY,
     REMOTE_KEYS,
+    ENCODER_KEYS,
     VLLM_MLX_IGNORED_MODEL_KEYS,
     ManagerSection,
     ModelEntry,
@@ -50,6 +51,7 @@ from mlxd.registry.schema import (
     section_for_path,
 )
 from mlxd.registry.sizing import (
+    encoder_activation_bytes,
     format_bytes,
     kv_cache_bytes,
     max_position_embeddings,
@@ -58,6 +60,9 @@ from mlxd.registry.sizing import (
 )
 
 logger = logging.getLogger(__name__)
+
+# Requests an embedding or rerank model serves at once unless its entry says.
+ENCODER_CONCURRENCY = 64
 
 Loc = tuple[str | int, ...]
 
@@ -651,15 +656,18 @@ class _Builder:
             broken = exc.detail
             folder, config, weights = self._local_path(source), {}, 0
 
-        kind = entry.kind or ("vision" if entry.mllm else detect_kind(config))
+        kind = entry.kind or ("vision" if entry.mllm else detect_kind(config, folder))
+        self._check_encoder_keys(i, entry, kind)
         max_context = self._max_context(i, entry, config)
         prefix_cache = self._prefix_cache(entry)
-        if kind == "vision":
-            # Vision engines keep no prefix cache: reserving memory for one
+        if kind in ("vision", "embedding", "rerank"):
+            # These engines keep no prefix cache: reserving memory for one
             # would only crowd other models out.
             prefix_cache = PrefixCacheSpec(max_bytes=0, disk_max_bytes=0, persist=False)
         kv = 0  # estimated_memory_gb stands in for what cannot be computed
-        if broken is None:
+        if broken is None and kind in ("embedding", "rerank"):
+            kv = encoder_activation_bytes(config, entry.batch_tokens or ModelSpec.batch_tokens)
+        elif broken is None:
             try:
                 kv = kv_cache_bytes(config, max_context, entry.max_concurrency, entry.kv_bits)
             except ConfigError as exc:
@@ -685,7 +693,7 @@ class _Builder:
                 else entry.idle_unload_seconds
             ),
             max_context=max_context,
-            max_concurrency=entry.max_concurrency,
+            max_concurrency=self._max_concurrency(entry, kind),
             max_queue=entry.max_queue,
             kv_bits=entry.kv_bits,
             defaults=self._sampling(i, entry),
@@ -697,9 +705,30 @@ class _Builder:
             allow_remote_images=entry.allow_remote_images,
             tool_parser=entry.tool_parser,
             broken=broken,
+            **self._encoder_settings(entry),
         )
         self._check_fits(here, spec)
         return spec
+
+    def _check_encoder_keys(self, i: int, entry: ModelEntry, kind: str) -> None:
+        if kind in ("embedding", "rerank"):
+            return
+        for key in ENCODER_KEYS:
+            if getattr(entry, key) is not None:
+                raise self.doc.error(("models", i, key), f"`{key}` is for `kind: embedding` and `kind: rerank` "
+                                     f"entries; `{entry.name}` is a {kind} model")
+
+    @staticmethod
+    def _max_concurrency(entry: ModelEntry, kind: str) -> int:
+        """Embedding and rerank requests hold their lease only while their
+        inputs are batched with everyone else's, so many may hold one at once."""
+        if kind in ("embedding", "rerank") and "max_concurrency" not in entry.model_fields_set:
+            return ENCODER_CONCURRENCY
+        return entry.max_concurrency
+
+    @staticmethod
+    def _encoder_settings(entry: ModelEntry) -> dict[str, Any]:
+        return {key: getattr(entry, key) for key in ENCODER_KEYS if getattr(entry, key) is not None}
 
     def _max_context(self, i: int, entry: ModelEntry, config: Mapping[str, Any]) -> int:
         trained = max_position_embeddings(config)

@@ -60,7 +60,7 @@ class ModelSpec:
     path: Path
     # As written in the file: a local path or a Hugging Face repo id.
     source: str
-    kind: str = "text"  # "text" (mlx-lm) or "vision" (mlx-vlm)
+    kind: str = "text"  # "text" (mlx-lm), "vision" (mlx-vlm), "embedding" or "rerank" (mlx-embeddings)
     aliases: tuple[str, ...] = ()
     description: str = ""
     preload: bool = False
@@ -96,6 +96,13 @@ class ModelSpec:
     # weights, bad config.json). Such a model stays registered but failed, so
     # one bad download never keeps the other models from serving.
     broken: str | None = None
+    # Embedding and rerank entries: an input past the model's length is cut
+    # (true) or refused with a 400 (false); ``dimensions`` may shorten the
+    # vectors only of a model trained for it (Matryoshka); a forward pass
+    # holds at most ``batch_tokens`` padded tokens.
+    truncate: bool = True
+    matryoshka: bool = False
+    batch_tokens: int = 4096
 
     @property
     def is_remote(self) -> bool:
@@ -129,6 +136,8 @@ class ModelSpec:
         # The engine resolves the tool-call format when it loads.
         "tool_parser",
         "broken",
+        # The engine's batching queue is built with it.
+        "batch_tokens",
     )
 
     def needs_reload_from(self, old: ModelSpec) -> bool:

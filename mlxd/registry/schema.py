@@ -169,6 +169,9 @@ VLLM_MLX_IGNORED_MODEL_KEYS = (
     "gpu_memory_utilization",
 )
 
+# Keys only embedding and rerank entries take.
+ENCODER_KEYS = ("truncate", "matryoshka", "batch_tokens")
+
 # Where a model's files are: ``path`` is ours; vllm-mlx also accepts these.
 LOCATION_KEYS = ("path", "source", "model")
 
@@ -181,7 +184,7 @@ class ModelEntry(_Section):
     allow_download: bool = False
     aliases: Names = []
     description: str = ""
-    kind: Literal["text", "vision"] | None = None
+    kind: Literal["text", "vision", "embedding", "rerank"] | None = None
     preload: bool = False
     pinned: bool = False
     idle_unload_seconds: NonNegativeFloat | None = None
@@ -206,6 +209,10 @@ class ModelEntry(_Section):
     # `strategy` picks for each request.
     targets: Names | None = Field(None, min_length=2)
     strategy: Literal["warm", "spillover"] | None = None
+    # Embedding and rerank entries (docs/embeddings.md).
+    truncate: bool | None = None
+    matryoshka: bool | None = None
+    batch_tokens: int | None = Field(None, ge=16)
 
     # vllm-mlx keys with a meaning here.
     estimated_memory_gb: PositiveFloat | None = None
