@@ -778,8 +778,10 @@ class _Builder:
             why = "estimated_memory_gb"
         else:
             f = spec.footprint
+            # An encoder's second part is one forward pass's activations.
+            second = "activations" if spec.kind in ("embedding", "rerank") else "KV cache"
             why = (
-                f"weights {format_bytes(f.weights)} + KV cache {format_bytes(f.kv_cache)} + "
+                f"weights {format_bytes(f.weights)} + {second} {format_bytes(f.kv_cache)} + "
                 f"prefix cache {format_bytes(f.prefix_cache)}; lower max_context, "
                 "max_concurrency or prefix_cache.max_bytes, or set kv_bits"
             )
