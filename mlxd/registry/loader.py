@@ -595,6 +595,7 @@ class _Builder:
             defaults=self._sampling(i, entry),
             local_image_dir=self._image_dir(i, entry),
             allow_remote_images=entry.allow_remote_images,
+            kind=entry.kind or "text",
         )
 
     def _remote_spec(self, name: str, backend: str, remote_model: str, **given: Any) -> ModelSpec:

@@ -310,6 +310,9 @@ class RegistryFile(_Section):
 REMOTE_KEYS = (
     "name", "aliases", "description", "defaults", "max_queue", "backend", "remote_model",
     "local_image_dir", "allow_remote_images",
+    # What the backend's model is, when it is not a chat model: an
+    # embedding or rerank entry relays /v1/embeddings or /v1/rerank.
+    "kind",
 )
 
 

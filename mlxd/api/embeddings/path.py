@@ -20,6 +20,7 @@ from mlxd.api.embeddings.bodies import EmbedInputs, RerankAsk
 from mlxd.api.generation import guarded
 from mlxd.errors import BadRequest, MlxdError, ModelNotFound
 from mlxd.registry.model import FailoverSpec, ModelSpec
+from mlxd.remote.encoders import read_embeddings, read_rerank
 
 log = logging.getLogger("mlxd.requests")
 T = TypeVar("T")
@@ -49,7 +50,7 @@ def entry_for(ctx: DaemonContext, name: str, kind: str) -> ModelSpec:
     if isinstance(found, FailoverSpec):
         raise BadRequest(f"`{name}` is a failover entry; {kind} requests name one model", param="model")
     spec = ctx.manager.resolve(found.name)
-    if spec.kind != kind and not (spec.is_remote and kind == "embedding"):
+    if spec.kind != kind:
         route = "/v1/embeddings" if spec.kind == "embedding" else "/v1/rerank" if spec.kind == "rerank" else \
             "/v1/chat/completions"
         raise BadRequest(f"The model `{name}` is a {spec.kind} model, not a{'n' if kind[0] in 'ae' else ''} "
@@ -62,6 +63,8 @@ async def embed(ctx: DaemonContext, request: Request, name: str, inputs: EmbedIn
     spec = entry_for(ctx, name, "embedding")
 
     async def work(engine: Any) -> tuple[Embedded, int]:
+        if spec.is_remote:
+            return await _remote_embed(engine, spec, name, inputs, dimensions), 0
         encoded = await engine.encode(inputs.texts, inputs.arrays, truncate=truncate and spec.truncate)
         vectors = await engine.embed(encoded)
         if dimensions is not None:
@@ -75,11 +78,35 @@ async def rerank(ctx: DaemonContext, request: Request, name: str, ask: RerankAsk
     spec = entry_for(ctx, name, "rerank")
 
     async def work(engine: Any) -> tuple[Ranked, int]:
+        if spec.is_remote:
+            return await _remote_rerank(engine, spec, name, ask), 0
         scores, tokens = await engine.rerank(ask.query, ask.documents, truncate=spec.truncate)
         order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
         return Ranked(name, [(i, scores[i]) for i in order[: ask.top_n]], tokens), 0
 
     return await _leased(ctx, request, spec, name, "rerank", len(ask.documents), work)
+
+
+async def _remote_embed(engine: Any, spec: ModelSpec, name: str, inputs: EmbedInputs,
+                        dimensions: int | None) -> Embedded:
+    """Relayed like chat: the backend embeds (and shortens, if asked: it
+    knows whether its model was trained for it)."""
+    body: dict[str, Any] = {"input": list(inputs.texts) if inputs.texts is not None else
+                            [list(a) for a in inputs.arrays or ()], "encoding_format": "base64"}
+    if dimensions is not None:
+        body["dimensions"] = dimensions
+    answer = await engine.post_json("/embeddings", body)
+    vectors, tokens = read_embeddings(answer, len(inputs), spec.backend or "")
+    return Embedded(name, vectors, tokens)
+
+
+async def _remote_rerank(engine: Any, spec: ModelSpec, name: str, ask: RerankAsk) -> Ranked:
+    body: dict[str, Any] = {"query": ask.query, "documents": list(ask.documents), "return_documents": False}
+    if ask.top_n is not None:
+        body["top_n"] = ask.top_n
+    answer = await engine.post_json("/rerank", body)
+    results, tokens = read_rerank(answer, len(ask.documents), spec.backend or "")
+    return Ranked(name, results[: ask.top_n], tokens)
 
 
 def shortened(vectors: list[np.ndarray], dimensions: int, spec: ModelSpec) -> list[np.ndarray]:
