@@ -48,7 +48,7 @@ def add_dtype_option(parser: Any) -> None:
 
 def model_dtype(args: Any) -> str:
     """The dtype ``--dtype`` asks for, resolved for this machine's device."""
-    from mlxd.factory.dtypes import device_dtype
+    from mlxd.dtypes import device_dtype
 
     return device_dtype(args.dtype)
 

@@ -73,8 +73,8 @@ step device 120 bash -c "
   $PY - <<'EOF'
 import json
 import mlx.core as mx
-from mlxd.engine.backends import installed_backends
-from mlxd.factory.dtypes import device_dtype
+from mlxd.engine.mlx_backend import installed_backends
+from mlxd.dtypes import device_dtype
 from mlxd.registry.device import current_device
 print('mlx', mx.__version__, mx.default_device(), 'backends', installed_backends())
 print('device_info', json.dumps({k: v for k, v in mx.device_info().items()}, default=str))
@@ -87,7 +87,7 @@ EOF
 # Built once here so that no later step's time limit pays for it.
 step build 180 "$PY" -c "
 from mlxd.factory import ModelRecipe, build_model
-from mlxd.factory.dtypes import device_dtype
+from mlxd.dtypes import device_dtype
 for size in ('tiny', '$SIZE'):
     print(build_model(ModelRecipe('qwen2', size, dtype=device_dtype())))
 "

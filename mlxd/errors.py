@@ -1,6 +1,6 @@
 """Typed errors. Each knows its HTTP status and OpenAI error shape.
 
-Every layer raises these; exactly one place (``mlxd.api.errors``) turns them
+Every layer raises these; exactly one place (``mlxd.api.error_responses``) turns them
 into HTTP responses, and the CLI turns ``ConfigError`` into exit status 2.
 Messages are written for the client: they never carry a stack trace or an
 internal exception's text unless it was sanitized first.

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from mlxd.engine.backends import backend_problem, installed_backends
+from mlxd.engine.mlx_backend import backend_problem, installed_backends
 
 
 def test_backends_are_found_among_installed_distributions():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlxd.factory.dtypes import choose_dtype, device_dtype
+from mlxd.dtypes import choose_dtype, device_dtype
 
 
 @pytest.mark.parametrize(

@@ -13,31 +13,37 @@ MLXD = Path(__file__).resolve().parents[1] / "mlxd"
 # (``__version__``).
 ALLOWED = {
     "errors": set(),
+    # Leaves beside errors.py: a folder written once (GGUF import, factory), a
+    # file's sha256; the dtype names models are built and imported in.
+    "files": set(),
+    "dtypes": set(),
+    # Who is asking (made at the gatekeeper, read by leases and accounts).
+    "caller": set(),
     # A .gguf path is converted once into the cache when the registry resolves it.
     "registry": {"errors", "gguf"},
     "settings": {"errors", "registry"},
     # The text engine decodes under grammars and splits tool calls; those two
     # import only the engine's contract (engine/types.py) back.
-    "engine": {"errors", "registry", "grammar", "tools"},
+    "engine": {"errors", "files", "registry", "grammar", "tools"},
     # The shell holds engines by their contract (engine/types.py) only.
-    "residency": {"errors", "registry", "engine"},
+    "residency": {"errors", "caller", "registry", "engine"},
     # Registry entries served by other servers: an engine over HTTP.
     "remote": {"errors", "registry", "engine"},
-    "factory": {"errors"},
+    "factory": {"errors", "files"},
     "service": {"errors", "registry", "settings"},
     # Constrained decoding and tool calls (engine side), GGUF import.
     "grammar": {"errors", "engine"},  # engine.types only, see CONTRACT
     "tools": {"errors", "engine", "grammar"},
-    "gguf": {"errors", "factory"},
+    "gguf": {"errors", "files", "dtypes"},
     # Failover entries: the order to try targets in, from residency and the backend poll.
     "failover": {"errors", "registry", "residency", "remote"},
     "monitoring": {"mlxd", "errors", "registry", "engine", "residency", "remote", "failover"},
     # The request path plans tools and splits tool calls for every surface.
-    "api": {"mlxd", "errors", "registry", "settings", "engine", "grammar", "tools", "residency", "monitoring", "remote",
+    "api": {"mlxd", "errors", "caller", "registry", "settings", "engine", "grammar", "tools", "residency", "monitoring", "remote",
             "failover"},
-    "daemon": {"mlxd", "errors", "registry", "settings", "engine", "residency", "monitoring", "api", "remote",
+    "daemon": {"mlxd", "errors", "files", "registry", "settings", "engine", "residency", "monitoring", "api", "remote",
                "failover"},
-    "cli": {"mlxd", "errors", "registry", "settings", "engine", "factory", "service", "gguf", "daemon"},
+    "cli": {"mlxd", "errors", "dtypes", "registry", "settings", "engine", "factory", "service", "gguf", "daemon"},
     "__main__": {"cli"},
 }
 # What grammar/, tools/ and residency/ may import from the engine: its contract.
@@ -59,18 +65,23 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path) -> set[str]:
+def imports(path: Path, modules: set[str]) -> set[str]:
+    """The mlxd modules ``path`` imports: ``from pkg import module`` is an
+    import of ``pkg.module`` (and of ``pkg``, whose ``__init__`` runs)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "mlxd":
             found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules}
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.split(".")[0] == "mlxd"}
     return found
 
 
 def graph() -> dict[str, set[str]]:
-    return {module_name(p): imports(p) for p in MLXD.rglob("*.py")}
+    paths = list(MLXD.rglob("*.py"))
+    modules = {module_name(p) for p in paths}
+    return {module_name(p): imports(p, modules) for p in paths}
 
 
 def package(module: str) -> str:

@@ -34,6 +34,8 @@ def record_request(ctx: DaemonContext, status: int, plan: Plan, tokens_in: int =
     if ctx.settings.log_prompts:
         extra = " prompt=" + repr([r.messages or r.prompt for r in plan.requests])[:2000]
     where = f" backend={backend}" if backend is not None else ""
+    if plan.caller.key is not None or plan.caller.app is not None:
+        where += f" caller={plan.caller.label}"
     if plan.failover is not None:
         ctx.failover.finished(model, plan.spec.name, status)
         metrics.failover_requests.labels(model, plan.spec.name, str(status)).inc()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -13,16 +12,17 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mlxd import __version__
 from mlxd.api.auth import check_api_key
 from mlxd.api.context import DaemonContext
-from mlxd.api.errors import ErrorShape, error_response, install_error_handlers
+from mlxd.api.error_responses import ErrorShape, error_response, install_error_handlers
 from mlxd.api.anthropic import routes as anthropic
-from mlxd.api.anthropic.errors import AnthropicErrors
+from mlxd.api.anthropic.error_shape import AnthropicErrors
 from mlxd.api.embeddings import routes as embeddings
-from mlxd.api.embeddings.errors import OllamaErrors
+from mlxd.api.embeddings.error_shape import OllamaErrors
 from mlxd.api.openai import routes as openai
-from mlxd.api.openai.errors import OpenAIErrors
+from mlxd.api.openai.error_shape import OpenAIErrors
 from mlxd.api.responses import routes as responses
 from mlxd.api.responses.bodies import FIELDS as RESPONSES_FIELDS
 from mlxd.api.routes import admin, monitoring
+from mlxd.api.routes.admin import ConfigReloader
 from mlxd.api.guards import RequestGuard
 from mlxd.errors import MlxdError, ShuttingDown
 
@@ -32,14 +32,6 @@ log = logging.getLogger("mlxd.http")
 OPEN_PATHS = ("/health",)
 # Where the API is, beyond /v1/: keys and draining apply there alike.
 API_PREFIXES = ("/v1/", embeddings.OLLAMA_PREFIX + "/", *embeddings.RERANK_PATHS)
-
-
-class ConfigReloader(Protocol):
-    """Hot reload of models.yaml (``mlxd.daemon.reload.Reloader``)."""
-
-    async def reload(self, trigger: str) -> dict[str, Any]: ...
-    async def start_watching(self) -> None: ...
-    async def stop_watching(self) -> None: ...
 
 
 class Gatekeeper:
@@ -57,7 +49,9 @@ class Gatekeeper:
             path = scope["path"]
             try:
                 if path not in OPEN_PATHS and (path.startswith(API_PREFIXES) or path == "/metrics"):
-                    check_api_key(Request(scope), self.ctx.settings.server.api_keys)
+                    # Who is asking, for every step after this one (request.state.caller).
+                    caller = check_api_key(Request(scope), self.ctx.settings.server.api_keys)
+                    scope.setdefault("state", {})["caller"] = caller
                 if self.ctx.draining and scope["method"] == "POST" and path.startswith(API_PREFIXES):
                     raise ShuttingDown("mlxd is shutting down; retry shortly", retry_after=5)
             except MlxdError as exc:

@@ -7,12 +7,14 @@ import secrets
 
 from fastapi import Request
 
+from mlxd.caller import ANONYMOUS, Caller, key_name
 from mlxd.errors import AuthenticationFailed
 
 
-def check_api_key(request: Request, keys: tuple[str, ...]) -> None:
+def check_api_key(request: Request, keys: tuple[str, ...]) -> Caller:
+    """The caller the request's key names; AuthenticationFailed without a valid one."""
     if not keys:
-        return
+        return ANONYMOUS
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
@@ -21,8 +23,15 @@ def check_api_key(request: Request, keys: tuple[str, ...]) -> None:
             raise AuthenticationFailed("API key required: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'")
     token = token.strip()
     # Compare against every key so timing reveals neither the key nor which one matched.
-    matched = False
-    for key in keys:
-        matched |= secrets.compare_digest(token.encode(), key.encode())
-    if not matched:
+    matched: int | None = None
+    for index, key in enumerate(keys):
+        if secrets.compare_digest(token.encode(), key.encode()) and matched is None:
+            matched = index
+    if matched is None:
         raise AuthenticationFailed("Invalid API key")
+    return Caller(key=key_name(matched))
+
+
+def caller_of(request: Request) -> Caller:
+    """The caller the gatekeeper found for ``request`` (anonymous on a path it does not check)."""
+    return getattr(request.state, "caller", ANONYMOUS)

@@ -11,7 +11,7 @@ from typing import Any
 
 from mlxd.api.images import ImageMemory
 from mlxd.api.responses.store import ResponseStore
-from mlxd.api.token_count import TokenCounter
+from mlxd.engine.token_count import TokenCounter
 from mlxd.engine.worker import MlxWorker
 from mlxd.failover.router import FailoverRouter
 from mlxd.monitoring.metrics import Metrics
@@ -19,7 +19,7 @@ from mlxd.monitoring.snapshot import ConfigState, DaemonSnapshot
 from mlxd.monitoring.status import EVENTS_LIMIT
 from mlxd.registry.model import Registry, ServerSpec
 from mlxd.remote.backends import BackendPool
-from mlxd.residency.events import EventLog
+from mlxd.residency.decisions import EventLog
 from mlxd.residency.shell import ResidencyManager
 from mlxd.settings import EffectiveSettings
 

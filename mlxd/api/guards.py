@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mlxd.api.errors import ErrorShape, ShapeFor
+from mlxd.api.error_responses import ErrorShape, ShapeFor
 from mlxd.errors import BodyTimeout, MlxdError, PayloadTooLarge, PermissionDenied, clip
 from mlxd.registry.model import ServerSpec
 from mlxd.registry.sizing import format_bytes

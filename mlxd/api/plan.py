@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from mlxd.api.conversation import MAX_NESTING, Conversation, TextPart, encodable, nesting_depth
 from mlxd.api.images import ImagePolicy, PendingImages, collect_images
+from mlxd.caller import ANONYMOUS, Caller
 from mlxd.engine.sampling import check_bias_ids
 from mlxd.engine.types import GenerationRequest, SamplingParams
 from mlxd.errors import BadRequest, ModelNotFound
+from mlxd.registry.kinds import CHAT, COMPLETION, ModelKind
 from mlxd.registry.model import FailoverSpec, ModelSpec, SamplingDefaults
 from mlxd.tools.formats import ToolFormat
-from mlxd.tools.plan import OutputPlan, check_output, plan_output
+from mlxd.tools.output_plan import OutputPlan, check_output, plan_output
 
 if TYPE_CHECKING:
     from mlxd.api.context import DaemonContext
@@ -32,7 +34,7 @@ class OutputRequest:
     """What a request asks of the answer's shape, in OpenAI chat's terms
     (``tools`` as ``{"type": "function", "function": {...}}``, ``tool_choice``
     "auto" / "required" / "none" / a named function, ``response_format``):
-    every surface maps its own fields onto these, and ``mlxd.tools.plan``
+    every surface maps its own fields onto these, and ``mlxd.tools.output_plan``
     checks them against the model's tool-call format once a lease is held."""
 
     tools: list[dict[str, Any]] | None = None
@@ -73,10 +75,15 @@ class Entry:
     failover: FailoverSpec | None = None
     # A failover entry's targets, in the file's order (``spec`` is the first).
     targets: tuple[ModelSpec, ...] = ()
+    # What each of ``models`` is served as (its row of the kinds table).
+    kinds: tuple[ModelKind, ...] = ()
 
     @property
     def models(self) -> tuple[ModelSpec, ...]:
         return self.targets or (self.spec,)
+
+    def served_as(self) -> list[tuple[ModelSpec, ModelKind]]:
+        return list(zip(self.models, self.kinds, strict=True))
 
 
 def resolve_entry(ctx: DaemonContext, name: str) -> Entry:
@@ -87,14 +94,17 @@ def resolve_entry(ctx: DaemonContext, name: str) -> Entry:
         raise ModelNotFound(name, ctx.registry.model_names())
     if isinstance(found, FailoverSpec):
         targets = tuple(ctx.manager.resolve(t) for t in found.targets)
-        return Entry(targets[0], found, targets)
-    return Entry(ctx.manager.resolve(found.name))
+        return Entry(targets[0], found, targets, tuple(ctx.registry.kind_of(t) for t in targets))
+    spec = ctx.manager.resolve(found.name)
+    return Entry(spec, kinds=(ctx.registry.kind_of(spec),))
 
 
-def takes_images(spec: ModelSpec) -> bool:
-    # A remote entry's images go to its backend, which decides whether its
-    # model sees them (a text model's server answers 400 itself).
-    return spec.kind == "vision" or spec.is_remote
+def check_route(entry: Entry, name: str, route: str) -> None:
+    """A model (or every target) of a kind that does not serve ``route``
+    (an embedding model asked to chat) is the client's 400."""
+    if not any(route in kind.routes for kind in entry.kinds):
+        kind = entry.kinds[0].name
+        raise BadRequest(f"Model `{name}` is a {kind} model and does not serve {route} requests.", param="model")
 
 
 def merged_defaults(spec: ModelSpec, failover: FailoverSpec | None) -> SamplingDefaults:
@@ -132,6 +142,10 @@ class Plan:
     # defaults apply once it is leased.
     asked: SamplingDefaults = field(default_factory=SamplingDefaults)
     default_max_tokens: int = 512  # the server's, for a request and defaults that set none
+    # What is asked to be done (a kinds table route: chat, completion).
+    route: str = CHAT
+    # Who is asking (from the gatekeeper): the lease, the accounts and the log carry it.
+    caller: Caller = ANONYMOUS
 
     @property
     def name(self) -> str:
@@ -141,10 +155,13 @@ class Plan:
     def remaining(self) -> float:
         return self.timeout - (time.monotonic() - self.started)
 
-    def accepts(self, spec: ModelSpec) -> bool:
-        """Whether ``spec`` can serve this request (a failover target that
-        cannot is skipped): images need a model that takes them."""
-        return self.images is None or not self.images.sources or takes_images(spec)
+    def accepts(self, kind: ModelKind) -> bool:
+        """Whether a model of ``kind`` can serve this request (a failover
+        target that cannot is skipped): one that serves its route, and for
+        images one that takes them."""
+        if self.route not in kind.routes:
+            return False
+        return self.images is None or not self.images.sources or kind.takes_images
 
     def retarget(self, spec: ModelSpec) -> None:
         """A failover target was leased: it serves the request, with its own
@@ -232,7 +249,7 @@ def _image_policy(entry: Entry) -> ImagePolicy:
     f = entry.failover
     # Images are read (and sized) before a target is chosen: by the first
     # local vision target's processor, which its twins elsewhere share.
-    vision = next((m for m in entry.targets if m.kind == "vision" and not m.is_remote), None)
+    vision = next((m for m, kind in entry.served_as() if kind.takes_images and not m.is_remote), None)
     return ImagePolicy(
         model=f.name,
         local_dir=f.local_image_dir.resolve() if f.local_image_dir else None,
@@ -283,7 +300,7 @@ def check_chat(entry: Entry, name: str, conversation: Conversation, output: Outp
     images, the images to read."""
     check_conversation(conversation, output.tools)
     check_prompt_length(entry, conversation.text_length(), "messages")
-    with_images = any(takes_images(m) for m in entry.models)
+    with_images = any(kind.takes_images for kind in entry.kinds)
     if conversation.has_images() and not with_images:
         raise BadRequest(f"Model `{name}` is a text model and does not accept images", param="messages")
     images = collect_images(conversation, _image_policy(entry)) if with_images else None
@@ -299,17 +316,19 @@ def _check_output(entry: Entry, output: OutputRequest) -> None:
         tools=output.tools, tool_choice=output.tool_choice, response_format=output.response_format,
         tool_params=output.tool_params,
     )
-    local_vision = all(m.kind == "vision" and not m.is_remote for m in entry.models)
-    if local_vision and (output.tools or output.response_format):
-        # What the vision engine would refuse, said before any stream opens.
+    without = [kind for m, kind in entry.served_as() if not kind.grammars and not m.is_remote]
+    if len(without) == len(entry.kinds) and (output.tools or output.response_format):
+        # What the engine (vision) would refuse, said before any stream opens.
         param = "tools" if output.tools else "response_format"
-        raise BadRequest(f"Vision models do not support `{param}` yet.", param=param)
+        raise BadRequest(f"{without[0].name.capitalize()} models do not support `{param}` yet.", param=param)
 
 
 def plan_chat(
-    ctx: DaemonContext, asked: Requested, conversation: Conversation, *, kind: str = "chat", id_prefix: str = "chatcmpl-"
+    ctx: DaemonContext, asked: Requested, conversation: Conversation, *, kind: str = "chat", id_prefix: str = "chatcmpl-",
+    caller: Caller = ANONYMOUS,
 ) -> Plan:
     entry = resolve_entry(ctx, asked.model)
+    check_route(entry, asked.model, CHAT)
     spec = entry.spec
     images = check_chat(entry, asked.model, conversation, asked.output)
     defaults = merged_defaults(spec, entry.failover)
@@ -336,6 +355,7 @@ def plan_chat(
         failover=entry.failover,
         asked=asked.sampling,
         default_max_tokens=ctx.settings.server.default_max_tokens,
+        caller=caller,
     )
 
 
@@ -399,7 +419,8 @@ def _check_bias(plan: Plan, engine: Any) -> None:
 
 
 def plan_prompts(
-    ctx: DaemonContext, asked: Requested, prompts: list[str], *, kind: str = "completion", id_prefix: str = "cmpl-"
+    ctx: DaemonContext, asked: Requested, prompts: list[str], *, kind: str = "completion", id_prefix: str = "cmpl-",
+    caller: Caller = ANONYMOUS,
 ) -> Plan:
     limit = ctx.settings.server.max_prompts
     if len(prompts) > limit:
@@ -407,6 +428,7 @@ def plan_prompts(
             f"At most {limit} prompts per request; this one has {len(prompts)}.", param="prompt"
         )
     entry = resolve_entry(ctx, asked.model)
+    check_route(entry, asked.model, COMPLETION)
     for i, prompt in enumerate(prompts):
         check_prompt_length(entry, len(prompt), "prompt" if len(prompts) == 1 else f"prompt[{i}]")
     # Only response_format reaches here (a raw prompt has no template for tools):
@@ -436,4 +458,6 @@ def plan_prompts(
         failover=entry.failover,
         asked=asked.sampling,
         default_max_tokens=ctx.settings.server.default_max_tokens,
+        route=COMPLETION,
+        caller=caller,
     )

@@ -77,7 +77,7 @@ async def _fail_over(ctx: DaemonContext, plan: Plan) -> Started:
     assert plan.failover is not None
     name = plan.failover.name
     # (The router leaves out targets a reload is removing.)
-    targets = [t for t in ctx.failover.order(plan.failover) if plan.accepts(ctx.manager.resolve(t))]
+    targets = [t for t in ctx.failover.order(plan.failover) if plan.accepts(ctx.registry.kind_of(ctx.manager.resolve(t)))]
     if not targets:
         raise ServiceUnavailable(f"No target of `{plan.requested_name}` can take this request now", retry_after=1)
     for position, target in enumerate(targets):
@@ -99,7 +99,7 @@ async def _fail_over(ctx: DaemonContext, plan: Plan) -> Started:
 async def _start_on(ctx: DaemonContext, plan: Plan, model: str) -> Started:
     """Lease ``model`` and get the request under way there; a failure gives
     the lease straight back."""
-    lease = await ctx.manager.acquire(model, timeout=plan.remaining())
+    lease = await ctx.manager.acquire(model, timeout=plan.remaining(), caller=plan.caller)
     started = Started(lease)
     try:
         if plan.failover is not None:

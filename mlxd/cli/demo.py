@@ -20,7 +20,7 @@ import importlib.util
 from pathlib import Path
 
 from mlxd.factory.build import ModelRecipe, build_model
-from mlxd.factory.dtypes import device_dtype
+from mlxd.dtypes import device_dtype
 from mlxd.factory.encoders import EncoderRecipe, build_encoder
 from mlxd.factory.minilm import minilm_dir
 from mlxd.factory.smollm2 import smollm2_gguf

@@ -97,7 +97,7 @@ def serve(
     watch: Optional[bool] = typer.Option(None, "--watch/--no-watch", help="Reload models.yaml when it changes."),
 ) -> None:
     """Serve the models of a registry file over HTTP."""
-    from mlxd.engine.backends import backend_problem, installed_backends
+    from mlxd.engine.mlx_backend import backend_problem, installed_backends
     from mlxd.engine.blas import preload_env
 
     backends = installed_backends()
@@ -174,7 +174,7 @@ def demo(
 ) -> None:
     """Build the demo models offline and write DIR/models.yaml naming them."""
     from mlxd.cli.demo import sizes_up_to, write_demo
-    from mlxd.factory.dtypes import device_dtype
+    from mlxd.dtypes import device_dtype
 
     try:
         sizes = sizes_up_to("tiny" if tiny_only else size)

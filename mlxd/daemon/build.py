@@ -22,7 +22,7 @@ from mlxd.monitoring.metrics import Metrics
 from mlxd.monitoring.snapshot import ConfigState
 from mlxd.registry.model import Registry
 from mlxd.remote.backends import BackendPool
-from mlxd.residency.events import EventLog
+from mlxd.residency.decisions import EventLog
 from mlxd.residency.footprints import FootprintStore
 from mlxd.residency.shell import EngineFactory as BuildsEngines
 from mlxd.residency.shell import ResidencyManager

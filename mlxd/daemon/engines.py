@@ -8,6 +8,7 @@ import asyncio
 import logging
 
 from mlxd.engine.cache_store.bound import CacheDirBound
+from mlxd.engine.kinds import named_function
 from mlxd.engine.preload import StartupImports
 from mlxd.engine.types import Engine
 from mlxd.engine.worker import MlxWorker
@@ -30,32 +31,19 @@ class EngineFactory:
         self.imports = imports
 
     async def __call__(self, spec: ModelSpec, registry: Registry) -> Engine:
-        if spec.backend is not None:
+        kind = registry.kind_of(spec)
+        if kind.engine is None:  # served by a backend
             if self.backends is None:
                 raise ModelLoadFailed(f"Model `{spec.name}` is remote but this daemon has no backends")
             return RemoteEngine(spec, self.backends)
         if self.imports is not None:
             await asyncio.to_thread(self.imports.wait)
-        if spec.kind in ("embedding", "rerank"):
-            try:
-                from mlxd.engine.embedding import load_encoder_engine
-            except ImportError as exc:
-                raise ModelLoadFailed(
-                    f"Model `{spec.name}` is a {spec.kind} model but mlx-embeddings is not installed"
-                ) from exc
-            return await load_encoder_engine(spec, self.worker)
-        if spec.kind == "vision":
-            try:
-                from mlxd.engine.vision import load_vision_engine
-            except ImportError as exc:
-                raise ModelLoadFailed(
-                    f"Model `{spec.name}` is a vision model but mlx-vlm is not installed "
-                    "(pip install 'mlxd[vision]')"
-                ) from exc
-            return await load_vision_engine(spec, self.worker)
-        from mlxd.engine.loader import load_text_engine
-
-        return await load_text_engine(spec, self.worker, cache_dir=registry.manager.cache_dir)
+        try:
+            load = named_function(kind.engine)
+        except ImportError as exc:
+            hint = kind.install_hint or f"its engine ({kind.engine}) cannot be imported: {exc}"
+            raise ModelLoadFailed(f"Model `{spec.name}` is a {kind.name} model but {hint}") from exc
+        return await load(spec, self.worker, cache_dir=registry.manager.cache_dir)
 
 
 class PrefixCacheHooks:

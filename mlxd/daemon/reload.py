@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
 import time
@@ -36,6 +35,7 @@ from watchfiles import awatch
 from mlxd.api.context import DaemonContext
 from mlxd.settings import DaemonSettings, EffectiveSettings, effective
 from mlxd.errors import ConfigError, ShuttingDown, describe_exception
+from mlxd.files import file_sha256
 from mlxd.registry.diff import SERVER_RESTART_FIELDS, RegistryDiff, diff_registries
 from mlxd.registry.loader import load_registry
 from mlxd.registry.model import Registry, ServerSpec
@@ -50,7 +50,7 @@ DEFAULT_DEBOUNCE_S = 0.3
 def file_digest(path: Path) -> str | None:
     """sha256 of what ``path`` points at now; None while it is missing."""
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return file_sha256(path).hexdigest()
     except OSError:
         return None
 
@@ -70,13 +70,14 @@ class Reloader:
         path: Path,
         *,
         debounce_s: float = DEFAULT_DEBOUNCE_S,
-        loader: Callable[[Path], Registry] = load_registry,
+        loader: Callable[[Path], Registry] | None = None,
     ) -> None:
         self.ctx = ctx
         self.settings = settings
         self.path = Path(path)
         self.debounce_s = debounce_s
-        self._loader = loader
+        # The file is read again with the kinds table it was first read with.
+        self._loader = loader or (lambda p: load_registry(p, kinds=ctx.registry.kinds))
         self._lock = asyncio.Lock()
         # The content last looked at, valid or not: the watcher skips events
         # that leave it unchanged (touch, chmod, a neighbour's temp file).

@@ -47,8 +47,9 @@ def run_daemon(settings: DaemonSettings, registry_path: Path) -> int:
         if not eff.server.api_keys and eff.server.host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("no API keys configured and bound to %s: anyone on the network can use the models",
                         eff.server.host)
-        # A remote entry loads nothing here: a front with only those never needs mlx-lm.
-        daemon.imports.start(m.kind for m in registry.models if not m.is_remote)
+        # A remote entry loads nothing here (its row imports nothing): a front
+        # with only those never needs mlx-lm.
+        daemon.imports.start((registry.kind_of(m).name for m in registry.models), registry.kinds)
         server = daemon.server
         server.run()
         if not server.started:

@@ -21,6 +21,7 @@ import itertools
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -240,8 +241,9 @@ class EncoderEngine(EngineBase):
         self.encoder = None
 
 
-async def load_encoder_engine(spec: ModelSpec, worker: MlxWorker) -> EncoderEngine:
-    """Load ``spec`` (kind embedding or rerank) on the worker."""
+async def load_encoder_engine(spec: ModelSpec, worker: MlxWorker, *, cache_dir: Path | None = None) -> EncoderEngine:
+    """Load ``spec`` (kind embedding or rerank) on the worker; ``cache_dir``
+    is the kinds table's common argument: an encoder keeps nothing on disk."""
     loaded = await load_on_worker(worker, _load, spec, _discard)
     encoder, tokenizer, load_bytes, seconds = loaded
     return EncoderEngine(spec, worker, encoder, tokenizer, load_bytes=load_bytes, load_seconds=seconds)

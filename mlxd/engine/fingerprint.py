@@ -24,6 +24,8 @@ import hashlib
 import struct
 from pathlib import Path
 
+from mlxd.files import file_sha256
+
 # Bump when the bytes of a saved entry change meaning; old folders are then
 # never read (and age out under the disk bound).
 CACHE_FORMAT_VERSION = 1
@@ -65,7 +67,7 @@ def model_fingerprint(folder: Path, kv_bits: int | None) -> str:
     for path in files:
         if any(fnmatch.fnmatch(path.name, pattern) for pattern in HASHED_PATTERNS):
             digest.update(f"file {path.name} {path.stat().st_size}\n".encode())
-            digest.update(_file_digest(path))
+            digest.update(file_sha256(path).digest())
     return digest.hexdigest()[:32]
 
 
@@ -92,9 +94,3 @@ def _sample_offsets(size: int) -> list[int]:
     return [last * i // (_SAMPLE_BLOCKS - 1) for i in range(_SAMPLE_BLOCKS)]
 
 
-def _file_digest(path: Path) -> bytes:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.digest()

@@ -23,18 +23,18 @@ import importlib
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+
+from mlxd.registry.kinds import KINDS, ModelKind
 
 log = logging.getLogger(__name__)
 
-MODULES = {"text": ("mlx_lm",), "vision": ("mlx_vlm",), "embedding": ("mlx_embeddings.utils",),
-           "rerank": ("mlx_embeddings.utils",)}
-
-
-def modules_for(kinds: Iterable[str]) -> tuple[str, ...]:
+def modules_for(kinds: Iterable[str], table: Mapping[str, ModelKind] = KINDS) -> tuple[str, ...]:
+    """The libraries the engines of ``kinds`` import (their rows' ``imports``), once each."""
     names: list[str] = []
     for kind in kinds:
-        for name in MODULES.get(kind, ()):
+        row = table.get(kind)
+        for name in row.imports if row is not None else ():
             if name not in names:
                 names.append(name)
     return tuple(names)
@@ -66,8 +66,8 @@ class StartupImports:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
 
-    def start(self, kinds: Iterable[str]) -> threading.Thread:
-        thread = threading.Thread(target=_import_all, args=(modules_for(kinds),), name="mlxd-preimport",
+    def start(self, kinds: Iterable[str], table: Mapping[str, ModelKind] = KINDS) -> threading.Thread:
+        thread = threading.Thread(target=_import_all, args=(modules_for(kinds, table),), name="mlxd-preimport",
                                   daemon=True)
         self._thread = thread
         thread.start()

@@ -26,6 +26,7 @@ import importlib.util
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mlxd.engine import memory, sampling
@@ -66,8 +67,9 @@ class _Prepared:
 # --- loading ---------------------------------------------------------------------
 
 
-async def load_vision_engine(spec: ModelSpec, worker: MlxWorker) -> VisionEngine:
-    """Load ``spec`` with ``mlx_vlm.load`` on the worker and wrap it as a VisionEngine.
+async def load_vision_engine(spec: ModelSpec, worker: MlxWorker, *, cache_dir: Path | None = None) -> VisionEngine:
+    """Load ``spec`` with ``mlx_vlm.load`` on the worker and wrap it as a VisionEngine
+    (``cache_dir`` unused: a vision engine keeps no prefix cache).
 
     A load cancelled by its caller still finishes on the worker (it cannot be
     interrupted) and is then unloaded, so it never leaves memory behind.

@@ -8,21 +8,17 @@ it as for a user's model.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
-import shutil
 import sys
-import tempfile
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from mlxd.factory.corpus import corpus_digest, stdlib_files
 from mlxd.factory.tokenizer import IM_END, train_tokenizer, write_tokenizer
+from mlxd.files import build_once
 
 # Bump when the output of a build changes for the same recipe.
 FACTORY_VERSION = 2
@@ -106,28 +102,6 @@ def build_model(recipe: ModelRecipe, cache_dir: Path | None = None) -> Path:
     return build_once(target, lambda out: _write_model(recipe, files, out))
 
 
-def build_once(target: Path, write: Callable[[Path], None]) -> Path:
-    """Return the model folder ``target``, running ``write(folder)`` first if it is missing.
-
-    ``write`` fills a temporary sibling folder that is renamed into place, and
-    builders of the same target wait on a lock file, so every factory (text or
-    vision) gets the same crash and concurrency safety.
-    """
-    if (target / "config.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(target.parent / f".{target.name}.lock"):
-        if (target / "config.json").exists():
-            return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        try:
-            write(tmp)
-            os.replace(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
 def _content_key(recipe: ModelRecipe, digest: str) -> str:
     payload = {
         "recipe": dataclasses.asdict(recipe),
@@ -137,16 +111,6 @@ def _content_key(recipe: ModelRecipe, digest: str) -> str:
         "factory": FACTORY_VERSION,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _write_model(recipe: ModelRecipe, files: list[Path], out: Path) -> None:

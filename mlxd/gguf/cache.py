@@ -12,6 +12,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from mlxd.files import file_sha256
 from mlxd.gguf.convert import KEEP, import_dtype, import_gguf
 
 # Bump when the converted folder for the same file changes.
@@ -27,11 +28,7 @@ def content_key(source: Path, cache_root: Path) -> str:
         return json.loads(memo.read_text())["key"]
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    digest = hashlib.sha256(f"mlxd-gguf/{CONVERTER_VERSION}\n".encode())
-    with open(source, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    key = digest.hexdigest()[:32]
+    key = file_sha256(source, prefix=f"mlxd-gguf/{CONVERTER_VERSION}\n".encode()).hexdigest()[:32]
     memo_dir.mkdir(parents=True, exist_ok=True)
     memo.write_text(json.dumps({"key": key, "source": str(source.resolve())}))
     return key

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from mlxd.dtypes import ALIASES, DTYPES
 from mlxd.errors import GGUFError
-from mlxd.factory.build import build_once
-from mlxd.factory.dtypes import ALIASES, DTYPES
+from mlxd.files import build_once
 from mlxd.gguf.config import GGUF_GROUP_SIZE, build_config, quantized_layers
 from mlxd.gguf.names import check_architecture, rename
 from mlxd.gguf.reader import read_gguf

@@ -12,7 +12,7 @@ from typing import Any
 from mlxd.errors import ConfigError
 from mlxd.failover.router import FailoverView
 from mlxd.remote.backends import BackendView
-from mlxd.residency.events import Event
+from mlxd.residency.decisions import Event
 from mlxd.residency.shell import ManagerSnapshot
 
 

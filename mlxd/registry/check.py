@@ -87,7 +87,7 @@ def _describe_model(spec: ModelSpec, registry: Registry) -> list[str]:
         f"    preload: {yes_no[spec.preload]}; pinned: {yes_no[spec.pinned]}; "
         f"idle unload: {_idle(spec)}"
     )
-    if spec.kind == "text":
+    if registry.kind_of(spec).grammars:  # tool calls need the kind's tool-call format
         lines.append(f"    tool calls: {_tool_calls(spec)}")
     return lines
 

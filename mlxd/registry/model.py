@@ -13,7 +13,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mlxd.registry.kinds import KINDS, REMOTE, ModelKind
+
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from mlxd.errors import ConfigError
 
 CONTENTION_STRATEGIES = ("fail", "wait", "wait_then_fail", "preempt", "wait_then_preempt")
@@ -60,7 +64,7 @@ class ModelSpec:
     path: Path
     # As written in the file: a local path or a Hugging Face repo id.
     source: str
-    kind: str = "text"  # "text" (mlx-lm), "vision" (mlx-vlm), "embedding" or "rerank" (mlx-embeddings)
+    kind: str = "text"  # a row of the kinds table (mlxd.registry.kinds): "text", "vision", ...
     aliases: tuple[str, ...] = ()
     description: str = ""
     preload: bool = False
@@ -90,6 +94,13 @@ class ModelSpec:
     # declared as an entry: it queues and leases like one, but clients
     # cannot ask for it by that name (only through the failover entry).
     implicit: bool = False
+    # Where it draws its capacity from: None, its own max_concurrency;
+    # else every model of the group shares one max_concurrency (the models
+    # on one backend: ``backend:<name>``).
+    capacity_group: str | None = None
+    # Whether it takes memory here: one that does not is never charged to
+    # the budget nor evicted to free memory (a remote entry).
+    holds_memory: bool = True
     # The registry's ``tool_parser:`` (None: guess from the chat template).
     tool_parser: str | None = None
     # Why the model's files on disk cannot be used (missing folder, corrupt
@@ -103,6 +114,14 @@ class ModelSpec:
     truncate: bool = True
     matryoshka: bool = False
     batch_tokens: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.backend is not None:
+            # A backend's entries share its max_concurrency and hold no memory
+            # here; the residency core reads only these two, never the backend.
+            if self.capacity_group is None:
+                object.__setattr__(self, "capacity_group", f"backend:{self.backend}")
+            object.__setattr__(self, "holds_memory", False)
 
     @property
     def is_remote(self) -> bool:
@@ -254,6 +273,13 @@ class Registry:
     # The broken models' problems, located (file, line, key): ``mlxd check``
     # reports them as errors, the daemon logs them and serves the rest.
     problems: tuple[ConfigError, ...] = field(default=(), compare=False)
+    # The kinds table the file was read with (its ``kind:`` values are rows).
+    kinds: Mapping[str, ModelKind] = field(default_factory=lambda: KINDS, compare=False)
+
+    def kind_of(self, spec: ModelSpec) -> ModelKind:
+        """What ``spec`` is served as: its kind's row, or the remote row for
+        a model served by a backend."""
+        return REMOTE if spec.is_remote else self.kinds[spec.kind]
 
     def backend(self, name: str) -> BackendSpec | None:
         return next((b for b in self.backends if b.name == name), None)

@@ -27,6 +27,8 @@ from mlxd.registry.sizing import KV_BITS_CHOICES, parse_bytes, parse_gb, parse_m
 
 # Validation context key: the device's memory in bytes, for "70%" budgets.
 PHYSICAL_MEMORY = "physical_memory"
+# The validation context's kinds table (mlxd.registry.kinds.KINDS unless given).
+KINDS_TABLE = "kinds"
 
 
 def physical_memory_bytes() -> int:
@@ -184,7 +186,7 @@ class ModelEntry(_Section):
     allow_download: bool = False
     aliases: Names = []
     description: str = ""
-    kind: Literal["text", "vision", "embedding", "rerank"] | None = None
+    kind: str | None = None  # a row of the kinds table the file is read with
     preload: bool = False
     pinned: bool = False
     idle_unload_seconds: NonNegativeFloat | None = None
@@ -239,6 +241,18 @@ class ModelEntry(_Section):
         for name in [value] if isinstance(value, str) else value:
             if not name or name != name.strip():
                 raise ValueError(f"a model name cannot be empty or start/end with spaces: {name!r}")
+        return value
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, value: str | None, info: ValidationInfo) -> str | None:
+        from mlxd.registry.kinds import KINDS
+
+        kinds = (info.context or {}).get(KINDS_TABLE) or KINDS
+        if value is not None and value not in kinds:
+            names = [repr(k) for k in kinds]
+            choices = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+            raise ValueError(f"input should be {choices}, got {value!r}")
         return value
 
     @field_validator("kv_bits")

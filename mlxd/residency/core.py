@@ -232,12 +232,12 @@ class ResidencyCore:
 
     def occupancy(self, model: str) -> tuple[int, int, int]:
         """Leases held, requests waiting for one, and how many it may hold at
-        once. A remote entry's are its backend's: every entry on that backend
-        shares its max_concurrency."""
+        once. A model in a capacity group counts the group's: every model of
+        the group shares one max_concurrency."""
         r = self.residents[model]
-        if r.spec.backend is None:
+        if r.spec.capacity_group is None:
             return r.active, self.queued(model), r.spec.max_concurrency
-        sharing = [x for x in self.residents.values() if x.spec.backend == r.spec.backend]
+        sharing = self._group(r)
         return sum(x.active for x in sharing), sum(self.queued(x.name) for x in sharing), r.spec.max_concurrency
 
     def next_deadline(self) -> float | None:
@@ -531,13 +531,15 @@ class ResidencyCore:
     def _can_grant(self, r: Resident) -> bool:
         if r.state is not State.LOADED or r.active >= r.spec.max_concurrency:
             return False
-        if r.spec.backend is None:
+        if r.spec.capacity_group is None:
             return True
-        # Remote entries share their backend's max_concurrency: they queue
-        # here for it, and never for memory, so a slow backend holds up
-        # only the names it serves.
-        busy = sum(x.active for x in self.residents.values() if x.spec.backend == r.spec.backend)
-        return busy < r.spec.max_concurrency
+        # A capacity group's models (the entries on one backend) share its
+        # max_concurrency: they queue here for it, so a slow backend holds
+        # up only the names it serves.
+        return sum(x.active for x in self._group(r)) < r.spec.max_concurrency
+
+    def _group(self, r: Resident) -> list[Resident]:
+        return [x for x in self.residents.values() if x.spec.capacity_group == r.spec.capacity_group]
 
     def _load_failed_error(self, r: Resident, now: float) -> ModelLoadFailed:
         retry = max(1.0, (r.retry_at or now) - now)
@@ -591,8 +593,8 @@ class ResidencyCore:
         return [
             Candidate(r.name, r.reserved, r.last_used or 0.0, busy=r.active > 0, pinned=r.spec.pinned)
             for r in self.residents.values()
-            # A remote entry holds no memory: unloading it would free nothing.
-            if r.state is State.LOADED and r.name != exclude and r.spec.backend is None
+            # A model that holds no memory (a remote entry): unloading it would free nothing.
+            if r.state is State.LOADED and r.name != exclude and r.spec.holds_memory
         ]
 
     def _leaving(self) -> int:

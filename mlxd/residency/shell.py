@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from mlxd.caller import ANONYMOUS, Caller
 from mlxd.engine.types import Engine
 from mlxd.errors import ModelNotFound, RequestTimeout, describe_exception
 from mlxd.registry.model import ModelSpec, Registry
@@ -32,7 +33,7 @@ from mlxd.residency.core import (
     StartUnload,
     State,
 )
-from mlxd.residency.events import EventLog
+from mlxd.residency.decisions import EventLog
 
 log = logging.getLogger("mlxd.residency")
 
@@ -84,12 +85,16 @@ class Lease:
     """The right to use one engine instance until released. Release happens
     exactly once, however the request ends; extra calls are no-ops."""
 
-    def __init__(self, manager: ResidencyManager, resident: Resident, instance: int, engine: Engine) -> None:
+    def __init__(
+        self, manager: ResidencyManager, resident: Resident, instance: int, engine: Engine, caller: Caller = ANONYMOUS
+    ) -> None:
         # The resident, not its name: a hot reload may rename the model
         # while the lease is held, and the release must find it.
         self._resident = resident
         self.instance = instance
         self.engine: Engine = engine
+        # Who holds it (the request's caller), for the per-caller policies to come.
+        self.caller = caller
         self._manager = manager
         self._released = False
 
@@ -293,7 +298,7 @@ class ResidencyManager:
             raise ModelNotFound(name, self.registry.model_names())
         return spec
 
-    async def acquire(self, name: str, timeout: float | None = None) -> Lease:
+    async def acquire(self, name: str, timeout: float | None = None, caller: Caller = ANONYMOUS) -> Lease:
         """Wait for a lease on ``name`` (an alias works too). ``timeout``
         bounds the wait for a load or for capacity: RequestTimeout (504)."""
         spec = self.resolve(name)
@@ -313,7 +318,7 @@ class ResidencyManager:
             raise
         held = self._models[resident.name]
         held.stats.requests += 1
-        return Lease(self, resident, instance, held.engine)
+        return Lease(self, resident, instance, held.engine, caller)
 
     @contextlib.asynccontextmanager
     async def lease(self, name: str, timeout: float | None = None) -> AsyncIterator[Lease]:

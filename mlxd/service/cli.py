@@ -7,12 +7,14 @@ exact commands it would run, and touches nothing.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -20,7 +22,7 @@ from mlxd.settings import create_config_hint, default_config_path
 from mlxd.errors import ConfigError
 from mlxd.service.execute import SubprocessRunner, execute
 from mlxd.service.launchd import LaunchdManager
-from mlxd.service.plan import Plan, ServiceManager, describe, plan_install, plan_uninstall
+from mlxd.service.steps import Plan, ServiceManager, describe, plan_install, plan_uninstall
 from mlxd.service.spec import DEFAULT_LABEL, build_service_spec, build_target
 from mlxd.service.systemd import SystemdManager
 
@@ -97,8 +99,55 @@ def _finish(plan: Plan, dry_run: bool) -> None:
         raise typer.Exit(code if 0 < code < 256 else 1)
 
 
-@service_app.command()
+@dataclass(frozen=True)
+class _Chosen:
+    """What the options every service command takes picked: the service
+    manager for the platform and label, and whether to only print."""
+
+    manager: ServiceManager
+    label: str
+    dry_run: bool
+
+    def finish(self, plan: Plan) -> None:
+        _finish(plan, self.dry_run)
+
+
+def _common_parameters() -> list[inspect.Parameter]:
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    return [
+        inspect.Parameter("label", keyword, annotation=LabelOption, default=DEFAULT_LABEL),
+        inspect.Parameter("system", keyword, annotation=SystemOption, default=False),
+        inspect.Parameter("dry_run", keyword, annotation=DryRunOption, default=False),
+        inspect.Parameter("platform", keyword, annotation=PlatformOption, default=None),
+    ]
+
+
+def _service_command(
+    name: str | None = None, help_text: str | None = None
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Registers ``func(chosen, **its own options)`` as a command that also
+    takes --label, --system, --dry-run and the hidden --platform, written once."""
+
+    def register(func: Callable[..., None]) -> Callable[..., None]:
+        own = list(inspect.signature(func, eval_str=True).parameters.values())[1:]
+
+        def command(**options: Any) -> None:
+            label, system, dry_run = options.pop("label"), options.pop("system"), options.pop("dry_run")
+            func(_Chosen(_manager(label, system, options.pop("platform")), label, dry_run), **options)
+
+        parameters = [*own, *_common_parameters()]
+        command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in parameters}
+        command.__doc__ = func.__doc__
+        service_app.command(name or func.__name__, help=help_text)(command)
+        return func
+
+    return register
+
+
+@_service_command()
 def install(
+    chosen: _Chosen,
     config: Annotated[
         Optional[Path],
         typer.Option(
@@ -107,13 +156,9 @@ def install(
             "MLXD_CONFIG, then ~/.config/mlxd/models.yaml, on macOS ~/Library/Application Support/mlxd/models.yaml).",
         ),
     ] = None,
-    label: LabelOption = DEFAULT_LABEL,
-    system: SystemOption = False,
-    dry_run: DryRunOption = False,
-    platform: PlatformOption = None,
 ) -> None:
     """Install the service and start it; again with the same settings changes nothing."""
-    manager = _manager(label, system, platform)
+    manager = chosen.manager
     if config is None:
         configured = os.environ.get("MLXD_CONFIG")
         macos = isinstance(manager, LaunchdManager)
@@ -121,14 +166,14 @@ def install(
     try:
         spec = build_service_spec(
             target=manager.target, config=config, environ=os.environ, python=sys.executable,
-            allow_missing=dry_run,
+            allow_missing=chosen.dry_run,
         )
         plan = plan_install(manager, spec)
     except ConfigError as exc:
         raise _fail(str(exc)) from None
     except OSError as exc:  # the installed file exists but cannot be read
         raise _fail(f"{exc.strerror or exc}: {exc.filename}", code=1) from None
-    _finish(plan, dry_run)
+    chosen.finish(plan)
     if not spec.config_path.exists():
         typer.echo(
             f"note: {spec.config_path} does not exist yet and install will refuse to run without it; "
@@ -137,17 +182,12 @@ def install(
 
 
 def _add_plain_command(name: str, help_text: str, plan_for: Callable[[ServiceManager, str], Plan]) -> None:
-    """uninstall, status and restart take the same options and differ only in their plan."""
+    """uninstall, status and restart take only the common options and differ only in their plan."""
 
-    def command(
-        label: LabelOption = DEFAULT_LABEL,
-        system: SystemOption = False,
-        dry_run: DryRunOption = False,
-        platform: PlatformOption = None,
-    ) -> None:
-        _finish(plan_for(_manager(label, system, platform), label), dry_run)
+    def command(chosen: _Chosen) -> None:
+        chosen.finish(plan_for(chosen.manager, chosen.label))
 
-    service_app.command(name, help=help_text)(command)
+    _service_command(name, help_text)(command)
 
 
 _add_plain_command("uninstall", "Stop the service and remove its file.", plan_uninstall)
@@ -163,19 +203,15 @@ _add_plain_command(
 )
 
 
-@service_app.command()
+@_service_command()
 def logs(
+    chosen: _Chosen,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines.")] = False,
     lines: Annotated[int, typer.Option("--lines", "-n", min=0, help="How many past lines to show.")] = 100,
-    label: LabelOption = DEFAULT_LABEL,
-    system: SystemOption = False,
-    dry_run: DryRunOption = False,
-    platform: PlatformOption = None,
 ) -> None:
     """Print the service's logs (the two log files on macOS, the journal on Linux)."""
-    manager = _manager(label, system, platform)
-    command = manager.logs(follow=follow, lines=lines)
-    _finish(Plan((command,), summary="", interactive=follow), dry_run)
+    command = chosen.manager.logs(follow=follow, lines=lines)
+    chosen.finish(Plan((command,), summary="", interactive=follow))
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from mlxd.service.hints import hint_for
-from mlxd.service.plan import Command, MakeDirectory, Plan, RemoveFile, WriteFile
+from mlxd.service.steps import Command, MakeDirectory, Plan, RemoveFile, WriteFile
 
 # Printer(text, to_stderr)
 Printer = Callable[[str, bool], None]

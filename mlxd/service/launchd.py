@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from mlxd.service.plan import Command, MakeDirectory, RemoveFile, Step, WriteFile
+from mlxd.service.steps import Command, MakeDirectory, RemoveFile, Step, WriteFile
 from mlxd.service.spec import ServiceSpec, ServiceTarget
 
 TEMPLATE_NAME = "com.mlxd.daemon.plist.template"

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxd.service.plan import Command, MakeDirectory, RemoveFile, Step, WriteFile
+from mlxd.service.steps import Command, MakeDirectory, RemoveFile, Step, WriteFile
 from mlxd.service.spec import DEFAULT_LABEL, RESTART_DELAY_SECONDS, ServiceSpec, ServiceTarget
 
 # Characters an ExecStart= word may hold without quotes. '%' and '$' are

@@ -12,7 +12,7 @@ import pytest
 
 from embeddings.conftest import REFERENCE
 from embeddings.reference.texts import RERANK_DOCUMENTS, RERANK_QUERY
-from mlxd.factory.wheels import sha256_of
+from mlxd.files import file_sha256
 
 pytestmark = pytest.mark.mlx
 
@@ -23,7 +23,7 @@ def post(daemon, path: str, body: dict) -> httpx.Response:
 
 def test_a_query_and_ten_documents_come_back_in_the_reference_order(encoders_daemon, tiny_reranker) -> None:
     reference = json.loads((REFERENCE / "rerank_scores.json").read_text())
-    assert sha256_of(tiny_reranker / "model.safetensors") == reference["rerank_model_sha256"], (
+    assert file_sha256(tiny_reranker / "model.safetensors").hexdigest() == reference["rerank_model_sha256"], (
         "the factory's cross-encoder changed: rerun tests/embeddings/reference/make_reference.py")
     answer = post(encoders_daemon, "/v1/rerank", {"model": "rerank", "query": RERANK_QUERY,
                                                  "documents": RERANK_DOCUMENTS})

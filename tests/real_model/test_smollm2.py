@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from mlxd.factory.dtypes import device_dtype
+from mlxd.dtypes import device_dtype
 from mlxd.factory.smollm2 import smollm2_gguf
 from mlxd.gguf.cache import converted_dir
 from support.daemon import Daemon, daemon_process

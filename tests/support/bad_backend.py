@@ -48,6 +48,8 @@ class BadBackend:
         self.redirect_to = redirect_to
         # (method, path, model) of every request, in order.
         self.requests: list[tuple[str, str, str]] = []
+        # The JSON body of every generation request, in order.
+        self.bodies: list[dict[str, Any]] = []
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.Server | None = None
         self._bomb = _bomb()
@@ -91,8 +93,11 @@ class BadBackend:
                 name, _, value = header.decode("latin-1").partition(":")
                 headers[name.strip().lower()] = value.strip()
             body = await reader.readexactly(int(headers.get("content-length", "0")))
-            model = json.loads(body).get("model", "") if body else ""
+            parsed = json.loads(body) if body else {}
+            model = parsed.get("model", "")
             self.requests.append((line[0], line[1], model))
+            if line[0] == "POST":
+                self.bodies.append(parsed)
             if line[0] != "POST":
                 await self._whole(writer, 200, {"object": "list", "data": [{"id": "ok", "object": "model"}]})
             else:
@@ -150,6 +155,10 @@ class BadBackend:
         await self._stream(writer, [delta(role="assistant", content=""), delta(content="Hi"),
                                     *finished(usage={"prompt_tokens": -5, "completion_tokens": -1})])
 
+    async def plain(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # Nothing wrong: a short answer, for tests that read what was asked.
+        await self._stream(writer, [delta(role="assistant", content=""), delta(content="Hi"), *finished()])
+
     async def silent(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = HEAD.format(status="200 OK", type="text/event-stream", extra="")
         writer.write(f"{head}transfer-encoding: chunked\r\n\r\n".encode() + _chunk(b": still here\n\n"))
@@ -182,6 +191,6 @@ class BadBackend:
 Behaviour = Callable[[BadBackend, asyncio.StreamReader, asyncio.StreamWriter], Any]
 BEHAVIOURS: dict[str, Behaviour] = {
     name: getattr(BadBackend, name)
-    for name in ("bomb", "huge_line", "tool_indices", "negative_usage", "silent", "garbage", "reasoning",
+    for name in ("bomb", "huge_line", "tool_indices", "negative_usage", "plain", "silent", "garbage", "reasoning",
                  "redirect", "server_error")
 }

@@ -7,7 +7,7 @@ import pytest
 from mlxd.engine.types import Constraint
 from mlxd.errors import BadRequest
 from mlxd.tools.formats import format_named
-from mlxd.tools.plan import plan_output
+from mlxd.tools.output_plan import plan_output
 
 HERMES = format_named("json_tools")
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}]

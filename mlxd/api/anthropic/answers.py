@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mlxd.api.anthropic.errors import error_body
+from mlxd.api.anthropic.error_shape import error_body
 from mlxd.api.events import Finish, OutputEvent, TextDelta, ToolCallDelta, Usage
 from mlxd.api.frames import MARK, cut, encode, encode_text
 from mlxd.api.generation import Answer

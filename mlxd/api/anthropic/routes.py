@@ -12,6 +12,7 @@ from fastapi.responses import Response
 
 from mlxd.api.anthropic.answers import AnthropicFrames, message
 from mlxd.api.anthropic.bodies import CountTokensRequest, MessagesRequest
+from mlxd.api.auth import caller_of
 from mlxd.api.context import DaemonContext
 from mlxd.api.generation import respond
 from mlxd.api.plan import Entry, check_chat, output_plan, plan_chat, resolve_entry
@@ -29,13 +30,15 @@ def _counting_model(ctx: DaemonContext, name: str) -> ModelSpec:
     """The model whose tokenizer counts for ``name``: a failover entry's
     first local target. A remote model's tokenizer is on its backend."""
     entry = resolve_entry(ctx, name)
-    local = next((m for m in entry.models if not m.is_remote), None)
-    if local is None:
+    local = next((m for m in entry.models if ctx.registry.kind_of(m).token_counter is not None), None)
+    if local is None and entry.spec.is_remote:
         raise BadRequest(
             f"count_tokens counts with a local model's tokenizer; `{name}` is served by "
             f"backend `{entry.spec.backend}`.",
             param="model",
         )
+    if local is None:
+        raise BadRequest(f"`{name}` counts no prompt tokens.", param="model")
     return local
 
 
@@ -45,7 +48,8 @@ def router() -> APIRouter:
     @api.post(PREFIX)
     async def messages(body: MessagesRequest, request: Request) -> Response:
         ctx = _ctx(request)
-        plan = plan_chat(ctx, body.requested(), body.conversation(), kind="messages", id_prefix="msg_")
+        plan = plan_chat(ctx, body.requested(), body.conversation(), kind="messages", id_prefix="msg_",
+                         caller=caller_of(request))
         return await respond(
             ctx, plan, request,
             framer=lambda: AnthropicFrames(plan),
@@ -57,7 +61,7 @@ def router() -> APIRouter:
         ctx = _ctx(request)
         spec = _counting_model(ctx, body.model)
         conversation, output = body.conversation(), body.output()
-        pending = check_chat(Entry(spec), body.model, conversation, output)
+        pending = check_chat(Entry(spec, kinds=(ctx.registry.kind_of(spec),)), body.model, conversation, output)
         # Read and decoded as for an answer (the decoded size sets an image's
         # vision tokens), under the same bound on decoded image memory.
         images = []
@@ -66,9 +70,10 @@ def router() -> APIRouter:
             images = await pending.decode(ctx.image_memory)
         # The tools as the answer's prompt would have them (none for tool_choice
         # `none`), refused as the answer would be on a model with no tool-call format.
-        tool_format = await ctx.token_counter.tool_format(spec) if output.tools else None
+        kind = ctx.registry.kind_of(spec)
+        tool_format = await ctx.token_counter.tool_format(spec, kind) if output.tools else None
         tools = output_plan(body.model, tool_format, output).tools
-        count = await ctx.token_counter.count(spec, conversation.template_messages(), tools, images)
+        count = await ctx.token_counter.count(spec, kind, conversation.template_messages(), tools, images)
         return {"input_tokens": count}
 
     return api

@@ -18,8 +18,10 @@ from starlette.requests import Request
 from mlxd.api.context import DaemonContext
 from mlxd.api.embeddings.bodies import EmbedInputs, RerankAsk
 from mlxd.api.generation import guarded
-from mlxd.errors import BadRequest, MlxdError, ModelNotFound
-from mlxd.registry.model import FailoverSpec, ModelSpec
+from mlxd.api.plan import Entry, check_route, resolve_entry
+from mlxd.errors import BadRequest, MlxdError
+from mlxd.registry.kinds import EMBED, RERANK
+from mlxd.registry.model import ModelSpec
 from mlxd.remote.encoders import read_embeddings, read_rerank
 
 log = logging.getLogger("mlxd.requests")
@@ -41,26 +43,21 @@ class Ranked:
     tokens: int
 
 
-def entry_for(ctx: DaemonContext, name: str, kind: str) -> ModelSpec:
-    """The model ``name`` names, if it is of ``kind``; a 400 otherwise, before
-    anything is loaded."""
-    found = ctx.registry.find(name)
-    if found is None:
-        raise ModelNotFound(name, ctx.registry.model_names())
-    if isinstance(found, FailoverSpec):
-        raise BadRequest(f"`{name}` is a failover entry; {kind} requests name one model", param="model")
-    spec = ctx.manager.resolve(found.name)
-    if spec.kind != kind:
-        route = "/v1/embeddings" if spec.kind == "embedding" else "/v1/rerank" if spec.kind == "rerank" else \
-            "/v1/chat/completions"
-        raise BadRequest(f"The model `{name}` is a {spec.kind} model, not a{'n' if kind[0] in 'ae' else ''} "
-                         f"{kind} model (it answers at {route})", param="model", code="model_not_supported")
+def entry_for(ctx: DaemonContext, name: str, route: str) -> ModelSpec:
+    """The model ``name`` names, if its kind serves ``route`` (the kinds
+    table's ``routes``); a 400 otherwise, before anything is loaded. A
+    remote entry's kind is the one its entry declares (its backend's model)."""
+    entry = resolve_entry(ctx, name)
+    if entry.failover is not None:
+        raise BadRequest(f"`{name}` is a failover entry; {route} requests name one model", param="model")
+    spec = entry.spec
+    check_route(Entry(spec, kinds=(ctx.registry.kinds[spec.kind],)), name, route)
     return spec
 
 
 async def embed(ctx: DaemonContext, request: Request, name: str, inputs: EmbedInputs, *,
                 dimensions: int | None = None, truncate: bool = True) -> Embedded:
-    spec = entry_for(ctx, name, "embedding")
+    spec = entry_for(ctx, name, EMBED)
 
     async def work(engine: Any) -> tuple[Embedded, int]:
         if spec.is_remote:
@@ -75,7 +72,7 @@ async def embed(ctx: DaemonContext, request: Request, name: str, inputs: EmbedIn
 
 
 async def rerank(ctx: DaemonContext, request: Request, name: str, ask: RerankAsk) -> Ranked:
-    spec = entry_for(ctx, name, "rerank")
+    spec = entry_for(ctx, name, RERANK)
 
     async def work(engine: Any) -> tuple[Ranked, int]:
         if spec.is_remote:

@@ -8,7 +8,7 @@ from typing import Any
 from mlxd.api.events import Finish, Logprobs, OutputEvent, TextDelta, ToolCallDelta, Usage
 from mlxd.api.frames import MARK, cut, encode, encode_text
 from mlxd.api.generation import Answer, CalledTool, Choice
-from mlxd.api.openai.errors import error_body
+from mlxd.api.openai.error_shape import error_body
 from mlxd.api.plan import Plan
 
 

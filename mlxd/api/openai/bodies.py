@@ -198,7 +198,7 @@ def _part(part: dict[str, Any], param: str) -> Part:
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    # Checked by mlxd.tools.plan against the model's tool-call format once
+    # Checked by mlxd.tools.output_plan against the model's tool-call format once
     # the model is leased (a BadRequest naming the field for each mistake).
     tools: list[Any] | None = None
     tool_choice: Any = None

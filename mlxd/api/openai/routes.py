@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from mlxd.api.auth import caller_of
 from mlxd.api.context import DaemonContext
 from mlxd.api.generation import respond
 from mlxd.api.openai.answers import OpenAIFrames, chat_completion, text_completion
@@ -26,7 +27,7 @@ def router() -> APIRouter:
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         ctx = _ctx(request)
         body.unsupported()
-        plan = plan_chat(ctx, body.requested(), body.conversation())
+        plan = plan_chat(ctx, body.requested(), body.conversation(), caller=caller_of(request))
         plan.requests[0].logprobs = body.logprob_alternatives()
         choices(plan, body.n)
         return await respond(
@@ -39,7 +40,7 @@ def router() -> APIRouter:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         ctx = _ctx(request)
         body.unsupported()
-        plan = plan_prompts(ctx, body.requested(), body.prompts())
+        plan = plan_prompts(ctx, body.requested(), body.prompts(), caller=caller_of(request))
         return await respond(
             ctx, plan, request,
             framer=lambda: OpenAIFrames(plan, chat=False, include_usage=body.include_usage),

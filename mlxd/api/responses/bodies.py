@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mlxd.api.errors import FieldNames
+from mlxd.api.error_responses import FieldNames
 from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
 from mlxd.api.plan import OutputRequest, Requested
 from mlxd.errors import BadRequest

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from mlxd.api.auth import caller_of
 from mlxd.api.context import DaemonContext
 from mlxd.api.generation import respond
 from mlxd.api.plan import plan_chat
@@ -32,7 +33,8 @@ def router() -> APIRouter:
                 )
             earlier = found
         history = body.history(earlier)
-        plan = plan_chat(ctx, body.requested(), body.conversation(history), kind="responses", id_prefix="resp_")
+        plan = plan_chat(ctx, body.requested(), body.conversation(history), kind="responses", id_prefix="resp_",
+                         caller=caller_of(request))
         return await respond(
             ctx, plan, request,
             framer=lambda: ResponsesFrames(plan, body, ctx.responses, history),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -10,6 +10,14 @@ from fastapi.responses import JSONResponse
 from mlxd.api.context import DaemonContext
 from mlxd.errors import BadRequest, ConfigError, ServiceUnavailable, UnsupportedMediaType
 from mlxd.registry.model import FailoverSpec, ModelSpec
+
+
+class ConfigReloader(Protocol):
+    """Hot reload of models.yaml (``mlxd.daemon.reload.Reloader``)."""
+
+    async def reload(self, trigger: str) -> dict[str, Any]: ...
+    async def start_watching(self) -> None: ...
+    async def stop_watching(self) -> None: ...
 
 
 def require_json(request: Request) -> None:
@@ -21,9 +29,6 @@ def require_json(request: Request) -> None:
         raise UnsupportedMediaType(
             "Admin requests must be sent with 'Content-Type: application/json' (an empty body or {} will do)"
         )
-
-if TYPE_CHECKING:
-    from mlxd.api.app import ConfigReloader
 
 
 def _model(ctx: DaemonContext, name: str) -> ModelSpec:

@@ -5,7 +5,7 @@ that does not validate is a 400 naming the field (as OpenAI and Anthropic
 answer it, not FastAPI's 422), an unknown route a 404,
 and an unexpected failure is logged with its traceback and answered with a
 generic 500 (nothing internal reaches a client). What the body looks like is
-the surface's: each has one ``ErrorShape`` (``api/openai/errors.py``), picked
+the surface's: each has one ``ErrorShape`` (``api/openai/error_shape.py``), picked
 by the request's path.
 """
 
@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mlxd.errors import MlxdError
-from mlxd.registry.loader import key_path
+from mlxd.registry.document import key_path
 
 log = logging.getLogger("mlxd.http")
 

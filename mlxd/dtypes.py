@@ -1,4 +1,4 @@
-"""Which dtype the demo and benchmark models are built in, per device.
+"""Which dtype models are built and GGUF files imported in, per device.
 
 GPUs (CUDA) and Apple's Metal run bfloat16 with fast kernels, and that is what
 real models ship in. MLX's Linux CPU backend is the exception: bf16 and

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxd.api.errors import FieldNames, Invalid
+from mlxd.api.error_responses import FieldNames, Invalid
 from mlxd.errors import MlxdError
 
 INTERNAL = {"error": {"message": "Internal error during generation", "type": "server_error",
@@ -25,7 +25,7 @@ INVALID_CODES = {"missing": "missing_required_parameter", "type": "invalid_type"
 
 
 class OpenAIErrors:
-    """The OpenAI surface's ErrorShape (mlxd.api.errors), for chat,
+    """The OpenAI surface's ErrorShape (mlxd.api.error_responses), for chat,
     completions and the Responses API alike; ``fields`` is how the path's API
     names the shared fields (the Responses API's ``max_output_tokens``)."""
 

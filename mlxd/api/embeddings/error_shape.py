@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxd.api.errors import Invalid
+from mlxd.api.error_responses import Invalid
 from mlxd.errors import MlxdError
 
 
 class OllamaErrors:
-    """The Ollama surface's ErrorShape (mlxd.api.errors)."""
+    """The Ollama surface's ErrorShape (mlxd.api.error_responses)."""
 
     def body(self, exc: BaseException) -> dict[str, Any]:
         if isinstance(exc, MlxdError):

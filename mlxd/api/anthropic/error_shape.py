@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxd.api.errors import Invalid
+from mlxd.api.error_responses import Invalid
 from mlxd.errors import MlxdError
 
 TYPES = {
@@ -41,7 +41,7 @@ def error_body(exc: BaseException) -> dict[str, Any]:
 
 
 class AnthropicErrors:
-    """The Anthropic surface's ErrorShape (mlxd.api.errors)."""
+    """The Anthropic surface's ErrorShape (mlxd.api.error_responses)."""
 
     def body(self, exc: BaseException) -> dict[str, Any]:
         return error_body(exc)

@@ -1,0 +1,98 @@
+"""The kinds of model mlxd serves, as one table.
+
+A kind is one row here and one engine module: the engine factory builds it
+with ``engine``, the start-up pre-import reads ``imports``, planning reads
+``routes``, ``takes_images`` and ``grammars``, and token counting reads
+``token_counter``. Nothing else branches on a kind's name, so a new kind
+(embeddings, rerank, speech) touches no other room.
+
+``engine`` and ``token_counter`` name functions as ``"module:function"``,
+imported when first used: the registry is the bottom layer and must not
+import the engines (nor their libraries) to know what kinds there are.
+
+- ``engine``: ``async (spec, worker, cache_dir) -> Engine``, the load.
+- ``token_counter``: ``(spec) -> count``, run once per model folder (kept),
+  where ``count(messages, tools, images) -> int`` counts a prompt's tokens
+  with the model's own template, without loading the weights.
+
+A remote entry is not a kind but a placement: its model's kind is whatever
+its backend serves, so it has a row of its own (``REMOTE``) that the registry
+picks for it (``Registry.kind_of``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+# What a request asks to be done, by the path it came in on.
+CHAT = "chat"
+COMPLETION = "completion"
+# /v1/embeddings and Ollama's /api/embed; /v1/rerank (docs/embeddings.md).
+EMBED = "embed"
+RERANK = "rerank"
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    name: str
+    # "module:function" loading the engine; None: not loaded here (remote).
+    engine: str | None
+    # Libraries its engine imports, pre-imported at start-up off the request path.
+    imports: tuple[str, ...] = ()
+    # The request types it serves (CHAT, COMPLETION, ...).
+    routes: frozenset[str] = frozenset({CHAT, COMPLETION})
+    takes_images: bool = False
+    # "module:function" making its token counter; None: it counts no tokens.
+    token_counter: str | None = None
+    # Tools and response_format become a grammar and a tool-call format here.
+    grammars: bool = False
+    # Keeps a prefix (KV) cache; one that does not reserves no memory for one.
+    prefix_cache: bool = False
+    # What to install when the engine's module cannot be imported.
+    install_hint: str = ""
+    # An encoder (embedding, rerank) reads inputs and generates nothing: no
+    # KV cache, its memory beside the weights is one forward pass of
+    # ``batch_tokens``; many requests hold it at once (their inputs are
+    # batched in the engine); its entries take truncate / matryoshka /
+    # batch_tokens.
+    encodes: bool = False
+
+
+TEXT = ModelKind(
+    name="text",
+    engine="mlxd.engine.loader:load_text_engine",
+    imports=("mlx_lm",),
+    token_counter="mlxd.engine.token_count:text_counter",
+    grammars=True,
+    prefix_cache=True,
+)
+VISION = ModelKind(
+    name="vision",
+    engine="mlxd.engine.vision:load_vision_engine",
+    imports=("mlx_vlm",),
+    takes_images=True,
+    token_counter="mlxd.engine.token_count:vision_counter",
+    install_hint="mlx-vlm is not installed (pip install 'mlxd[vision]')",
+)
+def _encoder(name: str, route: str) -> ModelKind:
+    """An embedding or rerank kind: mlx-embeddings' encoders, one route each."""
+    return ModelKind(
+        name=name,
+        engine="mlxd.engine.embedding:load_encoder_engine",
+        imports=("mlx_embeddings.utils",),
+        routes=frozenset({route}),
+        install_hint="mlx-embeddings is not installed (pip install 'mlxd[embeddings]')",
+        encodes=True,
+    )
+
+
+EMBEDDING = _encoder("embedding", EMBED)
+RERANK_KIND = _encoder("rerank", RERANK)
+# A remote entry's images go to its backend, which decides whether its
+# model sees them (a text model's server answers 400 itself); its tools and
+# response_format are its backend's to apply.
+REMOTE = ModelKind(name="remote", engine=None, takes_images=True)
+
+KINDS: Mapping[str, ModelKind] = MappingProxyType({k.name: k for k in (TEXT, VISION, EMBEDDING, RERANK_KIND)})

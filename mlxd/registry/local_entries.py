@@ -1,0 +1,203 @@
+"""A local entry of ``models.yaml`` -> its :class:`ModelSpec`: the model's
+files found (a folder, a Hugging Face repo id, a ``.gguf`` file), its kind,
+context and footprint worked out, and its fit in the memory budget checked.
+
+A problem with the model's files on disk is not raised: the model comes back
+``broken`` and its located error is kept in ``problems``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from mlxd.errors import ConfigError
+from mlxd.registry.document import Loc
+from mlxd.registry.kinds import ModelKind
+from mlxd.registry.model import Footprint, ModelSpec, PrefixCacheSpec
+from mlxd.registry.resolve import Downloader, detect_kind, read_model_config, resolve_model_dir
+from mlxd.registry.schema import ENCODER_KEYS, LOCATION_KEYS, VLLM_MLX_IGNORED_MODEL_KEYS, ModelEntry
+from mlxd.registry.sections import DEFAULT_MODEL, Sections
+from mlxd.registry.sizing import (
+    encoder_activation_bytes,
+    format_bytes,
+    kv_cache_bytes,
+    max_position_embeddings,
+    weights_bytes,
+)
+
+logger = logging.getLogger("mlxd.registry.loader")
+
+DEFAULT_MAX_CONTEXT = DEFAULT_MODEL.max_context
+# Requests an embedding or rerank model serves at once unless its entry says.
+ENCODER_CONCURRENCY = 64
+
+
+class LocalEntries:
+    """Builds the local entries; ``problems`` collects the broken ones' errors."""
+
+    def __init__(self, sections: Sections, env: Mapping[str, str] | None, downloader: Downloader | None) -> None:
+        self.s = sections
+        self.env = env
+        self.downloader = downloader
+        self.problems: list[ConfigError] = []
+
+    def model(self, i: int, entry: ModelEntry) -> ModelSpec:
+        here: Loc = ("models", i)
+        if entry.remote_model is not None:
+            raise self.s.doc.error(
+                (*here, "remote_model"), "`remote_model` needs a `backend` to name the model on"
+            )
+        located = entry.location()
+        if located is None:
+            given = [k for k in LOCATION_KEYS if getattr(entry, k) is not None]
+            if given:
+                raise self.s.doc.error(
+                    (*here, given[1]),
+                    f"set only one of `{'`, `'.join(given)}`; they all name the model's files",
+                )
+            raise self.s.doc.error(
+                here, f"model `{entry.name}` needs a `path` (a folder or a Hugging Face repo id)"
+            )
+        location_key, source = located
+        at_location: Loc = (*here, location_key)
+        self._note_ignored_keys(i, entry)
+
+        override = None
+        if entry.estimated_memory_gb is not None:
+            override = int(entry.estimated_memory_gb * 1024**3)
+        broken: str | None = None
+        try:
+            folder = resolve_model_dir(
+                source,
+                base_dir=self.s.base_dir,
+                allow_download=entry.allow_download,
+                env=self.env,
+                downloader=self.downloader,
+                gguf_cache=self.s.manager().cache_dir,
+            )
+            config = read_model_config(folder)
+            weights = weights_bytes(folder)
+        except ConfigError as exc:
+            broken = exc.detail
+            folder, config, weights = self.s.local_path(source), {}, 0
+
+        kind = entry.kind or ("vision" if entry.mllm else detect_kind(config, folder))
+        row = self.s.kinds[kind]
+        self._check_encoder_keys(i, entry, row)
+        max_context = self._max_context(i, entry, config)
+        prefix_cache = self.s.prefix_cache(entry)
+        if not self.s.kinds[kind].prefix_cache:
+            # An engine that keeps no prefix cache (vision): reserving memory
+            # for one would only crowd other models out.
+            prefix_cache = PrefixCacheSpec(max_bytes=0, disk_max_bytes=0, persist=False)
+        kv = 0  # estimated_memory_gb stands in for what cannot be computed
+        if broken is None and row.encodes:
+            kv = encoder_activation_bytes(config, entry.batch_tokens or ModelSpec.batch_tokens)
+        elif broken is None:
+            try:
+                kv = kv_cache_bytes(config, max_context, entry.max_concurrency, entry.kv_bits)
+            except ConfigError as exc:
+                if override is None:
+                    broken = exc.detail  # config.json lacks the model's dimensions
+        if broken is not None:
+            self.problems.append(self.s.doc.error(at_location, broken))
+            weights = 0
+        footprint = Footprint(weights=weights, kv_cache=kv, prefix_cache=prefix_cache.max_bytes)
+
+        spec = ModelSpec(
+            name=entry.name,
+            path=folder,
+            source=source,
+            kind=kind,
+            aliases=tuple(entry.aliases),
+            description=entry.description,
+            preload=entry.preload,
+            pinned=entry.pinned,
+            idle_unload_seconds=(
+                self.s.manager().default_idle_unload_seconds
+                if entry.idle_unload_seconds is None
+                else entry.idle_unload_seconds
+            ),
+            max_context=max_context,
+            max_concurrency=self._max_concurrency(entry, row),
+            max_queue=entry.max_queue,
+            kv_bits=entry.kv_bits,
+            defaults=self.s.sampling(i, entry),
+            prefix_cache=prefix_cache,
+            footprint=footprint,
+            memory_override_bytes=override,
+            trust_remote_code=entry.trust_remote_code,
+            local_image_dir=self.s.image_dir(i, entry),
+            allow_remote_images=entry.allow_remote_images,
+            tool_parser=entry.tool_parser,
+            broken=broken,
+            **{key: getattr(entry, key) for key in ENCODER_KEYS if getattr(entry, key) is not None},
+        )
+        self._check_fits(here, spec, row)
+        return spec
+
+    def _max_context(self, i: int, entry: ModelEntry, config: Mapping[str, Any]) -> int:
+        trained = max_position_embeddings(config)
+        if entry.max_context is None:
+            return min(DEFAULT_MAX_CONTEXT, trained) if trained else DEFAULT_MAX_CONTEXT
+        if trained and entry.max_context > trained:
+            logger.warning(
+                "%s:%d: models[%d].max_context %d is beyond the %d positions `%s` was trained "
+                "for; output past that point may degrade",
+                self.s.doc.label,
+                self.s.doc.line_of(("models", i, "max_context")),
+                i,
+                entry.max_context,
+                trained,
+                entry.name,
+            )
+        return entry.max_context
+
+    def _check_encoder_keys(self, i: int, entry: ModelEntry, row: ModelKind) -> None:
+        if row.encodes:
+            return
+        for key in ENCODER_KEYS:
+            if getattr(entry, key) is not None:
+                raise self.s.doc.error(("models", i, key), f"`{key}` is for `kind: embedding` and `kind: rerank` "
+                                       f"entries; `{entry.name}` is a {row.name} model")
+
+    @staticmethod
+    def _max_concurrency(entry: ModelEntry, row: ModelKind) -> int:
+        """An encoder's requests hold their lease only while their inputs are
+        batched with everyone else's, so many may hold one at once."""
+        if row.encodes and "max_concurrency" not in entry.model_fields_set:
+            return ENCODER_CONCURRENCY
+        return entry.max_concurrency
+
+    def _check_fits(self, here: Loc, spec: ModelSpec, row: ModelKind) -> None:
+        budget = self.s.manager().memory_budget_bytes
+        if spec.charge_bytes <= budget:
+            return
+        needs, has = format_bytes(spec.charge_bytes), format_bytes(budget)
+        if needs == has:  # rounding hid the difference
+            needs, has = f"{spec.charge_bytes:,} bytes", f"{budget:,} bytes"
+        if spec.memory_override_bytes is not None:
+            why = "estimated_memory_gb"
+        else:
+            f = spec.footprint
+            # An encoder's second part is one forward pass's activations.
+            second = "activations" if row.encodes else "KV cache"
+            why = (
+                f"weights {format_bytes(f.weights)} + {second} {format_bytes(f.kv_cache)} + "
+                f"prefix cache {format_bytes(f.prefix_cache)}; lower max_context, "
+                "max_concurrency or prefix_cache.max_bytes, or set kv_bits"
+            )
+        raise self.s.doc.error(here, f"`{spec.name}` needs {needs} but the budget is {has} ({why})")
+
+    def _note_ignored_keys(self, i: int, entry: ModelEntry) -> None:
+        for key in VLLM_MLX_IGNORED_MODEL_KEYS:
+            if key in entry.model_fields_set:
+                logger.info(
+                    "%s:%d: models[%d].%s is a vllm-mlx setting mlxd does not use; ignored",
+                    self.s.doc.label,
+                    self.s.doc.line_of(("models", i, key)),
+                    i,
+                    key,
+                )
