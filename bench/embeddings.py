@@ -47,6 +47,8 @@ def count_tokens(folder: Path, texts: list[str]) -> int:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    # MiniLM's tokenizer.json pads to 128 unless told not to.
+    tok.no_padding()
     tok.enable_truncation(256)
     return sum(len(e.ids) for e in tok.encode_batch(texts))
 
