@@ -54,6 +54,17 @@ class BadRequest(MlxdError):
     code = "invalid_request"
 
 
+class NotForThisModel(BadRequest):
+    """The request is well formed but the model it reached cannot give what
+    it asks (tools on a model without a tool-call format, a prompt past its
+    context, log-probabilities from a backend). A failover entry's next
+    target may; anywhere else it is the client's 400, like any BadRequest."""
+
+    @classmethod
+    def of(cls, error: BadRequest) -> NotForThisModel:
+        return cls(error.message, param=error.param, code=error.code, retry_after=error.retry_after)
+
+
 class AuthenticationFailed(MlxdError):
     status_code = 401
     error_type = "authentication_error"

@@ -21,6 +21,7 @@ from mlxd.api.openai import routes as openai
 from mlxd.api.openai.error_shape import OpenAIErrors
 from mlxd.api.responses import routes as responses
 from mlxd.api.responses.bodies import FIELDS as RESPONSES_FIELDS
+from mlxd.api.responses.store import ResponseStore
 from mlxd.api.routes import admin, monitoring
 from mlxd.api.routes.admin import ConfigReloader
 from mlxd.api.guards import RequestGuard
@@ -111,7 +112,7 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
 
     app.include_router(openai.router())
     app.include_router(anthropic.router())
-    app.include_router(responses.router())
+    app.include_router(responses.router(ResponseStore()))
     app.include_router(embeddings.router())
     app.include_router(admin.router(reloader))
     # Also serves GET / and /dashboard, the status page.

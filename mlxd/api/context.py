@@ -10,7 +10,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mlxd.api.images import ImageMemory
-from mlxd.api.responses.store import ResponseStore
 from mlxd.engine.token_count import TokenCounter
 from mlxd.engine.worker import MlxWorker
 from mlxd.failover.router import FailoverRouter
@@ -37,8 +36,6 @@ class DaemonContext:
     blas: dict[str, Any] = field(default_factory=dict)
     # /v1/messages/count_tokens: tokenizers read apart from the engines.
     token_counter: TokenCounter = field(default_factory=TokenCounter)
-    # /v1/responses: recent responses, for previous_response_id.
-    responses: ResponseStore = field(default_factory=ResponseStore)
     # Decoded image pixels held at once, across every request.
     image_memory: ImageMemory = field(default_factory=lambda: ImageMemory(ServerSpec().max_image_memory_bytes))
     backends: BackendPool = field(default_factory=lambda: BackendPool(()))
@@ -47,6 +44,13 @@ class DaemonContext:
 
     def __post_init__(self) -> None:
         self.failover = FailoverRouter(self.manager, self.backends)
+
+    def follow(self, registry: Registry) -> None:
+        """A reloaded registry, handed to every part that keeps a view of it
+        besides the residency manager (its reconfigure is async and reports
+        what it preloads). One call for the reloader, whatever the parts."""
+        for part in (self.backends, self.failover):
+            part.follow(registry)
 
     @property
     def registry(self) -> Registry:

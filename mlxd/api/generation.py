@@ -76,8 +76,8 @@ async def guarded(request: Request, work: Awaitable[T], timeout: float) -> T:
     raise RequestTimeout(f"Request timed out after {timeout:.1f} seconds")
 
 
-def _choice_events(plan: Plan) -> ChoiceEvents:
-    return ChoiceEvents(plan.tool_format, plan.requests[0].tools if plan.requests else None)
+def _choice_events(started: Started) -> ChoiceEvents:
+    return ChoiceEvents(started.tool_format, started.requests[0].tools if started.requests else None)
 
 
 # --- one answer ---------------------------------------------------------------
@@ -160,7 +160,7 @@ async def _run_each(
 async def _generate_all(ctx: DaemonContext, plan: Plan, started: Started) -> Answer:
     answer = Answer(choices=[])
     meter = ctx.metrics.meter(plan.name, plan.started)
-    events = _choice_events(plan)
+    events = _choice_events(started)
 
     async def one(index: int, request: GenerationRequest) -> None:
         last = GenerationChunk(text="")
@@ -178,7 +178,7 @@ async def _generate_all(ctx: DaemonContext, plan: Plan, started: Started) -> Ans
             for event in events.of(index, ended):
                 answer.add(event)
 
-    await _run_each(started.engine, plan.requests, one)
+    await _run_each(started.engine, started.requests, one)
     return answer
 
 
@@ -355,8 +355,7 @@ class _StreamState:
         if chunk.finish_reason == "abort":
             self.status = 503
             return [self.framer.error(_preempted(self.plan))], True
-        if self.events is None:
-            self.events = _choice_events(self.plan)
+        assert self.events is not None  # set once the attempt started
         out = []
         for event in self.events.of(index, chunk):
             if isinstance(event, Finish):
@@ -414,7 +413,8 @@ async def _frames(
                     log.error("stream on %s failed: %s", plan.name, describe_exception(exc))
                 yield framer.error(exc) + framer.closing(None)
                 return
-        producer = asyncio.ensure_future(_pump(started, plan.requests, queue))
+        state.events = _choice_events(started)
+        producer = asyncio.ensure_future(_pump(started, started.requests, queue))
         last_progress = loop.time()
 
         def tick() -> None:

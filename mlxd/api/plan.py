@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from mlxd.api.conversation import MAX_NESTING, Conversation, TextPart, encodable, nesting_depth
@@ -134,9 +134,6 @@ class Plan:
     # Vision chat: images checked against the model's rules, read before the lease.
     images: PendingImages | None = None
     output: OutputRequest = field(default_factory=OutputRequest)
-    # Set once the engine is known (its tool-call format): how to split the
-    # answer into text and tool calls; None when the answer is text.
-    tool_format: ToolFormat | None = None
     failover: FailoverSpec | None = None
     # What the request itself said about sampling: a failover target's own
     # defaults apply once it is leased.
@@ -163,15 +160,43 @@ class Plan:
             return False
         return self.images is None or not self.images.sources or kind.takes_images
 
-    def retarget(self, spec: ModelSpec) -> None:
-        """A failover target was leased: it serves the request, with its own
-        sampling defaults under the entry's and the request's."""
-        self.spec = spec
-        defaults = merged_defaults(spec, self.failover)
-        for request in self.requests:
-            request.sampling = resolve_sampling(self.asked, defaults)
-            request.sampling_set = sampling_set(self.asked, defaults)
-            request.max_tokens = _pick(self.asked.max_tokens, defaults.max_tokens, self.default_max_tokens)
+
+@dataclass
+class Attempt:
+    """The request as it goes to one target: fresh copies of the plan's
+    engine requests with that target's sampling and limits, and what its
+    engine made of the output request. The plan itself is never rewritten,
+    so what one target did (a forced call drops the stop strings) never
+    reaches the next."""
+
+    spec: ModelSpec
+    requests: list[GenerationRequest]
+    # How to split the answer into text and tool calls; None when it is text.
+    tool_format: ToolFormat | None = None
+
+
+def for_target(plan: Plan, spec: ModelSpec, max_request_tokens: int) -> Attempt:
+    """``plan`` on ``spec``: a failover target's own sampling defaults under
+    the entry's and the request's, and one max_tokens resolution that always
+    checks the server limit (a target's default may be higher than the
+    first target's was)."""
+    defaults = merged_defaults(spec, plan.failover)
+    max_tokens = _pick(plan.asked.max_tokens, defaults.max_tokens, plan.default_max_tokens)
+    if max_tokens > max_request_tokens:
+        raise BadRequest(f"max_tokens exceeds server limit ({max_request_tokens})", param="max_tokens")
+    requests = []
+    for request in plan.requests:
+        sampling, given = request.sampling, request.sampling_set
+        if plan.failover is not None:
+            sampling = resolve_sampling(plan.asked, defaults)
+            if plan.asked.seed is not None:  # n choices keep their own seeds
+                sampling = replace(sampling, seed=request.sampling.seed)
+            given = sampling_set(plan.asked, defaults)
+        requests.append(replace(
+            request, sampling=sampling, sampling_set=given, max_tokens=max_tokens,
+            stop=list(request.stop), images=list(request.images),
+        ))
+    return Attempt(spec, requests)
 
 
 def _pick(request_value: Any, default_value: Any, fallback: Any) -> Any:
@@ -374,11 +399,11 @@ def output_plan(name: str, tool_format: ToolFormat | None, asked: OutputRequest)
     )
 
 
-def shape_output(plan: Plan, engine: Any) -> None:
+def shape_output(plan: Plan, attempt: Attempt, engine: Any) -> None:
     """Tools and structured output, checked against the leased engine's
     tool-call format (known only once the model is loaded): the template's
-    ``tools`` and the grammar go on the engine requests, and the plan learns
-    how to split the answer. A client mistake is a BadRequest naming its field.
+    ``tools`` and the grammar go on the attempt's engine requests, and the
+    attempt learns how to split the answer. A client mistake is a BadRequest naming its field.
 
     A forced call is the grammar's whole answer: a stop string meant for
     prose (``"``, ``}``, a newline) would cut it inside its JSON, so stop
@@ -387,7 +412,7 @@ def shape_output(plan: Plan, engine: Any) -> None:
     A ``logit_bias`` is checked here against the engine's vocabulary too
     (the engine checks it again), so that a stream's bad id is a 400 before
     its 200; a remote engine's backend checks its own."""
-    _check_bias(plan, engine)
+    _check_bias(attempt, engine)
     if not plan.output.asks_anything():
         return
     asked = plan.output
@@ -395,25 +420,25 @@ def shape_output(plan: Plan, engine: Any) -> None:
         # The backend has the model's tool-call format and its own grammar:
         # the fields go to it as the client sent them (checked for shape by
         # check_output), and its tool calls come back already split.
-        for request in plan.requests:
+        for request in attempt.requests:
             request.tools = asked.tools
             request.tool_choice = asked.tool_choice
             request.parallel_tool_calls = asked.parallel_tool_calls
             request.response_format = asked.response_format
-        plan.tool_format = None
+        attempt.tool_format = None
         return
     shaped = output_plan(plan.requested_name, getattr(engine, "tool_format", None), asked)
-    for request in plan.requests:
+    for request in attempt.requests:
         request.tools = shaped.tools
         request.constraint = shaped.constraint
         if shaped.forces_call:
             request.stop = []
-    plan.tool_format = shaped.tool_format
+    attempt.tool_format = shaped.tool_format
 
 
-def _check_bias(plan: Plan, engine: Any) -> None:
+def _check_bias(attempt: Attempt, engine: Any) -> None:
     vocab_size = getattr(engine, "vocab_size", None)
-    for request in plan.requests:
+    for request in attempt.requests:
         if request.logit_bias and isinstance(vocab_size, int):
             check_bias_ids(request.logit_bias, vocab_size)
 

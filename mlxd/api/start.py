@@ -1,8 +1,10 @@
-"""From a plan to a request under way: images read, a lease held, the
-output shape checked against the leased engine, and a remote engine's
-backend heard to accept. For a failover entry the targets are tried in the
-order its strategy picks; one that fails before any output reached the
-client lets the next one try (mlxd.failover.choice.falls_through)."""
+"""From a plan to a request under way: images read, a lease held, a fresh
+attempt for the leased target (``plan.for_target``: its sampling and
+limits, the output shape checked against its engine), and the engine heard
+to accept. For a failover entry the targets are tried by
+``mlxd.failover.attempts.first_that_starts`` in the order its strategy
+picks; one that fails before any output reached the client (a
+``NotForThisModel`` included) lets the next one try."""
 
 from __future__ import annotations
 
@@ -13,23 +15,35 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from mlxd.api.context import DaemonContext
-from mlxd.api.plan import Plan, shape_output
+from mlxd.api.plan import Attempt, Plan, for_target, shape_output
 from mlxd.engine.types import GenerationChunk, GenerationRequest
-from mlxd.errors import BadRequest, MlxdError, ServiceUnavailable, describe_exception
-from mlxd.failover.choice import falls_through
+from mlxd.errors import BadRequest, MlxdError, NotForThisModel, describe_exception
+from mlxd.failover.attempts import first_that_starts
 from mlxd.residency.shell import Lease
+from mlxd.tools.formats import ToolFormat
 
 log = logging.getLogger("mlxd.requests")
 
 
 class Started:
-    """A held lease and, on an engine that confirms its start (a remote
-    one), the first request already begun: its backend took it."""
+    """A held lease, the attempt made on it and, on an engine that confirms
+    its start, the first request already begun (its prompt fits, its
+    backend took it)."""
 
-    def __init__(self, lease: Lease, head: _Resumed | None = None) -> None:
+    def __init__(self, lease: Lease, attempt: Attempt | None = None, head: _Resumed | None = None) -> None:
         self.lease = lease
         self.engine: Any = lease.engine
+        self.attempt = attempt
         self._head = head
+
+    @property
+    def requests(self) -> list[GenerationRequest]:
+        assert self.attempt is not None
+        return self.attempt.requests
+
+    @property
+    def tool_format(self) -> ToolFormat | None:
+        return self.attempt.tool_format if self.attempt is not None else None
 
     def generate(self, index: int, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         if index == 0 and self._head is not None:
@@ -63,10 +77,7 @@ async def start(ctx: DaemonContext, plan: Plan) -> Started:
         await images.read()
     try:
         if plan.failover is None:
-            try:
-                return await _start_on(ctx, plan, plan.requested_name)
-            except _Unfit as unfit:
-                raise unfit.error from None
+            return await _start_on(ctx, plan, plan.requested_name)
         return await _fail_over(ctx, plan)
     finally:
         if images is not None:
@@ -77,72 +88,60 @@ async def _fail_over(ctx: DaemonContext, plan: Plan) -> Started:
     assert plan.failover is not None
     name = plan.failover.name
     # (The router leaves out targets a reload is removing.)
-    targets = [t for t in ctx.failover.order(plan.failover) if plan.accepts(ctx.registry.kind_of(ctx.manager.resolve(t)))]
-    if not targets:
-        raise ServiceUnavailable(f"No target of `{plan.requested_name}` can take this request now", retry_after=1)
-    for position, target in enumerate(targets):
-        try:
-            return await _start_on(ctx, plan, target)
-        except (MlxdError, _Unfit) as failure:
-            plan.spec = ctx.manager.resolve(target)  # the last tried, for the accounts
-            exc = failure.error if isinstance(failure, _Unfit) else failure
-            passes = isinstance(failure, _Unfit) or falls_through(exc)
-            if position == len(targets) - 1 or not passes or plan.remaining() <= 0:
-                raise exc from None
-            ctx.failover.fell_through(name, target, exc)
-            ctx.metrics.failover_fallthroughs.labels(name, target).inc()
-            log.info("%s: target %s failed before any output (%s); trying %s",
-                     name, target, describe_exception(exc), targets[position + 1])
-    raise AssertionError("unreachable: the last target raises")
+    order = [
+        t for t in ctx.failover.order(plan.failover) if plan.accepts(ctx.registry.kind_of(ctx.manager.resolve(t)))
+    ]
+
+    async def start_on(target: str) -> Started:
+        plan.spec = ctx.manager.resolve(target)  # the one tried, for the accounts
+        return await _start_on(ctx, plan, target)
+
+    def fell_through(target: str, error: MlxdError, following: str) -> None:
+        ctx.failover.fell_through(name, target, error)
+        ctx.metrics.failover_fallthroughs.labels(name, target).inc()
+        log.info("%s: target %s failed before any output (%s); trying %s",
+                 name, target, describe_exception(error), following)
+
+    return await first_that_starts(order, start_on, time_left=plan.remaining, fell_through=fell_through,
+                                   name=plan.requested_name)
 
 
 async def _start_on(ctx: DaemonContext, plan: Plan, model: str) -> Started:
-    """Lease ``model`` and get the request under way there; a failure gives
-    the lease straight back."""
+    """Lease ``model`` and get a fresh attempt under way there; a failure
+    gives the lease straight back."""
     lease = await ctx.manager.acquire(model, timeout=plan.remaining(), caller=plan.caller)
     started = Started(lease)
     try:
-        if plan.failover is not None:
-            plan.retarget(ctx.manager.resolve(model))
+        attempt = for_target(plan, ctx.manager.resolve(model), ctx.settings.server.max_request_tokens)
+        started.attempt = attempt
         remote = getattr(lease.engine, "kind", None) == "remote"
         images = plan.images if plan.images is not None and plan.images.read_images else None
         if images is not None:
             # A backend gets them as data: URLs and decodes them itself.
             decoded = images.data_urls() if remote else await images.decode(ctx.image_memory)
-            for request in plan.requests:  # n > 1: every choice sees them
+            for request in attempt.requests:  # n > 1: every choice sees them
                 request.images = decoded
         try:
-            shape_output(plan, lease.engine)
+            shape_output(plan, attempt, lease.engine)
         except BadRequest as exc:
             # The request's shape was checked before; what is left is this
             # model's own lack (no tool-call format), which another may not have.
-            raise _Unfit(exc) from None
-        if remote and any(r.logprobs is not None for r in plan.requests):
-            raise _Unfit(BadRequest("Log-probabilities are not relayed from a remote backend.", param="logprobs"))
-        await _compile_grammar(plan, lease.engine)
+            raise NotForThisModel.of(exc) from None
+        if remote and any(r.logprobs is not None for r in attempt.requests):
+            raise NotForThisModel("Log-probabilities are not relayed from a remote backend.", param="logprobs")
+        await _compile_grammar(attempt, lease.engine)
         if getattr(lease.engine, "confirms_start", False):
             try:
-                head = await _begun(lease.engine, plan.requests[0])
+                started._head = await _begun(lease.engine, attempt.requests[0])
             except BadRequest as exc:
                 if exc.code != "context_length_exceeded":
                     raise
                 # A prompt too long for this model may fit another target's.
-                raise _Unfit(exc) from None
-            started = Started(lease, head)
+                raise NotForThisModel.of(exc) from None
     except BaseException:
         await started.close()
         raise
     return started
-
-
-class _Unfit(Exception):
-    """The leased model cannot give the answer the request asks for (tools
-    on a model without a tool-call format): a failover entry's next target
-    may; anywhere else it is the client's 400."""
-
-    def __init__(self, error: BadRequest) -> None:
-        super().__init__(str(error))
-        self.error = error
 
 
 async def _begun(engine: Any, request: GenerationRequest) -> _Resumed:
@@ -181,12 +180,12 @@ class _Resumed:
         await self._chunks.aclose()
 
 
-async def _compile_grammar(plan: Plan, engine: Any) -> None:
+async def _compile_grammar(attempt: Attempt, engine: Any) -> None:
     """Compile the request's grammar now, off the event loop (the engine
     keeps it in its cache), so that a schema that cannot be compiled is a
     400 before a stream's 200 rather than an error frame inside it."""
     grammars = getattr(engine, "grammars", None)
-    constraint = plan.requests[0].constraint if plan.requests else None
+    constraint = attempt.requests[0].constraint if attempt.requests else None
     # (A vision engine has no grammars: plan_chat refused the request already.)
     if grammars is not None and constraint is not None:
         await asyncio.to_thread(grammars.matcher, constraint)

@@ -179,8 +179,7 @@ class Reloader:
         # The settings and the registry change together (reconfigure does not
         # yield to the event loop): no request sees one without the other.
         ctx.settings = settings
-        ctx.backends.reconfigure(registry.backends)
-        ctx.failover.reconfigure(registry.failovers)
+        ctx.follow(registry)
         renames = ctx.manager.renamable(dict(diff.renamed))
         preloading = await ctx.manager.reconfigure(registry, renames)
         config.file_hash = registry.file_hash

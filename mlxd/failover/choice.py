@@ -14,6 +14,7 @@ from mlxd.errors import (
     BackendUnavailable,
     CapacityUnavailable,
     ModelLoadFailed,
+    NotForThisModel,
     QueueFull,
     UpstreamRejected,
 )
@@ -73,7 +74,8 @@ def order(strategy: str, targets: Sequence[Target]) -> list[str]:
 
 # A target that failed with one of these took nothing from the request: it
 # could not take it now (down, refusing, full, out of memory, silent).
-_PASSES = (BackendUnavailable, BackendFailed, BackendTimeout, QueueFull, ModelLoadFailed, CapacityUnavailable)
+_PASSES = (BackendUnavailable, BackendFailed, BackendTimeout, QueueFull, ModelLoadFailed, CapacityUnavailable,
+           NotForThisModel)
 
 
 def falls_through(error: BaseException) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from mlxd.errors import describe_exception
 from mlxd.failover import choice
-from mlxd.registry.model import FailoverSpec, ModelSpec
+from mlxd.registry.model import FailoverSpec, ModelSpec, Registry
 from mlxd.remote.backends import BackendPool
 from mlxd.residency.shell import ResidencyManager
 
@@ -116,6 +116,10 @@ class FailoverRouter:
         counts = self._counts.setdefault(failover, _Counts())
         counts.of(target).requests += 1
         counts.recent.append(Served(target, status, time.time()))
+
+    def follow(self, registry: Registry) -> None:
+        """After a reload (``DaemonContext.follow``): the registry's failover entries."""
+        self.reconfigure(registry.failovers)
 
     def reconfigure(self, failovers: tuple[FailoverSpec, ...]) -> None:
         """After a reload: the figures of entries that are gone go with them

@@ -29,7 +29,7 @@ import aiohttp
 import certifi
 
 from mlxd.errors import describe_exception
-from mlxd.registry.model import BackendSpec, is_pattern
+from mlxd.registry.model import BackendSpec, Registry, is_pattern
 
 log = logging.getLogger("mlxd.remote")
 
@@ -112,6 +112,10 @@ class BackendPool:
 
     def link(self, name: str) -> BackendLink:
         return BackendLink(self._specs[name], self._stats[name], self.client)
+
+    def follow(self, registry: Registry) -> None:
+        """After a reload (``DaemonContext.follow``): the registry's backends."""
+        self.reconfigure(registry.backends)
 
     def reconfigure(self, backends: tuple[BackendSpec, ...]) -> None:
         self._specs = {b.name: b for b in backends}

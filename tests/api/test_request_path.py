@@ -14,7 +14,7 @@ import pytest
 from support.asgi import Call, running
 from support.residency_sim import manager, spec
 
-from mlxd.api.plan import OutputRequest, Plan, shape_output
+from mlxd.api.plan import OutputRequest, Plan, for_target, shape_output
 from mlxd.daemon.build import build_daemon
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.registry.model import Registry, ServerSpec
@@ -441,5 +441,8 @@ def test_stop_strings_apply_to_everything_but_a_forced_call(choice, stops):
         requests=[GenerationRequest("r-0", 8, stop=["</s>", '"']), GenerationRequest("r-1", 8, stop=["</s>", '"'])],
         output=OutputRequest(tools=tools, tool_choice=choice),
     )
-    shape_output(plan, SimpleNamespace(tool_format=format_named("json_tools")))
-    assert [r.stop for r in plan.requests] == [stops, stops]
+    attempt = for_target(plan, plan.spec, max_request_tokens=4096)
+    shape_output(plan, attempt, SimpleNamespace(tool_format=format_named("json_tools")))
+    assert [r.stop for r in attempt.requests] == [stops, stops]
+    # The plan is not rewritten: the next target's attempt starts from the client's stop strings.
+    assert [r.stop for r in plan.requests] == [["</s>", '"'], ["</s>", '"']]

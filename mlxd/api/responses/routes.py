@@ -11,12 +11,15 @@ from mlxd.api.generation import respond
 from mlxd.api.plan import plan_chat
 from mlxd.api.responses.answers import ResponsesFrames, complete_response
 from mlxd.api.responses.bodies import ResponsesRequest
+from mlxd.api.responses.store import ResponseStore
 from mlxd.errors import BadRequest
 
 PATH = "/v1/responses"
 
 
-def router() -> APIRouter:
+def router(store: ResponseStore) -> APIRouter:
+    """``store``: recent responses, for previous_response_id (this surface's
+    own state, so the daemon's context need not know it)."""
     api = APIRouter()
 
     @api.post(PATH)
@@ -24,7 +27,7 @@ def router() -> APIRouter:
         ctx: DaemonContext = request.app.state.ctx
         earlier: tuple = ()
         if body.previous_response_id:
-            found = ctx.responses.get(body.previous_response_id)
+            found = store.get(body.previous_response_id)
             if found is None:
                 raise BadRequest(
                     f"Previous response with id '{body.previous_response_id}' not found: mlxd keeps the last "
@@ -37,8 +40,8 @@ def router() -> APIRouter:
                          caller=caller_of(request))
         return await respond(
             ctx, plan, request,
-            framer=lambda: ResponsesFrames(plan, body, ctx.responses, history),
-            body=lambda answer: complete_response(plan, body, answer, ctx.responses, history),
+            framer=lambda: ResponsesFrames(plan, body, store, history),
+            body=lambda answer: complete_response(plan, body, answer, store, history),
         )
 
     return api
