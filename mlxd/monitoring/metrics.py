@@ -228,6 +228,13 @@ class Metrics:
             "Failover targets that failed before any output, so that the next one was tried",
             ["model", "target"], registry=r,
         )
+        self.encoder_inputs = Counter(
+            "mlxd_embedding_inputs", "Inputs embedded or documents scored, by model", ["model"], registry=r
+        )
+        self.truncated_inputs = Counter(
+            "mlxd_embedding_truncated_inputs", "Embedding and rerank inputs cut at the model's length, by model",
+            ["model"], registry=r,
+        )
         self.throughput = ThroughputWindow(throughput_window_seconds)
         self._attached = False
 

@@ -29,6 +29,9 @@ from types import MappingProxyType
 # What a request asks to be done, by the path it came in on.
 CHAT = "chat"
 COMPLETION = "completion"
+# /v1/embeddings and Ollama's /api/embed; /v1/rerank (docs/embeddings.md).
+EMBED = "embed"
+RERANK = "rerank"
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,12 @@ class ModelKind:
     prefix_cache: bool = False
     # What to install when the engine's module cannot be imported.
     install_hint: str = ""
+    # An encoder (embedding, rerank) reads inputs and generates nothing: no
+    # KV cache, its memory beside the weights is one forward pass of
+    # ``batch_tokens``; many requests hold it at once (their inputs are
+    # batched in the engine); its entries take truncate / matryoshka /
+    # batch_tokens.
+    encodes: bool = False
 
 
 TEXT = ModelKind(
@@ -67,9 +76,23 @@ VISION = ModelKind(
     token_counter="mlxd.engine.token_count:vision_counter",
     install_hint="mlx-vlm is not installed (pip install 'mlxd[vision]')",
 )
+def _encoder(name: str, route: str) -> ModelKind:
+    """An embedding or rerank kind: mlx-embeddings' encoders, one route each."""
+    return ModelKind(
+        name=name,
+        engine="mlxd.engine.embedding:load_encoder_engine",
+        imports=("mlx_embeddings.utils",),
+        routes=frozenset({route}),
+        install_hint="mlx-embeddings is not installed (pip install 'mlxd[embeddings]')",
+        encodes=True,
+    )
+
+
+EMBEDDING = _encoder("embedding", EMBED)
+RERANK_KIND = _encoder("rerank", RERANK)
 # A remote entry's images go to its backend, which decides whether its
 # model sees them (a text model's server answers 400 itself); its tools and
 # response_format are its backend's to apply.
 REMOTE = ModelKind(name="remote", engine=None, takes_images=True)
 
-KINDS: Mapping[str, ModelKind] = MappingProxyType({k.name: k for k in (TEXT, VISION)})
+KINDS: Mapping[str, ModelKind] = MappingProxyType({k.name: k for k in (TEXT, VISION, EMBEDDING, RERANK_KIND)})

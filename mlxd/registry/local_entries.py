@@ -14,15 +14,24 @@ from typing import Any
 
 from mlxd.errors import ConfigError, clip
 from mlxd.registry.document import Loc
+from mlxd.registry.kinds import ModelKind
 from mlxd.registry.model import Footprint, ModelSpec, PrefixCacheSpec, template_pairs
 from mlxd.registry.resolve import Downloader, detect_kind, read_model_config, resolve_model_dir
-from mlxd.registry.schema import LOCATION_KEYS, VLLM_MLX_IGNORED_MODEL_KEYS, ModelEntry
+from mlxd.registry.schema import ENCODER_KEYS, LOCATION_KEYS, VLLM_MLX_IGNORED_MODEL_KEYS, ModelEntry
 from mlxd.registry.sections import DEFAULT_MODEL, Sections
-from mlxd.registry.sizing import format_bytes, kv_cache_bytes, max_position_embeddings, weights_bytes
+from mlxd.registry.sizing import (
+    encoder_activation_bytes,
+    format_bytes,
+    kv_cache_bytes,
+    max_position_embeddings,
+    weights_bytes,
+)
 
 logger = logging.getLogger("mlxd.registry.loader")
 
 DEFAULT_MAX_CONTEXT = DEFAULT_MODEL.max_context
+# Requests an embedding or rerank model serves at once unless its entry says.
+ENCODER_CONCURRENCY = 64
 
 
 class LocalEntries:
@@ -82,7 +91,9 @@ class LocalEntries:
             broken = f"cannot read `{source}` ({type(exc).__name__}: {clip(str(exc), 200)})"
             folder, config, weights = self.s.local_path(source), {}, 0
 
-        kind = entry.kind or ("vision" if entry.mllm else detect_kind(config))
+        kind = entry.kind or ("vision" if entry.mllm else detect_kind(config, folder))
+        row = self.s.kinds[kind]
+        self._check_encoder_keys(i, entry, row)
         max_context = self._max_context(i, entry, config)
         prefix_cache = self.s.prefix_cache(entry)
         if not self.s.kinds[kind].prefix_cache:
@@ -90,7 +101,9 @@ class LocalEntries:
             # for one would only crowd other models out.
             prefix_cache = PrefixCacheSpec(max_bytes=0, disk_max_bytes=0, persist=False)
         kv = 0  # estimated_memory_gb stands in for what cannot be computed
-        if broken is None:
+        if broken is None and row.encodes:
+            kv = encoder_activation_bytes(config, entry.batch_tokens or ModelSpec.batch_tokens)
+        elif broken is None:
             try:
                 kv = kv_cache_bytes(config, max_context, entry.max_concurrency, entry.kv_bits)
             except ConfigError as exc:
@@ -116,7 +129,7 @@ class LocalEntries:
                 else entry.idle_unload_seconds
             ),
             max_context=max_context,
-            max_concurrency=entry.max_concurrency,
+            max_concurrency=self._max_concurrency(entry, row),
             max_queue=entry.max_queue,
             kv_bits=entry.kv_bits,
             defaults=self.s.sampling(i, entry),
@@ -130,8 +143,9 @@ class LocalEntries:
             reasoning_parser=entry.reasoning_parser,
             chat_template_kwargs=template_pairs(entry.chat_template_kwargs),
             broken=broken,
+            **{key: getattr(entry, key) for key in ENCODER_KEYS if getattr(entry, key) is not None},
         )
-        self._check_fits(here, spec)
+        self._check_fits(here, spec, row)
         return spec
 
     def _max_context(self, i: int, entry: ModelEntry, config: Mapping[str, Any]) -> int:
@@ -151,7 +165,23 @@ class LocalEntries:
             )
         return entry.max_context
 
-    def _check_fits(self, here: Loc, spec: ModelSpec) -> None:
+    def _check_encoder_keys(self, i: int, entry: ModelEntry, row: ModelKind) -> None:
+        if row.encodes:
+            return
+        for key in ENCODER_KEYS:
+            if getattr(entry, key) is not None:
+                raise self.s.doc.error(("models", i, key), f"`{key}` is for `kind: embedding` and `kind: rerank` "
+                                       f"entries; `{entry.name}` is a {row.name} model")
+
+    @staticmethod
+    def _max_concurrency(entry: ModelEntry, row: ModelKind) -> int:
+        """An encoder's requests hold their lease only while their inputs are
+        batched with everyone else's, so many may hold one at once."""
+        if row.encodes and "max_concurrency" not in entry.model_fields_set:
+            return ENCODER_CONCURRENCY
+        return entry.max_concurrency
+
+    def _check_fits(self, here: Loc, spec: ModelSpec, row: ModelKind) -> None:
         budget = self.s.manager().memory_budget_bytes
         if spec.charge_bytes <= budget:
             return
@@ -162,8 +192,10 @@ class LocalEntries:
             why = "estimated_memory_gb"
         else:
             f = spec.footprint
+            # An encoder's second part is one forward pass's activations.
+            second = "activations" if row.encodes else "KV cache"
             why = (
-                f"weights {format_bytes(f.weights)} + KV cache {format_bytes(f.kv_cache)} + "
+                f"weights {format_bytes(f.weights)} + {second} {format_bytes(f.kv_cache)} + "
                 f"prefix cache {format_bytes(f.prefix_cache)}; lower max_context, "
                 "max_concurrency or prefix_cache.max_bytes, or set kv_bits"
             )

@@ -113,6 +113,13 @@ class ModelSpec:
     # weights, bad config.json). Such a model stays registered but failed, so
     # one bad download never keeps the other models from serving.
     broken: str | None = None
+    # Embedding and rerank entries: an input past the model's length is cut
+    # (true) or refused with a 400 (false); ``dimensions`` may shorten the
+    # vectors only of a model trained for it (Matryoshka); a forward pass
+    # holds at most ``batch_tokens`` padded tokens.
+    truncate: bool = True
+    matryoshka: bool = False
+    batch_tokens: int = 4096
 
     def __post_init__(self) -> None:
         if self.backend is not None:
@@ -159,6 +166,8 @@ class ModelSpec:
         "tool_parser",
         "reasoning_parser",
         "broken",
+        # The engine's batching queue is built with it.
+        "batch_tokens",
     )
 
     def needs_reload_from(self, old: ModelSpec) -> bool:

@@ -78,6 +78,8 @@ class RemoteEntries:
             local_image_dir=self.s.image_dir(i, entry),
             allow_remote_images=entry.allow_remote_images,
             chat_template_kwargs=template_pairs(entry.chat_template_kwargs),
+            # What the backend's model is (embedding, rerank: relayed on those routes).
+            kind=entry.kind or "text",
         )
 
     def _remote_spec(self, name: str, backend: str, remote_model: str, **given: Any) -> ModelSpec:

@@ -134,9 +134,24 @@ def read_model_config(model_dir: Path) -> dict[str, Any]:
     return data
 
 
-def detect_kind(config_json: Mapping[str, Any]) -> str:
-    """``vision`` when the model has a vision tower (mlx-vlm), else ``text``."""
-    return "vision" if "vision_config" in config_json else "text"
+def detect_kind(config_json: Mapping[str, Any], model_dir: Path | None = None) -> str:
+    """``vision`` when the model has a vision tower (mlx-vlm), ``rerank`` for
+    a BERT/XLM-R sequence classifier (a cross-encoder), ``embedding`` for an
+    encoder (``BertModel``, ...) or a sentence-transformers folder, else ``text``."""
+    if "vision_config" in config_json:
+        return "vision"
+    architectures = [str(a) for a in config_json.get("architectures") or ()]
+    if any(a in _CROSS_ENCODERS for a in architectures):
+        return "rerank"
+    if any(a in _ENCODERS for a in architectures):
+        return "embedding"
+    if model_dir is not None and (model_dir / "modules.json").is_file():
+        return "embedding"
+    return "text"
+
+
+_CROSS_ENCODERS = ("BertForSequenceClassification", "XLMRobertaForSequenceClassification")
+_ENCODERS = ("BertModel", "XLMRobertaModel", "ModernBertModel", "NomicBertModel")
 
 
 # Files an MLX model needs; skips the PyTorch/GGUF copies many repos also carry.

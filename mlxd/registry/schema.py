@@ -175,6 +175,9 @@ VLLM_MLX_IGNORED_MODEL_KEYS = (
     "gpu_memory_utilization",
 )
 
+# Keys only embedding and rerank entries take.
+ENCODER_KEYS = ("truncate", "matryoshka", "batch_tokens")
+
 # Where a model's files are: ``path`` is ours; vllm-mlx also accepts these.
 LOCATION_KEYS = ("path", "source", "model")
 
@@ -218,6 +221,10 @@ class ModelEntry(_Section):
     # `strategy` picks for each request.
     targets: Names | None = Field(None, min_length=2)
     strategy: Literal["warm", "spillover"] | None = None
+    # Embedding and rerank entries (docs/embeddings.md).
+    truncate: bool | None = None
+    matryoshka: bool | None = None
+    batch_tokens: int | None = Field(None, ge=16)
 
     # vllm-mlx keys with a meaning here.
     estimated_memory_gb: PositiveFloat | None = None
@@ -356,6 +363,9 @@ class RegistryFile(_Section):
 REMOTE_KEYS = (
     "name", "aliases", "description", "defaults", "max_queue", "backend", "remote_model",
     "local_image_dir", "allow_remote_images", "chat_template_kwargs",
+    # What the backend's model is, when it is not a chat model: an
+    # embedding or rerank entry relays /v1/embeddings or /v1/rerank.
+    "kind",
 )
 
 

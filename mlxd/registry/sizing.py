@@ -245,6 +245,19 @@ def dtype_bytes(config: Mapping[str, Any]) -> int:
     return _DTYPE_BYTES.get(str(name).removeprefix("torch."), 2)
 
 
+def encoder_activation_bytes(config_json: Mapping[str, Any], batch_tokens: int) -> int:
+    """What one forward pass of an embedding or rerank model holds beside its
+    weights: for ``batch_tokens`` padded tokens, the float32 hidden states
+    of a layer (a few hidden-wide tensors and the intermediate one) and its
+    attention scores (a row's heads x its width, up to 512 positions)."""
+    cfg = text_config(config_json)
+    hidden = _first_int(cfg, _HIDDEN_KEYS) or 0
+    intermediate = _first_int(cfg, ("intermediate_size",)) or 4 * hidden
+    heads = _first_int(cfg, _HEAD_KEYS) or 1
+    width = min(_first_int(cfg, ("max_position_embeddings",)) or 512, 512)
+    return batch_tokens * 4 * (4 * hidden + intermediate + heads * width)
+
+
 def kv_cache_bytes(
     config_json: Mapping[str, Any],
     max_context: int,

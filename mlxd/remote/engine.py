@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -37,6 +38,8 @@ RETRY_UNREACHABLE_S = 5.0
 READ_SLICE_BYTES = 1024 * 1024
 # A backend's answer is either malformed in some way the reader did not
 # foresee or a bug here: either way the client gets a 502, the log the detail.
+# Embeddings come back whole: 2048 inputs of 4096 float32 values in base64 is ~45 MB.
+MAX_JSON_ANSWER_BYTES = 64 << 20
 _UNREADABLE = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError)
 
 
@@ -194,6 +197,49 @@ class RemoteEngine:
                 if watchdog is not None:
                     watchdog.stop()
         yield reader.finish()
+
+    async def post_json(self, path: str, body: dict[str, Any]) -> Any:
+        """One whole JSON exchange with the backend (embeddings, rerank): the
+        answer's JSON, or the typed error for a refusal, a timeout or an
+        answer past ``MAX_JSON_ANSWER_BYTES``."""
+        link = self._pool.link(self.backend)
+        spec = link.spec
+        where = f"backend `{spec.name}`"
+        key = next(self._ids)
+        self._open[key] = None
+        link.stats.in_flight += 1
+        link.stats.requests += 1
+        try:
+            async with asyncio.timeout(spec.first_byte_timeout_s):
+                response = await link.client.post(spec.url + path, json={**body, "model": self.remote_model},
+                                                  headers=link.headers(self._pool.environ),
+                                                  timeout=link.timeout(), allow_redirects=False)
+                self._open[key] = response
+                if response.status >= 300:
+                    await self._refused(spec.name, response)
+                data, cut = await read_bounded(response, MAX_JSON_ANSWER_BYTES)
+            if cut:
+                raise broken(spec.name, f"sent an answer larger than {MAX_JSON_ANSWER_BYTES >> 20} MiB")
+            return json.loads(data)
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            error: MlxdError = BackendUnavailable(f"Cannot reach {where}: {_reason(exc)}",
+                                                  retry_after=RETRY_UNREACHABLE_S)
+        except TimeoutError:
+            error = BackendTimeout(f"No answer from {where} within {spec.first_byte_timeout_s:g} s")
+        except aiohttp.ClientError as exc:
+            error = BackendFailed(f"The request to {where} failed: {_reason(exc)}", retry_after=RETRY_BROKEN_S)
+        except ValueError:
+            error = broken(spec.name, "sent an answer that is not JSON")
+        except MlxdError as exc:
+            error = exc
+        finally:
+            link.stats.in_flight -= 1
+            response_left = self._open.pop(key, None)
+            if response_left is not None:
+                response_left.release()
+        self._pool.failed(self.backend, error)
+        log.warning("backend %s (%s), %s: %s", spec.name, spec.url, self.name, describe_exception(error))
+        raise error
 
     async def _refused(self, backend: str, response: aiohttp.ClientResponse) -> None:
         """Raise the error for an answer with a redirect or error status,

@@ -341,7 +341,7 @@ BAD_FILES = [
         """,
         4,
         "models[0].kind",
-        "'text' or 'vision'",
+        "'text', 'vision', 'embedding' or 'rerank'",
     ),
     (
         "duplicate yaml key",

@@ -1,0 +1,167 @@
+"""Embedding throughput: all-MiniLM-L6-v2 through mlxd against mlx-embeddings
+called directly in one process, in the same run.
+
+Cases (texts/s and tokens/s, median of --rounds):
+- batch 1: one text per call (direct) / per request, one client (mlxd);
+- batch 32: 32 texts per call / per request;
+- 8 clients: 8 concurrent clients each sending one text per request (mlxd
+  batches their inputs into shared forward passes); against mlxd's batch 1
+  figure, the same texts sent one at a time.
+
+Targets (issue 26): mlxd >= 0.9 of direct at batch 32; 8 clients >= 3x serial.
+
+    python bench/embeddings.py --texts 256 --rounds 3
+
+Prints a table and merges the figures into bench/results/embeddings.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx  # noqa: E402
+
+from bench.common import daemon, environment, reexec_with_openblas, save, table  # noqa: E402
+
+
+def corpus(n: int) -> list[str]:
+    """``n`` varied sentences (the reference texts' short ones, numbered so
+    that none repeats)."""
+    import runpy
+
+    texts_file = Path(__file__).resolve().parent.parent / "tests" / "embeddings" / "reference" / "texts.py"
+    short = [t for t in runpy.run_path(str(texts_file))["TEXTS"] if len(t) < 200]
+    return [f"{short[i % len(short)]} ({i})" for i in range(n)]
+
+
+def count_tokens(folder: Path, texts: list[str]) -> int:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    # MiniLM's tokenizer.json pads to 128 unless told not to.
+    tok.no_padding()
+    tok.enable_truncation(256)
+    return sum(len(e.ids) for e in tok.encode_batch(texts))
+
+
+def median_rate(run: Callable[[], float], rounds: int) -> float:
+    times = [run() for _ in range(rounds)]
+    print(f"  rounds: {', '.join(f'{t:.2f}s' for t in times)}", flush=True)
+    return statistics.median(times)
+
+
+def direct(folder: Path, texts: list[str], batch: int, rounds: int) -> float:
+    """mlx-embeddings' own ``generate`` in this process: seconds per pass over ``texts``."""
+    import mlx.core as mx
+    from mlx_embeddings import generate, load
+
+    model, tokenizer = load(str(folder))
+
+    def once() -> float:
+        started = time.perf_counter()
+        for i in range(0, len(texts), batch):
+            mx.eval(generate(model, tokenizer, texts=texts[i:i + batch], max_length=256).text_embeds)
+        return time.perf_counter() - started
+
+    once()  # kernels compiled, caches warm
+    return median_rate(once, rounds)
+
+
+def served(url: str, texts: list[str], batch: int, rounds: int) -> float:
+    with httpx.Client(base_url=url, timeout=300) as client:
+        def once() -> float:
+            started = time.perf_counter()
+            for i in range(0, len(texts), batch):
+                answer = client.post("/v1/embeddings", json={"model": "minilm", "input": texts[i:i + batch],
+                                                             "encoding_format": "base64"})
+                answer.raise_for_status()
+            return time.perf_counter() - started
+
+        once()
+        return median_rate(once, rounds)
+
+
+def served_clients(url: str, texts: list[str], clients: int, rounds: int) -> float:
+    """``clients`` threads, each sending its share of ``texts`` one per request."""
+    shares = [texts[i::clients] for i in range(clients)]
+
+    def client_run(share: list[str], failures: list[BaseException]) -> None:
+        try:
+            with httpx.Client(base_url=url, timeout=300) as client:
+                for text in share:
+                    client.post("/v1/embeddings", json={"model": "minilm", "input": text,
+                                                        "encoding_format": "base64"}).raise_for_status()
+        except BaseException as exc:  # noqa: BLE001 - reported after the join
+            failures.append(exc)
+
+    def once() -> float:
+        failures: list[BaseException] = []
+        threads = [threading.Thread(target=client_run, args=(s, failures)) for s in shares]
+        started = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if failures:
+            raise failures[0]
+        return time.perf_counter() - started
+
+    once()
+    return median_rate(once, rounds)
+
+
+def batch_figures(url: str) -> dict[str, Any]:
+    status = httpx.get(f"{url}/v1/status", timeout=10).json()
+    model = next(m for m in status["models"] if m["name"] == "minilm")
+    return {k: model.get("engine", {}).get(k) for k in ("requests", "inputs", "batches", "padded_tokens")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--texts", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--clients", type=int, default=8)
+    args = parser.parse_args()
+    reexec_with_openblas()
+    from mlxd.factory.minilm import minilm_dir
+
+    folder = minilm_dir()
+    texts = corpus(args.texts)
+    tokens = count_tokens(folder, texts)
+    seconds: dict[str, float] = {
+        "direct batch 1": direct(folder, texts, 1, args.rounds),
+        "direct batch 32": direct(folder, texts, 32, args.rounds),
+    }
+    with daemon([{"name": "minilm", "path": str(folder), "kind": "embedding", "preload": True}]) as url:
+        seconds["mlxd batch 1"] = served(url, texts, 1, args.rounds)
+        seconds["mlxd batch 32"] = served(url, texts, 32, args.rounds)
+        seconds[f"mlxd {args.clients} clients"] = served_clients(url, texts, args.clients, args.rounds)
+        figures = batch_figures(url)
+    rows = []
+    result: dict[str, Any] = {"texts": len(texts), "tokens": tokens, "rounds": args.rounds,
+                              "environment": environment(), "engine": figures, "cases": {}}
+    for case, s in seconds.items():
+        rows.append([case, f"{len(texts) / s:.1f}", f"{tokens / s:.0f}", f"{s:.2f}"])
+        result["cases"][case] = {"seconds": s, "texts_per_s": len(texts) / s, "tokens_per_s": tokens / s}
+    ratio32 = seconds["direct batch 32"] / seconds["mlxd batch 32"]
+    speedup = seconds["mlxd batch 1"] / seconds[f"mlxd {args.clients} clients"]
+    result["mlxd_over_direct_batch_32"] = ratio32
+    result["clients_over_serial"] = speedup
+    print(table(["case", "texts/s", "tokens/s", "seconds"], rows))
+    print(f"\nmlxd / direct at batch 32: {ratio32:.2f} (target >= 0.9)")
+    print(f"{args.clients} clients / serial (mlxd batch 1): {speedup:.2f}x (target >= 3x)")
+    print(f"engine: {figures}; load average {result['environment']['load_average']}")
+    print(f"-> {save('embeddings', 'minilm', result)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,271 @@
+"""The engine of ``kind: embedding`` and ``kind: rerank`` models.
+
+A request's inputs are tokenized off the event loop (a thread: the
+``tokenizers`` library runs outside the GIL), then queued in the batching
+core (``mlxd.engine.embedding_batch``) with every other request's. One pump
+per engine takes batch after batch from it and runs each as one step of a
+worker stream: a forward pass takes its turn in the MLX worker's ring like
+one decode step of a chat stream, so embedding work and generation share
+the machine in turns, and a long queue of embeddings never holds a chat
+stream back for more than one batch (bounded by ``batch_tokens``).
+
+Residency sees an ordinary engine: a footprint (the load, raised to the
+first batch's peak), ``close`` that waits for the batch in flight,
+``abort_all`` that fails the requests still queued, figures for status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mlxd.engine import memory
+from mlxd.engine.embedding_batch import Batch, BatchQueue
+from mlxd.engine.embedding_model import Encoded, LoadedEncoder, TextTokenizer, is_cross_encoder
+from mlxd.engine.lifecycle import EngineBase, load_on_worker, measured_load
+from mlxd.engine.types import GenerationChunk, GenerationRequest
+from mlxd.engine.worker import MlxWorker
+from mlxd.errors import BadRequest, MlxdError, ModelPreempted, ModelUnloaded
+from mlxd.registry.model import ModelSpec
+
+log = logging.getLogger(__name__)
+
+ENCODER_KINDS = ("embedding", "rerank")
+
+
+@dataclass
+class EncoderFigures:
+    """For status and /metrics: what the batching did. Event loop only."""
+
+    requests: int = 0
+    inputs: int = 0
+    batches: int = 0
+    tokens: int = 0
+    padded_tokens: int = 0
+    truncated: int = 0
+
+
+class EncoderEngine(EngineBase):
+    """An embedding model (``embed``) or a cross-encoder (``rerank``)."""
+
+    confirms_start = False
+
+    def __init__(self, spec: ModelSpec, worker: MlxWorker, encoder: LoadedEncoder, tokenizer: TextTokenizer,
+                 *, load_bytes: int, load_seconds: float) -> None:
+        super().__init__(spec, worker, load_bytes=load_bytes, load_seconds=load_seconds)
+        self.kind = spec.kind
+        self.encoder: LoadedEncoder | None = encoder
+        self.tokenizer = tokenizer
+        self.figures = EncoderFigures()
+        self._queue = BatchQueue(max_tokens=spec.batch_tokens)
+        self._waiting: dict[int, asyncio.Future[list[Any]]] = {}
+        self._keys = itertools.count()
+        self._pump: asyncio.Task[None] | None = None
+        self._forwarding = False
+
+    # --- what a request asks ---------------------------------------------------
+
+    @property
+    def dimensions(self) -> int:
+        return self.encoder.dimensions if self.encoder is not None else 0
+
+    @property
+    def max_length(self) -> int:
+        return self.tokenizer.max_length
+
+    async def encode(self, texts: Sequence[str] | None = None, arrays: Sequence[Sequence[int]] | None = None,
+                     *, truncate: bool) -> Encoded:
+        """Texts or token arrays -> token ids, cut at the model's length when
+        ``truncate``; otherwise an input that does not fit is a 400."""
+        if arrays is not None:
+            self._check_ids(arrays)
+            encoded = self.tokenizer.token_arrays(arrays)
+        else:
+            encoded = await asyncio.to_thread(self.tokenizer.texts, list(texts or ()))
+        self._check_truncation(encoded, truncate, "input")
+        return encoded
+
+    async def embed(self, encoded: Encoded) -> list[np.ndarray]:
+        """One float32 vector per input, in input order."""
+        if self.kind != "embedding":
+            raise BadRequest(f"The model `{self.name}` is a {self.kind} model, not an embedding model.",
+                             param="model", code="model_not_supported")
+        return await self._run(encoded)
+
+    async def rerank(self, query: str, documents: Sequence[str], *, truncate: bool) -> tuple[list[float], int]:
+        """Each document's relevance to ``query`` (in document order) and the tokens read."""
+        if self.kind != "rerank":
+            raise BadRequest(f"The model `{self.name}` is an {self.kind} model, not a rerank model.",
+                             param="model", code="model_not_supported")
+        encoded = await asyncio.to_thread(self.tokenizer.pairs, query, list(documents))
+        self._check_truncation(encoded, truncate, "documents")
+        scores = await self._run(encoded)
+        return [float(s) for s in scores], encoded.tokens
+
+    def _check_ids(self, arrays: Sequence[Sequence[int]]) -> None:
+        vocab = self.tokenizer.vocab_size
+        for i, ids in enumerate(arrays):
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise BadRequest(f"input[{i}] has token id {bad}, outside the vocabulary of `{self.name}` "
+                                 f"(0 to {vocab - 1})", param=f"input[{i}]")
+
+    def _check_truncation(self, encoded: Encoded, truncate: bool, field: str) -> None:
+        if not encoded.truncated:
+            return
+        if not truncate:
+            i = encoded.truncated[0]
+            raise BadRequest(
+                f"{field}[{i}] is longer than the {self.max_length} tokens `{self.name}` reads "
+                "(this entry has truncate: false)", param=f"{field}[{i}]", code="context_length_exceeded")
+        self.figures.truncated += len(encoded.truncated)
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        raise BadRequest(f"The model `{self.name}` is a {self.kind} model; it does not generate text "
+                         f"(use /v1/{'embeddings' if self.kind == 'embedding' else 'rerank'}).",
+                         param="model", code="model_not_supported")
+
+    # --- batching ----------------------------------------------------------------
+
+    async def _run(self, encoded: Encoded) -> list[Any]:
+        if self._closed:
+            raise ModelUnloaded(self.name)
+        if not encoded.ids:
+            return []
+        key = next(self._keys)
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        self._waiting[key] = future
+        self._queue.add(key, encoded.ids, encoded.types)
+        self.figures.requests += 1
+        self.figures.inputs += len(encoded.ids)
+        self.figures.tokens += encoded.tokens
+        if self._pump is None:
+            self._pump = asyncio.ensure_future(self._pump_batches())
+        try:
+            return await future
+        finally:
+            # A client that left: its rows still waiting leave the queue.
+            if self._waiting.pop(key, None) is not None:
+                self._queue.cancel(key)
+
+    async def _pump_batches(self) -> None:
+        try:
+            while (batch := self._queue.take()) is not None:
+                self.figures.batches += 1
+                self.figures.padded_tokens += batch.padded_tokens
+                try:
+                    outputs = await self._forward(batch)
+                except Exception as exc:
+                    log.exception("a batch of %d inputs on %s failed", len(batch.rows), self.name)
+                    failure = exc if isinstance(exc, MlxdError) else MlxdError(
+                        f"The model `{self.name}` failed on this batch.")
+                    for key in self._queue.fail(batch):
+                        self._settle(key, failure)
+                    continue
+                for key, results in self._queue.deliver(batch, outputs):
+                    self._settle(key, results)
+        finally:
+            self._pump = None
+
+    def _settle(self, key: int, value: Any) -> None:
+        future = self._waiting.pop(key, None)
+        if future is None or future.done():
+            return
+        if isinstance(value, BaseException):
+            future.set_exception(value)
+        else:
+            future.set_result(value)
+
+    async def _forward(self, batch: Batch) -> list[Any]:
+        """One batch as one step of a worker stream (a turn in the ring)."""
+        self._forwarding = True
+        try:
+            async for outputs in self._worker.stream(lambda: self._step(batch)):
+                return outputs
+            raise ModelUnloaded(self.name)
+        finally:
+            self._forwarding = False
+
+    def _step(self, batch: Batch) -> Any:
+        """Worker thread: the forward pass, measured the first time."""
+        encoder = self.encoder
+        if encoder is None:
+            raise ModelUnloaded(self.name)
+        with self.peak.measure():
+            out = encoder.embed(batch) if self.kind == "embedding" else encoder.score(batch)
+        yield list(out)
+
+    # --- residency's side ------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        f = self.figures
+        return {
+            **super().stats(),
+            "queued_inputs": len(self._queue),
+            "requests": f.requests,
+            "inputs": f.inputs,
+            "batches": f.batches,
+            "prompt_tokens": f.tokens,
+            "padded_tokens": f.padded_tokens,
+            "truncated_inputs": f.truncated,
+            "dimensions": self.dimensions,
+            "max_length": self.max_length,
+        }
+
+    async def abort_all(self, reason: str) -> int:
+        """Fail every request still waiting (the batch on the worker finishes)."""
+        error: MlxdError = ModelUnloaded(self.name) if reason == "unloaded" else ModelPreempted(
+            f"Work on `{self.name}` was interrupted: the model was preempted or the daemon is shutting down")
+        keys = list(self._waiting)
+        for key in keys:
+            self._queue.cancel(key)
+            self._settle(key, error)
+        return len(keys)
+
+    def _busy(self) -> bool:
+        return self._forwarding
+
+    def _release(self) -> dict[str, Any]:
+        self.encoder = None
+        memory.release_memory()
+        return {}
+
+    def _forget(self) -> None:
+        self.encoder = None
+
+
+async def load_encoder_engine(spec: ModelSpec, worker: MlxWorker, *, cache_dir: Path | None = None) -> EncoderEngine:
+    """Load ``spec`` (kind embedding or rerank) on the worker; ``cache_dir``
+    is the kinds table's common argument: an encoder keeps nothing on disk."""
+    loaded = await load_on_worker(worker, _load, spec, _discard)
+    encoder, tokenizer, load_bytes, seconds = loaded
+    return EncoderEngine(spec, worker, encoder, tokenizer, load_bytes=load_bytes, load_seconds=seconds)
+
+
+def _load(spec: ModelSpec) -> tuple[LoadedEncoder, TextTokenizer, int, float]:
+    """Worker thread: the model and its tokenizer, and what loading them cost."""
+    from mlxd.engine.embedding_model import load_cross_encoder, load_embedder
+    from mlxd.registry.resolve import read_model_config
+
+    def load() -> tuple[LoadedEncoder, TextTokenizer]:
+        if spec.kind == "rerank":
+            if not is_cross_encoder(read_model_config(spec.path)):
+                raise ValueError("a rerank model must be a *ForSequenceClassification cross-encoder")
+            return load_cross_encoder(spec.path)
+        return load_embedder(spec.path)
+
+    done = measured_load(spec, load, memory.release_memory)
+    encoder, tokenizer = done.result
+    return encoder, tokenizer, done.load_bytes, done.load_seconds
+
+
+def _discard(loaded: tuple[LoadedEncoder, TextTokenizer, int, float]) -> None:
+    loaded[0].model = None
+    memory.release_memory()

@@ -1,0 +1,146 @@
+"""Tiny random BERT-shaped encoders: an embedding model and a cross-encoder.
+
+Each is a folder like the ones sentence-transformers and transformers ship
+(``config.json``, ``model.safetensors`` in transformers' tensor names, a
+WordPiece ``tokenizer.json`` trained here), so mlx-embeddings loads the
+embedding model as it loads all-MiniLM-L6-v2, and sentence-transformers
+itself can load both (which is how the reference scores in the tests were
+made). The embedding model carries the sentence-transformers files (mean
+pooling, normalised); the cross-encoder is a ``BertForSequenceClassification``
+with one label.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlxd.factory.build import default_cache_dir
+from mlxd.files import build_once
+from mlxd.factory.corpus import corpus_digest, stdlib_files
+
+# Bump when the output of a build changes for the same recipe.
+ENCODER_FACTORY_VERSION = 2
+
+TASKS = ("embedding", "rerank")
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+@dataclass(frozen=True)
+class EncoderRecipe:
+    task: str = "embedding"
+    seed: int = 0
+    hidden_size: int = 64
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    intermediate_size: int = 128
+    vocab_size: int = 2048
+    # The longest input (sentence-transformers' max_seq_length): short, so
+    # tests reach it with a sentence or two.
+    max_seq_length: int = 128
+    corpus_bytes: int = 1_500_000
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"unknown task {self.task!r}; choose from {TASKS}")
+
+    def slug(self) -> str:
+        return f"bert-{self.task}-h{self.hidden_size}-s{self.seed}"
+
+
+def build_encoder(recipe: EncoderRecipe, cache_dir: Path | None = None) -> Path:
+    """The folder of the encoder ``recipe`` describes, built once."""
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    files = stdlib_files(recipe.corpus_bytes)
+    payload = {"recipe": dataclasses.asdict(recipe), "corpus": corpus_digest(files),
+               "python": list(sys.version_info[:2]), "factory": ENCODER_FACTORY_VERSION}
+    key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+    return build_once(cache_dir / f"{recipe.slug()}-{key}", lambda out: _write(recipe, files, out))
+
+
+def _train_wordpiece(files: list[Path], vocab_size: int) -> object:
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train([str(f) for f in files], trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
+    return tok
+
+
+def _write(recipe: EncoderRecipe, files: list[Path], out: Path) -> None:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_embeddings.models import bert
+
+    tok = _train_wordpiece(files, recipe.vocab_size)
+    tok.save(str(out / "tokenizer.json"))  # type: ignore[attr-defined]
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "do_lower_case": True,
+        "pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+        "mask_token": "[MASK]", "model_max_length": 512,
+        # As BERT's own tokenizer: a pair's second text has token type 1.
+        "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
+    }, indent=2))
+    config = {
+        "model_type": "bert",
+        "architectures": ["BertModel" if recipe.task == "embedding" else "BertForSequenceClassification"],
+        "hidden_size": recipe.hidden_size,
+        "num_hidden_layers": recipe.num_hidden_layers,
+        "num_attention_heads": recipe.num_attention_heads,
+        "intermediate_size": recipe.intermediate_size,
+        "hidden_act": "gelu",
+        "vocab_size": tok.get_vocab_size(),  # type: ignore[attr-defined]
+        "max_position_embeddings": 512,
+        "type_vocab_size": 2,
+        "layer_norm_eps": 1e-12,
+        "pad_token_id": 0,
+        "hidden_dropout_prob": 0.1,
+        "attention_probs_dropout_prob": 0.1,
+        "position_embedding_type": "absolute",
+    }
+    mx.random.seed(recipe.seed)
+    model = bert.Model(bert.ModelArgs.from_dict(config))
+    weights = dict(tree_flatten(model.parameters()))
+    if recipe.task == "rerank":
+        config["id2label"] = {"0": "LABEL_0"}
+        config["label2id"] = {"LABEL_0": 0}
+        weights = {f"bert.{k}": v for k, v in weights.items()}
+        # Large enough that documents' scores spread out (a random head at
+        # the default scale gives them all nearly the same score).
+        weights["classifier.weight"] = mx.random.normal((1, recipe.hidden_size)) * 0.5
+        weights["classifier.bias"] = mx.zeros((1,))
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    if recipe.task == "embedding":
+        _sentence_transformers_files(out, recipe)
+    (out / "mlxd-recipe.json").write_text(json.dumps(dataclasses.asdict(recipe), indent=2))
+
+
+def _sentence_transformers_files(out: Path, recipe: EncoderRecipe) -> None:
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    (out / "modules.json").write_text(json.dumps(modules, indent=2))
+    (out / "1_Pooling").mkdir()
+    (out / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": recipe.hidden_size, "pooling_mode_cls_token": False,
+        "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False,
+    }, indent=2))
+    (out / "2_Normalize").mkdir()
+    (out / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": recipe.max_seq_length, "do_lower_case": False}))

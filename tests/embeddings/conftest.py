@@ -1,0 +1,48 @@
+"""Fixtures for the embedding and rerank tests: the factory's tiny random
+BERT encoders, all-MiniLM-L6-v2 from its PyPI wheel, and one daemon serving
+them beside a tiny chat model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mlxd.factory.encoders import EncoderRecipe, build_encoder
+from mlxd.factory.minilm import minilm_dir
+from support.daemon import Daemon, daemon_in_thread, write_registry
+
+REFERENCE = Path(__file__).parent / "reference"
+
+
+@pytest.fixture(scope="session")
+def tiny_embedder() -> Path:
+    return build_encoder(EncoderRecipe("embedding"))
+
+
+@pytest.fixture(scope="session")
+def tiny_reranker() -> Path:
+    return build_encoder(EncoderRecipe("rerank"))
+
+
+@pytest.fixture(scope="session")
+def minilm() -> Path:
+    return minilm_dir()
+
+
+@pytest.fixture(scope="session")
+def encoders_daemon(tmp_path_factory: pytest.TempPathFactory, tiny_embedder: Path, tiny_reranker: Path,
+                    minilm: Path) -> Iterator[Daemon]:
+    """``embed`` (tiny, Matryoshka), ``strict`` (tiny, truncate: false),
+    ``minilm``, ``rerank`` (tiny) and ``chat`` (a tiny text model)."""
+    tmp = tmp_path_factory.mktemp("encoders")
+    registry = write_registry(tmp, [
+        {"name": "embed", "path": str(tiny_embedder), "kind": "embedding", "matryoshka": True},
+        {"name": "strict", "path": str(tiny_embedder), "kind": "embedding", "truncate": False},
+        {"name": "minilm", "path": str(minilm), "kind": "embedding", "aliases": ["all-minilm"]},
+        {"name": "rerank", "path": str(tiny_reranker), "kind": "rerank"},
+        {"name": "chat", "model": "qwen"},
+    ])
+    with daemon_in_thread(registry, tmp) as daemon:
+        yield daemon
