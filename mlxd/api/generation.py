@@ -22,7 +22,7 @@ from mlxd.api.context import DaemonContext
 from mlxd.api.inbox import StreamInbox
 from mlxd.api.events import ChoiceEvents, Finish, Logprobs, OutputEvent, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from mlxd.api.plan import Plan
-from mlxd.api.start import Started, start
+from mlxd.api.start import Started, answered, start
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.errors import (
     ClientDisconnected,
@@ -190,8 +190,7 @@ async def _generate_all(ctx: DaemonContext, plan: Plan, started: Started) -> Ans
 
 async def complete(ctx: DaemonContext, plan: Plan, request: Request) -> Answer:
     async def work() -> Answer:
-        async with await start(ctx, plan) as started:
-            return await _generate_all(ctx, plan, started)
+        return await answered(ctx, plan, lambda started: _generate_all(ctx, plan, started))
 
     try:
         answer = await guarded(request, work(), plan.remaining())
