@@ -29,6 +29,10 @@ log = logging.getLogger("mlxd.http")
 
 # Routes that answer without a key and stay up while draining.
 OPEN_PATHS = ("/health",)
+# Keyed beside every /v1 route: the metrics, and the API schema (a map of
+# every route and field for whoever probes the daemon). /docs and /redoc
+# are not served at all.
+KEYED_PATHS = ("/metrics", "/openapi.json")
 
 
 class Gatekeeper:
@@ -45,7 +49,7 @@ class Gatekeeper:
         if scope["type"] == "http":
             path = scope["path"]
             try:
-                if path not in OPEN_PATHS and (path.startswith("/v1/") or path == "/metrics"):
+                if path not in OPEN_PATHS and (path.startswith("/v1/") or path in KEYED_PATHS):
                     # Who is asking, for every step after this one (request.state.caller).
                     caller = check_api_key(Request(scope), self.ctx.settings.server.api_keys)
                     scope.setdefault("state", {})["caller"] = caller
