@@ -35,6 +35,10 @@ log = logging.getLogger("mlxd.http")
 OPEN_PATHS = ("/health",)
 # Where the API is, beyond /v1/: keys and draining apply there alike.
 API_PREFIXES = ("/v1/", embeddings.OLLAMA_PREFIX + "/", *embeddings.RERANK_PATHS)
+# Keyed beside the API: the metrics, and the API schema (a map of every
+# route and field for whoever probes the daemon). /docs and /redoc are not
+# served at all.
+KEYED_PATHS = ("/metrics", "/openapi.json")
 
 
 class Gatekeeper:
@@ -51,7 +55,7 @@ class Gatekeeper:
         if scope["type"] == "http":
             path = scope["path"]
             try:
-                if path not in OPEN_PATHS and (path.startswith(API_PREFIXES) or path == "/metrics"):
+                if path not in OPEN_PATHS and (path.startswith(API_PREFIXES) or path in KEYED_PATHS):
                     # Who is asking, for every step after this one (request.state.caller).
                     caller = check_api_key(Request(scope), self.ctx.settings.server)
                     scope.setdefault("state", {})["caller"] = caller

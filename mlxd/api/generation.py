@@ -26,7 +26,7 @@ from mlxd.api.inbox import StreamInbox
 from mlxd.api.events import ChoiceEvents, Finish, Logprobs, OutputEvent, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from mlxd.api.plan import Plan
 from mlxd.api.request_ids import request_id_of
-from mlxd.api.start import Started, start
+from mlxd.api.start import Started, answered, start
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.monitoring.metrics import OutputMeter
 from mlxd.errors import (
@@ -178,25 +178,56 @@ async def _run_each(
         raise failure from None
 
 
-async def _generate_all(plan: Plan, started: Started, meter: OutputMeter) -> Answer:
-    answer = Answer(choices=[])
+class _Spent:
+    """The tokens of the answer being collected, the unfinished choices'
+    running counts included (their chunks carry them): a whole answer cut
+    short (a deadline, a disconnect, a preemption) is logged with what it
+    really cost."""
+
+    def __init__(self) -> None:
+        self.answer = Answer(choices=[])
+        self._partial: dict[int, tuple[int, int]] = {}
+
+    def restart(self) -> Answer:
+        """A fresh answer for a fresh attempt (a failover's next target)."""
+        self.answer, self._partial = Answer(choices=[]), {}
+        return self.answer
+
+    def chunk(self, index: int, chunk: GenerationChunk) -> None:
+        self._partial[index] = (chunk.prompt_tokens, chunk.completion_tokens)
+
+    def finished(self, index: int) -> None:
+        self._partial.pop(index, None)
+
+    def totals(self) -> tuple[int, int]:
+        usage = self.answer.usage
+        return (usage.prompt_tokens + sum(p for p, _ in self._partial.values()),
+                usage.completion_tokens + sum(c for _, c in self._partial.values()))
+
+
+async def _generate_all(plan: Plan, started: Started, meter: OutputMeter, spent: _Spent) -> Answer:
+    answer = spent.restart()
     events = _choice_events(started)
+
+    def add(index: int, chunk: GenerationChunk) -> None:
+        for event in events.of(index, chunk):
+            answer.add(event)
+            if isinstance(event, Finish):
+                spent.finished(index)
 
     async def one(index: int, request: GenerationRequest) -> None:
         last = GenerationChunk(text="")
         async with contextlib.aclosing(started.generate(index, request)) as chunks:
             async for chunk in chunks:
                 meter.chunk(request.request_id, chunk)
+                spent.chunk(index, chunk)
                 last = chunk
                 if chunk.finish_reason != "abort":
-                    for event in events.of(index, chunk):
-                        answer.add(event)
+                    add(index, chunk)
         if last.finish_reason == "abort":
             raise _preempted(plan, retry_after=5)
         if not last.finish_reason:
-            ended = GenerationChunk("", "stop", last.prompt_tokens, last.completion_tokens, last.cached_tokens)
-            for event in events.of(index, ended):
-                answer.add(event)
+            add(index, GenerationChunk("", "stop", last.prompt_tokens, last.completion_tokens, last.cached_tokens))
 
     await _run_each(started.engine, started.requests, one)
     return answer
@@ -204,16 +235,18 @@ async def _generate_all(plan: Plan, started: Started, meter: OutputMeter) -> Ans
 
 async def complete(ctx: DaemonContext, plan: Plan, request: Request, ticket: InFlightRequest) -> Answer:
     meter = ctx.metrics.meter(plan.name, plan.started)
+    spent = _Spent()
 
     async def work() -> Answer:
-        async with await start(ctx, plan) as started:
-            return await _generate_all(plan, started, meter)
+        return await answered(ctx, plan, lambda started: _generate_all(plan, started, meter, spent))
 
     try:
         answer = await guarded(request, work(), plan.remaining(), ticket.cancelled)
     except MlxdError as exc:
         finish = "cancelled" if isinstance(exc, RequestCancelled) else None
-        record_request(ctx, exc.status_code, plan, ticket=ticket, meter=meter, finish=finish, error=exc.message)
+        record_request(
+            ctx, exc.status_code, plan, *spent.totals(), ticket=ticket, meter=meter, finish=finish, error=exc.message
+        )
         raise
     usage = answer.usage
     if ticket.capture is not None and answer.choices:

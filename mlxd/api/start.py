@@ -4,15 +4,17 @@ limits, the output shape checked against its engine), and the engine heard
 to accept. For a failover entry the targets are tried by
 ``mlxd.failover.attempts.first_that_starts`` in the order its strategy
 picks; one that fails before any output reached the client (a
-``NotForThisModel`` included) lets the next one try."""
+``NotForThisModel`` included) lets the next one try. A whole answer
+(``answered``) reaches the client only once it is complete, so a target
+that breaks off its answer lets the next one try too."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 from mlxd.api.context import DaemonContext
 from mlxd.api.plan import Attempt, Plan, for_target, shape_output
@@ -24,6 +26,7 @@ from mlxd.tools.formats import ToolFormat
 from mlxd.tools.reasoning import ReasoningFormat
 
 log = logging.getLogger("mlxd.requests")
+T = TypeVar("T")
 
 
 class Started:
@@ -77,19 +80,40 @@ async def start(ctx: DaemonContext, plan: Plan) -> Started:
     decoded only once the lease is held (so requests the queue refuses never
     decode anything, under the daemon-wide image memory bound), or sent on as
     data: URLs to a remote engine."""
+    return await _on_targets(ctx, plan, _as_started)
+
+
+async def answered(ctx: DaemonContext, plan: Plan, body: Callable[[Started], Awaitable[T]]) -> T:
+    """``body(started)`` under a started request, given back after. Nothing
+    of a whole answer reaches the client before ``body`` returns, so for a
+    failover entry a failure inside it that lets the next target try (a
+    backend that broke off its answer) does, as a failure to start would."""
+
+    async def under(started: Started) -> T:
+        async with started:
+            return await body(started)
+
+    return await _on_targets(ctx, plan, under)
+
+
+async def _as_started(started: Started) -> Started:
+    return started
+
+
+async def _on_targets(ctx: DaemonContext, plan: Plan, then: Callable[[Started], Awaitable[T]]) -> T:
     images = plan.images if plan.images is not None and plan.images.sources else None
     if images is not None:
         await images.read()
     try:
         if plan.failover is None:
-            return await _start_on(ctx, plan, plan.requested_name)
-        return await _fail_over(ctx, plan)
+            return await then(await _start_on(ctx, plan, plan.requested_name))
+        return await _fail_over(ctx, plan, then)
     finally:
         if images is not None:
             images.read_images = []  # the raw bytes are not needed any more
 
 
-async def _fail_over(ctx: DaemonContext, plan: Plan) -> Started:
+async def _fail_over(ctx: DaemonContext, plan: Plan, then: Callable[[Started], Awaitable[T]]) -> T:
     assert plan.failover is not None
     name = plan.failover.name
     # (The router leaves out targets a reload is removing.)
@@ -97,9 +121,9 @@ async def _fail_over(ctx: DaemonContext, plan: Plan) -> Started:
         t for t in ctx.failover.order(plan.failover) if plan.accepts(ctx.registry.kind_of(ctx.manager.resolve(t)))
     ]
 
-    async def start_on(target: str) -> Started:
+    async def start_on(target: str) -> T:
         plan.spec = ctx.manager.resolve(target)  # the one tried, for the accounts
-        return await _start_on(ctx, plan, target)
+        return await then(await _start_on(ctx, plan, target))
 
     def fell_through(target: str, error: MlxdError, following: str) -> None:
         ctx.failover.fell_through(name, target, error)

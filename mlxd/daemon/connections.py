@@ -1,17 +1,26 @@
-"""uvicorn's httptools protocol with two bounds it lacks: how many
-connections are open at once, and how long a client may take to send its
-request headers.
+"""uvicorn's httptools protocol with the bounds it lacks: how many
+connections are open at once (and from one peer), how long a client may
+take to send its request headers, and how long a request that announced a
+body may wait before its first byte.
 
 Without them, sockets that connect and then send nothing (or half a request
 line) stay open forever and each holds a file descriptor: a few hundred of
-them exhaust the daemon's. Slow *bodies* are bounded by
+them exhaust the daemon's. A body that trickles is bounded by
 ``mlxd.api.guards`` (the app reads the body through it); idle keep-alive
-connections by uvicorn's own ``timeout_keep_alive``.
+connections by uvicorn's own ``timeout_keep_alive``. A body that never
+starts is closed after the header time: a few hundred such clients would
+otherwise hold every connection for the whole body timeout.
+
+One peer may hold half the connections, so a single client cannot take
+them all; a few more are kept for loopback ``GET /health`` alone, so a
+local service manager's check still answers while the bound is reached.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import ipaddress
 import json
 from typing import Any
 
@@ -30,34 +39,82 @@ def _refusal_bytes() -> bytes:
     return head.encode() + body
 
 
+# Connections past the bound kept for loopback health checks.
+HEALTH_ROOM = 4
+
+
+def _peer_of(transport: Any) -> str:
+    peer = transport.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else ""
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host == ""  # a Unix socket: only local processes reach it
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
+
+
+def _declares_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    for name, value in headers:
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip() not in (b"", b"0")):
+            return True
+    return False
+
+
 def bounded_protocol(max_connections: int, header_timeout_s: float) -> type[HttpToolsProtocol]:
     """A protocol class for ``uvicorn.Config(http=...)`` with these bounds."""
     refusal = _refusal_bytes()
+    per_peer = max(1, max_connections // 2)
+    # Open connections per peer address, for this server's connections only.
+    by_peer: collections.Counter[str] = collections.Counter()
+    health_room = [HEALTH_ROOM]  # left of it now
 
     class BoundedHttpToolsProtocol(HttpToolsProtocol):
         _refused = False
+        # Admitted into the health room: serves GET /health only.
+        _health_only = False
+        _refused_late = False
+        _peer = ""
         _header_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
-            if len(self.connections) >= max_connections:
-                # Answer and close at once: the file descriptor is back at
-                # the kernel before this connection ever counts.
-                self._refused = True
-                self.transport = transport
-                transport.write(refusal)
-                transport.close()
-                return
+            peer = _peer_of(transport)
+            if len(self.connections) >= max_connections or by_peer[peer] >= per_peer:
+                if _is_loopback(peer) and health_room[0] > 0:
+                    self._health_only = True
+                    health_room[0] -= 1
+                else:
+                    self._refuse(transport)
+                    return
+            self._peer = peer
+            by_peer[peer] += 1
             super().connection_made(transport)
             self._arm_header_timer()
 
+        def _refuse(self, transport: Any) -> None:
+            # Answer and close at once: the file descriptor is back at the
+            # kernel before this connection ever counts.
+            self._refused = True
+            self.transport = transport
+            transport.write(refusal)
+            transport.close()
+
         def data_received(self, data: bytes) -> None:
-            if not self._refused:
+            if not self._refused and not self._refused_late:
                 super().data_received(data)
 
         def connection_lost(self, exc: Exception | None) -> None:
             if self._refused:
                 return
             self._cancel_header_timer()
+            if self._health_only:
+                health_room[0] += 1
+            by_peer[self._peer] -= 1
+            if by_peer[self._peer] <= 0:
+                del by_peer[self._peer]
             super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
@@ -68,18 +125,38 @@ def bounded_protocol(max_connections: int, header_timeout_s: float) -> type[Http
 
         def on_headers_complete(self) -> None:
             self._cancel_header_timer()
+            if self._health_only and (self.url.split(b"?", 1)[0] != b"/health" or _declares_body(self.headers)):
+                self._refused_late = True
+                self.transport.write(refusal)
+                self.transport.close()
+                return
             super().on_headers_complete()
+            if _declares_body(self.headers):
+                # Cancelled by its first byte (the body's own deadline is
+                # the guard's from there).
+                self._header_timer = self.loop.call_later(header_timeout_s, self._too_slow)
+
+        def on_body(self, body: bytes) -> None:
+            self._cancel_header_timer()
+            if not self._refused_late:  # (no request cycle was made)
+                super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            self._cancel_header_timer()
+            if not self._refused_late:
+                super().on_message_complete()
 
         def _arm_header_timer(self) -> None:
             self._cancel_header_timer()
-            self._header_timer = self.loop.call_later(header_timeout_s, self._headers_too_slow)
+            self._header_timer = self.loop.call_later(header_timeout_s, self._too_slow)
 
         def _cancel_header_timer(self) -> None:
             if self._header_timer is not None:
                 self._header_timer.cancel()
                 self._header_timer = None
 
-        def _headers_too_slow(self) -> None:
+        def _too_slow(self) -> None:
+            # Headers, or an announced body's first byte, not in time.
             self._header_timer = None
             if not self.transport.is_closing():
                 self.transport.close()

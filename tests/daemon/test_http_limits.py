@@ -133,6 +133,20 @@ def test_an_aborted_stream_is_logged_with_the_tokens_it_produced(limited):
     assert tokens_out >= 5 and tokens_in > 0
 
 
+def test_a_whole_answer_cut_by_the_deadline_is_logged_with_the_tokens_it_produced(limited):
+    body = {"model": "qwen", "messages": CHAT, "max_tokens": 8000, "ignore_eos": True, "timeout": 1.5}
+    answer = httpx.post(f"{limited.url}/v1/chat/completions", json=body, timeout=120)
+    assert answer.status_code == 504
+
+    def logged() -> str | None:
+        lines = [l for l in limited.log().splitlines() if "status=504" in l and "stream=False" in l]
+        return lines[-1] if lines else None
+
+    line = wait_until(logged, timeout=20)
+    # On the old code: tokens_in=0 tokens_out=0, whatever it had generated.
+    assert int(line.split("tokens_out=")[1].split()[0]) >= 5 and int(line.split("tokens_in=")[1].split()[0]) > 0
+
+
 def test_the_dashboard_and_the_cli_still_work_with_the_checks(limited):
     page = httpx.get(f"{limited.url}/", headers={"accept": "text/html"}, timeout=10)
     assert page.status_code == 200

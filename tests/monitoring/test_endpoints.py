@@ -1,4 +1,4 @@
-"""Who may read what: keys guard /v1/status and /metrics; /health and the
+"""Who may read what: keys guard /v1/status, /metrics and /openapi.json; /health and the
 dashboard page stay open and give nothing away; metrics can be switched off."""
 
 from __future__ import annotations
@@ -30,6 +30,15 @@ def test_status_and_metrics_need_the_key_when_keys_are_set(keyed, path):
     assert answer.status_code == 200
     assert "secret-project-model" in answer.text
     assert KEY not in answer.text
+
+
+def test_the_api_schema_needs_the_key_and_no_docs_page_is_served(keyed):
+    # It lists every route and field: a map for whoever probes the daemon.
+    assert httpx.get(keyed.url + "/openapi.json").status_code == 401  # on the old code: 200
+    answer = httpx.get(keyed.url + "/openapi.json", headers={"Authorization": f"Bearer {KEY}"})
+    assert answer.status_code == 200 and "/v1/chat/completions" in answer.json()["paths"]
+    for page in ("/docs", "/redoc"):
+        assert httpx.get(keyed.url + page).status_code == 404
 
 
 def test_status_says_auth_is_required_without_showing_a_key(keyed):

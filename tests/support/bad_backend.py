@@ -159,6 +159,15 @@ class BadBackend:
         # Nothing wrong: a short answer, for tests that read what was asked.
         await self._stream(writer, [delta(role="assistant", content=""), delta(content="Hi"), *finished()])
 
+    async def broken_off(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # Starts its answer, then hangs up mid-body (a backend that crashed).
+        head = HEAD.format(status="200 OK", type="text/event-stream", extra="")
+        writer.write(f"{head}transfer-encoding: chunked\r\n\r\n".encode())
+        for data in (delta(role="assistant", content=""), delta(content="Half an ans")):
+            writer.write(_chunk(data))
+        await writer.drain()
+        writer.transport.abort()
+
     async def silent(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = HEAD.format(status="200 OK", type="text/event-stream", extra="")
         writer.write(f"{head}transfer-encoding: chunked\r\n\r\n".encode() + _chunk(b": still here\n\n"))
@@ -191,6 +200,6 @@ class BadBackend:
 Behaviour = Callable[[BadBackend, asyncio.StreamReader, asyncio.StreamWriter], Any]
 BEHAVIOURS: dict[str, Behaviour] = {
     name: getattr(BadBackend, name)
-    for name in ("bomb", "huge_line", "tool_indices", "negative_usage", "plain", "silent", "garbage", "reasoning",
-                 "redirect", "server_error")
+    for name in ("bomb", "huge_line", "tool_indices", "negative_usage", "plain", "broken_off", "silent", "garbage",
+                 "reasoning", "redirect", "server_error")
 }

@@ -1,0 +1,91 @@
+"""Slow clients cannot take every connection: one peer holds at most half,
+a body announced but never begun is closed after the header time, and a
+loopback health check answers while the bound is reached. Real sockets
+against a real daemon; peers are told apart by their loopback source
+address (127.0.0.2, 127.0.0.3, ...: all of 127/8 is loopback)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from support.daemon import daemon_process, write_registry
+
+pytestmark = pytest.mark.mlx
+
+BOUND = 40
+HEAD = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        b"content-length: 100000\r\n\r\n")
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("slow")
+    # The body timeout is left at its default (30 s): what holds a slow
+    # client's connection in the field.
+    registry = write_registry(tmp, [{"name": "qwen", "model": "qwen"}],
+                              server={"max_connections": BOUND, "header_timeout_s": 1})
+    with daemon_process(registry, tmp, "--no-watch") as d:
+        d.port = int(d.url.rsplit(":", 1)[1])
+        yield d
+
+
+def _from(source: str, port: int, sent: bytes) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), source_address=(source, 0), timeout=5)
+    sock.sendall(sent)
+    return sock
+
+
+def _answer(sock: socket.socket, within: float) -> bytes | None:
+    """What the server sent before closing, or None if it kept the socket open."""
+    sock.settimeout(within)
+    received = b""
+    try:
+        while piece := sock.recv(65536):
+            received += piece
+    except (TimeoutError, socket.timeout):
+        return None
+    except ConnectionResetError:
+        pass
+    return received
+
+
+@contextlib.contextmanager
+def _held(socks: list[socket.socket]) -> Iterator[list[socket.socket]]:
+    try:
+        yield socks
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def _get(source: str, port: int, path: str) -> bytes:
+    with _from(source, port, f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nconnection: close\r\n\r\n".encode()) as s:
+        return _answer(s, within=10) or b""
+
+
+def test_one_peer_holds_at_most_half_the_connections_and_a_body_that_never_starts_is_closed(daemon):
+    with _held([_from("127.0.0.2", daemon.port, HEAD) for _ in range(BOUND)]) as socks:
+        # On the old code all 40 were admitted and held, and the next peer got a 503.
+        assert _get("127.0.0.3", daemon.port, "/v1/models").startswith(b"HTTP/1.1 200")
+        # Those admitted announced a body and sent none: closed after the
+        # header time (1 s), not held for the 30 s body timeout.
+        answers = [_answer(s, within=8) for s in socks]
+    assert None not in answers
+    refused = [a for a in answers if b"too_many_connections" in a]
+    assert len(refused) == BOUND // 2 and answers.count(b"") == BOUND // 2
+
+
+def test_a_loopback_health_check_answers_while_slow_bodies_hold_every_connection(daemon):
+    # Each has begun its body (so only the 30 s body timeout bounds it), from two peers.
+    sources = ["127.0.0.4", "127.0.0.5"] * (BOUND // 2)
+    with _held([_from(source, daemon.port, HEAD + b"{") for source in sources]):
+        assert _get("127.0.0.6", daemon.port, "/v1/models").startswith(b"HTTP/1.1 503")
+        health = _get("127.0.0.1", daemon.port, "/health")
+        assert health.startswith(b"HTTP/1.1 200"), health[:200]  # on the old code: 503
+        # The room kept for health checks serves nothing else.
+        assert b"too_many_connections" in _get("127.0.0.1", daemon.port, "/v1/models")
+    assert httpx.get(f"{daemon.url}/health", timeout=10).status_code == 200
