@@ -91,6 +91,8 @@ fi
 # packages differently from mlxd and from each other; none may change .venv).
 # Pinned: the versions docs/clients.md was checked with.
 PY_CLIENTS="openai-agents:openai-agents==0.24.0 langchain:langchain-openai==1.7.4,langchain-anthropic==1.7.10 instructor:instructor==1.17.0 pydantic-ai:pydantic-ai-slim[openai]==2.68.0"
+# The Python CLI clients (tests/clients/test_cli_clients.py); aider pins its own litellm.
+PY_CLIENTS="$PY_CLIENTS llm:llm==0.36 litellm:litellm==1.110.2 aider:aider-chat==0.86.2"
 if [ "${1:-}" = "--tests" ]; then
   for client in $PY_CLIENTS; do
     name="${client%%:*}"; packages="${client#*:}"
