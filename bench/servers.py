@@ -99,7 +99,7 @@ class RawPath:
     def __init__(self, model_path: Path) -> None:
         self.process = subprocess.Popen(
             [sys.executable, __file__, "--raw-worker", str(model_path)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
         )
         assert self.process.stdout is not None
         ready = self.process.stdout.readline()
@@ -307,7 +307,9 @@ def bench_size(size: str, tokens: int, repeats: int, paths: list[str], vllm_mlx:
         if "mlxd" in paths:
             entry = {"name": "m", "path": str(model_path), "preload": True, "max_context": 32768,
                      "idle_unload_seconds": 0, "prefix_cache": {"max_bytes": 0, "persist": False}}
-            url = stack.enter_context(daemon([entry], log_to=logs / "mlxd.log"))
+            # Every path in a session of its own: autogroup scheduling shares
+            # the CPU per session (bench/common.py, serving).
+            url = stack.enter_context(daemon([entry], log_to=logs / "mlxd.log", session=True))
             port = int(url.rsplit(":", 1)[1])
             pid = httpx.get(f"{url}/v1/status", timeout=30).json()["daemon"]["pid"]
             started["mlxd"] = ServerPath(port, pid, "m")
