@@ -119,14 +119,17 @@ def _cpu_plan(room: int, max_concurrency: int, batching: bool) -> tuple[WarmupRu
     and the first request after it took 5.0-5.8 s, against 4.1-6.3 s for
     plain mlx-lm's first generation in a fresh process. So only what gives
     something back is kept: the timed short chat prompt (the prefill speed
-    the restore-or-recompute decision needs; the chat template compiled)
-    and, for a batching model, the batched path once (its own code path).
-    The grammar request compiles nothing there, and building the grammar's
+    the restore-or-recompute decision needs; the chat template compiled),
+    for a batching model the batched path once (its own code path), and the
+    two short sampled requests: with an empty kernel cache the first sampled
+    request compiled for 3.2 s (tests/engine/test_sampling_kernels.py checks
+    that a client's first one compiles nothing). The grammar request compiles nothing there, and building the grammar's
     tokenizer at every load grew a CPU daemon by ~10 KB a load/unload cycle
     (bench/load_cycles.py: 15 KB against 5 KB without)."""
     runs = [WarmupRun(min(CPU_PREFILL_TOKENS, room), 1, timed=True)]
     if batching and max_concurrency > 1:
         runs.append(WarmupRun(min(SHORT_PROMPT_TOKENS, room), 1, min(max_concurrency, CPU_WARM_BATCH)))
+    runs.append(WarmupRun(min(SHORT_PROMPT_TOKENS, room), DECODE_STEPS, 2, kind="sampled"))
     return tuple(runs)
 
 
