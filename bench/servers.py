@@ -82,11 +82,12 @@ def raw_worker(model_path: str) -> None:
     model, tokenizer = mlx_lm.load(model_path)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
-        tokens = int(line)
+        ask = json.loads(line)
+        tokens, prompt = ask["tokens"], ask["prompt"]
         times: list[float] = []
         texts: list[str] = []
         started = time.perf_counter()
-        for response in mlx_lm.stream_generate(model, tokenizer, PROMPT, max_tokens=tokens):
+        for response in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=tokens):
             times.append(time.perf_counter())
             texts.append(response.text)
         rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else float("nan")
@@ -98,7 +99,7 @@ class RawPath:
     def __init__(self, model_path: Path) -> None:
         self.process = subprocess.Popen(
             [sys.executable, __file__, "--raw-worker", str(model_path)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
         )
         assert self.process.stdout is not None
         ready = self.process.stdout.readline()
@@ -106,10 +107,10 @@ class RawPath:
             raise RuntimeError("the direct path's process exited before loading the model")
         self.pid = self.process.pid
 
-    def run(self, tokens: int) -> Run:
+    def run(self, tokens: int, prompt: str = PROMPT) -> Run:
         assert self.process.stdin is not None and self.process.stdout is not None
         cpu = cpu_seconds(self.pid)
-        self.process.stdin.write(f"{tokens}\n")
+        self.process.stdin.write(json.dumps({"tokens": tokens, "prompt": prompt}) + "\n")
         self.process.stdin.flush()
         answer = json.loads(self.process.stdout.readline())
         return Run(answer["tokens"], answer["decode_tok_s"], answer["first_token_s"], answer["text"],
@@ -132,8 +133,8 @@ class ServerPath:
     model: str
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def run(self, tokens: int) -> Run:
-        body = json.dumps({"model": self.model, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0,
+    def run(self, tokens: int, prompt: str = PROMPT) -> Run:
+        body = json.dumps({"model": self.model, "prompt": prompt, "max_tokens": tokens, "temperature": 0,
                            "stream": True, "stream_options": {"include_usage": True}}).encode()
         cpu = cpu_seconds(self.pid)
         started, times, chunks = stream(self.port, "/v1/completions", body)
@@ -280,10 +281,25 @@ def blas_of(pid: int) -> str:
 # --- one size -------------------------------------------------------------------
 
 
-def bench_size(size: str, tokens: int, repeats: int, paths: list[str], vllm_mlx: Path) -> dict[str, Any]:
+def prompt_of(model_path: Path, tokens: int | None) -> str:
+    """PROMPT repeated and cut to ``tokens`` tokens of the model's own
+    tokenizer (time to first token grows with the prompt); PROMPT itself
+    without a length."""
+    if tokens is None:
+        return PROMPT
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    ids = tokenizer.encode(PROMPT * (tokens // 8 + 1), add_special_tokens=False)[:tokens]
+    return tokenizer.decode(ids)
+
+
+def bench_size(size: str, tokens: int, repeats: int, paths: list[str], vllm_mlx: Path,
+               prompt_tokens: int | None = None) -> dict[str, Any]:
     from mlxd.factory import ModelRecipe, build_model
 
     model_path = build_model(ModelRecipe("qwen2", size, dtype="float32"))
+    prompt = prompt_of(model_path, prompt_tokens)
     with contextlib.ExitStack() as stack:
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mlxd-servers-")))
         started: dict[str, Any] = {}
@@ -291,7 +307,9 @@ def bench_size(size: str, tokens: int, repeats: int, paths: list[str], vllm_mlx:
         if "mlxd" in paths:
             entry = {"name": "m", "path": str(model_path), "preload": True, "max_context": 32768,
                      "idle_unload_seconds": 0, "prefix_cache": {"max_bytes": 0, "persist": False}}
-            url = stack.enter_context(daemon([entry], log_to=logs / "mlxd.log"))
+            # Every path in a session of its own: autogroup scheduling shares
+            # the CPU per session (bench/common.py, serving).
+            url = stack.enter_context(daemon([entry], log_to=logs / "mlxd.log", session=True))
             port = int(url.rsplit(":", 1)[1])
             pid = httpx.get(f"{url}/v1/status", timeout=30).json()["daemon"]["pid"]
             started["mlxd"] = ServerPath(port, pid, "m")
@@ -313,18 +331,23 @@ def bench_size(size: str, tokens: int, repeats: int, paths: list[str], vllm_mlx:
         order = [p for p in PATHS if p in started]
         blas = {p: blas_of(started[p].pid) for p in order}
         for p in order:  # warm-up: MLX compiles some CPU kernels on first use
-            started[p].run(tokens)
+            started[p].run(tokens, prompt)
         load = [os.getloadavg()[0]]
         runs: dict[str, list[Run]] = {p: [] for p in order}
         print(f"qwen2-{size}: {repeats} rounds of {', '.join(order)}", end="", flush=True)
         for round_ in range(repeats):
+            # With a prompt length, each round's prompt opens differently, so
+            # no server's prompt cache answers it from the last round.
+            ask = f"# {round_}\n{prompt}" if prompt_tokens else prompt
             # Each round starts one path later, so none always goes first.
             for p in order[round_ % len(order):] + order[: round_ % len(order)]:
-                runs[p].append(started[p].run(tokens))
+                runs[p].append(started[p].run(tokens, ask))
             load.append(os.getloadavg()[0])
             print(".", end="", flush=True)
         print()
-    return summarize(size, tokens, repeats, runs, blas, load)
+    result = summarize(size, tokens, repeats, runs, blas, load)
+    result["prompt_tokens"] = prompt_tokens
+    return result
 
 
 def spread(values: list[float]) -> dict[str, Any]:
@@ -339,7 +362,6 @@ def summarize(size: str, tokens: int, repeats: int, runs: dict[str, list[Run]], 
     result: dict[str, Any] = {"size": size, "tokens": tokens, "repeats": repeats, "paths": {},
                               "load_average_during": {"min": min(load), "max": max(load)}}
     reference = runs.get("raw")
-    reference_text = reference[0].text if reference else None
     for name, rs in runs.items():
         rates = [r.decode_tok_s for r in rs]
         entry: dict[str, Any] = {
@@ -351,11 +373,14 @@ def summarize(size: str, tokens: int, repeats: int, runs: dict[str, list[Run]], 
             "runs": [round(x, 1) for x in rates],
         }
         if reference is not None:
-            entry["same_text_as_raw"] = all(r.text == reference_text for r in rs)
+            entry["same_text_as_raw"] = all(r.text == d.text for r, d in zip(rs, reference))
             entry["ratio_of_medians"] = round(entry["decode_tok_s"]["median"]
                                               / result_median(reference), 3)
             # Each run against the direct run of its own round.
             entry["ratio_per_round"] = spread([r.decode_tok_s / d.decode_tok_s for r, d in zip(rs, reference)])
+            # Time to first token added over the direct run of the same round.
+            entry["first_token_added_ms"] = round(statistics.median(
+                (r.first_token_s - d.first_token_s) * 1000 for r, d in zip(rs, reference)), 2)
         result["paths"][name] = entry
     return result
 
@@ -375,14 +400,16 @@ def print_result(result: dict[str, Any]) -> None:
             f"{entry['ratio_of_medians']:.3f}" if "ratio_of_medians" in entry else "",
             f"{ratio['iqr'][0]:.3f}-{ratio['iqr'][1]:.3f}" if ratio else "",
             f"{ratio['min']:.3f}-{ratio['max']:.3f}" if ratio else "",
-            entry["cpu_us_per_token"], entry["first_token_ms"], entry["blas"],
+            entry["cpu_us_per_token"], entry["first_token_ms"],
+            f"{entry['first_token_added_ms']:+.1f}" if "first_token_added_ms" in entry else "", entry["blas"],
             {True: "yes", False: "NO"}.get(entry.get("same_text_as_raw"), ""),
         ])
     load = result["load_average_during"]
-    print(f"\nqwen2-{result['size']} (float32): {result['tokens']} tokens, {result['repeats']} rounds, "
+    prompt = f", {result['prompt_tokens']}-token prompt" if result.get("prompt_tokens") else ""
+    print(f"\nqwen2-{result['size']} (float32): {result['tokens']} tokens{prompt}, {result['repeats']} rounds, "
           f"load average {load['min']:.1f}-{load['max']:.1f}")
     print(table(["path", "decode tok/s", "min-max", "÷ raw", "per-round IQR", "per-round min-max",
-                 "CPU us/token", "first token ms", "BLAS", "same text"], rows))
+                 "CPU us/token", "first token ms", "added ms", "BLAS", "same text"], rows))
 
 
 def print_summary(results: list[dict[str, Any]]) -> None:
@@ -412,6 +439,8 @@ def main() -> None:
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     parser.add_argument("--repeats", type=int, default=10, help="rounds (each path once per round)")
     parser.add_argument("--tokens", type=int, default=None, help="tokens per request (default: by size)")
+    parser.add_argument("--prompt-tokens", type=int, default=None,
+                        help="a prompt of this many tokens (default: the short PROMPT)")
     parser.add_argument("--vllm-mlx", type=Path, default=VLLM_MLX, help="the vllm-mlx command")
     parser.add_argument("--raw-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -425,7 +454,8 @@ def main() -> None:
         paths.remove("vllm-mlx")
     results = []
     for size in args.sizes:
-        result = bench_size(size, args.tokens or TOKENS[size], args.repeats, paths, args.vllm_mlx)
+        result = bench_size(size, args.tokens or TOKENS[size], args.repeats, paths, args.vllm_mlx,
+                             args.prompt_tokens)
         result.update(environment())
         print_result(result)
         print(f"wrote {save('servers', f'qwen2-{size}', result)}", flush=True)

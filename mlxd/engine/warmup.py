@@ -56,9 +56,9 @@ SAMPLE_CHARS = 1200
 # keeps a full prefill chunk in the warm-up.
 CHARS_PER_TOKEN = 4
 # On the CPU backend kernels are compiled per fused operation, not per
-# sequence length, so a short prompt compiles what a long one would (and the
-# CPU pays for every warm-up token at its slow prefill speed: SmolLM2's 4-bit
-# kernels prefilled ~7 tokens/s on this loaded 2-core machine).
+# sequence length, and kept on disk, so a short prompt is all that is worth
+# sending (the CPU pays for every warm-up token at its slow prefill speed:
+# SmolLM2's 4-bit kernels prefilled ~7 tokens/s on this loaded 2-core machine).
 CPU_PREFILL_TOKENS = 32
 CPU_WARM_BATCH = 2
 
@@ -94,27 +94,42 @@ def plan_warmup(
     is cut into, and attention over more keys than queries, whose kernels
     are not the first chunk's (a first 2k-token request on an H200 took
     0.97 s after a one-chunk warm-up, the next one 0.35 s; 0.26 and 0.25 s
-    after two). ``device == "cpu"`` gets one short prompt
-    (CPU_PREFILL_TOKENS) and a narrower batch (its kernels depend on neither
-    the length nor the batch size)."""
+    after two). ``device == "cpu"`` gets only ``_cpu_plan``'s timed short
+    prompt (and a narrow batch)."""
     room = max(1, max_context - DECODE_STEPS - CONTEXT_MARGIN)
     if device == "cpu":
-        prefill_chunk = min(prefill_chunk, CPU_PREFILL_TOKENS)
-        long = min(prefill_chunk, room)
-    else:
-        long = min(2 * prefill_chunk + SHORT_PROMPT_TOKENS, room)
+        return _cpu_plan(room, max_concurrency, batching)
+    long = min(2 * prefill_chunk + SHORT_PROMPT_TOKENS, room)
     runs = [WarmupRun(long, DECODE_STEPS)]
     if batching and max_concurrency > 1:
-        widest = CPU_WARM_BATCH if device == "cpu" else MAX_WARM_BATCH
-        runs.append(WarmupRun(min(SHORT_PROMPT_TOKENS, room), DECODE_STEPS, min(max_concurrency, widest)))
+        runs.append(WarmupRun(min(SHORT_PROMPT_TOKENS, room), DECODE_STEPS, min(max_concurrency, MAX_WARM_BATCH)))
     short = min(SHORT_PROMPT_TOKENS, room)
     runs.append(WarmupRun(short, DECODE_STEPS, 2, kind="sampled"))
     runs.append(WarmupRun(min(prefill_chunk, room), 1, timed=True))
-    if device != "cpu":
-        # Only GPUs compile kernels for it, and building the grammar's
-        # tokenizer at every load grew a CPU daemon by ~10 KB a load/unload
-        # cycle (bench/load_cycles.py: 15 KB against 5 KB without).
-        runs.append(WarmupRun(short, DECODE_STEPS, kind="constrained"))
+    runs.append(WarmupRun(short, DECODE_STEPS, kind="constrained"))
+    return tuple(runs)
+
+
+def _cpu_plan(room: int, max_concurrency: int, batching: bool) -> tuple[WarmupRun, ...]:
+    """On the CPU the warm-up saves the first user nothing: MLX keeps the
+    CPU kernels it compiles on disk (``$TMPDIR/mlx/<version>/cpu``) and a
+    fresh process loads them in milliseconds, while every warm-up token
+    costs the CPU's slow prefill. Measured on SmolLM2 float32 (this 2-core
+    machine, load ~12): the full warm-up took 14-18 s before ``loaded``
+    and the first request after it took 5.0-5.8 s, against 4.1-6.3 s for
+    plain mlx-lm's first generation in a fresh process. So only what gives
+    something back is kept: the timed short chat prompt (the prefill speed
+    the restore-or-recompute decision needs; the chat template compiled),
+    for a batching model the batched path once (its own code path), and the
+    two short sampled requests: with an empty kernel cache the first sampled
+    request compiled for 3.2 s (tests/engine/test_sampling_kernels.py checks
+    that a client's first one compiles nothing). The grammar request compiles nothing there, and building the grammar's
+    tokenizer at every load grew a CPU daemon by ~10 KB a load/unload cycle
+    (bench/load_cycles.py: 15 KB against 5 KB without)."""
+    runs = [WarmupRun(min(CPU_PREFILL_TOKENS, room), 1, timed=True)]
+    if batching and max_concurrency > 1:
+        runs.append(WarmupRun(min(SHORT_PROMPT_TOKENS, room), 1, min(max_concurrency, CPU_WARM_BATCH)))
+    runs.append(WarmupRun(min(SHORT_PROMPT_TOKENS, room), DECODE_STEPS, 2, kind="sampled"))
     return tuple(runs)
 
 

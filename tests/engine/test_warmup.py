@@ -36,11 +36,13 @@ CONSTRAINED = WarmupRun(16, 3, kind="constrained")
         # A short context caps every prompt below it.
         (dict(max_context=200, prefill_chunk=512, max_concurrency=1, batching=False),
          (WarmupRun(181, 3), SAMPLED, WarmupRun(181, 1, timed=True), CONSTRAINED)),
-        # The CPU compiles per operation, not per length or batch: a short prompt, two at once, no grammar.
+        # The CPU keeps its compiled kernels on disk, so the warm-up saves it
+        # nothing but the sampling kernels: the timed prompt (the prefill
+        # speed), the batched path once, the sampled pair.
         (dict(max_context=4096, prefill_chunk=512, max_concurrency=1, batching=False, device="cpu"),
-         (WarmupRun(CPU_PREFILL_TOKENS, 3), SAMPLED, WarmupRun(CPU_PREFILL_TOKENS, 1, timed=True))),
+         (WarmupRun(CPU_PREFILL_TOKENS, 1, timed=True), SAMPLED)),
         (dict(max_context=4096, prefill_chunk=512, max_concurrency=8, batching=True, device="cpu"),
-         (WarmupRun(CPU_PREFILL_TOKENS, 3), WarmupRun(16, 3, 2), SAMPLED, WarmupRun(CPU_PREFILL_TOKENS, 1, timed=True))),
+         (WarmupRun(CPU_PREFILL_TOKENS, 1, timed=True), WarmupRun(16, 1, 2), SAMPLED)),
     ],
 )
 def test_the_warmup_plan(kwargs, expected):
@@ -59,7 +61,7 @@ def test_the_loader_returns_a_warm_engine_with_nothing_left_of_the_warmup(worker
         assert report is not None and report.error is None
         # It really ran through the engine: the batched path too when batching.
         on_cpu = current_device().kind == "cpu"
-        wide, alone = (2, 4) if on_cpu else (4, 5)  # GPUs also warm the grammar path
+        wide, alone = (2, 3) if on_cpu else (4, 5)  # the CPU: the timed prompt and the sampled pair
         assert report.requests == (alone + wide if concurrency == 4 else alone)
         assert stats["batching"] is (concurrency > 1)
         if concurrency > 1:
@@ -86,6 +88,6 @@ def test_status_says_loaded_only_once_the_warmup_is_done(tmp_path):
         status = d.model("qwen")
         assert status["state"] == "loaded"
         warmup = status["engine"]["warmup"]
-        # long, 2 at once, 2 sampled, timed (and a grammar on GPUs)
-        assert warmup["requests"] == (6 if current_device().kind == "cpu" else 7) and warmup["error"] is None and warmup["seconds"] > 0
+        # GPUs: long, 2 at once, 2 sampled, timed, a grammar; the CPU: timed, 2 at once, 2 sampled
+        assert warmup["requests"] == (5 if current_device().kind == "cpu" else 7) and warmup["error"] is None and warmup["seconds"] > 0
         assert status["engine"]["generations"] == 0
