@@ -1,5 +1,6 @@
 """OpenCode, Qwen Code, pi and Continue CLI, each run once as its own docs
-say (the settings docs/clients.md shows), against the demo registry as
+say with the settings docs/clients.md shows (read from it; URL and model
+swapped in), against the demo registry as
 `mlxd demo` writes it. ``scripts/setup.sh --tests`` installs them from npm
 into ``.agents/`` at the versions below; each gets its own HOME.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -28,6 +30,20 @@ pytestmark = [pytest.mark.mlx, pytest.mark.slow, pytest.mark.timeout(400)]
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "qwen-tiny"
 PROMPT = "Say hello"
+DOC = (ROOT / "docs" / "clients.md").read_text()
+DOC_URL, DOC_MODEL = "http://127.0.0.1:8080", "default"
+
+
+def doc_block(language: str, containing: str, url: str) -> str:
+    """The docs' ``language`` block that mentions ``containing``, for ``url`` and MODEL."""
+    block = next(b for b in re.findall(rf"```{language}\n(.*?)```", DOC, flags=re.S) if containing in b)
+    return block.replace(DOC_URL, url).replace(f'"{DOC_MODEL}"', f'"{MODEL}"').replace(f": {DOC_MODEL}\n", f": {MODEL}\n")
+
+
+def small_window(config: str) -> str:
+    """The docs' context and output sizes, cut to the tiny model's (16k window, 64-token answers)."""
+    config = re.sub(r'("?output"?|"?maxTokens"?): \d+', r"\1: 64", config)
+    return re.sub(r'("context"|"contextWindow"): \d+', r"\1: 16384", config)
 
 
 def cli(name: str) -> str:
@@ -76,14 +92,8 @@ def assert_tools_went_through(daemon, seen: int, capped: bool = True) -> None:
 
 def test_opencode_runs_a_turn(demo, tmp_path):
     opencode = cli("opencode")
-    config = {
-        "$schema": "https://opencode.ai/config.json",
-        "provider": {"mlxd": {
-            "npm": "@ai-sdk/openai-compatible", "name": "mlxd",
-            "options": {"baseURL": f"{demo.url}/v1", "apiKey": "unused"},
-            "models": {MODEL: {"name": MODEL, "limit": {"context": 16384, "output": 64}}},
-        }},
-    }
+    config = json.loads(small_window(doc_block("json", "@ai-sdk/openai-compatible", demo.url)))
+    assert config["provider"]["mlxd"]["models"][MODEL]["limit"]["output"] == 64
     (tmp_path / "opencode.json").write_text(json.dumps(config))
     seen = len(demo.log())
     run_cli(tmp_path, [opencode, "run", "--model", f"mlxd/{MODEL}", PROMPT])
@@ -92,12 +102,17 @@ def test_opencode_runs_a_turn(demo, tmp_path):
 
 def test_qwen_code_runs_a_turn(demo, tmp_path):
     qwen = cli("qwen")
+    block = doc_block("sh", "--auth-type openai", demo.url)
+    exports = dict(word.split("=", 1) for word in block.split("\n")[0].removeprefix("export ").split())
+    assert shlex.split(block.split("\n")[1]) == ["qwen", "--auth-type", "openai", "-p", PROMPT]
+    assert exports["OPENAI_MODEL"] == DOC_MODEL
+    exports["OPENAI_MODEL"] = MODEL
     seen = len(demo.log())
     run_cli(
         tmp_path,
         [qwen, "--auth-type", "openai", "--bare", "--system-prompt", "You are a terse assistant.",
          "--core-tools", "read_file", "--core-tools", "run_shell_command", "-p", PROMPT],
-        OPENAI_API_KEY="unused", OPENAI_BASE_URL=f"{demo.url}/v1", OPENAI_MODEL=MODEL,
+        **exports,
     )
     # --bare (which keeps the prompt to the tools asked for) reads no settings.json, so no answer cap.
     assert_tools_went_through(demo, seen, capped=False)
@@ -105,10 +120,8 @@ def test_qwen_code_runs_a_turn(demo, tmp_path):
 
 def test_pi_runs_a_turn(demo, tmp_path):
     pi = cli("pi")
-    models = {"providers": {"mlxd": {
-        "baseUrl": f"{demo.url}/v1", "api": "openai-completions", "apiKey": "unused",
-        "models": [{"id": MODEL, "name": MODEL, "contextWindow": 16384, "maxTokens": 64}],
-    }}}
+    models = json.loads(small_window(doc_block("json", "openai-completions", demo.url)))
+    assert models["providers"]["mlxd"]["models"][0]["id"] == MODEL
     (tmp_path / ".pi" / "agent").mkdir(parents=True)
     (tmp_path / ".pi" / "agent" / "models.json").write_text(json.dumps(models))
     seen = len(demo.log())
@@ -119,11 +132,8 @@ def test_pi_runs_a_turn(demo, tmp_path):
 def test_continue_cli_runs_a_turn(demo, tmp_path):
     cn = cli("cn")
     config = tmp_path / "config.yaml"
-    config.write_text(
-        "name: mlxd\nversion: 1.0.0\nschema: v1\nmodels:\n"
-        f"  - name: {MODEL}\n    provider: openai\n    model: {MODEL}\n    apiBase: {demo.url}/v1\n"
-        "    apiKey: unused\n    roles: [chat]\n    defaultCompletionOptions:\n      maxTokens: 64\n"
-    )
+    config.write_text(small_window(doc_block("yaml", "apiBase", demo.url)))
+    assert f"model: {MODEL}\n" in config.read_text() and "maxTokens: 64" in config.read_text()
     seen = len(demo.log())
     run_cli(tmp_path, [cn, "-p", "--config", str(config), PROMPT])
     assert_tools_went_through(demo, seen)
