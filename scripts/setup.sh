@@ -86,6 +86,21 @@ if [ "${1:-}" = "--tests" ]; then
     echo "hint: install Node 20+ and re-run: the agent CLI tests need claude and codex from npm" >&2
   fi
 fi
+# The npm CLI clients the client tests drive (tests/clients/test_npm_clis.py,
+# docs/clients.md), into .agents/ beside the agent CLIs: pinned, the versions
+# docs/clients.md was checked with. OpenCode's binary comes from npm too (an
+# optional dependency per platform), so all four install offline from the registry.
+NPM_CLIENTS="opencode-ai@1.18.33 @qwen-code/qwen-code@0.24.4 @mariozechner/pi-coding-agent@0.73.1 @continuedev/cli@1.5.47"
+if [ "${1:-}" = "--tests" ] && command -v npm >/dev/null 2>&1; then
+  missing=""
+  for bin in opencode qwen pi cn; do [ -x ".agents/node_modules/.bin/$bin" ] || missing="$missing $bin"; done
+  if [ -n "$missing" ]; then
+    mkdir -p .agents
+    # shellcheck disable=SC2086
+    npm install --prefix .agents --no-audit --no-fund --loglevel=error $NPM_CLIENTS >/dev/null ||
+      echo "warning: could not install $NPM_CLIENTS; the npm client tests will fail" >&2
+  fi
+fi
 # Third-party clients the client tests drive (tests/clients/, docs/clients.md),
 # each Python one in a venv of its own under .agents/venvs/ (they pin shared
 # packages differently from mlxd and from each other; none may change .venv).

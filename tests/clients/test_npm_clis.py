@@ -1,0 +1,139 @@
+"""OpenCode, Qwen Code, pi and Continue CLI, each run once as its own docs
+say with the settings docs/clients.md shows (read from it; URL and model
+swapped in), against the demo registry as
+`mlxd demo` writes it. ``scripts/setup.sh --tests`` installs them from npm
+into ``.agents/`` at the versions below; each gets its own HOME.
+
+Each asks for the demo's ``qwen-tiny`` with a 64-token answer cap and sends
+its own tools on the turn (mlxd writes them into the prompt: the plain
+ChatML template has no place for them). SmolLM2 would answer sensibly but
+prefills an agent's ~8k-token prompt in minutes on a loaded CPU. Qwen
+Code's own system prompt and tools come to ~23k tokens, past the tiny
+model's 16k window (mlxd answers 400 and says so), so its run replaces the
+system prompt and keeps two core tools (`--bare`), as the Claude Code test does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.mlx, pytest.mark.slow, pytest.mark.timeout(400)]
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "qwen-tiny"
+PROMPT = "Say hello"
+DOC = (ROOT / "docs" / "clients.md").read_text()
+DOC_URL, DOC_MODEL = "http://127.0.0.1:8080", "default"
+
+
+def doc_block(language: str, containing: str, url: str) -> str:
+    """The docs' ``language`` block that mentions ``containing``, for ``url`` and MODEL."""
+    block = next(b for b in re.findall(rf"```{language}\n(.*?)```", DOC, flags=re.S) if containing in b)
+    return block.replace(DOC_URL, url).replace(f'"{DOC_MODEL}"', f'"{MODEL}"').replace(f": {DOC_MODEL}\n", f": {MODEL}\n")
+
+
+def small_window(config: str) -> str:
+    """The docs' context and output sizes, cut to the tiny model's (16k window, 64-token answers)."""
+    config = re.sub(r'("?output"?|"?maxTokens"?): \d+', r"\1: 64", config)
+    return re.sub(r'("context"|"contextWindow"): \d+', r"\1: 16384", config)
+
+
+def cli(name: str) -> str:
+    found = shutil.which(name, path=str(ROOT / ".agents" / "node_modules" / ".bin"))
+    if found:
+        return found
+    if shutil.which("node") is None:
+        pytest.skip(f"node is not installed, so `{name}` cannot be (install Node 20+, then scripts/setup.sh --tests)")
+    pytest.fail(f"`{name}` is not installed: run scripts/setup.sh --tests (it installs it with npm)")
+
+
+def run_cli(home: Path, command: list[str], **extra: str) -> str:
+    """Run one CLI turn in ``home`` (its HOME and working folder); its output."""
+    home.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "PYTHONPATH")}
+    run = subprocess.run(
+        command, # PWD too: OpenCode reads its project folder (and opencode.json) from it, not from the cwd.
+        env={**env, "HOME": str(home), "PWD": str(home), **extra}, cwd=home, capture_output=True, text=True,
+        timeout=300, stdin=subprocess.DEVNULL,
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-3000:]
+    assert "API Error" not in output, output[-3000:]
+    assert run.stdout.strip(), output[-3000:]
+    return output
+
+
+def turns_since(daemon, seen: int) -> list[tuple[int, int]]:
+    """(tokens_in, tokens_out) of the chat requests for MODEL logged after the first ``seen`` characters."""
+    return [
+        (int(i), int(o))
+        for i, o in re.findall(rf"chat model={MODEL} status=200 tokens_in=(\d+) tokens_out=(\d+)", daemon.log()[seen:])
+    ]
+
+
+def assert_tools_went_through(daemon, seen: int, capped: bool = True) -> None:
+    turns = turns_since(daemon, seen)
+    assert turns, daemon.log()[-3000:]
+    # The client's tool schemas were written into the prompt (a bare "Say hello" is ~20 tokens),
+    # and the answer cap it sent was kept. Only that turn: pi also sends a short request of its
+    # own (~500 tokens in) without the model's maxTokens.
+    tokens_in, tokens_out = max(turns)
+    assert tokens_in > 1500, turns
+    assert not capped or tokens_out <= 64, turns
+
+
+def test_opencode_runs_a_turn(demo, tmp_path):
+    opencode = cli("opencode")
+    config = json.loads(small_window(doc_block("json", "@ai-sdk/openai-compatible", demo.url)))
+    assert config["provider"]["mlxd"]["models"][MODEL]["limit"]["output"] == 64
+    (tmp_path / "opencode.json").write_text(json.dumps(config))
+    seen = len(demo.log())
+    run_cli(tmp_path, [opencode, "run", "--model", f"mlxd/{MODEL}", PROMPT])
+    assert_tools_went_through(demo, seen)
+
+
+def test_qwen_code_runs_a_turn(demo, tmp_path):
+    qwen = cli("qwen")
+    block = doc_block("sh", "--auth-type openai", demo.url)
+    exports = dict(word.split("=", 1) for word in block.split("\n")[0].removeprefix("export ").split())
+    assert shlex.split(block.split("\n")[1]) == ["qwen", "--auth-type", "openai", "-p", PROMPT]
+    assert exports["OPENAI_MODEL"] == DOC_MODEL
+    exports["OPENAI_MODEL"] = MODEL
+    seen = len(demo.log())
+    run_cli(
+        tmp_path,
+        [qwen, "--auth-type", "openai", "--bare", "--system-prompt", "You are a terse assistant.",
+         "--core-tools", "read_file", "--core-tools", "run_shell_command", "-p", PROMPT],
+        **exports,
+    )
+    # --bare (which keeps the prompt to the tools asked for) reads no settings.json, so no answer cap.
+    assert_tools_went_through(demo, seen, capped=False)
+
+
+def test_pi_runs_a_turn(demo, tmp_path):
+    pi = cli("pi")
+    models = json.loads(small_window(doc_block("json", "openai-completions", demo.url)))
+    assert models["providers"]["mlxd"]["models"][0]["id"] == MODEL
+    (tmp_path / ".pi" / "agent").mkdir(parents=True)
+    (tmp_path / ".pi" / "agent" / "models.json").write_text(json.dumps(models))
+    seen = len(demo.log())
+    run_cli(tmp_path, [pi, "-p", "--provider", "mlxd", "--model", MODEL, PROMPT])
+    assert_tools_went_through(demo, seen)
+
+
+def test_continue_cli_runs_a_turn(demo, tmp_path):
+    cn = cli("cn")
+    config = tmp_path / "config.yaml"
+    config.write_text(small_window(doc_block("yaml", "apiBase", demo.url)))
+    assert f"model: {MODEL}\n" in config.read_text() and "maxTokens: 64" in config.read_text()
+    seen = len(demo.log())
+    run_cli(tmp_path, [cn, "-p", "--config", str(config), PROMPT])
+    assert_tools_went_through(demo, seen)
