@@ -246,7 +246,7 @@ FAMILIES: dict[str, Family] = {
             },
             template="gemma3.jinja",
             caches=_SLIDING,
-            unsupported={"tools": "Gemma 3's template has no tool format, so mlx-lm infers no parser", **_NO_TOOLS},
+            # Gemma 3's template has no place for tools: mlxd writes them into the prompt (json_tools).
             **_GEMMA3,
             note="Gemma 3 1B-27B text: 5 sliding-window layers to 1 global (here 1:1, window 32)",
         ),
@@ -322,7 +322,9 @@ FAMILIES: dict[str, Family] = {
             eos=("<｜end▁of▁sentence｜>",),
             pad="<｜end▁of▁sentence｜>",
             think=("<think>", "</think>"),
-            unsupported={"tools": _NO_PARSER.format("`<｜tool▁calls▁begin｜>`"), **_NO_TOOLS},
+            # Its template renders earlier calls but has no place for a tool list: mlxd writes
+            # the tools into the prompt (json_tools); mlx-lm has no parser for its own
+            # `<｜tool▁calls▁begin｜>` calls.
             note="DeepSeek-V3 / V3.1 / R1: MLA (latent KV), MoE; V3.1's hybrid-thinking template",
         ),
         Family(

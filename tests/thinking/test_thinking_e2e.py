@@ -150,8 +150,12 @@ def test_responses_stream_reasoning_items_as_codex_reads_them(daemon: Daemon):
     assert added == ["reasoning", "message"]
     assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
     done = events[-1]
-    assert done["type"] == "response.completed"
+    # 20 tokens cut the answer after the reasoning: the stream ends with the
+    # event that names that outcome, as Codex and the Agents SDK read it.
+    assert done["type"] == "response.incomplete"
+    assert done["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
     reasoning, message = done["response"]["output"]
+    assert reasoning["status"] == "completed" and message["status"] == "incomplete"
     deltas = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
     assert reasoning["type"] == "reasoning" and reasoning["content"] == [{"type": "reasoning_text", "text": deltas}]
     assert message["content"][0]["text"]

@@ -44,7 +44,7 @@ class References:
 
         def answer() -> str:
             model, tokenizer = self.loaded(name)
-            prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **template_kwargs)
+            prompt = render(tokenizer, messages, template_kwargs)
             return mlx_lm.generate(model, tokenizer, prompt, max_tokens=max_tokens)
 
         return self._once(("text", name, messages, max_tokens, template_kwargs), answer)
@@ -123,7 +123,7 @@ def as_split(tokenizer: Any, messages: list[dict[str, Any]], text: str, **templa
 
     if not tokenizer.has_thinking:
         return text
-    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **template_kwargs)
+    prompt = render(tokenizer, messages, template_kwargs)
     opened = tokenizer.rfind_think_start(prompt) > tokenizer.rfind_think_end(prompt)
     machine = TextStateMachine({"normal": [(tokenizer.think_start, "reasoning")],
                                 "reasoning": [(tokenizer.think_end, "normal")]})
@@ -147,3 +147,15 @@ def zoo_spec(name: str, **overrides: Any) -> Any:
     path = zoo_model(name)
     kind = "vision" if FAMILIES[name].vision else "text"
     return ModelSpec(name=name, path=path, source=str(path), kind=kind, **overrides)
+
+
+def render(tokenizer: Any, messages: list[dict[str, Any]], template_kwargs: dict[str, Any]) -> Any:
+    """The family's template on ``messages``; tools on a template with no
+    place for them written into the turns, as mlxd does (mlxd.tools.fallback)."""
+    from mlxd.tools import fallback
+
+    tools = template_kwargs.get("tools")
+    if tools and not fallback.renders_tools(tokenizer.chat_template):
+        rest = {k: v for k, v in template_kwargs.items() if k != "tools"}
+        return tokenizer.apply_chat_template(fallback.fold(messages, tools), add_generation_prompt=True, **rest)
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, **template_kwargs)
