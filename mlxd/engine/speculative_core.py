@@ -1,0 +1,188 @@
+"""The decisions of speculative decoding, as pure code (no MLX, no clock).
+
+- ``NgramIndex``: prompt lookup's drafts. The latest earlier place where the
+  last n tokens (longest n first) occurred, and the tokens that followed it
+  there. Kept up to date token by token, so a draft costs O(n), not a scan of
+  the history: a coding agent's prompt holds the file it asks to edit, and the
+  edit repeats it.
+- ``accept``: how much of a verified block a sequence keeps. Drafts are point
+  masses (the n-gram's continuation, a draft model's greedy token), so the
+  standard acceptance rule (accept d with probability p(d), else draw from
+  the residual p - q normalised) is exactly "draw from p as without
+  speculation, keep the draft while the draw equals it": greedy output is the
+  same tokens, sampled output the same distribution.
+- ``rollback``: per sequence, how many verified positions to drop from the
+  batch's cache, as one trim for all plus a remainder per row.
+- ``Governor``: speculation turns itself off for a model when its measured
+  speed-up over a rolling window is below 1, and tries again when the mix of
+  sequences changes (or, while off, now and then).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# The longest n-gram prompt lookup matches on; shorter ones are tried after it.
+MAX_NGRAM = 3
+
+
+class NgramIndex:
+    """Where each n-gram (n <= ``max_n``) last occurred with a token after it."""
+
+    def __init__(self, tokens: Sequence[int] = (), max_n: int = MAX_NGRAM) -> None:
+        self.max_n = max_n
+        self.tokens: list[int] = []
+        # n-gram -> the index of the token that followed its latest occurrence.
+        self._next: dict[tuple[int, ...], int] = {}
+        self.extend(tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            self.append(token)
+
+    def append(self, token: int) -> None:
+        history = self.tokens
+        end = len(history)
+        # The n-grams ending at the previous token now have a continuation.
+        for n in range(1, min(self.max_n, end) + 1):
+            self._next[tuple(history[end - n : end])] = end
+        history.append(token)
+
+    def draft(self, k: int) -> list[int]:
+        """Up to ``k`` tokens that followed the latest earlier occurrence of
+        the longest matching suffix; [] when nothing matches."""
+        history = self.tokens
+        if k <= 0:
+            return []
+        for n in range(min(self.max_n, len(history)), 0, -1):
+            start = self._next.get(tuple(history[len(history) - n :]))
+            if start is not None:
+                return history[start : start + k]
+        return []
+
+
+def accept(drafts: Sequence[int], sampled: Sequence[int]) -> int:
+    """How many drafts to keep: ``sampled[j]`` is the token drawn at the
+    position after ``drafts[j - 1]`` (after the last emitted token for j = 0);
+    drafts are kept while each equals the draw before it. The sequence then
+    emits ``sampled[: accepted + 1]``."""
+    n = 0
+    while n < len(drafts) and n < len(sampled) and sampled[n] == drafts[n]:
+        n += 1
+    return n
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """How a batch cache that verified ``block`` positions in every row
+    gives back what each row did not keep: ``trim`` positions from all rows,
+    then ``roll[i]`` more from row i (mlx-lm's right-padding roll)."""
+
+    trim: int
+    roll: tuple[int, ...]
+
+    @property
+    def uniform(self) -> bool:
+        return not any(self.roll)
+
+
+def rollback(block: int, kept: Sequence[int]) -> Rollback:
+    """``kept[i]``: positions row i keeps of the ``block`` it verified (its
+    last emitted token and its accepted drafts)."""
+    drop = [block - k for k in kept]
+    if any(d < 0 for d in drop):
+        raise ValueError(f"a row cannot keep more than the {block} positions it verified: {list(kept)}")
+    common = min(drop, default=0)
+    return Rollback(common, tuple(d - common for d in drop))
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    speculative: bool
+    tokens: int  # tokens emitted, all rows together
+    seconds: float
+
+
+class Governor:
+    """Whether the next step speculates, from the measured speed of recent
+    speculative and plain steps at the current batch size.
+
+    While on, one step in ``probe_every`` is plain, so the baseline stays
+    measured; speculation goes off once ``min_samples`` speculative steps and
+    ``min_plain`` plain ones say it is slower than plain decoding. While off,
+    one step in ``probe_every`` speculates; it comes back on when those say it
+    pays. A change of batch size (the mix of sequences) forgets the windows
+    and starts over, on.
+    """
+
+    def __init__(self, window: int = 32, probe_every: int = 16, min_samples: int = 8, min_plain: int = 2) -> None:
+        self.window = window
+        self.probe_every = max(2, probe_every)
+        self.min_samples = min_samples
+        self.min_plain = min_plain
+        self.active = True
+        self._batch: int | None = None
+        self._spec: collections.deque[StepRecord] = collections.deque(maxlen=window)
+        self._plain: collections.deque[StepRecord] = collections.deque(maxlen=max(4, window // 4))
+        self._steps = 0
+        self.speedup: float | None = None
+
+    def choose(self, batch: int) -> bool:
+        """Whether the next step of a batch of ``batch`` sequences speculates."""
+        if batch != self._batch:
+            self._batch = batch
+            self._spec.clear()
+            self._plain.clear()
+            self._steps = 0
+            self.active = True
+        self._steps += 1
+        probe = self._steps % self.probe_every == 0
+        return self.active != probe
+
+    def record(self, speculative: bool, tokens: int, seconds: float) -> None:
+        if seconds <= 0 or tokens <= 0:
+            return
+        (self._spec if speculative else self._plain).append(StepRecord(speculative, tokens, seconds))
+        self._decide()
+
+    def _decide(self) -> None:
+        needed = self.min_samples if self.active else max(2, self.min_samples // 4)
+        if len(self._plain) < self.min_plain or len(self._spec) < needed:
+            return
+        self.speedup = _rate(self._spec) / _rate(self._plain)
+        if self.active and self.speedup < 1.0:
+            self.active = False
+            # Off: what it measures from now on are the rare probes.
+            self._spec.clear()
+        elif not self.active and self.speedup >= 1.0:
+            self.active = True
+
+
+def _rate(records: collections.deque[StepRecord]) -> float:
+    return sum(r.tokens for r in records) / sum(r.seconds for r in records)
+
+
+@dataclass
+class SpecStats:
+    """What /v1/status and /metrics show of a model's speculation."""
+
+    drafted: int = 0  # draft tokens verified
+    accepted: int = 0  # of which were kept
+    steps: int = 0  # speculative steps, per sequence
+    emitted: int = 0  # tokens those steps emitted, per sequence summed
+
+    def add(self, drafted: int, accepted: int) -> None:
+        self.drafted += drafted
+        self.accepted += accepted
+        self.steps += 1
+        self.emitted += accepted + 1
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def accepted_per_step(self) -> float | None:
+        return self.emitted / self.steps if self.steps else None
