@@ -15,7 +15,8 @@
   batch's cache, as one trim for all plus a remainder per row.
 - ``Governor``: speculation turns itself off for a model when its measured
   speed-up over a rolling window is below 1, and tries again when the mix of
-  sequences changes (or, while off, now and then).
+  sequences changes (each batch size has its own window) or, while off, now
+  and then.
 """
 
 from __future__ import annotations
@@ -105,6 +106,17 @@ class StepRecord:
     seconds: float
 
 
+class _Window:
+    """The recent steps at one batch size, and whether it speculates there."""
+
+    def __init__(self, window: int) -> None:
+        self.active = True
+        self.spec: collections.deque[StepRecord] = collections.deque(maxlen=window)
+        self.plain: collections.deque[StepRecord] = collections.deque(maxlen=max(4, window // 4))
+        self.steps = 0
+        self.speedup: float | None = None
+
+
 class Governor:
     """Whether the next step speculates, from the measured speed of recent
     speculative and plain steps at the current batch size.
@@ -113,8 +125,8 @@ class Governor:
     measured; speculation goes off once ``min_samples`` speculative steps and
     ``min_plain`` plain ones say it is slower than plain decoding. While off,
     one step in ``probe_every`` speculates; it comes back on when those say it
-    pays. A change of batch size (the mix of sequences) forgets the windows
-    and starts over, on.
+    pays. Each batch size (the mix of sequences) keeps its own window: a size
+    not seen yet starts on, and a size it went back to resumes where it was.
     """
 
     def __init__(self, window: int = 32, probe_every: int = 16, min_samples: int = 8, min_plain: int = 2) -> None:
@@ -122,42 +134,39 @@ class Governor:
         self.probe_every = max(2, probe_every)
         self.min_samples = min_samples
         self.min_plain = min_plain
-        self.active = True
-        self._batch: int | None = None
-        self._spec: collections.deque[StepRecord] = collections.deque(maxlen=window)
-        self._plain: collections.deque[StepRecord] = collections.deque(maxlen=max(4, window // 4))
-        self._steps = 0
-        self.speedup: float | None = None
+        self._sizes: dict[int, _Window] = {}
+        self._now = _Window(window)
+
+    @property
+    def active(self) -> bool:
+        return self._now.active
+
+    @property
+    def speedup(self) -> float | None:
+        return self._now.speedup
 
     def choose(self, batch: int) -> bool:
         """Whether the next step of a batch of ``batch`` sequences speculates."""
-        if batch != self._batch:
-            self._batch = batch
-            self._spec.clear()
-            self._plain.clear()
-            self._steps = 0
-            self.active = True
-        self._steps += 1
-        probe = self._steps % self.probe_every == 0
-        return self.active != probe
+        now = self._now = self._sizes.setdefault(batch, _Window(self.window)) if batch else self._now
+        now.steps += 1
+        probe = now.steps % self.probe_every == 0
+        return now.active != probe
 
     def record(self, speculative: bool, tokens: int, seconds: float) -> None:
         if seconds <= 0 or tokens <= 0:
             return
-        (self._spec if speculative else self._plain).append(StepRecord(speculative, tokens, seconds))
-        self._decide()
-
-    def _decide(self) -> None:
-        needed = self.min_samples if self.active else max(2, self.min_samples // 4)
-        if len(self._plain) < self.min_plain or len(self._spec) < needed:
+        now = self._now
+        (now.spec if speculative else now.plain).append(StepRecord(speculative, tokens, seconds))
+        needed = self.min_samples if now.active else max(2, self.min_samples // 4)
+        if len(now.plain) < self.min_plain or len(now.spec) < needed:
             return
-        self.speedup = _rate(self._spec) / _rate(self._plain)
-        if self.active and self.speedup < 1.0:
-            self.active = False
+        now.speedup = _rate(now.spec) / _rate(now.plain)
+        if now.active and now.speedup < 1.0:
+            now.active = False
             # Off: what it measures from now on are the rare probes.
-            self._spec.clear()
-        elif not self.active and self.speedup >= 1.0:
-            self.active = True
+            now.spec.clear()
+        elif not now.active and now.speedup >= 1.0:
+            now.active = True
 
 
 def _rate(records: collections.deque[StepRecord]) -> float:

@@ -55,6 +55,9 @@ def test_it_turns_off_when_slower_and_on_again_when_the_mix_changes() -> None:
     assert governor.choose(1) is True and governor.active
     _run(governor, 40, batch=1, spec_rate=150.0, plain_rate=100.0)
     assert governor.active and governor.speedup == pytest.approx(1.5)
+    # Back to the first mix: it remembers that speculation did not pay there.
+    governor.choose(8)
+    assert not governor.active
 
 
 def test_while_off_the_probes_turn_it_back_on_when_it_pays_again() -> None:
