@@ -136,6 +136,9 @@ class Governor:
         self.min_plain = min_plain
         self._sizes: dict[int, _Window] = {}
         self._now = _Window(window)
+        # The latest speed-up measured at any size (what status shows
+        # while the current size has none yet).
+        self._latest: float | None = None
 
     @property
     def active(self) -> bool:
@@ -143,7 +146,7 @@ class Governor:
 
     @property
     def speedup(self) -> float | None:
-        return self._now.speedup
+        return self._now.speedup if self._now.speedup is not None else self._latest
 
     def choose(self, batch: int) -> bool:
         """Whether the next step of a batch of ``batch`` sequences speculates."""
@@ -160,7 +163,7 @@ class Governor:
         needed = self.min_samples if now.active else max(2, self.min_samples // 4)
         if len(now.plain) < self.min_plain or len(now.spec) < needed:
             return
-        now.speedup = _rate(now.spec) / _rate(now.plain)
+        now.speedup = self._latest = _rate(now.spec) / _rate(now.plain)
         if now.active and now.speedup < 1.0:
             now.active = False
             # Off: what it measures from now on are the rare probes.
