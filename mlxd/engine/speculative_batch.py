@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxd.engine import speculative_cache as caches
-from mlxd.engine.speculative_core import Governor, SpecStats, accept, rollback
+from mlxd.engine.speculative_core import Governor, SpecStats, accept, next_draft_length, rollback
 
 
 @dataclass
@@ -60,6 +60,8 @@ class _Row:
     made: int = 0
     greedy: bool = False
     drafts: list[int] = field(default_factory=list)
+    # Drafts it asks for next step (speculative_core.next_draft_length).
+    want: int = 1
 
 
 class SpeculativeGenerator:
@@ -88,7 +90,7 @@ class SpeculativeGenerator:
             prompts, max_tokens, all_tokens, samplers, logits_processors, stop_sequences
         ):
             rows.append(_Row(self._next_uid, prompt[-1], list(before), limit, sampler, list(processors or ()),
-                             stops.matcher(), greedy=sampler is greedy_sampler))
+                             stops.matcher(), greedy=sampler is greedy_sampler, want=self.k))
             self._next_uid += 1
         self._cache = caches_extend(self._cache, caches)
         self.drafter.join([r.tokens + [r.last] for r in rows], caches)
@@ -119,9 +121,9 @@ class SpeculativeGenerator:
         for row in rows:
             row.drafts = []
         if speculate:
-            proposed = self.drafter.propose(self.k)
+            proposed = self.drafter.propose(max(r.want for r in rows))
             for row, drafts in zip(rows, proposed):
-                row.drafts = drafts[: max(0, row.max_tokens - row.made - 1)]
+                row.drafts = drafts[: max(0, min(row.want, row.max_tokens - row.made - 1))]
         emitted, responses = self._verify(rows)
         self.drafter.commit(emitted, [len(r.drafts) for r in rows])
         finished = [i for i, r in enumerate(responses) if r and r[-1].finish_reason is not None]
@@ -166,6 +168,7 @@ class SpeculativeGenerator:
             if row.drafts:
                 # Every emitted token but the last was a kept draft.
                 self.stats.add(len(row.drafts), len(tokens) - 1)
+                row.want = next_draft_length(row.want, len(row.drafts), len(tokens) - 1, self.k)
         kept = [len(t) for t in emitted]
         if saved is not None and (min(kept) < width):
             caches.replay(self.model, cache, saved, block, kept)

@@ -25,15 +25,18 @@ import collections
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# The longest n-gram prompt lookup matches on; shorter ones are tried after it.
+# The longest n-gram prompt lookup matches on; shorter ones are tried after
+# it, down to MIN_NGRAM (a single token's last occurrence guesses too often).
 MAX_NGRAM = 3
+MIN_NGRAM = 2
 
 
 class NgramIndex:
     """Where each n-gram (n <= ``max_n``) last occurred with a token after it."""
 
-    def __init__(self, tokens: Sequence[int] = (), max_n: int = MAX_NGRAM) -> None:
+    def __init__(self, tokens: Sequence[int] = (), max_n: int = MAX_NGRAM, min_n: int = MIN_NGRAM) -> None:
         self.max_n = max_n
+        self.min_n = max(1, min_n)
         self.tokens: list[int] = []
         # n-gram -> the index of the token that followed its latest occurrence.
         self._next: dict[tuple[int, ...], int] = {}
@@ -57,7 +60,7 @@ class NgramIndex:
         history = self.tokens
         if k <= 0:
             return []
-        for n in range(min(self.max_n, len(history)), 0, -1):
+        for n in range(min(self.max_n, len(history)), self.min_n - 1, -1):
             start = self._next.get(tuple(history[len(history) - n :]))
             if start is not None:
                 return history[start : start + k]
@@ -73,6 +76,18 @@ def accept(drafts: Sequence[int], sampled: Sequence[int]) -> int:
     while n < len(drafts) and n < len(sampled) and sampled[n] == drafts[n]:
         n += 1
     return n
+
+
+def next_draft_length(current: int, drafted: int, accepted: int, most: int) -> int:
+    """How many drafts a sequence asks for next step: one more after a step
+    that kept all it drafted, else one past what it kept. A row whose drafts
+    fail drafts little, so the block (as wide as the longest row's) stays
+    narrow; a row that copies grows back to ``most``."""
+    if drafted == 0:
+        return current
+    if accepted >= drafted:
+        return min(most, current + 1)
+    return max(1, min(most, accepted + 1))
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlxd.engine.speculative_core import Governor, NgramIndex, SpecStats, accept, rollback
+from mlxd.engine.speculative_core import Governor, NgramIndex, SpecStats, accept, next_draft_length, rollback
 
 
 def test_prompt_lookup_drafts_what_followed_the_latest_longest_match() -> None:
@@ -18,6 +18,18 @@ def test_prompt_lookup_drafts_what_followed_the_latest_longest_match() -> None:
     # Near the end of the history a draft is shorter than asked.
     assert index.draft(10) == [4, 8, 1, 2, 3]
     assert NgramIndex([1, 2, 3]).draft(4) == []
+    # A single token's last occurrence is no match (too often wrong) unless asked.
+    assert NgramIndex([4, 6, 9, 4]).draft(2) == []
+    assert NgramIndex([4, 6, 9, 4], min_n=1).draft(2) == [6, 9]
+
+
+def test_a_row_drafts_less_after_misses_and_grows_back_while_it_copies() -> None:
+    assert next_draft_length(4, 4, 1, most=4) == 2
+    assert next_draft_length(2, 2, 0, most=4) == 1
+    assert next_draft_length(1, 1, 1, most=4) == 2
+    assert next_draft_length(4, 4, 4, most=4) == 4
+    # A step without drafts (nothing matched, or a plain step) changes nothing.
+    assert next_draft_length(3, 0, 0, most=4) == 3
 
 
 def test_drafts_are_kept_while_they_equal_the_draws() -> None:
