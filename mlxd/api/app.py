@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mlxd import __version__
-from mlxd.api.auth import check_api_key
+from mlxd.api.auth import check_api_key, check_route
 from mlxd.api.context import DaemonContext
 from mlxd.api.error_responses import ErrorShape, error_response, install_error_handlers
 from mlxd.api.anthropic import routes as anthropic
@@ -57,8 +57,9 @@ class Gatekeeper:
             try:
                 if path not in OPEN_PATHS and (path.startswith(API_PREFIXES) or path in KEYED_PATHS):
                     # Who is asking, for every step after this one (request.state.caller).
-                    caller = check_api_key(Request(scope), self.ctx.settings.server)
+                    caller = check_api_key(Request(scope), self.ctx.settings.server, self.ctx.registry.apps)
                     scope.setdefault("state", {})["caller"] = caller
+                    check_route(caller, path)
                 if self.ctx.draining and scope["method"] == "POST" and path.startswith(API_PREFIXES):
                     raise ShuttingDown("mlxd is shutting down; retry shortly", retry_after=5)
             except MlxdError as exc:

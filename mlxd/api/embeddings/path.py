@@ -15,10 +15,12 @@ from typing import Any, TypeVar
 import numpy as np
 from starlette.requests import Request
 
+from mlxd.api.auth import caller_of
 from mlxd.api.context import DaemonContext
 from mlxd.api.embeddings.bodies import EmbedInputs, RerankAsk
 from mlxd.api.generation import guarded
 from mlxd.api.plan import Entry, check_route, resolve_entry
+from mlxd.caller import Caller
 from mlxd.errors import BadRequest, MlxdError
 from mlxd.registry.kinds import EMBED, RERANK
 from mlxd.registry.model import ModelSpec
@@ -43,11 +45,11 @@ class Ranked:
     tokens: int
 
 
-def entry_for(ctx: DaemonContext, name: str, route: str) -> ModelSpec:
+def entry_for(ctx: DaemonContext, name: str, route: str, caller: Caller) -> ModelSpec:
     """The model ``name`` names, if its kind serves ``route`` (the kinds
     table's ``routes``); a 400 otherwise, before anything is loaded. A
     remote entry's kind is the one its entry declares (its backend's model)."""
-    entry = resolve_entry(ctx, name)
+    entry = resolve_entry(ctx, name, caller)
     if entry.failover is not None:
         raise BadRequest(f"`{name}` is a failover entry; {route} requests name one model", param="model")
     spec = entry.spec
@@ -57,7 +59,7 @@ def entry_for(ctx: DaemonContext, name: str, route: str) -> ModelSpec:
 
 async def embed(ctx: DaemonContext, request: Request, name: str, inputs: EmbedInputs, *,
                 dimensions: int | None = None, truncate: bool = True) -> Embedded:
-    spec = entry_for(ctx, name, EMBED)
+    spec = entry_for(ctx, name, EMBED, caller_of(request))
 
     async def work(engine: Any) -> tuple[Embedded, int]:
         if spec.is_remote:
@@ -72,7 +74,7 @@ async def embed(ctx: DaemonContext, request: Request, name: str, inputs: EmbedIn
 
 
 async def rerank(ctx: DaemonContext, request: Request, name: str, ask: RerankAsk) -> Ranked:
-    spec = entry_for(ctx, name, RERANK)
+    spec = entry_for(ctx, name, RERANK, caller_of(request))
 
     async def work(engine: Any) -> tuple[Ranked, int]:
         if spec.is_remote:
@@ -135,7 +137,7 @@ async def _leased(ctx: DaemonContext, request: Request, spec: ModelSpec, name: s
     truncated = 0
 
     async def leased() -> tuple[T, int]:
-        lease = await ctx.manager.acquire(spec.name, timeout=timeout)
+        lease = await ctx.manager.acquire(spec.name, timeout=timeout, caller=caller_of(request))
         try:
             return await work(lease.engine)
         finally:
