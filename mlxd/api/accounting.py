@@ -68,6 +68,7 @@ def record_request(
     if tokens_out:
         metrics.tokens.labels(model, "out").inc(tokens_out)
     ctx.manager.count_tokens(plan.spec.name, tokens_in, tokens_out)
+    ctx.limits.spend(plan.caller.app, tokens_in + tokens_out)
     extra = ""
     if ctx.settings.log_prompts:
         extra = " prompt=" + repr([r.messages or r.prompt for r in plan.requests])[:2000]

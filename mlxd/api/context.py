@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from mlxd.api.app_limits import AppLimits
 from mlxd.api.capture import CaptureStore
 from mlxd.api.images import ImageMemory
 from mlxd.api.inflight import InFlight
@@ -54,6 +55,8 @@ class DaemonContext:
     history: History | None = None
     # OpenTelemetry (None: not configured).
     telemetry: Telemetry | None = None
+    # Each app's limits (rpm, tpm, tokens per day, requests at once).
+    limits: AppLimits = field(default_factory=AppLimits)
     # Failover entries: the target order per request, and what each target did.
     failover: FailoverRouter = field(init=False)
 
@@ -88,7 +91,7 @@ class DaemonContext:
             blas=dict(self.blas),
             host=server.host,
             port=server.port,
-            auth_required=bool(server.api_keys or server.read_only_keys),
+            auth_required=bool(server.api_keys or server.read_only_keys or self.registry.apps is not None),
             metrics_enabled=self.settings.metrics,
             backends=self.backends.views(),
             failovers=self.failover.views(),

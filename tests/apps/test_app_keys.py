@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,10 +16,12 @@ import httpx
 import pytest
 import yaml
 
+from support.daemon import wait_until
 from support.echo_engine import echo_daemon
 
-EDITOR, INDEXER, OPS = "sk-editor-5f1c", "sk-indexer-77ab", "sk-ops-0d9e"
-SECRETS = (EDITOR, INDEXER, OPS, *(hashlib.sha256(k.encode()).hexdigest() for k in (EDITOR, INDEXER, OPS)))
+EDITOR, INDEXER, OPS, BATCH = "sk-editor-5f1c", "sk-indexer-77ab", "sk-ops-0d9e", "sk-batch-91aa"
+KEYS = (EDITOR, INDEXER, OPS, BATCH)
+SECRETS = (*KEYS, *(hashlib.sha256(k.encode()).hexdigest() for k in KEYS))
 CHAT = {"messages": [{"role": "user", "content": "hello there"}]}
 
 
@@ -29,6 +32,7 @@ def apps(tmp: Any) -> list[dict[str, Any]]:
         {"name": "indexer", "key_sha256": hashlib.sha256(INDEXER.encode()).hexdigest(), "routes": ["embeddings"],
          "priority": "bulk"},
         {"name": "ops", "key_file": str(tmp / "ops.key"), "admin": True},
+        {"name": "batch", "key_sha256": hashlib.sha256(BATCH.encode()).hexdigest(), "rpm": 3, "max_concurrency": 1},
     ]
 
 
@@ -39,6 +43,9 @@ def daemon(tmp_path_factory) -> Iterator[Any]:
         mp.setenv("MLXD_TEST_EDITOR_KEY", EDITOR)
         with echo_daemon(tmp, apps=apps(tmp)) as d:
             d.tmp = tmp
+            # The limits' clock, turned by the tests.
+            d.now = [1_700_000_000.0]
+            d.ctx.limits.clock = lambda: d.now[0]
             yield d
 
 
@@ -116,6 +123,48 @@ def test_a_missing_or_unknown_key_is_a_401_in_each_surfaces_shape(daemon):
     assert call(daemon, "POST", "/api/embed", None, {"model": "echo-a", "input": "x"}).json()["error"].startswith(
         "API key required")
     assert call(daemon, "GET", "/v1/status", None).status_code == 401
+
+
+def test_a_limit_hit_is_a_429_with_retry_after_and_ratelimit_headers_and_resets(daemon):
+    ask = {"model": "echo-a", **CHAT}
+    first = call(daemon, "POST", "/v1/chat/completions", BATCH, ask)
+    assert first.status_code == 200 and first.headers["x-ratelimit-remaining-requests"] == "2"
+    daemon.now[0] += 15
+    assert call(daemon, "POST", "/v1/chat/completions", BATCH, ask).status_code == 200
+    assert call(daemon, "POST", "/v1/messages", BATCH, {**ask, "max_tokens": 8}).status_code == 200
+    daemon.now[0] += 15
+    for path, body, message in SURFACES:
+        refused = call(daemon, "POST", path, BATCH, body("echo-a"))
+        assert refused.status_code == 429, (path, refused.text)
+        # The first request leaves the minute 30 s from now.
+        assert refused.headers["retry-after"] == "30" and refused.headers["x-ratelimit-reset-requests"] == "30s"
+        assert refused.headers["x-ratelimit-limit-requests"] == "3"
+        assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+        assert "over its limit of 3 requests per minute (`rpm`)" in message(refused.json())
+    assert call(daemon, "POST", "/v1/messages", BATCH, SURFACES[1][1]("echo-a")).json()["error"]["type"] == \
+        "rate_limit_error"
+    assert call(daemon, "POST", "/v1/chat/completions", BATCH, ask).json()["error"]["code"] == "rate_limit_exceeded"
+    daemon.now[0] += 30
+    assert call(daemon, "POST", "/v1/chat/completions", BATCH, ask).status_code == 200
+    # Other apps are not held to the batch app's limit.
+    assert call(daemon, "POST", "/v1/chat/completions", EDITOR, ask).status_code == 200
+
+
+def test_max_concurrency_refuses_a_second_request_while_the_first_streams(daemon):
+    daemon.now[0] += 3600
+    engine = daemon.ctx.manager._models["echo-a"].engine
+    engine.gate.clear()
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(call, daemon, "POST", "/v1/chat/completions", BATCH,
+                           {"model": "echo-a", "messages": [{"role": "user", "content": "hold on"}]})
+        wait_until(lambda: daemon.ctx.limits.book.active("batch") == 1)
+        refused = call(daemon, "POST", "/v1/chat/completions", BATCH, {"model": "echo-a", **CHAT})
+        assert refused.status_code == 429 and refused.headers["x-ratelimit-remaining-concurrency"] == "0"
+        assert "limit of 1 requests at once (`max_concurrency`)" in refused.json()["error"]["message"]
+        engine.gate.set()
+        assert held.result().status_code == 200
+    assert daemon.ctx.limits.book.active("batch") == 0
+    assert call(daemon, "POST", "/v1/chat/completions", BATCH, {"model": "echo-a", **CHAT}).status_code == 200
 
 
 def test_status_for_an_apps_key_shows_its_own_models_and_no_configuration(daemon):

@@ -154,11 +154,12 @@ async def _leased(ctx: DaemonContext, request: Request, spec: ModelSpec, name: s
         raise
     finally:
         tokens = result.tokens if result is not None else 0
-        _account(ctx, name, spec, what, status, time.monotonic() - started, tokens, inputs, truncated)
+        _account(ctx, caller_of(request), name, spec, what, status, time.monotonic() - started, tokens, inputs,
+                 truncated)
 
 
-def _account(ctx: DaemonContext, name: str, spec: ModelSpec, what: str, status: int, seconds: float,
-             tokens: int, inputs: int, truncated: int) -> None:
+def _account(ctx: DaemonContext, caller: Caller, name: str, spec: ModelSpec, what: str, status: int,
+             seconds: float, tokens: int, inputs: int, truncated: int) -> None:
     metrics = ctx.metrics
     metrics.requests.labels(name, str(status)).inc()
     metrics.request_seconds.labels(name).observe(seconds)
@@ -169,5 +170,6 @@ def _account(ctx: DaemonContext, name: str, spec: ModelSpec, what: str, status: 
             metrics.truncated_inputs.labels(name).inc(truncated)
         metrics.throughput.add(name, tokens)
         ctx.manager.count_tokens(spec.name, tokens, 0)
+        ctx.limits.spend(caller.app, tokens)
     log.info("%s model=%s status=%d inputs=%d tokens_in=%d truncated=%d seconds=%.3f",
              what, name, status, inputs, tokens, truncated, seconds)
