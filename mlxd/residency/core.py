@@ -32,6 +32,7 @@ from mlxd.errors import (
     ShuttingDown,
 )
 from mlxd.registry.model import ManagerSpec, ModelSpec
+from mlxd.residency.priority import FairShare
 from mlxd.residency.eviction import (
     Candidate,
     to_fit_budget,
@@ -198,6 +199,7 @@ class Waiter:
     takes_lease: bool = True
     # Set when the model cannot fit and the contention policy waits.
     blocked_since: float | None = None
+    priority: str = "default"  # the caller's class (residency/priority.py)
 
 
 @dataclass
@@ -206,6 +208,7 @@ class ResidencyCore:
     residents: dict[str, Resident] = field(default_factory=dict)
     waiters: list[Waiter] = field(default_factory=list)
     shutting_down: bool = False
+    fair: FairShare = field(default_factory=FairShare)
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     @classmethod
@@ -263,9 +266,9 @@ class ResidencyCore:
 
     # --- events --------------------------------------------------------------
 
-    def request(self, request_id: int, model: str, now: float) -> list[Action]:
+    def request(self, request_id: int, model: str, now: float, priority: str = "default") -> list[Action]:
         """A client wants a lease on ``model``."""
-        return self._enqueue(Waiter(request_id, model, now), now)
+        return self._enqueue(Waiter(request_id, model, now, priority=priority), now)
 
     def admin_load(self, request_id: int, model: str, now: float) -> list[Action]:
         """An operator asks for ``model`` to be loaded now, backoff or not."""
@@ -624,16 +627,24 @@ class ResidencyCore:
         actions: list[Action] = []
         # 1. Serve resident models at once: they never wait behind another
         #    model's swap.
+        #    Which of a model's waiters is next: the fair share's (priority.py).
         for w in list(self.waiters):
             r = self.residents[w.model]
             if not w.takes_lease and r.state is State.LOADED:
                 self.waiters.remove(w)
                 actions.append(Grant(w.request_id, w.model, r.instance, takes_lease=False))
-            elif w.takes_lease and self._can_grant(r):
-                self.waiters.remove(w)
+        for model in self._models_by_oldest_waiter():
+            r = self.residents[model]
+            while self._can_grant(r):
+                active, _, capacity = self.occupancy(model)
+                queue = [w for w in self.waiters if w.model == model and w.takes_lease]
+                picked = self.fair.pick(model, queue, active, capacity)
+                if picked is None:
+                    break
+                self.waiters.remove(picked)
                 r.active += 1
                 r.last_used = now
-                actions.append(Grant(w.request_id, w.model, r.instance))
+                actions.append(Grant(picked.request_id, model, r.instance))
         # 2. Start loads, oldest waiting model first. Once the oldest one is
         #    blocked on memory no younger one may jump ahead: that is what
         #    keeps a big model from starving behind small ones.

@@ -67,9 +67,9 @@ class Sim:
         return actions
 
     # events
-    def request(self, model: str) -> int:
+    def request(self, model: str, priority: str = "default") -> int:
         rid = self.core.new_request_id()
-        self._record(self.core.request(rid, model, self.now))
+        self._record(self.core.request(rid, model, self.now, priority))
         return rid
 
     def cancel(self, rid: int) -> list[Action]:
