@@ -115,6 +115,7 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
         ctx.worker.start()
         if ctx.activity is not None:
             ctx.activity.start()
+            await asyncio.to_thread(ctx.restore_usage)
         await ctx.manager.start()
         # Polled in the background: a backend that is down at start is
         # reported, never a reason not to serve the others.

@@ -22,6 +22,7 @@ from mlxd.api.generation import guarded
 from mlxd.api.plan import Entry, check_route, resolve_entry
 from mlxd.caller import Caller
 from mlxd.errors import BadRequest, MlxdError
+from mlxd.monitoring.usage import one_request
 from mlxd.registry.kinds import EMBED, RERANK
 from mlxd.registry.model import ModelSpec
 from mlxd.remote.encoders import read_embeddings, read_rerank
@@ -161,6 +162,7 @@ async def _leased(ctx: DaemonContext, request: Request, spec: ModelSpec, name: s
 def _account(ctx: DaemonContext, caller: Caller, name: str, spec: ModelSpec, what: str, status: int,
              seconds: float, tokens: int, inputs: int, truncated: int) -> None:
     metrics = ctx.metrics
+    ctx.usage.add(caller.name, name, one_request(status, tokens if status == 200 else 0))
     metrics.requests.labels(name, str(status)).inc()
     metrics.request_seconds.labels(name).observe(seconds)
     if status == 200:
