@@ -239,6 +239,7 @@ class ResidencyManager:
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()
         self._timer: asyncio.Task[None] | None = None
+        self._stopping = False
         # Footprints measured in earlier runs (or before a reload re-registered
         # the model): admission starts from what the model really costs.
         self._recall = recall
@@ -283,6 +284,11 @@ class ResidencyManager:
                 await self._wait_changed(0.1)
         await self.quiesce()
         if self._timer:
+            # Told to stop, not only cancelled: on Python 3.11 a cancel that
+            # lands as the timer's wake-up completes is swallowed by
+            # asyncio.wait_for, and the loop would wait on for good.
+            self._stopping = True
+            self._wake.set()
             self._timer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._timer
@@ -625,7 +631,7 @@ class ResidencyManager:
             await asyncio.wait_for(self._changed.wait(), timeout)
 
     async def _timer_loop(self) -> None:
-        while True:
+        while not self._stopping:
             self._wake.clear()
             deadline = self.core.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - self._clock())
