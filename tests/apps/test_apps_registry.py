@@ -111,3 +111,14 @@ def test_the_reload_diff_names_the_apps_added_removed_or_changed(tmp_path, model
     assert diff.apps == ("a", "b", "c") and "apps: a, b, c" in diff.summary()
     assert not diff_registries(after, after).apps
     assert diff_registries(load(tmp_path, model, ""), before).apps == ("a", "b", "(apps on)")
+
+
+def test_mlxd_check_lists_each_app_with_its_scope_and_never_its_key(tmp_path, model):
+    from mlxd.registry.check import describe
+
+    registry = load(tmp_path, model, "apps:\n  - {name: editor, key_env: K, models: [chat], priority: interactive,"
+                                     " rpm: 30}\n  - {name: local, key: none, admin: true}\n", {"K": SECRET})
+    text = describe(registry)
+    assert "  editor [interactive] keyed, models chat, routes generation, embeddings, audio, rpm 30" in text
+    assert "  local [default, admin] keyless loopback, models *" in text
+    assert SECRET not in text
