@@ -25,6 +25,7 @@ from mlxd.api.inflight import InFlightRequest
 from mlxd.api.inbox import StreamInbox
 from mlxd.api.events import ChoiceEvents, Finish, Logprobs, OutputEvent, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from mlxd.api.plan import Plan
+from mlxd.api.refusals import ACCOUNTED
 from mlxd.api.request_ids import request_id_of
 from mlxd.api.start import Started, answered, start
 from mlxd.engine.types import GenerationChunk, GenerationRequest
@@ -633,6 +634,7 @@ async def respond(
     """The answer to ``plan``: a stream through ``framer()`` when the plan
     streams, else ``body(answer)`` as JSON. A client gone before the answer
     gets a bare 499 (for the access log; nobody reads it)."""
+    request.scope.setdefault("state", {})[ACCOUNTED] = True  # its own activity row, whatever happens
     ticket = ctx.inflight.add(InFlightRequest(
         request_id=request_id_of(request.scope), response_id=plan.id, model=plan.name, surface=plan.kind,
         caller=caller_of(request).name, stream=plan.stream,
