@@ -67,7 +67,8 @@ def turn(claude: str, url: str, home: Path, session: str, first: bool, system: s
         [claude, "-p", prompt, "--model", MODEL, *which, "--system-prompt", system, "--tools", TOOLS],
         env=env, cwd=home, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
     )
-    return {"prompt": prompt, "system": system, "exit": run.returncode, "seconds": round(time.perf_counter() - started, 2),
+    return {"prompt": prompt, "system": system, "exit": run.returncode,
+            "seconds": round(time.perf_counter() - started, 2),
             "reply": run.stdout.strip()[-400:], "stderr": run.stderr.strip()[-400:]}
 
 
@@ -94,7 +95,8 @@ def main() -> None:
                 turns = [turn(claude, url, home, session, i == 0, system, prompt)
                          for i, (system, prompt) in enumerate(TURNS)]
                 time.sleep(1.0)  # the last rows are committed
-                rows = list(reversed(http.get("/v1/activity", params={"surface": "messages", "limit": 100}).json()["data"]))
+                found = http.get("/v1/activity", params={"surface": "messages", "limit": 100}).json()["data"]
+                rows = list(reversed(found))
                 captures = {c["request_id"]: c for c in http.get("/v1/captures").json()["data"]}
                 details = {rid: http.get(f"/v1/captures/{rid}").json() for rid in captures}
     requests = []
@@ -116,9 +118,9 @@ def main() -> None:
     for i, t in enumerate(turns, 1):
         print(f"turn {i}: exit {t['exit']} in {t['seconds']} s: {t['reply'][:100]!r}")
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps({"cli": subprocess.run([claude, "--version"], capture_output=True, text=True).stdout.strip(),
-                               "model": MODEL, "turns": turns, "requests": requests, "load_average": os.getloadavg()},
-                              indent=1) + "\n")
+    version = subprocess.run([claude, "--version"], capture_output=True, text=True).stdout.strip()
+    OUT.write_text(json.dumps({"cli": version, "model": MODEL, "turns": turns, "requests": requests,
+                               "load_average": os.getloadavg()}, indent=1) + "\n")
     print(f"wrote {OUT.relative_to(ROOT)}")
 
 

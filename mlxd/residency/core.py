@@ -275,7 +275,7 @@ class ResidencyCore:
         r = self.residents.get(model)
         if r is not None:
             slots = max(1, min(slots, r.spec.max_concurrency))
-        return self._enqueue(Waiter(request_id, model, now, slots=1 if r is None else slots), now)
+        return self._enqueue(Waiter(request_id, model, now, slots=slots), now)
 
     def admin_load(self, request_id: int, model: str, now: float) -> list[Action]:
         """An operator asks for ``model`` to be loaded now, backoff or not."""
@@ -527,7 +527,8 @@ class ResidencyCore:
             ))]
         if r.state is State.FAILED and r.retry_at is not None and now < r.retry_at:
             return [Reject(waiter.request_id, self._load_failed_error(r, now))]
-        if waiter.takes_lease and self.queued(waiter.model) >= r.spec.max_queue and not self._can_grant(r, waiter.slots):
+        full = self.queued(waiter.model) >= r.spec.max_queue
+        if waiter.takes_lease and full and not self._can_grant(r, waiter.slots):
             return [
                 Reject(
                     waiter.request_id,

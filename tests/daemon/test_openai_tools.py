@@ -419,16 +419,16 @@ def test_n_choices_hold_n_slots_and_more_than_max_concurrency_is_a_400(client, d
     assert "max_concurrency: 4" in error["message"] and "at most 4" in error["message"]
     assert daemon.model("tooly")["active_leases"] == 0
 
-    body = {"model": "tooly", "messages": ASK, "max_tokens": 400, "ignore_eos": True, "n": 3, "stream": True}
-    with httpx.Client(base_url=daemon.url, timeout=60) as http, http.stream("POST", "/v1/chat/completions",
-                                                                           json=body) as wide:
+    body = {"model": "tooly", "messages": ASK, "max_tokens": 3000, "ignore_eos": True, "n": 3, "stream": True}
+    with httpx.stream("POST", f"{daemon.url}/v1/chat/completions", json=body, timeout=60) as wide:
         lines = wide.iter_lines()
         while '"delta"' not in next(lines):  # (the stream may open before the lease)
             pass
         assert daemon.model("tooly")["active_leases"] == 3
         pair = {"model": "tooly", "messages": ASK, "max_tokens": 1, "n": 2}
-        waiting = threading.Thread(target=lambda: httpx.post(f"{daemon.url}/v1/chat/completions", json=pair, timeout=60),
-                                   daemon=True)
+        waiting = threading.Thread(
+            target=lambda: httpx.post(f"{daemon.url}/v1/chat/completions", json=pair, timeout=60), daemon=True
+        )
         waiting.start()
         wait_until(lambda: daemon.model("tooly")["queued"] == 1, timeout=10)  # 3 + 2 > 4: it waits its turn
         assert daemon.model("tooly")["active_leases"] == 3

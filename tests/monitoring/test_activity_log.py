@@ -152,10 +152,12 @@ def test_requests_refused_before_planning_are_rows_with_their_error(daemon):
     ask = {"model": "qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     refusals = {
         "no-key": httpx.post(url, json=ask, headers={"X-Request-Id": "no-key"}),
-        "bad-body": httpx.post(url, json={**ask, "temperature": "hot"}, headers={**AS_ADMIN, "X-Request-Id": "bad-body"}),
+        "bad-body": httpx.post(url, json={**ask, "temperature": "hot"},
+                               headers={**AS_ADMIN, "X-Request-Id": "bad-body"}),
         "no-model": httpx.post(url, json={**ask, "model": "nope", "stream": True},
                                headers={**AS_ADMIN, "X-Request-Id": "no-model"}),
-        "too-many": httpx.post(url, json={**ask, "max_tokens": 10**9}, headers={**AS_ADMIN, "X-Request-Id": "too-many"}),
+        "too-many": httpx.post(url, json={**ask, "max_tokens": 10**9},
+                               headers={**AS_ADMIN, "X-Request-Id": "too-many"}),
         "messages": httpx.post(f"{daemon.url}/v1/messages", json={"model": "qwen", "max_tokens": 2, "messages": "x"},
                                headers={"x-api-key": READER, "X-Request-Id": "messages"}),
     }
