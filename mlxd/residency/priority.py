@@ -30,6 +30,7 @@ WEIGHTS = {"interactive": 8.0, "default": 4.0, "bulk": 1.0}
 class Waiting(Protocol):
     priority: str
     arrived: float
+    slots: int
 
 
 def class_of(priority: str) -> str:
@@ -44,22 +45,24 @@ class FairShare:
     _passes: dict[str, dict[str, float]] = field(default_factory=dict)
     _now: dict[str, float] = field(default_factory=dict)
 
-    def pick(self, queue: str, waiting: Sequence[Waiting], active: int, capacity: int) -> Waiting | None:
-        """The waiter of ``queue`` to admit to a free lease, or None when the
-        only free lease is reserved and none of them is interactive.
-        ``waiting`` in arrival order; ``active`` leases of ``capacity`` held."""
+    def choose(self, queue: str, waiting: Sequence[Waiting], active: int, capacity: int) -> Waiting | None:
+        """The waiter of ``queue`` next in line for a free lease, or None when
+        the only free lease is kept and none of them is interactive.
+        ``waiting`` in arrival order; ``active`` slots of ``capacity`` held.
+        Choosing changes nothing but a joining class's pass (``served`` moves
+        the queue on), so a choice that must wait can be asked again."""
         if not waiting:
             return None
-        reserved = self.reserve_interactive and capacity >= 2 and active >= capacity - 1
-        heads: dict[str, Waiting] = {}
+        # Each class's first waiter: one that would take the kept slot holds
+        # its class back (the ones behind it do not jump it).
+        firsts: dict[str, Waiting] = {}
         for w in waiting:
-            c = class_of(w.priority)
-            if c not in heads and (not reserved or c == "interactive"):
-                heads[c] = w
+            firsts.setdefault(class_of(w.priority), w)
+        heads = {c: w for c, w in firsts.items() if c == "interactive" or not self._kept(active + w.slots, capacity)}
         if not heads:
             return None
         passes = self._passes.setdefault(queue, {})
-        # The queue's virtual time: the pass of the class picked last (a
+        # The queue's virtual time: the pass of the class served last (a
         # class waiting all along is at or past it). A class that was not
         # waiting joins one of its own strides past it, as if it had just
         # been served: no credit from its idle time, no jump ahead of work
@@ -69,6 +72,16 @@ class FairShare:
             if passes.get(c, -1.0) < now:
                 passes[c] = now + 1.0 / WEIGHTS[c]
         chosen = min(heads, key=lambda c: (passes[c], PRIORITIES.index(c)))
-        self._now[queue] = passes[chosen]
-        passes[chosen] += 1.0 / WEIGHTS[chosen]
         return heads[chosen]
+
+    def served(self, queue: str, priority: str) -> None:
+        """A waiter of ``priority`` was granted its lease."""
+        c = class_of(priority)
+        passes = self._passes.setdefault(queue, {})
+        pass_ = passes.get(c, self._now.get(queue, 0.0))
+        self._now[queue] = pass_
+        passes[c] = pass_ + 1.0 / WEIGHTS[c]
+
+    def _kept(self, taken: int, capacity: int) -> bool:
+        """Whether holding ``taken`` slots would take the one kept for interactive requests."""
+        return self.reserve_interactive and capacity >= 2 and taken > capacity - 1
