@@ -244,7 +244,6 @@ class ResidencyManager:
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()
         self._timer: asyncio.Task[None] | None = None
-        self._stopping = False
         # Footprints measured in earlier runs (or before a reload re-registered
         # the model): admission starts from what the model really costs.
         self._recall = recall
@@ -289,11 +288,6 @@ class ResidencyManager:
                 await self._wait_changed(0.1)
         await self.quiesce()
         if self._timer:
-            # Told to stop, not only cancelled: on Python 3.11 a cancel that
-            # lands as the timer's wake-up completes is swallowed by
-            # asyncio.wait_for, and the loop would wait on for good.
-            self._stopping = True
-            self._wake.set()
             self._timer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._timer
@@ -638,7 +632,7 @@ class ResidencyManager:
         await event_set_within(self._changed, timeout)
 
     async def _timer_loop(self) -> None:
-        while not self._stopping:
+        while True:
             self._wake.clear()
             deadline = self.core.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - self._clock())
