@@ -167,11 +167,16 @@ def test_max_concurrency_refuses_a_second_request_while_the_first_streams(daemon
     assert call(daemon, "POST", "/v1/chat/completions", BATCH, {"model": "echo-a", **CHAT}).status_code == 200
 
 
+def everything_generation(daemon: Any) -> int:
+    return call(daemon, "GET", "/v1/status", OPS).json()["config"]["generation"]
+
+
 def test_status_for_an_apps_key_shows_its_own_models_and_no_configuration(daemon):
     mine = call(daemon, "GET", "/v1/status", EDITOR).json()
     assert [m["name"] for m in mine["models"]] == ["echo-a"]
     assert mine["app"]["name"] == "editor" and mine["app"]["priority"] == "interactive"
-    assert "config" not in mine and "backends" not in mine and "memory" not in mine
+    assert mine["config"] == {"generation": everything_generation(daemon)} and mine["backends"] == []
+    assert mine["memory"]["budget_bytes"] > 0
     everything = call(daemon, "GET", "/v1/status", OPS).json()
     assert [m["name"] for m in everything["models"]] == ["echo-a", "echo-b"]
     assert everything["config"]["path"].endswith("models.yaml")

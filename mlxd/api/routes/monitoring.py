@@ -42,17 +42,19 @@ def _wants_html(request: Request) -> bool:
     return "text/html" in request.headers.get("accept", "")
 
 
-# What an app's non-admin key reads of /v1/status: how the daemon is, and
-# its own models and usage; not the configuration, the backends or the
-# other apps' models.
-_APP_SECTIONS = ("schema_version", "generated_at", "health")
+# What an app's non-admin key reads of /v1/status: how the daemon and the
+# machine are, and its own models and usage; not the configuration file and
+# its reloads, the backends or the other apps' models. The document keeps
+# its shape (the dashboard draws it as it draws any).
+_APP_SECTIONS = ("schema_version", "generated_at", "health", "daemon", "memory")
 
 
 def app_view(document: dict[str, Any], caller: Caller) -> dict[str, Any]:
     mine = [m for m in document["models"] if caller.may_use(m["name"], *m.get("aliases", ()))]
     names = {m["name"] for m in mine}
     out = {key: document[key] for key in _APP_SECTIONS}
-    out["daemon"] = {k: document["daemon"][k] for k in ("version", "uptime_seconds", "draining")}
+    out["config"] = {"generation": document["config"]["generation"]}
+    out["backends"] = []
     out["app"] = {"name": caller.app, "admin": caller.admin, "priority": caller.priority,
                   "models": list(caller.models), "routes": list(caller.routes)}
     out["models"] = mine
