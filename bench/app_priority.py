@@ -146,6 +146,13 @@ def main() -> None:
     print(table(["run", "idle p95 ms", "TTFT p50 ms", "TTFT p95 ms", "p95 vs idle", "n", "solo bulk s",
                  "bulk p50 s", "bulk max s", "max vs solo", "n"],
                 [summary(name, r) for name, r in runs.items()]))
+    for name, r in runs.items():
+        ttft = p95(r["interactive_ttft"]) / p95(r["idle_ttft"])
+        bulk = max(r["bulk_seconds"]) / statistics.median(r["solo_bulk_seconds"])
+        r["targets"] = {"interactive_p95_vs_idle": round(ttft, 2), "bulk_max_vs_solo": round(bulk, 2),
+                        "interactive_met": ttft <= 1.5, "bulk_met": bulk <= 2.0}
+        print(f"{name}: interactive p95 within 1.5x idle: {'yes' if ttft <= 1.5 else 'no'} ({ttft:.2f}x); "
+              f"every bulk request within 2x solo: {'yes' if bulk <= 2.0 else 'no'} ({bulk:.2f}x)")
     print(f"wrote {save('app_priority', f'qwen2-{args.size}', result)}")
 
 
