@@ -55,7 +55,7 @@ class WhisperRecipe:
     n_audio_ctx: int = 1500
     n_mels: int = 80
     # Short: a window decodes at most n_text_ctx // 2 tokens.
-    n_text_ctx: int = 64
+    n_text_ctx: int = 32
     bpe_vocab: int = 2000
     corpus_bytes: int = 1_000_000
 
