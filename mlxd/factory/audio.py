@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlxd.factory.build import default_cache_dir
+from mlxd.factory.cache_root import default_cache_dir
 from mlxd.factory.corpus import corpus_digest, stdlib_files
 from mlxd.files import build_once
 
