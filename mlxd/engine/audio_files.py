@@ -9,8 +9,8 @@ miniaudio, mlx-audio's resampler, mono float32), so the daemon's model sees
 the samples a direct call would. A file that decodes to less than its
 header says is a truncated file, refused.
 
-Writing: WAV and raw PCM are written here as the samples arrive; FLAC, MP3
-and Ogg Vorbis through libsndfile (``soundfile``, which ships it), also as
+Writing: WAV and raw PCM are written here as the samples arrive; FLAC and
+MP3 through libsndfile (``soundfile``, which ships it), also as
 the samples arrive.
 """
 
@@ -28,11 +28,12 @@ from mlxd.errors import BadRequest
 # What a request may send (OpenAI's list, less what needs ffmpeg here).
 READ_FORMATS = ("wav", "mp3", "flac", "ogg")
 # What /v1/audio/speech writes.
-WRITE_FORMATS = ("wav", "pcm", "flac", "mp3", "opus")
-MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp3": "audio/mpeg",
-               "opus": "audio/ogg"}
+WRITE_FORMATS = ("wav", "pcm", "flac", "mp3")
+MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp3": "audio/mpeg"}
 # libsndfile's container and encoding for each format it writes.
-_SOUNDFILE = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"), "opus": ("OGG", "OPUS")}
+# (Opus is left out: libsndfile takes it only at 8-48 kHz rates that
+# Soprano's 32 kHz is not, and resampling each chunk apart would click.)
+_SOUNDFILE = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III")}
 # A decoded file shorter than its header says by more than this is truncated.
 TRUNCATION_TOLERANCE = 0.02
 

@@ -97,13 +97,14 @@ def test_translation_asks_the_model_for_its_translate_task(audio_daemon, direct_
     assert got.text == expected.text.strip()
 
 
-def test_a_streamed_transcription_ends_with_the_whole_text(audio_daemon, sweep_files) -> None:
+def test_a_long_file_streams_a_delta_per_30_s_window(audio_daemon) -> None:
+    """31 s: Whisper's 30 s window, then the last second, each its own
+    worker step and its own delta; the last event has the whole text."""
     stream = client(audio_daemon).audio.transcriptions.create(
-        model="whisper", file=("sweep.wav", sweep_files["wav"]), stream=True, temperature=0.4)
+        model="whisper", file=("long.wav", write_file(sweep(31.0), RATE, "wav")), stream=True, temperature=0.4)
     events = list(stream)
-    assert [e.type for e in events][-1] == "transcript.text.done"
-    deltas = "".join(e.delta for e in events if e.type == "transcript.text.delta")
-    assert deltas.strip() == events[-1].text and deltas
+    assert [e.type for e in events] == ["transcript.text.delta"] * 2 + ["transcript.text.done"]
+    assert "".join(e.delta for e in events[:2]).strip() == events[-1].text
 
 
 def test_speech_is_mlx_audios_samples_streamed_as_made(audio_daemon, direct_soprano) -> None:

@@ -106,6 +106,6 @@ class SpeechBody(BaseModel):
     input: str = Field(min_length=1)
     voice: str | None = None
     speed: float = Field(1.0, ge=0.25, le=4.0)
-    response_format: Literal["wav", "pcm", "flac", "mp3", "opus"] = "mp3"
+    response_format: Literal["wav", "pcm", "flac", "mp3"] = "mp3"
     instructions: str | None = None
     stream_format: Literal["audio"] = "audio"

@@ -65,7 +65,7 @@ async def read_audio(ctx: DaemonContext, data: bytes) -> np.ndarray:
 
 def options_for(ask: TranscribeAsk, task: str) -> TranscribeOptions:
     return TranscribeOptions(
-        task=task, language=ask.language if task == "transcribe" or ask.language else None, prompt=ask.prompt,
+        task=task, language=ask.language, prompt=ask.prompt,
         temperature=ask.temperature, timestamps=ask.response_format in ("verbose_json", "srt", "vtt"),
         words="word" in ask.granularities)
 
