@@ -8,8 +8,9 @@ faster) for
 - speech: a paragraph to /v1/audio/speech (pcm) / ``model.generate``.
 
 Both sides seed MLX's random state before each call (as mlxd does per
-request) and use a fixed temperature, so they do the same work; the ratio
-daemon ÷ direct is the daemon's overhead (target >= 0.95). Audio is kept
+request) and use a fixed temperature, so they do the same work; the calls
+alternate, round by round; the ratio of the medians, daemon ÷ direct, is the
+daemon's overhead (target >= 0.95). Audio is kept
 within one 30 s Whisper window so both sides run one ``generate``.
 
     python bench/audio.py --quick          # tiny factory models, offline, ~1 min
@@ -46,15 +47,24 @@ def sweep(seconds: float, rate: int = 16000) -> np.ndarray:
     return (0.3 * np.sin(2 * np.pi * (200 + 900 * t / seconds) * t)).astype(np.float32)
 
 
-def timed(run: Callable[[], float], rounds: int) -> tuple[float, list[float]]:
-    """Median seconds of audio per wall second over ``rounds`` (after one warm-up)."""
-    run()
-    rates = []
-    for _ in range(rounds):
-        started = time.perf_counter()
-        audio_seconds = run()
-        rates.append(audio_seconds / (time.perf_counter() - started))
-    return statistics.median(rates), rates
+def rate(run: Callable[[], float]) -> float:
+    """Seconds of audio per wall second of one call."""
+    started = time.perf_counter()
+    audio_seconds = run()
+    return audio_seconds / (time.perf_counter() - started)
+
+
+def paired(direct: Callable[[], float], served: Callable[[], float], rounds: int) -> tuple[list[float], list[float]]:
+    """Both warmed up, then one call of each per round, alternating which
+    goes first: a shared machine's load drifts, and it then weighs on both."""
+    direct(), served()
+    d, m = [], []
+    for i in range(rounds):
+        first, second = (direct, served) if i % 2 == 0 else (served, direct)
+        a, b = rate(first), rate(second)
+        d.append(a if first is direct else b)
+        m.append(b if first is direct else a)
+    return d, m
 
 
 def direct_stt(folder: Path, wav: Path, seconds: float) -> Callable[[], float]:
@@ -137,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             rate = int(load_config(tts).get("sample_rate", 24000))
             served = {"transcription": daemon_stt(url, data, args.seconds), "speech": daemon_tts(url, rate)}
             for case in ("transcription", "speech"):
-                d, d_all = timed(direct[case], args.rounds)
-                m, m_all = timed(served[case], args.rounds)
+                d_all, m_all = paired(direct[case], served[case], args.rounds)
+                d, m = statistics.median(d_all), statistics.median(m_all)
                 cases[case] = {"direct_rtf": d, "mlxd_rtf": m, "ratio": m / d, "direct_rounds": d_all,
                                "mlxd_rounds": m_all}
                 rows.append([case, f"{d:.2f}", f"{m:.2f}", f"{m / d:.3f}"])
