@@ -92,7 +92,7 @@ def test_translation_asks_the_model_for_its_translate_task(audio_daemon, direct_
     expected = direct_whisper.generate(str(path), task="translate", language="fr", temperature=0.4,
                                        return_timestamps=False)
     got = client(audio_daemon).audio.translations.create(model="whisper", file=("sweep.wav", sweep_files["wav"]),
-                                                         prompt=None, temperature=0.4,
+                                                         temperature=0.4,
                                                          extra_body={"language": "fr"})
     assert got.text == expected.text.strip()
 
