@@ -22,7 +22,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +73,6 @@ class AudioFigures:
     audio_seconds: float = 0.0
     steps: int = 0
     failures: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _accepted(fn: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -151,7 +150,7 @@ class AudioEngine(EngineBase):
     def stats(self) -> dict[str, Any]:
         f = self.figures
         return {**super().stats(), "requests": f.requests, "audio_seconds": round(f.audio_seconds, 3),
-                "steps": f.steps, "failures": f.failures, **f.extra}
+                "steps": f.steps, "failures": f.failures}
 
     def _release(self) -> dict[str, Any]:
         self.model = None

@@ -3,8 +3,6 @@ mlx-audio called directly on the same input: the same text, the same samples."""
 
 from __future__ import annotations
 
-import io
-import json
 
 import httpx
 import mlx.core as mx
