@@ -90,8 +90,10 @@ async def transcribe_stream(ctx: DaemonContext, request: Request, ask: Transcrib
     spec = _local(ctx, ask.model, TRANSCRIBE)
     samples = await read_audio(ctx, ask.file)
     options = options_for(ask, task)
-    return await _streamed(ctx, request, spec, ask.model, task, samples.size / SAMPLE_RATE,
-                           lambda engine: engine.transcribe(samples, options, _request_id(request)))
+    seconds = samples.size / SAMPLE_RATE
+    return await _streamed(ctx, request, spec, ask.model, task, seconds,
+                           lambda engine: engine.transcribe(samples, options, _request_id(request)),
+                           lambda window: 0.0, audio_seconds=seconds)
 
 
 async def speech(ctx: DaemonContext, request: Request, body: SpeechBody) -> tuple[int, AsyncIterator[np.ndarray]]:
@@ -107,7 +109,8 @@ async def speech(ctx: DaemonContext, request: Request, body: SpeechBody) -> tupl
         rate.append(engine.sample_rate)
         return engine.synthesise(body.input, body.voice, body.speed, _request_id(request))
 
-    chunks = await _streamed(ctx, request, spec, body.model, "speech", float(len(body.input)), start)
+    chunks = await _streamed(ctx, request, spec, body.model, "speech", float(len(body.input)), start,
+                             lambda chunk: chunk.size / rate[0])
     return rate[0], chunks
 
 
@@ -138,10 +141,12 @@ async def _leased(ctx: DaemonContext, spec: ModelSpec, work: Callable[[Any], Any
 
 
 async def _streamed(ctx: DaemonContext, request: Request, spec: ModelSpec, name: str, what: str, amount: float,
-                    start: Callable[[Any], AsyncIterator[Any]]) -> AsyncIterator[Any]:
+                    start: Callable[[Any], AsyncIterator[Any]], seconds_of: Callable[[Any], float], *,
+                    audio_seconds: float = 0.0) -> AsyncIterator[Any]:
     """A lease and the engine's stream, its first item awaited here (a
     refusal is an error answer, not a broken stream); the stream then owns
-    the lease and gives it back when it ends or its client leaves."""
+    the lease and gives it back when it ends or its client leaves.
+    ``seconds_of`` an item: the audio it made, added to ``audio_seconds``."""
     timeout = ctx.settings.server.request_timeout_s
     started = time.monotonic()
     lease = await guarded(request, ctx.manager.acquire(spec.name, timeout=timeout), timeout)
@@ -161,10 +166,13 @@ async def _streamed(ctx: DaemonContext, request: Request, spec: ModelSpec, name:
 
     async def rest() -> AsyncIterator[Any]:
         status = 200
+        made = audio_seconds
         try:
             if first is not None:
+                made += seconds_of(first)
                 yield first
                 async for item in stream:
+                    made += seconds_of(item)
                     yield item
         except MlxdError as exc:
             status = exc.status_code
@@ -175,7 +183,7 @@ async def _streamed(ctx: DaemonContext, request: Request, spec: ModelSpec, name:
         finally:
             lease.release()
             await stream.aclose()
-            _account(ctx, name, what, status, time.monotonic() - started, amount)
+            _account(ctx, name, what, status, time.monotonic() - started, amount, made)
 
     return rest()
 
@@ -191,11 +199,15 @@ class _accounted:
 
     async def __aexit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         status = 200 if exc is None else exc.status_code if isinstance(exc, MlxdError) else 500
-        _account(self.ctx, self.name, self.what, status, time.monotonic() - self.started, self.amount)
+        _account(self.ctx, self.name, self.what, status, time.monotonic() - self.started, self.amount,
+                 self.amount)
 
 
-def _account(ctx: DaemonContext, name: str, what: str, status: int, seconds: float, amount: float) -> None:
+def _account(ctx: DaemonContext, name: str, what: str, status: int, seconds: float, amount: float,
+             audio_seconds: float = 0.0) -> None:
     ctx.metrics.requests.labels(name, str(status)).inc()
     ctx.metrics.request_seconds.labels(name).observe(seconds)
+    if status == 200:
+        ctx.metrics.audio_seconds.labels(name, what).inc(audio_seconds)
     unit = "chars" if what == "speech" else "audio_seconds"
     log.info("%s model=%s status=%d %s=%.1f seconds=%.3f", what, name, status, unit, amount, seconds)
