@@ -3,7 +3,7 @@
 Both run their model exactly as mlx-audio's own ``generate`` does, on the
 MLX worker, as steps of a worker stream: a transcription takes one step per
 window of the model's length (Whisper's 30 s), a synthesis one step per
-segment mlx-audio yields, so a long file or a long text takes turns with
+segment mlx-audio yields (Soprano one per audio token: ``audio_soprano``), so a long file or a long text takes turns with
 every other stream on the worker (chat decode steps, embedding batches)
 instead of holding it. Audio at most one window long is one call to
 mlx-audio's ``generate``, with the arguments a direct call would pass.
@@ -276,8 +276,14 @@ class SpeechEngine(AudioEngine):
         kwargs = self.synthesis_kwargs(voice, speed)
         return self._stepped(self._chunks(text, kwargs), request_id)
 
-    def _chunks(self, text: str, kwargs: dict[str, Any]) -> Iterator[np.ndarray]:
-        """Worker thread: each result of mlx-audio's ``generate`` as samples."""
+    def _chunks(self, text: str, kwargs: dict[str, Any]) -> Iterator[Any]:
+        """Worker thread: each result of mlx-audio's ``generate`` as samples;
+        Soprano a token a turn and a sentence a chunk (``audio_soprano``)."""
+        from mlxd.engine.audio_soprano import is_soprano, sentences
+
+        if is_soprano(self.model) and not kwargs:
+            yield from sentences(self.model, text)
+            return
         for result in self.model.generate(text, **kwargs):
             yield np.asarray(result.audio, dtype=np.float32).reshape(-1)
 

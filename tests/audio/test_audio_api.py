@@ -106,7 +106,10 @@ def test_a_long_file_streams_a_delta_per_30_s_window(audio_daemon) -> None:
 
 
 def test_speech_is_mlx_audios_samples_streamed_as_made(audio_daemon, direct_soprano) -> None:
-    text = "Hello there. This sentence is spoken by a tiny random model."
+    # Two lines, the second of two sentences: mlx-audio makes a result per
+    # line, mlxd streams a chunk per sentence; the samples are the same.
+    text = ("Hello there, this first line is spoken by a tiny random model.\n"
+            "The second line has two sentences in it. Here is the last one, long enough.")
     mx.random.seed(0)
     expected = np.concatenate([np.asarray(r.audio, dtype=np.float32) for r in direct_soprano.generate(text)])
     api = client(audio_daemon)
