@@ -135,9 +135,10 @@ def read_model_config(model_dir: Path) -> dict[str, Any]:
 
 
 def detect_kind(config_json: Mapping[str, Any], model_dir: Path | None = None) -> str:
-    """``vision`` when the model has a vision tower (mlx-vlm), ``rerank`` for
-    a BERT/XLM-R sequence classifier (a cross-encoder), ``embedding`` for an
-    encoder (``BertModel``, ...) or a sentence-transformers folder, else ``text``."""
+    """``vision`` when the model has a vision tower (mlx-vlm), ``transcription``
+    or ``speech`` for mlx-audio's model types, ``rerank`` for a BERT/XLM-R
+    sequence classifier (a cross-encoder), ``embedding`` for an encoder
+    (``BertModel``, ...) or a sentence-transformers folder, else ``text``."""
     if "vision_config" in config_json:
         return "vision"
     if config_json.get("model_type") in _SPEECH_TO_TEXT:
