@@ -7,6 +7,7 @@ import yaml
 
 from mlxd.cli.demo import _audio_entries
 from mlxd.registry.loader import load_registry
+from mlxd.registry.resolve import detect_kind, read_model_config
 
 
 def test_the_demo_names_a_transcription_and_a_speech_entry(tmp_path) -> None:
@@ -23,3 +24,6 @@ def test_the_demo_names_a_transcription_and_a_speech_entry(tmp_path) -> None:
     assert whisper.footprint.kv_cache == soprano.footprint.kv_cache == 0
     assert whisper.footprint.weights > 1_000_000 and soprano.footprint.weights > 10_000_000
     assert registry.kind_of(whisper).name == "transcription" and registry.kind_of(soprano).name == "speech"
+    # An entry without `kind:` gets the same, from config.json's model_type.
+    assert detect_kind(read_model_config(whisper.path)) == "transcription"
+    assert detect_kind(read_model_config(soprano.path)) == "speech"
