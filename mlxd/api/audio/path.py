@@ -18,6 +18,7 @@ import numpy as np
 from starlette.requests import Request
 
 from mlxd.api.audio.bodies import SpeechBody, TranscribeAsk
+from mlxd.api.auth import caller_of
 from mlxd.api.context import DaemonContext
 from mlxd.api.embeddings.path import entry_for
 from mlxd.api.generation import guarded
@@ -39,8 +40,9 @@ class Transcript:
     options: TranscribeOptions
 
 
-def _local(ctx: DaemonContext, name: str, route: str) -> ModelSpec:
-    spec = entry_for(ctx, name, route)
+def _local(ctx: DaemonContext, request: Request, name: str, route: str) -> ModelSpec:
+    """The entry ``name`` as the caller may use it (its app's scope applies)."""
+    spec = entry_for(ctx, name, route, caller_of(request))
     if spec.is_remote:
         raise BadRequest(f"`{name}` is served by a backend; speech requests are not relayed yet", param="model")
     return spec
@@ -71,7 +73,7 @@ def options_for(ask: TranscribeAsk, task: str) -> TranscribeOptions:
 
 
 async def transcribe(ctx: DaemonContext, request: Request, ask: TranscribeAsk, task: str) -> Transcript:
-    spec = _local(ctx, ask.model, TRANSCRIBE)
+    spec = _local(ctx, request, ask.model, TRANSCRIBE)
     samples = await read_audio(ctx, ask.file)
     options = options_for(ask, task)
 
@@ -80,14 +82,14 @@ async def transcribe(ctx: DaemonContext, request: Request, ask: TranscribeAsk, t
         return Transcript(ask.model, windows, samples.size / SAMPLE_RATE, options)
 
     async with _accounted(ctx, ask.model, task, samples.size / SAMPLE_RATE):
-        return await guarded(request, _leased(ctx, spec, work), ctx.settings.server.request_timeout_s)
+        return await guarded(request, _leased(ctx, request, spec, work), ctx.settings.server.request_timeout_s)
 
 
 async def transcribe_stream(ctx: DaemonContext, request: Request, ask: TranscribeAsk,
                             task: str) -> AsyncIterator[Window]:
     """The windows as they are transcribed, under a lease taken before the
     first one (so a failure to get one is still a plain error answer)."""
-    spec = _local(ctx, ask.model, TRANSCRIBE)
+    spec = _local(ctx, request, ask.model, TRANSCRIBE)
     samples = await read_audio(ctx, ask.file)
     options = options_for(ask, task)
     seconds = samples.size / SAMPLE_RATE
@@ -102,7 +104,7 @@ async def speech(ctx: DaemonContext, request: Request, body: SpeechBody) -> tupl
     if len(body.input) > limit:
         raise BadRequest(f"`input` is {len(body.input)} characters; at most {limit} are read "
                          "(server.max_speech_chars).", param="input", code="string_above_max_length")
-    spec = _local(ctx, body.model, SPEAK)
+    spec = _local(ctx, request, body.model, SPEAK)
     rate: list[int] = []
 
     def start(engine: Any) -> AsyncIterator[np.ndarray]:
@@ -114,15 +116,16 @@ async def speech(ctx: DaemonContext, request: Request, body: SpeechBody) -> tupl
     return rate[0], chunks
 
 
-def voices(ctx: DaemonContext, name: str | None) -> list[tuple[str, list[str]]]:
+def voices(ctx: DaemonContext, request: Request, name: str | None) -> list[tuple[str, list[str]]]:
     """Each speech model's voices (read from its folder: no lease)."""
     from mlxd.engine.audio import folder_voices
 
     if name is not None:
-        spec = _local(ctx, name, SPEAK)
+        spec = _local(ctx, request, name, SPEAK)
         return [(name, folder_voices(spec.path))]
+    caller = caller_of(request)
     return [(s.name, folder_voices(s.path)) for s in ctx.registry.models
-            if not s.is_remote and SPEAK in ctx.registry.kind_of(s).routes]
+            if not s.is_remote and SPEAK in ctx.registry.kind_of(s).routes and caller.may_use(s.name)]
 
 
 # --- leases ------------------------------------------------------------------------
@@ -132,8 +135,9 @@ def _request_id(request: Request) -> str:
     return str(getattr(request.state, "request_id", "") or request.headers.get("x-request-id", ""))
 
 
-async def _leased(ctx: DaemonContext, spec: ModelSpec, work: Callable[[Any], Any]) -> Any:
-    lease = await ctx.manager.acquire(spec.name, timeout=ctx.settings.server.request_timeout_s)
+async def _leased(ctx: DaemonContext, request: Request, spec: ModelSpec, work: Callable[[Any], Any]) -> Any:
+    lease = await ctx.manager.acquire(spec.name, timeout=ctx.settings.server.request_timeout_s,
+                                      caller=caller_of(request))
     try:
         return await work(lease.engine)
     finally:
@@ -149,7 +153,8 @@ async def _streamed(ctx: DaemonContext, request: Request, spec: ModelSpec, name:
     ``seconds_of`` an item: the audio it made, added to ``audio_seconds``."""
     timeout = ctx.settings.server.request_timeout_s
     started = time.monotonic()
-    lease = await guarded(request, ctx.manager.acquire(spec.name, timeout=timeout), timeout)
+    lease = await guarded(request, ctx.manager.acquire(spec.name, timeout=timeout, caller=caller_of(request)),
+                          timeout)
     stream: Any = None
     try:
         stream = start(lease.engine)

@@ -53,7 +53,7 @@ def router() -> APIRouter:
 
     @api.get(PREFIX + "/voices")
     async def voices(request: Request, model: str | None = None) -> Response:
-        found = path.voices(_ctx(request), model)
+        found = path.voices(_ctx(request), request, model)
         return JSONResponse({"object": "list", "data": [
             {"id": voice, "name": voice, "model": name} for name, names in found for voice in names]})
 
