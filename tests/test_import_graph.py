@@ -29,6 +29,7 @@ ALLOWED = {
     "residency": {"errors", "caller", "registry", "engine"},
     # Registry entries served by other servers: an engine over HTTP.
     "remote": {"errors", "registry", "engine"},
+    "distributed": {"errors", "registry", "engine", "tools"},
     "factory": {"errors", "files"},
     "service": {"errors", "registry", "settings"},
     # Constrained decoding and tool calls (engine side), GGUF import.

@@ -64,6 +64,9 @@ class DrainCause(str, Enum):
     # they are called off when nobody waits for that model any more.
     PREEMPTED = "preempted"
     PASS_OVER = "pass_over"
+    # The engine broke under its leases (a parallel model's rank died): it
+    # unloads once they are released and is then failed, with backoff.
+    BROKE = "broke"
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,11 @@ class Resident:
     # It was in memory when a reload-class change arrived: load it again
     # once the old instance has unloaded, so the warm set stays warm.
     reload_pending: bool = False
+    # Why the engine broke while resident (``engine_failed``): once it has
+    # unloaded, the model is failed with this error and backs off.
+    broke: str | None = None
+    # The last failure was the engine breaking while loaded, not a load.
+    failed_while_loaded: bool = False
 
     @property
     def name(self) -> str:
@@ -311,6 +319,7 @@ class ResidencyCore:
         if error is not None:
             r.failures += 1
             r.last_error = error
+            r.failed_while_loaded = False
             backoff = min(
                 self.manager.load_retry_backoff_s * 2 ** (r.failures - 1),
                 self.manager.load_retry_backoff_max_s,
@@ -355,6 +364,22 @@ class ResidencyCore:
             r.reserved = max(r.reserved, nbytes)
         return self._fit_budget(now, reason="measured footprint above estimate")
 
+    def engine_failed(self, model: str, instance: int, error: str, now: float) -> list[Action]:
+        """The resident engine broke (a rank of its gang exited or stalled):
+        it admits no lease from now on, its requests end (the engine has
+        ended them with the error), and once the last lease is released it
+        unloads and the model is failed with backoff, its memory released.
+        A stale report (an older instance, or already unloading) changes nothing."""
+        r = self.residents.get(model)
+        if r is None or r.instance != instance or r.state not in (State.LOADED, State.DRAINING):
+            return []
+        r.broke = error
+        actions: list[Action] = [
+            Note("failure", model, f"{model} failed while loaded: {error}"),
+            AbortGenerations(model, instance, error),
+        ]
+        return actions + self._drain(r, Drain(DrainCause.BROKE, error), now) + self._schedule(now)
+
     def unload_finished(self, model: str, instance: int, now: float) -> list[Action]:
         r = self.residents[model]
         assert r.state is State.UNLOADING and r.instance == instance, (model, r.state)
@@ -365,6 +390,8 @@ class ResidencyCore:
         if r.removed:
             del self.residents[model]
             return self._schedule(now)
+        if r.broke is not None:
+            return self._broken_down(r, now)
         _hold_if_broken(r)
         actions = self._schedule(now)
         if r.reload_pending:
@@ -548,10 +575,26 @@ class ResidencyCore:
     def _group(self, r: Resident) -> list[Resident]:
         return [x for x in self.residents.values() if x.spec.capacity_group == r.spec.capacity_group]
 
+    def _broken_down(self, r: Resident, now: float) -> list[Action]:
+        """A broken engine has unloaded: failed, with the load failures' backoff."""
+        error, r.broke = r.broke, None
+        r.failures += 1
+        r.last_error = error
+        backoff = min(self.manager.load_retry_backoff_s * 2 ** (r.failures - 1), self.manager.load_retry_backoff_max_s)
+        r.retry_at = now + backoff
+        r.state = State.FAILED
+        r.failed_while_loaded = True
+        actions: list[Action] = [Note("failure", r.name, f"{r.name} is down: {error}; retry in {backoff:.0f} s")]
+        for w in [w for w in self.waiters if w.model == r.name]:
+            self.waiters.remove(w)
+            actions.append(Reject(w.request_id, self._load_failed_error(r, now)))
+        return actions + self._schedule(now)
+
     def _load_failed_error(self, r: Resident, now: float) -> ModelLoadFailed:
         retry = max(1.0, (r.retry_at or now) - now)
+        what = "failed" if r.failed_while_loaded else "failed to load"
         return ModelLoadFailed(
-            f"Model `{r.name}` failed to load: {_sentence(r.last_error)} Retrying in {retry:.0f} s.",
+            f"Model `{r.name}` {what}: {_sentence(r.last_error)} Retrying in {retry:.0f} s.",
             retry_after=retry,
         )
 

@@ -1,0 +1,273 @@
+"""One rank of a gang: ``python -m mlxd.distributed.rank``, started by the
+daemon (``distributed/gang.py``) with ``MLX_RANK``, ``MLX_HOSTFILE`` and the
+spec in ``MLXD_GANG_*`` variables; never by ``mlx.launch``.
+
+It joins the group, loads its shard, passes the load barrier, then runs
+what the daemon sends on stdin (JSON lines, ``distributed/wire.py``), one
+request at a time, and reports on its own event channel (the original
+stdout; fd 1 is pointed at stderr so that no library's print can corrupt it).
+
+Every rank runs the same step program, so every collective inside the model
+meets its peers. Rank 0 leads: it samples each token and decides whether to
+go on (end token, max_tokens, a cancel from the daemon), and one ``all_sum``
+of ``[token, stop]`` per step hands that decision to the followers. A
+follower never reads a cancel itself: two ranks that stop at different steps
+would leave one waiting in a collective forever.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import threading
+from pathlib import Path
+from typing import Any, TextIO
+
+from mlxd.distributed import wire
+
+
+class Reporter:
+    """The rank's event channel: one JSON line per event, flushed at once
+    (the daemon's liveness reads progress from it)."""
+
+    def __init__(self, out: TextIO, rank: int) -> None:
+        self._out = out
+        self._rank = rank
+        self._lock = threading.Lock()
+
+    def send(self, kind: str, **fields: Any) -> None:
+        line = wire.encode({"ev": kind, "rank": self._rank, **fields})
+        with self._lock:
+            self._out.write(line)
+            self._out.flush()
+
+
+def _read_commands(source: TextIO, inbox: queue.Queue[dict[str, Any] | None], cancels: set[str]) -> None:
+    """Stdin reader thread: cancels are noted at once (rank 0 reads them
+    between steps), everything else is queued in order. EOF: the daemon is
+    gone, and so is the reason to live."""
+    for line in source:
+        message = wire.decode(line)
+        if message is None:
+            continue
+        if message.get("op") == "cancel":
+            cancels.add(str(message.get("id")))
+        else:
+            inbox.put(message)
+    inbox.put(None)
+
+
+def _bare_mlx_lm() -> None:
+    """Make ``mlx_lm`` importable without its ``__init__``, which imports
+    transformers (2-3 s per rank here, paid again at every load of the gang);
+    a rank needs only the model classes, the cache and the samplers."""
+    import importlib.util
+    import types
+
+    if "mlx_lm" in sys.modules:
+        return
+    spec = importlib.util.find_spec("mlx_lm")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    package = types.ModuleType("mlx_lm")
+    package.__path__ = list(spec.submodule_search_locations)
+    package.__spec__ = spec
+    sys.modules["mlx_lm"] = package
+
+
+def _load(path: str, mode: str, group: Any) -> Any:
+    """The model with only this rank's shard of the weights evaluated."""
+    import mlx.core as mx
+
+    model = _build(Path(path))
+    if mode == "pipeline":
+        if not hasattr(getattr(model, "model", None), "pipeline"):
+            raise ValueError(f"mlx-lm's {type(model).__module__} has no pipeline split; use mode: tensor")
+        model.model.pipeline(group)
+    else:
+        if not hasattr(model, "shard"):
+            raise ValueError(f"mlx-lm's {type(model).__module__} has no tensor split; use mode: pipeline")
+        model.shard(group)
+    mx.eval(model.parameters())
+    return model
+
+
+def _build(path: Path) -> Any:
+    """mlx-lm's model class with the folder's weights, lazily (nothing is
+    read until the shard is evaluated). Architectures mlx-lm reaches through
+    a remapping, or quantized per layer, go through its own loader."""
+    import importlib
+
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    config = json.loads((path / "config.json").read_text())
+    quant = config.get("quantization")
+    try:
+        arch = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    except (ImportError, KeyError):
+        arch = None
+    if arch is None or (isinstance(quant, dict) and any(isinstance(v, dict) for v in quant.values())):
+        from mlx_lm.utils import load_model
+
+        return load_model(path, lazy=True, strict=False)[0]
+    model = arch.Model(arch.ModelArgs.from_dict(config))
+    weights: dict[str, Any] = {}
+    for file in sorted(path.glob("model*.safetensors")):
+        weights.update(mx.load(str(file)))
+    if hasattr(model, "sanitize"):
+        weights = model.sanitize(weights)
+    if isinstance(quant, dict):
+        nn.quantize(model, group_size=quant["group_size"], bits=quant["bits"], mode=quant.get("mode", "affine"),
+                    class_predicate=lambda p, m: f"{p}.scales" in weights)
+    model.load_weights(list(weights.items()), strict=False)
+    return model
+
+
+def _barrier(group: Any) -> None:
+    import mlx.core as mx
+
+    mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group, stream=mx.cpu))
+
+
+class Runner:
+    """The step program of one request, the same on every rank."""
+
+    def __init__(self, model: Any, group: Any, report: Reporter, cancels: set[str], eos: set[int]) -> None:
+        self.model = model
+        self.group = group
+        self.rank = group.rank()
+        self.report = report
+        self.cancels = cancels
+        self.eos = eos
+        self.peak_reported = False
+        import mlx.core as mx
+
+        # Its own stream, as mlx-lm's generate keeps one (mlx_lm.generate
+        # itself is not imported: it would pull transformers in).
+        self.stream = mx.new_stream(mx.default_device())
+
+    def run(self, message: dict[str, Any]) -> None:
+        import mlx.core as mx
+        from mlx_lm.models.cache import make_prompt_cache
+
+        generation_stream = self.stream
+
+        rid = str(message["id"])
+        tokens: list[int] = list(message["tokens"])
+        max_tokens = int(message["max_tokens"])
+        chunk = max(1, int(message.get("prefill_step", 512)))
+        leader = self.rank == 0
+        sampler, processors = self._sampling(message, self.eos) if leader else (None, [])
+        cache = make_prompt_cache(self.model)
+        prompt = mx.array(tokens)
+        self.report.send("phase", id=rid, phase="prefill")
+        # mlx-lm's generate_step order: all but the last prompt token in
+        # chunks, then the last one as the first decode step, so that the
+        # logits (and greedy tokens) are those of one process.
+        done = 0
+        while len(tokens) - done > 1:
+            n = min(chunk, len(tokens) - done - 1)
+            with mx.stream(generation_stream):
+                self.model(prompt[done:done + n][None], cache=cache)
+                mx.eval([c.state for c in cache])
+            done += n
+            self.report.send("progress", id=rid, phase="prefill", done=done)
+        y = prompt[done:]
+        history = prompt
+        step = 0
+        reason = "length"
+        while True:
+            with mx.stream(generation_stream):
+                logits = self.model(y[None], cache=cache)[:, -1, :]
+                if leader:
+                    for processor in processors:
+                        logits = processor(history, logits)
+                    logprobs = logits - mx.logsumexp(logits, keepdims=True)
+                    token = int(sampler(logprobs).item())
+                    stop = token in self.eos or step + 1 >= max_tokens or rid in self.cancels
+                    decision = mx.array([float(token), 1.0 if stop else 0.0])
+                else:
+                    mx.eval(logits)
+                    decision = mx.zeros((2,))
+                decision = mx.distributed.all_sum(decision, group=self.group, stream=mx.cpu)
+                token_f, stop_f = decision.tolist()
+            token, stop = int(token_f), stop_f > 0.5
+            step += 1
+            if leader:
+                if token in self.eos:
+                    reason = "stop"
+                elif rid in self.cancels:
+                    reason = "abort"
+                self.report.send("token", id=rid, t=token)
+            else:
+                self.report.send("progress", id=rid, phase="decode", step=step)
+            if stop:
+                break
+            y = mx.array([token])
+            history = mx.concatenate([history, y])
+        self.cancels.discard(rid)
+        self.report.send("end", id=rid, reason=reason, steps=step, **self._memory())
+
+    def _memory(self) -> dict[str, int]:
+        import mlx.core as mx
+
+        if self.peak_reported:
+            return {}
+        self.peak_reported = True
+        return {"peak_bytes": int(mx.get_peak_memory())}
+
+    @staticmethod
+    def _sampling(message: dict[str, Any], eos: set[int]) -> tuple[Any, list[Any]]:
+        """Rank 0's sampler and logits processors, as the text engine builds them."""
+        from mlxd.engine import sampling
+        from mlxd.engine.types import SamplingParams
+
+        params = SamplingParams(**message.get("sampling", {}))
+        vocab = int(message["vocab_size"])
+        processors = sampling.make_logits_processors(params)
+        if message.get("ignore_eos"):
+            processors.append(sampling.suppress_tokens(eos, vocab))
+        return sampling.make_sampler(params, vocab), processors
+
+
+def main() -> int:
+    _bare_mlx_lm()
+    import mlx.core as mx
+
+    events = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    rank = int(os.environ["MLX_RANK"])
+    report = Reporter(events, rank)
+    report.send("phase", phase="load", pid=os.getpid())
+    path, mode = os.environ["MLXD_GANG_PATH"], os.environ.get("MLXD_GANG_MODE", "tensor")
+    backend = os.environ.get("MLXD_GANG_BACKEND", "ring")
+    try:
+        group = mx.distributed.init(strict=True, backend=backend)
+        model = _load(path, mode, group)
+        _barrier(group)
+    except Exception as exc:  # the daemon names this rank and why
+        report.send("failed", phase="load", error=f"{type(exc).__name__}: {exc}"[:500])
+        return 1
+    report.send("ready", memory_bytes=int(mx.get_active_memory()), size=group.size())
+    eos = {int(t) for t in json.loads(os.environ.get("MLXD_GANG_EOS", "[]"))}
+    inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
+    cancels: set[str] = set()
+    threading.Thread(target=_read_commands, args=(sys.stdin, inbox, cancels), daemon=True).start()
+    runner = Runner(model, group, report, cancels, eos)
+    while True:
+        message = inbox.get()
+        if message is None or message.get("op") == "exit":
+            return 0
+        if message.get("op") == "generate":
+            try:
+                runner.run(message)
+            except Exception as exc:  # a rank that cannot follow takes the gang down
+                report.send("failed", phase="decode", error=f"{type(exc).__name__}: {exc}"[:500])
+                return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""A parallel model end to end: the factory's Qwen2-shaped tiny model split
+over two ranks (tensor parallel, ring over loopback), started and owned by
+a real daemon, driven through the official openai client.
+
+One gang serves the whole module (spawning MLX ranks costs seconds here);
+the failure tests come last and each ends with the gang loaded again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import openai
+import psutil
+import pytest
+from support.daemon import daemon_in_thread, wait_until, write_registry
+
+pytestmark = pytest.mark.mlx
+
+CHAT = [{"role": "user", "content": "Read the configuration file and report the errors"}]
+TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gang")
+    registry = write_registry(
+        tmp,
+        [
+            {"name": "solo", "model": "qwen"},
+            {"name": "gang", "model": "qwen",
+             "parallel": {"mode": "tensor", "ranks": 2, "transport": "ring", "step_timeout_s": 3}},
+        ],
+        manager={"load_retry_backoff_s": 1, "load_retry_backoff_max_s": 1},
+    )
+    with daemon_in_thread(registry, tmp) as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def client(daemon):
+    return openai.OpenAI(base_url=f"{daemon.url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def solo_text(client):
+    reply = client.chat.completions.create(model="solo", messages=CHAT, max_tokens=TOKENS, temperature=0)
+    return reply.choices[0].message.content
+
+
+def _gang_text(client, **kw) -> str:
+    reply = client.chat.completions.create(model="gang", messages=CHAT, max_tokens=TOKENS, temperature=0, **kw)
+    return reply.choices[0].message.content
+
+
+def _rank_pids(daemon) -> list[int]:
+    return [r["pid"] for r in daemon.model("gang")["ranks"]]
+
+
+def test_greedy_output_is_byte_identical_to_one_process(client, daemon, solo_text):
+    reply = client.chat.completions.create(model="gang", messages=CHAT, max_tokens=TOKENS, temperature=0)
+    assert reply.choices[0].message.content == solo_text
+    assert reply.usage.completion_tokens == TOKENS
+    stream = client.chat.completions.create(model="gang", messages=CHAT, max_tokens=TOKENS, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == solo_text
+    assert chunks[-1].usage.completion_tokens == TOKENS
+
+
+def test_status_shows_every_rank_of_the_resident_gang(daemon):
+    model = daemon.model("gang")
+    assert model["state"] == "loaded"
+    assert model["parallel"]["ranks"] == ["local", "local"] and model["parallel"]["transport"] == "ring"
+    ranks = model["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    for row in ranks:
+        assert row["host"] == "local" and row["state"] == "ready"
+        assert psutil.pid_exists(row["pid"]) and row["pid"] != os.getpid()
+        assert row["memory_bytes"] > 0 and row["last_progress_s"] >= 0
+    # The gang's charge is every rank's share.
+    assert model["memory"]["measured_bytes"] == sum(r["memory_bytes"] for r in ranks)
+
+
+def _fails_and_recovers(client, daemon, solo_text, sig: signal.Signals, within: float) -> None:
+    pids = _rank_pids(daemon)
+    stream = client.chat.completions.create(model="gang", messages=CHAT, max_tokens=4000, temperature=0,
+                                            stream=True, extra_body={"ignore_eos": True})
+    got = ""
+    started = None
+    with pytest.raises(openai.APIError) as raised:
+        for chunk in stream:
+            got += (chunk.choices[0].delta.content or "") if chunk.choices else ""
+            if started is None and len(got) > 4:
+                os.kill(pids[1], sig)
+                started = time.monotonic()
+    assert started is not None, "the stream ended before the rank was signalled"
+    assert time.monotonic() - started < within
+    assert "rank 1" in str(raised.value)
+    model = wait_until(lambda: (m := daemon.model("gang"))["state"] == "failed" and m)
+    assert "rank 1" in model["last_error"]
+    # Every rank of that gang is gone (its process groups were killed), not just the one signalled.
+    wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                               for p in pids), timeout=10)
+    # After the backoff the next request loads a fresh gang and answers the same text.
+    time.sleep(1.2)
+    assert _gang_text(client) == solo_text
+    assert set(_rank_pids(daemon)).isdisjoint(pids)
+
+
+def test_a_killed_rank_ends_the_stream_with_an_error_and_the_gang_comes_back(client, daemon, solo_text):
+    _fails_and_recovers(client, daemon, solo_text, signal.SIGKILL, within=10)
+
+
+def test_a_stopped_rank_is_treated_the_same_within_the_decode_deadline(client, daemon, solo_text):
+    _fails_and_recovers(client, daemon, solo_text, signal.SIGSTOP, within=3 + 5)
