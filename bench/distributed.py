@@ -1,0 +1,146 @@
+"""A parallel model's per-token cost: mlxd's gang (`parallel:`, streamed
+through `mlxd serve`) against mlx-lm's own distributed generate
+(`sharded_load` + `stream_generate` on every rank, the ranks started with
+the variables `mlx.launch` sets), the same model, split and transport, in
+one run.
+
+    python bench/distributed.py --quick                 # offline, tiny model, seconds
+    python bench/distributed.py --size bench --tokens 128 --repeats 3
+    python bench/distributed.py --size bench --transport nccl   # one CUDA host, 2 GPUs
+
+Runs alternate (mlx-lm, mlxd, mlx-lm, ...) after a warm-up; medians are
+reported. Tokens/s is measured from the request to the last token (the same
+prompt's prefill on both sides). Target (issue #31): mlxd ÷ mlx-lm >= 0.95.
+Prints a table and merges the figures into bench/results/distributed.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx  # noqa: E402
+
+from bench.common import PROMPT, add_dtype_option, daemon, environment, model_dtype, reexec_with_openblas, save, table  # noqa: E402
+
+# One rank of mlx-lm's own distributed generate: what `mlx.launch -n N
+# script.py` runs, here with the variables set by hand. Rank 0 prints each
+# round's token times as one JSON line.
+PEER_RANK = r"""
+import json, sys, time
+import mlx.core as mx
+from mlx_lm import stream_generate
+from mlx_lm.sample_utils import make_sampler
+from mlx_lm.utils import sharded_load
+path, tokens, rounds, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+group = mx.distributed.init(strict=True, backend=sys.argv[5])
+model, tokenizer = sharded_load(path, group if mode == "pipeline" else None, group if mode == "tensor" else None)
+tokenizer._eos_token_ids = set()  # as mlx_lm.benchmark: decode to max_tokens
+prompt = tokenizer.encode(sys.argv[6])
+for _ in range(rounds):
+    times = [time.perf_counter()]
+    for r in stream_generate(model, tokenizer, prompt, max_tokens=tokens, sampler=make_sampler(0.0)):
+        times.append(time.perf_counter())
+    if group.rank() == 0:
+        print(json.dumps(times), flush=True)
+"""
+
+
+def rate(times: list[float], tokens: int) -> float:
+    """Tokens per second from the request (``times[0]``) to the last token.
+    Not first-to-last: the gang's tokens reach a client in bursts when the
+    ranks' collectives spin on every core, which makes that interval tiny."""
+    return tokens / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else float("nan")
+
+
+def run_peer(path: Path, args: argparse.Namespace, transport: str, rounds: int) -> list[float]:
+    from mlxd.distributed.gang import free_port, hostfile_text, rank_env
+
+    with tempfile.TemporaryDirectory(prefix="mlxd-bench-peer-") as tmp:
+        ports = [free_port() for _ in range(args.ranks)]
+        hostfile = Path(tmp) / "hosts.json"
+        hostfile.write_text(hostfile_text(ports))
+        procs = []
+        for rank in range(args.ranks):
+            env = {**os.environ, **rank_env(transport, rank, args.ranks, ports, hostfile)}
+            cmd = [sys.executable, "-c", PEER_RANK, str(path), str(args.tokens), str(rounds), args.mode, transport,
+                   PROMPT]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
+                                          text=True, start_new_session=True))
+        out, _ = procs[0].communicate(timeout=1800)
+        for p in procs[1:]:
+            p.wait(timeout=60)
+    return [rate(json.loads(line), args.tokens) for line in out.splitlines() if line.startswith("[")]
+
+
+def run_gang(url: str, tokens: int) -> float:
+    times = [time.perf_counter()]
+    body = {"model": "gang", "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=1800) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                choices = json.loads(line[6:]).get("choices") or []
+                if choices and choices[0].get("text"):
+                    times.append(time.perf_counter())
+    return rate(times, tokens)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="tiny", help="factory size: tiny, small, bench (Qwen2.5-0.5B's shapes)")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--mode", default="tensor", choices=["tensor", "pipeline"])
+    parser.add_argument("--transport", default="any", choices=["any", "ring", "nccl"])
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="tiny model, 32 tokens, 2 rounds: a smoke run")
+    add_dtype_option(parser)
+    args = parser.parse_args()
+    if args.quick:
+        args.size, args.tokens, args.repeats = "tiny", 32, 2
+    reexec_with_openblas()
+
+    from mlxd.factory import ModelRecipe, build_model
+    from mlxd.registry.device import current_device
+    from mlxd.registry.parallel import default_transport
+
+    transport = default_transport(current_device().kind) if args.transport == "any" else args.transport
+    path = build_model(ModelRecipe("qwen2", args.size, dtype=model_dtype(args)))
+    # The first round of each side is its warm-up (kernel compilation).
+    rounds = args.repeats + 1
+    peer = run_peer(path, args, transport, rounds)[1:]
+    gang: list[float] = []
+    parallel = {"mode": args.mode, "ranks": args.ranks, "transport": transport}
+    with daemon([{"name": "gang", "path": str(path), "parallel": parallel, "max_context": 4096}]) as url:
+        for _ in range(rounds):
+            gang.append(run_gang(url, args.tokens))
+    gang = gang[1:]
+    peer_rate, gang_rate = statistics.median(peer), statistics.median(gang)
+    ratio = gang_rate / peer_rate
+    print(table(
+        ["path", "tok/s (median)", "rounds", "per token ms"],
+        [["mlx-lm distributed", f"{peer_rate:.1f}", len(peer), f"{1000 / peer_rate:.2f}"],
+         ["mlxd gang", f"{gang_rate:.1f}", len(gang), f"{1000 / gang_rate:.2f}"]],
+    ))
+    print(f"\nmlxd gang / mlx-lm = {ratio:.3f} (target >= 0.95); {args.size}, {args.mode} over {args.ranks} "
+          f"ranks by {transport}, {args.tokens} tokens, load {os.getloadavg()[0]:.2f}")
+    key = f"{args.size}-{args.mode}-{args.ranks}-{transport}"
+    result = {"environment": environment(), "tokens": args.tokens, "peer_tok_s": peer, "gang_tok_s": gang,
+              "peer_median": peer_rate, "gang_median": gang_rate, "ratio": ratio}
+    print(f"wrote {save('distributed', key, result)}")
+
+
+if __name__ == "__main__":
+    main()
