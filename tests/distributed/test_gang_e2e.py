@@ -115,3 +115,14 @@ def test_a_killed_rank_ends_the_stream_with_an_error_and_the_gang_comes_back(cli
 
 def test_a_stopped_rank_is_treated_the_same_within_the_decode_deadline(client, daemon, solo_text):
     _fails_and_recovers(client, daemon, solo_text, signal.SIGSTOP, within=3 + 5)
+
+
+def test_unloading_takes_the_whole_gang_down_and_releases_its_memory(client, daemon, solo_text):
+    if daemon.model("gang")["state"] != "loaded":
+        assert _gang_text(client) == solo_text
+    pids = _rank_pids(daemon)
+    with daemon.client() as http:
+        assert http.post("/v1/models/gang/unload", json={}).status_code == 200
+    model = wait_until(lambda: (m := daemon.model("gang"))["state"] == "unloaded" and m)
+    assert model["memory"]["reserved_bytes"] == 0 and model["ranks"] == []
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
