@@ -41,7 +41,7 @@ ALLOWED = {
     "monitoring": {"mlxd", "errors", "registry", "engine", "residency", "remote", "failover"},
     # The request path plans tools and splits tool calls for every surface.
     "api": {"mlxd", "errors", "caller", "registry", "settings", "engine", "grammar", "tools", "residency", "monitoring", "remote",
-            "failover"},
+            "failover", "distributed"},
     "daemon": {"mlxd", "errors", "files", "registry", "settings", "engine", "residency", "monitoring", "api", "remote",
                "failover"},
     "cli": {"mlxd", "errors", "dtypes", "registry", "settings", "engine", "factory", "service", "gguf", "daemon"},

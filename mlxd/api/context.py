@@ -12,6 +12,7 @@ from typing import Any
 from mlxd.api.capture import CaptureStore
 from mlxd.api.images import ImageMemory
 from mlxd.api.inflight import InFlight
+from mlxd.distributed.hosting import RankHosting
 from mlxd.engine.token_count import TokenCounter
 from mlxd.engine.worker import MlxWorker
 from mlxd.failover.router import FailoverRouter
@@ -54,6 +55,8 @@ class DaemonContext:
     history: History | None = None
     # OpenTelemetry (None: not configured).
     telemetry: Telemetry | None = None
+    # Ranks this daemon runs for another machine's gang (api/routes/gang.py).
+    hosting: RankHosting = field(default_factory=RankHosting)
     # Failover entries: the target order per request, and what each target did.
     failover: FailoverRouter = field(init=False)
 

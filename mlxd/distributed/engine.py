@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -248,6 +249,7 @@ async def load_gang_engine(spec: ModelSpec, worker: Any = None, *, cache_dir: Pa
         name=spec.name, path=spec.path, mode=parallel.mode, hosts=parallel.hosts,
         transport=parallel.resolved_transport(), eos=tuple(sorted(tokenizer.eos_token_ids)),
         deadlines=Deadlines(parallel.load_timeout_s, parallel.prefill_timeout_s, parallel.step_timeout_s),
+        remotes={name: (url, os.environ.get(key_env) if key_env else None) for name, url, key_env in parallel.remotes},
     )
     gang = Gang(plan)
     await gang.start()

@@ -19,18 +19,22 @@ import logging
 import os
 import signal
 import socket
-import sys
 import tempfile
 import time
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+import httpx
 
 from mlxd.distributed import wire
 from mlxd.distributed.liveness import Deadlines, Failure, GangLiveness, Phase
+from mlxd.distributed.processes import LocalRank
+from mlxd.distributed.remote_rank import RemoteRank
 from mlxd.errors import ModelLoadFailed
+
+LOCAL = "local"
 
 log = logging.getLogger("mlxd.distributed")
 
@@ -43,7 +47,8 @@ WATCH_S = 0.25
 
 @dataclass(frozen=True)
 class GangPlan:
-    """What to start: the model folder, how it is split and over what."""
+    """What to start: the model folder, how it is split and over what, and
+    for a rank on another host, that host's mlxd (its /v1 root and key)."""
 
     name: str
     path: Path
@@ -52,6 +57,7 @@ class GangPlan:
     transport: str
     deadlines: Deadlines
     eos: tuple[int, ...]
+    remotes: Mapping[str, tuple[str, str | None]] = field(default_factory=dict)
 
 
 def free_port() -> int:
@@ -94,9 +100,8 @@ class Gang:
         self.plan = plan
         self._clock = clock
         self.liveness = GangLiveness.starting(list(plan.hosts), plan.deadlines, clock())
-        self._procs: list[asyncio.subprocess.Process] = []
+        self._ranks: list[RankHandle] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self._stderr: list[deque[str]] = [deque(maxlen=5) for _ in plan.hosts]
         self._subscribers: dict[str, asyncio.Queue[dict[str, Any] | Failure]] = {}
         self._ready = asyncio.Event()
         self.failed: asyncio.Future[Failure] = asyncio.get_running_loop().create_future()
@@ -108,33 +113,13 @@ class Gang:
     # --- start ------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Spawn every rank and wait until each has passed the load barrier.
-        Raises ModelLoadFailed naming the rank that did not (the gang is
-        stopped first: nothing half-resident)."""
-        size = len(self.plan.hosts)
-        ports = [free_port() for _ in range(size)]
-        hostfile = self._dir / "hosts.json"
-        hostfile.write_text(hostfile_text(ports))
-        base = {
-            **os.environ,
-            "MLXD_GANG_PATH": str(self.plan.path),
-            "MLXD_GANG_MODE": self.plan.mode,
-            "MLXD_GANG_BACKEND": self.plan.transport,
-            "MLXD_GANG_EOS": json.dumps(list(self.plan.eos)),
-        }
+        """Start every rank (here, or by the mlxd of its host) and wait until
+        each has passed the load barrier. Raises ModelLoadFailed naming the
+        rank that did not (the gang is stopped first: nothing half-resident)."""
         try:
-            for rank in range(size):
-                proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "mlxd.distributed.rank",
-                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE, start_new_session=True,
-                    env=base | rank_env(self.plan.transport, rank, size, ports, hostfile),
-                )
-                self._procs.append(proc)
-                self.liveness.spawned(rank, proc.pid, self._clock())
-            for rank, proc in enumerate(self._procs):
-                self._tasks.append(asyncio.create_task(self._read(rank, proc), name=f"gang-{rank}"))
-                self._tasks.append(asyncio.create_task(self._read_stderr(rank, proc), name=f"gang-err-{rank}"))
+            await self._spawn()
+            for rank, handle in enumerate(self._ranks):
+                self._tasks.append(asyncio.create_task(self._read(rank, handle), name=f"gang-{rank}"))
             self._tasks.append(asyncio.create_task(self._watch(), name=f"gang-watch-{self.plan.name}"))
             ready = asyncio.ensure_future(self._ready.wait())
             await asyncio.wait({ready, self.failed}, return_when=asyncio.FIRST_COMPLETED)
@@ -146,6 +131,42 @@ class Gang:
             failure = self.failed.result()
             await self.stop()
             raise ModelLoadFailed(f"The parallel model `{self.plan.name}` could not start: {failure.sentence()}.")
+
+    async def _spawn(self) -> None:
+        size = len(self.plan.hosts)
+        remote: dict[int, RemoteRank] = {}
+        for rank, host in enumerate(self.plan.hosts):
+            if host != LOCAL:
+                url, key = self.plan.remotes[host]
+                body = {"model": self.plan.name, "rank": rank, "size": size, "mode": self.plan.mode,
+                        "transport": self.plan.transport, "eos": list(self.plan.eos)}
+                try:
+                    remote[rank] = await RemoteRank.reserve(url, key, body, f"{self.plan.name} rank {rank}")
+                except httpx.HTTPError as exc:
+                    raise ModelLoadFailed(f"The parallel model `{self.plan.name}` could not start: rank {rank}'s "
+                                          f"host `{host}` refused it ({describe_http(exc)}).") from exc
+        local_ip = route_ip(next(iter(remote.values())).address) if remote else "127.0.0.1"
+        ports = [0 if rank in remote else free_port() for rank in range(size)]
+        hosts = [[remote[r].address] if r in remote else [f"{local_ip}:{ports[r]}"] for r in range(size)]
+        hostfile = self._dir / "hosts.json"
+        hostfile.write_text(json.dumps(hosts))
+        base = {
+            **os.environ,
+            "MLXD_GANG_PATH": str(self.plan.path),
+            "MLXD_GANG_MODE": self.plan.mode,
+            "MLXD_GANG_BACKEND": self.plan.transport,
+            "MLXD_GANG_EOS": json.dumps(list(self.plan.eos)),
+        }
+        for rank in range(size):
+            if rank in remote:
+                handle: RankHandle = remote[rank]
+                self._ranks.append(handle)
+                await remote[rank].start(hosts)
+            else:
+                env = base | rank_env(self.plan.transport, rank, size, ports, hostfile)
+                handle = await LocalRank.spawn(env, f"{self.plan.name} rank {rank}")
+                self._ranks.append(handle)
+            self.liveness.spawned(rank, handle.pid or 0, self._clock())
 
     # --- channels ------------------------------------------------------------------
 
@@ -164,50 +185,26 @@ class Gang:
         if message.get("op") == "generate":
             self.idle.clear()
             self.liveness.work_sent(self._clock())
-        for proc in self._procs:
-            if proc.stdin is None or proc.stdin.is_closing():
-                continue
-            with contextlib.suppress(ConnectionError, BrokenPipeError):
-                proc.stdin.write(line)
-                await proc.stdin.drain()
+        for handle in self._ranks:
+            await handle.send(line)
 
     async def send_leader(self, message: dict[str, Any]) -> None:
         """A message only rank 0 reads (a cancel: the followers learn of it
         from rank 0's next decision)."""
-        proc = self._procs[0] if self._procs else None
-        if proc is None or proc.stdin is None or proc.stdin.is_closing():
-            return
-        with contextlib.suppress(ConnectionError, BrokenPipeError):
-            proc.stdin.write(wire.encode(message).encode())
-            await proc.stdin.drain()
+        if self._ranks:
+            await self._ranks[0].send(wire.encode(message).encode())
 
     # --- readers -------------------------------------------------------------------
 
-    async def _read(self, rank: int, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdout is not None
-        while True:
-            try:
-                line = await proc.stdout.readline()
-            except (ValueError, asyncio.LimitOverrunError):
-                continue
-            if not line:
-                break
+    async def _read(self, rank: int, handle: RankHandle) -> None:
+        while line := await handle.readline():
             message = wire.decode(line)
             if message is not None:
                 self._on_event(rank, message)
-        code = await proc.wait()
+        code = await handle.wait()
         if not self.liveness.expects_exit():
-            why = describe_exit(code)
-            tail = self._stderr[rank][-1] if self._stderr[rank] else ""
-            self._fail(rank, f"{why}" + (f" ({tail})" if tail and code > 0 else ""))
-
-    async def _read_stderr(self, rank: int, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stderr is not None
-        while line := await proc.stderr.readline():
-            text = line.decode(errors="replace").rstrip()
-            if text:
-                self._stderr[rank].append(text[:300])
-                log.debug("%s rank %d: %s", self.plan.name, rank, text)
+            tail = handle.last_words()
+            self._fail(rank, describe_exit(code) + (f" ({tail})" if tail and code != 0 else ""))
 
     def _on_event(self, rank: int, message: dict[str, Any]) -> None:
         now = self._clock()
@@ -274,29 +271,30 @@ class Gang:
                 self._declare(failure)
 
     def _os_stopped(self) -> frozenset[int]:
-        """Ranks the OS shows stopped (SIGSTOP): only asked when someone is late."""
+        """Local ranks the OS shows stopped (SIGSTOP): only asked when someone is late."""
         import psutil
 
         found = set()
-        for rank, proc in enumerate(self._procs):
-            with contextlib.suppress(psutil.Error):
-                if psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED:
-                    found.add(rank)
+        for rank, handle in enumerate(self._ranks):
+            if isinstance(handle, LocalRank) and handle.pid is not None:
+                with contextlib.suppress(psutil.Error):
+                    if psutil.Process(handle.pid).status() == psutil.STATUS_STOPPED:
+                        found.add(rank)
         return frozenset(found)
 
     # --- stop ---------------------------------------------------------------------------
 
     async def _kill_all(self) -> None:
         self.liveness.stopped()
-        for proc in self._procs:
-            _signal_group(proc, signal.SIGCONT)  # a stopped rank cannot act on TERM
-            _signal_group(proc, signal.SIGTERM)
-        waits = [asyncio.ensure_future(p.wait()) for p in self._procs]
+        for handle in self._ranks:
+            handle.send_signal(signal.SIGCONT)  # a stopped rank cannot act on TERM
+            handle.send_signal(signal.SIGTERM)
+        waits = [asyncio.ensure_future(h.wait()) for h in self._ranks]
         if waits:
             _, pending = await asyncio.wait(waits, timeout=TERM_GRACE_S)
             if pending:
-                for proc in self._procs:
-                    _signal_group(proc, signal.SIGKILL)
+                for handle in self._ranks:
+                    handle.send_signal(signal.SIGKILL)
                 await asyncio.wait(pending, timeout=5.0)
 
     async def stop(self) -> None:
@@ -304,26 +302,51 @@ class Gang:
         for them; then the readers and the watchdog."""
         self._stopping = True
         self.liveness.stopped()
-        for proc in self._procs:
-            if proc.stdin is not None and not proc.stdin.is_closing():
-                with contextlib.suppress(Exception):
-                    proc.stdin.write(wire.encode({"op": "exit"}).encode())
-                    proc.stdin.close()
+        for handle in self._ranks:
+            await handle.send(wire.encode({"op": "exit"}).encode())
+            handle.close_input()
         await self._kill_all()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for handle in self._ranks:
+            if isinstance(handle, RemoteRank):
+                await handle.aclose()
         with contextlib.suppress(OSError):
             for f in self._dir.iterdir():
                 f.unlink()
             self._dir.rmdir()
 
-    def pids(self) -> list[int]:
-        return [p.pid for p in self._procs]
+    def pids(self) -> list[int | None]:
+        return [h.pid for h in self._ranks]
 
 
-def _signal_group(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
-    if proc.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
+class RankHandle(Protocol):
+    """A rank as the gang drives it, here (LocalRank) or on another host (RemoteRank)."""
+
+    pid: int | None
+
+    async def send(self, data: bytes) -> None: ...
+    async def readline(self) -> bytes: ...
+    async def wait(self) -> int: ...
+    def send_signal(self, sig: signal.Signals) -> None: ...
+    def close_input(self) -> None: ...
+    def last_words(self) -> str: ...
+
+
+def route_ip(address: str) -> str:
+    """This machine's address as seen from ``address`` (host:port): where
+    the other hosts' ranks reach the local ones."""
+    host = address.rsplit(":", 1)[0]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((host, 9))
+            return str(s.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
+
+
+def describe_http(exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"HTTP {exc.response.status_code}: {exc.response.text[:200]}"
+    return type(exc).__name__

@@ -16,7 +16,7 @@ from mlxd.errors import ConfigError, clip
 from mlxd.registry.document import Loc
 from mlxd.registry.kinds import PARALLEL, ModelKind
 from mlxd.registry.model import Footprint, ModelSpec, ParallelSpec, PrefixCacheSpec, template_pairs
-from mlxd.registry.parallel import parallel_spec, placement_problem, split_problem
+from mlxd.registry.parallel import hosts_of, parallel_spec, placement_problem, split_problem
 from mlxd.registry.resolve import Downloader, detect_kind, read_model_config, resolve_model_dir
 from mlxd.registry.schema import ENCODER_KEYS, LOCATION_KEYS, VLLM_MLX_IGNORED_MODEL_KEYS, ModelEntry
 from mlxd.registry.sections import DEFAULT_MODEL, Sections
@@ -171,9 +171,11 @@ class LocalEntries:
             )
         from mlxd.registry.device import current_device
 
-        spec = parallel_spec(entry.parallel, current_device().kind)
-        backends = set(self.s.parsed.backends)
-        problem = placement_problem(spec, backends)
+        backends = self.s.parsed.backends
+        named = {h for h in hosts_of(entry.parallel) if h in backends}
+        remotes = tuple((h, backends[h].url.rstrip("/"), backends[h].api_key_env) for h in sorted(named))
+        spec = parallel_spec(entry.parallel, current_device().kind, remotes)
+        problem = placement_problem(spec, {name: b.kind for name, b in backends.items()})
         if problem is not None:
             index, why = problem
             key: Loc = (*at, "ranks", index) if isinstance(entry.parallel.ranks, list) else (*at, "ranks")

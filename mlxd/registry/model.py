@@ -71,6 +71,9 @@ class ParallelSpec:
     load_timeout_s: float = 120.0
     prefill_timeout_s: float = 60.0
     step_timeout_s: float = 10.0
+    # The hosts of ranks on other machines: (backend name, its /v1 root, the
+    # variable holding its key), each an mlxd that starts its rank itself.
+    remotes: tuple[tuple[str, str, str | None], ...] = ()
 
     @property
     def size(self) -> int:

@@ -36,12 +36,18 @@ def hosts_of(section: ParallelSection) -> tuple[str, ...]:
     return (LOCAL,) * ranks if isinstance(ranks, int) else tuple(ranks)
 
 
-def parallel_spec(section: ParallelSection, device_kind: str) -> ParallelSpec:
-    transport = default_transport(device_kind) if section.transport == "any" else section.transport
+def parallel_spec(section: ParallelSection, device_kind: str,
+                  remotes: tuple[tuple[str, str, str | None], ...] = ()) -> ParallelSpec:
+    hosts = hosts_of(section)
+    if section.transport != "any":
+        transport = section.transport
+    else:
+        # Ranks on several machines meet over TCP unless told otherwise.
+        transport = "ring" if any(h != LOCAL for h in hosts) else default_transport(device_kind)
     return ParallelSpec(
-        mode=section.mode, hosts=hosts_of(section), transport=transport,
+        mode=section.mode, hosts=hosts, transport=transport,
         load_timeout_s=section.load_timeout_s, prefill_timeout_s=section.prefill_timeout_s,
-        step_timeout_s=section.step_timeout_s,
+        step_timeout_s=section.step_timeout_s, remotes=remotes,
     )
 
 
@@ -74,8 +80,10 @@ def split_problem(spec: ParallelSpec, config: Mapping[str, Any], folder: Path) -
     return None
 
 
-def placement_problem(spec: ParallelSpec, backends: set[str]) -> tuple[int, str] | None:
-    """A rank that cannot be placed: (its index, why). Rank 0 is the daemon's own."""
+def placement_problem(spec: ParallelSpec, backends: Mapping[str, str]) -> tuple[int, str] | None:
+    """A rank that cannot be placed: (its index, why). Rank 0 is the daemon's
+    own; a rank elsewhere is started by the mlxd there (``backends`` maps
+    each backend's name to its kind)."""
     for i, host in enumerate(spec.hosts):
         if host == LOCAL:
             continue
@@ -83,7 +91,11 @@ def placement_problem(spec: ParallelSpec, backends: set[str]) -> tuple[int, str]
             return i, "rank 0 runs here: write `local` first"
         if host not in backends:
             return i, f"`{host}` is neither `local` nor a backend under `backends:`"
-        return i, f"a rank on backend `{host}`: ranks on other machines are not built yet; use `local`"
-    if spec.transport == "jaccl":
+        if backends[host] != "mlxd":
+            return i, f"backend `{host}` is not an mlxd (`kind: mlxd`): only an mlxd starts ranks"
+        if spec.transport != "ring":
+            return i, (f"ranks on other hosts run over `ring` here, not `{spec.transport}` "
+                       "(mlxd does not start jaccl or nccl ranks on other hosts yet)")
+    if spec.transport == "jaccl" and all(h == LOCAL for h in spec.hosts):
         return 0, "jaccl connects machines over Thunderbolt; ranks on this machine use `ring`"
     return None

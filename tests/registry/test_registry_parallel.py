@@ -59,8 +59,10 @@ def test_a_pipeline_without_a_weight_index_is_refused(tmp_path, make_model):
     ("parallel", "line", "key", "fragment"),
     [
         ("{ranks: 1}", 4, "models[0].parallel.ranks", "2 to 64 ranks, got 1"),
-        ("{ranks: [local, studio2]}", 4, "models[0].parallel.ranks[1]", "neither `local` nor a backend"),
-        ("{ranks: [local, studio]}", 4, "models[0].parallel.ranks[1]", "not built yet"),
+        ("{ranks: [local, mini]}", 4, "models[0].parallel.ranks[1]", "neither `local` nor a backend"),
+        ("{ranks: [local, studio2], transport: nccl}", 4, "models[0].parallel.ranks[1]", "over `ring`"),
+        ("{ranks: [local, studio]}", 4, "models[0].parallel.ranks[1]", "not an mlxd"),
+        ("{ranks: [studio2, local]}", 4, "models[0].parallel.ranks[0]", "rank 0 runs here"),
         ("{ranks: 2, transport: jaccl}", 4, "models[0].parallel.transport", "Thunderbolt"),
         ("{ranks: 2, transport: udp}", 4, "models[0].parallel.transport", "udp"),
         ("{ranks: 2, mode: expert}", 4, "models[0].parallel.mode", "expert"),
@@ -68,7 +70,8 @@ def test_a_pipeline_without_a_weight_index_is_refused(tmp_path, make_model):
     ],
 )
 def test_bad_parallel_names_file_line_and_key(tmp_path, make_model, parallel, line, key, fragment):
-    backends = "backends:\n  studio: {url: 'http://studio:8080'}\n"
+    backends = ("backends:\n  studio: {url: 'http://studio:8080/v1'}\n"
+                "  studio2: {url: 'http://studio2:8080/v1', kind: mlxd}\n")
     with pytest.raises(ConfigError) as caught:
         _load(tmp_path, make_model, parallel, backends)
     error = caught.value
@@ -80,3 +83,15 @@ def test_a_parallel_model_serves_one_request_at_a_time(tmp_path, make_model):
     with pytest.raises(ConfigError) as caught:
         _load(tmp_path, make_model, "{ranks: 2}", "    max_concurrency: 4\n")
     assert caught.value.key == "models[0].max_concurrency"
+
+
+def test_a_rank_on_an_mlxd_backend_is_placed_there_over_the_ring(tmp_path, make_model):
+    backends = "backends:\n  studio2: {url: 'http://studio2:8080/v1', kind: mlxd, api_key_env: STUDIO_KEY}\n"
+    model = make_model(tmp_path / "model", config=QWEN_05B)
+    path = tmp_path / "models.yaml"
+    path.write_text(f"models:\n  - name: big\n    path: {model}\n    parallel: {{ranks: [local, studio2]}}\n"
+                    + backends)
+    registry = load_registry(path, physical_memory=16 * GIB, env={"STUDIO_KEY": "k"})
+    parallel = registry.models[0].parallel
+    assert parallel is not None and parallel.transport == "ring"
+    assert parallel.remotes == (("studio2", "http://studio2:8080/v1", "STUDIO_KEY"),)

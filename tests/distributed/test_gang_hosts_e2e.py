@@ -1,0 +1,57 @@
+"""A gang over two hosts: rank 1 started by a second `mlxd serve` on this
+machine acting as another host (a backend of kind mlxd, reached with its
+admin key), the weights read from that daemon's own entry for the model."""
+
+from __future__ import annotations
+
+import openai
+import psutil
+import pytest
+from support.daemon import daemon_in_thread, wait_until, write_registry
+
+pytestmark = pytest.mark.mlx
+
+CHAT = [{"role": "user", "content": "Read the configuration file and report the errors"}]
+KEY = "peer-admin-key"
+
+
+@pytest.fixture(scope="module")
+def daemons(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MLXD_TEST_PEER_KEY", KEY)
+    peer_dir, main_dir = tmp_path_factory.mktemp("peer"), tmp_path_factory.mktemp("main")
+    peer_registry = write_registry(peer_dir, [{"name": "split", "model": "qwen"}], server={"api_keys": [KEY]})
+    with daemon_in_thread(peer_registry, peer_dir) as peer:
+        registry = write_registry(
+            main_dir,
+            [{"name": "solo", "model": "qwen"},
+             {"name": "split", "model": "qwen", "parallel": {"ranks": ["local", "peer"]}}],
+            backends={"peer": {"url": f"{peer.url}/v1", "kind": "mlxd", "api_key_env": "MLXD_TEST_PEER_KEY"}},
+        )
+        with daemon_in_thread(registry, main_dir) as main:
+            yield main, peer
+    mp.undo()
+
+
+def test_a_rank_started_by_another_hosts_mlxd_serves_the_same_text(daemons):
+    main, peer = daemons
+    client = openai.OpenAI(base_url=f"{main.url}/v1", api_key="unused", max_retries=0)
+    ask = dict(messages=CHAT, max_tokens=16, temperature=0)
+    solo = client.chat.completions.create(model="solo", **ask).choices[0].message.content
+    assert client.chat.completions.create(model="split", **ask).choices[0].message.content == solo
+    ranks = main.model("split")["ranks"]
+    assert [(r["rank"], r["host"]) for r in ranks] == [(0, "local"), (1, "peer")]
+    hosted = peer.ctx.hosting.rows()
+    assert [(h["rank"], h["pid"]) for h in hosted] == [(1, ranks[1]["pid"])]
+    # Unloading ends the rank on the other host too.
+    with main.client() as http:
+        assert http.post("/v1/models/split/unload", json={}).status_code == 200
+    wait_until(lambda: peer.ctx.hosting.rows() == [], timeout=10)
+    assert not psutil.pid_exists(ranks[1]["pid"]) or psutil.Process(ranks[1]["pid"]).status() == psutil.STATUS_ZOMBIE
+
+
+def test_the_hosting_routes_need_the_hosts_admin_key(daemons):
+    _, peer = daemons
+    with peer.client() as http:
+        refused = http.post("/v1/gang/ranks", json={"model": "split", "rank": 1, "size": 2})
+    assert refused.status_code == 401
