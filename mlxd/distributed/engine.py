@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from mlxd.distributed.gang import Gang, GangPlan
+from mlxd.distributed.gang import LOCAL, Gang, GangPlan
 from mlxd.distributed.liveness import Deadlines, Failure
 from mlxd.engine.prompt import check_context, prompt_tokens
 from mlxd.engine.stops import StopMatcher
@@ -70,7 +70,9 @@ class GangEngine:
 
     @property
     def measured_bytes(self) -> int | None:
-        shares = [r.memory_bytes for r in self.gang.liveness.ranks]
+        """This machine's share: its ranks' memory (a rank on another host
+        is that host's to budget)."""
+        shares = [r.memory_bytes for r in self.gang.liveness.ranks if r.host == LOCAL]
         if any(s is None for s in shares):
             return None
         return sum(s for s in shares if s is not None)

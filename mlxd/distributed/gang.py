@@ -33,8 +33,7 @@ from mlxd.distributed.liveness import Deadlines, Failure, GangLiveness, Phase
 from mlxd.distributed.processes import LocalRank
 from mlxd.distributed.remote_rank import RemoteRank
 from mlxd.errors import ModelLoadFailed
-
-LOCAL = "local"
+from mlxd.registry.parallel import LOCAL
 
 log = logging.getLogger("mlxd.distributed")
 

@@ -27,6 +27,9 @@ from typing import Any, TextIO
 
 from mlxd.distributed import wire
 
+# How long a rank whose daemon went away may take to finish by itself.
+ORPHAN_GRACE_S = 5.0
+
 
 class Reporter:
     """The rank's event channel: one JSON line per event, flushed at once
@@ -57,6 +60,11 @@ def _read_commands(source: TextIO, inbox: queue.Queue[dict[str, Any] | None], ca
         else:
             inbox.put(message)
     inbox.put(None)
+    # A rank waiting in a collective never reads the queue again: without
+    # its daemon (killed, or it closed the channel) it must not outlive it.
+    timer = threading.Timer(ORPHAN_GRACE_S, os._exit, args=(0,))
+    timer.daemon = True
+    timer.start()
 
 
 def _bare_mlx_lm() -> None:

@@ -16,7 +16,7 @@ from mlxd.errors import ConfigError, clip
 from mlxd.registry.document import Loc
 from mlxd.registry.kinds import PARALLEL, ModelKind
 from mlxd.registry.model import Footprint, ModelSpec, ParallelSpec, PrefixCacheSpec, template_pairs
-from mlxd.registry.parallel import hosts_of, parallel_spec, placement_problem, split_problem
+from mlxd.registry.parallel import LOCAL, hosts_of, parallel_spec, placement_problem, split_problem
 from mlxd.registry.resolve import Downloader, detect_kind, read_model_config, resolve_model_dir
 from mlxd.registry.schema import ENCODER_KEYS, LOCATION_KEYS, VLLM_MLX_IGNORED_MODEL_KEYS, ModelEntry
 from mlxd.registry.sections import DEFAULT_MODEL, Sections
@@ -119,6 +119,11 @@ class LocalEntries:
         if broken is not None:
             self.problems.append(self.s.doc.error(at_location, broken))
             weights = 0
+        if parallel is not None:
+            # Ranks on other hosts hold their share of the weights and KV
+            # cache there: this budget is charged only the local ranks' part.
+            local = sum(1 for h in parallel.hosts if h == LOCAL)
+            weights, kv = weights * local // parallel.size, kv * local // parallel.size
         footprint = Footprint(weights=weights, kv_cache=kv, prefix_cache=prefix_cache.max_bytes)
 
         spec = ModelSpec(
@@ -177,10 +182,11 @@ class LocalEntries:
         spec = parallel_spec(entry.parallel, current_device().kind, remotes)
         problem = placement_problem(spec, {name: b.kind for name, b in backends.items()})
         if problem is not None:
-            index, why = problem
-            key: Loc = (*at, "ranks", index) if isinstance(entry.parallel.ranks, list) else (*at, "ranks")
-            if "jaccl" in why:
-                key = (*at, "transport")
+            where, why = problem
+            if where == "transport":
+                key: Loc = (*at, "transport")
+            else:
+                key = (*at, "ranks", where) if isinstance(entry.parallel.ranks, list) else (*at, "ranks")
             raise self.s.doc.error(key, why)
         return spec
 

@@ -80,10 +80,11 @@ def split_problem(spec: ParallelSpec, config: Mapping[str, Any], folder: Path) -
     return None
 
 
-def placement_problem(spec: ParallelSpec, backends: Mapping[str, str]) -> tuple[int, str] | None:
-    """A rank that cannot be placed: (its index, why). Rank 0 is the daemon's
-    own; a rank elsewhere is started by the mlxd there (``backends`` maps
-    each backend's name to its kind)."""
+def placement_problem(spec: ParallelSpec, backends: Mapping[str, str]) -> tuple[int | str, str] | None:
+    """A rank that cannot be placed: (its index, or ``"transport"`` when the
+    transport is what cannot reach it; why). Rank 0 is the daemon's own; a
+    rank elsewhere is started by the mlxd there (``backends`` maps each
+    backend's name to its kind)."""
     for i, host in enumerate(spec.hosts):
         if host == LOCAL:
             continue
@@ -94,8 +95,8 @@ def placement_problem(spec: ParallelSpec, backends: Mapping[str, str]) -> tuple[
         if backends[host] != "mlxd":
             return i, f"backend `{host}` is not an mlxd (`kind: mlxd`): only an mlxd starts ranks"
         if spec.transport != "ring":
-            return i, (f"ranks on other hosts run over `ring` here, not `{spec.transport}` "
+            return "transport", (f"ranks on other hosts run over `ring` here, not `{spec.transport}` "
                        "(mlxd does not start jaccl or nccl ranks on other hosts yet)")
     if spec.transport == "jaccl" and all(h == LOCAL for h in spec.hosts):
-        return 0, "jaccl connects machines over Thunderbolt; ranks on this machine use `ring`"
+        return "transport", "jaccl connects machines over Thunderbolt; ranks on this machine use `ring`"
     return None

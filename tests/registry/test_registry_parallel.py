@@ -60,7 +60,7 @@ def test_a_pipeline_without_a_weight_index_is_refused(tmp_path, make_model):
     [
         ("{ranks: 1}", 4, "models[0].parallel.ranks", "2 to 64 ranks, got 1"),
         ("{ranks: [local, mini]}", 4, "models[0].parallel.ranks[1]", "neither `local` nor a backend"),
-        ("{ranks: [local, studio2], transport: nccl}", 4, "models[0].parallel.ranks[1]", "over `ring`"),
+        ("{ranks: [local, studio2], transport: nccl}", 4, "models[0].parallel.transport", "over `ring`"),
         ("{ranks: [local, studio]}", 4, "models[0].parallel.ranks[1]", "not an mlxd"),
         ("{ranks: [studio2, local]}", 4, "models[0].parallel.ranks[0]", "rank 0 runs here"),
         ("{ranks: 2, transport: jaccl}", 4, "models[0].parallel.transport", "Thunderbolt"),
@@ -95,3 +95,7 @@ def test_a_rank_on_an_mlxd_backend_is_placed_there_over_the_ring(tmp_path, make_
     parallel = registry.models[0].parallel
     assert parallel is not None and parallel.transport == "ring"
     assert parallel.remotes == (("studio2", "http://studio2:8080/v1", "STUDIO_KEY"),)
+    # This machine's budget is charged only its own rank's half.
+    _, both_here = _load(tmp_path / "here", make_model, "{ranks: 2}")
+    here, split = both_here.models[0].footprint, registry.models[0].footprint
+    assert (split.weights, split.kv_cache) == (here.weights // 2, here.kv_cache // 2)
