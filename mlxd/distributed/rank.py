@@ -134,16 +134,25 @@ def _build(path: Path) -> Any:
     return model
 
 
-def _barrier(group: Any) -> None:
+def collective_stream(backend: str) -> Any:
+    """Where the rank's own small collectives run: the ring and jaccl move
+    CPU buffers (as mlx-lm's barrier does), NCCL only GPU ones."""
     import mlx.core as mx
 
-    mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group, stream=mx.cpu))
+    return mx.default_device() if backend == "nccl" else mx.cpu
+
+
+def _barrier(group: Any, backend: str) -> None:
+    import mlx.core as mx
+
+    mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group, stream=collective_stream(backend)))
 
 
 class Runner:
     """The step program of one request, the same on every rank."""
 
-    def __init__(self, model: Any, group: Any, report: Reporter, cancels: set[str], eos: set[int]) -> None:
+    def __init__(self, model: Any, group: Any, report: Reporter, cancels: set[str], eos: set[int],
+                 backend: str = "ring") -> None:
         self.model = model
         self.group = group
         self.rank = group.rank()
@@ -156,6 +165,7 @@ class Runner:
         # Its own stream, as mlx-lm's generate keeps one (mlx_lm.generate
         # itself is not imported: it would pull transformers in).
         self.stream = mx.new_stream(mx.default_device())
+        self.collectives = collective_stream(backend)
 
     def run(self, message: dict[str, Any]) -> None:
         import mlx.core as mx
@@ -200,7 +210,7 @@ class Runner:
                 else:
                     mx.eval(logits)
                     decision = mx.zeros((2,))
-                decision = mx.distributed.all_sum(decision, group=self.group, stream=mx.cpu)
+                decision = mx.distributed.all_sum(decision, group=self.group, stream=self.collectives)
                 token_f, stop_f = decision.tolist()
             token, stop = int(token_f), stop_f > 0.5
             step += 1
@@ -255,7 +265,7 @@ def main() -> int:
     try:
         group = mx.distributed.init(strict=True, backend=backend)
         model = _load(path, mode, group)
-        _barrier(group)
+        _barrier(group, backend)
     except Exception as exc:  # the daemon names this rank and why
         report.send("failed", phase="load", error=f"{type(exc).__name__}: {exc}"[:500])
         return 1
@@ -264,7 +274,7 @@ def main() -> int:
     inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
     cancels: set[str] = set()
     threading.Thread(target=_read_commands, args=(sys.stdin, inbox, cancels), daemon=True).start()
-    runner = Runner(model, group, report, cancels, eos)
+    runner = Runner(model, group, report, cancels, eos, backend)
     while True:
         message = inbox.get()
         if message is None or message.get("op") == "exit":
