@@ -112,12 +112,15 @@ if [ "${1:-}" = "--tests" ]; then
   for client in $PY_CLIENTS; do
     name="${client%%:*}"; packages="${client#*:}"
     venv=".agents/venvs/$name"
-    if [ ! -f "$venv/.installed" ] || [ "$(cat "$venv/.installed")" != "$packages" ]; then
+    # The marker names the folder too: a venv's scripts carry its absolute path
+    # in their #! line, so a moved checkout needs them made again.
+    marker="$packages $(pwd)/$venv"
+    if [ ! -f "$venv/.installed" ] || [ "$(cat "$venv/.installed")" != "$marker" ]; then
       mkdir -p .agents/venvs
-      "$PY" -m venv "$venv" &&
+      "$PY" -m venv --clear "$venv" &&
         # shellcheck disable=SC2046
         "$venv/bin/python" -m pip install --quiet $(echo "$packages" | tr , ' ') &&
-        echo "$packages" >"$venv/.installed" ||
+        echo "$marker" >"$venv/.installed" ||
         echo "warning: could not install $packages; its client test will fail" >&2
     fi
   done

@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlxd.factory.cache_root import default_cache_dir
 from mlxd.factory.corpus import corpus_digest, stdlib_files
 from mlxd.factory.tokenizer import IM_END, train_tokenizer, write_tokenizer
 from mlxd.files import build_once
@@ -82,12 +82,6 @@ class ModelRecipe:
         return f"{self.arch}-{self.size}-{self.dtype}{q}-s{self.seed}"
 
 
-def default_cache_dir() -> Path:
-    base = os.environ.get("MLXD_FACTORY_CACHE")
-    if base:
-        return Path(base)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "mlxd" / "factory"
 
 
 def build_model(recipe: ModelRecipe, cache_dir: Path | None = None) -> Path:

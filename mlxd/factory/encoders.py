@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlxd.factory.build import default_cache_dir
+from mlxd.factory.trained_tokenizers import trained_once
 from mlxd.files import build_once
 from mlxd.factory.corpus import corpus_digest, stdlib_files
 
@@ -63,6 +64,11 @@ def build_encoder(recipe: EncoderRecipe, cache_dir: Path | None = None) -> Path:
 
 
 def _train_wordpiece(files: list[Path], vocab_size: int) -> object:
+    return trained_once("bert-wordpiece", files, {"vocab_size": vocab_size, "special": list(SPECIALS)},
+                        lambda: _train(files, vocab_size))
+
+
+def _train(files: list[Path], vocab_size: int) -> object:
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from mlxd.factory.trained_tokenizers import trained_once
+
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -32,6 +34,11 @@ CHAT_TEMPLATE = (
 
 
 def train_tokenizer(files: list[Path], vocab_size: int) -> Tokenizer:
+    return trained_once("chatml-bpe", files, {"vocab_size": vocab_size, "special": SPECIAL_TOKENS},
+                        lambda: _train(files, vocab_size))
+
+
+def _train(files: list[Path], vocab_size: int) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

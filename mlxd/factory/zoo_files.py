@@ -10,6 +10,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from mlxd.factory.trained_tokenizers import trained_once
 from mlxd.factory.zoo import EOS, TOKEN_ID, VOCAB, Family
 
 # Enough text for a varied 1k vocabulary; a few seconds to train.
@@ -23,6 +24,11 @@ def template_text(family: Family) -> str:
 
 def train_family_tokenizer(family: Family, files: list[Path]) -> Any:
     """A byte-level BPE over ``files`` holding the family's special tokens as single ids."""
+    settings = {"vocab_size": VOCAB_SIZE, "control": list(family.control), "markup": list(family.markup)}
+    return trained_once("family-bpe", files, settings, lambda: _train(family, files))
+
+
+def _train(family: Family, files: list[Path]) -> Any:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())

