@@ -14,7 +14,10 @@ import time
 import openai
 import psutil
 import pytest
+from rich.console import Console
 from support.daemon import daemon_in_thread, wait_until, write_registry
+
+from mlxd.cli.status import render
 
 pytestmark = pytest.mark.mlx
 
@@ -81,6 +84,12 @@ def test_status_shows_every_rank_of_the_resident_gang(daemon):
         assert row["memory_bytes"] > 0 and row["last_progress_s"] >= 0
     # The gang's charge is every rank's share.
     assert model["memory"]["measured_bytes"] == sum(r["memory_bytes"] for r in ranks)
+    # `mlxd status` draws the ranks under the model.
+    console = Console(record=True, width=120)
+    console.print(render(daemon.status()))
+    drawn = console.export_text()
+    assert "gang       tensor over 2 ranks by ring" in drawn
+    assert f"rank 1 local    pid {ranks[1]['pid']}  ready" in drawn
 
 
 def _fails_and_recovers(client, daemon, solo_text, sig: signal.Signals, within: float) -> None:
