@@ -346,6 +346,10 @@ def route_ip(address: str) -> str:
 
 
 def describe_http(exc: httpx.HTTPError) -> str:
-    if isinstance(exc, httpx.HTTPStatusError):
-        return f"HTTP {exc.response.status_code}: {exc.response.text[:200]}"
-    return type(exc).__name__
+    """An mlxd's refusal in its own words (its error body's message)."""
+    if not isinstance(exc, httpx.HTTPStatusError):
+        return type(exc).__name__
+    said = exc.response.text[:300]
+    with contextlib.suppress(ValueError, AttributeError, TypeError):
+        said = str(exc.response.json()["error"]["message"])[:300]
+    return f"HTTP {exc.response.status_code}: {said}"

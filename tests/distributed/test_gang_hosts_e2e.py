@@ -4,6 +4,9 @@ admin key), the weights read from that daemon's own entry for the model."""
 
 from __future__ import annotations
 
+import os
+import signal
+
 import openai
 import psutil
 import pytest
@@ -20,12 +23,17 @@ def daemons(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("MLXD_TEST_PEER_KEY", KEY)
     peer_dir, main_dir = tmp_path_factory.mktemp("peer"), tmp_path_factory.mktemp("main")
-    peer_registry = write_registry(peer_dir, [{"name": "split", "model": "qwen"}], server={"api_keys": [KEY]})
+    peer_registry = write_registry(
+        peer_dir, [{"name": "split", "model": "qwen"}, {"name": "elsewhere", "path": str(peer_dir / "no-such-model")}],
+        server={"api_keys": [KEY]},
+    )
     with daemon_in_thread(peer_registry, peer_dir) as peer:
         registry = write_registry(
             main_dir,
             [{"name": "solo", "model": "qwen"},
-             {"name": "split", "model": "qwen", "parallel": {"ranks": ["local", "peer"]}}],
+             {"name": "split", "model": "qwen", "parallel": {"ranks": ["local", "peer"], "step_timeout_s": 3}},
+             # Here its weights are found; on the other host they are not.
+             {"name": "elsewhere", "model": "qwen", "parallel": {"ranks": ["local", "peer"]}}],
             backends={"peer": {"url": f"{peer.url}/v1", "kind": "mlxd", "api_key_env": "MLXD_TEST_PEER_KEY"}},
         )
         with daemon_in_thread(registry, main_dir) as main:
@@ -55,3 +63,32 @@ def test_the_hosting_routes_need_the_hosts_admin_key(daemons):
     with peer.client() as http:
         refused = http.post("/v1/gang/ranks", json={"model": "split", "rank": 1, "size": 2})
     assert refused.status_code == 401
+
+
+def test_a_host_without_the_weights_fails_the_load_naming_the_rank_and_host(daemons):
+    main, _ = daemons
+    client = openai.OpenAI(base_url=f"{main.url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.chat.completions.create(model="elsewhere", messages=CHAT, max_tokens=4)
+    assert refused.value.status_code == 503
+    model = main.model("elsewhere")
+    assert model["state"] == "failed" and "rank 1" in model["last_error"] and "`peer`" in model["last_error"]
+    assert "no-such-model" in model["last_error"]
+
+
+def test_a_rank_killed_on_the_other_host_takes_the_gang_down(daemons):
+    main, peer = daemons
+    client = openai.OpenAI(base_url=f"{main.url}/v1", api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(model="split", messages=CHAT, max_tokens=4000, temperature=0,
+                                            stream=True, extra_body={"ignore_eos": True})
+    ranks = []
+    with pytest.raises(openai.APIError) as raised:
+        for chunk in stream:
+            if not ranks and chunk.choices and chunk.choices[0].delta.content:
+                ranks = main.model("split")["ranks"]
+                os.kill(ranks[1]["pid"], signal.SIGKILL)
+    assert "rank 1 was killed by SIGKILL" in str(raised.value)
+    wait_until(lambda: main.model("split")["state"] == "failed")
+    wait_until(lambda: not psutil.pid_exists(ranks[0]["pid"])
+               or psutil.Process(ranks[0]["pid"]).status() == psutil.STATUS_ZOMBIE, timeout=10)
+    wait_until(lambda: peer.ctx.hosting.rows() == [], timeout=10)

@@ -25,3 +25,15 @@ def test_nccl_ranks_get_the_coordinator_and_a_gpu_each():
 def test_an_exit_is_told_by_its_signal_or_its_status():
     assert describe_exit(-signal.SIGKILL) == "was killed by SIGKILL"
     assert describe_exit(3) == "exited with status 3"
+
+
+def test_a_hosts_refusal_is_told_in_its_own_words():
+    import httpx
+
+    from mlxd.distributed.gang import describe_http
+
+    request = httpx.Request("POST", "http://peer/v1/gang/ranks")
+    body = {"error": {"message": "`m` cannot be loaded on this host: no config.json", "type": "invalid_request_error"}}
+    answer = httpx.Response(400, json=body, request=request)
+    error = httpx.HTTPStatusError("400", request=request, response=answer)
+    assert describe_http(error) == "HTTP 400: `m` cannot be loaded on this host: no config.json"

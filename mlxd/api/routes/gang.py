@@ -32,6 +32,8 @@ def router() -> APIRouter:
         spec = ctx.registry.lookup(name) if isinstance(name, str) else None
         if spec is None or spec.is_remote:
             raise ModelNotFound(str(name), [m.name for m in ctx.registry.models if not m.is_remote])
+        if spec.broken:
+            raise BadRequest(f"`{spec.name}` cannot be loaded on this host: {spec.broken}", param="model")
         # Where the other ranks reach this one: the address the daemon used to reach us.
         host_ip = socket.gethostbyname(request.url.hostname or "127.0.0.1")
         return ctx.hosting.reserve(spec.path, body, host_ip)
