@@ -6,12 +6,15 @@ Tensor parallelism cuts every attention and MLP projection into equal
 parts, one per rank, and mlx-lm's ``shard`` divides the head counts by the
 rank count without checking: 9 heads over 2 ranks loads and answers
 garbage. So the counts are checked here. Pipeline parallelism gives each
-rank a run of layers and needs the weight index to know which files hold
-which layer.
+rank a run of layers; a weight index, when the model has one, must name
+every layer. And the model's family must offer the split at all (mlx-lm's
+class for it, read without importing mlx-lm).
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -56,10 +59,39 @@ def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
     return inner if isinstance(inner, Mapping) and "num_attention_heads" in inner else config
 
 
+def family_splits(model_type: str) -> set[str] | None:
+    """The splits mlx-lm's class for ``model_type`` offers (``tensor`` with a
+    ``shard`` method, ``pipeline`` with its PipelineMixin), read from the
+    module's source without importing it (mlx-lm's package imports
+    transformers); None when the module is not found (a remapped type: the
+    rank's load says then)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("mlx_lm")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations or not model_type.isidentifier():
+        return None
+    for root in spec.submodule_search_locations:
+        source = Path(root) / "models" / f"{model_type}.py"
+        if source.is_file():
+            text = source.read_text(errors="replace")
+            found = {"tensor"} if "def shard(" in text else set()
+            return found | ({"pipeline"} if "PipelineMixin" in text or "def pipeline(" in text else set())
+    return None
+
+
 def split_problem(spec: ParallelSpec, config: Mapping[str, Any], folder: Path) -> str | None:
     """Why this model cannot be split as ``spec`` says (None: it can)."""
     n = spec.size
     cfg = _text_config(config)
+    model_type = str(config.get("model_type", ""))
+    offered = family_splits(model_type)
+    if offered is not None and spec.mode not in offered:
+        other = " (it has a tensor split: `mode: tensor`)" if "tensor" in offered else (
+            " (it has a pipeline split: `mode: pipeline`)" if "pipeline" in offered else "")
+        return f"mlx-lm's `{model_type}` models have no {spec.mode} split{other}"
     if spec.mode == "tensor":
         for key in TENSOR_DIMS:
             value = cfg.get(key)
@@ -74,9 +106,23 @@ def split_problem(spec: ParallelSpec, config: Mapping[str, Any], folder: Path) -
     layers = cfg.get("num_hidden_layers")
     if not isinstance(layers, int) or layers < n:
         return f"a pipeline over {n} ranks needs at least {n} layers (config.json has {layers})"
-    if not (folder / WEIGHT_INDEX).is_file():
-        return (f"a pipeline split needs `{WEIGHT_INDEX}` (which file holds which layer) in {folder}; "
-                "convert the model with mlx_lm.convert")
+    return _index_problem(folder, layers)
+
+
+def _index_problem(folder: Path, layers: int) -> str | None:
+    """With a weight index (which file holds which layer), every layer must
+    be in it, or a rank would run layers with no weights (mlx-lm's check)."""
+    index = folder / WEIGHT_INDEX
+    if not index.is_file():
+        return None  # one file of weights: each rank reads only its layers from it
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map") or {}
+    except (OSError, ValueError, AttributeError):
+        return f"`{WEIGHT_INDEX}` cannot be read"
+    found = {int(m.group(1)) for k in weight_map if (m := re.search(r"(?:^|\.)layers\.(\d+)\.", k))}
+    missing = sorted(set(range(layers)) - found)
+    if missing:
+        return f"`{WEIGHT_INDEX}` has no weights for layers {missing[:8]}; convert the model with mlx_lm.convert"
     return None
 
 

@@ -34,6 +34,7 @@ def daemon(tmp_path_factory):
             {"name": "solo", "model": "qwen"},
             {"name": "gang", "model": "qwen",
              "parallel": {"mode": "tensor", "ranks": 2, "transport": "ring", "step_timeout_s": 3}},
+            {"name": "piped", "model": "qwen", "parallel": {"mode": "pipeline", "ranks": 2}, "idle_unload_seconds": 1},
         ],
         manager={"load_retry_backoff_s": 1, "load_retry_backoff_max_s": 1},
     )
@@ -70,6 +71,17 @@ def test_greedy_output_is_byte_identical_to_one_process(client, daemon, solo_tex
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == solo_text
     assert chunks[-1].usage.completion_tokens == TOKENS
+
+
+def test_a_pipeline_split_answers_the_same_and_its_idle_gang_unloads_whole(client, daemon, solo_text):
+    reply = client.chat.completions.create(model="piped", messages=CHAT, max_tokens=TOKENS, temperature=0)
+    assert reply.choices[0].message.content == solo_text
+    pids = [r["pid"] for r in daemon.model("piped")["ranks"]]
+    assert len(pids) == 2
+    # idle_unload_seconds: 1 — the whole gang goes, not one rank of it.
+    wait_until(lambda: daemon.model("piped")["state"] == "unloaded", timeout=15)
+    wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                               for p in pids), timeout=10)
 
 
 def test_status_shows_every_rank_of_the_resident_gang(daemon):

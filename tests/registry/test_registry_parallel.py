@@ -50,9 +50,23 @@ def test_a_tensor_split_that_does_not_divide_the_heads_is_refused_at_its_key(tmp
     assert (problem.file, problem.line, problem.key) == (str(path), 4, "models[0].parallel.ranks")
 
 
-def test_a_pipeline_without_a_weight_index_is_refused(tmp_path, make_model):
+def test_a_pipeline_whose_weight_index_lacks_a_layer_is_refused(tmp_path, make_model):
+    import json
+
+    folder = make_model(tmp_path / "model", config=QWEN_05B)
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"model.layers.0.mlp.up_proj.weight": "a.safetensors", "model.norm.weight": "a.safetensors"}}))
     _, registry = _load(tmp_path, make_model, "{mode: pipeline, ranks: [local, local]}")
-    assert "model.safetensors.index.json" in (registry.models[0].broken or "")
+    assert "no weights for layers [1]" in (registry.models[0].broken or "")
+
+
+def test_a_family_without_the_split_is_refused(tmp_path, make_model):
+    config = {**QWEN_05B, "model_type": "gpt2", "n_head": 14}
+    model = make_model(tmp_path / "model", config=config)
+    path = tmp_path / "models.yaml"
+    path.write_text(f"models:\n  - name: old\n    path: {model}\n    parallel: {{ranks: 2}}\n")
+    registry = load_registry(path, physical_memory=16 * GIB)
+    assert "mlx-lm's `gpt2` models have no tensor split" in (registry.models[0].broken or "")
 
 
 @pytest.mark.parametrize(
