@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import logging
 import os
 import time
@@ -31,7 +32,9 @@ from typing import Any
 
 from mlxd.distributed.gang import LOCAL, Gang, GangPlan
 from mlxd.distributed.liveness import Deadlines, Failure
+from mlxd.engine.logprobs import TokenLogprob
 from mlxd.engine.prompt import check_context, prompt_tokens
+from mlxd.engine.sampling import check_bias_ids
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.errors import BadRequest, ModelFailed, ModelUnloaded
@@ -106,10 +109,11 @@ class GangEngine:
                 await self.gang.send_all({
                     "op": "generate", "id": rid, "tokens": tokens, "max_tokens": max_tokens,
                     "vocab_size": self.vocab_size, "sampling": _sampling(request),
-                    "ignore_eos": request.ignore_eos,
+                    "ignore_eos": request.ignore_eos, "logprobs": request.logprobs,
+                    "logit_bias": {str(k): v for k, v in (request.logit_bias or {}).items()},
                 })
                 self.generations += 1
-                async for chunk in self._relay(rid, inbox, len(tokens), request.stop):
+                async for chunk in self._relay(rid, inbox, len(tokens), request.stop, request.logprobs is not None):
                     finished = chunk.finish_reason is not None
                     yield chunk
             finally:
@@ -119,17 +123,22 @@ class GangEngine:
                     await self.gang.send_leader({"op": "cancel", "id": rid})
 
     async def _relay(
-        self, rid: str, inbox: asyncio.Queue[dict[str, Any] | Failure], n_prompt: int, stop: list[str]
+        self, rid: str, inbox: asyncio.Queue[dict[str, Any] | Failure], n_prompt: int, stop: list[str],
+        scoring: bool = False,
     ) -> AsyncIterator[GenerationChunk]:
-        detokenizer = self._tokenizer.detokenizer
+        tokenizer = self._tokenizer
+        detokenizer = tokenizer.detokenizer
         detokenizer.reset()
-        eos = set(self._tokenizer.eos_token_ids)
+        eos = set(tokenizer.eos_token_ids)
         stops = StopMatcher(stop)
         produced = 0
+        scored: list[TokenLogprob] = []
 
         def chunk(text: str, finish: str | None = None) -> GenerationChunk:
+            entries = scored[:] if scoring else None
+            scored.clear()
             return GenerationChunk(text=text, finish_reason=finish, prompt_tokens=n_prompt,
-                                   completion_tokens=produced)
+                                   completion_tokens=produced, logprobs=entries)
 
         while True:
             event = await inbox.get()
@@ -141,6 +150,12 @@ class GangEngine:
                     continue  # the end event follows with reason "stop"
                 produced += 1
                 self.tokens_generated += 1
+                if scoring:
+                    scored.append(TokenLogprob(
+                        tokenizer.decode([token]), float(event.get("lp", 0.0)),
+                        tuple((tokenizer.decode([int(i)]), float(v)) for i, v in event.get("top", [])
+                              if math.isfinite(v)),
+                    ))
                 detokenizer.add_token(token)
                 text, stopped = stops.feed(detokenizer.last_segment)
                 if stopped:
@@ -162,12 +177,8 @@ class GangEngine:
                 return
 
     def _refuse_unsupported(self, request: GenerationRequest) -> None:
-        if request.logprobs is not None:
-            raise BadRequest(f"`{self.name}` is a parallel model; logprobs are not served by its ranks yet.",
-                             param="logprobs")
         if request.logit_bias:
-            raise BadRequest(f"`{self.name}` is a parallel model; logit_bias is not served by its ranks yet.",
-                             param="logit_bias")
+            check_bias_ids(request.logit_bias, self.vocab_size)
         if request.constraint is not None:
             raise BadRequest(f"`{self.name}` is a parallel model; grammars (forced tool calls, response_format) "
                              "are not served by its ranks yet.", param="response_format")

@@ -179,6 +179,7 @@ class Runner:
         chunk = max(1, int(message.get("prefill_step", 512)))
         leader = self.rank == 0
         sampler, processors = self._sampling(message, self.eos) if leader else (None, [])
+        top = message.get("logprobs")
         cache = make_prompt_cache(self.model)
         prompt = mx.array(tokens)
         self.report.send("phase", id=rid, phase="prefill")
@@ -205,6 +206,7 @@ class Runner:
                         logits = processor(history, logits)
                     logprobs = logits - mx.logsumexp(logits, keepdims=True)
                     token = int(sampler(logprobs).item())
+                    scored = _scored(logprobs, token, top) if top is not None else {}
                     stop = token in self.eos or step + 1 >= max_tokens or rid in self.cancels
                     decision = mx.array([float(token), 1.0 if stop else 0.0])
                 else:
@@ -219,7 +221,7 @@ class Runner:
                     reason = "stop"
                 elif rid in self.cancels:
                     reason = "abort"
-                self.report.send("token", id=rid, t=token)
+                self.report.send("token", id=rid, t=token, **scored)
             else:
                 self.report.send("progress", id=rid, phase="decode", step=step)
             if stop:
@@ -245,10 +247,30 @@ class Runner:
 
         params = SamplingParams(**message.get("sampling", {}))
         vocab = int(message["vocab_size"])
-        processors = sampling.make_logits_processors(params)
+        processors = []
+        if message.get("logit_bias"):
+            # First, as the text engine orders them: the penalties see biased logits.
+            bias = {int(k): float(v) for k, v in message["logit_bias"].items()}
+            processors.append(sampling.bias_tokens(bias, vocab))
+        processors += sampling.make_logits_processors(params)
         if message.get("ignore_eos"):
             processors.append(sampling.suppress_tokens(eos, vocab))
         return sampling.make_sampler(params, vocab), processors
+
+
+def _scored(logprobs: Any, token: int, top: int) -> dict[str, Any]:
+    """The sampled token's log-probability and the ``top`` most likely ids
+    with theirs (the daemon decodes them: it holds the tokenizer)."""
+    import mlx.core as mx
+
+    row = logprobs.reshape(-1).astype(mx.float32)
+    alternatives: list[list[float]] = []
+    if top > 0:
+        k = min(top, row.size)
+        ids = mx.argpartition(-row, kth=k - 1)[:k]
+        alternatives = sorted(([int(i), float(v)] for i, v in zip(ids.tolist(), row[ids].tolist())),
+                              key=lambda p: -p[1])
+    return {"lp": float(row[token].item()), "top": alternatives}
 
 
 def main() -> int:

@@ -23,6 +23,8 @@ pytestmark = pytest.mark.mlx
 
 CHAT = [{"role": "user", "content": "Read the configuration file and report the errors"}]
 TOKENS = 24
+# The same suite over NCCL on a host with two GPUs: MLXD_TEST_GANG_TRANSPORT=nccl.
+TRANSPORT = os.environ.get("MLXD_TEST_GANG_TRANSPORT", "ring")
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +35,9 @@ def daemon(tmp_path_factory):
         [
             {"name": "solo", "model": "qwen"},
             {"name": "gang", "model": "qwen",
-             "parallel": {"mode": "tensor", "ranks": 2, "transport": "ring", "step_timeout_s": 3}},
-            {"name": "piped", "model": "qwen", "parallel": {"mode": "pipeline", "ranks": 2}, "idle_unload_seconds": 1},
+             "parallel": {"mode": "tensor", "ranks": 2, "transport": TRANSPORT, "step_timeout_s": 3}},
+            {"name": "piped", "model": "qwen", "parallel": {"mode": "pipeline", "ranks": 2, "transport": TRANSPORT},
+             "idle_unload_seconds": 1},
         ],
         manager={"load_retry_backoff_s": 1, "load_retry_backoff_max_s": 1},
     )
@@ -73,6 +76,20 @@ def test_greedy_output_is_byte_identical_to_one_process(client, daemon, solo_tex
     assert chunks[-1].usage.completion_tokens == TOKENS
 
 
+def test_logprobs_and_logit_bias_are_served_by_rank_0_as_by_one_process(client):
+    ask = dict(messages=CHAT, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2)
+    solo, gang = (client.chat.completions.create(model=m, **ask).choices[0] for m in ("solo", "gang"))
+    pairs = list(zip(solo.logprobs.content, gang.logprobs.content, strict=True))
+    for one, split in pairs:
+        assert split.token == one.token and abs(split.logprob - one.logprob) < 1e-3
+        assert [t.token for t in split.top_logprobs] == [t.token for t in one.top_logprobs]
+    # A bias toward one token changes the answer the same way on both.
+    biased = dict(messages=CHAT, max_tokens=3, temperature=0, logit_bias={"100": 100})
+    solo_biased, gang_biased = (client.chat.completions.create(model=m, **biased).choices[0].message.content
+                                for m in ("solo", "gang"))
+    assert gang_biased == solo_biased and gang_biased != solo.message.content[: len(gang_biased)]
+
+
 def test_a_pipeline_split_answers_the_same_and_its_idle_gang_unloads_whole(client, daemon, solo_text):
     reply = client.chat.completions.create(model="piped", messages=CHAT, max_tokens=TOKENS, temperature=0)
     assert reply.choices[0].message.content == solo_text
@@ -87,7 +104,7 @@ def test_a_pipeline_split_answers_the_same_and_its_idle_gang_unloads_whole(clien
 def test_status_shows_every_rank_of_the_resident_gang(daemon):
     model = daemon.model("gang")
     assert model["state"] == "loaded"
-    assert model["parallel"]["ranks"] == ["local", "local"] and model["parallel"]["transport"] == "ring"
+    assert model["parallel"]["ranks"] == ["local", "local"] and model["parallel"]["transport"] == TRANSPORT
     ranks = model["ranks"]
     assert [r["rank"] for r in ranks] == [0, 1]
     for row in ranks:
@@ -100,7 +117,7 @@ def test_status_shows_every_rank_of_the_resident_gang(daemon):
     console = Console(record=True, width=120)
     console.print(render(daemon.status()))
     drawn = console.export_text()
-    assert "gang       tensor over 2 ranks by ring" in drawn
+    assert f"gang       tensor over 2 ranks by {TRANSPORT}" in drawn
     assert f"rank 1 local    pid {ranks[1]['pid']}  ready" in drawn
 
 
