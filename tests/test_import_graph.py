@@ -29,7 +29,8 @@ ALLOWED = {
     "residency": {"errors", "caller", "registry", "engine"},
     # Registry entries served by other servers: an engine over HTTP.
     "remote": {"errors", "registry", "engine"},
-    "distributed": {"errors", "registry", "engine", "tools"},
+    # A parallel model: the engine contract over a gang of rank processes.
+    "distributed": {"errors", "registry", "engine", "grammar", "tools"},
     "factory": {"errors", "files"},
     "service": {"errors", "registry", "settings"},
     # Constrained decoding and tool calls (engine side), GGUF import.

@@ -2,9 +2,9 @@
 
 The daemon never joins the group. It keeps the tokenizer (the prompt is
 tokenized with the model's chat template here, exactly as for a local
-model), sends each request's token ids to every rank, and turns rank 0's
-tokens back into text with mlx-lm's streaming detokenizer and mlxd's stop
-strings. So every surface, the fair queue, status and metrics see an
+model, and grammars are compiled here first), sends each request's token
+ids to every rank, and turns rank 0's tokens back into text with mlx-lm's
+streaming detokenizer and mlxd's stop strings. So every surface, the fair queue, status and metrics see an
 engine like any other.
 
 Requests reach the gang one at a time: ranks in a collective must all run
@@ -38,6 +38,7 @@ from mlxd.engine.sampling import check_bias_ids
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.errors import BadRequest, ModelFailed, ModelUnloaded
+from mlxd.grammar.compiler import GrammarCompiler
 from mlxd.registry.model import ModelSpec
 from mlxd.tools import formats as tool_formats
 from mlxd.tools import reasoning as reasoning_formats
@@ -48,9 +49,6 @@ log = logging.getLogger("mlxd.distributed")
 class GangEngine:
     kind = "gang"
     confirms_start = True
-    # No grammar on the ranks yet: tools are rendered by the template and
-    # split from the text, never forced.
-    grammars = None
 
     def __init__(self, spec: ModelSpec, gang: Gang, tokenizer: Any, vocab_size: int, load_seconds: float) -> None:
         self.name = spec.name
@@ -58,6 +56,9 @@ class GangEngine:
         self.gang = gang
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size
+        # Compiles each request's grammar here first, so that a bad schema is
+        # a 400 before a stream's 200; rank 0 compiles its own to decode under.
+        self.grammars = GrammarCompiler(tokenizer, vocab_size)
         self.tool_format = tool_formats.resolve(tokenizer, spec.tool_parser)
         self.reasoning_format = reasoning_formats.resolve(tokenizer, spec.reasoning_parser)
         self.load_seconds = load_seconds
@@ -111,6 +112,7 @@ class GangEngine:
                     "vocab_size": self.vocab_size, "sampling": _sampling(request),
                     "ignore_eos": request.ignore_eos, "logprobs": request.logprobs,
                     "logit_bias": {str(k): v for k, v in (request.logit_bias or {}).items()},
+                    "constraint": _constraint(request),
                 })
                 self.generations += 1
                 async for chunk in self._relay(rid, inbox, len(tokens), request.stop, request.logprobs is not None):
@@ -179,11 +181,11 @@ class GangEngine:
     def _refuse_unsupported(self, request: GenerationRequest) -> None:
         if request.logit_bias:
             check_bias_ids(request.logit_bias, self.vocab_size)
-        if request.constraint is not None:
-            raise BadRequest(f"`{self.name}` is a parallel model; grammars (forced tool calls, response_format) "
-                             "are not served by its ranks yet.", param="response_format")
         if request.max_tokens < 1:
             raise BadRequest("max_tokens must be at least 1.", param="max_tokens")
+        if request.reasoning_budget is not None:
+            raise BadRequest(f"`{self.name}` is a parallel model; a reasoning budget is not enforced by its ranks "
+                             "yet.", param="reasoning")
 
     def _raise_if_failed(self) -> None:
         if self.gang.failed.done():
@@ -229,6 +231,11 @@ class GangEngine:
             "load_seconds": round(self.load_seconds, 3),
             "closed": self._closed,
         }
+
+
+def _constraint(request: GenerationRequest) -> dict[str, str] | None:
+    c = request.constraint
+    return {"kind": c.kind, "text": c.text} if c is not None else None
 
 
 def _sampling(request: GenerationRequest) -> dict[str, Any]:

@@ -160,6 +160,8 @@ class Runner:
         self.cancels = cancels
         self.eos = eos
         self.peak_reported = False
+        # Rank 0's grammar compiler, made on the first constrained request.
+        self.grammars: Any = None
         import mlx.core as mx
 
         # Its own stream, as mlx-lm's generate keeps one (mlx_lm.generate
@@ -179,6 +181,8 @@ class Runner:
         chunk = max(1, int(message.get("prefill_step", 512)))
         leader = self.rank == 0
         sampler, processors = self._sampling(message, self.eos) if leader else (None, [])
+        if leader and message.get("constraint"):
+            processors.append(self._grammar(message))
         top = message.get("logprobs")
         cache = make_prompt_cache(self.model)
         prompt = mx.array(tokens)
@@ -238,6 +242,26 @@ class Runner:
             return {}
         self.peak_reported = True
         return {"peak_bytes": int(mx.get_peak_memory())}
+
+    def _grammar(self, message: dict[str, Any]) -> Any:
+        """The request's grammar as the text engine applies it, last of the
+        processors. The compiler needs the Hugging Face tokenizer, loaded on
+        the first constrained request only (it pulls transformers in)."""
+        from mlxd.engine.types import Constraint
+        from mlxd.grammar.processor import GrammarProcessor
+
+        if self.grammars is None:
+            from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+            from mlxd.grammar.compiler import GrammarCompiler
+
+            path = Path(os.environ["MLXD_GANG_PATH"])
+            tokenizer = load_tokenizer(path, {"trust_remote_code": True}, eos_token_ids=sorted(self.eos) or None)
+            self.grammars = GrammarCompiler(tokenizer, int(message["vocab_size"]))
+        grammars = self.grammars
+        given = message["constraint"]
+        matcher = grammars.matcher(Constraint(str(given["kind"]), str(given["text"])))
+        return GrammarProcessor(matcher, grammars.mask_size, grammars.eos_token_ids)
 
     @staticmethod
     def _sampling(message: dict[str, Any], eos: set[int]) -> tuple[Any, list[Any]]:

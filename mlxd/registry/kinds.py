@@ -97,13 +97,14 @@ REMOTE = ModelKind(name="remote", engine=None, takes_images=True)
 
 # A text model served by a gang of ranks (``parallel:``) is, like a remote
 # entry, a placement: its row is picked by ``Registry.kind_of``. The daemon
-# keeps only its tokenizer; the ranks keep no prefix cache and run no
-# grammar yet.
+# keeps only its tokenizer; rank 0 decodes under the grammars; the ranks keep
+# no prefix cache yet.
 PARALLEL = ModelKind(
     name="parallel",
     engine="mlxd.distributed.engine:load_gang_engine",
     imports=("mlx_lm",),
     token_counter="mlxd.engine.token_count:text_counter",
+    grammars=True,
 )
 
 KINDS: Mapping[str, ModelKind] = MappingProxyType({k.name: k for k in (TEXT, VISION, EMBEDDING, RERANK_KIND)})

@@ -7,6 +7,7 @@ the failure tests come last and each ends with the gang loaded again."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -88,6 +89,16 @@ def test_logprobs_and_logit_bias_are_served_by_rank_0_as_by_one_process(client):
     solo_biased, gang_biased = (client.chat.completions.create(model=m, **biased).choices[0].message.content
                                 for m in ("solo", "gang"))
     assert gang_biased == solo_biased and gang_biased != solo.message.content[: len(gang_biased)]
+
+
+def test_structured_output_decodes_under_the_same_grammar_as_one_process(client):
+    schema = {"type": "object", "properties": {"level": {"enum": ["low", "high"]}, "ok": {"type": "boolean"}},
+              "required": ["level", "ok"], "additionalProperties": False}
+    ask = dict(messages=CHAT, max_tokens=40, temperature=0,
+               response_format={"type": "json_schema", "json_schema": {"name": "report", "schema": schema}})
+    solo, gang = (client.chat.completions.create(model=m, **ask).choices[0].message.content for m in ("solo", "gang"))
+    assert gang == solo
+    assert set(json.loads(gang)) == {"level", "ok"}
 
 
 def test_a_pipeline_split_answers_the_same_and_its_idle_gang_unloads_whole(client, daemon, solo_text):
