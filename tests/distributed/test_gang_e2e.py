@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import psutil
@@ -75,6 +76,21 @@ def test_greedy_output_is_byte_identical_to_one_process(client, daemon, solo_tex
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == solo_text
     assert chunks[-1].usage.completion_tokens == TOKENS
+
+
+def test_overlapping_and_abandoned_requests_leave_the_ranks_in_step(client, solo_text):
+    # A client that leaves mid-stream: rank 0 stops, and the followers with it.
+    stream = client.chat.completions.create(model="gang", messages=CHAT, max_tokens=2000, temperature=0,
+                                            stream=True, extra_body={"ignore_eos": True})
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()
+    # Two requests at once (tensor-parallel ranks deadlock when they see two
+    # requests in different orders, omlx#3039): the model's queue keeps one order.
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda _: _gang_text(client), range(2)))
+    assert answers == [solo_text, solo_text]
 
 
 def test_logprobs_and_logit_bias_are_served_by_rank_0_as_by_one_process(client):
