@@ -133,20 +133,22 @@ class GangEngine:
         detokenizer.reset()
         eos = set(tokenizer.eos_token_ids)
         stops = StopMatcher(stop)
-        produced = 0
+        produced = reused = 0
         scored: list[TokenLogprob] = []
 
         def chunk(text: str, finish: str | None = None) -> GenerationChunk:
             entries = scored[:] if scoring else None
             scored.clear()
             return GenerationChunk(text=text, finish_reason=finish, prompt_tokens=n_prompt,
-                                   completion_tokens=produced, logprobs=entries)
+                                   completion_tokens=produced, cached_tokens=reused, logprobs=entries)
 
         while True:
             event = await inbox.get()
             if isinstance(event, Failure):
                 raise ModelFailed(f"The parallel model `{self.name}` failed: {event.sentence()}.")
-            if event["ev"] == "token":
+            if event["ev"] == "phase":
+                reused = int(event.get("reused") or 0)
+            elif event["ev"] == "token":
                 token = int(event["t"])
                 if token in eos:
                     continue  # the end event follows with reason "stop"

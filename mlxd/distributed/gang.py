@@ -226,6 +226,8 @@ class Gang:
             phase = {"load": Phase.LOADING, "prefill": Phase.PREFILL}.get(str(message.get("phase")))
             if phase is not None:
                 live.progress(rank, phase, now)
+            if rank == 0 and "id" in message:
+                self._deliver(message)  # how much of the prompt its cache held
         elif kind == "ready":
             live.progress(rank, Phase.READY, now, memory_bytes=int(message.get("memory_bytes") or 0))
             if live.ready:

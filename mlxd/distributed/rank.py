@@ -160,6 +160,11 @@ class Runner:
         self.cancels = cancels
         self.eos = eos
         self.peak_reported = False
+        # The last request's KV cache and the tokens in it, the same on every
+        # rank (every rank saw the same prompt and the same decided tokens),
+        # so each one decides alike how much of it the next prompt reuses.
+        self.cache: list[Any] | None = None
+        self.cached: list[int] = []
         # Rank 0's grammar compiler, made on the first constrained request.
         self.grammars: Any = None
         import mlx.core as mx
@@ -171,7 +176,6 @@ class Runner:
 
     def run(self, message: dict[str, Any]) -> None:
         import mlx.core as mx
-        from mlx_lm.models.cache import make_prompt_cache
 
         generation_stream = self.stream
 
@@ -184,13 +188,12 @@ class Runner:
         if leader and message.get("constraint"):
             processors.append(self._grammar(message))
         top = message.get("logprobs")
-        cache = make_prompt_cache(self.model)
+        cache, done = self._reuse(tokens)
         prompt = mx.array(tokens)
-        self.report.send("phase", id=rid, phase="prefill")
+        self.report.send("phase", id=rid, phase="prefill", reused=done)
         # mlx-lm's generate_step order: all but the last prompt token in
         # chunks, then the last one as the first decode step, so that the
         # logits (and greedy tokens) are those of one process.
-        done = 0
         while len(tokens) - done > 1:
             n = min(chunk, len(tokens) - done - 1)
             with mx.stream(generation_stream):
@@ -200,6 +203,8 @@ class Runner:
             self.report.send("progress", id=rid, phase="prefill", done=done)
         y = prompt[done:]
         history = prompt
+        fed = list(tokens)  # what the cache holds once this step has run
+        self.cache, self.cached = cache, []  # half-fed until the request ends
         step = 0
         reason = "length"
         while True:
@@ -231,9 +236,32 @@ class Runner:
             if stop:
                 break
             y = mx.array([token])
+            fed.append(token)
             history = mx.concatenate([history, y])
+        self.cached = fed
         self.cancels.discard(rid)
         self.report.send("end", id=rid, reason=reason, steps=step, **self._memory())
+
+    def _reuse(self, tokens: list[int]) -> tuple[list[Any], int]:
+        """The cache to start from and how many prompt tokens it holds: the
+        last request's, trimmed to the prefix it shares with this prompt
+        (one token is always left to run); a cache that cannot be trimmed
+        only when this prompt extends it whole."""
+        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+
+        cache, cached = self.cache, self.cached
+        shared = 0
+        for a, b in zip(cached, tokens[:-1]):
+            if a != b:
+                break
+            shared += 1
+        if cache is None or shared == 0:
+            return make_prompt_cache(self.model), 0
+        if shared < len(cached):
+            if not can_trim_prompt_cache(cache):
+                return make_prompt_cache(self.model), 0
+            trim_prompt_cache(cache, len(cached) - shared)
+        return cache, shared
 
     def _memory(self) -> dict[str, int]:
         import mlx.core as mx

@@ -97,8 +97,8 @@ REMOTE = ModelKind(name="remote", engine=None, takes_images=True)
 
 # A text model served by a gang of ranks (``parallel:``) is, like a remote
 # entry, a placement: its row is picked by ``Registry.kind_of``. The daemon
-# keeps only its tokenizer; rank 0 decodes under the grammars; the ranks keep
-# no prefix cache yet.
+# keeps only its tokenizer; rank 0 decodes under the grammars; each rank
+# keeps its last request's KV cache (no prefix cache reserved beside it).
 PARALLEL = ModelKind(
     name="parallel",
     engine="mlxd.distributed.engine:load_gang_engine",

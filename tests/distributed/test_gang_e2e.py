@@ -93,6 +93,17 @@ def test_overlapping_and_abandoned_requests_leave_the_ranks_in_step(client, solo
     assert answers == [solo_text, solo_text]
 
 
+def test_the_next_turn_reuses_the_ranks_cache_and_answers_as_one_process(client):
+    first = client.chat.completions.create(model="gang", messages=CHAT, max_tokens=8, temperature=0)
+    turn = [*CHAT, {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "Now list the files it reads"}]
+    ask = dict(messages=turn, max_tokens=TOKENS, temperature=0)
+    gang = client.chat.completions.create(model="gang", **ask)
+    solo = client.chat.completions.create(model="solo", **ask)
+    assert gang.choices[0].message.content == solo.choices[0].message.content
+    assert gang.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+
+
 def test_logprobs_and_logit_bias_are_served_by_rank_0_as_by_one_process(client):
     ask = dict(messages=CHAT, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2)
     solo, gang = (client.chat.completions.create(model=m, **ask).choices[0] for m in ("solo", "gang"))
