@@ -115,6 +115,8 @@ class Gang:
         self._stopping = False
         # Ranks that failed on their own account, with why (see ECHO_GRACE_S).
         self._suspects: dict[int, str] = {}
+        # Ranks other hosts reserved for this gang, started or not.
+        self._reserved: dict[int, RemoteRank] = {}
 
     # --- start ------------------------------------------------------------------
 
@@ -141,6 +143,7 @@ class Gang:
     async def _spawn(self) -> None:
         size = len(self.plan.hosts)
         remote: dict[int, RemoteRank] = {}
+        self._reserved = remote  # given back by stop() if the start goes no further
         for rank, host in enumerate(self.plan.hosts):
             if host != LOCAL:
                 url, key = self.plan.remotes[host]
@@ -337,9 +340,8 @@ class Gang:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for handle in self._ranks:
-            if isinstance(handle, RemoteRank):
-                await handle.aclose()
+        for handle in {*self._reserved.values(), *(h for h in self._ranks if isinstance(h, RemoteRank))}:
+            await handle.aclose()
         with contextlib.suppress(OSError):
             for f in self._dir.iterdir():
                 f.unlink()

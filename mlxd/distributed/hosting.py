@@ -20,7 +20,9 @@ from typing import Any
 
 from mlxd.distributed.gang import TERM_GRACE_S, free_port, rank_env
 from mlxd.distributed.processes import LocalRank
-from mlxd.errors import BadRequest, RequestNotFound
+from mlxd.errors import BadRequest, CapacityUnavailable, RequestNotFound
+
+GB = 1024**3
 
 
 @dataclass
@@ -33,20 +35,35 @@ class Hosted:
     port: int
     folder: Path
     process: LocalRank | None = None
-    readers: int = field(default=0)
+    # Its estimated share of the model's memory, held against this host's budget.
+    share_bytes: int = field(default=0)
 
 
 class RankHosting:
     def __init__(self) -> None:
         self._ranks: dict[str, Hosted] = {}
 
-    def reserve(self, path: Path, body: dict[str, Any], host_ip: str) -> dict[str, Any]:
+    @property
+    def held_bytes(self) -> int:
+        """What the hosted ranks hold of this host's memory (their estimates)."""
+        return sum(h.share_bytes for h in self._ranks.values())
+
+    def reserve(self, path: Path, body: dict[str, Any], host_ip: str, *, model_bytes: int = 0,
+                free_bytes: int | None = None) -> dict[str, Any]:
         """A rank's address on this machine (a free port), to be started
-        once the daemon knows every rank's address."""
+        once the daemon knows every rank's address. Its share of the model
+        (``model_bytes`` over the rank count) must fit in what this host's
+        budget has free beside its own models and the ranks it hosts."""
         rank, size = int(body.get("rank", -1)), int(body.get("size", 0))
         transport = str(body.get("transport", "ring"))
         if not 0 < rank < size or transport != "ring":
             raise BadRequest("a hosted rank is rank 1 or later of a gang over `ring`", param="rank")
+        share = model_bytes // size
+        if free_bytes is not None and share > free_bytes - self.held_bytes:
+            free = max(0, free_bytes - self.held_bytes)
+            raise CapacityUnavailable(
+                f"This host cannot take rank {rank}: its share needs {share / GB:.2f} GB and "
+                f"{free / GB:.2f} GB of the budget is free.", retry_after=30)
         port = free_port()
         folder = Path(tempfile.mkdtemp(prefix="mlxd-hosted-rank-"))
         env = {
@@ -55,7 +72,7 @@ class RankHosting:
             "MLXD_GANG_BACKEND": transport,
             "MLXD_GANG_EOS": json.dumps([int(t) for t in body.get("eos", [])]),
         }
-        hosted = Hosted(secrets.token_hex(8), env, rank, size, transport, port, folder)
+        hosted = Hosted(secrets.token_hex(8), env, rank, size, transport, port, folder, share_bytes=share)
         self._ranks[hosted.id] = hosted
         return {"id": hosted.id, "address": f"{host_ip}:{port}"}
 

@@ -110,6 +110,10 @@ class RemoteRank:
             self._stream.cancel()
             with contextlib.suppress(BaseException):
                 await self._stream
+        else:
+            # Reserved, never started (a peer's reservation failed): give it back.
+            with contextlib.suppress(httpx.HTTPError):
+                await self._client.delete(f"/gang/ranks/{self.id}")
         await self._client.aclose()
 
 

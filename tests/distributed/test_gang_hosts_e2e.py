@@ -24,8 +24,9 @@ def daemons(tmp_path_factory):
     mp.setenv("MLXD_TEST_PEER_KEY", KEY)
     peer_dir, main_dir = tmp_path_factory.mktemp("peer"), tmp_path_factory.mktemp("main")
     peer_registry = write_registry(
-        peer_dir, [{"name": "split", "model": "qwen"}, {"name": "elsewhere", "path": str(peer_dir / "no-such-model")}],
-        server={"api_keys": [KEY]},
+        peer_dir, [{"name": "split", "model": "qwen"}, {"name": "elsewhere", "path": str(peer_dir / "no-such-model")},
+                   {"name": "huge", "model": "qwen", "estimated_memory_gb": 0.9}],
+        manager={"memory_budget": "1GB"}, server={"api_keys": [KEY]},
     )
     with daemon_in_thread(peer_registry, peer_dir) as peer:
         registry = write_registry(
@@ -58,11 +59,22 @@ def test_a_rank_started_by_another_hosts_mlxd_serves_the_same_text(daemons):
     assert not psutil.pid_exists(ranks[1]["pid"]) or psutil.Process(ranks[1]["pid"]).status() == psutil.STATUS_ZOMBIE
 
 
-def test_the_hosting_routes_need_the_hosts_admin_key(daemons):
+def test_the_hosting_routes_need_the_hosts_admin_key_and_room_in_its_budget(daemons):
     _, peer = daemons
+    ask = {"model": "split", "rank": 1, "size": 2}
     with peer.client() as http:
-        refused = http.post("/v1/gang/ranks", json={"model": "split", "rank": 1, "size": 2})
-    assert refused.status_code == 401
+        assert http.post("/v1/gang/ranks", json=ask).status_code == 401
+        admin = {"Authorization": f"Bearer {KEY}"}
+        # The peer's budget is 1 GB: two halves of `huge` (0.9 GB) fit, a third does not.
+        held = [http.post("/v1/gang/ranks", json={**ask, "model": "huge"}, headers=admin) for _ in range(2)]
+        assert [a.status_code for a in held] == [200, 200]
+        assert all(a.json()["address"].startswith("127.0.0.1:") for a in held)
+        third = http.post("/v1/gang/ranks", json={**ask, "model": "huge"}, headers=admin)
+        assert third.status_code == 503 and "cannot take rank 1" in third.json()["error"]["message"]
+        # Reservations never started are given back.
+        for answer in held:
+            assert http.delete(f"/v1/gang/ranks/{answer.json()['id']}", headers=admin).status_code == 200
+        assert peer.ctx.hosting.rows() == [] and peer.ctx.hosting.held_bytes == 0
 
 
 def test_a_host_without_the_weights_fails_the_load_naming_the_rank_and_host(daemons):

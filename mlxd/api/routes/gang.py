@@ -2,8 +2,11 @@
 that machine's daemon reaches this one as a backend of ``kind: mlxd`` with
 an admin key, reserves a rank's address, starts it with every rank's
 address, writes its commands and reads its events. The weights are read
-from this machine's own path for the model (its entry in this registry).
-The rank ends when its event stream's reader goes away."""
+from this machine's own path for the model (its entry in this registry),
+and the rank's share of that entry's footprint must fit in what this host's
+budget has free (it is not reserved in this host's residency: a model
+loaded here later does not see it). The rank ends when its event stream's
+reader goes away."""
 
 from __future__ import annotations
 
@@ -36,7 +39,9 @@ def router() -> APIRouter:
             raise BadRequest(f"`{spec.name}` cannot be loaded on this host: {spec.broken}", param="model")
         # Where the other ranks reach this one: the address the daemon used to reach us.
         host_ip = socket.gethostbyname(request.url.hostname or "127.0.0.1")
-        return ctx.hosting.reserve(spec.path, body, host_ip)
+        memory = ctx.manager.snapshot()
+        return ctx.hosting.reserve(spec.path, body, host_ip, model_bytes=spec.charge_bytes,
+                                   free_bytes=memory.budget - memory.committed)
 
     @api.post("/{rank_id}/start")
     async def start(rank_id: str, body: dict[str, Any], request: Request) -> dict[str, Any]:
@@ -59,5 +64,11 @@ def router() -> APIRouter:
     async def send_signal(rank_id: str, body: dict[str, Any], request: Request) -> dict[str, Any]:
         _ctx(request).hosting.signal(rank_id, str(body.get("signal", "")))
         return {"id": rank_id}
+
+    @api.delete("/{rank_id}")
+    async def end(rank_id: str, request: Request) -> dict[str, Any]:
+        """End the rank (or give back an address reserved for one never started)."""
+        await _ctx(request).hosting.end(rank_id)
+        return {"id": rank_id, "ended": True}
 
     return api
