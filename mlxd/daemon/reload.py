@@ -38,6 +38,7 @@ from mlxd.errors import ConfigError, ShuttingDown, describe_exception
 from mlxd.files import file_sha256
 from mlxd.registry.diff import SERVER_RESTART_FIELDS, RegistryDiff, diff_registries
 from mlxd.registry.loader import load_registry
+from mlxd.waiting import event_set_within
 from mlxd.registry.model import Registry, ServerSpec
 
 log = logging.getLogger("mlxd.reload")
@@ -382,11 +383,7 @@ class ConfigWatcher:
 
     async def _poked_within(self, seconds: float) -> bool:
         self._poked.clear()
-        try:
-            await asyncio.wait_for(self._poked.wait(), seconds)
-        except asyncio.TimeoutError:
-            return False
-        return True
+        return await event_set_within(self._poked, seconds)
 
     async def _settle(self) -> None:
         while True:

@@ -34,6 +34,7 @@ from mlxd.residency.core import (
     State,
 )
 from mlxd.residency.decisions import EventLog
+from mlxd.waiting import event_set_within
 
 log = logging.getLogger("mlxd.residency")
 
@@ -634,16 +635,14 @@ class ResidencyManager:
 
     async def _wait_changed(self, timeout: float) -> None:
         self._changed.clear()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
+        await event_set_within(self._changed, timeout)
 
     async def _timer_loop(self) -> None:
         while True:
             self._wake.clear()
             deadline = self.core.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - self._clock())
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+            await event_set_within(self._wake, timeout)
             try:
                 self.tick()
             except Exception:  # a bug here must not stop idle unloads for good

@@ -1,15 +1,16 @@
 """The answers of the embedding and rerank routes, as JSON bytes (a
-vector list is serialised once, straight from float32)."""
+vector is written once, straight from its float32 array: each number in
+the shortest form that reads back as the same float32)."""
 
 from __future__ import annotations
 
 import base64
-import json
 import time
 import uuid
 from typing import Any
 
 import numpy as np
+import orjson
 from starlette.responses import Response
 
 from mlxd.api.embeddings.bodies import RerankAsk
@@ -17,8 +18,7 @@ from mlxd.api.embeddings.path import Embedded, Ranked
 
 
 def json_response(body: dict[str, Any]) -> Response:
-    return Response(json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode(),
-                    media_type="application/json")
+    return Response(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
 
 
 def encoded_vector(vector: np.ndarray, encoding_format: str) -> Any:
@@ -26,7 +26,7 @@ def encoded_vector(vector: np.ndarray, encoding_format: str) -> Any:
     (what the openai client asks for by default and decodes with numpy)."""
     if encoding_format == "base64":
         return base64.b64encode(np.ascontiguousarray(vector, dtype="<f4").tobytes()).decode("ascii")
-    return np.asarray(vector, dtype=np.float32).tolist()
+    return np.ascontiguousarray(vector, dtype=np.float32)
 
 
 def openai_embeddings(done: Embedded, encoding_format: str) -> Response:
