@@ -10,7 +10,9 @@ one run.
 
 Runs alternate (mlx-lm, mlxd, mlx-lm, ...) after a warm-up; medians are
 reported. Tokens/s is measured from the request to the last token (the same
-prompt's prefill on both sides). Target (issue #31): mlxd ÷ mlx-lm >= 0.95.
+prompt's prefill on both sides); CPU seconds per token are summed over every
+process of each side (the ranks, and mlxd's daemon), which a loaded machine
+disturbs far less than wall time. Target (issue #31): mlxd ÷ mlx-lm >= 0.95.
 Prints a table and merges the figures into bench/results/distributed.json.
 """
 
@@ -25,7 +27,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -34,8 +35,8 @@ import httpx  # noqa: E402
 from bench.common import PROMPT, add_dtype_option, daemon, environment, model_dtype, reexec_with_openblas, save, table  # noqa: E402
 
 # One rank of mlx-lm's own distributed generate: what `mlx.launch -n N
-# script.py` runs, here with the variables set by hand. Rank 0 prints each
-# round's token times as one JSON line.
+# script.py` runs, here with the variables set by hand. Each rank prints each
+# round's token times and CPU seconds as one JSON line.
 PEER_RANK = r"""
 import json, sys, time
 import mlx.core as mx
@@ -48,11 +49,10 @@ model, tokenizer = sharded_load(path, group if mode == "pipeline" else None, gro
 tokenizer._eos_token_ids = set()  # as mlx_lm.benchmark: decode to max_tokens
 prompt = tokenizer.encode(sys.argv[6])
 for _ in range(rounds):
-    times = [time.perf_counter()]
+    times, cpu = [time.perf_counter()], time.process_time()
     for r in stream_generate(model, tokenizer, prompt, max_tokens=tokens, sampler=make_sampler(0.0)):
         times.append(time.perf_counter())
-    if group.rank() == 0:
-        print(json.dumps(times), flush=True)
+    print(json.dumps({"rank": group.rank(), "times": times, "cpu": time.process_time() - cpu}), flush=True)
 """
 
 
@@ -63,7 +63,8 @@ def rate(times: list[float], tokens: int) -> float:
     return tokens / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else float("nan")
 
 
-def run_peer(path: Path, args: argparse.Namespace, transport: str, rounds: int) -> list[float]:
+def run_peer(path: Path, args: argparse.Namespace, transport: str, rounds: int) -> list[tuple[float, float]]:
+    """Per round: (tokens/s at rank 0, CPU seconds per token over every rank)."""
     from mlxd.distributed.gang import free_port, hostfile_text, rank_env
 
     with tempfile.TemporaryDirectory(prefix="mlxd-bench-peer-") as tmp:
@@ -75,15 +76,29 @@ def run_peer(path: Path, args: argparse.Namespace, transport: str, rounds: int) 
             env = {**os.environ, **rank_env(transport, rank, args.ranks, ports, hostfile)}
             cmd = [sys.executable, "-c", PEER_RANK, str(path), str(args.tokens), str(rounds), args.mode, transport,
                    PROMPT]
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
-                                          text=True, start_new_session=True))
-        out, _ = procs[0].communicate(timeout=1800)
-        for p in procs[1:]:
-            p.wait(timeout=60)
-    return [rate(json.loads(line), args.tokens) for line in out.splitlines() if line.startswith("[")]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True))
+        outs = [p.communicate(timeout=1800)[0] for p in procs]
+    rows = [[json.loads(line) for line in out.splitlines() if line.startswith("{")] for out in outs]
+    return [(rate(rows[0][i]["times"], args.tokens), sum(r[i]["cpu"] for r in rows) / args.tokens)
+            for i in range(rounds)]
 
 
-def run_gang(url: str, tokens: int) -> float:
+def cpu_of(pids: list[int]) -> float:
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        times = psutil.Process(pid).cpu_times()
+        total += times.user + times.system
+    return total
+
+
+def run_gang(url: str, tokens: int) -> tuple[float, float]:
+    """(tokens/s seen by the client, CPU seconds per token over the daemon and every rank)."""
+    status = httpx.get(f"{url}/v1/status", timeout=30).json()
+    ranks = next((m.get("ranks") or [] for m in status["models"] if m["name"] == "gang"), [])
+    pids = [status["daemon"]["pid"], *(r["pid"] for r in ranks)]
+    cpu = cpu_of(pids) if ranks else None
     times = [time.perf_counter()]
     body = {"model": "gang", "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True,
             "ignore_eos": True}
@@ -94,7 +109,8 @@ def run_gang(url: str, tokens: int) -> float:
                 choices = json.loads(line[6:]).get("choices") or []
                 if choices and choices[0].get("text"):
                     times.append(time.perf_counter())
-    return rate(times, tokens)
+    per_token = (cpu_of(pids) - cpu) / tokens if cpu is not None else float("nan")
+    return rate(times, tokens), per_token
 
 
 def main() -> None:
@@ -118,27 +134,32 @@ def main() -> None:
 
     transport = default_transport(current_device().kind) if args.transport == "any" else args.transport
     path = build_model(ModelRecipe("qwen2", args.size, dtype=model_dtype(args)))
-    # The first round of each side is its warm-up (kernel compilation).
+    # The first round of each side is its warm-up (kernel compilation, and
+    # for the gang its load).
     rounds = args.repeats + 1
     peer = run_peer(path, args, transport, rounds)[1:]
-    gang: list[float] = []
+    gang: list[tuple[float, float]] = []
     parallel = {"mode": args.mode, "ranks": args.ranks, "transport": transport}
     with daemon([{"name": "gang", "path": str(path), "parallel": parallel, "max_context": 4096}]) as url:
         for _ in range(rounds):
             gang.append(run_gang(url, args.tokens))
     gang = gang[1:]
-    peer_rate, gang_rate = statistics.median(peer), statistics.median(gang)
-    ratio = gang_rate / peer_rate
+    peer_rate, gang_rate = (statistics.median(r for r, _ in side) for side in (peer, gang))
+    peer_cpu, gang_cpu = (statistics.median(c for _, c in side) for side in (peer, gang))
     print(table(
-        ["path", "tok/s (median)", "rounds", "per token ms"],
-        [["mlx-lm distributed", f"{peer_rate:.1f}", len(peer), f"{1000 / peer_rate:.2f}"],
-         ["mlxd gang", f"{gang_rate:.1f}", len(gang), f"{1000 / gang_rate:.2f}"]],
+        ["path", "tok/s (median)", "ms/token wall", "CPU ms/token (all processes)", "rounds"],
+        [["mlx-lm distributed", f"{peer_rate:.1f}", f"{1000 / peer_rate:.2f}", f"{1000 * peer_cpu:.2f}", len(peer)],
+         ["mlxd gang", f"{gang_rate:.1f}", f"{1000 / gang_rate:.2f}", f"{1000 * gang_cpu:.2f}", len(gang)]],
     ))
-    print(f"\nmlxd gang / mlx-lm = {ratio:.3f} (target >= 0.95); {args.size}, {args.mode} over {args.ranks} "
-          f"ranks by {transport}, {args.tokens} tokens, load {os.getloadavg()[0]:.2f}")
+    ratio, cpu_ratio = gang_rate / peer_rate, peer_cpu / gang_cpu
+    print(f"\nmlxd gang / mlx-lm: {ratio:.3f} by wall time, {cpu_ratio:.3f} by CPU per token (target >= 0.95); "
+          f"{args.size}, {args.mode} over {args.ranks} ranks by {transport}, {args.tokens} tokens, "
+          f"load {os.getloadavg()[0]:.2f}")
     key = f"{args.size}-{args.mode}-{args.ranks}-{transport}"
-    result = {"environment": environment(), "tokens": args.tokens, "peer_tok_s": peer, "gang_tok_s": gang,
-              "peer_median": peer_rate, "gang_median": gang_rate, "ratio": ratio}
+    result = {"environment": environment(), "tokens": args.tokens,
+              "peer_tok_s": [r for r, _ in peer], "gang_tok_s": [r for r, _ in gang],
+              "peer_cpu_s_per_token": [c for _, c in peer], "gang_cpu_s_per_token": [c for _, c in gang],
+              "peer_median": peer_rate, "gang_median": gang_rate, "ratio": ratio, "cpu_ratio": cpu_ratio}
     print(f"wrote {save('distributed', key, result)}")
 
 
