@@ -237,7 +237,8 @@ class Runner:
                 break
             y = mx.array([token])
             fed.append(token)
-            history = mx.concatenate([history, y])
+            if processors:  # only they read the tokens so far (penalties, the grammar)
+                history = mx.concatenate([history, y])
         self.cached = fed
         self.cancels.discard(rid)
         self.report.send("end", id=rid, reason=reason, steps=step, **self._memory())
