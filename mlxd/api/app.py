@@ -14,6 +14,7 @@ from mlxd import __version__
 from mlxd.api.auth import check_api_key
 from mlxd.api.context import DaemonContext
 from mlxd.api.error_responses import ErrorShape, error_response, install_error_handlers
+from mlxd.api.refusals import RefusalLog
 from mlxd.api.anthropic import routes as anthropic
 from mlxd.api.anthropic.error_shape import AnthropicErrors
 from mlxd.api.embeddings import routes as embeddings
@@ -137,6 +138,8 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
 
     # Added after the gatekeeper, so it runs before it: refused requests never reach the app.
     app.add_middleware(RequestGuard, server=lambda: ctx.settings.server, shape_for=shape_for)
+    # Outside every guard: a generation request refused before planning is an activity row.
+    app.add_middleware(RefusalLog, activity=ctx.activity)
     # Outermost: every response, a refused one too, names its request.
     app.add_middleware(RequestIds)
 

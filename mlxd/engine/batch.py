@@ -53,6 +53,7 @@ from mlxd.engine.checkpoints import checkpoint, plan
 from mlxd.engine.logprobs import token_logprob
 from mlxd.engine.lifecycle import FirstGenerationPeak, GenerationControl, GenerationCounts
 from mlxd.engine.prefix_cache import PrefixCache
+from mlxd.engine.speculation import Speculation
 from mlxd.engine.text_model import Prepared, TextModel
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.engine.worker import SKIP, MlxWorker, WorkerStream
@@ -123,6 +124,7 @@ class BatchScheduler:
         *,
         max_batch: int,
         prefill_chunk: int = 512,
+        speculation: Speculation | None = None,
     ) -> None:
         self._name = name
         self._worker = worker
@@ -132,6 +134,8 @@ class BatchScheduler:
         self._prefix = prefix_cache
         self._max_batch = max(1, max_batch)
         self._prefill_chunk = max(1, prefill_chunk)
+        # Speculative decoding (engine/speculative_batch.py) in place of mlx-lm's BatchGenerator.
+        self._speculation = speculation if speculation is not None and speculation.usable else None
         # Shared with the event loop: the lock covers ``_pending`` and ``_alive``.
         self._lock = threading.Lock()
         self._pending: collections.deque[_Sequence] = collections.deque()
@@ -356,9 +360,11 @@ class BatchScheduler:
         _, responses = self._generator.next()
         self.steps += 1
         text_stops: list[tuple[_Sequence, str]] = []
+        # A speculative step gives several tokens per sequence: none after its stop string.
+        stopped: set[int] = set()
         for response in responses:
             seq = self._decoding.get(response.uid)
-            if seq is None:
+            if seq is None or response.uid in stopped:
                 continue
             assert seq.prepared is not None
             seq.control.completion_tokens += 1
@@ -372,10 +378,11 @@ class BatchScheduler:
             if response.finish_reason is not None:
                 detokenizer.finalize()
             stops = seq.prepared.stops
-            text, stopped = stops.feed(detokenizer.last_segment)
-            if stopped and response.finish_reason is None:
+            text, hit = stops.feed(detokenizer.last_segment)
+            if hit and response.finish_reason is None:
                 text_stops.append((seq, text))
-            elif stopped:
+                stopped.add(response.uid)
+            elif hit:
                 self._finish(seq, text, "stop", response.prompt_cache, response.all_tokens)
             elif response.finish_reason is not None:
                 self._finish(
@@ -431,6 +438,11 @@ class BatchScheduler:
     def _new_generator(self, model: Any, tokenizer: Any) -> None:
         from mlx_lm.generate import BatchGenerator, StopSequences
 
+        self._eos_stops = StopSequences([(t,) for t in getattr(tokenizer, "eos_token_ids", None) or ()])
+        self._no_stops = StopSequences()
+        if self._speculation is not None:
+            self._generator = self._speculation.generator(model)
+            return
         self._generator = BatchGenerator(
             model,
             completion_batch_size=self._max_batch,
@@ -439,8 +451,6 @@ class BatchScheduler:
             prefill_batch_size=self._max_batch,
             prefill_step_size=self._prefill_chunk,
         )
-        self._eos_stops = StopSequences([(t,) for t in getattr(tokenizer, "eos_token_ids", None) or ()])
-        self._no_stops = StopSequences()
 
     def _drop_generator(self) -> None:
         generator, self._generator = self._generator, None

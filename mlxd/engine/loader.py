@@ -15,11 +15,12 @@ from typing import Any
 from mlxd.engine import memory
 from mlxd.engine.batch import supports_batching
 from mlxd.engine.cache_store.folder import CacheStore
-from mlxd.engine.cache_store.persistence import PrefixCachePersistence
+from mlxd.engine.cache_store.persistence import PrefixCachePersistence, forget_saved
 from mlxd.engine.fingerprint import model_fingerprint
 from mlxd.engine.lifecycle import load_on_worker, measured_load
 from mlxd.engine.cache_entry import CacheLayout, model_cache_layout
 from mlxd.engine.cache_layers import may_outgrow_trimming
+from mlxd.engine.speculative_cache import unsupported_layers
 from mlxd.engine.text import TextEngine
 from mlxd.engine.text_model import LoadedText
 from mlxd.engine.warmup import CONTEXT_MARGIN, forget_warmup, plan_warmup, warm_up
@@ -102,6 +103,16 @@ def _kv_layout(engine: TextEngine) -> CacheLayout:
     return model_cache_layout(model, engine.spec.kv_bits)
 
 
+async def clear_saved_prefix_cache(spec: ModelSpec, cache_dir: Path) -> int:
+    """An unloaded model's saved prefix cache, removed (an operator's clear
+    reaches it too, or its next load would bring the entries back). Returns
+    how many entries were removed."""
+    fingerprint = await _fingerprint(spec) if _persists(spec) else None
+    if fingerprint is None:
+        return 0
+    return await forget_saved(CacheStore(Path(cache_dir) / "prefix", fingerprint, spec.prefix_cache.disk_max_bytes))
+
+
 def _persists(spec: ModelSpec) -> bool:
     cache = spec.prefix_cache
     return cache.persist and cache.max_bytes > 0 and cache.disk_max_bytes > 0
@@ -119,17 +130,40 @@ def load_text_model(spec: ModelSpec) -> LoadedText:
     """Worker thread: ``mlx_lm.load`` plus the active memory it added."""
     import mlx_lm
 
-    done = measured_load(
-        spec,
-        lambda: mlx_lm.load(str(spec.path), trust_remote_code=spec.trust_remote_code),
-        memory.release_memory,
-    )
-    model, tokenizer = done.result
+    def load() -> tuple[Any, Any, Any]:
+        model, tokenizer = mlx_lm.load(str(spec.path), trust_remote_code=spec.trust_remote_code)
+        draft = None
+        s = spec.speculative
+        if s is not None and s.method == "draft" and s.draft_path is not None:
+            # Loaded, measured and unloaded with the target: one footprint.
+            draft, _ = mlx_lm.load(str(s.draft_path))
+        return model, tokenizer, draft
+
+    done = measured_load(spec, load, memory.release_memory)
+    model, tokenizer, draft = done.result
     return LoadedText(
         model, tokenizer, load_bytes=done.load_bytes, load_seconds=done.load_seconds,
         batchable=supports_batching(model),
         checkpoints=_needs_checkpoints(model),
+        draft=draft,
+        unspeculative=_unspeculative(spec, model, draft),
     )
+
+
+def _unspeculative(spec: ModelSpec, model: Any, draft: Any) -> str | None:
+    """Why the loaded model (or its draft) cannot roll back a speculative batch."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    if spec.speculative is None:
+        return None
+    odd = unsupported_layers(make_prompt_cache(model))
+    if odd:
+        return f"its cache has {', '.join(sorted(odd))} layers, which a speculative batch cannot roll back"
+    if draft is not None:
+        odd = {type(c).__name__ for c in make_prompt_cache(draft)} - {"KVCache"}
+        if odd:
+            return f"the draft model's cache has {', '.join(sorted(odd))} layers; a draft needs plain KV caches"
+    return None
 
 
 def _needs_checkpoints(model: Any) -> bool:
@@ -145,4 +179,5 @@ def _unload(loaded: LoadedText) -> None:
     """Worker thread: drop the model's references there, then give the memory back."""
     loaded.model = None
     loaded.tokenizer = None
+    loaded.draft = None
     memory.release_memory()

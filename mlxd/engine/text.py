@@ -42,6 +42,7 @@ from mlxd.engine.cache_explain import CacheExplainer
 from mlxd.engine.lifecycle import EngineBase, GenerationControl, relay
 from mlxd.engine.logprobs import token_logprob
 from mlxd.engine.prefix_cache import PrefixCache
+from mlxd.engine.speculation import Speculation
 from mlxd.engine.text_model import PENALTY_CONTEXT, LoadedText, Prepared, TextModel
 from mlxd.engine.types import GenerationChunk, GenerationRequest, PromptCapture, SavedCache
 from mlxd.engine.worker import SKIP, MlxWorker
@@ -95,10 +96,17 @@ class TextEngine(EngineBase):
         # Set by the loader: how the warm-up before `loaded` went.
         self.warmup: WarmupReport | None = None
         self._batch: BatchScheduler | None = None
-        if spec.max_concurrency > 1 and spec.kv_bits is None and loaded.batchable:
+        # Speculative decoding runs in the batch, a batch of one included.
+        self.speculation: Speculation | None = None
+        if spec.speculative is not None:
+            self.speculation = Speculation(spec.speculative, loaded.draft, prefill_chunk=self._prefill_chunk,
+                                           unsupported=_unspeculative(spec, loaded))
+        speculates = self.speculation is not None and self.speculation.usable
+        if (spec.max_concurrency > 1 or speculates) and spec.kv_bits is None and loaded.batchable:
             self._batch = BatchScheduler(
                 spec.name, worker, self.model, self.counts, self.peak, self.prefix_cache,
                 max_batch=spec.max_concurrency, prefill_chunk=self._prefill_chunk,
+                speculation=self.speculation,
             )
 
     def _open(self, request: GenerationRequest, control: GenerationControl) -> AsyncIterator[Any]:
@@ -122,11 +130,15 @@ class TextEngine(EngineBase):
         return SavedCache(persistence.store.root, persistence.fingerprint)
 
     async def clear_prefix_cache(self) -> bool:
+        """Forget the cache in memory and its saved copy on disk, which the
+        next load would otherwise restore."""
         cache = self.prefix_cache
         if cache is None or self._closed:
             return False
         # The cache is the worker's: cleared between two of its steps.
         await self._worker.call(cache.clear)
+        if self.persistence is not None:
+            await self.persistence.clear()
         return True
 
     async def _before_worker(self, request: GenerationRequest, control: GenerationControl) -> None:
@@ -162,6 +174,7 @@ class TextEngine(EngineBase):
             "batch_size": batch.size if batch else 0,
             "batched_steps": batch.steps if batch else 0,
             "warmup": self.warmup.as_dict() if self.warmup is not None else None,
+            "speculative": self.speculation.status() if self.speculation is not None else None,
             "prefix_cache": self.prefix_cache_stats(),
         }
 
@@ -190,12 +203,16 @@ class TextEngine(EngineBase):
     # ------------------------------------------------------ worker thread
     def _release(self) -> dict[str, Any]:
         self.model.drop()
+        if self.speculation is not None:
+            self.speculation.drop()
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
         return memory.release_memory()
 
     def _forget(self) -> None:
         self.model.drop()
+        if self.speculation is not None:
+            self.speculation.drop()
 
     def _run(self, request: GenerationRequest, control: GenerationControl) -> Iterator[Any]:
         if control.abort_reason is not None:
@@ -289,3 +306,14 @@ class TextEngine(EngineBase):
             on_token=on_token,
             on_finish=keep,
         )
+
+
+def _unspeculative(spec: ModelSpec, loaded: LoadedText) -> str | None:
+    """Why this engine decodes without speculation although its entry asks for it."""
+    if loaded.unspeculative is not None:
+        return loaded.unspeculative
+    if spec.kv_bits is not None:
+        return "a quantised KV cache (kv_bits) is not batched, and speculation runs in the batch"
+    if not loaded.batchable:
+        return "mlx-lm cannot batch this model's cache, and speculation runs in the batch"
+    return None

@@ -46,6 +46,10 @@ class LoadedText:
     batchable: bool = False
     # Whether its cache can become untrimmable (sliding windows, SSM state).
     checkpoints: bool = False
+    # ``speculative: {method: draft}``: the draft model, loaded with it.
+    draft: Any = None
+    # Why the model cannot decode speculatively (None: it can, or was not asked to).
+    unspeculative: str | None = None
 
 
 @dataclass

@@ -287,6 +287,13 @@ class _SnapshotGauges:
             by_name["mlxd_model_active_leases"].add_metric([name], m.active)
             by_name["mlxd_model_queued_requests"].add_metric([name], m.queued)
             by_name["mlxd_model_recent_tokens_per_second"].add_metric([name], snap.recent_rate(name))
+            speculative = m.engine.get("speculative") if isinstance(m.engine, dict) else None
+            if isinstance(speculative, dict):
+                by_name["mlxd_speculative_active"].add_metric([name], 1.0 if speculative.get("active") else 0.0)
+                for figure in ("acceptance_rate", "accepted_per_step", "speedup"):
+                    value = speculative.get(figure)
+                    if value is not None:
+                        by_name[f"mlxd_speculative_{figure}"].add_metric([name], float(value))
         for b in snap.backends:
             name = b.spec.name
             by_name["mlxd_backend_up"].add_metric([name], 1.0 if b.stats.reachable else 0.0)
@@ -315,6 +322,13 @@ class _SnapshotGauges:
             GaugeMetricFamily("mlxd_model_queued_requests", "Requests waiting for the model", labels=model),
             GaugeMetricFamily("mlxd_model_recent_tokens_per_second",
                               "Output tokens per second averaged over the last 60 s", labels=model),
+            GaugeMetricFamily("mlxd_speculative_active", "1 while the model decodes speculatively", labels=model),
+            GaugeMetricFamily("mlxd_speculative_acceptance_rate", "Drafted tokens kept, of those verified",
+                              labels=model),
+            GaugeMetricFamily("mlxd_speculative_accepted_per_step",
+                              "Tokens a sequence emits per speculative step", labels=model),
+            GaugeMetricFamily("mlxd_speculative_speedup",
+                              "Measured speed of speculative over plain steps (rolling window)", labels=model),
             GaugeMetricFamily("mlxd_backend_up", "1 when the backend answered its last poll", labels=["backend"]),
             GaugeMetricFamily("mlxd_backend_in_flight", "Requests on the backend now", labels=["backend"]),
             GaugeMetricFamily("mlxd_backend_errors", "Requests the backend failed since start", labels=["backend"]),

@@ -103,6 +103,26 @@ def prefix_cache_status(engine_stats: dict[str, Any]) -> dict[str, Any]:
     return {key: reported.get(key) for key in PREFIX_CACHE_FIELDS}
 
 
+SPECULATIVE_FIGURES = ("acceptance_rate", "accepted_per_step", "speedup")
+
+
+def speculative_status(m: ModelView) -> dict[str, Any] | None:
+    """``speculative:`` under the model: its settings, and while it is loaded
+    the engine's figures (null before it has any; ``active`` false unloaded)."""
+    configured = m.spec.speculative
+    if configured is None:
+        return None
+    reported = m.engine.get("speculative")
+    if not isinstance(reported, dict):
+        reported = {}
+    out: dict[str, Any] = {"method": configured.method, "tokens": configured.tokens}
+    out.update({key: reported.get(key) for key in SPECULATIVE_FIGURES})
+    out["active"] = bool(reported.get("active"))
+    out["draft_model"] = configured.draft_model
+    out["unsupported"] = reported.get("unsupported")
+    return out
+
+
 def model_status(snap: DaemonSnapshot, m: ModelView) -> dict[str, Any]:
     spec = m.spec
     return {
@@ -147,6 +167,7 @@ def model_status(snap: DaemonSnapshot, m: ModelView) -> dict[str, Any]:
         "warmup_seconds": _warmup(m.engine).get("seconds"),
         "prefill_tokens_per_s": _warmup(m.engine).get("prefill_tokens_per_s"),
         "prefix_cache": prefix_cache_status(m.engine),
+        "speculative": speculative_status(m),
         "engine": m.engine,
         # A parallel model's gang (docs/distributed.md): how it is split and
         # each rank while resident; which rank failed is in last_error.

@@ -38,12 +38,26 @@ def _idle(spec: ModelSpec) -> str:
     return f"after {spec.idle_unload_seconds:g} s idle"
 
 
+def _speculative(spec: ModelSpec) -> str:
+    s = spec.speculative
+    if s is None:
+        return "off (no `speculative:`)"
+    how = {
+        "prompt_lookup": "prompt_lookup (n-gram drafts from the prompt and the output so far)",
+        "draft": f"draft with `{s.draft_model}` (loaded and unloaded with this model, counted in its charge)",
+    }.get(s.method, s.method)
+    return (f"{how}, {s.tokens} drafted tokens a step verified in one pass, also in the batch; "
+            "off by itself while it does not pay")
+
+
 def _charge(spec: ModelSpec) -> str:
     f = spec.footprint
     parts = (
         f"weights {format_bytes(f.weights)} + KV {format_bytes(f.kv_cache)} + "
         f"prefix cache {format_bytes(f.prefix_cache)}"
     )
+    if f.draft:
+        parts += f" + draft model {format_bytes(f.draft)}"
     if spec.memory_override_bytes is not None:
         return (
             f"{format_bytes(spec.charge_bytes)} (estimated_memory_gb; computed "
@@ -95,6 +109,8 @@ def _describe_model(spec: ModelSpec, registry: Registry) -> list[str]:
     if registry.kind_of(spec).grammars:  # tool calls need the kind's tool-call format
         lines.append(f"    tool calls: {_tool_calls(spec)}")
         lines.append(f"    reasoning: {_reasoning(spec)}")
+    if spec.kind == "text":
+        lines.append(f"    speculative decoding: {_speculative(spec)}")
     if spec.chat_template_kwargs:
         given = ", ".join(f"{name}={text}" for name, text in spec.chat_template_kwargs)
         lines.append(f"    chat_template_kwargs: {given}")

@@ -28,6 +28,7 @@ from mlxd.registry.resolve import Downloader
 from mlxd.registry.schema import ModelEntry, RegistryFile, physical_memory_bytes
 from mlxd.registry.sections import Sections
 from mlxd.registry.sizing import format_bytes
+from mlxd.registry.speculative import resolve_drafts
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +124,8 @@ def _load(
     _check_names(doc, parsed)
     entries = list(enumerate(parsed.models))
     models = [_entry(doc, local, remote, i, entry) for i, entry in entries if entry.targets is None]
+    index = {entry.name: i for i, entry in entries}
+    models = resolve_drafts(doc, models, index, local.draft_bytes, local.check_fits)
     failovers = tuple(remote.failover(i, entry) for i, entry in entries if entry.targets is not None)
     registry = Registry(
         source_path=path.absolute() if path is not None else None,

@@ -20,6 +20,7 @@ from mlxd.registry.parallel import LOCAL, hosts_of, parallel_spec, placement_pro
 from mlxd.registry.resolve import Downloader, detect_kind, read_model_config, resolve_model_dir
 from mlxd.registry.schema import ENCODER_KEYS, LOCATION_KEYS, VLLM_MLX_IGNORED_MODEL_KEYS, ModelEntry
 from mlxd.registry.sections import DEFAULT_MODEL, Sections
+from mlxd.registry.speculative import entry_spec
 from mlxd.registry.sizing import (
     encoder_activation_bytes,
     format_bytes,
@@ -156,6 +157,7 @@ class LocalEntries:
             chat_template_kwargs=template_pairs(entry.chat_template_kwargs),
             broken=broken,
             parallel=parallel,
+            speculative=entry_spec(self.s.doc, i, entry, kind, config),
             **{key: getattr(entry, key) for key in ENCODER_KEYS if getattr(entry, key) is not None},
         )
         self._check_fits(here, spec, row)
@@ -168,6 +170,9 @@ class LocalEntries:
         at: Loc = ("models", i, "parallel")
         if kind != "text":
             raise self.s.doc.error(at, f"`parallel` splits text models; `{entry.name}` is a {kind} model")
+        if entry.speculative is not None:
+            raise self.s.doc.error(("models", i, "speculative"),
+                                   "speculative decoding does not run on a parallel model's ranks yet")
         if entry.max_concurrency > 1:
             raise self.s.doc.error(
                 ("models", i, "max_concurrency"),
@@ -223,6 +228,18 @@ class LocalEntries:
             return ENCODER_CONCURRENCY
         return entry.max_concurrency
 
+    def draft_bytes(self, target: ModelSpec, draft: ModelSpec) -> int:
+        """A draft model's weights and its KV cache at the target's context
+        and concurrency (it holds the same sequences)."""
+        try:
+            kv = kv_cache_bytes(read_model_config(draft.path), target.max_context, target.max_concurrency)
+        except ConfigError:
+            kv = draft.footprint.kv_cache
+        return draft.footprint.weights + kv
+
+    def check_fits(self, here: Loc, spec: ModelSpec) -> None:
+        self._check_fits(here, spec, self.s.kinds[spec.kind])
+
     def _check_fits(self, here: Loc, spec: ModelSpec, row: ModelKind) -> None:
         budget = self.s.manager().memory_budget_bytes
         if spec.charge_bytes <= budget:
@@ -236,9 +253,10 @@ class LocalEntries:
             f = spec.footprint
             # An encoder's second part is one forward pass's activations.
             second = "activations" if row.encodes else "KV cache"
+            draft = f" + draft model {format_bytes(f.draft)}" if f.draft else ""
             why = (
                 f"weights {format_bytes(f.weights)} + {second} {format_bytes(f.kv_cache)} + "
-                f"prefix cache {format_bytes(f.prefix_cache)}; lower max_context, "
+                f"prefix cache {format_bytes(f.prefix_cache)}{draft}; lower max_context, "
                 "max_concurrency or prefix_cache.max_bytes, or set kv_bits"
             )
         raise self.s.doc.error(here, f"`{spec.name}` needs {needs} but the budget is {has} ({why})")

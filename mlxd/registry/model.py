@@ -53,10 +53,24 @@ class Footprint:
     weights: int
     kv_cache: int
     prefix_cache: int
+    # A draft model loaded with it (``speculative: {method: draft}``): its
+    # weights and its KV cache at this model's context and concurrency.
+    draft: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.prefix_cache
+        return self.weights + self.kv_cache + self.prefix_cache + self.draft
+
+
+@dataclass(frozen=True)
+class SpeculativeSpec:
+    """``speculative:`` resolved: the method, K drafted tokens a step and,
+    for ``draft``, the draft model's name and folder."""
+
+    method: str
+    tokens: int = 4
+    draft_model: str | None = None
+    draft_path: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +165,8 @@ class ModelSpec:
     batch_tokens: int = 4096
     # Served by a gang of ranks (``parallel:``); None: one process, the daemon's.
     parallel: ParallelSpec | None = None
+    # Speculative decoding (None: off).
+    speculative: SpeculativeSpec | None = None
 
     def __post_init__(self) -> None:
         if self.backend is not None:
@@ -201,6 +217,8 @@ class ModelSpec:
         "batch_tokens",
         # Another split, rank list or transport is another gang.
         "parallel",
+        # The drafter (and a draft model's weights) load with the engine.
+        "speculative",
     )
 
     def needs_reload_from(self, old: ModelSpec) -> bool:

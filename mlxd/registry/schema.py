@@ -178,6 +178,17 @@ VLLM_MLX_IGNORED_MODEL_KEYS = (
 # Keys only embedding and rerank entries take.
 ENCODER_KEYS = ("truncate", "matryoshka", "batch_tokens")
 
+class SpeculativeSection(_Section):
+    """``speculative:`` on a text model: how it drafts tokens that one
+    forward pass of the model then verifies, K at a time (docs/speculative.md)."""
+
+    method: Literal["prompt_lookup", "draft", "mtp"]
+    # Drafted tokens per step (K): each step verifies K + 1 positions.
+    tokens: int = Field(4, ge=1, le=16)
+    # ``method: draft``: the registry model that drafts (same tokenizer).
+    draft_model: str | None = Field(None, min_length=1)
+
+
 # Where a model's files are: ``path`` is ours; vllm-mlx also accepts these.
 LOCATION_KEYS = ("path", "source", "model")
 
@@ -253,6 +264,7 @@ class ModelEntry(_Section):
     batch_tokens: int | None = Field(None, ge=16)
     # One model over several processes or machines (mx.distributed).
     parallel: ParallelSection | None = None
+    speculative: SpeculativeSection | None = None
 
     # vllm-mlx keys with a meaning here.
     estimated_memory_gb: PositiveFloat | None = None

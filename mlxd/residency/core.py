@@ -114,6 +114,8 @@ class Grant:
     instance: int
     # False for an admin load: the model is ready, but no lease was taken.
     takes_lease: bool = True
+    # Slots of max_concurrency the lease holds (``n`` choices run at once).
+    slots: int = 1
 
 
 @dataclass(frozen=True)
@@ -206,6 +208,8 @@ class Waiter:
     takes_lease: bool = True
     # Set when the model cannot fit and the contention policy waits.
     blocked_since: float | None = None
+    # Slots of max_concurrency the lease will hold (see ``request``).
+    slots: int = 1
 
 
 @dataclass
@@ -271,9 +275,15 @@ class ResidencyCore:
 
     # --- events --------------------------------------------------------------
 
-    def request(self, request_id: int, model: str, now: float) -> list[Action]:
-        """A client wants a lease on ``model``."""
-        return self._enqueue(Waiter(request_id, model, now), now)
+    def request(self, request_id: int, model: str, now: float, slots: int = 1) -> list[Action]:
+        """A client wants a lease on ``model`` for ``slots`` generations at
+        once (a request's ``n`` choices). It is charged min(slots,
+        max_concurrency) of the model's slots: no more than the model's
+        charge allows run side by side, and a request can always be granted."""
+        r = self.residents.get(model)
+        if r is not None:
+            slots = max(1, min(slots, r.spec.max_concurrency))
+        return self._enqueue(Waiter(request_id, model, now, slots=slots), now)
 
     def admin_load(self, request_id: int, model: str, now: float) -> list[Action]:
         """An operator asks for ``model`` to be loaded now, backoff or not."""
@@ -288,11 +298,12 @@ class ResidencyCore:
         self.waiters = [w for w in self.waiters if w.request_id != request_id]
         return self._schedule(now)
 
-    def release(self, model: str, instance: int, now: float) -> list[Action]:
+    def release(self, model: str, instance: int, now: float, slots: int = 1) -> list[Action]:
+        """A lease of ``slots`` (its Grant's) is given back."""
         r = self.residents[model]
-        if r.instance != instance or r.active <= 0:
+        if r.instance != instance or r.active < slots:
             raise AssertionError(f"release of {model}#{instance} without a lease")
-        r.active -= 1
+        r.active -= slots
         r.last_used = now
         actions: list[Action] = []
         if r.state is State.DRAINING and r.active == 0:
@@ -543,7 +554,8 @@ class ResidencyCore:
             ))]
         if r.state is State.FAILED and r.retry_at is not None and now < r.retry_at:
             return [Reject(waiter.request_id, self._load_failed_error(r, now))]
-        if waiter.takes_lease and self.queued(waiter.model) >= r.spec.max_queue and not self._can_grant(r):
+        full = self.queued(waiter.model) >= r.spec.max_queue
+        if waiter.takes_lease and full and not self._can_grant(r, waiter.slots):
             return [
                 Reject(
                     waiter.request_id,
@@ -562,15 +574,15 @@ class ResidencyCore:
     def _has_waiters(self, model: str) -> bool:
         return any(w.model == model for w in self.waiters)
 
-    def _can_grant(self, r: Resident) -> bool:
-        if r.state is not State.LOADED or r.active >= r.spec.max_concurrency:
+    def _can_grant(self, r: Resident, slots: int = 1) -> bool:
+        if r.state is not State.LOADED or r.active + slots > r.spec.max_concurrency:
             return False
         if r.spec.capacity_group is None:
             return True
         # A capacity group's models (the entries on one backend) share its
         # max_concurrency: they queue here for it, so a slow backend holds
         # up only the names it serves.
-        return sum(x.active for x in self._group(r)) < r.spec.max_concurrency
+        return sum(x.active for x in self._group(r)) + slots <= r.spec.max_concurrency
 
     def _group(self, r: Resident) -> list[Resident]:
         return [x for x in self.residents.values() if x.spec.capacity_group == r.spec.capacity_group]
@@ -666,17 +678,26 @@ class ResidencyCore:
     def _schedule_once(self, now: float) -> list[Action]:
         actions: list[Action] = []
         # 1. Serve resident models at once: they never wait behind another
-        #    model's swap.
+        #    model's swap. In arrival order per model (or capacity group): a
+        #    request of several slots that does not fit yet holds back the
+        #    later ones, else a stream of single ones would starve it.
+        held_back: set[tuple[str, str]] = set()
         for w in list(self.waiters):
             r = self.residents[w.model]
             if not w.takes_lease and r.state is State.LOADED:
                 self.waiters.remove(w)
                 actions.append(Grant(w.request_id, w.model, r.instance, takes_lease=False))
-            elif w.takes_lease and self._can_grant(r):
+                continue
+            if not w.takes_lease or r.state is not State.LOADED:
+                continue
+            queue = ("group", r.spec.capacity_group) if r.spec.capacity_group else ("model", r.name)
+            if queue not in held_back and self._can_grant(r, w.slots):
                 self.waiters.remove(w)
-                r.active += 1
+                r.active += w.slots
                 r.last_used = now
-                actions.append(Grant(w.request_id, w.model, r.instance))
+                actions.append(Grant(w.request_id, w.model, r.instance, slots=w.slots))
+            else:
+                held_back.add(queue)
         # 2. Start loads, oldest waiting model first. Once the oldest one is
         #    blocked on memory no younger one may jump ahead: that is what
         #    keeps a big model from starving behind small ones.

@@ -40,8 +40,9 @@ log = logging.getLogger("mlxd.residency")
 
 Clock = Callable[[], float]
 # What a waiter's future gets: the resident itself rather than its name, which
-# a hot reload may change before the waiter runs again.
-Granted = tuple[Resident, int]
+# a hot reload may change before the waiter runs again; its instance; and
+# the slots the lease holds.
+Granted = tuple[Resident, int, int]
 
 
 # Builds the engine for a spec. The registry in use is passed along (hot
@@ -87,7 +88,8 @@ class Lease:
     exactly once, however the request ends; extra calls are no-ops."""
 
     def __init__(
-        self, manager: ResidencyManager, resident: Resident, instance: int, engine: Engine, caller: Caller = ANONYMOUS
+        self, manager: ResidencyManager, resident: Resident, instance: int, engine: Engine, caller: Caller = ANONYMOUS,
+        slots: int = 1,
     ) -> None:
         # The resident, not its name: a hot reload may rename the model
         # while the lease is held, and the release must find it.
@@ -97,6 +99,8 @@ class Lease:
         # Who holds it (the request's caller), for the per-caller policies to come.
         self.caller = caller
         self._manager = manager
+        # Slots of max_concurrency it holds (a request's n choices).
+        self.slots = slots
         self._released = False
 
     @property
@@ -107,7 +111,7 @@ class Lease:
         if self._released:
             return
         self._released = True
-        self._manager._release(self.model, self.instance)
+        self._manager._release(self.model, self.instance, self.slots)
 
     async def __aenter__(self) -> Lease:
         return self
@@ -299,16 +303,19 @@ class ResidencyManager:
             raise ModelNotFound(name, self.registry.model_names())
         return spec
 
-    async def acquire(self, name: str, timeout: float | None = None, caller: Caller = ANONYMOUS) -> Lease:
-        """Wait for a lease on ``name`` (an alias works too). ``timeout``
+    async def acquire(
+        self, name: str, timeout: float | None = None, caller: Caller = ANONYMOUS, slots: int = 1
+    ) -> Lease:
+        """Wait for a lease on ``name`` (an alias works too) for ``slots``
+        generations at once, charged min(slots, max_concurrency). ``timeout``
         bounds the wait for a load or for capacity: RequestTimeout (504)."""
         spec = self.resolve(name)
         rid = self.core.new_request_id()
         fut: asyncio.Future[Granted] = asyncio.get_running_loop().create_future()
         self._futures[rid] = fut
-        self._apply(self.core.request(rid, spec.name, self._clock()))
+        self._apply(self.core.request(rid, spec.name, self._clock(), slots=slots))
         try:
-            resident, instance = await asyncio.wait_for(asyncio.shield(fut), timeout)
+            resident, instance, held_slots = await asyncio.wait_for(asyncio.shield(fut), timeout)
         except asyncio.TimeoutError:
             self._abandon(rid, fut)
             raise RequestTimeout(
@@ -319,7 +326,7 @@ class ResidencyManager:
             raise
         held = self._models[resident.name]
         held.stats.requests += 1
-        return Lease(self, resident, instance, held.engine, caller)
+        return Lease(self, resident, instance, held.engine, caller, slots=held_slots)
 
     @contextlib.asynccontextmanager
     async def lease(self, name: str, timeout: float | None = None) -> AsyncIterator[Lease]:
@@ -336,14 +343,14 @@ class ResidencyManager:
         if fut.done() and not fut.cancelled() and fut.exception() is None:
             if not holds_lease:
                 return
-            resident, instance = fut.result()
-            self._release(resident.name, instance)
+            resident, instance, slots = fut.result()
+            self._release(resident.name, instance, slots)
         elif not fut.done():
             fut.cancel()
             self._apply(self.core.cancel(rid, self._clock()))
 
-    def _release(self, model: str, instance: int) -> None:
-        self._apply(self.core.release(model, instance, self._clock()))
+    def _release(self, model: str, instance: int, slots: int = 1) -> None:
+        self._apply(self.core.release(model, instance, self._clock(), slots=slots))
         self._note_measurement(model, instance)
 
     def _note_measurement(self, model: str, instance: int) -> None:
@@ -543,9 +550,9 @@ class ResidencyManager:
         if fut is None or fut.done():
             # Nobody is waiting any more: hand the lease straight back.
             if action.takes_lease:
-                self._release(action.model, action.instance)
+                self._release(action.model, action.instance, action.slots)
             return
-        fut.set_result((self.core.residents[action.model], action.instance))
+        fut.set_result((self.core.residents[action.model], action.instance, action.slots))
 
     def _spawn(self, coro: Awaitable[None], name: str) -> None:
         task = asyncio.ensure_future(coro)

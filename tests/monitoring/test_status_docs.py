@@ -69,7 +69,7 @@ def rich_status(tmp_path_factory) -> tuple[dict[str, Any], dict[str, Any], str]:
     and a reload rejected because the file on disk became invalid."""
     tmp = tmp_path_factory.mktemp("docs")
     registry = write_registry(
-        tmp, [{"name": "qwen", "model": "qwen", "aliases": ["q"]}, {"name": "broken", "path": str(corrupt_model(tmp))},
+        tmp, [{"name": "qwen", "model": "qwen", "aliases": ["q"], "speculative": {"method": "prompt_lookup"}}, {"name": "broken", "path": str(corrupt_model(tmp))},
               {"name": "far", "backend": "off"},
               {"name": "either", "targets": ["off:elsewhere", "qwen"], "strategy": "spillover"}]
     )

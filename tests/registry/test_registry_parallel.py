@@ -93,10 +93,14 @@ def test_bad_parallel_names_file_line_and_key(tmp_path, make_model, parallel, li
     assert fragment in error.detail
 
 
-def test_a_parallel_model_serves_one_request_at_a_time(tmp_path, make_model):
+@pytest.mark.parametrize(("extra", "key"), [
+    ("    max_concurrency: 4\n", "models[0].max_concurrency"),
+    ("    speculative: {method: prompt_lookup}\n", "models[0].speculative"),
+])
+def test_what_the_ranks_do_not_run_is_refused_at_its_key(tmp_path, make_model, extra, key):
     with pytest.raises(ConfigError) as caught:
-        _load(tmp_path, make_model, "{ranks: 2}", "    max_concurrency: 4\n")
-    assert caught.value.key == "models[0].max_concurrency"
+        _load(tmp_path, make_model, "{ranks: 2}", extra)
+    assert caught.value.key == key
 
 
 def test_a_rank_on_an_mlxd_backend_is_placed_there_over_the_ring(tmp_path, make_model):

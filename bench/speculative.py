@@ -1,0 +1,232 @@
+"""Speculative decoding on SmolLM2-135M-Instruct (the demo's GGUF model):
+decode speed with and without it, alone and under continuous batching, next
+to mlx_lm.server with its own --draft-model (and vllm-mlx when its venv exists).
+
+    python bench/speculative.py --quick      # short: a 40-line file, few tokens (offline, minutes)
+    python bench/speculative.py              # the issue's figures: a 200-line file, 1, 4 and 8 streams
+
+Workloads (chat, greedy, streamed through /v1/chat/completions):
+- code edit: the prompt holds a Python file and asks for it back whole with
+  one change (what a coding agent's edit is); prompt lookup drafts from it;
+- free chat: a question whose answer is not in the prompt.
+
+mlxd runs one daemon with three entries of the same folder: `plain` (no
+speculation), `lookup` (prompt_lookup, K=4) and `selfdraft` (SmolLM2 as its
+own draft, K=4: every draft is right, so it measures what the mechanism
+costs against what full acceptance can give). Each configuration serves 1, 4
+and 8 concurrent streams of the same request; decode tok/s excludes each
+stream's first token; the aggregate is all streams' tokens over the span from
+the first stream's first token to the last one's last. mlx_lm.server (which
+turns batching off when it has a draft model) serves the single stream with
+`--draft-model` the same folder. Before each measurement the prompt is
+prefilled once into the prefix cache (mlxd's, and mlx_lm.server's own), so
+concurrent streams start decoding together.
+
+Prints a table and merges the figures into bench/results/speculative.json.
+The machine's load (`uptime`) goes with them: on a shared CPU the ratios
+within one run are what to read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx  # noqa: E402
+
+from bench.common import (  # noqa: E402
+    add_dtype_option, daemon, environment, free_port, model_dtype, reexec_with_openblas, save, table,
+)
+from bench.servers import Run, parse_stream, process_server, stream  # noqa: E402
+
+K = 4
+VLLM_MLX = [Path(os.environ.get("VLLM_MLX_VENV", Path.home() / ".cache" / "mlxd-bench" / "vllm-mlx")),
+            Path("/tmp/vllm-mlx")]
+
+
+def code_file(lines: int) -> str:
+    """A plain Python module of about ``lines`` lines (deterministic)."""
+    out = ['"""Inventory records: load, check and report."""', "", "import json", "from pathlib import Path", ""]
+    i = 0
+    while len(out) < lines:
+        out += [
+            f"def check_item_{i}(record):",
+            f'    """Validate field {i} of one inventory record."""',
+            f"    value = record.get('field_{i}')",
+            "    if value is None:",
+            f"        raise ValueError('field_{i} is missing')",
+            f"    return int(value) * {i + 2}",
+            "",
+        ]
+        i += 1
+    return "\n".join(out[:lines]) + "\n"
+
+
+def requests(lines: int) -> dict[str, list[dict[str, str]]]:
+    source = code_file(lines)
+    return {
+        "code_edit": [{"role": "user", "content": (
+            "Here is a Python file:\n\n```python\n" + source + "```\n\nReturn the whole file, unchanged except "
+            "that `check_item_0` is renamed to `validate_item_0`. Answer with the code only.")}],
+        "free_chat": [{"role": "user", "content": "Tell me about the history of the bicycle and why people ride them."}],
+    }
+
+
+def one(port: int, model: str, messages: list[dict[str, str]], tokens: int) -> Run:
+    body = json.dumps({"model": model, "messages": messages, "max_tokens": tokens, "temperature": 0,
+                       "stream": True, "stream_options": {"include_usage": True}}).encode()
+    started, times, chunks = stream(port, "/v1/chat/completions", body)
+    run = parse_stream(started, times, chunks)
+    run.first_token_s += started  # absolute, for the aggregate span
+    run.cpu_s = times[-1]
+    return run
+
+
+def prime(port: int, model: str, messages: list[dict[str, str]]) -> None:
+    """The prompt into the server's prefix cache (a two-token answer)."""
+    try:
+        one(port, model, messages, 2)
+    except RuntimeError as exc:
+        if "no text" not in str(exc):
+            raise
+
+
+def streams(port: int, model: str, messages: list[dict[str, str]], tokens: int, n: int) -> dict[str, Any]:
+    runs: list[Run | BaseException] = [RuntimeError("not run")] * n
+
+    def go(i: int) -> None:
+        try:
+            runs[i] = one(port, model, messages, tokens)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            runs[i] = exc
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    bad = [r for r in runs if isinstance(r, BaseException)]
+    if bad:
+        raise RuntimeError(f"{model}: {bad[0]}")
+    done = [r for r in runs if isinstance(r, Run)]
+    span = max(r.cpu_s for r in done) - min(r.first_token_s for r in done)
+    return {
+        "streams": n,
+        "per_stream_tok_s": statistics.median(r.decode_tok_s for r in done),
+        "aggregate_tok_s": sum(r.tokens - 1 for r in done) / span if span > 0 else float("nan"),
+        "tokens": [r.tokens for r in done],
+        "text": done[0].text,
+    }
+
+
+def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int]) -> tuple[dict[str, Any], Any]:
+    # Loaded by the warm-up request: preloading three models can outlast the start-up wait.
+    common = {"path": str(path), "preload": False, "max_context": 8192, "max_concurrency": max(counts),
+              "idle_unload_seconds": 0, "prefix_cache": {"max_bytes": "512MB", "persist": False}}
+    entries = [
+        {"name": "plain", **common},
+        {"name": "lookup", **common, "speculative": {"method": "prompt_lookup", "tokens": K}},
+        {"name": "smol-draft", **common},
+        {"name": "selfdraft", **common, "speculative": {"method": "draft", "tokens": K, "draft_model": "smol-draft"}},
+    ]
+    out: dict[str, Any] = {}
+    with daemon(entries) as url, httpx.Client(base_url=url, timeout=1800) as http:
+        port = int(url.rsplit(":", 1)[1])
+        for name in ("plain", "lookup", "selfdraft"):
+            one(port, name, [{"role": "user", "content": "Hi"}], 4)  # warm-up
+        for workload, messages in work.items():
+            for n in counts:
+                # Interleaved per stream count, so drift hits every configuration alike.
+                for name in ("plain", "lookup", "selfdraft"):
+                    # The prompt prefilled once into the prefix cache: the streams
+                    # then start decoding together, and decode is what is compared.
+                    prime(port, name, messages)
+                    out[f"{workload}/{n}/{name}"] = streams(port, name, messages, tokens, n)
+                    print(f"  {workload:9} {n} streams {name:9} "
+                          f"{out[f'{workload}/{n}/{name}']['aggregate_tok_s']:.2f} tok/s", flush=True)
+        status = {m["name"]: m.get("speculative") for m in http.get("/v1/status").json()["models"]}
+    return out, status
+
+
+def peer_runs(path: Path, work: dict[str, Any], tokens: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="spec-bench-") as tmp:
+        port = free_port()
+        argv = [sys.executable, "-m", "mlx_lm.server", "--model", str(path), "--draft-model", str(path),
+                "--num-draft-tokens", str(K), "--port", str(port)]
+        with process_server("mlx_lm.server", argv, port, str(path), Path(tmp)) as server:
+            one(server.port, server.model, [{"role": "user", "content": "Hi"}], 4)
+            for workload, messages in work.items():
+                prime(server.port, server.model, messages)
+                out[f"{workload}/1/mlx_lm.server+draft"] = streams(server.port, server.model, messages, tokens, 1)
+        venv = next((v for v in VLLM_MLX if (v / "bin" / "vllm-mlx").exists()), None)
+        if venv is not None:
+            port = free_port()
+            argv = [str(venv / "bin" / "vllm-mlx"), "serve", str(path), "--port", str(port)]
+            try:
+                with process_server("vllm-mlx", argv, port, str(path), Path(tmp)) as server:
+                    one(server.port, server.model, [{"role": "user", "content": "Hi"}], 4)
+                    for workload, messages in work.items():
+                        prime(server.port, server.model, messages)
+                        out[f"{workload}/1/vllm-mlx"] = streams(server.port, server.model, messages, tokens, 1)
+            except RuntimeError as exc:
+                print(f"vllm-mlx left out: {exc}")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a 40-line file, 24 tokens, 1 and 4 streams")
+    parser.add_argument("--lines", type=int, default=None)
+    parser.add_argument("--tokens", type=int, default=None)
+    parser.add_argument("--streams", type=int, nargs="*", default=None)
+    parser.add_argument("--no-peers", action="store_true")
+    parser.add_argument("--q4", action="store_true", help="keep the GGUF's 4-bit weights (slow on a CPU)")
+    add_dtype_option(parser)
+    args = parser.parse_args()
+    reexec_with_openblas()
+    from mlxd.factory.smollm2 import smollm2_gguf
+    from mlxd.gguf.cache import converted_dir
+
+    # On a CPU the 4-bit kernels prefill at ~3 tok/s: the demo's own import
+    # (float32 there, bfloat16 on a GPU) is what a user serves.
+    dtype = "keep" if args.q4 else model_dtype(args)
+    path = converted_dir(smollm2_gguf(), Path.home() / ".cache" / "mlxd", dtype=dtype)
+    lines = args.lines or (40 if args.quick else 200)
+    tokens = args.tokens or (24 if args.quick else 160)
+    counts = args.streams or ([1, 4] if args.quick else [1, 4, 8])
+    work = requests(lines)
+    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    print(f"SmolLM2-135M-Instruct ({'Q4_1' if args.q4 else dtype}), {lines}-line file, {tokens} tokens, K={K}; load: {load}", flush=True)
+    runs, status = mlxd_runs(path, work, tokens, counts)
+    if not args.no_peers:
+        runs.update(peer_runs(path, work, tokens))
+    rows = []
+    for key, r in runs.items():
+        workload, n, name = key.split("/")
+        base = runs.get(f"{workload}/{n}/plain")
+        ratio = r["aggregate_tok_s"] / base["aggregate_tok_s"] if base else float("nan")
+        same = "yes" if base and r["text"] == base["text"] else ("-" if not base else "no")
+        rows.append([workload, n, name, f"{r['per_stream_tok_s']:.2f}", f"{r['aggregate_tok_s']:.2f}",
+                     f"{ratio:.2f}x", same])
+    print(table(["workload", "streams", "server", "decode tok/s/stream", "aggregate tok/s", "vs plain",
+                 "same text"], rows))
+    print("mlxd status:", json.dumps(status, indent=None))
+    result = {"environment": environment(), "uptime": load, "dtype": "q4_1" if args.q4 else dtype, "lines": lines, "tokens": tokens, "k": K,
+              "runs": {k: {kk: vv for kk, vv in v.items() if kk != "text"} for k, v in runs.items()},
+              "speculative_status": status}
+    print(f"wrote {save('speculative', 'quick' if args.quick else 'full', result)}")
+
+
+if __name__ == "__main__":
+    main()

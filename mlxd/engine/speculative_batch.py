@@ -1,0 +1,232 @@
+"""A continuous batch that decodes speculatively, each sequence on its own.
+
+It stands where mlx-lm's ``BatchGenerator`` stands in ``engine/batch.py``
+(the same ``insert`` / ``next`` / ``remove`` / ``close``), for a model with
+``speculative:`` in its entry. Each step:
+
+1. the drafter proposes up to K tokens per sequence (prompt lookup: from the
+   sequence's own prompt and output; a draft model: K greedy tokens of it);
+2. one forward pass of the model over every row's block: its last emitted
+   token and its drafts, right-padded to the longest block;
+3. per row, position by position, the row's logits processors (penalties,
+   logit_bias, the grammar: a drafted token it forbids is never drawn, so it
+   is rejected) and its sampler draw the token; the row keeps its drafts while
+   they equal the draws (``speculative_core.accept``), and emits the draws up
+   to the first mismatch, an end token or its max_tokens;
+4. the cache gives back, per row, what the row did not keep
+   (``speculative_cache``), and the drafter learns what was emitted.
+
+The row's processors are called once per emitted token, in order, with the
+tokens so far, exactly as without speculation, so a stateful one (the grammar
+matcher, the reasoning budget) sees the same calls. The governor
+(``speculative_core.Governor``) makes a step plain (no drafts) when
+speculation does not pay for this mix of sequences; a plain step is the same
+code with blocks of one token.
+
+Worker thread (MLX).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlxd.engine import speculative_cache as caches
+from mlxd.engine.speculative_core import Governor, SpecStats, accept, next_draft_length, rollback
+
+
+@dataclass
+class Response:
+    """One emitted token, as ``engine/batch.py`` reads mlx-lm's."""
+
+    uid: int
+    token: int
+    logprobs: Any
+    finish_reason: str | None = None
+    prompt_cache: list[Any] | None = None
+    all_tokens: list[int] | None = None
+
+
+@dataclass(eq=False)
+class _Row:
+    uid: int
+    last: int  # the last emitted token: not in the cache yet
+    tokens: list[int]  # the tokens in the cache
+    max_tokens: int
+    sampler: Any
+    processors: list[Any]
+    matcher: Any  # end tokens (mlx-lm's StopSequences matcher)
+    made: int = 0
+    greedy: bool = False
+    drafts: list[int] = field(default_factory=list)
+    # Drafts it asks for next step (speculative_core.next_draft_length).
+    want: int = 1
+
+
+class SpeculativeGenerator:
+    def __init__(self, model: Any, drafter: Any, tokens: int, governor: Governor, stats: SpecStats) -> None:
+        self.model = model
+        self.drafter = drafter
+        self.k = tokens
+        self.governor = governor
+        self.stats = stats
+        self._rows: list[_Row] = []
+        self._cache: list[Any] | None = None
+        self._next_uid = 0
+
+    # ------------------------------------------------ BatchGenerator's calls
+    def insert(
+        self, prompts: list[list[int]], *, max_tokens: list[int], caches: list[list[Any]],
+        all_tokens: list[list[int]], samplers: list[Any], logits_processors: list[list[Any]],
+        stop_sequences: list[Any],
+    ) -> list[int]:
+        """Sequences whose cache holds ``all_tokens`` and whose next input is
+        ``prompts[i][-1]``: they join the batch at once."""
+        from mlx_lm.sample_utils import greedy_sampler
+
+        rows = []
+        for prompt, limit, before, sampler, processors, stops in zip(
+            prompts, max_tokens, all_tokens, samplers, logits_processors, stop_sequences
+        ):
+            rows.append(_Row(self._next_uid, prompt[-1], list(before), limit, sampler, list(processors or ()),
+                             stops.matcher(), greedy=sampler is greedy_sampler, want=self.k))
+            self._next_uid += 1
+        self._cache = caches_extend(self._cache, caches)
+        self.drafter.join([r.tokens + [r.last] for r in rows], caches)
+        self._rows += rows
+        return [r.uid for r in rows]
+
+    def remove(self, uids: list[int], return_prompt_caches: bool = False) -> dict[int, tuple[list[Any], list[int]]]:
+        gone = set(uids)
+        kept = {}
+        if return_prompt_caches and self._cache is not None:
+            for i, row in enumerate(self._rows):
+                if row.uid in gone:
+                    kept[row.uid] = ([layer.extract(i) for layer in self._cache], list(row.tokens))
+        self._filter([i for i, r in enumerate(self._rows) if r.uid not in gone])
+        return kept
+
+    def close(self) -> None:
+        self._rows = []
+        self._cache = None
+        self.drafter.close()
+
+    def next(self) -> tuple[None, list[Response]]:
+        if not self._rows:
+            return None, []
+        started = time.perf_counter()
+        speculate = self.governor.choose(len(self._rows))
+        rows = self._rows
+        for row in rows:
+            row.drafts = []
+        if speculate:
+            proposed = self.drafter.propose(max(r.want for r in rows))
+            for row, drafts in zip(rows, proposed):
+                row.drafts = drafts[: max(0, min(row.want, row.max_tokens - row.made - 1))]
+        emitted, responses = self._verify(rows)
+        self.drafter.commit(emitted, [len(r.drafts) for r in rows])
+        finished = [i for i, r in enumerate(responses) if r and r[-1].finish_reason is not None]
+        for i in finished:
+            last = responses[i][-1]
+            last.prompt_cache = [layer.extract(i) for layer in self._cache]
+            last.all_tokens = list(rows[i].tokens)
+        if finished:
+            self._filter([i for i in range(len(rows)) if i not in set(finished)])
+        elapsed = time.perf_counter() - started
+        self.governor.record(speculate, sum(len(e) for e in emitted), elapsed)
+        return None, [r for per_row in responses for r in per_row]
+
+    # ------------------------------------------------------------ the step
+    def _verify(self, rows: list[_Row]) -> tuple[list[list[int]], list[list[Response]]]:
+        import mlx.core as mx
+
+        width = 1 + max(len(r.drafts) for r in rows)
+        block = mx.array([[r.last, *r.drafts] + [r.last] * (width - 1 - len(r.drafts)) for r in rows])
+        cache = self._cache
+        hybrid = caches.has_state_layers(cache)
+        saved = caches.snapshot(cache) if hybrid and width > 1 else None
+        logits = self.model(block, cache=cache)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        fast = [r.greedy and not r.processors for r in rows]
+        picks = mx.argmax(logprobs, axis=-1) if any(fast) else None
+        if picks is not None:
+            mx.eval(picks)
+            picked = picks.tolist()
+        emitted: list[list[int]] = []
+        responses: list[list[Response]] = []
+        for i, row in enumerate(rows):
+            if fast[i]:
+                draws = picked[i][: len(row.drafts) + 1]
+                take = accept(row.drafts, draws) + 1
+                out = [(t, logprobs[i, j]) for j, t in enumerate(draws[:take])]
+            else:
+                out = self._draw(row, logits[i])
+            tokens, per = self._emit(row, out)
+            emitted.append(tokens)
+            responses.append(per)
+            if row.drafts:
+                # Every emitted token but the last was a kept draft.
+                self.stats.add(len(row.drafts), len(tokens) - 1)
+                row.want = next_draft_length(row.want, len(row.drafts), len(tokens) - 1, self.k)
+        kept = [len(t) for t in emitted]
+        if saved is not None and (min(kept) < width):
+            caches.replay(self.model, cache, saved, block, kept)
+        else:
+            caches.roll_back(cache, rollback(width, kept))
+        for row, tokens in zip(rows, emitted):
+            row.tokens.append(row.last)
+            row.tokens += tokens[:-1]
+            row.last = tokens[-1]
+        return emitted, responses
+
+    def _draw(self, row: _Row, logits: Any) -> list[tuple[int, Any]]:
+        """The row's processors and sampler, one position at a time, while
+        its drafts are drawn again."""
+        import mlx.core as mx
+
+        out: list[tuple[int, Any]] = []
+        context = [*row.tokens, row.last]
+        for j in range(len(row.drafts) + 1):
+            step = logits[j : j + 1]
+            if row.processors:
+                seen = mx.array(context)
+                for processor in row.processors:
+                    step = processor(seen, step)
+            lp = step - mx.logsumexp(step, axis=-1, keepdims=True)
+            token = int(row.sampler(lp).item())
+            out.append((token, lp[0]))
+            if j == len(row.drafts) or token != row.drafts[j]:
+                break
+            context.append(token)
+        return out
+
+    def _emit(self, row: _Row, drawn: list[tuple[int, Any]]) -> tuple[list[int], list[Response]]:
+        """The drawn tokens up to an end token or max_tokens."""
+        tokens: list[int] = []
+        responses: list[Response] = []
+        for token, lp in drawn:
+            row.made += 1
+            tokens.append(token)
+            reason = None
+            if row.made >= row.max_tokens:
+                reason = "length"
+            if row.matcher.advance(token):
+                reason = "stop"
+            responses.append(Response(row.uid, token, lp, reason))
+            if reason is not None:
+                break
+        return tokens, responses
+
+    def _filter(self, keep: list[int]) -> None:
+        self._rows = [self._rows[i] for i in keep]
+        self.drafter.filter(keep)
+        if not keep:
+            self._cache = None
+        elif self._cache is not None:
+            for layer in self._cache:
+                layer.filter(keep)
+
+
+def caches_extend(batch: list[Any] | None, more: list[list[Any]]) -> list[Any]:
+    return caches.extend(batch, caches.merge(more))

@@ -1,0 +1,99 @@
+"""A batch's KV cache rolled back per sequence after a verified block.
+
+Every row of a batch verifies its block of K + 1 positions in one forward
+pass, and each keeps a different number of them. Two kinds of layers:
+
+- ``BatchKVCache`` (full attention) can drop positions: all rows together by
+  ``trim``, and one row's last n by mlx-lm's own right-padding step (the
+  row's positions move right by n and its left padding grows by n, as after
+  a right-padded prefill), which masks them from then on;
+- state layers (``ArraysCache``: linear attention, SSMs) hold no positions:
+  their state after the kept tokens is not in the cache at all. They are
+  snapshotted before the block; a row that did not keep its whole block
+  makes the batch restore the snapshot, drop the whole block from the
+  attention layers, and replay the kept tokens (right-padded, with each row's
+  length, as mlx-lm prefills a batch).
+
+Worker thread (MLX).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mlxd.engine.speculative_core import Rollback
+
+# Layer classes of make_prompt_cache a speculative batch can roll back.
+SUPPORTED = frozenset({"KVCache", "ArraysCache"})
+
+
+def unsupported_layers(cache: Sequence[Any]) -> set[str]:
+    """The layer types of a single-sequence cache that cannot be rolled back here."""
+    return {type(layer).__name__ for layer in cache} - SUPPORTED
+
+
+def has_state_layers(cache: Sequence[Any]) -> bool:
+    return any(type(layer).__name__ == "ArraysCache" for layer in cache)
+
+
+def snapshot(cache: Sequence[Any]) -> list[Any]:
+    """The state layers' contents (mlx-lm rebinds their arrays, never writes
+    into them, so holding the references is a copy)."""
+    return [
+        (list(layer.cache), layer.lengths, layer.left_padding) if type(layer).__name__ == "ArraysCache" else None
+        for layer in cache
+    ]
+
+
+def roll_back(cache: Sequence[Any], plan: Rollback) -> None:
+    """Drop what the rows did not keep from attention layers only."""
+    import mlx.core as mx
+
+    if plan.trim:
+        for layer in cache:
+            layer.trim(plan.trim)
+    if plan.uniform:
+        return
+    for layer in cache:
+        if type(layer).__name__ == "BatchKVCache":
+            layer.prepare(right_padding=list(plan.roll))
+            layer.finalize()
+    mx.eval([layer.state for layer in cache])
+
+
+def replay(model: Any, cache: Sequence[Any], saved: list[Any], block: Any, kept: Sequence[int]) -> None:
+    """A hybrid cache back to the kept tokens: the state layers restored,
+    the attention layers cut back by the whole block, then the kept inputs
+    of each row fed again (``block``: the (rows, positions) inputs verified)."""
+    import mlx.core as mx
+
+    width = int(block.shape[1])
+    for layer, state in zip(cache, saved):
+        if state is None:
+            layer.trim(width)
+        else:
+            layer.cache, layer.lengths, layer.left_padding = list(state[0]), state[1], state[2]
+    longest = max(kept)
+    padding = [longest - k for k in kept]
+    if any(padding):
+        for layer in cache:
+            layer.prepare(lengths=list(kept), right_padding=padding)
+    model(block[:, :longest], cache=cache)
+    if any(padding):
+        for layer in cache:
+            layer.finalize()
+    mx.eval([layer.state for layer in cache])
+
+
+def merge(caches: Sequence[Sequence[Any]]) -> list[Any]:
+    """Single-sequence caches as one batch cache, layer by layer."""
+    return [caches[0][i].merge([c[i] for c in caches]) for i in range(len(caches[0]))]
+
+
+def extend(batch: list[Any] | None, more: list[Any]) -> list[Any]:
+    if not batch:
+        return more
+    for mine, theirs in zip(batch, more):
+        mine.extend(theirs)
+    return batch

@@ -1,0 +1,125 @@
+"""Who drafts the tokens a speculative batch verifies, one row per sequence.
+
+Both keep one entry per row of the batch, in the batch's order:
+``join`` (rows arrive with the tokens in their cache plus their next
+input), ``propose(k)`` (drafts per row), ``commit`` (what each row emitted
+and how many drafts it had), ``filter`` (rows that stay), ``close``.
+
+- ``PromptLookup``: n-gram drafts from the row's own prompt and output
+  (``speculative_core.NgramIndex``); no weights.
+- ``DraftModel``: a small model of the same tokenizer, batched like the
+  target, drafting K greedy tokens a step. Its own cache lags the target's
+  by the row's ``pending`` tokens (the target's tokens it has not seen: one
+  after a rejection, two when the whole block was kept, more after plain
+  steps), which the next draft feeds first, right-padded.
+
+Worker thread (MLX, for the draft model).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxd.engine import speculative_cache as caches
+from mlxd.engine.speculative_core import NgramIndex, rollback
+
+
+class PromptLookup:
+    def __init__(self) -> None:
+        self._rows: list[NgramIndex] = []
+
+    def join(self, histories: list[list[int]], _caches: Any = None) -> None:
+        self._rows += [NgramIndex(history) for history in histories]
+
+    def propose(self, k: int) -> list[list[int]]:
+        return [index.draft(k) for index in self._rows]
+
+    def commit(self, emitted: list[list[int]], _drafted: list[int]) -> None:
+        for index, tokens in zip(self._rows, emitted):
+            index.extend(tokens)
+
+    def filter(self, keep: list[int]) -> None:
+        self._rows = [self._rows[i] for i in keep]
+
+    def close(self) -> None:
+        self._rows = []
+
+
+class DraftModel:
+    def __init__(self, model: Any, prefill_chunk: int = 512) -> None:
+        self.model = model
+        self._chunk = max(1, prefill_chunk)
+        self._cache: list[Any] | None = None
+        self._pending: list[list[int]] = []
+        self._proposed = 0
+
+    def join(self, histories: list[list[int]], _caches: Any = None) -> None:
+        import mlx.core as mx
+        from mlx_lm.models.cache import make_prompt_cache
+
+        fresh = []
+        for history in histories:
+            cache = make_prompt_cache(self.model)
+            prompt = mx.array(history[:-1])
+            for start in range(0, prompt.size, self._chunk):
+                self.model(prompt[start : start + self._chunk][None], cache=cache)
+                mx.eval([c.state for c in cache])
+            fresh.append(cache)
+        self._cache = caches.extend(self._cache, caches.merge(fresh))
+        self._pending += [[history[-1]] for history in histories]
+
+    def propose(self, k: int) -> list[list[int]]:
+        import mlx.core as mx
+
+        cache = self._cache
+        assert cache is not None
+        lengths = [len(p) for p in self._pending]
+        longest = max(lengths)
+        padding = [longest - n for n in lengths]
+        block = mx.array([p + [p[-1]] * (longest - len(p)) for p in self._pending])
+        if any(padding):
+            for layer in cache:
+                layer.prepare(right_padding=padding)
+        logits = self.model(block, cache=cache)
+        if any(padding):
+            for layer in cache:
+                layer.finalize()
+        ends = mx.array([n - 1 for n in lengths])[:, None, None]
+        token = mx.argmax(mx.take_along_axis(logits, ends, axis=1)[:, 0, :], axis=-1)
+        drafts = [token]
+        for _ in range(k - 1):
+            token = mx.argmax(self.model(token[:, None], cache=cache)[:, -1, :], axis=-1)
+            drafts.append(token)
+        mx.eval(drafts)
+        self._proposed = k
+        return mx.stack(drafts, axis=1).tolist()
+
+    def commit(self, emitted: list[list[int]], drafted: list[int]) -> None:
+        k = self._proposed
+        self._proposed = 0
+        if not k:
+            # A plain step: the draft has seen none of it yet.
+            for pending, tokens in zip(self._pending, emitted):
+                pending += tokens
+            return
+        # The cache holds each row's pending tokens and k - 1 drafts; a row
+        # keeps the drafts it accepted, and what it emitted after them is pending.
+        kept = []
+        for i, tokens in enumerate(emitted):
+            accepted = min(len(tokens) - 1, drafted[i], k - 1)
+            kept.append(accepted)
+            self._pending[i] = tokens[accepted:]
+        assert self._cache is not None
+        caches.roll_back(self._cache, rollback(k - 1, kept))
+
+    def filter(self, keep: list[int]) -> None:
+        self._pending = [self._pending[i] for i in keep]
+        if not keep:
+            self._cache = None
+        elif self._cache is not None:
+            for layer in self._cache:
+                layer.filter(keep)
+
+    def close(self) -> None:
+        self._cache = None
+        self._pending = []

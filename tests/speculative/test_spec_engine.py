@@ -1,0 +1,152 @@
+"""Speculative decoding gives the same greedy text as decoding without it,
+alone and in a batch of four, under a grammar, with stop strings,
+penalties, logit_bias and logprobs, across a prefix-cache hit, on a dense
+(qwen3) and a hybrid (qwen3_next: linear-attention state + KV) zoo model.
+
+The prompts are built so that drafts get accepted: a prompt, the model's own
+answer to it and the prompt again (as a coding agent's edit repeats the file
+it was given), so rows keep different numbers of drafts and roll back
+differently in the same step."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from engine.engine_support import collect, greedy, run, spec_for, text_of
+
+from mlxd.engine.loader import load_text_engine
+from mlxd.engine.text import TextEngine
+from mlxd.engine.types import Constraint, SamplingParams
+from mlxd.engine.worker import MlxWorker
+from mlxd.registry.model import SpeculativeSpec
+
+SEEDS = [
+    "def parse_arguments(argv):\n    parser = argparse.ArgumentParser(",
+    "Read the configuration file and report the options",
+    "import os\nimport sys\nfor name in os.listdir(path):\n    print(name)\n",
+    "The license grants permission to copy and distribute the software",
+]
+TOKENS = 32
+
+
+class Models:
+    def __init__(self, plain: TextEngine, lookup: TextEngine, draft: TextEngine, prompts: list[str],
+                 reference: list[str]) -> None:
+        self.plain, self.lookup, self.draft = plain, lookup, draft
+        self.prompts, self.reference = prompts, reference
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[MlxWorker]:
+    w = MlxWorker().start()
+    yield w
+    run(w.shutdown())
+
+
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_next"])
+def models(request: pytest.FixtureRequest, worker: MlxWorker) -> Iterator[Models]:
+    from mlxd.factory.zoo_build import build_family
+
+    path: Path = build_family(request.param)
+
+    async def load() -> Models:
+        plain = await load_text_engine(spec_for(path, "plain", max_concurrency=4), worker)
+        lookup = await load_text_engine(spec_for(path, "lookup", max_concurrency=4,
+                                                 speculative=SpeculativeSpec("prompt_lookup", 4)), worker)
+        # The model as its own draft: nearly every draft is kept.
+        draft = await load_text_engine(spec_for(path, "draft", max_concurrency=4,
+                                                speculative=SpeculativeSpec("draft", 3, "self", path)), worker)
+        first = await asyncio.gather(*[collect(plain, greedy(f"s{i}", TOKENS, prompt=p)) for i, p in enumerate(SEEDS)])
+        prompts = [p + text_of(o) + "\n" + p for p, o in zip(SEEDS, first)]
+        reference = [text_of(await collect(plain, greedy("ref", TOKENS, prompt=p))) for p in prompts]
+        return Models(plain, lookup, draft, prompts, reference)
+
+    loaded = run(load())
+    yield loaded
+    for engine in (loaded.plain, loaded.lookup, loaded.draft):
+        run(engine.close())
+
+
+def _engines(m: Models) -> list[TextEngine]:
+    """The speculating engines: a hybrid cannot be a draft (its state cannot
+    roll back in the draft's batch), which its status says."""
+    usable = [m.lookup]
+    status = m.draft.stats()["speculative"]
+    if status["unsupported"] is None:
+        usable.append(m.draft)
+    else:
+        assert "ArraysCache" in status["unsupported"] and not status["active"]
+    return usable
+
+
+async def _batch(engine: TextEngine, requests: list[Any]) -> list[Any]:
+    return await asyncio.gather(*[collect(engine, r) for r in requests])
+
+
+def test_a_batch_of_four_is_byte_identical_and_keeps_drafts(models: Models) -> None:
+    for engine in _engines(models):
+        before = engine.stats()["speculative"]["accepted_tokens"]
+        outs = run(_batch(engine, [greedy(f"b{i}", TOKENS, prompt=p) for i, p in enumerate(models.prompts)]))
+        assert [text_of(o) for o in outs] == models.reference, engine.spec.name
+        status = engine.stats()["speculative"]
+        assert status["accepted_tokens"] > before, status
+        assert set(status) >= {"method", "tokens", "acceptance_rate", "accepted_per_step", "speedup", "active"}
+
+
+def test_a_single_stream_is_byte_identical(models: Models) -> None:
+    for engine in _engines(models):
+        assert text_of(run(collect(engine, greedy("one", TOKENS, prompt=models.prompts[2])))) == models.reference[2]
+
+
+def test_stop_strings_cut_at_the_same_place(models: Models) -> None:
+    ref = models.reference[0]
+    stop = ref[12:15]
+    want = text_of(run(collect(models.plain, greedy("p", TOKENS, prompt=models.prompts[0], stop=[stop]))))
+    assert stop not in want and ref.startswith(want)
+    for engine in _engines(models):
+        outs = run(_batch(engine, [greedy("st", TOKENS, prompt=models.prompts[0], stop=[stop]),
+                                   greedy("free", TOKENS, prompt=models.prompts[1])]))
+        assert [text_of(o) for o in outs] == [want, models.reference[1]]
+        assert outs[0][-1].finish_reason == "stop"
+
+
+def test_a_grammar_rejects_the_drafts_it_forbids(models: Models) -> None:
+    schema = {"type": "object", "properties": {"kind": {"enum": ["file", "folder", "link"]},
+                                               "depth": {"enum": [1, 2, 3]}},
+              "required": ["kind", "depth"], "additionalProperties": False}
+    ask = greedy("g", 40, prompt=models.prompts[1], constraint=Constraint.json_schema(schema))
+    want = text_of(run(collect(models.plain, ask)))
+    assert want.startswith("{")
+    for engine in _engines(models):
+        outs = run(_batch(engine, [ask, greedy("free", TOKENS, prompt=models.prompts[3])]))
+        assert [text_of(o) for o in outs] == [want, models.reference[3]]
+
+
+def test_penalties_logit_bias_logprobs_and_seeded_sampling_match(models: Models) -> None:
+    asks = [
+        greedy("pen", TOKENS, prompt=models.prompts[0], logprobs=2, logit_bias={7: 2.0},
+               sampling=SamplingParams(temperature=0.0, repetition_penalty=1.3)),
+        # A seeded draw is made once per emitted token, as without speculation.
+        greedy("seed", TOKENS, prompt=models.prompts[2], sampling=SamplingParams(temperature=0.8, seed=11)),
+    ]
+    want = run(_batch(models.plain, asks))
+    for engine in _engines(models):
+        outs = run(_batch(engine, asks))
+        assert [text_of(o) for o in outs] == [text_of(w) for w in want]
+        got = [(e.token, round(e.logprob, 3)) for c in outs[0] for e in c.logprobs or ()]
+        assert got == [(e.token, round(e.logprob, 3)) for c in want[0] for e in c.logprobs or ()]
+        assert len(got) == sum(1 for c in want[0] for _ in c.logprobs or ())
+
+
+def test_the_same_text_across_a_prefix_cache_hit(models: Models) -> None:
+    engine = models.lookup
+    ask = greedy("turn", TOKENS, messages=[{"role": "user", "content": models.prompts[3]}])
+    want = text_of(run(collect(models.plain, ask)))
+    first = run(collect(engine, ask))
+    again = run(collect(engine, ask))
+    assert text_of(first) == text_of(again) == want
+    assert again[-1].cached_tokens > 0

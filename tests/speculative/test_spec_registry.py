@@ -1,0 +1,99 @@
+"""``speculative:`` in models.yaml: what each model gets, and every mistake
+named by file, line and key."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mlxd.errors import ConfigError
+from mlxd.registry.check import describe
+from mlxd.registry.loader import load_registry_text
+from registry.conftest import LLAMA_LIKE, make_model_dir
+
+GIB = 1024**3
+
+
+def _folder(tmp_path: Path, name: str, tokenizer: str = "A", config: dict | None = None) -> Path:
+    folder = make_model_dir(tmp_path / name, config=config or LLAMA_LIKE, weight_bytes=8192)
+    (folder / "tokenizer.json").write_text(json.dumps({"model": tokenizer}))
+    return folder
+
+
+def _load(text: str, tmp_path: Path):
+    big = _folder(tmp_path, "big")
+    small = _folder(tmp_path, "small")
+    other = _folder(tmp_path, "other", tokenizer="B")
+    hybrid = _folder(tmp_path, "hybrid", config={**LLAMA_LIKE, "model_type": "qwen3_next"})
+    body = textwrap.dedent(text).format(big=big, small=small, other=other, hybrid=hybrid)
+    return load_registry_text("manager:\n  memory_budget: 1GB\n" + body, physical_memory=64 * GIB)
+
+
+def test_each_method_resolves_and_check_says_what_each_model_gets(tmp_path: Path) -> None:
+    registry = _load("""\
+        models:
+          - name: big
+            path: {big}
+            speculative: {{method: draft, draft_model: small-alias, tokens: 3}}
+          - name: small
+            aliases: [small-alias]
+            path: {small}
+          - name: lookup
+            path: {other}
+            speculative: {{method: prompt_lookup}}
+        """, tmp_path)
+    big, small, lookup = (registry.find(n) for n in ("big", "small", "lookup"))
+    assert big.speculative is not None and big.speculative.draft_model == "small"
+    assert big.speculative.draft_path == small.path and big.speculative.tokens == 3
+    # The draft's weights are in the target's charge: they load together.
+    assert big.footprint.draft >= small.footprint.weights > 0
+    assert big.charge_bytes == small.charge_bytes + big.footprint.draft
+    assert lookup.speculative is not None and lookup.speculative.tokens == 4
+    text = describe(registry)
+    assert "draft with `small`" in text and "+ draft model" in text
+    assert "prompt_lookup (n-gram drafts" in text
+    assert "speculative decoding: off" in text  # small
+
+
+BAD = [
+    ("unknown method", "speculative: {{method: medusa}}", 4, "models[0].speculative.method", "prompt_lookup"),
+    ("draft without a model", "speculative: {{method: draft}}", 4, "models[0].speculative.draft_model",
+     "needs `draft_model:`"),
+    ("prompt lookup with a model", "speculative: {{method: prompt_lookup, draft_model: small}}", 4,
+     "models[0].speculative.draft_model", "is for `method: draft`"),
+    ("a draft that is not there", "speculative: {{method: draft, draft_model: tiny}}", 4,
+     "models[0].speculative.draft_model", "no model is named `tiny`"),
+    ("a draft of another tokenizer", "speculative: {{method: draft, draft_model: other}}", 4,
+     "models[0].speculative.draft_model", "another tokenizer"),
+    ("itself as its draft", "speculative: {{method: draft, draft_model: big}}", 4,
+     "models[0].speculative.draft_model", "cannot draft for itself"),
+    ("K out of range", "speculative: {{method: prompt_lookup, tokens: 0}}", 4, "models[0].speculative.tokens",
+     "greater than or equal to 1"),
+    ("mtp where mlx-lm loads no heads", "speculative: {{method: mtp}}", 4, "models[0].speculative.method",
+     "`big` (model_type `llama`) has no multi-token-prediction heads"),
+]
+
+
+@pytest.mark.parametrize(("line_text", "line", "key", "fragment"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_speculative_settings_name_file_line_and_key(
+    tmp_path: Path, line_text: str, line: int, key: str, fragment: str
+) -> None:
+    text = f"""\
+        models:
+          - name: big
+            path: {{big}}
+            {line_text}
+          - name: small
+            path: {{small}}
+          - name: other
+            path: {{other}}
+        """
+    with pytest.raises(ConfigError) as caught:
+        _load(text, tmp_path)
+    # The manager section adds two lines above the models.
+    assert caught.value.line == line + 2, caught.value
+    assert caught.value.key == key
+    assert fragment in str(caught.value)
