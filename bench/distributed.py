@@ -8,8 +8,8 @@ one run.
     python bench/distributed.py --size bench --tokens 128 --repeats 3
     python bench/distributed.py --size bench --transport nccl   # one CUDA host, 2 GPUs
 
-Runs alternate (mlx-lm, mlxd, mlx-lm, ...) after a warm-up; medians are
-reported. Tokens/s is measured from the request to the last token (the same
+Each side runs its rounds after a warm-up round; medians are reported. The
+same model in one process (one GPU) is run too, for what the split buys. Tokens/s is measured from the request to the last token (the same
 prompt's prefill on both sides); CPU seconds per token are summed over every
 process of each side (the ranks, and mlxd's daemon), which a loaded machine
 disturbs far less than wall time. Target (issue #31): mlxd ÷ mlx-lm >= 0.95.
@@ -54,6 +54,32 @@ for _ in range(rounds):
         times.append(time.perf_counter())
     print(json.dumps({"rank": group.rank(), "times": times, "cpu": time.process_time() - cpu}), flush=True)
 """
+
+
+# The same model in one process (one GPU on a CUDA host): the gang's speed-up
+# over it is what splitting bought.
+SINGLE = r"""
+import json, sys, time
+from mlx_lm import load, stream_generate
+from mlx_lm.sample_utils import make_sampler
+path, tokens, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+model, tokenizer = load(path)
+tokenizer._eos_token_ids = set()
+prompt = tokenizer.encode(sys.argv[4])
+for _ in range(rounds):
+    times, cpu = [time.perf_counter()], time.process_time()
+    for r in stream_generate(model, tokenizer, prompt, max_tokens=tokens, sampler=make_sampler(0.0)):
+        times.append(time.perf_counter())
+    print(json.dumps({"times": times, "cpu": time.process_time() - cpu}), flush=True)
+"""
+
+
+def run_single(path: Path, args: argparse.Namespace, rounds: int) -> list[tuple[float, float]]:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0")}
+    out = subprocess.run([sys.executable, "-c", SINGLE, str(path), str(args.tokens), str(rounds), PROMPT],
+                         env=env, capture_output=True, text=True, timeout=1800, check=True).stdout
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return [(rate(r["times"], args.tokens), r["cpu"] / args.tokens) for r in rows]
 
 
 def rate(times: list[float], tokens: int) -> float:
@@ -137,6 +163,7 @@ def main() -> None:
     # The first round of each side is its warm-up (kernel compilation, and
     # for the gang its load).
     rounds = args.repeats + 1
+    single = run_single(path, args, rounds)[1:]
     peer = run_peer(path, args, transport, rounds)[1:]
     gang: list[tuple[float, float]] = []
     parallel = {"mode": args.mode, "ranks": args.ranks, "transport": transport}
@@ -144,22 +171,27 @@ def main() -> None:
         for _ in range(rounds):
             gang.append(run_gang(url, args.tokens))
     gang = gang[1:]
-    peer_rate, gang_rate = (statistics.median(r for r, _ in side) for side in (peer, gang))
-    peer_cpu, gang_cpu = (statistics.median(c for _, c in side) for side in (peer, gang))
+    single_rate, peer_rate, gang_rate = (statistics.median(r for r, _ in side) for side in (single, peer, gang))
+    single_cpu, peer_cpu, gang_cpu = (statistics.median(c for _, c in side) for side in (single, peer, gang))
     print(table(
         ["path", "tok/s (median)", "ms/token wall", "CPU ms/token (all processes)", "rounds"],
-        [["mlx-lm distributed", f"{peer_rate:.1f}", f"{1000 / peer_rate:.2f}", f"{1000 * peer_cpu:.2f}", len(peer)],
+        [["mlx-lm, one process", f"{single_rate:.1f}", f"{1000 / single_rate:.2f}", f"{1000 * single_cpu:.2f}",
+          len(single)],
+         ["mlx-lm distributed", f"{peer_rate:.1f}", f"{1000 / peer_rate:.2f}", f"{1000 * peer_cpu:.2f}", len(peer)],
          ["mlxd gang", f"{gang_rate:.1f}", f"{1000 / gang_rate:.2f}", f"{1000 * gang_cpu:.2f}", len(gang)]],
     ))
     ratio, cpu_ratio = gang_rate / peer_rate, peer_cpu / gang_cpu
     print(f"\nmlxd gang / mlx-lm: {ratio:.3f} by wall time, {cpu_ratio:.3f} by CPU per token (target >= 0.95); "
           f"{args.size}, {args.mode} over {args.ranks} ranks by {transport}, {args.tokens} tokens, "
           f"load {os.getloadavg()[0]:.2f}")
+    print(f"mlxd gang over {args.ranks} ranks / one process: {gang_rate / single_rate:.3f} by wall time")
     key = f"{args.size}-{args.mode}-{args.ranks}-{transport}"
     result = {"environment": environment(), "tokens": args.tokens,
               "peer_tok_s": [r for r, _ in peer], "gang_tok_s": [r for r, _ in gang],
               "peer_cpu_s_per_token": [c for _, c in peer], "gang_cpu_s_per_token": [c for _, c in gang],
-              "peer_median": peer_rate, "gang_median": gang_rate, "ratio": ratio, "cpu_ratio": cpu_ratio}
+              "single_tok_s": [r for r, _ in single], "single_cpu_s_per_token": [c for _, c in single],
+              "single_median": single_rate, "peer_median": peer_rate, "gang_median": gang_rate, "ratio": ratio,
+              "cpu_ratio": cpu_ratio, "gang_over_single": gang_rate / single_rate}
     print(f"wrote {save('distributed', key, result)}")
 
 
