@@ -269,7 +269,7 @@ async def load_gang_engine(spec: ModelSpec, worker: Any = None, *, cache_dir: Pa
     tokenizer, vocab = await asyncio.to_thread(_load_tokenizer, spec.path)
     plan = GangPlan(
         name=spec.name, path=spec.path, mode=parallel.mode, hosts=parallel.hosts,
-        transport=parallel.resolved_transport(), eos=tuple(sorted(tokenizer.eos_token_ids)),
+        transport=parallel.transport, eos=tuple(sorted(tokenizer.eos_token_ids)),
         deadlines=Deadlines(parallel.load_timeout_s, parallel.prefill_timeout_s, parallel.step_timeout_s),
         remotes={name: (url, os.environ.get(key_env) if key_env else None) for name, url, key_env in parallel.remotes},
     )

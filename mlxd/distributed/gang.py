@@ -347,9 +347,6 @@ class Gang:
                 f.unlink()
             self._dir.rmdir()
 
-    def pids(self) -> list[int | None]:
-        return [h.pid for h in self._ranks]
-
 
 class RankHandle(Protocol):
     """A rank as the gang drives it, here (LocalRank) or on another host (RemoteRank)."""

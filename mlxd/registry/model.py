@@ -93,9 +93,6 @@ class ParallelSpec:
     def size(self) -> int:
         return len(self.hosts)
 
-    def resolved_transport(self) -> str:
-        return self.transport
-
     def as_dict(self) -> dict[str, Any]:
         return {"mode": self.mode, "ranks": list(self.hosts), "transport": self.transport,
                 "load_timeout_s": self.load_timeout_s, "prefill_timeout_s": self.prefill_timeout_s,
