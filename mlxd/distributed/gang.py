@@ -42,11 +42,6 @@ log = logging.getLogger("mlxd.distributed")
 TERM_GRACE_S = 1.0
 # How often the watchdog asks for a verdict at most.
 WATCH_S = 0.25
-# A rank that fails on its own account ("connection to a peer was lost") may
-# be the echo of a peer's death that has not reached the daemon yet (a rank
-# on another host is heard of over HTTP): the verdict waits this long for a
-# killed rank to name instead.
-ECHO_GRACE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -113,8 +108,6 @@ class Gang:
         self.idle.set()
         self._dir = Path(tempfile.mkdtemp(prefix="mlxd-gang-"))
         self._stopping = False
-        # Ranks that failed on their own account, with why (see ECHO_GRACE_S).
-        self._suspects: dict[int, str] = {}
         # Ranks other hosts reserved for this gang, started or not.
         self._reserved: dict[int, RemoteRank] = {}
 
@@ -214,10 +207,9 @@ class Gang:
         if self.liveness.expects_exit():
             return
         if code > 0:
-            # It ended itself: perhaps because a peer died first.
-            if rank not in self._suspects:
-                tail = handle.last_words()
-                self._suspect(rank, describe_exit(code) + (f" ({tail})" if tail else ""))
+            # It ended itself: perhaps because a peer died first (Deadlines.echo_s).
+            tail = handle.last_words()
+            self.liveness.suspect(rank, describe_exit(code) + (f" ({tail})" if tail else ""), self._clock())
             return
         self._fail(rank, describe_exit(code))
 
@@ -252,7 +244,8 @@ class Gang:
                 self._deliver(message)
                 self.idle.set()
         elif kind == "failed":
-            self._suspect(rank, f"failed while {message.get('phase', 'running')}: {message.get('error', '?')}")
+            why = f"failed while {message.get('phase', 'running')}: {message.get('error', '?')}"
+            live.suspect(rank, why, now)
 
     def _deliver(self, message: dict[str, Any]) -> None:
         q = self._subscribers.get(str(message.get("id")))
@@ -260,20 +253,6 @@ class Gang:
             q.put_nowait(message)
 
     # --- failure ------------------------------------------------------------------------
-
-    def _suspect(self, rank: int, reason: str) -> None:
-        """A rank failed on its own account: the gang is down either way, but
-        the rank to name is settled a moment later (ECHO_GRACE_S)."""
-        if self.failed.done() or rank in self._suspects:
-            return
-        self._suspects[rank] = reason
-        if len(self._suspects) == 1:
-            asyncio.get_running_loop().call_later(ECHO_GRACE_S, self._settle)
-
-    def _settle(self) -> None:
-        if not self.failed.done() and self._suspects:
-            rank = min(self._suspects)
-            self._fail(rank, self._suspects[rank])
 
     def _fail(self, rank: int, reason: str) -> None:
         failure = self.liveness.rank_failed(rank, reason)

@@ -37,6 +37,11 @@ class Deadlines:
     load_s: float = 120.0
     prefill_s: float = 60.0
     decode_step_s: float = 10.0
+    # A rank that fails on its own account ("connection to a peer was lost")
+    # may be the echo of a peer's death not heard of yet (a rank on another
+    # host is heard of over HTTP): the verdict waits this long for a rank
+    # killed by a signal to name instead.
+    echo_s: float = 1.0
 
     def of(self, phase: Phase) -> float | None:
         if phase in (Phase.STARTING, Phase.LOADING):
@@ -74,6 +79,8 @@ class GangLiveness:
     deadlines: Deadlines
     ranks: list[RankState] = field(default_factory=list)
     failure: Failure | None = None
+    # Ranks that failed on their own account: why, and since when.
+    suspects: dict[int, tuple[str, float]] = field(default_factory=dict)
 
     @classmethod
     def starting(cls, hosts: list[str], deadlines: Deadlines, now: float) -> GangLiveness:
@@ -108,6 +115,13 @@ class GangLiveness:
             if r.phase in (Phase.PREFILL, Phase.DECODE):
                 r.phase, r.last_progress = Phase.READY, now
 
+    def suspect(self, rank: int, reason: str, now: float) -> None:
+        """A rank failed on its own account (it said so, or exited with a
+        status): the gang is down, but whom to name is settled by ``check``
+        once ``echo_s`` has passed, unless a rank is killed meanwhile."""
+        if self.failure is None and rank not in self.suspects:
+            self.suspects[rank] = (reason, now)
+
     def rank_failed(self, rank: int, reason: str) -> Failure:
         """A rank exited or said it failed: the gang is down, this rank named."""
         if self.failure is None:
@@ -138,6 +152,9 @@ class GangLiveness:
         (SIGSTOP), named first when several are late."""
         if self.failure is not None:
             return self.failure
+        if self.suspects and now - min(t for _, t in self.suspects.values()) >= self.deadlines.echo_s:
+            rank = min(self.suspects)
+            return self.rank_failed(rank, self.suspects[rank][0])
         owing = [r for r in self.ranks if self.deadlines.of(r.phase) is not None]
         late = [r for r in owing if now - r.last_progress > (self.deadlines.of(r.phase) or 0.0)]
         if not late:
@@ -157,6 +174,7 @@ class GangLiveness:
     def next_deadline(self) -> float | None:
         """When ``check`` could next find a rank late (None: nobody owes progress)."""
         times = [r.last_progress + limit for r in self.ranks if (limit := self.deadlines.of(r.phase)) is not None]
+        times += [t + self.deadlines.echo_s for _, t in self.suspects.values()]
         return min(times) if times else None
 
     def rows(self, now: float) -> list[dict[str, object]]:

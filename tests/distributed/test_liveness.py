@@ -89,3 +89,21 @@ def test_work_done_clears_what_the_ranks_owe():
     rows = gang.rows(103.0)
     assert rows[0] == {"rank": 0, "host": "local", "pid": 100, "state": "ready", "memory_bytes": 1000,
                        "last_progress_s": 1.0}
+
+
+def test_a_rank_that_lost_its_peer_is_named_only_if_no_peer_was_killed_meanwhile():
+    gang = _ready_gang()
+    gang.work_sent(100)
+    gang.suspect(0, "failed while decode: [ring] connection to a peer was lost", 100.2)
+    assert gang.check(100.5) is None and gang.next_deadline() == 101.2
+    # The peer's death arrives late (over HTTP from another host): it is the one named.
+    gang.rank_failed(1, "was killed by SIGKILL")
+    assert gang.check(101.5).sentence() == "rank 1 was killed by SIGKILL"
+
+
+def test_a_rank_that_failed_alone_is_named_once_the_echo_window_passed():
+    gang = _ready_gang()
+    gang.suspect(1, "failed while load: FileNotFoundError: config.json", 10.0)
+    assert gang.check(10.9) is None
+    failure = gang.check(11.0)
+    assert failure is not None and failure.rank == 1 and "FileNotFoundError" in failure.reason
