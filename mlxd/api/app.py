@@ -8,10 +8,11 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mlxd import __version__
-from mlxd.api.auth import check_api_key
+from mlxd.api.auth import check_api_key, check_route, route_group
+from mlxd.api.limits import Admission
 from mlxd.api.context import DaemonContext
 from mlxd.api.error_responses import ErrorShape, error_response, install_error_handlers
 from mlxd.api.refusals import RefusalLog
@@ -53,19 +54,46 @@ class Gatekeeper:
         self.shape_for = shape_for
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        admission: Admission | None = None
         if scope["type"] == "http":
             path = scope["path"]
             try:
                 if path not in OPEN_PATHS and (path.startswith(API_PREFIXES) or path in KEYED_PATHS):
                     # Who is asking, for every step after this one (request.state.caller).
-                    caller = check_api_key(Request(scope), self.ctx.settings.server)
+                    apps = self.ctx.registry.apps
+                    caller = check_api_key(Request(scope), self.ctx.settings.server, apps)
                     scope.setdefault("state", {})["caller"] = caller
+                    check_route(caller, path)
+                    if caller.app is not None and route_group(path) is not None:
+                        admission = self.ctx.limits.admit(next((a for a in apps or () if a.name == caller.app), None))
                 if self.ctx.draining and scope["method"] == "POST" and path.startswith(API_PREFIXES):
                     raise ShuttingDown("mlxd is shutting down; retry shortly", retry_after=5)
             except MlxdError as exc:
+                if admission is not None:
+                    self.ctx.limits.release(caller.app or "")
                 await error_response(self.shape_for(path), exc)(scope, receive, send)
                 return
-        await self.app(scope, receive, send)
+        if admission is None:
+            await self.app(scope, receive, send)
+            return
+        # The app's slot is held until the answer (a whole stream) has gone out.
+        try:
+            await self.app(scope, receive, _with_headers(send, admission.headers()))
+        finally:
+            self.ctx.limits.release(caller.app or "")
+
+
+def _with_headers(send: Send, headers: dict[str, str]) -> Send:
+    """``send`` adding ``headers`` to the response's start (an admitted
+    request learns its headroom as OpenAI's clients read it)."""
+    raw = [(k.encode(), v.encode()) for k, v in headers.items()]
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *raw]}
+        await send(message)
+
+    return sending
 
 
 async def _sample_history(ctx: DaemonContext) -> None:
@@ -88,6 +116,7 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
         ctx.worker.start()
         if ctx.activity is not None:
             ctx.activity.start()
+            await asyncio.to_thread(ctx.restore_usage)
         await ctx.manager.start()
         # Polled in the background: a backend that is down at start is
         # reported, never a reason not to serve the others.

@@ -164,6 +164,7 @@ class Reloader:
             "manager": [],
             "backends": [],
             "failover": [],
+            "apps": [],
             "server": {"applied": [], "needs_restart": [], "overridden": []},
             "problems": [],
             "error": error.as_dict(),
@@ -199,6 +200,7 @@ class Reloader:
             "manager": list(diff.manager_fields),
             "backends": list(diff.backends),
             "failover": list(diff.failovers),
+            "apps": list(diff.apps),
             "server": server,
             # Models whose files cannot be used: registered, failed, the rest serve.
             "problems": [p.as_dict() for p in registry.problems],

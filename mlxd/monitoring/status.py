@@ -301,6 +301,7 @@ def status_document(snap: DaemonSnapshot) -> dict[str, Any]:
         "models": [model_status(snap, m) for m in snap.manager.models],
         "backends": [backend_status(b) for b in snap.backends],
         "failover": [failover_status(f) for f in snap.failovers],
+        "usage": list(snap.usage),
         # Built by hand: dataclasses.asdict costs ~20 µs an event, 2 ms for a full ring.
         "events": [
             {"at": e.at, "kind": e.kind, "model": e.model, "message": e.message}

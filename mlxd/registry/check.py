@@ -192,6 +192,15 @@ def describe(registry: Registry) -> str:
         f"{len(registry.server.api_keys)} API key(s)",
         "",
     ]
+    if registry.apps is not None:
+        lines.append(f"Apps ({len(registry.apps)}):")
+        for a in registry.apps:
+            limits = ", ".join(f"{k} {getattr(a, k)}" for k in ("max_concurrency", "rpm", "tpm", "tokens_per_day")
+                               if getattr(a, k) is not None)
+            key = "keyless loopback" if a.key_sha256 is None else "keyed"
+            lines.append(f"  {a.name} [{a.priority}{', admin' if a.admin else ''}] {key}, models "
+                         f"{', '.join(a.models)}, routes {', '.join(a.routes)}" + (f", {limits}" if limits else ""))
+        lines.append("")
     if registry.backends:
         lines.append(f"Backends ({len(registry.backends)}):")
         for b in registry.backends:

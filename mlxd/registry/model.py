@@ -276,6 +276,27 @@ class ServerSpec:
     max_image_memory_bytes: int = 1 << 30
 
 
+@dataclass(frozen=True)
+class AppSpec:
+    """An application (``apps:``): its key as a sha256 (None: ``key: none``,
+    keyless loopback requests), what it may use and how it is limited."""
+
+    name: str
+    key_sha256: str | None
+    models: tuple[str, ...] = ("*",)
+    routes: tuple[str, ...] = ("generation", "embeddings", "audio")
+    admin: bool = False
+    priority: str = "default"
+    max_concurrency: int | None = None
+    rpm: int | None = None
+    tpm: int | None = None
+    tokens_per_day: int | None = None
+
+    def __repr__(self) -> str:
+        # Never the hash in a log line either: it names the key.
+        return f"AppSpec(name={self.name!r}, admin={self.admin}, priority={self.priority!r})"
+
+
 def is_pattern(alias: str) -> bool:
     return any(c in alias for c in "*?[")
 
@@ -336,6 +357,9 @@ class Registry:
     models: tuple[ModelSpec, ...]
     backends: tuple[BackendSpec, ...] = ()
     failovers: tuple[FailoverSpec, ...] = ()
+    # None: no ``apps:`` (flat server keys only); () would be an app list
+    # with no app, which asks every request for a key no one has.
+    apps: tuple[AppSpec, ...] | None = None
     # The broken models' problems, located (file, line, key): ``mlxd check``
     # reports them as errors, the daemon logs them and serves the rest.
     problems: tuple[ConfigError, ...] = field(default=(), compare=False)

@@ -390,10 +390,54 @@ class BackendSection(_Section):
         return value.rstrip("/")
 
 
+Priority = Literal["interactive", "default", "bulk"]
+RouteGroup = Literal["generation", "embeddings", "audio"]
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class AppEntry(_Section):
+    """One application and its key, scope, priority and limits (docs/apps.md).
+    The key itself never stands here: an environment variable or a file
+    holds it, or the file keeps its sha256; ``key: none`` is the app of
+    keyless loopback requests."""
+
+    name: str = Field(min_length=1)
+    key: str | None = None
+    key_env: str | None = Field(None, min_length=1)
+    key_file: str | None = Field(None, min_length=1)
+    key_sha256: str | None = None
+    models: Names = ["*"]
+    routes: list[RouteGroup] = ["generation", "embeddings", "audio"]
+    admin: bool = False
+    priority: Priority = "default"
+    max_concurrency: PositiveInt | None = None
+    rpm: PositiveInt | None = None
+    tpm: PositiveInt | None = None
+    tokens_per_day: PositiveInt | None = None
+
+    @field_validator("key")
+    @classmethod
+    def _only_none(cls, value: str | None) -> str | None:
+        if value is not None and value != "none":
+            # Never echo it: it may be the key.
+            raise ValueError("`key` may only be `none` (a keyless loopback app); keep the key "
+                             "itself in `key_env`, `key_file` or as `key_sha256`")
+        return value
+
+    @field_validator("key_sha256")
+    @classmethod
+    def _hex_digest(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) != 64 or any(c not in "0123456789abcdef" for c in value.lower())):
+            raise ValueError("`key_sha256` must be 64 hex digits (`printf %s KEY | sha256sum`)")
+        return value.lower() if value is not None else None
+
+
 class RegistryFile(_Section):
     server: ServerSection = ServerSection()
     manager: ManagerSection = ManagerSection()
     backends: dict[str, BackendSection] = {}
+    # None: no apps, every key is a flat server.api_keys entry.
+    apps: list[AppEntry] | None = None
     models: list[ModelEntry] = Field(min_length=1)
 
 

@@ -83,6 +83,12 @@ class _NoObserver:
         return None
 
 
+def _has_interactive(registry: Registry) -> bool:
+    """Whether a slot per model is kept for interactive requests: only while
+    some app is interactive (otherwise it would keep one from everyone)."""
+    return any(a.priority == "interactive" for a in registry.apps or ())
+
+
 class Lease:
     """The right to use one engine instance until released. Release happens
     exactly once, however the request ends; extra calls are no-ops."""
@@ -224,6 +230,7 @@ class ResidencyManager:
     ) -> None:
         self.registry = registry
         self.core = ResidencyCore.from_specs(registry.manager, registry.models)
+        self.core.fair.reserve_interactive = _has_interactive(registry)
         self.events = events or EventLog()
         self._factory = factory
         self._clock = clock
@@ -313,7 +320,7 @@ class ResidencyManager:
         rid = self.core.new_request_id()
         fut: asyncio.Future[Granted] = asyncio.get_running_loop().create_future()
         self._futures[rid] = fut
-        self._apply(self.core.request(rid, spec.name, self._clock(), slots=slots))
+        self._apply(self.core.request(rid, spec.name, self._clock(), slots=slots, priority=caller.priority))
         try:
             resident, instance, held_slots = await asyncio.wait_for(asyncio.shield(fut), timeout)
         except asyncio.TimeoutError:
@@ -424,6 +431,7 @@ class ResidencyManager:
             if old in before:
                 before[new] = before.pop(old)
         self.registry = registry
+        self.core.fair.reserve_interactive = _has_interactive(registry)
         for spec in registry.models:
             held = self._models.setdefault(spec.name, _Model())
             if held.built_from is not None and not spec.needs_reload_from(held.built_from):

@@ -70,9 +70,9 @@ class Sim:
         return actions
 
     # events
-    def request(self, model: str, slots: int = 1) -> int:
+    def request(self, model: str, slots: int = 1, priority: str = "default") -> int:
         rid = self.core.new_request_id()
-        self._record(self.core.request(rid, model, self.now, slots=slots))
+        self._record(self.core.request(rid, model, self.now, slots=slots, priority=priority))
         return rid
 
     def cancel(self, rid: int) -> list[Action]:
