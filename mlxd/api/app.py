@@ -15,6 +15,7 @@ from mlxd.api.auth import check_api_key, check_route, route_group
 from mlxd.api.limits import Admission
 from mlxd.api.context import DaemonContext
 from mlxd.api.error_responses import ErrorShape, error_response, install_error_handlers
+from mlxd.api.audio import routes as audio
 from mlxd.api.refusals import RefusalLog
 from mlxd.api.anthropic import routes as anthropic
 from mlxd.api.anthropic.error_shape import AnthropicErrors
@@ -176,6 +177,7 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
     app.include_router(anthropic.router())
     app.include_router(responses.router(ResponseStore()))
     app.include_router(embeddings.router())
+    app.include_router(audio.router())
     app.include_router(admin.router(reloader))
     app.include_router(requests.router())
     app.include_router(cache.router())

@@ -111,7 +111,7 @@ class LocalEntries:
         kv = 0  # estimated_memory_gb stands in for what cannot be computed
         if broken is None and row.encodes:
             kv = encoder_activation_bytes(config, entry.batch_tokens or ModelSpec.batch_tokens)
-        elif broken is None:
+        elif broken is None and not row.audio:
             try:
                 kv = kv_cache_bytes(config, max_context, entry.max_concurrency, entry.kv_bits)
             except ConfigError as exc:

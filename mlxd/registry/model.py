@@ -274,6 +274,11 @@ class ServerSpec:
     body_timeout_s: float = 30.0
     # Decoded image pixels held at once, across every request.
     max_image_memory_bytes: int = 1 << 30
+    # Speech routes: upload size, decoded seconds and sample bytes, TTS text length.
+    max_audio_bytes: int = 25 << 20
+    max_audio_seconds: float = 1800.0
+    max_audio_memory_bytes: int = 512 << 20
+    max_speech_chars: int = 4096
 
 
 @dataclass(frozen=True)

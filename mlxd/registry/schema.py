@@ -73,6 +73,13 @@ class ServerSection(_Section):
     header_timeout_s: PositiveFloat = 10.0
     body_timeout_s: PositiveFloat = 30.0
     max_image_memory: ByteSize = Field(1 << 30, ge=1 << 20)
+    # Speech routes (docs/audio.md): an upload's size, its decoded length and
+    # sample memory (checked from its header, before any decoding or lease),
+    # and the longest text /v1/audio/speech reads.
+    max_audio_bytes: ByteSize = Field(25 << 20, ge=1024)
+    max_audio_seconds: PositiveFloat = 1800.0
+    max_audio_memory: ByteSize = Field(512 << 20, ge=1 << 20)
+    max_speech_chars: int = Field(4096, ge=1)
 
     @field_validator("api_keys", "read_only_keys")
     @classmethod
