@@ -26,7 +26,7 @@ from mlxd.api.openai.error_shape import OpenAIErrors
 from mlxd.api.responses import routes as responses
 from mlxd.api.responses.bodies import FIELDS as RESPONSES_FIELDS
 from mlxd.api.responses.store import ResponseStore
-from mlxd.api.routes import activity, admin, cache, capture, monitoring, requests
+from mlxd.api.routes import activity, admin, cache, capture, gang, monitoring, requests
 from mlxd.api.routes.admin import ConfigReloader
 from mlxd.api.guards import RequestGuard
 from mlxd.api.request_ids import RequestIds
@@ -137,6 +137,7 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
             if not ctx.manager.shutting_down:
                 await ctx.manager.shutdown(ctx.settings.server.shutdown_grace_seconds)
             await ctx.backends.close()
+            await ctx.hosting.close()
             await ctx.worker.shutdown()
             if ctx.activity is not None:
                 ctx.activity.stop()
@@ -182,6 +183,7 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
     app.include_router(cache.router())
     app.include_router(activity.router())
     app.include_router(capture.router())
+    app.include_router(gang.router())
     # Also serves GET / and /dashboard, the status page.
     app.include_router(monitoring.router())
 

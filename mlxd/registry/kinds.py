@@ -117,5 +117,17 @@ SPEECH = _audio("speech", SPEAK, "load_speech_engine", "mlx_audio.tts.utils")
 # response_format are its backend's to apply.
 REMOTE = ModelKind(name="remote", engine=None, takes_images=True)
 
+# A text model served by a gang of ranks (``parallel:``) is, like a remote
+# entry, a placement: its row is picked by ``Registry.kind_of``. The daemon
+# keeps only its tokenizer; rank 0 decodes under the grammars; each rank
+# keeps its last request's KV cache (no prefix cache reserved beside it).
+PARALLEL = ModelKind(
+    name="parallel",
+    engine="mlxd.distributed.engine:load_gang_engine",
+    imports=("mlx_lm",),
+    token_counter="mlxd.engine.token_count:text_counter",
+    grammars=True,
+)
+
 KINDS: Mapping[str, ModelKind] = MappingProxyType(
     {k.name: k for k in (TEXT, VISION, EMBEDDING, RERANK_KIND, TRANSCRIPTION, SPEECH)})

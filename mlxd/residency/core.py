@@ -32,6 +32,7 @@ from mlxd.errors import (
     ShuttingDown,
 )
 from mlxd.registry.model import ManagerSpec, ModelSpec
+from mlxd.residency.actions import AbortGenerations, Action, Grant, Note, Reject, StartLoad, StartUnload
 from mlxd.residency.priority import FairShare
 from mlxd.residency.refusals import load_failed, no_capacity
 from mlxd.residency.eviction import (
@@ -66,6 +67,9 @@ class DrainCause(str, Enum):
     # they are called off when nobody waits for that model any more.
     PREEMPTED = "preempted"
     PASS_OVER = "pass_over"
+    # The engine broke under its leases (a parallel model's rank died): it
+    # unloads once they are released and is then failed, with backoff.
+    BROKE = "broke"
 
 
 @dataclass(frozen=True)
@@ -81,59 +85,7 @@ REMOVED = Drain(DrainCause.REMOVED, "removed from the registry")
 RELOAD = Drain(DrainCause.RELOAD, "configuration changed; reloading")
 
 
-# --- actions -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StartLoad:
-    model: str
-    instance: int
-
-
-@dataclass(frozen=True)
-class StartUnload:
-    model: str
-    instance: int
-    reason: str
-    # Unloaded to make room for another model (LRU eviction), not for itself.
-    evicted: bool = False
-
-
-@dataclass(frozen=True)
-class AbortGenerations:
-    model: str
-    instance: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class Grant:
-    request_id: int
-    model: str
-    instance: int
-    # False for an admin load: the model is ready, but no lease was taken.
-    takes_lease: bool = True
-    # Slots of max_concurrency the lease holds (``n`` choices run at once).
-    slots: int = 1
-
-
-@dataclass(frozen=True)
-class Reject:
-    request_id: int
-    error: MlxdError
-
-
-@dataclass(frozen=True)
-class Note:
-    """A decision worth showing an operator, with its reason."""
-
-    kind: str
-    model: str
-    message: str
-
-
-Action = StartLoad | StartUnload | AbortGenerations | Grant | Reject | Note
-
+# --- actions: mlxd/residency/actions.py -------------------------------------
 
 # --- state -------------------------------------------------------------------
 
@@ -168,6 +120,11 @@ class Resident:
     # It was in memory when a reload-class change arrived: load it again
     # once the old instance has unloaded, so the warm set stays warm.
     reload_pending: bool = False
+    # Why the engine broke while resident (``engine_failed``): once it has
+    # unloaded, the model is failed with this error and backs off.
+    broke: str | None = None
+    # The last failure was the engine breaking while loaded, not a load.
+    failed_while_loaded: bool = False
 
     @property
     def name(self) -> str:
@@ -324,19 +281,7 @@ class ResidencyCore:
         if r.load_started_at is not None:
             r.last_load_seconds = now - r.load_started_at
         if error is not None:
-            r.failures += 1
-            r.last_error = error
-            backoff = min(
-                self.manager.load_retry_backoff_s * 2 ** (r.failures - 1),
-                self.manager.load_retry_backoff_max_s,
-            )
-            r.retry_at = now + backoff
-            r.state = State.FAILED
-            r.reserved = 0
-            actions.append(Note("failure", model, f"load of {model} failed: {error}; retry in {backoff:.0f} s"))
-            for w in [w for w in self.waiters if w.model == model]:
-                self.waiters.remove(w)
-                actions.append(Reject(w.request_id, load_failed(r.name, r.last_error, r.retry_at, now)))
+            actions += self._back_off(r, error, now, note=f"load of {model} failed: {error}")
             if r.removed:
                 del self.residents[model]
             return actions + self._schedule(now)
@@ -370,6 +315,22 @@ class ResidencyCore:
             r.reserved = max(r.reserved, nbytes)
         return self._fit_budget(now, reason="measured footprint above estimate")
 
+    def engine_failed(self, model: str, instance: int, error: str, now: float) -> list[Action]:
+        """The resident engine broke (a rank of its gang exited or stalled):
+        it admits no lease from now on, its requests end (the engine has
+        ended them with the error), and once the last lease is released it
+        unloads and the model is failed with backoff, its memory released.
+        A stale report (an older instance, or already unloading) changes nothing."""
+        r = self.residents.get(model)
+        if r is None or r.instance != instance or r.state not in (State.LOADED, State.DRAINING):
+            return []
+        r.broke = error
+        actions: list[Action] = [
+            Note("failure", model, f"{model} failed while loaded: {error}"),
+            AbortGenerations(model, instance, error),
+        ]
+        return actions + self._drain(r, Drain(DrainCause.BROKE, error), now) + self._schedule(now)
+
     def unload_finished(self, model: str, instance: int, now: float) -> list[Action]:
         r = self.residents[model]
         assert r.state is State.UNLOADING and r.instance == instance, (model, r.state)
@@ -380,6 +341,9 @@ class ResidencyCore:
         if r.removed:
             del self.residents[model]
             return self._schedule(now)
+        if r.broke is not None:
+            error, r.broke = r.broke, None
+            return self._back_off(r, error, now, note=f"{r.name} is down: {error}", while_loaded=True) + self._schedule(now)
         _hold_if_broken(r)
         actions = self._schedule(now)
         if r.reload_pending:
@@ -530,7 +494,7 @@ class ResidencyCore:
                 f"Model `{r.name}` cannot be loaded: {r.spec.broken}. Fix its files, then reload the registry."
             ))]
         if r.state is State.FAILED and r.retry_at is not None and now < r.retry_at:
-            return [Reject(waiter.request_id, load_failed(r.name, r.last_error, r.retry_at, now))]
+            return [Reject(waiter.request_id, self._failed(r, now))]
         full = self.queued(waiter.model) >= r.spec.max_queue
         if waiter.takes_lease and full and not self._can_grant(r, waiter.slots):
             return [
@@ -563,6 +527,24 @@ class ResidencyCore:
 
     def _group(self, r: Resident) -> list[Resident]:
         return [x for x in self.residents.values() if x.spec.capacity_group == r.spec.capacity_group]
+
+    @staticmethod
+    def _failed(r: Resident, now: float) -> ModelLoadFailed:
+        """What a request for a failed model is told."""
+        return load_failed(r.name, r.last_error, r.retry_at, now, while_loaded=r.failed_while_loaded)
+
+    def _back_off(self, r: Resident, error: str, now: float, *, note: str, while_loaded: bool = False) -> list[Action]:
+        """Failed (a load, or an engine that broke while loaded): retried after
+        a backoff that doubles with each failure in a row; the waiters are told."""
+        r.failures += 1
+        r.last_error, r.failed_while_loaded = error, while_loaded
+        backoff = min(self.manager.load_retry_backoff_s * 2 ** (r.failures - 1), self.manager.load_retry_backoff_max_s)
+        r.retry_at, r.state, r.reserved = now + backoff, State.FAILED, 0
+        actions: list[Action] = [Note("failure", r.name, f"{note}; retry in {backoff:.0f} s")]
+        for w in [w for w in self.waiters if w.model == r.name]:
+            self.waiters.remove(w)
+            actions.append(Reject(w.request_id, self._failed(r, now)))
+        return actions
 
     def _capacity_error(self, model: str, waited: float | None = None) -> CapacityUnavailable:
         r = self.residents[model]
