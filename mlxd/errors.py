@@ -115,6 +115,23 @@ class QueueFull(MlxdError):
     code = "queue_full"
 
 
+class RateLimited(MlxdError):
+    """An app's own limit (``rpm``, ``tpm``, ``tokens_per_day``,
+    ``max_concurrency``): Retry-After and the ``x-ratelimit-*`` headers say
+    when and how much."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after: float, limit_headers: dict[str, str]) -> None:
+        super().__init__(message, retry_after=retry_after)
+        self.limit_headers = limit_headers
+
+    def headers(self) -> dict[str, str]:
+        return {**self.limit_headers, **super().headers()}
+
+
 class ServiceUnavailable(MlxdError):
     """The request is valid but cannot be served now; retry later."""
 
@@ -125,6 +142,13 @@ class ServiceUnavailable(MlxdError):
 
 class ModelLoadFailed(ServiceUnavailable):
     code = "model_load_failed"
+
+
+class ModelFailed(ServiceUnavailable):
+    """A resident model broke under its requests (a parallel model's rank
+    exited or stopped making progress); it loads again after a backoff."""
+
+    code = "model_failed"
 
 
 class CapacityUnavailable(ServiceUnavailable):

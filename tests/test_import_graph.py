@@ -19,6 +19,8 @@ ALLOWED = {
     "dtypes": set(),
     # Who is asking (made at the gatekeeper, read by leases and accounts).
     "caller": set(),
+    # An event waited on with a time limit, cancellation kept (Python < 3.12).
+    "waiting": set(),
     # A .gguf path is converted once into the cache when the registry resolves it.
     "registry": {"errors", "gguf"},
     "settings": {"errors", "registry"},
@@ -26,9 +28,11 @@ ALLOWED = {
     # import only the engine's contract (engine/types.py) back.
     "engine": {"errors", "files", "registry", "grammar", "tools"},
     # The shell holds engines by their contract (engine/types.py) only.
-    "residency": {"errors", "caller", "registry", "engine"},
+    "residency": {"errors", "caller", "waiting", "registry", "engine"},
     # Registry entries served by other servers: an engine over HTTP.
-    "remote": {"errors", "registry", "engine"},
+    "remote": {"errors", "waiting", "registry", "engine"},
+    # A parallel model: the engine contract over a gang of rank processes.
+    "distributed": {"errors", "registry", "engine", "grammar", "tools"},
     "factory": {"errors", "files"},
     "service": {"errors", "registry", "settings"},
     # Constrained decoding and tool calls (engine side), GGUF import.
@@ -40,8 +44,8 @@ ALLOWED = {
     "monitoring": {"mlxd", "errors", "registry", "engine", "residency", "remote", "failover"},
     # The request path plans tools and splits tool calls for every surface.
     "api": {"mlxd", "errors", "caller", "registry", "settings", "engine", "grammar", "tools", "residency", "monitoring", "remote",
-            "failover"},
-    "daemon": {"mlxd", "errors", "files", "registry", "settings", "engine", "residency", "monitoring", "api", "remote",
+            "failover", "distributed"},
+    "daemon": {"mlxd", "errors", "files", "waiting", "registry", "settings", "engine", "residency", "monitoring", "api", "remote",
                "failover"},
     "cli": {"mlxd", "errors", "dtypes", "registry", "settings", "engine", "factory", "service", "gguf", "daemon"},
     "__main__": {"cli"},

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from mlxd.monitoring.activity import ActivityRow
 from mlxd.monitoring.telemetry import Finished
+from mlxd.monitoring.usage import one_request
 
 if TYPE_CHECKING:
     from mlxd.api.context import DaemonContext
@@ -68,6 +69,8 @@ def record_request(
     if tokens_out:
         metrics.tokens.labels(model, "out").inc(tokens_out)
     ctx.manager.count_tokens(plan.spec.name, tokens_in, tokens_out)
+    ctx.limits.spend(plan.caller.app, tokens_in + tokens_out)
+    ctx.usage.add(plan.caller.name, model, one_request(status, tokens_in, cached, tokens_out))
     extra = ""
     if ctx.settings.log_prompts:
         extra = " prompt=" + repr([r.messages or r.prompt for r in plan.requests])[:2000]

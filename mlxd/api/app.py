@@ -8,12 +8,15 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mlxd import __version__
-from mlxd.api.auth import check_api_key
+from mlxd.api.auth import check_api_key, check_route, route_group
+from mlxd.api.limits import Admission
 from mlxd.api.context import DaemonContext
 from mlxd.api.error_responses import ErrorShape, error_response, install_error_handlers
+from mlxd.api.audio import routes as audio
+from mlxd.api.refusals import RefusalLog
 from mlxd.api.anthropic import routes as anthropic
 from mlxd.api.anthropic.error_shape import AnthropicErrors
 from mlxd.api.embeddings import routes as embeddings
@@ -23,7 +26,7 @@ from mlxd.api.openai.error_shape import OpenAIErrors
 from mlxd.api.responses import routes as responses
 from mlxd.api.responses.bodies import FIELDS as RESPONSES_FIELDS
 from mlxd.api.responses.store import ResponseStore
-from mlxd.api.routes import activity, admin, cache, capture, monitoring, requests
+from mlxd.api.routes import activity, admin, cache, capture, gang, monitoring, requests
 from mlxd.api.routes.admin import ConfigReloader
 from mlxd.api.guards import RequestGuard
 from mlxd.api.request_ids import RequestIds
@@ -52,19 +55,46 @@ class Gatekeeper:
         self.shape_for = shape_for
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        admission: Admission | None = None
         if scope["type"] == "http":
             path = scope["path"]
             try:
                 if path not in OPEN_PATHS and (path.startswith(API_PREFIXES) or path in KEYED_PATHS):
                     # Who is asking, for every step after this one (request.state.caller).
-                    caller = check_api_key(Request(scope), self.ctx.settings.server)
+                    apps = self.ctx.registry.apps
+                    caller = check_api_key(Request(scope), self.ctx.settings.server, apps)
                     scope.setdefault("state", {})["caller"] = caller
+                    check_route(caller, path)
+                    if caller.app is not None and route_group(path) is not None:
+                        admission = self.ctx.limits.admit(next((a for a in apps or () if a.name == caller.app), None))
                 if self.ctx.draining and scope["method"] == "POST" and path.startswith(API_PREFIXES):
                     raise ShuttingDown("mlxd is shutting down; retry shortly", retry_after=5)
             except MlxdError as exc:
+                if admission is not None:
+                    self.ctx.limits.release(caller.app or "")
                 await error_response(self.shape_for(path), exc)(scope, receive, send)
                 return
-        await self.app(scope, receive, send)
+        if admission is None:
+            await self.app(scope, receive, send)
+            return
+        # The app's slot is held until the answer (a whole stream) has gone out.
+        try:
+            await self.app(scope, receive, _with_headers(send, admission.headers()))
+        finally:
+            self.ctx.limits.release(caller.app or "")
+
+
+def _with_headers(send: Send, headers: dict[str, str]) -> Send:
+    """``send`` adding ``headers`` to the response's start (an admitted
+    request learns its headroom as OpenAI's clients read it)."""
+    raw = [(k.encode(), v.encode()) for k, v in headers.items()]
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *raw]}
+        await send(message)
+
+    return sending
 
 
 async def _sample_history(ctx: DaemonContext) -> None:
@@ -87,6 +117,7 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
         ctx.worker.start()
         if ctx.activity is not None:
             ctx.activity.start()
+            await asyncio.to_thread(ctx.restore_usage)
         await ctx.manager.start()
         # Polled in the background: a backend that is down at start is
         # reported, never a reason not to serve the others.
@@ -106,6 +137,7 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
             if not ctx.manager.shutting_down:
                 await ctx.manager.shutdown(ctx.settings.server.shutdown_grace_seconds)
             await ctx.backends.close()
+            await ctx.hosting.close()
             await ctx.worker.shutdown()
             if ctx.activity is not None:
                 ctx.activity.stop()
@@ -136,6 +168,8 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
 
     # Added after the gatekeeper, so it runs before it: refused requests never reach the app.
     app.add_middleware(RequestGuard, server=lambda: ctx.settings.server, shape_for=shape_for)
+    # Outside every guard: a generation request refused before planning is an activity row.
+    app.add_middleware(RefusalLog, activity=ctx.activity)
     # Outermost: every response, a refused one too, names its request.
     app.add_middleware(RequestIds)
 
@@ -143,11 +177,13 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
     app.include_router(anthropic.router())
     app.include_router(responses.router(ResponseStore()))
     app.include_router(embeddings.router())
+    app.include_router(audio.router())
     app.include_router(admin.router(reloader))
     app.include_router(requests.router())
     app.include_router(cache.router())
     app.include_router(activity.router())
     app.include_router(capture.router())
+    app.include_router(gang.router())
     # Also serves GET / and /dashboard, the status page.
     app.include_router(monitoring.router())
 

@@ -9,15 +9,19 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from mlxd.api.app_limits import AppLimits
+from mlxd.api.limits import DAY
 from mlxd.api.capture import CaptureStore
 from mlxd.api.images import ImageMemory
 from mlxd.api.inflight import InFlight
+from mlxd.distributed.hosting import RankHosting
 from mlxd.engine.token_count import TokenCounter
 from mlxd.engine.worker import MlxWorker
 from mlxd.failover.router import FailoverRouter
 from mlxd.monitoring.activity import ActivityLog
 from mlxd.monitoring.history import History
 from mlxd.monitoring.metrics import Metrics
+from mlxd.monitoring.usage import UsageBook
 from mlxd.monitoring.telemetry import Telemetry
 from mlxd.monitoring.snapshot import ConfigState, DaemonSnapshot
 from mlxd.monitoring.status import EVENTS_LIMIT
@@ -54,6 +58,12 @@ class DaemonContext:
     history: History | None = None
     # OpenTelemetry (None: not configured).
     telemetry: Telemetry | None = None
+    # Ranks this daemon runs for another machine's gang (api/routes/gang.py).
+    hosting: RankHosting = field(default_factory=RankHosting)
+    # Each app's limits (rpm, tpm, tokens per day, requests at once).
+    limits: AppLimits = field(default_factory=AppLimits)
+    # Requests and tokens per app and model, since the state directory began.
+    usage: UsageBook = field(default_factory=UsageBook)
     # Failover entries: the target order per request, and what each target did.
     failover: FailoverRouter = field(init=False)
 
@@ -66,6 +76,16 @@ class DaemonContext:
         what it preloads). One call for the reloader, whatever the parts."""
         for part in (self.backends, self.failover):
             part.follow(registry)
+
+    def restore_usage(self) -> None:
+        """What the activity log kept of earlier runs: the usage totals, and
+        the tokens each caller has spent since midnight UTC (its day limit)."""
+        if self.activity is None:
+            return
+        self.usage.restore(self.activity.usage_totals())
+        now = self.limits.clock()
+        for caller, tokens in self.activity.tokens_since(now - now % DAY):
+            self.limits.book.restore_day(caller, int(tokens or 0), now)
 
     @property
     def registry(self) -> Registry:
@@ -88,8 +108,9 @@ class DaemonContext:
             blas=dict(self.blas),
             host=server.host,
             port=server.port,
-            auth_required=bool(server.api_keys or server.read_only_keys),
+            auth_required=bool(server.api_keys or server.read_only_keys or self.registry.apps is not None),
             metrics_enabled=self.settings.metrics,
             backends=self.backends.views(),
             failovers=self.failover.views(),
+            usage=tuple(self.usage.rows()),
         )

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
 from starlette.requests import Request
@@ -25,6 +25,7 @@ from mlxd.api.inflight import InFlightRequest
 from mlxd.api.inbox import StreamInbox
 from mlxd.api.events import ChoiceEvents, Finish, Logprobs, OutputEvent, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from mlxd.api.plan import Plan
+from mlxd.api.refusals import ACCOUNTED
 from mlxd.api.request_ids import request_id_of
 from mlxd.api.start import Started, answered, start
 from mlxd.engine.types import GenerationChunk, GenerationRequest
@@ -187,11 +188,24 @@ class _Spent:
     def __init__(self) -> None:
         self.answer = Answer(choices=[])
         self._partial: dict[int, tuple[int, int]] = {}
+        # A lease was held and generation began (else there is nothing to cut).
+        self.begun = False
 
     def restart(self) -> Answer:
         """A fresh answer for a fresh attempt (a failover's next target)."""
-        self.answer, self._partial = Answer(choices=[]), {}
+        self.answer, self._partial, self.begun = Answer(choices=[]), {}, True
         return self.answer
+
+    def cut(self, choices: int) -> Answer:
+        """The answer so far, as a cancelled stream ends: every unfinished
+        choice stops where it is, and the usage counts what it cost."""
+        answer = self.answer
+        while len(answer.choices) < choices:
+            answer.choices.append(Choice())
+        prompt, completion = self.totals()
+        answer.usage = replace(answer.usage, prompt_tokens=prompt, completion_tokens=completion)
+        self._partial = {}
+        return answer
 
     def chunk(self, index: int, chunk: GenerationChunk) -> None:
         self._partial[index] = (chunk.prompt_tokens, chunk.completion_tokens)
@@ -242,10 +256,18 @@ async def complete(ctx: DaemonContext, plan: Plan, request: Request, ticket: InF
 
     try:
         answer = await guarded(request, work(), plan.remaining(), ticket.cancelled)
+        finish = answer.choices[0].finish_reason if answer.choices else None
+    except RequestCancelled as exc:
+        if not spent.begun:  # still queued: there is no answer to give
+            record_request(ctx, exc.status_code, plan, 0, 0, ticket=ticket, meter=meter, finish="cancelled",
+                           error=exc.message)
+            raise
+        # Cancelled by id while generating: the answer so far, as a
+        # cancelled stream gives it (its text and its usage).
+        answer, finish = spent.cut(len(plan.requests)), "cancelled"
     except MlxdError as exc:
-        finish = "cancelled" if isinstance(exc, RequestCancelled) else None
         record_request(
-            ctx, exc.status_code, plan, *spent.totals(), ticket=ticket, meter=meter, finish=finish, error=exc.message
+            ctx, exc.status_code, plan, *spent.totals(), ticket=ticket, meter=meter, error=exc.message
         )
         raise
     usage = answer.usage
@@ -253,7 +275,7 @@ async def complete(ctx: DaemonContext, plan: Plan, request: Request, ticket: InF
         ticket.capture.add_output(answer.choices[0].text)
     record_request(
         ctx, 200, plan, usage.prompt_tokens, usage.completion_tokens, ticket=ticket, meter=meter,
-        cached=usage.cached_tokens, finish=answer.choices[0].finish_reason if answer.choices else None,
+        cached=usage.cached_tokens, finish=finish,
     )
     return answer
 
@@ -612,6 +634,7 @@ async def respond(
     """The answer to ``plan``: a stream through ``framer()`` when the plan
     streams, else ``body(answer)`` as JSON. A client gone before the answer
     gets a bare 499 (for the access log; nobody reads it)."""
+    request.scope.setdefault("state", {})[ACCOUNTED] = True  # its own activity row, whatever happens
     ticket = ctx.inflight.add(InFlightRequest(
         request_id=request_id_of(request.scope), response_id=plan.id, model=plan.name, surface=plan.kind,
         caller=caller_of(request).name, stream=plan.stream,

@@ -16,7 +16,7 @@ from mlxd.api.reasoning import ReasoningRequest, merged_template_kwargs
 from mlxd.caller import ANONYMOUS, Caller
 from mlxd.engine.sampling import check_bias_ids
 from mlxd.engine.types import GenerationRequest, SamplingParams
-from mlxd.errors import BadRequest, ModelNotFound
+from mlxd.errors import BadRequest, ModelNotFound, PermissionDenied
 from mlxd.registry.kinds import CHAT, COMPLETION, ModelKind
 from mlxd.registry.model import FailoverSpec, ModelSpec, SamplingDefaults
 from mlxd.tools.formats import ToolFormat
@@ -98,17 +98,28 @@ class Entry:
         return list(zip(self.models, self.kinds, strict=True))
 
 
-def resolve_entry(ctx: DaemonContext, name: str) -> Entry:
+def resolve_entry(ctx: DaemonContext, name: str, caller: Caller = ANONYMOUS) -> Entry:
     """What a client's ``name`` stands for; an implicit failover target's
-    own name (``backend:model``) is none of them."""
+    own name (``backend:model``) is none of them. A model outside the
+    caller's ``models:`` is its 403, and a name it may not use is not
+    listed to it among the names that exist."""
     found = ctx.registry.find(name)
     if found is None:
-        raise ModelNotFound(name, ctx.registry.model_names())
+        raise ModelNotFound(name, [n for n in ctx.registry.model_names() if caller.may_use(n)])
+    check_model(caller, name, found.name)
     if isinstance(found, FailoverSpec):
         targets = tuple(ctx.manager.resolve(t) for t in found.targets)
         return Entry(targets[0], found, targets, tuple(ctx.registry.kind_of(t) for t in targets))
     spec = ctx.manager.resolve(found.name)
     return Entry(spec, kinds=(ctx.registry.kind_of(spec),))
+
+
+def check_model(caller: Caller, asked: str, *names: str) -> None:
+    """PermissionDenied for a model outside the caller's ``models:``."""
+    if not caller.may_use(asked, *names):
+        raise PermissionDenied(
+            f"App `{caller.app}` may not use model `{asked}` (its models: {', '.join(caller.models)})", param="model"
+        )
 
 
 def check_route(entry: Entry, name: str, route: str) -> None:
@@ -413,7 +424,7 @@ def plan_chat(
     ctx: DaemonContext, asked: Requested, conversation: Conversation, *, kind: str = "chat", id_prefix: str = "chatcmpl-",
     caller: Caller = ANONYMOUS,
 ) -> Plan:
-    entry = resolve_entry(ctx, asked.model)
+    entry = resolve_entry(ctx, asked.model, caller)
     check_route(entry, asked.model, CHAT)
     spec = entry.spec
     images = check_chat(entry, asked.model, conversation, asked.output)
@@ -520,7 +531,7 @@ def plan_prompts(
         raise BadRequest(
             f"At most {limit} prompts per request; this one has {len(prompts)}.", param="prompt"
         )
-    entry = resolve_entry(ctx, asked.model)
+    entry = resolve_entry(ctx, asked.model, caller)
     check_route(entry, asked.model, COMPLETION)
     for i, prompt in enumerate(prompts):
         check_prompt_length(entry, len(prompt), "prompt" if len(prompts) == 1 else f"prompt[{i}]")

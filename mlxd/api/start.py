@@ -21,6 +21,8 @@ from mlxd.api.plan import Attempt, Plan, for_target, shape_output
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.errors import BadRequest, MlxdError, NotForThisModel, describe_exception
 from mlxd.failover.attempts import first_that_starts
+from mlxd.registry.kinds import CHAT
+from mlxd.registry.model import ModelSpec
 from mlxd.residency.shell import Lease
 from mlxd.tools.formats import ToolFormat
 from mlxd.tools.reasoning import ReasoningFormat
@@ -138,7 +140,10 @@ async def _fail_over(ctx: DaemonContext, plan: Plan, then: Callable[[Started], A
 async def _start_on(ctx: DaemonContext, plan: Plan, model: str) -> Started:
     """Lease ``model`` and get a fresh attempt under way there; a failure
     gives the lease straight back."""
-    lease = await ctx.manager.acquire(model, timeout=plan.remaining(), caller=plan.caller)
+    spec = ctx.manager.resolve(model)
+    _check_side_by_side(plan, spec)
+    # Its n choices (or prompts) run at once, each with its own KV cache.
+    lease = await ctx.manager.acquire(model, timeout=plan.remaining(), caller=plan.caller, slots=len(plan.requests))
     started = Started(lease)
     try:
         attempt = for_target(plan, ctx.manager.resolve(model), ctx.settings.server.max_request_tokens)
@@ -171,6 +176,22 @@ async def _start_on(ctx: DaemonContext, plan: Plan, model: str) -> Started:
         await started.close()
         raise
     return started
+
+
+def _check_side_by_side(plan: Plan, spec: ModelSpec) -> None:
+    """A model that batches (max_concurrency above 1) runs a request's
+    generations side by side, as many as it serves at once: more would hold
+    more KV than the model is charged for. (With max_concurrency 1 they are
+    interleaved under the model's one slot.) A failover entry's next target
+    may serve more."""
+    wanted, most = len(plan.requests), spec.max_concurrency
+    if spec.holds_memory and most > 1 and wanted > most:
+        param = "n" if plan.route == CHAT else "prompt"
+        raise NotForThisModel(
+            f"This request asks for {wanted} generations at once; `{spec.name}` runs at most {most} side by "
+            f"side (max_concurrency: {most}). Ask for at most {most} ({param}), or send several requests.",
+            param=param,
+        )
 
 
 async def _begun(engine: Any, request: GenerationRequest) -> _Resumed:

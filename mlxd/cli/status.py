@@ -247,6 +247,23 @@ def _failover(doc: dict[str, Any]) -> Text:
     return text
 
 
+def _gangs(doc: dict[str, Any]) -> Text:
+    """One line per parallel model, then its ranks while its gang is up."""
+    text = Text("parallel models", style="bold")
+    for model in doc["models"]:
+        parallel = model.get("parallel")
+        if not parallel:
+            continue
+        text.append(f"\n  {model['name']:<10} ", style="bold")
+        text.append(f"{parallel['mode']} over {len(parallel['ranks'])} ranks by {parallel['transport']}", style="cyan")
+        if model["state"] == "failed" and model.get("last_error"):
+            text.append(f"  {model['last_error']}", style="red")
+        for r in model.get("ranks") or []:
+            text.append(f"\n    rank {r['rank']} {r['host']:<8} pid {r['pid']}  {r['state']:<8} "
+                        f"{human_bytes(r['memory_bytes'])}  {r['last_progress_s']:.1f} s since progress", style="dim")
+    return text
+
+
 def _events(doc: dict[str, Any]) -> Text:
     events = doc["events"][-EVENTS_SHOWN:]
     text = Text("recent events", style="bold")
@@ -260,14 +277,43 @@ def _events(doc: dict[str, Any]) -> Text:
     return text
 
 
+def _usage(doc: dict[str, Any]) -> Table:
+    """Per app and model since the state directory began: requests, errors, tokens."""
+    table = Table(title="usage", title_justify="left", title_style="bold", box=None, header_style="bold",
+                  pad_edge=False, padding=(0, 2, 0, 0))
+    table.add_column("APP", no_wrap=True, overflow="ellipsis", ratio=1, min_width=6)
+    table.add_column("MODEL", no_wrap=True, overflow="ellipsis", ratio=1, min_width=6)
+    for column in ("REQS", "ERRS", "IN", "CACHED", "OUT"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for u in doc["usage"]:
+        table.add_row(u["app"], u["model"], *(str(u[k]) for k in
+                                               ("requests", "errors", "tokens_in", "tokens_cached", "tokens_out")))
+    return table
+
+
+def _app_header(doc: dict[str, Any]) -> Text:
+    """What an app's own key reads: its scope, not the daemon's configuration."""
+    app = doc["app"]
+    text = Text(f"mlxd {doc['daemon']['version']}", style="bold")
+    text.append(f"  app {app['name']} · {app['priority']} · models {', '.join(app['models'])}"
+                f" · up {human_seconds(doc['daemon']['uptime_seconds'])}")
+    return text
+
+
 def render(doc: dict[str, Any], width: int = DEFAULT_WIDTH) -> RenderableType:
     """``width``: the terminal's, so the memory bar fits on its line."""
     try:
+        if "app" in doc:
+            return Group(_app_header(doc), Text(""), _models(doc), Text(""), _usage(doc), Text(""), _events(doc))
         parts = [_header(doc), Text(""), _memory(doc, width), Text(""), _models(doc), Text("")]
+        if doc.get("usage"):
+            parts += [_usage(doc), Text("")]
         if doc.get("backends"):
             parts += [_backends(doc), Text("")]
         if doc.get("failover"):
             parts += [_failover(doc), Text("")]
+        if any(m.get("parallel") for m in doc["models"]):
+            parts += [_gangs(doc), Text("")]
         return Group(*parts, _events(doc))
     except (KeyError, TypeError, AttributeError):
         # A daemon from another release: its schema is not the one drawn here.

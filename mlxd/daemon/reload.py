@@ -38,6 +38,7 @@ from mlxd.errors import ConfigError, ShuttingDown, describe_exception
 from mlxd.files import file_sha256
 from mlxd.registry.diff import SERVER_RESTART_FIELDS, RegistryDiff, diff_registries
 from mlxd.registry.loader import load_registry
+from mlxd.waiting import event_set_within
 from mlxd.registry.model import Registry, ServerSpec
 
 log = logging.getLogger("mlxd.reload")
@@ -163,6 +164,7 @@ class Reloader:
             "manager": [],
             "backends": [],
             "failover": [],
+            "apps": [],
             "server": {"applied": [], "needs_restart": [], "overridden": []},
             "problems": [],
             "error": error.as_dict(),
@@ -198,6 +200,7 @@ class Reloader:
             "manager": list(diff.manager_fields),
             "backends": list(diff.backends),
             "failover": list(diff.failovers),
+            "apps": list(diff.apps),
             "server": server,
             # Models whose files cannot be used: registered, failed, the rest serve.
             "problems": [p.as_dict() for p in registry.problems],
@@ -382,11 +385,7 @@ class ConfigWatcher:
 
     async def _poked_within(self, seconds: float) -> bool:
         self._poked.clear()
-        try:
-            await asyncio.wait_for(self._poked.wait(), seconds)
-        except asyncio.TimeoutError:
-            return False
-        return True
+        return await event_set_within(self._poked, seconds)
 
     async def _settle(self) -> None:
         while True:

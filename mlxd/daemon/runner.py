@@ -44,7 +44,8 @@ def run_daemon(settings: DaemonSettings, registry_path: Path) -> int:
         log.info("BLAS: %s", blas["active"])
         if blas.get("warning"):
             log.warning("%s", blas["warning"])
-        if not (eff.server.api_keys or eff.server.read_only_keys) and eff.server.host not in ("127.0.0.1", "localhost", "::1"):
+        keyed = eff.server.api_keys or eff.server.read_only_keys or registry.apps is not None
+        if not keyed and eff.server.host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("no API keys configured and bound to %s: anyone on the network can use the models",
                         eff.server.host)
         # A remote entry loads nothing here (its row imports nothing): a front

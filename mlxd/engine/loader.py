@@ -15,7 +15,7 @@ from typing import Any
 from mlxd.engine import memory
 from mlxd.engine.batch import supports_batching
 from mlxd.engine.cache_store.folder import CacheStore
-from mlxd.engine.cache_store.persistence import PrefixCachePersistence
+from mlxd.engine.cache_store.persistence import PrefixCachePersistence, forget_saved
 from mlxd.engine.fingerprint import model_fingerprint
 from mlxd.engine.lifecycle import load_on_worker, measured_load
 from mlxd.engine.cache_entry import CacheLayout, model_cache_layout
@@ -101,6 +101,16 @@ def _kv_layout(engine: TextEngine) -> CacheLayout:
     """Worker thread: what a restored entry must look like for this model."""
     model, _ = engine.model.get()
     return model_cache_layout(model, engine.spec.kv_bits)
+
+
+async def clear_saved_prefix_cache(spec: ModelSpec, cache_dir: Path) -> int:
+    """An unloaded model's saved prefix cache, removed (an operator's clear
+    reaches it too, or its next load would bring the entries back). Returns
+    how many entries were removed."""
+    fingerprint = await _fingerprint(spec) if _persists(spec) else None
+    if fingerprint is None:
+        return 0
+    return await forget_saved(CacheStore(Path(cache_dir) / "prefix", fingerprint, spec.prefix_cache.disk_max_bytes))
 
 
 def _persists(spec: ModelSpec) -> bool:

@@ -130,11 +130,15 @@ class TextEngine(EngineBase):
         return SavedCache(persistence.store.root, persistence.fingerprint)
 
     async def clear_prefix_cache(self) -> bool:
+        """Forget the cache in memory and its saved copy on disk, which the
+        next load would otherwise restore."""
         cache = self.prefix_cache
         if cache is None or self._closed:
             return False
         # The cache is the worker's: cleared between two of its steps.
         await self._worker.call(cache.clear)
+        if self.persistence is not None:
+            await self.persistence.clear()
         return True
 
     async def _before_worker(self, request: GenerationRequest, control: GenerationControl) -> None:

@@ -61,6 +61,9 @@ CHARS_PER_TOKEN = 4
 # SmolLM2's 4-bit kernels prefilled ~7 tokens/s on this loaded 2-core machine).
 CPU_PREFILL_TOKENS = 32
 CPU_WARM_BATCH = 2
+# The CPU's sampled pair: a prompt of a few tokens and one token, sampled
+# after its prefill.
+CPU_SAMPLED_PROMPT_TOKENS = 4
 
 
 @dataclass(frozen=True)
@@ -94,8 +97,8 @@ def plan_warmup(
     is cut into, and attention over more keys than queries, whose kernels
     are not the first chunk's (a first 2k-token request on an H200 took
     0.97 s after a one-chunk warm-up, the next one 0.35 s; 0.26 and 0.25 s
-    after two). ``device == "cpu"`` gets only ``_cpu_plan``'s timed short
-    prompt (and a narrow batch)."""
+    after two). ``device == "cpu"`` gets only ``_cpu_plan``'s short sampled
+    pair and timed prompt."""
     room = max(1, max_context - DECODE_STEPS - CONTEXT_MARGIN)
     if device == "cpu":
         return _cpu_plan(room, max_concurrency, batching)
@@ -111,26 +114,25 @@ def plan_warmup(
 
 
 def _cpu_plan(room: int, max_concurrency: int, batching: bool) -> tuple[WarmupRun, ...]:
-    """On the CPU the warm-up saves the first user nothing: MLX keeps the
-    CPU kernels it compiles on disk (``$TMPDIR/mlx/<version>/cpu``) and a
-    fresh process loads them in milliseconds, while every warm-up token
-    costs the CPU's slow prefill. Measured on SmolLM2 float32 (this 2-core
-    machine, load ~12): the full warm-up took 14-18 s before ``loaded``
-    and the first request after it took 5.0-5.8 s, against 4.1-6.3 s for
-    plain mlx-lm's first generation in a fresh process. So only what gives
-    something back is kept: the timed short chat prompt (the prefill speed
-    the restore-or-recompute decision needs; the chat template compiled),
-    for a batching model the batched path once (its own code path), and the
-    two short sampled requests: with an empty kernel cache the first sampled
-    request compiled for 3.2 s (tests/engine/test_sampling_kernels.py checks
-    that a client's first one compiles nothing). The grammar request compiles nothing there, and building the grammar's
-    tokenizer at every load grew a CPU daemon by ~10 KB a load/unload cycle
+    """On the CPU the warm-up saves the first user almost nothing: MLX keeps
+    the CPU kernels it compiles on disk (``$TMPDIR/mlx/<version>/cpu``) and a
+    fresh process loads them in milliseconds, while every warm-up token costs
+    the CPU's slow prefill. Kernels are compiled per fused operation, not per
+    length or batch size, so only the least that compiles each path once is
+    kept. The sampled pair: with an empty kernel cache the first sampled
+    request compiled for 3.2 s, and tests/engine/test_sampling_kernels.py
+    checks that a client's first one compiles nothing after the warm-up. It
+    passes with prompts of a few tokens and one token each, sampled after
+    the prefill: decode steps compile nothing new. The two run side by side,
+    so a batching model's batch runs them too. Then the timed short prompt
+    (the prefill speed the restore-or-recompute decision needs), last, when
+    nothing is left to compile in it. Before (a greedy batched pair, 16-token
+    sampled prompts of 3 steps): bench/cold_breakdown.py. The grammar
+    request compiles nothing there, and building the grammar's tokenizer at
+    every load grew a CPU daemon by ~10 KB a load/unload cycle
     (bench/load_cycles.py: 15 KB against 5 KB without)."""
-    runs = [WarmupRun(min(CPU_PREFILL_TOKENS, room), 1, timed=True)]
-    if batching and max_concurrency > 1:
-        runs.append(WarmupRun(min(SHORT_PROMPT_TOKENS, room), 1, min(max_concurrency, CPU_WARM_BATCH)))
-    runs.append(WarmupRun(min(SHORT_PROMPT_TOKENS, room), DECODE_STEPS, 2, kind="sampled"))
-    return tuple(runs)
+    sampled = WarmupRun(min(CPU_SAMPLED_PROMPT_TOKENS, room), 1, CPU_WARM_BATCH, kind="sampled")
+    return (sampled, WarmupRun(min(CPU_PREFILL_TOKENS, room), 1, timed=True))
 
 
 def forget_warmup(engine: Any) -> None:

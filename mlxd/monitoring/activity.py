@@ -62,7 +62,17 @@ CREATE TABLE IF NOT EXISTS activity (
 );
 CREATE INDEX IF NOT EXISTS activity_time ON activity(time);
 CREATE INDEX IF NOT EXISTS activity_request ON activity(request_id);
+CREATE TABLE IF NOT EXISTS usage (
+    app TEXT NOT NULL, model TEXT NOT NULL,
+    requests INTEGER, errors INTEGER, tokens_in INTEGER, tokens_cached INTEGER, tokens_out INTEGER,
+    PRIMARY KEY (app, model)
+);
 """
+# Usage per app and model (monitoring/usage.py), summed as rows are written:
+# its totals outlive the rows, which are pruned by age and count.
+_ADD_USAGE = """INSERT INTO usage VALUES (?, ?, 1, ?, ?, ?, ?) ON CONFLICT (app, model) DO UPDATE SET
+requests = requests + 1, errors = errors + excluded.errors, tokens_in = tokens_in + excluded.tokens_in,
+tokens_cached = tokens_cached + excluded.tokens_cached, tokens_out = tokens_out + excluded.tokens_out"""
 _INSERT = f"INSERT INTO activity ({', '.join(COLUMNS)}) VALUES ({', '.join('?' for _ in COLUMNS)})"
 # Filters a reader may pass, and the column each compares.
 FILTERS = {"model": "model", "key": "key", "surface": "surface", "request_id": "request_id"}
@@ -157,18 +167,20 @@ class ActivityLog:
                     except queue.Empty:
                         break
                 stop = any(item is _STOP for item in batch)
-                rows = [astuple(item) for item in batch if item is not _STOP]
+                rows = [item for item in batch if item is not _STOP]
                 self._commit(db, rows)
                 if stop:
                     return
         finally:
             db.close()
 
-    def _commit(self, db: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    def _commit(self, db: sqlite3.Connection, rows: list[ActivityRow]) -> None:
         try:
             if rows:
                 with db:
-                    db.executemany(_INSERT, rows)
+                    db.executemany(_INSERT, [astuple(r) for r in rows])
+                    db.executemany(_ADD_USAGE, [(r.key, r.model, int(r.status >= 400), r.tokens_in, r.tokens_cached,
+                                                 r.tokens_out) for r in rows])
                 before = self._written
                 self._written += len(rows)
                 if self._written // self.bounds.prune_every != before // self.bounds.prune_every:
@@ -190,6 +202,33 @@ class ActivityLog:
             )
 
     # --- readers (blocking: run them off the event loop) -------------------------
+
+    def usage_totals(self) -> list[tuple[Any, ...]]:
+        """Every (app, model, requests, errors, tokens_in, tokens_cached,
+        tokens_out) row the log has summed (monitoring/usage.py)."""
+        if not self.path.exists():
+            return []
+        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+        try:
+            return db.execute("SELECT * FROM usage ORDER BY app, model").fetchall()
+        except sqlite3.Error:
+            return []
+        finally:
+            db.close()
+
+    def tokens_since(self, since: float) -> list[tuple[str, int]]:
+        """Tokens (in and out) per caller in rows newer than ``since``: the
+        day a tokens_per_day limit counts, after a restart."""
+        if not self.path.exists():
+            return []
+        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+        try:
+            return db.execute("SELECT key, SUM(tokens_in + tokens_out) FROM activity WHERE time >= ? GROUP BY key",
+                              (since,)).fetchall()
+        except sqlite3.Error:
+            return []
+        finally:
+            db.close()
 
     def query(
         self,

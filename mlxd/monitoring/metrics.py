@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from mlxd import __version__
 from mlxd.residency.core import State
@@ -235,6 +235,10 @@ class Metrics:
             "mlxd_embedding_truncated_inputs", "Embedding and rerank inputs cut at the model's length, by model",
             ["model"], registry=r,
         )
+        self.audio_seconds = Counter(
+            "mlxd_audio_seconds", "Seconds of audio transcribed or translated (read), or synthesised (made)",
+            ["model", "task"], registry=r,
+        )
         self.throughput = ThroughputWindow(throughput_window_seconds)
         self._attached = False
 
@@ -307,12 +311,24 @@ class _SnapshotGauges:
         by_name["mlxd_config_error"].add_metric([], 1.0 if snap.config.error else 0.0)
         by_name["mlxd_draining"].add_metric([], 1.0 if snap.draining else 0.0)
         by_name["mlxd_build_info"].add_metric([__version__], 1.0)
+        for u in snap.usage:
+            where = [u["app"], u["model"]]
+            by_name["mlxd_app_requests"].add_metric(where, u["requests"])
+            by_name["mlxd_app_errors"].add_metric(where, u["errors"])
+            for kind in ("in", "cached", "out"):
+                by_name["mlxd_app_tokens"].add_metric([*where, kind], u[f"tokens_{kind}"])
         return iter(families)
 
     @staticmethod
-    def _families() -> list[GaugeMetricFamily]:
+    def _families() -> list[GaugeMetricFamily | CounterMetricFamily]:
         model = ["model"]
+        app = ["app", "model"]
         return [
+            # Since the state directory began (the totals outlive restarts).
+            CounterMetricFamily("mlxd_app_requests", "Requests per app and model", labels=app),
+            CounterMetricFamily("mlxd_app_errors", "Requests per app and model answered with an error", labels=app),
+            CounterMetricFamily("mlxd_app_tokens", "Tokens per app and model: in (prompt), cached (of in), out",
+                                labels=[*app, "kind"]),
             GaugeMetricFamily("mlxd_model_state", "1 for the model's current state, 0 for the others",
                               labels=["model", "state"]),
             GaugeMetricFamily("mlxd_model_resident_bytes", "Bytes reserved in the budget for the model",

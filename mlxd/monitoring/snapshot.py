@@ -48,6 +48,8 @@ class DaemonSnapshot:
     metrics_enabled: bool
     backends: tuple[BackendView, ...] = ()
     failovers: tuple[FailoverView, ...] = ()
+    # Per app and model (monitoring/usage.py rows).
+    usage: tuple[dict[str, Any], ...] = ()
 
     def recent_rate(self, model: str) -> float:
         return self.recent_tokens.get(model, 0) / self.window_seconds

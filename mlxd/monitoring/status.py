@@ -169,6 +169,10 @@ def model_status(snap: DaemonSnapshot, m: ModelView) -> dict[str, Any]:
         "prefix_cache": prefix_cache_status(m.engine),
         "speculative": speculative_status(m),
         "engine": m.engine,
+        # A parallel model's gang (docs/distributed.md): how it is split and
+        # each rank while resident; which rank failed is in last_error.
+        "parallel": spec.parallel.as_dict() if spec.parallel is not None else None,
+        "ranks": m.engine.get("ranks", []) if spec.parallel is not None else None,
         "backend": spec.backend,
         "remote_model": spec.remote_model,
         "implicit": spec.implicit,
@@ -297,6 +301,7 @@ def status_document(snap: DaemonSnapshot) -> dict[str, Any]:
         "models": [model_status(snap, m) for m in snap.manager.models],
         "backends": [backend_status(b) for b in snap.backends],
         "failover": [failover_status(f) for f in snap.failovers],
+        "usage": list(snap.usage),
         # Built by hand: dataclasses.asdict costs ~20 µs an event, 2 ms for a full ring.
         "events": [
             {"at": e.at, "kind": e.kind, "model": e.model, "message": e.message}

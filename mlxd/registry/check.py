@@ -91,6 +91,11 @@ def _describe_model(spec: ModelSpec, registry: Registry) -> list[str]:
         lines.append(f"    cannot be loaded: {spec.broken}")
         return lines
     lines.append(f"    charge: {_charge(spec)}")
+    if spec.parallel is not None:
+        p = spec.parallel
+        lines.append(f"    parallel: {p.mode} over {p.size} ranks ({', '.join(p.hosts)}) by {p.transport}; "
+                     f"deadlines load {p.load_timeout_s:g} s, prefill {p.prefill_timeout_s:g} s, "
+                     f"decode step {p.step_timeout_s:g} s")
     kv = f", KV cache {spec.kv_bits}-bit" if spec.kv_bits else ""
     lines.append(
         f"    context {spec.max_context} tokens x {spec.max_concurrency} concurrent{kv}; "
@@ -187,6 +192,15 @@ def describe(registry: Registry) -> str:
         f"{len(registry.server.api_keys)} API key(s)",
         "",
     ]
+    if registry.apps is not None:
+        lines.append(f"Apps ({len(registry.apps)}):")
+        for a in registry.apps:
+            limits = ", ".join(f"{k} {getattr(a, k)}" for k in ("max_concurrency", "rpm", "tpm", "tokens_per_day")
+                               if getattr(a, k) is not None)
+            key = "keyless loopback" if a.key_sha256 is None else "keyed"
+            lines.append(f"  {a.name} [{a.priority}{', admin' if a.admin else ''}] {key}, models "
+                         f"{', '.join(a.models)}, routes {', '.join(a.routes)}" + (f", {limits}" if limits else ""))
+        lines.append("")
     if registry.backends:
         lines.append(f"Backends ({len(registry.backends)}):")
         for b in registry.backends:

@@ -57,6 +57,10 @@ class RegistryDiff:
     # in flight keep the target they hold. Implicit `backend:model` targets
     # come and go as models of their own.
     failovers: tuple[str, ...] = ()
+    # Apps added, removed or edited (a key, a scope, a limit): the next
+    # request is checked against the new list, so a removed app's key is
+    # refused from the moment the reload applies.
+    apps: tuple[str, ...] = ()
 
     def names(self, kind: ChangeKind) -> tuple[str, ...]:
         return tuple(c.name for c in self.changes if c.kind == kind)
@@ -98,6 +102,7 @@ class RegistryDiff:
             and not self.server_fields
             and not self.backends
             and not self.failovers
+            and not self.apps
         )
 
     def summary(self) -> str:
@@ -117,6 +122,8 @@ class RegistryDiff:
             parts.append("backends: " + ", ".join(self.backends))
         if self.failovers:
             parts.append("failover: " + ", ".join(self.failovers))
+        if self.apps:
+            parts.append("apps: " + ", ".join(self.apps))
         return "; ".join(parts) or "no changes"
 
 
@@ -157,7 +164,17 @@ def diff_registries(old: Registry, new: Registry) -> RegistryDiff:
         server_fields=_changed(old.server, new.server),
         backends=_changed_names(old.backends, new.backends),
         failovers=_changed_names(old.failovers, new.failovers),
+        apps=_changed_apps(old.apps, new.apps),
     )
+
+
+def _changed_apps(old: tuple[Any, ...] | None, new: tuple[Any, ...] | None) -> tuple[str, ...]:
+    if old is None and new is None:
+        return ()
+    if (old is None) != (new is None):
+        # Turning apps on (or off) changes who may ask for anything.
+        return (*_changed_names(old or (), new or ()), "(apps on)" if new is not None else "(apps off)")
+    return _changed_names(old or (), new or ())
 
 
 def _changed_names(old: tuple[Any, ...], new: tuple[Any, ...]) -> tuple[str, ...]:

@@ -21,7 +21,7 @@ from mlxd.registry.schema import KINDS_TABLE, PHYSICAL_MEMORY, RegistryFile, sec
 
 Loc = tuple[str | int, ...]
 
-_SECRET_KEYS = frozenset({"api_keys", "read_only_keys"})
+_SECRET_KEYS = frozenset({"api_keys", "read_only_keys", "key", "key_sha256"})
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from mlxd.errors import ConfigError
+from mlxd.registry.apps import build_apps
 from mlxd.registry.document import Document, Loc, key_path
 from mlxd.registry.kinds import KINDS, ModelKind
 from mlxd.registry.local_entries import LocalEntries
@@ -136,6 +137,7 @@ def _load(
         # The failover entries' implicit targets last.
         models=(*models, *remote.implicit.values()),
         failovers=failovers,
+        apps=build_apps(doc, parsed.apps, base_dir, env),
         problems=tuple(local.problems),
         kinds=kinds,
     )

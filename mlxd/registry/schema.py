@@ -73,6 +73,13 @@ class ServerSection(_Section):
     header_timeout_s: PositiveFloat = 10.0
     body_timeout_s: PositiveFloat = 30.0
     max_image_memory: ByteSize = Field(1 << 30, ge=1 << 20)
+    # Speech routes (docs/audio.md): an upload's size, its decoded length and
+    # sample memory (checked from its header, before any decoding or lease),
+    # and the longest text /v1/audio/speech reads.
+    max_audio_bytes: ByteSize = Field(25 << 20, ge=1024)
+    max_audio_seconds: PositiveFloat = 1800.0
+    max_audio_memory: ByteSize = Field(512 << 20, ge=1 << 20)
+    max_speech_chars: int = Field(4096, ge=1)
 
     @field_validator("api_keys", "read_only_keys")
     @classmethod
@@ -193,6 +200,32 @@ class SpeculativeSection(_Section):
 LOCATION_KEYS = ("path", "source", "model")
 
 
+class ParallelSection(_Section):
+    """``parallel:``: one model over a gang of ranks (docs/distributed.md)."""
+
+    mode: Literal["tensor", "pipeline"] = "tensor"
+    # A count of local ranks, or one host per rank: ``local`` or a backend's name.
+    ranks: int | list[str]
+    transport: Literal["ring", "jaccl", "nccl", "any"] = "any"
+    # Liveness by progress: how long a rank may go without it in each phase.
+    load_timeout_s: PositiveFloat = 120.0
+    prefill_timeout_s: PositiveFloat = 60.0
+    step_timeout_s: PositiveFloat = 10.0
+
+    @field_validator("ranks", mode="before")
+    @classmethod
+    def _ranks(cls, value: Any) -> Any:
+        count = value if isinstance(value, int) and not isinstance(value, bool) else None
+        if count is None:
+            if not isinstance(value, list) or not all(isinstance(h, str) and h.strip() for h in value):
+                raise ValueError("give a number of local ranks (`ranks: 2`) or one host per rank "
+                                 "(`ranks: [local, studio2]`)")
+            count = len(value)
+        if not 2 <= count <= 64:
+            raise ValueError(f"a gang has 2 to 64 ranks, got {count}")
+        return value
+
+
 class ModelEntry(_Section):
     name: str = Field(min_length=1)
     path: str | None = None
@@ -236,6 +269,8 @@ class ModelEntry(_Section):
     truncate: bool | None = None
     matryoshka: bool | None = None
     batch_tokens: int | None = Field(None, ge=16)
+    # One model over several processes or machines (mx.distributed).
+    parallel: ParallelSection | None = None
     speculative: SpeculativeSection | None = None
 
     # vllm-mlx keys with a meaning here.
@@ -362,10 +397,54 @@ class BackendSection(_Section):
         return value.rstrip("/")
 
 
+Priority = Literal["interactive", "default", "bulk"]
+RouteGroup = Literal["generation", "embeddings", "audio"]
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class AppEntry(_Section):
+    """One application and its key, scope, priority and limits (docs/apps.md).
+    The key itself never stands here: an environment variable or a file
+    holds it, or the file keeps its sha256; ``key: none`` is the app of
+    keyless loopback requests."""
+
+    name: str = Field(min_length=1)
+    key: str | None = None
+    key_env: str | None = Field(None, min_length=1)
+    key_file: str | None = Field(None, min_length=1)
+    key_sha256: str | None = None
+    models: Names = ["*"]
+    routes: list[RouteGroup] = ["generation", "embeddings", "audio"]
+    admin: bool = False
+    priority: Priority = "default"
+    max_concurrency: PositiveInt | None = None
+    rpm: PositiveInt | None = None
+    tpm: PositiveInt | None = None
+    tokens_per_day: PositiveInt | None = None
+
+    @field_validator("key")
+    @classmethod
+    def _only_none(cls, value: str | None) -> str | None:
+        if value is not None and value != "none":
+            # Never echo it: it may be the key.
+            raise ValueError("`key` may only be `none` (a keyless loopback app); keep the key "
+                             "itself in `key_env`, `key_file` or as `key_sha256`")
+        return value
+
+    @field_validator("key_sha256")
+    @classmethod
+    def _hex_digest(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) != 64 or any(c not in "0123456789abcdef" for c in value.lower())):
+            raise ValueError("`key_sha256` must be 64 hex digits (`printf %s KEY | sha256sum`)")
+        return value.lower() if value is not None else None
+
+
 class RegistryFile(_Section):
     server: ServerSection = ServerSection()
     manager: ManagerSection = ManagerSection()
     backends: dict[str, BackendSection] = {}
+    # None: no apps, every key is a flat server.api_keys entry.
+    apps: list[AppEntry] | None = None
     models: list[ModelEntry] = Field(min_length=1)
 
 

@@ -30,6 +30,7 @@ import certifi
 
 from mlxd.errors import describe_exception
 from mlxd.registry.model import BackendSpec, Registry, is_pattern
+from mlxd.waiting import event_set_within
 
 log = logging.getLogger("mlxd.remote")
 
@@ -185,8 +186,7 @@ class BackendPool:
                 if name in self._specs:
                     due[name] = loop.time() + self._specs[name].poll_interval_s
             wait = min(due.values(), default=now + 10.0) - loop.time()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(0.0, wait))
+            await event_set_within(self._wake, wait)
             if self._wake.is_set():
                 due.clear()
 

@@ -32,6 +32,9 @@ from mlxd.errors import (
     ShuttingDown,
 )
 from mlxd.registry.model import ManagerSpec, ModelSpec
+from mlxd.residency.actions import AbortGenerations, Action, Grant, Note, Reject, StartLoad, StartUnload
+from mlxd.residency.priority import FairShare
+from mlxd.residency.refusals import load_failed, no_capacity
 from mlxd.residency.eviction import (
     Candidate,
     to_fit_budget,
@@ -64,6 +67,9 @@ class DrainCause(str, Enum):
     # they are called off when nobody waits for that model any more.
     PREEMPTED = "preempted"
     PASS_OVER = "pass_over"
+    # The engine broke under its leases (a parallel model's rank died): it
+    # unloads once they are released and is then failed, with backoff.
+    BROKE = "broke"
 
 
 @dataclass(frozen=True)
@@ -79,57 +85,7 @@ REMOVED = Drain(DrainCause.REMOVED, "removed from the registry")
 RELOAD = Drain(DrainCause.RELOAD, "configuration changed; reloading")
 
 
-# --- actions -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StartLoad:
-    model: str
-    instance: int
-
-
-@dataclass(frozen=True)
-class StartUnload:
-    model: str
-    instance: int
-    reason: str
-    # Unloaded to make room for another model (LRU eviction), not for itself.
-    evicted: bool = False
-
-
-@dataclass(frozen=True)
-class AbortGenerations:
-    model: str
-    instance: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class Grant:
-    request_id: int
-    model: str
-    instance: int
-    # False for an admin load: the model is ready, but no lease was taken.
-    takes_lease: bool = True
-
-
-@dataclass(frozen=True)
-class Reject:
-    request_id: int
-    error: MlxdError
-
-
-@dataclass(frozen=True)
-class Note:
-    """A decision worth showing an operator, with its reason."""
-
-    kind: str
-    model: str
-    message: str
-
-
-Action = StartLoad | StartUnload | AbortGenerations | Grant | Reject | Note
-
+# --- actions: mlxd/residency/actions.py -------------------------------------
 
 # --- state -------------------------------------------------------------------
 
@@ -164,6 +120,11 @@ class Resident:
     # It was in memory when a reload-class change arrived: load it again
     # once the old instance has unloaded, so the warm set stays warm.
     reload_pending: bool = False
+    # Why the engine broke while resident (``engine_failed``): once it has
+    # unloaded, the model is failed with this error and backs off.
+    broke: str | None = None
+    # The last failure was the engine breaking while loaded, not a load.
+    failed_while_loaded: bool = False
 
     @property
     def name(self) -> str:
@@ -198,6 +159,9 @@ class Waiter:
     takes_lease: bool = True
     # Set when the model cannot fit and the contention policy waits.
     blocked_since: float | None = None
+    # Slots of max_concurrency the lease will hold (see ``request``).
+    slots: int = 1
+    priority: str = "default"  # the caller's class (residency/priority.py)
 
 
 @dataclass
@@ -206,6 +170,7 @@ class ResidencyCore:
     residents: dict[str, Resident] = field(default_factory=dict)
     waiters: list[Waiter] = field(default_factory=list)
     shutting_down: bool = False
+    fair: FairShare = field(default_factory=FairShare)
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     @classmethod
@@ -263,9 +228,15 @@ class ResidencyCore:
 
     # --- events --------------------------------------------------------------
 
-    def request(self, request_id: int, model: str, now: float) -> list[Action]:
-        """A client wants a lease on ``model``."""
-        return self._enqueue(Waiter(request_id, model, now), now)
+    def request(self, request_id: int, model: str, now: float, slots: int = 1, priority: str = "default") -> list[Action]:
+        """A client wants a lease on ``model`` for ``slots`` generations at
+        once (a request's ``n`` choices). It is charged min(slots,
+        max_concurrency) of the model's slots: no more than the model's
+        charge allows run side by side, and a request can always be granted."""
+        r = self.residents.get(model)
+        if r is not None:
+            slots = max(1, min(slots, r.spec.max_concurrency))
+        return self._enqueue(Waiter(request_id, model, now, slots=slots, priority=priority), now)
 
     def admin_load(self, request_id: int, model: str, now: float) -> list[Action]:
         """An operator asks for ``model`` to be loaded now, backoff or not."""
@@ -280,11 +251,12 @@ class ResidencyCore:
         self.waiters = [w for w in self.waiters if w.request_id != request_id]
         return self._schedule(now)
 
-    def release(self, model: str, instance: int, now: float) -> list[Action]:
+    def release(self, model: str, instance: int, now: float, slots: int = 1) -> list[Action]:
+        """A lease of ``slots`` (its Grant's) is given back."""
         r = self.residents[model]
-        if r.instance != instance or r.active <= 0:
+        if r.instance != instance or r.active < slots:
             raise AssertionError(f"release of {model}#{instance} without a lease")
-        r.active -= 1
+        r.active -= slots
         r.last_used = now
         actions: list[Action] = []
         if r.state is State.DRAINING and r.active == 0:
@@ -309,19 +281,7 @@ class ResidencyCore:
         if r.load_started_at is not None:
             r.last_load_seconds = now - r.load_started_at
         if error is not None:
-            r.failures += 1
-            r.last_error = error
-            backoff = min(
-                self.manager.load_retry_backoff_s * 2 ** (r.failures - 1),
-                self.manager.load_retry_backoff_max_s,
-            )
-            r.retry_at = now + backoff
-            r.state = State.FAILED
-            r.reserved = 0
-            actions.append(Note("failure", model, f"load of {model} failed: {error}; retry in {backoff:.0f} s"))
-            for w in [w for w in self.waiters if w.model == model]:
-                self.waiters.remove(w)
-                actions.append(Reject(w.request_id, self._load_failed_error(r, now)))
+            actions += self._back_off(r, error, now, note=f"load of {model} failed: {error}")
             if r.removed:
                 del self.residents[model]
             return actions + self._schedule(now)
@@ -355,6 +315,22 @@ class ResidencyCore:
             r.reserved = max(r.reserved, nbytes)
         return self._fit_budget(now, reason="measured footprint above estimate")
 
+    def engine_failed(self, model: str, instance: int, error: str, now: float) -> list[Action]:
+        """The resident engine broke (a rank of its gang exited or stalled):
+        it admits no lease from now on, its requests end (the engine has
+        ended them with the error), and once the last lease is released it
+        unloads and the model is failed with backoff, its memory released.
+        A stale report (an older instance, or already unloading) changes nothing."""
+        r = self.residents.get(model)
+        if r is None or r.instance != instance or r.state not in (State.LOADED, State.DRAINING):
+            return []
+        r.broke = error
+        actions: list[Action] = [
+            Note("failure", model, f"{model} failed while loaded: {error}"),
+            AbortGenerations(model, instance, error),
+        ]
+        return actions + self._drain(r, Drain(DrainCause.BROKE, error), now) + self._schedule(now)
+
     def unload_finished(self, model: str, instance: int, now: float) -> list[Action]:
         r = self.residents[model]
         assert r.state is State.UNLOADING and r.instance == instance, (model, r.state)
@@ -365,6 +341,9 @@ class ResidencyCore:
         if r.removed:
             del self.residents[model]
             return self._schedule(now)
+        if r.broke is not None:
+            error, r.broke = r.broke, None
+            return self._back_off(r, error, now, note=f"{r.name} is down: {error}", while_loaded=True) + self._schedule(now)
         _hold_if_broken(r)
         actions = self._schedule(now)
         if r.reload_pending:
@@ -515,8 +494,9 @@ class ResidencyCore:
                 f"Model `{r.name}` cannot be loaded: {r.spec.broken}. Fix its files, then reload the registry."
             ))]
         if r.state is State.FAILED and r.retry_at is not None and now < r.retry_at:
-            return [Reject(waiter.request_id, self._load_failed_error(r, now))]
-        if waiter.takes_lease and self.queued(waiter.model) >= r.spec.max_queue and not self._can_grant(r):
+            return [Reject(waiter.request_id, self._failed(r, now))]
+        full = self.queued(waiter.model) >= r.spec.max_queue
+        if waiter.takes_lease and full and not self._can_grant(r, waiter.slots):
             return [
                 Reject(
                     waiter.request_id,
@@ -535,38 +515,41 @@ class ResidencyCore:
     def _has_waiters(self, model: str) -> bool:
         return any(w.model == model for w in self.waiters)
 
-    def _can_grant(self, r: Resident) -> bool:
-        if r.state is not State.LOADED or r.active >= r.spec.max_concurrency:
+    def _can_grant(self, r: Resident, slots: int = 1) -> bool:
+        if r.state is not State.LOADED or r.active + slots > r.spec.max_concurrency:
             return False
         if r.spec.capacity_group is None:
             return True
         # A capacity group's models (the entries on one backend) share its
         # max_concurrency: they queue here for it, so a slow backend holds
         # up only the names it serves.
-        return sum(x.active for x in self._group(r)) < r.spec.max_concurrency
+        return sum(x.active for x in self._group(r)) + slots <= r.spec.max_concurrency
 
     def _group(self, r: Resident) -> list[Resident]:
         return [x for x in self.residents.values() if x.spec.capacity_group == r.spec.capacity_group]
 
-    def _load_failed_error(self, r: Resident, now: float) -> ModelLoadFailed:
-        retry = max(1.0, (r.retry_at or now) - now)
-        return ModelLoadFailed(
-            f"Model `{r.name}` failed to load: {_sentence(r.last_error)} Retrying in {retry:.0f} s.",
-            retry_after=retry,
-        )
+    @staticmethod
+    def _failed(r: Resident, now: float) -> ModelLoadFailed:
+        """What a request for a failed model is told."""
+        return load_failed(r.name, r.last_error, r.retry_at, now, while_loaded=r.failed_while_loaded)
+
+    def _back_off(self, r: Resident, error: str, now: float, *, note: str, while_loaded: bool = False) -> list[Action]:
+        """Failed (a load, or an engine that broke while loaded): retried after
+        a backoff that doubles with each failure in a row; the waiters are told."""
+        r.failures += 1
+        r.last_error, r.failed_while_loaded = error, while_loaded
+        backoff = min(self.manager.load_retry_backoff_s * 2 ** (r.failures - 1), self.manager.load_retry_backoff_max_s)
+        r.retry_at, r.state, r.reserved = now + backoff, State.FAILED, 0
+        actions: list[Action] = [Note("failure", r.name, f"{note}; retry in {backoff:.0f} s")]
+        for w in [w for w in self.waiters if w.model == r.name]:
+            self.waiters.remove(w)
+            actions.append(Reject(w.request_id, self._failed(r, now)))
+        return actions
 
     def _capacity_error(self, model: str, waited: float | None = None) -> CapacityUnavailable:
         r = self.residents[model]
-        need = r.charge()
-        # A swap takes about as long as a load; say so rather than guess low.
-        retry = max(1.0, 2 * (r.last_load_seconds or 1.0))
-        waited_text = f" after waiting {waited:.0f} s" if waited else ""
-        return CapacityUnavailable(
-            f"Cannot load `{model}` within the memory budget{waited_text}: it needs "
-            f"{need / GB:.2f} GB, {max(0, self.budget - self.committed()) / GB:.2f} GB of "
-            f"{self.budget / GB:.2f} GB is free and the other models are in use.",
-            retry_after=retry,
-        )
+        free = self.budget - self.committed()
+        return no_capacity(model, r.charge(), free, self.budget, r.last_load_seconds, waited)
 
     def _unload(self, r: Resident, reason: str, *, evicted: bool = False) -> list[Action]:
         assert r.active == 0 and r.state in (State.LOADED, State.DRAINING), (r.name, r.state, r.active)
@@ -623,17 +606,33 @@ class ResidencyCore:
     def _schedule_once(self, now: float) -> list[Action]:
         actions: list[Action] = []
         # 1. Serve resident models at once: they never wait behind another
-        #    model's swap.
+        #    model's swap. Which of a model's waiters is next is the fair
+        #    share's (priority.py); one of several slots that does not fit yet
+        #    holds back its model (or capacity group), else a stream of single
+        #    ones would starve it.
+        held_back: set[tuple[str, str]] = set()
         for w in list(self.waiters):
             r = self.residents[w.model]
             if not w.takes_lease and r.state is State.LOADED:
                 self.waiters.remove(w)
                 actions.append(Grant(w.request_id, w.model, r.instance, takes_lease=False))
-            elif w.takes_lease and self._can_grant(r):
-                self.waiters.remove(w)
-                r.active += 1
+        for model in self._models_by_oldest_waiter():
+            r = self.residents[model]
+            queue = ("group", r.spec.capacity_group) if r.spec.capacity_group else ("model", r.name)
+            while r.state is State.LOADED and queue not in held_back:
+                active, _, capacity = self.occupancy(model)
+                waiting = [w for w in self.waiters if w.model == model and w.takes_lease]
+                picked = self.fair.choose(model, waiting, active, capacity)
+                if picked is None:
+                    break
+                if not self._can_grant(r, picked.slots):
+                    held_back.add(queue)
+                    break
+                self.fair.served(model, picked.priority)
+                self.waiters.remove(picked)
+                r.active += picked.slots
                 r.last_used = now
-                actions.append(Grant(w.request_id, w.model, r.instance))
+                actions.append(Grant(picked.request_id, model, r.instance, slots=picked.slots))
         # 2. Start loads, oldest waiting model first. Once the oldest one is
         #    blocked on memory no younger one may jump ahead: that is what
         #    keeps a big model from starving behind small ones.
@@ -778,9 +777,3 @@ class ResidencyCore:
             actions += self._drain(self.residents[name], drain, now)
         return actions
 
-
-def _sentence(text: str | None) -> str:
-    """``text`` ending as one sentence: an error that ends with its own stop
-    gets no second one."""
-    text = (text or "").strip()
-    return text if text.endswith((".", "!", "?")) else text + "."

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from mlxd.caller import ANONYMOUS, Caller
-from mlxd.engine.types import Engine
+from mlxd.engine.types import Engine, FailsWhole
 from mlxd.errors import ModelNotFound, RequestTimeout, describe_exception
 from mlxd.registry.model import ModelSpec, Registry
 from mlxd.residency.core import (
@@ -34,13 +34,15 @@ from mlxd.residency.core import (
     State,
 )
 from mlxd.residency.decisions import EventLog
+from mlxd.waiting import event_set_within
 
 log = logging.getLogger("mlxd.residency")
 
 Clock = Callable[[], float]
 # What a waiter's future gets: the resident itself rather than its name, which
-# a hot reload may change before the waiter runs again.
-Granted = tuple[Resident, int]
+# a hot reload may change before the waiter runs again; its instance; and
+# the slots the lease holds.
+Granted = tuple[Resident, int, int]
 
 
 # Builds the engine for a spec. The registry in use is passed along (hot
@@ -81,12 +83,19 @@ class _NoObserver:
         return None
 
 
+def _has_interactive(registry: Registry) -> bool:
+    """Whether a slot per model is kept for interactive requests: only while
+    some app is interactive (otherwise it would keep one from everyone)."""
+    return any(a.priority == "interactive" for a in registry.apps or ())
+
+
 class Lease:
     """The right to use one engine instance until released. Release happens
     exactly once, however the request ends; extra calls are no-ops."""
 
     def __init__(
-        self, manager: ResidencyManager, resident: Resident, instance: int, engine: Engine, caller: Caller = ANONYMOUS
+        self, manager: ResidencyManager, resident: Resident, instance: int, engine: Engine, caller: Caller = ANONYMOUS,
+        slots: int = 1,
     ) -> None:
         # The resident, not its name: a hot reload may rename the model
         # while the lease is held, and the release must find it.
@@ -96,6 +105,8 @@ class Lease:
         # Who holds it (the request's caller), for the per-caller policies to come.
         self.caller = caller
         self._manager = manager
+        # Slots of max_concurrency it holds (a request's n choices).
+        self.slots = slots
         self._released = False
 
     @property
@@ -106,7 +117,7 @@ class Lease:
         if self._released:
             return
         self._released = True
-        self._manager._release(self.model, self.instance)
+        self._manager._release(self.model, self.instance, self.slots)
 
     async def __aenter__(self) -> Lease:
         return self
@@ -219,6 +230,7 @@ class ResidencyManager:
     ) -> None:
         self.registry = registry
         self.core = ResidencyCore.from_specs(registry.manager, registry.models)
+        self.core.fair.reserve_interactive = _has_interactive(registry)
         self.events = events or EventLog()
         self._factory = factory
         self._clock = clock
@@ -298,16 +310,19 @@ class ResidencyManager:
             raise ModelNotFound(name, self.registry.model_names())
         return spec
 
-    async def acquire(self, name: str, timeout: float | None = None, caller: Caller = ANONYMOUS) -> Lease:
-        """Wait for a lease on ``name`` (an alias works too). ``timeout``
+    async def acquire(
+        self, name: str, timeout: float | None = None, caller: Caller = ANONYMOUS, slots: int = 1
+    ) -> Lease:
+        """Wait for a lease on ``name`` (an alias works too) for ``slots``
+        generations at once, charged min(slots, max_concurrency). ``timeout``
         bounds the wait for a load or for capacity: RequestTimeout (504)."""
         spec = self.resolve(name)
         rid = self.core.new_request_id()
         fut: asyncio.Future[Granted] = asyncio.get_running_loop().create_future()
         self._futures[rid] = fut
-        self._apply(self.core.request(rid, spec.name, self._clock()))
+        self._apply(self.core.request(rid, spec.name, self._clock(), slots=slots, priority=caller.priority))
         try:
-            resident, instance = await asyncio.wait_for(asyncio.shield(fut), timeout)
+            resident, instance, held_slots = await asyncio.wait_for(asyncio.shield(fut), timeout)
         except asyncio.TimeoutError:
             self._abandon(rid, fut)
             raise RequestTimeout(
@@ -318,7 +333,7 @@ class ResidencyManager:
             raise
         held = self._models[resident.name]
         held.stats.requests += 1
-        return Lease(self, resident, instance, held.engine, caller)
+        return Lease(self, resident, instance, held.engine, caller, slots=held_slots)
 
     @contextlib.asynccontextmanager
     async def lease(self, name: str, timeout: float | None = None) -> AsyncIterator[Lease]:
@@ -335,14 +350,14 @@ class ResidencyManager:
         if fut.done() and not fut.cancelled() and fut.exception() is None:
             if not holds_lease:
                 return
-            resident, instance = fut.result()
-            self._release(resident.name, instance)
+            resident, instance, slots = fut.result()
+            self._release(resident.name, instance, slots)
         elif not fut.done():
             fut.cancel()
             self._apply(self.core.cancel(rid, self._clock()))
 
-    def _release(self, model: str, instance: int) -> None:
-        self._apply(self.core.release(model, instance, self._clock()))
+    def _release(self, model: str, instance: int, slots: int = 1) -> None:
+        self._apply(self.core.release(model, instance, self._clock(), slots=slots))
         self._note_measurement(model, instance)
 
     def _note_measurement(self, model: str, instance: int) -> None:
@@ -416,6 +431,7 @@ class ResidencyManager:
             if old in before:
                 before[new] = before.pop(old)
         self.registry = registry
+        self.core.fair.reserve_interactive = _has_interactive(registry)
         for spec in registry.models:
             held = self._models.setdefault(spec.name, _Model())
             if held.built_from is not None and not spec.needs_reload_from(held.built_from):
@@ -542,9 +558,9 @@ class ResidencyManager:
         if fut is None or fut.done():
             # Nobody is waiting any more: hand the lease straight back.
             if action.takes_lease:
-                self._release(action.model, action.instance)
+                self._release(action.model, action.instance, action.slots)
             return
-        fut.set_result((self.core.residents[action.model], action.instance))
+        fut.set_result((self.core.residents[action.model], action.instance, action.slots))
 
     def _spawn(self, coro: Awaitable[None], name: str) -> None:
         task = asyncio.ensure_future(coro)
@@ -570,6 +586,27 @@ class ResidencyManager:
             self._on_measured(spec, measured)
         self._apply(self.core.load_finished(model, instance, self._clock(), measured_bytes=measured))
         self._observe(self._observer.model_loaded, model, time.monotonic() - started)
+        if isinstance(engine, FailsWhole):
+            self._spawn(self._watch_failure(model, instance, engine), f"watch-{model}")
+
+    async def _watch_failure(self, model: str, instance: int, engine: FailsWhole) -> None:
+        """Until the engine unloads: if it breaks, the model goes down whole
+        and backs off (``ResidencyCore.engine_failed``)."""
+        watch = asyncio.ensure_future(engine.failure())
+        try:
+            while True:
+                held = self._models.get(model)
+                if held is None or held.engine is not engine:
+                    return  # unloaded (or replaced) first
+                done, _ = await asyncio.wait({watch}, timeout=1.0)
+                if done:
+                    break
+            reason = watch.result()
+        finally:
+            watch.cancel()
+        held = self._models.get(model)
+        if held is not None and held.engine is engine:
+            self._apply(self.core.engine_failed(model, instance, reason, self._clock()))
 
     async def _unload(self, action: StartUnload) -> None:
         model = action.model
@@ -613,16 +650,14 @@ class ResidencyManager:
 
     async def _wait_changed(self, timeout: float) -> None:
         self._changed.clear()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
+        await event_set_within(self._changed, timeout)
 
     async def _timer_loop(self) -> None:
         while True:
             self._wake.clear()
             deadline = self.core.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - self._clock())
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+            await event_set_within(self._wake, timeout)
             try:
                 self.tick()
             except Exception:  # a bug here must not stop idle unloads for good

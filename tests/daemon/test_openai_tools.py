@@ -17,7 +17,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from support.daemon import daemon_in_thread, tiny_model, write_registry
+from support.daemon import daemon_in_thread, tiny_model, wait_until, write_registry
 from tools.tool_models import with_template
 
 pytestmark = pytest.mark.mlx
@@ -407,6 +407,34 @@ def test_n_choices_differ_by_seed_and_count_the_prompt_once(client, daemon, mode
     assert len(set(texts)) == 3
     assert three.usage.prompt_tokens == one.usage.prompt_tokens
     assert three.usage.completion_tokens == 36
+
+
+def test_n_choices_hold_n_slots_and_more_than_max_concurrency_is_a_400(client, daemon):
+    """#24 item 10: n choices decode side by side, each with its own KV, so
+    they take n of the model's max_concurrency slots for as long as they run."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="tooly", messages=ASK, max_tokens=2, n=5)
+    error = caught.value.body
+    assert error["param"] == "n" and error["type"] == "invalid_request_error"
+    assert "max_concurrency: 4" in error["message"] and "at most 4" in error["message"]
+    assert daemon.model("tooly")["active_leases"] == 0
+
+    body = {"model": "tooly", "messages": ASK, "max_tokens": 3000, "ignore_eos": True, "n": 3, "stream": True}
+    with httpx.stream("POST", f"{daemon.url}/v1/chat/completions", json=body, timeout=60) as wide:
+        lines = wide.iter_lines()
+        while '"delta"' not in next(lines):  # (the stream may open before the lease)
+            pass
+        assert daemon.model("tooly")["active_leases"] == 3
+        pair = {"model": "tooly", "messages": ASK, "max_tokens": 1, "n": 2}
+        waiting = threading.Thread(
+            target=lambda: httpx.post(f"{daemon.url}/v1/chat/completions", json=pair, timeout=60), daemon=True
+        )
+        waiting.start()
+        wait_until(lambda: daemon.model("tooly")["queued"] == 1, timeout=10)  # 3 + 2 > 4: it waits its turn
+        assert daemon.model("tooly")["active_leases"] == 3
+    waiting.join(30)
+    assert not waiting.is_alive()
+    wait_until(lambda: daemon.model("tooly")["active_leases"] == 0, timeout=10)
 
 
 def test_n_choices_stream_by_index_and_each_forced_call_validates(client):

@@ -15,6 +15,7 @@ from mlxd.registry.device import current_device
 
 # Sampling's kernels: two short requests, with a seed (and penalties, logprobs) and without.
 SAMPLED = WarmupRun(16, 3, 2, kind="sampled")
+CPU_SAMPLED = WarmupRun(4, 1, 2, kind="sampled")
 # ... and on GPUs one under a JSON grammar, after the timed chunk.
 CONSTRAINED = WarmupRun(16, 3, kind="constrained")
 
@@ -37,12 +38,13 @@ CONSTRAINED = WarmupRun(16, 3, kind="constrained")
         (dict(max_context=200, prefill_chunk=512, max_concurrency=1, batching=False),
          (WarmupRun(181, 3), SAMPLED, WarmupRun(181, 1, timed=True), CONSTRAINED)),
         # The CPU keeps its compiled kernels on disk, so the warm-up saves it
-        # nothing but the sampling kernels: the timed prompt (the prefill
-        # speed), the batched path once, the sampled pair.
+        # nothing but the sampling kernels: a short sampled pair side by side
+        # (one token each; a batching model batches it), then the timed
+        # prompt (the prefill speed).
         (dict(max_context=4096, prefill_chunk=512, max_concurrency=1, batching=False, device="cpu"),
-         (WarmupRun(CPU_PREFILL_TOKENS, 1, timed=True), SAMPLED)),
+         (CPU_SAMPLED, WarmupRun(CPU_PREFILL_TOKENS, 1, timed=True))),
         (dict(max_context=4096, prefill_chunk=512, max_concurrency=8, batching=True, device="cpu"),
-         (WarmupRun(CPU_PREFILL_TOKENS, 1, timed=True), WarmupRun(16, 1, 2), SAMPLED)),
+         (CPU_SAMPLED, WarmupRun(CPU_PREFILL_TOKENS, 1, timed=True))),
     ],
 )
 def test_the_warmup_plan(kwargs, expected):
@@ -61,7 +63,7 @@ def test_the_loader_returns_a_warm_engine_with_nothing_left_of_the_warmup(worker
         assert report is not None and report.error is None
         # It really ran through the engine: the batched path too when batching.
         on_cpu = current_device().kind == "cpu"
-        wide, alone = (2, 3) if on_cpu else (4, 5)  # the CPU: the timed prompt and the sampled pair
+        wide, alone = (0, 3) if on_cpu else (4, 5)  # the CPU: the sampled pair (batched when batching), timed
         assert report.requests == (alone + wide if concurrency == 4 else alone)
         assert stats["batching"] is (concurrency > 1)
         if concurrency > 1:
@@ -88,6 +90,6 @@ def test_status_says_loaded_only_once_the_warmup_is_done(tmp_path):
         status = d.model("qwen")
         assert status["state"] == "loaded"
         warmup = status["engine"]["warmup"]
-        # GPUs: long, 2 at once, 2 sampled, timed, a grammar; the CPU: timed, 2 at once, 2 sampled
-        assert warmup["requests"] == (5 if current_device().kind == "cpu" else 7) and warmup["error"] is None and warmup["seconds"] > 0
+        # GPUs: long, 2 at once, 2 sampled, timed, a grammar; the CPU: 2 sampled, timed
+        assert warmup["requests"] == (3 if current_device().kind == "cpu" else 7) and warmup["error"] is None and warmup["seconds"] > 0
         assert status["engine"]["generations"] == 0

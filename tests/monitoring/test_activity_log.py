@@ -144,3 +144,39 @@ def test_mlxd_log_prints_the_latest_and_follows(daemon, capsys):
                     errors=False, as_json=False)
     assert wrong == 1
     assert "mlxd: error: 401" in capsys.readouterr().err
+
+
+@pytest.mark.mlx
+def test_requests_refused_before_planning_are_rows_with_their_error(daemon):
+    url = f"{daemon.url}/v1/chat/completions"
+    ask = {"model": "qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    refusals = {
+        "no-key": httpx.post(url, json=ask, headers={"X-Request-Id": "no-key"}),
+        "bad-body": httpx.post(url, json={**ask, "temperature": "hot"},
+                               headers={**AS_ADMIN, "X-Request-Id": "bad-body"}),
+        "no-model": httpx.post(url, json={**ask, "model": "nope", "stream": True},
+                               headers={**AS_ADMIN, "X-Request-Id": "no-model"}),
+        "too-many": httpx.post(url, json={**ask, "max_tokens": 10**9},
+                               headers={**AS_ADMIN, "X-Request-Id": "too-many"}),
+        "messages": httpx.post(f"{daemon.url}/v1/messages", json={"model": "qwen", "max_tokens": 2, "messages": "x"},
+                               headers={"x-api-key": READER, "X-Request-Id": "messages"}),
+    }
+    for rid, answer in refusals.items():
+        assert answer.status_code >= 400, (rid, answer.text)
+        row = wait_until(lambda rid=rid: next(iter(_activity(daemon, request_id=rid)), None), timeout=2)
+        assert row["status"] == answer.status_code and row["tokens_in"] == row["tokens_out"] == 0, rid
+        assert row["error"] == answer.json()["error"]["message"] and row["finish_reason"] is None, rid
+    rows = {rid: _activity(daemon, request_id=rid)[0] for rid in refusals}
+    assert rows["no-key"]["key"] == "-" and rows["no-key"]["model"] == ""  # its body was never read
+    assert rows["bad-body"]["model"] == "qwen" and rows["bad-body"]["key"].startswith("key:")
+    assert rows["no-model"]["model"] == "nope" and rows["no-model"]["stream"] is True
+    assert rows["messages"]["surface"] == "messages" and rows["messages"]["status"] == 400
+    # Its own key reads it; a request that failed once planned (past its
+    # deadline) has its one row, not two.
+    assert [r["request_id"] for r in _activity(daemon, headers=AS_READER, request_id="messages")] == ["messages"]
+    late = {**ask, "max_tokens": 8000, "ignore_eos": True, "timeout": 0.3}
+    planned = httpx.post(url, json=late, headers={**AS_ADMIN, "X-Request-Id": "planned"}, timeout=60)
+    assert planned.status_code == 504
+    wait_until(lambda: _activity(daemon, request_id="planned"), timeout=2)
+    time.sleep(0.2)
+    assert [r["status"] for r in _activity(daemon, request_id="planned")] == [504]

@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-from monitoring.monitoring_support import CHAT, chat
+from monitoring.monitoring_support import CHAT, chat, sample, scrape
 from support.daemon import daemon_in_thread, wait_until, write_registry
 
 pytestmark = pytest.mark.mlx
@@ -112,6 +112,36 @@ def test_a_cancelled_stream_ends_cleanly_with_its_usage_and_frees_its_slot(daemo
     assert _model(daemon, "qwen")["engine"]["tokens_generated"] == generated, "the engine stopped generating"
     # Gone: a second cancel finds nothing.
     assert httpx.delete(f"{daemon.url}/v1/requests/{response_id}", headers=AS_ADMIN).status_code == 404
+
+
+def test_a_whole_answer_cancelled_by_its_id_returns_what_it_had_so_far(daemon):
+    outcome: dict = {}
+    body = {"model": "qwen", "messages": CHAT, "max_tokens": 3000, "ignore_eos": True}
+
+    def ask() -> None:
+        outcome["r"] = httpx.post(f"{daemon.url}/v1/chat/completions", json=body,
+                                  headers={**AS_ADMIN, "X-Request-Id": "whole-one"}, timeout=60)
+        outcome["at"] = time.monotonic()
+
+    def first_tokens() -> float:
+        return sample(scrape(daemon, AS_ADMIN), "mlxd_time_to_first_token_seconds_count", model="qwen") or 0
+
+    before = first_tokens()
+    asker = threading.Thread(target=ask)
+    asker.start()
+    wait_until(lambda: first_tokens() > before, timeout=30)
+    time.sleep(0.3)  # a few more tokens
+    assert httpx.post(f"{daemon.url}/v1/requests/whole-one/cancel", headers=AS_ADMIN).status_code == 200
+    asked_at = time.monotonic()
+    asker.join(timeout=10)
+    answer = outcome["r"]
+    assert answer.status_code == 200, answer.text
+    assert outcome["at"] - asked_at < 2.0
+    choice = answer.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["message"]["content"]
+    usage = answer.json()["usage"]
+    assert 1 <= usage["completion_tokens"] < 3000 and usage["prompt_tokens"] > 0
+    wait_until(lambda: _model(daemon, "qwen")["active_leases"] == 0, timeout=5)
 
 
 def test_a_queued_request_cancelled_by_its_id_leaves_the_queue(daemon):

@@ -88,3 +88,31 @@ def test_idle_unload_and_eviction_save_the_cache_too(tmp_path):
         assert state(d, "l") == "unloaded"
         answer, cached = ask(d, "l")
         assert (answer, cached > 0) == (llama_cold, True)
+
+
+def test_clearing_the_cache_also_clears_its_saved_copy_loaded_or_not(tmp_path):
+    """#28: DELETE /v1/cache/prefix reaches the disk copy, so the next load
+    restores none of the cleared entries."""
+    registry = write_registry(tmp_path, [{"name": "q", "model": "qwen"}])
+
+    def unload() -> None:
+        assert httpx.post(f"{d.url}/v1/models/q/unload", json={}, timeout=60).json()["state"] == "unloaded"
+
+    def clear() -> dict:
+        return httpx.delete(f"{d.url}/v1/cache/prefix?model=q", timeout=60).json()
+
+    with daemon_in_thread(registry, tmp_path) as d:
+        cold, _ = ask(d, "q")
+        unload()  # saves the entry (the test above restores such an entry)
+        assert clear()["models"] == [{"model": "q", "status": "cleared"}]  # unloaded: its saved copy
+        assert clear()["models"] == [{"model": "q", "status": "no_engine"}]  # nothing left to clear
+        assert ask(d, "q") == (cold, 0)
+        assert d.model("q")["prefix_cache"]["restored_entries"] == 0
+        unload()  # saves the entry again
+        answer, cached = ask(d, "q")
+        assert (answer, cached > 0) == (cold, True) and d.model("q")["prefix_cache"]["restored_entries"] == 1
+        assert clear()["models"] == [{"model": "q", "status": "cleared"}]  # loaded: memory and disk
+        assert d.model("q")["prefix_cache"]["disk_entries"] == 0
+        unload()
+        assert ask(d, "q") == (cold, 0)
+        assert d.model("q")["prefix_cache"]["restored_entries"] == 0

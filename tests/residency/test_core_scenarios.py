@@ -603,3 +603,56 @@ def test_files_broken_under_a_loaded_model_drain_it_into_failed():
     sim.release(rid)
     sim.finish_unload("a")
     assert sim.state("a") is State.FAILED and len(sim.loads("a")) == 1
+
+
+# --- n choices under one lease (#24 item 10) --------------------------------------
+
+
+def test_a_request_of_n_choices_holds_n_slots_until_it_releases():
+    sim = Sim.of(manager(8), spec("a", 2, max_concurrency=4))
+    three = sim.request("a", slots=3)
+    sim.finish_load("a")
+    assert sim.granted(three) and sim.slots[three] == 3
+    assert sim.core.occupancy("a") == (3, 0, 4)
+    one, another = sim.request("a"), sim.request("a")
+    assert sim.granted(one) and not sim.granted(another), "3 + 1 slots fill max_concurrency 4"
+    sim.release(three)
+    assert sim.granted(another)
+    assert sim.core.occupancy("a") == (2, 0, 4)
+
+
+def test_n_above_max_concurrency_is_charged_max_concurrency_and_still_granted():
+    sim = Sim.of(manager(8), spec("a", 2, max_concurrency=2))
+    many = sim.request("a", slots=16)
+    sim.finish_load("a")
+    assert sim.granted(many) and sim.slots[many] == 2
+    single = sim.request("a")
+    assert not sim.granted(single)
+    sim.release(many)
+    assert sim.granted(single)
+    assert sim.core.occupancy("a") == (1, 0, 2)
+
+
+def test_a_wide_request_is_not_starved_by_single_ones_arriving_after_it():
+    sim = Sim.of(manager(8), spec("a", 2, max_concurrency=4))
+    first = sim.request("a")
+    sim.finish_load("a")
+    wide = sim.request("a", slots=4)
+    later = sim.request("a")
+    assert not sim.granted(wide) and not sim.granted(later), "the later single one waits behind the wide one"
+    sim.release(first)
+    assert sim.granted(wide) and not sim.granted(later)
+    sim.release(wide)
+    assert sim.granted(later)
+
+
+def test_slots_count_against_a_capacity_group_shared_max_concurrency():
+    sim = Sim.of(manager(8), spec("x", 0, max_concurrency=3, capacity_group="b"),
+                 spec("y", 0, max_concurrency=3, capacity_group="b"))
+    two = sim.request("x", slots=2)
+    sim.finish_load("x")
+    sim.ready("y")
+    pair = sim.request("y", slots=2)
+    assert sim.granted(two) and not sim.granted(pair)
+    sim.release(two)
+    assert sim.granted(pair)

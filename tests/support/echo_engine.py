@@ -84,12 +84,14 @@ def echo_folder(path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def echo_daemon(tmp_path: Path, server: dict[str, Any] | None = None) -> Iterator[Daemon]:
+def echo_daemon(tmp_path: Path, server: dict[str, Any] | None = None,
+                apps: list[dict[str, Any]] | None = None) -> Iterator[Daemon]:
     """Two echo models of 1.2 GB each, under a 2 GB budget: only one fits."""
     folder = echo_folder(tmp_path / "echo")
     doc = {
         "manager": {"memory_budget": "2GB", "cache_dir": str(tmp_path / "cache")},
         **({"server": server} if server else {}),
+        **({"apps": apps} if apps is not None else {}),
         "models": [
             {"name": name, "path": str(folder), "kind": "echo", "estimated_memory_gb": 1.2}
             for name in ("echo-a", "echo-b")

@@ -50,6 +50,8 @@ class Sim:
     rejected: dict[int, Exception] = field(default_factory=dict)
     # admin loads that completed (they hold no lease)
     loaded_for_admin: set[int] = field(default_factory=set)
+    # request id -> slots its granted lease holds
+    slots: dict[int, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, mgr: ManagerSpec, *specs: ModelSpec) -> Sim:
@@ -59,6 +61,7 @@ class Sim:
         for a in actions:
             if isinstance(a, Grant) and a.takes_lease:
                 self.leases[a.request_id] = (a.model, a.instance)
+                self.slots[a.request_id] = a.slots
             elif isinstance(a, Grant):
                 self.loaded_for_admin.add(a.request_id)
             elif isinstance(a, Reject):
@@ -67,9 +70,9 @@ class Sim:
         return actions
 
     # events
-    def request(self, model: str) -> int:
+    def request(self, model: str, slots: int = 1, priority: str = "default") -> int:
         rid = self.core.new_request_id()
-        self._record(self.core.request(rid, model, self.now))
+        self._record(self.core.request(rid, model, self.now, slots=slots, priority=priority))
         return rid
 
     def cancel(self, rid: int) -> list[Action]:
@@ -77,7 +80,7 @@ class Sim:
 
     def release(self, rid: int) -> list[Action]:
         model, instance = self.leases.pop(rid)
-        return self._record(self.core.release(model, instance, self.now))
+        return self._record(self.core.release(model, instance, self.now, slots=self.slots.pop(rid)))
 
     def finish_load(self, model: str, error: str | None = None, measured_gb: float | None = None) -> list[Action]:
         inst = self.core.residents[model].instance

@@ -17,6 +17,7 @@ from mlxd.api.context import DaemonContext
 from mlxd.api.generation import respond
 from mlxd.api.plan import Entry, check_chat, output_plan, plan_chat, resolve_entry
 from mlxd.api.reasoning import merged_template_kwargs
+from mlxd.caller import Caller
 from mlxd.errors import BadRequest
 from mlxd.registry.model import ModelSpec
 
@@ -27,10 +28,10 @@ def _ctx(request: Request) -> DaemonContext:
     return request.app.state.ctx
 
 
-def _counting_model(ctx: DaemonContext, name: str) -> ModelSpec:
+def _counting_model(ctx: DaemonContext, name: str, caller: Caller) -> ModelSpec:
     """The model whose tokenizer counts for ``name``: a failover entry's
     first local target. A remote model's tokenizer is on its backend."""
-    entry = resolve_entry(ctx, name)
+    entry = resolve_entry(ctx, name, caller)
     local = next((m for m in entry.models if ctx.registry.kind_of(m).token_counter is not None), None)
     if local is None and entry.spec.is_remote:
         raise BadRequest(
@@ -60,7 +61,7 @@ def router() -> APIRouter:
     @api.post(f"{PREFIX}/count_tokens")
     async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, int]:
         ctx = _ctx(request)
-        spec = _counting_model(ctx, body.model)
+        spec = _counting_model(ctx, body.model, caller_of(request))
         conversation, output = body.conversation(), body.output()
         pending = check_chat(Entry(spec, kinds=(ctx.registry.kind_of(spec),)), body.model, conversation, output)
         # Read and decoded as for an answer (the decoded size sets an image's

@@ -15,11 +15,14 @@ from typing import Any, TypeVar
 import numpy as np
 from starlette.requests import Request
 
+from mlxd.api.auth import caller_of
 from mlxd.api.context import DaemonContext
 from mlxd.api.embeddings.bodies import EmbedInputs, RerankAsk
 from mlxd.api.generation import guarded
 from mlxd.api.plan import Entry, check_route, resolve_entry
+from mlxd.caller import Caller
 from mlxd.errors import BadRequest, MlxdError
+from mlxd.monitoring.usage import one_request
 from mlxd.registry.kinds import EMBED, RERANK
 from mlxd.registry.model import ModelSpec
 from mlxd.remote.encoders import read_embeddings, read_rerank
@@ -43,11 +46,11 @@ class Ranked:
     tokens: int
 
 
-def entry_for(ctx: DaemonContext, name: str, route: str) -> ModelSpec:
+def entry_for(ctx: DaemonContext, name: str, route: str, caller: Caller) -> ModelSpec:
     """The model ``name`` names, if its kind serves ``route`` (the kinds
     table's ``routes``); a 400 otherwise, before anything is loaded. A
     remote entry's kind is the one its entry declares (its backend's model)."""
-    entry = resolve_entry(ctx, name)
+    entry = resolve_entry(ctx, name, caller)
     if entry.failover is not None:
         raise BadRequest(f"`{name}` is a failover entry; {route} requests name one model", param="model")
     spec = entry.spec
@@ -57,7 +60,7 @@ def entry_for(ctx: DaemonContext, name: str, route: str) -> ModelSpec:
 
 async def embed(ctx: DaemonContext, request: Request, name: str, inputs: EmbedInputs, *,
                 dimensions: int | None = None, truncate: bool = True) -> Embedded:
-    spec = entry_for(ctx, name, EMBED)
+    spec = entry_for(ctx, name, EMBED, caller_of(request))
 
     async def work(engine: Any) -> tuple[Embedded, int]:
         if spec.is_remote:
@@ -72,7 +75,7 @@ async def embed(ctx: DaemonContext, request: Request, name: str, inputs: EmbedIn
 
 
 async def rerank(ctx: DaemonContext, request: Request, name: str, ask: RerankAsk) -> Ranked:
-    spec = entry_for(ctx, name, RERANK)
+    spec = entry_for(ctx, name, RERANK, caller_of(request))
 
     async def work(engine: Any) -> tuple[Ranked, int]:
         if spec.is_remote:
@@ -135,7 +138,7 @@ async def _leased(ctx: DaemonContext, request: Request, spec: ModelSpec, name: s
     truncated = 0
 
     async def leased() -> tuple[T, int]:
-        lease = await ctx.manager.acquire(spec.name, timeout=timeout)
+        lease = await ctx.manager.acquire(spec.name, timeout=timeout, caller=caller_of(request))
         try:
             return await work(lease.engine)
         finally:
@@ -152,12 +155,14 @@ async def _leased(ctx: DaemonContext, request: Request, spec: ModelSpec, name: s
         raise
     finally:
         tokens = result.tokens if result is not None else 0
-        _account(ctx, name, spec, what, status, time.monotonic() - started, tokens, inputs, truncated)
+        _account(ctx, caller_of(request), name, spec, what, status, time.monotonic() - started, tokens, inputs,
+                 truncated)
 
 
-def _account(ctx: DaemonContext, name: str, spec: ModelSpec, what: str, status: int, seconds: float,
-             tokens: int, inputs: int, truncated: int) -> None:
+def _account(ctx: DaemonContext, caller: Caller, name: str, spec: ModelSpec, what: str, status: int,
+             seconds: float, tokens: int, inputs: int, truncated: int) -> None:
     metrics = ctx.metrics
+    ctx.usage.add(caller.name, name, one_request(status, tokens if status == 200 else 0))
     metrics.requests.labels(name, str(status)).inc()
     metrics.request_seconds.labels(name).observe(seconds)
     if status == 200:
@@ -167,5 +172,6 @@ def _account(ctx: DaemonContext, name: str, spec: ModelSpec, what: str, status: 
             metrics.truncated_inputs.labels(name).inc(truncated)
         metrics.throughput.add(name, tokens)
         ctx.manager.count_tokens(spec.name, tokens, 0)
+        ctx.limits.spend(caller.app, tokens)
     log.info("%s model=%s status=%d inputs=%d tokens_in=%d truncated=%d seconds=%.3f",
              what, name, status, inputs, tokens, truncated, seconds)

@@ -54,6 +54,7 @@ def router() -> APIRouter:
         created = int(ctx.started_at)
         output_cap = ctx.settings.server.max_request_tokens
         data = []
+        caller = caller_of(request)
         for entry in ctx.registry.entries():
             if isinstance(entry, FailoverSpec):
                 # What it stands for now: the target a request would try first
@@ -67,6 +68,8 @@ def router() -> APIRouter:
             view = ctx.manager.view(first.name)
             state = view.state.value if view else "unloaded"
             for name in listed_names(entry, ctx.registry):
+                if not caller.may_use(name, entry.name):
+                    continue  # an app sees the models it may use
                 data.append(model_item(name, first, about, created=created, state=state, output_cap=output_cap,
                                        root=entry.name))
         body = page(data)

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Depends, Request
 from mlxd.api.auth import require_admin
 from mlxd.api.context import DaemonContext
 from mlxd.engine import memory
+from mlxd.engine.loader import clear_saved_prefix_cache
 from mlxd.errors import ModelNotFound
 from mlxd.residency.shell import ModelView
 
@@ -49,13 +50,18 @@ def cache_stats(views: list[ModelView]) -> dict[str, Any]:
 
 
 async def _clear_prefix(ctx: DaemonContext, views: list[ModelView]) -> list[dict[str, str]]:
+    """Each model's prefix cache, in memory and on disk. A model not in
+    memory may still have a saved copy that its next load would restore."""
     out = []
     for view in views:
         engine = ctx.manager.engine(view.name)
-        if engine is None:
-            status = "no_engine"
-        else:
+        if engine is not None:
             status = "cleared" if await engine.clear_prefix_cache() else "not_supported"
+        elif ctx.registry.kind_of(view.spec).prefix_cache:
+            saved = await clear_saved_prefix_cache(view.spec, ctx.registry.manager.cache_dir)
+            status = "cleared" if saved else "no_engine"
+        else:
+            status = "no_engine"
         out.append({"model": view.name, "status": status})
     return out
 

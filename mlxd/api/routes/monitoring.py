@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from functools import cache
+from typing import Any
 from importlib import resources
 
 from fastapi import APIRouter, Request
@@ -16,7 +17,9 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from mlxd import __version__
+from mlxd.api.auth import caller_of
 from mlxd.api.context import DaemonContext
+from mlxd.caller import Caller
 from mlxd.monitoring.status import health_document, status_document
 from mlxd.errors import MlxdError
 
@@ -39,6 +42,29 @@ def _wants_html(request: Request) -> bool:
     return "text/html" in request.headers.get("accept", "")
 
 
+# What an app's non-admin key reads of /v1/status: how the daemon and the
+# machine are, and its own models and usage; not the configuration file and
+# its reloads, the backends or the other apps' models. The document keeps
+# its shape (the dashboard draws it as it draws any).
+_APP_SECTIONS = ("schema_version", "generated_at", "health", "daemon", "memory")
+
+
+def app_view(document: dict[str, Any], caller: Caller) -> dict[str, Any]:
+    mine = [m for m in document["models"] if caller.may_use(m["name"], *m.get("aliases", ()))]
+    names = {m["name"] for m in mine}
+    out = {key: document[key] for key in _APP_SECTIONS}
+    out["config"] = {"generation": document["config"]["generation"]}
+    out["backends"] = []
+    out["app"] = {"name": caller.app, "admin": caller.admin, "priority": caller.priority,
+                  "models": list(caller.models), "routes": list(caller.routes)}
+    out["models"] = mine
+    out["failover"] = [f for f in document["failover"] if caller.may_use(f["name"])]
+    out["events"] = [e for e in document["events"] if e["model"] in names]
+    if "usage" in document:
+        out["usage"] = [u for u in document["usage"] if u["app"] == caller.app]
+    return out
+
+
 def router() -> APIRouter:
     api = APIRouter()
 
@@ -56,7 +82,11 @@ def router() -> APIRouter:
         # Serialised directly: FastAPI's encoder would walk the whole
         # document again, and this endpoint must stay cheap under load.
         snapshot = request.app.state.ctx.snapshot()
-        body = json.dumps(status_document(snapshot), separators=(",", ":"), allow_nan=False)
+        document = status_document(snapshot)
+        caller = caller_of(request)
+        if caller.app is not None and not caller.admin:
+            document = app_view(document, caller)
+        body = json.dumps(document, separators=(",", ":"), allow_nan=False)
         return Response(body, media_type="application/json", headers=NO_STORE)
 
     @api.get("/v1/history")

@@ -175,9 +175,24 @@ class PrefixCachePersistence:
         drop = _covered(on_disk.values(), covering)
         return await asyncio.to_thread(store.commit, saved, drop, time.perf_counter() - started)
 
+    async def clear(self) -> int:
+        """Forget every saved entry (an operator cleared the cache): the next
+        load restores none of them. Returns how many were removed."""
+        return await forget_saved(self.store, self._seen)
+
     def _seen(self, manifest: Manifest) -> None:
         self.stats.disk_entries = len(manifest.entries)
         self.stats.disk_bytes = manifest.nbytes
+
+
+async def forget_saved(store: CacheStore, seen: Callable[[Manifest], None] = lambda _: None) -> int:
+    """Remove every entry of ``store``'s folder (manifest and files)."""
+    manifest = await asyncio.to_thread(store.read_manifest)
+    if not manifest.entries:
+        return 0
+    seen(await asyncio.to_thread(store.forget, {e.file for e in manifest.entries}))
+    log.info("prefix cache %s: %d saved entries cleared", store.fingerprint, len(manifest.entries))
+    return len(manifest.entries)
 
 
 def _persistable_snapshot(cache: PrefixCache) -> list[Snapshot]:

@@ -1,0 +1,160 @@
+"""Priority classes under load (issue #27, docs/apps.md): 4 bulk clients keep
+one model busy with long generations while an interactive client sends short
+requests, on the same daemon, once with every client in one class (no
+priorities: the fair queue is first come, first served) and once with the
+bulk clients' app `bulk` and the interactive client's app `interactive`.
+
+Reported per run: the interactive client's time to first token (p50, p95) and
+the bulk requests' completion times, against the interactive client's idle
+TTFT and a bulk request's solo time, both measured first on the same daemon.
+Targets: interactive p95 TTFT within 1.5x idle, every bulk request within 2x
+its solo time.
+
+    python bench/app_priority.py --size tiny --seconds 20
+    python bench/app_priority.py --size small --bulk-tokens 128 --seconds 30
+
+Prints a table and merges the figures into bench/results/app_priority.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx  # noqa: E402
+import yaml  # noqa: E402
+
+from bench.common import PROMPT, environment, save, serving, table  # noqa: E402
+
+KEYS = {"interactive": "sk-bench-interactive", "bulk": "sk-bench-bulk"}
+
+
+def registry(tmp: Path, model: Path, concurrency: int, priorities: bool) -> Path:
+    apps = [{"name": name, "key_sha256": hashlib.sha256(key.encode()).hexdigest(),
+             "priority": name if priorities else "default"} for name, key in KEYS.items()]
+    doc = {
+        "manager": {"memory_budget": "70%", "cache_dir": str(tmp / "cache")},
+        "apps": apps,
+        "models": [{"name": "m", "path": str(model), "preload": True, "max_concurrency": concurrency,
+                    "max_context": 4096, "max_queue": 64}],
+    }
+    path = tmp / "models.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def stream(url: str, key: str, tokens: int) -> tuple[float, float]:
+    """(time to first token, total seconds) of one streamed completion."""
+    body = {"model": "m", "prompt": PROMPT, "max_tokens": tokens, "temperature": 0.7, "stream": True,
+            "ignore_eos": True}
+    started = time.perf_counter()
+    first = None
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=900,
+                      headers={"authorization": f"Bearer {key}"}) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if line.startswith("data: {") and '"text":""' not in line and first is None:
+                first = time.perf_counter()
+    ended = time.perf_counter()
+    return (first or ended) - started, ended - started
+
+
+def p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def contended(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """4 bulk clients in a loop, one interactive client of short requests, for ``args.seconds``."""
+    stop = threading.Event()
+    bulk: list[float] = []
+    ttft: list[float] = []
+
+    def bulk_client() -> None:
+        while not stop.is_set():
+            bulk.append(stream(url, KEYS["bulk"], args.bulk_tokens)[1])
+
+    threads = [threading.Thread(target=bulk_client) for _ in range(args.bulk_clients)]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)  # let the bulk clients fill the model first
+    deadline = time.monotonic() + args.seconds
+    while time.monotonic() < deadline:
+        ttft.append(stream(url, KEYS["interactive"], args.interactive_tokens)[0])
+        time.sleep(args.think)
+    stop.set()
+    for t in threads:
+        t.join()
+    return {"interactive_ttft": ttft, "bulk_seconds": bulk}
+
+
+def run(model: Path, args: argparse.Namespace, priorities: bool) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="mlxd-bench-apps-") as tmp:
+        path = registry(Path(tmp), model, args.concurrency, priorities)
+        with serving(path, Path(tmp)) as url:
+            for _ in range(2):  # warm up
+                stream(url, KEYS["interactive"], args.interactive_tokens)
+            idle = [stream(url, KEYS["interactive"], args.interactive_tokens)[0] for _ in range(args.idle_samples)]
+            solo = [stream(url, KEYS["bulk"], args.bulk_tokens)[1] for _ in range(2)]
+            load = contended(url, args)
+    return {"idle_ttft": idle, "solo_bulk_seconds": solo, **load}
+
+
+def summary(name: str, r: dict[str, Any]) -> list[Any]:
+    idle_p95, solo = p95(r["idle_ttft"]), statistics.median(r["solo_bulk_seconds"])
+    ttft, bulk = r["interactive_ttft"], r["bulk_seconds"]
+    return [
+        name, f"{1000 * idle_p95:.0f}", f"{1000 * statistics.median(ttft):.0f}", f"{1000 * p95(ttft):.0f}",
+        f"{p95(ttft) / idle_p95:.2f}x", len(ttft), f"{solo:.2f}", f"{statistics.median(bulk):.2f}",
+        f"{max(bulk):.2f}", f"{max(bulk) / solo:.2f}x", len(bulk),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=["tiny", "small", "bench"], default="tiny")
+    parser.add_argument("--seconds", type=float, default=20.0, help="contended phase length per run")
+    parser.add_argument("--bulk-clients", type=int, default=4)
+    parser.add_argument("--bulk-tokens", type=int, default=256)
+    parser.add_argument("--interactive-tokens", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=4, help="the model's max_concurrency")
+    parser.add_argument("--think", type=float, default=0.2, help="seconds between interactive requests")
+    parser.add_argument("--idle-samples", type=int, default=10)
+    args = parser.parse_args()
+
+    from mlxd.factory import ModelRecipe, build_model
+
+    model = build_model(ModelRecipe("qwen2", args.size))
+    runs = {"no priorities": run(model, args, priorities=False), "priorities": run(model, args, priorities=True)}
+    result = {
+        "size": args.size, "bulk_clients": args.bulk_clients, "bulk_tokens": args.bulk_tokens,
+        "interactive_tokens": args.interactive_tokens, "max_concurrency": args.concurrency,
+        "seconds": args.seconds, "runs": runs, **environment(),
+    }
+    print(f"\nqwen2-{args.size}, max_concurrency {args.concurrency}: {args.bulk_clients} bulk clients x "
+          f"{args.bulk_tokens} tokens, 1 interactive client x {args.interactive_tokens} tokens, "
+          f"{args.seconds:.0f} s; load average {result['load_average']}")
+    print(table(["run", "idle p95 ms", "TTFT p50 ms", "TTFT p95 ms", "p95 vs idle", "n", "solo bulk s",
+                 "bulk p50 s", "bulk max s", "max vs solo", "n"],
+                [summary(name, r) for name, r in runs.items()]))
+    for name, r in runs.items():
+        ttft = p95(r["interactive_ttft"]) / p95(r["idle_ttft"])
+        bulk = max(r["bulk_seconds"]) / statistics.median(r["solo_bulk_seconds"])
+        r["targets"] = {"interactive_p95_vs_idle": round(ttft, 2), "bulk_max_vs_solo": round(bulk, 2),
+                        "interactive_met": ttft <= 1.5, "bulk_met": bulk <= 2.0}
+        print(f"{name}: interactive p95 within 1.5x idle: {'yes' if ttft <= 1.5 else 'no'} ({ttft:.2f}x); "
+              f"every bulk request within 2x solo: {'yes' if bulk <= 2.0 else 'no'} ({bulk:.2f}x)")
+    print(f"wrote {save('app_priority', f'qwen2-{args.size}', result)}")
+
+
+if __name__ == "__main__":
+    main()

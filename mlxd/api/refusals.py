@@ -1,0 +1,132 @@
+"""An activity-log row for a generation request refused before it was
+planned: a bad key, a foreign Host or Origin, a body too large, slow or
+invalid, an unknown model, a limit. A planned request writes its own row
+when it ends (``api.accounting``); these never reach that point, and an
+operator asking "why did my agent's turn fail?" must find them too.
+
+A plain ASGI middleware just inside ``RequestIds`` (the row carries the id)
+and outside every guard. It keeps references to the body chunks the app
+reads (its first MiB), not copies, and forgets them as soon as the answer
+is a success; a
+request the gatekeeper refused has read no body, so its row names no model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mlxd.api.request_ids import request_id_of
+from mlxd.monitoring.activity import ActivityLog, ActivityRow
+
+# The paths whose requests the activity log keeps, and their surfaces.
+SURFACES = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completion",
+    "/v1/messages": "messages",
+    "/v1/responses": "responses",
+}
+# Set in the scope's state by a request that will write its own row.
+ACCOUNTED = "accounted"
+# Enough of an error body for its message; enough of a request body to parse.
+MAX_ERROR_BYTES = 16 * 1024
+MAX_PARSED_BYTES = 1024 * 1024
+_MODEL = re.compile(rb'"model"\s*:\s*("(?:[^"\\]|\\.){0,256}")')
+
+
+class RefusalLog:
+    def __init__(self, app: ASGIApp, activity: ActivityLog | None) -> None:
+        self.app = app
+        self.activity = activity
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        surface = SURFACES.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if surface is None or self.activity is None:
+            await self.app(scope, receive, send)
+            return
+        started, seen = time.monotonic(), _Seen()
+
+        async def reading() -> Message:
+            message = await receive()
+            if message["type"] == "http.request" and seen.body is not None and seen.kept < MAX_PARSED_BYTES:
+                chunk = message.get("body", b"")
+                seen.body.append(chunk[: MAX_PARSED_BYTES - seen.kept] if seen.kept + len(chunk) > MAX_PARSED_BYTES
+                                 else chunk)
+                seen.kept += len(chunk)
+            return message
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                seen.status = message["status"]
+                if seen.status < 400:
+                    seen.body = None  # an answer: its own row is written elsewhere
+            elif message["type"] == "http.response.body" and seen.status >= 400 and seen.size < MAX_ERROR_BYTES:
+                chunk = message.get("body", b"")[: MAX_ERROR_BYTES - seen.size]
+                seen.error.append(chunk)
+                seen.size += len(chunk)
+            await send(message)
+
+        try:
+            await self.app(scope, reading, sending)
+        finally:
+            if seen.status >= 400 and not scope.get("state", {}).get(ACCOUNTED):
+                self.activity.add(_row(scope, surface, seen, time.monotonic() - started))
+
+
+class _Seen:
+    def __init__(self) -> None:
+        self.status = 0
+        self.body: list[bytes] | None = []
+        self.kept = 0
+        self.error: list[bytes] = []
+        self.size = 0
+
+
+def _row(scope: Scope, surface: str, seen: _Seen, seconds: float) -> ActivityRow:
+    model, stream = _asked(b"".join(seen.body or ()))
+    caller = scope.get("state", {}).get("caller")
+    return ActivityRow(
+        time=time.time(), request_id=request_id_of(scope), response_id="",
+        # No caller: the key itself was refused (or never checked).
+        key=caller.name if caller is not None else "-",
+        model=model, target=model, surface=surface, stream=stream, status=seen.status,
+        tokens_in=0, tokens_cached=0, tokens_out=0, ttft_seconds=None, tokens_per_second=None,
+        duration_seconds=round(seconds, 4), finish_reason=None, error=_message(b"".join(seen.error)),
+    )
+
+
+def _asked(body: bytes) -> tuple[str, bool]:
+    """The model and ``stream`` the body asked for, as far as it can be read."""
+    if len(body) < MAX_PARSED_BYTES:  # (else cut short: only its head is kept)
+        try:
+            parsed = json.loads(body)
+        except (ValueError, RecursionError):
+            parsed = None
+        if isinstance(parsed, dict):
+            model = parsed.get("model")
+            return (model[:256] if isinstance(model, str) else ""), parsed.get("stream") is True
+    found = _MODEL.search(body)
+    if found is None:
+        return "", False
+    try:
+        return str(json.loads(found.group(1))), False
+    except ValueError:
+        return "", False
+
+
+def _message(body: bytes) -> str | None:
+    """The error's message, in either surface's shape (``error.message``)."""
+    try:
+        parsed: Any = json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace")[:500] or None
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return error["message"]
+    if isinstance(error, str):
+        return error
+    return None

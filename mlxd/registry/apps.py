@@ -1,0 +1,80 @@
+"""``apps:`` -> AppSpecs: each app's key found (an environment variable, a
+file, or a sha256 the file keeps) and kept as its sha256 only, so no plain
+key outlives the load. Every problem names the file, line and key, and
+never the key's value."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from mlxd.registry.document import Document, Loc
+from mlxd.registry.model import AppSpec
+from mlxd.registry.schema import AppEntry
+
+KEY_SOURCES = ("key", "key_env", "key_file", "key_sha256")
+
+
+def build_apps(
+    doc: Document, entries: list[AppEntry] | None, base_dir: Path, env: Mapping[str, str] | None,
+) -> tuple[AppSpec, ...] | None:
+    if entries is None:
+        return None
+    environ = os.environ if env is None else env
+    apps: list[AppSpec] = []
+    names: dict[str, int] = {}
+    hashes: dict[str | None, int] = {}
+    for i, entry in enumerate(entries):
+        here: Loc = ("apps", i)
+        if entry.name in names:
+            raise doc.error((*here, "name"), f"the app name `{entry.name}` is already used by apps[{names[entry.name]}]")
+        names[entry.name] = i
+        digest = _key_digest(doc, here, entry, base_dir, environ)
+        if digest in hashes:
+            what = "a keyless app (`key: none`)" if digest is None else "the same key"
+            raise doc.error((*here, "name"), f"apps[{hashes[digest]}] already has {what}; each app needs its own")
+        hashes[digest] = i
+        apps.append(AppSpec(
+            name=entry.name, key_sha256=digest, models=tuple(entry.models), routes=tuple(dict.fromkeys(entry.routes)),
+            admin=entry.admin, priority=entry.priority, max_concurrency=entry.max_concurrency, rpm=entry.rpm,
+            tpm=entry.tpm, tokens_per_day=entry.tokens_per_day,
+        ))
+    return tuple(apps)
+
+
+def _key_digest(doc: Document, here: Loc, entry: AppEntry, base_dir: Path, environ: Mapping[str, str]) -> str | None:
+    given = [k for k in KEY_SOURCES if getattr(entry, k) is not None]
+    if len(given) != 1:
+        problem = "no key" if not given else f"{len(given)} keys ({', '.join(given)})"
+        raise doc.error(here if not given else (*here, given[1]),
+                        f"app `{entry.name}` has {problem}; give exactly one of key_env, key_file, key_sha256 "
+                        "or `key: none`")
+    source = given[0]
+    if source == "key":
+        return None
+    if source == "key_sha256":
+        return entry.key_sha256
+    if source == "key_env":
+        assert entry.key_env is not None
+        value = environ.get(entry.key_env, "").strip()
+        if not value:
+            raise doc.error((*here, "key_env"),
+                            f"the environment variable `{entry.key_env}` is not set (it holds the key of app `{entry.name}`)")
+        return _digest(value)
+    assert entry.key_file is not None
+    path = Path(entry.key_file).expanduser()
+    path = path if path.is_absolute() else base_dir / path
+    try:
+        value = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
+        raise doc.error((*here, "key_file"), f"cannot read the key file {path}: {reason}") from None
+    if not value or any(ch.isspace() for ch in value):
+        raise doc.error((*here, "key_file"), f"the key file {path} must hold one key, with no spaces inside")
+    return _digest(value)
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()

@@ -1,0 +1,204 @@
+"""Several apps, one daemon (docs/apps.md): each app's key reaches the
+models and routes its entry names and nothing else, each surface refuses in
+its own error shape, a reload that removes an app ends its access at once,
+and no key, nor its hash, shows in logs, status or errors. One echo daemon
+for the module (the echo kind stands in for a model: this is the API layer)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from support.daemon import wait_until
+from support.echo_engine import echo_daemon
+
+EDITOR, INDEXER, OPS, BATCH = "sk-editor-5f1c", "sk-indexer-77ab", "sk-ops-0d9e", "sk-batch-91aa"
+KEYS = (EDITOR, INDEXER, OPS, BATCH)
+SECRETS = (*KEYS, *(hashlib.sha256(k.encode()).hexdigest() for k in KEYS))
+CHAT = {"messages": [{"role": "user", "content": "hello there"}]}
+
+
+def apps(tmp: Any) -> list[dict[str, Any]]:
+    (tmp / "ops.key").write_text(OPS + "\n")
+    return [
+        {"name": "editor", "key_env": "MLXD_TEST_EDITOR_KEY", "models": ["echo-a"], "priority": "interactive"},
+        {"name": "indexer", "key_sha256": hashlib.sha256(INDEXER.encode()).hexdigest(), "routes": ["embeddings"],
+         "priority": "bulk"},
+        {"name": "ops", "key_file": str(tmp / "ops.key"), "admin": True},
+        {"name": "batch", "key_sha256": hashlib.sha256(BATCH.encode()).hexdigest(), "rpm": 3, "max_concurrency": 1},
+    ]
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory) -> Iterator[Any]:
+    tmp = tmp_path_factory.mktemp("apps")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLXD_TEST_EDITOR_KEY", EDITOR)
+        with echo_daemon(tmp, apps=apps(tmp)) as d:
+            d.tmp = tmp
+            # The limits' clock, turned by the tests.
+            d.now = [1_700_000_000.0]
+            d.ctx.limits.clock = lambda: d.now[0]
+            yield d
+
+
+def call(daemon: Any, method: str, path: str, key: str | None, body: Any = None, header: str = "bearer") -> httpx.Response:
+    headers = {}
+    if key is not None:
+        headers = {"authorization": f"Bearer {key}"} if header == "bearer" else {"x-api-key": key}
+    return httpx.request(method, daemon.url + path, json=body, headers=headers, timeout=30)
+
+
+# Each surface's generation route, a body for it, and where its error's message is.
+SURFACES = [
+    ("/v1/chat/completions", lambda m: {"model": m, **CHAT}, lambda b: b["error"]["message"]),
+    ("/v1/messages", lambda m: {"model": m, "max_tokens": 8, **CHAT}, lambda b: b["error"]["message"]),
+    ("/v1/responses", lambda m: {"model": m, "input": "hello there"}, lambda b: b["error"]["message"]),
+    ("/v1/completions", lambda m: {"model": m, "prompt": "hello"}, lambda b: b["error"]["message"]),
+]
+
+
+def test_a_scoped_key_uses_its_model_and_gets_403_on_another_in_each_surfaces_shape(daemon):
+    ok = call(daemon, "POST", "/v1/chat/completions", EDITOR, {"model": "echo-a", **CHAT})
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["choices"][0]["message"]["content"] == "hello there"
+    for path, body, message in SURFACES:
+        refused = call(daemon, "POST", path, EDITOR, body("echo-b"), header="x-api-key")
+        assert refused.status_code == 403, (path, refused.text)
+        assert "may not use model `echo-b`" in message(refused.json()), path
+    anthropic = call(daemon, "POST", "/v1/messages", EDITOR, SURFACES[1][1]("echo-b")).json()
+    assert anthropic["type"] == "error" and anthropic["error"]["type"] == "permission_error"
+    openai = call(daemon, "POST", "/v1/chat/completions", EDITOR, {"model": "echo-b", **CHAT}).json()
+    assert openai["error"]["code"] == "forbidden" and openai["error"]["param"] == "model"
+    # Ollama's shape is a bare message; the editor has no embeddings model to ask for.
+    ollama = call(daemon, "POST", "/api/embed", EDITOR, {"model": "echo-b", "input": "x"})
+    assert ollama.status_code == 403 and "echo-b" in ollama.json()["error"]
+    # The model list shows it only what it may use.
+    listed = call(daemon, "GET", "/v1/models", EDITOR).json()
+    assert [m["id"] for m in listed["data"]] == ["echo-a"]
+
+
+ADMIN_ROUTES = [
+    ("POST", "/v1/models/echo-a/load"), ("POST", "/v1/models/echo-a/unload"), ("POST", "/v1/models/echo-a/pin"),
+    ("POST", "/v1/models/echo-a/unpin"), ("POST", "/v1/admin/reload"), ("DELETE", "/v1/cache"),
+    ("DELETE", "/v1/cache/prefix"), ("GET", "/v1/captures"),
+]
+
+
+def test_a_key_without_admin_gets_403_on_every_admin_route(daemon):
+    for method, path in ADMIN_ROUTES:
+        refused = call(daemon, method, path, EDITOR)
+        assert refused.status_code == 403, (method, path, refused.text)
+        assert "needs an admin key; app `editor`" in refused.json()["error"]["message"]
+    capture = call(daemon, "PUT", "/v1/capture", EDITOR, {"enabled": True})
+    assert capture.status_code == 403, capture.text
+    assert call(daemon, "POST", "/v1/models/echo-b/pin", OPS, {}).status_code == 200
+
+
+def test_routes_scope_an_app_to_its_route_groups(daemon):
+    # The indexer may embed (the echo models are no embedding models: a 400, past the gate)...
+    embed = call(daemon, "POST", "/v1/embeddings", INDEXER, {"model": "echo-a", "input": "x"})
+    assert embed.status_code == 400, embed.text
+    # ... and generates nothing, on any surface.
+    for path, body, message in SURFACES:
+        refused = call(daemon, "POST", path, INDEXER, body("echo-a"))
+        assert refused.status_code == 403, (path, refused.text)
+        assert "may not call generation routes (its routes: embeddings)" in message(refused.json())
+
+
+def test_a_missing_or_unknown_key_is_a_401_in_each_surfaces_shape(daemon):
+    for path, body, message in SURFACES:
+        for key in (None, "sk-nobody"):
+            refused = call(daemon, "POST", path, key, body("echo-a"))
+            assert refused.status_code == 401, (path, key, refused.text)
+    assert call(daemon, "POST", "/v1/messages", "sk-nobody", SURFACES[1][1]("echo-a")).json()["error"]["type"] == \
+        "authentication_error"
+    assert call(daemon, "POST", "/api/embed", None, {"model": "echo-a", "input": "x"}).json()["error"].startswith(
+        "API key required")
+    assert call(daemon, "GET", "/v1/status", None).status_code == 401
+
+
+def test_a_limit_hit_is_a_429_with_retry_after_and_ratelimit_headers_and_resets(daemon):
+    ask = {"model": "echo-a", **CHAT}
+    first = call(daemon, "POST", "/v1/chat/completions", BATCH, ask)
+    assert first.status_code == 200 and first.headers["x-ratelimit-remaining-requests"] == "2"
+    daemon.now[0] += 15
+    assert call(daemon, "POST", "/v1/chat/completions", BATCH, ask).status_code == 200
+    assert call(daemon, "POST", "/v1/messages", BATCH, {**ask, "max_tokens": 8}).status_code == 200
+    daemon.now[0] += 15
+    for path, body, message in SURFACES:
+        refused = call(daemon, "POST", path, BATCH, body("echo-a"))
+        assert refused.status_code == 429, (path, refused.text)
+        # The first request leaves the minute 30 s from now.
+        assert refused.headers["retry-after"] == "30" and refused.headers["x-ratelimit-reset-requests"] == "30s"
+        assert refused.headers["x-ratelimit-limit-requests"] == "3"
+        assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+        assert "over its limit of 3 requests per minute (`rpm`)" in message(refused.json())
+    assert call(daemon, "POST", "/v1/messages", BATCH, SURFACES[1][1]("echo-a")).json()["error"]["type"] == \
+        "rate_limit_error"
+    assert call(daemon, "POST", "/v1/chat/completions", BATCH, ask).json()["error"]["code"] == "rate_limit_exceeded"
+    daemon.now[0] += 30
+    assert call(daemon, "POST", "/v1/chat/completions", BATCH, ask).status_code == 200
+    # Other apps are not held to the batch app's limit.
+    assert call(daemon, "POST", "/v1/chat/completions", EDITOR, ask).status_code == 200
+
+
+def test_max_concurrency_refuses_a_second_request_while_the_first_streams(daemon):
+    daemon.now[0] += 3600
+    engine = daemon.ctx.manager._models["echo-a"].engine
+    engine.gate.clear()
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(call, daemon, "POST", "/v1/chat/completions", BATCH,
+                           {"model": "echo-a", "messages": [{"role": "user", "content": "hold on"}]})
+        wait_until(lambda: daemon.ctx.limits.book.active("batch") == 1)
+        refused = call(daemon, "POST", "/v1/chat/completions", BATCH, {"model": "echo-a", **CHAT})
+        assert refused.status_code == 429 and refused.headers["x-ratelimit-remaining-concurrency"] == "0"
+        assert "limit of 1 requests at once (`max_concurrency`)" in refused.json()["error"]["message"]
+        engine.gate.set()
+        assert held.result().status_code == 200
+    assert daemon.ctx.limits.book.active("batch") == 0
+    assert call(daemon, "POST", "/v1/chat/completions", BATCH, {"model": "echo-a", **CHAT}).status_code == 200
+
+
+def everything_generation(daemon: Any) -> int:
+    return call(daemon, "GET", "/v1/status", OPS).json()["config"]["generation"]
+
+
+def test_status_for_an_apps_key_shows_its_own_models_and_no_configuration(daemon):
+    mine = call(daemon, "GET", "/v1/status", EDITOR).json()
+    assert [m["name"] for m in mine["models"]] == ["echo-a"]
+    assert mine["app"]["name"] == "editor" and mine["app"]["priority"] == "interactive"
+    assert mine["config"] == {"generation": everything_generation(daemon)} and mine["backends"] == []
+    assert mine["memory"]["budget_bytes"] > 0
+    everything = call(daemon, "GET", "/v1/status", OPS).json()
+    assert [m["name"] for m in everything["models"]] == ["echo-a", "echo-b"]
+    assert everything["config"]["path"].endswith("models.yaml")
+
+
+def test_a_reload_that_removes_an_app_ends_its_access_at_once_and_keys_never_show(daemon, caplog):
+    caplog.set_level(logging.DEBUG)
+    assert call(daemon, "POST", "/v1/chat/completions", EDITOR, {"model": "echo-a", **CHAT}).status_code == 200
+    path = daemon.tmp / "models.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["apps"] = [a for a in doc["apps"] if a["name"] != "editor"] + [{"name": "local", "key": "none",
+                                                                       "models": ["echo-b"]}]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    report = call(daemon, "POST", "/v1/admin/reload", OPS, {})
+    assert report.status_code == 200, report.text
+    assert "apps: editor, local" in report.json()["summary"]
+    refused = call(daemon, "POST", "/v1/chat/completions", EDITOR, {"model": "echo-a", **CHAT})
+    assert refused.status_code == 401 and refused.json()["error"]["message"] == "Invalid API key"
+    # A keyless loopback request is now the `local` app, under its own scope.
+    assert call(daemon, "POST", "/v1/chat/completions", None, {"model": "echo-b", **CHAT}).status_code == 200
+    assert call(daemon, "POST", "/v1/chat/completions", None, {"model": "echo-a", **CHAT}).status_code == 403
+    seen = [r.getMessage() for r in caplog.records]
+    seen += [call(daemon, "GET", "/v1/status", OPS).text, report.text, refused.text]
+    seen += [call(daemon, "GET", "/v1/activity", OPS).text]
+    assert not [s for s in seen for secret in SECRETS if secret in s]

@@ -1,0 +1,80 @@
+"""Priority classes end to end, on a real tiny model behind a real daemon:
+an interactive app's request that arrives behind queued bulk work is served
+before it. One daemon for the module."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from support.daemon import daemon_in_thread, wait_until, write_registry
+
+EDITOR, BULK = "sk-editor-e2e", "sk-bulk-e2e"
+
+
+def _sha(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory) -> Iterator[Any]:
+    tmp = tmp_path_factory.mktemp("priority")
+    path = write_registry(tmp, [{"name": "tiny", "model": "qwen", "max_concurrency": 1, "preload": True}])
+    text = path.read_text() + (
+        "apps:\n"
+        f"  - {{name: editor, key_sha256: {_sha(EDITOR)}, priority: interactive}}\n"
+        f"  - {{name: indexer, key_sha256: {_sha(BULK)}, priority: bulk}}\n"
+    )
+    path.write_text(text)
+    with daemon_in_thread(path, tmp) as d:
+        wait_until(lambda: d.ctx.manager.view("tiny").state.value == "loaded", timeout=120)
+        yield d
+
+
+def complete(daemon: Any, key: str, max_tokens: int, done: list[str], label: str) -> int:
+    body = {"model": "tiny", "prompt": "one two three", "max_tokens": max_tokens, "ignore_eos": True,
+            "temperature": 0}
+    answer = httpx.post(daemon.url + "/v1/completions", json=body, headers={"authorization": f"Bearer {key}"},
+                        timeout=120)
+    done.append(label)
+    return answer.status_code
+
+
+def test_an_interactive_request_is_served_before_bulk_work_queued_ahead_of_it(daemon):
+    core = daemon.ctx.manager.core
+    done: list[str] = []
+    with ThreadPoolExecutor(5) as pool:
+        # A long bulk generation holds the only slot; three more queue behind it.
+        running = pool.submit(complete, daemon, BULK, 400, done, "bulk-0")
+        wait_until(lambda: core.residents["tiny"].active == 1)
+        queued = [pool.submit(complete, daemon, BULK, 4, done, f"bulk-{i}") for i in (1, 2, 3)]
+        wait_until(lambda: core.queued("tiny") == 3)
+        editor = pool.submit(complete, daemon, EDITOR, 4, done, "editor")
+        wait_until(lambda: core.queued("tiny") == 4)
+        assert core.residents["tiny"].active == 1, "the long bulk request still runs: the race is set up"
+        statuses = [f.result() for f in (running, *queued, editor)]
+    assert statuses == [200] * 5
+    assert done[:2] == ["bulk-0", "editor"], done
+    assert sorted(done[2:]) == ["bulk-1", "bulk-2", "bulk-3"]
+
+
+def test_usage_per_app_and_model_is_in_status_and_metrics_with_the_app_label(daemon):
+    ops = {"authorization": f"Bearer {EDITOR}"}
+    before = httpx.get(daemon.url + "/v1/status", headers=ops, timeout=30).json()
+    complete(daemon, EDITOR, 3, [], "editor")
+    complete(daemon, EDITOR, 2, [], "editor")
+    mine = httpx.get(daemon.url + "/v1/status", headers=ops, timeout=30).json()
+    # The editor's key is no admin key: it reads its own usage only.
+    assert {u["app"] for u in mine["usage"]} == {"editor"}
+    row, old = mine["usage"][0], before["usage"][0]
+    assert (row["model"], row["requests"] - old["requests"], row["errors"]) == ("tiny", 2, 0)
+    assert row["tokens_out"] - old["tokens_out"] == 5 and row["tokens_in"] > old["tokens_in"]
+    metrics = httpx.get(daemon.url + "/metrics", headers={"authorization": f"Bearer {BULK}"}, timeout=30).text
+    assert f'mlxd_app_tokens_total{{app="editor",kind="out",model="tiny"}} {float(row["tokens_out"])}' in metrics
+    assert 'mlxd_app_requests_total{app="indexer",model="tiny"} 4.0' in metrics
