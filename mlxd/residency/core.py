@@ -32,6 +32,17 @@ from mlxd.errors import (
     ShuttingDown,
 )
 from mlxd.registry.model import ManagerSpec, ModelSpec
+from mlxd.residency.actions import (
+    AbortGenerations,
+    Action,
+    Grant,
+    Note,
+    PreemptLease,
+    Reject,
+    StartLoad,
+    StartUnload,
+)
+from mlxd.residency.preemption import Holder, to_preempt_leases
 from mlxd.residency.priority import FairShare
 from mlxd.residency.refusals import load_failed, no_capacity
 from mlxd.residency.eviction import (
@@ -79,60 +90,6 @@ OPERATOR_UNLOAD = Drain(DrainCause.OPERATOR, "unloaded by operator")
 SHUTDOWN = Drain(DrainCause.SHUTDOWN, "shutdown")
 REMOVED = Drain(DrainCause.REMOVED, "removed from the registry")
 RELOAD = Drain(DrainCause.RELOAD, "configuration changed; reloading")
-
-
-# --- actions -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StartLoad:
-    model: str
-    instance: int
-
-
-@dataclass(frozen=True)
-class StartUnload:
-    model: str
-    instance: int
-    reason: str
-    # Unloaded to make room for another model (LRU eviction), not for itself.
-    evicted: bool = False
-
-
-@dataclass(frozen=True)
-class AbortGenerations:
-    model: str
-    instance: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class Grant:
-    request_id: int
-    model: str
-    instance: int
-    # False for an admin load: the model is ready, but no lease was taken.
-    takes_lease: bool = True
-    # Slots of max_concurrency the lease holds (``n`` choices run at once).
-    slots: int = 1
-
-
-@dataclass(frozen=True)
-class Reject:
-    request_id: int
-    error: MlxdError
-
-
-@dataclass(frozen=True)
-class Note:
-    """A decision worth showing an operator, with its reason."""
-
-    kind: str
-    model: str
-    message: str
-
-
-Action = StartLoad | StartUnload | AbortGenerations | Grant | Reject | Note
 
 
 # --- state -------------------------------------------------------------------
@@ -214,6 +171,8 @@ class ResidencyCore:
     waiters: list[Waiter] = field(default_factory=list)
     shutting_down: bool = False
     fair: FairShare = field(default_factory=FairShare)
+    # Granted leases by request id, for preemption before the first byte.
+    holders: dict[int, Holder] = field(default_factory=dict)
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     @classmethod
@@ -294,8 +253,9 @@ class ResidencyCore:
         self.waiters = [w for w in self.waiters if w.request_id != request_id]
         return self._schedule(now)
 
-    def release(self, model: str, instance: int, now: float, slots: int = 1) -> list[Action]:
-        """A lease of ``slots`` (its Grant's) is given back."""
+    def release(self, model: str, instance: int, now: float, slots: int = 1, request_id: int = 0) -> list[Action]:
+        """A lease of ``slots`` (its Grant's, for ``request_id``) is given back."""
+        self.holders.pop(request_id, None)
         r = self.residents[model]
         if r.instance != instance or r.active < slots:
             raise AssertionError(f"release of {model}#{instance} without a lease")
@@ -308,6 +268,29 @@ class ResidencyCore:
         # goes idle is a chance to get back under it.
         actions += self._fit_budget(now, reason="over the memory budget")
         return actions + self._schedule(now)
+
+    def preemptable(self, request_id: int, allowed: bool, now: float) -> list[Action]:
+        """The request holding ``request_id``'s lease may (still) be taken
+        back, or not any more: it sent its first byte (preemption.py)."""
+        h = self.holders.get(request_id)
+        if h is None or h.preemptable == allowed:
+            return []
+        h.preemptable = allowed
+        return self._schedule(now) if allowed else []
+
+    def requeue(self, request_id: int, now: float) -> list[Action]:
+        """A preempted request gave its lease back and waits again, first of
+        its class; the interactive request it was taken back for gets it."""
+        h = self.holders.pop(request_id, None)
+        if h is None:
+            return []
+        r = self.residents[h.model]
+        self.waiters.insert(0, Waiter(request_id, h.model, h.arrived, slots=h.slots, priority=h.priority))
+        promised = next((w for w in self.waiters if w.request_id == h.preempted_for), None)
+        if promised is None or r.state is not State.LOADED:
+            return self.release(h.model, h.instance, now, slots=h.slots)
+        r.active -= h.slots
+        return [self._lease(r, promised, now)] + self._schedule(now)
 
     def load_finished(
         self,
@@ -452,7 +435,7 @@ class ResidencyCore:
             if old in self.residents and new not in self.residents:
                 r = self.residents.pop(old)
                 self.residents[new] = r
-                for w in self.waiters:
+                for w in [*self.waiters, *self.holders.values()]:
                     if w.model == old:
                         w.model = new
                 for x in self.residents.values():
@@ -646,11 +629,9 @@ class ResidencyCore:
                 if not self._can_grant(r, picked.slots):
                     held_back.add(queue)
                     break
-                self.fair.served(model, picked.priority)
-                self.waiters.remove(picked)
-                r.active += picked.slots
-                r.last_used = now
-                actions.append(Grant(picked.request_id, model, r.instance, slots=picked.slots))
+                actions.append(self._lease(r, picked, now))
+            if r.state is State.LOADED and r.spec.capacity_group is None:
+                actions += self._preempt_bulk(r)
         # 2. Start loads, oldest waiting model first. Once the oldest one is
         #    blocked on memory no younger one may jump ahead: that is what
         #    keeps a big model from starving behind small ones.
@@ -689,6 +670,26 @@ class ResidencyCore:
         # 3. Fairness: a request passed over too long stops admission of the
         #    models in its way, so they drain and it gets its turn.
         actions += self._enforce_pass_over_bound(now)
+        return actions
+
+    def _lease(self, r: Resident, w: Waiter, now: float) -> Grant:
+        self.fair.served(r.name, w.priority)
+        self.waiters.remove(w)
+        r.active += w.slots
+        r.last_used = now
+        self.holders[w.request_id] = Holder(w.request_id, r.name, r.instance, w.priority, w.slots, w.arrived, now)
+        return Grant(w.request_id, r.name, r.instance, slots=w.slots)
+
+    def _preempt_bulk(self, r: Resident) -> list[Action]:
+        """Interactive requests still waiting for a full model take back bulk
+        leases that have sent nothing yet."""
+        waiting = [w for w in self.waiters if w.model == r.name and w.takes_lease]
+        held = [h for h in self.holders.values() if h.model == r.name]
+        actions: list[Action] = []
+        for h, waiter in to_preempt_leases(held, waiting):
+            h.preempted_for = waiter
+            reason = f"bulk request {h.request_id} gives its slot of {r.name} to an interactive one before its first byte"
+            actions += [PreemptLease(h.request_id, r.name, h.instance, reason), Note("preempt", r.name, reason)]
         return actions
 
     def _reachable(self, model: str) -> int:

@@ -4,7 +4,10 @@ before it. One daemon for the module."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import json
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -78,3 +81,51 @@ def test_usage_per_app_and_model_is_in_status_and_metrics_with_the_app_label(dae
     metrics = httpx.get(daemon.url + "/metrics", headers={"authorization": f"Bearer {BULK}"}, timeout=30).text
     assert f'mlxd_app_tokens_total{{app="editor",kind="out",model="tiny"}} {float(row["tokens_out"])}' in metrics
     assert 'mlxd_app_requests_total{app="indexer",model="tiny"} 4.0' in metrics
+
+
+def _text(daemon: Any, key: str, max_tokens: int, stream: bool = False) -> tuple[int, str]:
+    body = {"model": "tiny", "prompt": "alpha beta gamma delta", "max_tokens": max_tokens, "ignore_eos": True,
+            "temperature": 0, "stream": stream}
+    headers = {"authorization": f"Bearer {key}"}
+    if not stream:
+        answer = httpx.post(daemon.url + "/v1/completions", json=body, headers=headers, timeout=120)
+        return answer.status_code, answer.json()["choices"][0]["text"]
+    parts = []
+    with httpx.stream("POST", daemon.url + "/v1/completions", json=body, headers=headers, timeout=120) as answer:
+        for line in answer.iter_lines():
+            if line.startswith("data: {"):
+                parts.extend(c["text"] for c in json.loads(line[6:])["choices"])
+        return answer.status_code, "".join(parts)
+
+
+def test_a_bulk_request_that_has_sent_nothing_gives_its_slot_to_an_interactive_one(daemon):
+    """The model's one slot is held by a bulk stream whose first step waits
+    on the shared MLX worker (busy with a call, as during another model's
+    load); an interactive request takes the slot, and both answers are the
+    ones each gets alone."""
+    manager, core = daemon.ctx.manager, daemon.ctx.manager.core
+    alone_bulk, alone_editor = _text(daemon, BULK, 24), _text(daemon, EDITOR, 6)
+    gate = threading.Event()
+    done: list[str] = []
+
+    def timed(label: str, *args: Any) -> tuple[int, str]:
+        result = _text(daemon, *args)
+        done.append(label)
+        return result
+
+    with ThreadPoolExecutor(3) as pool:
+        busy = pool.submit(asyncio.run, daemon.ctx.worker.call(gate.wait, 60))
+        try:
+            bulk = pool.submit(timed, "bulk", BULK, 24, True)
+            wait_until(lambda: any(h.preemptable for h in list(core.holders.values())))
+            editor = pool.submit(timed, "editor", EDITOR, 6)
+            wait_until(lambda: any(e.kind == "preempt" for e in manager.events.recent()))
+            wait_until(lambda: core.queued("tiny") == 1 and core.residents["tiny"].active == 1)
+            held = list(core.holders.values())
+            assert [h.priority for h in held] == ["interactive"], "the interactive request holds the slot"
+        finally:
+            gate.set()
+        busy.result()
+        assert editor.result() == alone_editor
+        assert bulk.result() == alone_bulk, "the preempted stream starts over, its client none the wiser"
+    assert done == ["editor", "bulk"]
