@@ -18,7 +18,7 @@ import pytest
 
 from support.daemon import daemon_in_thread, wait_until, write_registry
 
-EDITOR, BULK = "sk-editor-e2e", "sk-bulk-e2e"
+EDITOR, BULK, OPS, STRANGER = "sk-editor-e2e", "sk-bulk-e2e", "sk-ops-e2e", "sk-stranger-e2e"
 
 
 def _sha(key: str) -> str:
@@ -33,9 +33,11 @@ def daemon(tmp_path_factory) -> Iterator[Any]:
         "apps:\n"
         f"  - {{name: editor, key_sha256: {_sha(EDITOR)}, priority: interactive}}\n"
         f"  - {{name: indexer, key_sha256: {_sha(BULK)}, priority: bulk}}\n"
+        f"  - {{name: ops, key_sha256: {_sha(OPS)}, admin: true}}\n"
+        f"  - {{name: stranger, key_sha256: {_sha(STRANGER)}, models: [other]}}\n"
     )
     path.write_text(text)
-    with daemon_in_thread(path, tmp) as d:
+    with daemon_in_thread(path, tmp, history_step_seconds=0.2) as d:
         wait_until(lambda: d.ctx.manager.view("tiny").state.value == "loaded", timeout=120)
         yield d
 
@@ -78,9 +80,31 @@ def test_usage_per_app_and_model_is_in_status_and_metrics_with_the_app_label(dae
     row, old = mine["usage"][0], before["usage"][0]
     assert (row["model"], row["requests"] - old["requests"], row["errors"]) == ("tiny", 2, 0)
     assert row["tokens_out"] - old["tokens_out"] == 5 and row["tokens_in"] > old["tokens_in"]
-    metrics = httpx.get(daemon.url + "/metrics", headers={"authorization": f"Bearer {BULK}"}, timeout=30).text
+    metrics = _get(daemon, "/metrics", OPS).text
     assert f'mlxd_app_tokens_total{{app="editor",kind="out",model="tiny"}} {float(row["tokens_out"])}' in metrics
     assert 'mlxd_app_requests_total{app="indexer",model="tiny"} 4.0' in metrics
+
+
+def _get(daemon: Any, path: str, key: str) -> httpx.Response:
+    answer = httpx.get(daemon.url + path, headers={"authorization": f"Bearer {key}"}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return answer
+
+
+def test_a_key_that_is_not_admin_reads_only_its_own_app_and_models_in_metrics_and_history(daemon):
+    complete(daemon, EDITOR, 2, [], "editor")
+    wait_until(lambda: "tiny" in _get(daemon, "/v1/history", OPS).json()["models"])
+    indexer = _get(daemon, "/metrics", BULK).text
+    assert 'mlxd_app_requests_total{app="indexer",model="tiny"}' in indexer
+    assert 'app="editor"' not in indexer, "another app's usage is not the indexer's to read"
+    assert 'mlxd_requests_total{model="tiny"' in indexer, "its own model's figures stay"
+    stranger = _get(daemon, "/metrics", STRANGER).text
+    assert 'model="tiny"' not in stranger and 'app="' not in stranger
+    assert "# TYPE mlxd_app_requests_total counter" in stranger, "the families stay, empty"
+    daemon_wide = [line for line in stranger.splitlines() if line and not line.startswith("#") and "{" not in line]
+    assert daemon_wide, "figures about the daemon itself stay"
+    assert "tiny" in _get(daemon, "/v1/history", EDITOR).json()["models"]
+    assert _get(daemon, "/v1/history", STRANGER).json()["models"] == {}
 
 
 def _text(daemon: Any, key: str, max_tokens: int, stream: bool = False) -> tuple[int, str]:
