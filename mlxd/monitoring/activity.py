@@ -22,6 +22,8 @@ from typing import Any
 log = logging.getLogger("mlxd.activity")
 
 FILE_NAME = "activity.sqlite3"
+# The key of a row whose request had no caller: its key was refused.
+NO_CALLER = "-"
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,19 @@ class ActivityRow:
         out = {"id": row_id, **{f.name: getattr(self, f.name) for f in fields(self)}}
         out["stream"] = bool(self.stream)  # sqlite keeps it as 0 or 1
         return out
+
+
+@dataclass(frozen=True)
+class Counted:
+    """A request the usage table counts that has no activity row of its own
+    (an embeddings or rerank request): the fields it shares with a row."""
+
+    key: str
+    model: str
+    status: int
+    tokens_in: int = 0
+    tokens_cached: int = 0
+    tokens_out: int = 0
 
 
 COLUMNS = tuple(f.name for f in fields(ActivityRow))
@@ -104,8 +119,9 @@ class ActivityLog:
 
     # --- the request path ------------------------------------------------------
 
-    def add(self, row: ActivityRow) -> None:
-        """Queue a row; never blocks, never raises."""
+    def add(self, row: ActivityRow | Counted) -> None:
+        """Queue a row (or a request for the usage table alone); never
+        blocks, never raises."""
         if self._thread is None:
             return
         self._added += 1
@@ -174,13 +190,14 @@ class ActivityLog:
         finally:
             db.close()
 
-    def _commit(self, db: sqlite3.Connection, rows: list[ActivityRow]) -> None:
+    def _commit(self, db: sqlite3.Connection, rows: list[ActivityRow | Counted]) -> None:
         try:
             if rows:
                 with db:
-                    db.executemany(_INSERT, [astuple(r) for r in rows])
+                    db.executemany(_INSERT, [astuple(r) for r in rows if isinstance(r, ActivityRow)])
+                    # A request whose key was refused is nobody's usage ("-").
                     db.executemany(_ADD_USAGE, [(r.key, r.model, int(r.status >= 400), r.tokens_in, r.tokens_cached,
-                                                 r.tokens_out) for r in rows])
+                                                 r.tokens_out) for r in rows if r.key != NO_CALLER])
                 before = self._written
                 self._written += len(rows)
                 if self._written // self.bounds.prune_every != before // self.bounds.prune_every:
