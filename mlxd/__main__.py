@@ -1,4 +1,4 @@
-from mlxd.cli.main import main
+from mlxd.cli.entry import main
 
 if __name__ == "__main__":
     main()

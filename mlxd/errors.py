@@ -144,6 +144,13 @@ class ModelLoadFailed(ServiceUnavailable):
     code = "model_load_failed"
 
 
+class ModelFailed(ServiceUnavailable):
+    """A resident model broke under its requests (a parallel model's rank
+    exited or stopped making progress); it loads again after a backoff."""
+
+    code = "model_failed"
+
+
 class CapacityUnavailable(ServiceUnavailable):
     code = "insufficient_memory"
 

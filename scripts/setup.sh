@@ -22,8 +22,8 @@ if [ -z "$backend" ]; then
   fi
 fi
 case "$backend" in
-  cpu|cuda) extras="$backend,vision,embeddings,test"; other=$([ "$backend" = cpu ] && echo "mlx-cuda-12 mlx-cuda-13" || echo mlx-cpu) ;;
-  none) extras="vision,embeddings,test"; other="" ;;
+  cpu|cuda) extras="$backend,vision,embeddings,audio,test"; other=$([ "$backend" = cpu ] && echo "mlx-cuda-12 mlx-cuda-13" || echo mlx-cpu) ;;
+  none) extras="vision,embeddings,audio,test"; other="" ;;
   *) echo "setup.sh: MLXD_BACKEND must be cpu or cuda, not '$backend'" >&2; exit 2 ;;
 esac
 stamp=.venv/.mlxd-installed

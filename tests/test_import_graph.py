@@ -31,6 +31,8 @@ ALLOWED = {
     "residency": {"errors", "caller", "waiting", "registry", "engine"},
     # Registry entries served by other servers: an engine over HTTP.
     "remote": {"errors", "waiting", "registry", "engine"},
+    # A parallel model: the engine contract over a gang of rank processes.
+    "distributed": {"errors", "registry", "engine", "grammar", "tools"},
     "factory": {"errors", "files"},
     "service": {"errors", "registry", "settings"},
     # Constrained decoding and tool calls (engine side), GGUF import.
@@ -42,7 +44,7 @@ ALLOWED = {
     "monitoring": {"mlxd", "errors", "registry", "engine", "residency", "remote", "failover"},
     # The request path plans tools and splits tool calls for every surface.
     "api": {"mlxd", "errors", "caller", "registry", "settings", "engine", "grammar", "tools", "residency", "monitoring", "remote",
-            "failover"},
+            "failover", "distributed"},
     "daemon": {"mlxd", "errors", "files", "waiting", "registry", "settings", "engine", "residency", "monitoring", "api", "remote",
                "failover"},
     "cli": {"mlxd", "errors", "dtypes", "registry", "settings", "engine", "factory", "service", "gguf", "daemon"},

@@ -15,6 +15,7 @@ from mlxd.api.auth import check_api_key, check_route, route_group
 from mlxd.api.limits import Admission
 from mlxd.api.context import DaemonContext
 from mlxd.api.error_responses import ErrorShape, error_response, install_error_handlers
+from mlxd.api.audio import routes as audio
 from mlxd.api.refusals import RefusalLog
 from mlxd.api.anthropic import routes as anthropic
 from mlxd.api.anthropic.error_shape import AnthropicErrors
@@ -25,7 +26,7 @@ from mlxd.api.openai.error_shape import OpenAIErrors
 from mlxd.api.responses import routes as responses
 from mlxd.api.responses.bodies import FIELDS as RESPONSES_FIELDS
 from mlxd.api.responses.store import ResponseStore
-from mlxd.api.routes import activity, admin, cache, capture, monitoring, requests
+from mlxd.api.routes import activity, admin, cache, capture, gang, monitoring, requests
 from mlxd.api.routes.admin import ConfigReloader
 from mlxd.api.guards import RequestGuard
 from mlxd.api.request_ids import RequestIds
@@ -136,6 +137,7 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
             if not ctx.manager.shutting_down:
                 await ctx.manager.shutdown(ctx.settings.server.shutdown_grace_seconds)
             await ctx.backends.close()
+            await ctx.hosting.close()
             await ctx.worker.shutdown()
             if ctx.activity is not None:
                 ctx.activity.stop()
@@ -175,11 +177,13 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
     app.include_router(anthropic.router())
     app.include_router(responses.router(ResponseStore()))
     app.include_router(embeddings.router())
+    app.include_router(audio.router())
     app.include_router(admin.router(reloader))
     app.include_router(requests.router())
     app.include_router(cache.router())
     app.include_router(activity.router())
     app.include_router(capture.router())
+    app.include_router(gang.router())
     # Also serves GET / and /dashboard, the status page.
     app.include_router(monitoring.router())
 

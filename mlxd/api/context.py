@@ -14,6 +14,7 @@ from mlxd.api.limits import DAY
 from mlxd.api.capture import CaptureStore
 from mlxd.api.images import ImageMemory
 from mlxd.api.inflight import InFlight
+from mlxd.distributed.hosting import RankHosting
 from mlxd.engine.token_count import TokenCounter
 from mlxd.engine.worker import MlxWorker
 from mlxd.failover.router import FailoverRouter
@@ -57,6 +58,8 @@ class DaemonContext:
     history: History | None = None
     # OpenTelemetry (None: not configured).
     telemetry: Telemetry | None = None
+    # Ranks this daemon runs for another machine's gang (api/routes/gang.py).
+    hosting: RankHosting = field(default_factory=RankHosting)
     # Each app's limits (rpm, tpm, tokens per day, requests at once).
     limits: AppLimits = field(default_factory=AppLimits)
     # Requests and tokens per app and model, since the state directory began.

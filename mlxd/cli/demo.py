@@ -21,6 +21,7 @@ from pathlib import Path
 
 from mlxd.factory.build import ModelRecipe, build_model
 from mlxd.dtypes import device_dtype
+from mlxd.factory.audio import build_soprano, build_whisper
 from mlxd.factory.encoders import EncoderRecipe, build_encoder
 from mlxd.factory.minilm import minilm_dir
 from mlxd.factory.smollm2 import smollm2_gguf
@@ -30,7 +31,7 @@ from mlxd.gguf.cache import converted_dir
 DEFAULT_MODEL = "smollm2-135m"
 # Bump when the demo's models change, so a registry an older mlxd wrote into
 # the default demo folder is rebuilt rather than served as it was.
-DEMO_VERSION = 4
+DEMO_VERSION = 5
 _HEADER = f"# The mlxd demo registry (version {DEMO_VERSION}): SmolLM2 (from a GGUF file) and small models made offline by `mlxd demo`."
 
 
@@ -98,6 +99,28 @@ def _encoder_entries(directory: Path, models_dir: Path) -> list[str]:
     ]
 
 
+def _audio_entries() -> list[str]:
+    """The factory's tiny random Whisper at /v1/audio/transcriptions and
+    Soprano at /v1/audio/speech (docs/audio.md), their kinds written out;
+    an install without mlx-audio (the audio extra) gets none. Built once per
+    machine in the factory's cache (as the tests' are), not per demo folder."""
+    if importlib.util.find_spec("mlx_audio") is None:
+        return []
+    whisper, soprano = build_whisper(), build_soprano()
+    return [
+        "  - name: whisper-tiny",
+        f"    path: {whisper}",
+        "    kind: transcription",
+        "    aliases: [whisper-1]",
+        "    description: Tiny Whisper-shaped speech-to-text model with seeded weights (its text is not meaningful)",
+        "  - name: soprano-tiny",
+        f"    path: {soprano}",
+        "    kind: speech",
+        "    aliases: [tts-1]",
+        "    description: Tiny Soprano text-to-speech model with seeded weights (it makes sound, not speech)",
+    ]
+
+
 def write_demo(
     directory: Path, *, sizes: tuple[str, ...] = ("tiny", "small"), dtype: str | None = None
 ) -> Path:
@@ -158,6 +181,7 @@ def write_demo(
             # greedy answers are its best (a request's own value still wins).
             lines += ["    defaults:", "      temperature: 0"]
     lines += _encoder_entries(directory, models_dir)
+    lines += _audio_entries()
     target = directory / "models.yaml"
     directory.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".yaml.tmp")

@@ -98,7 +98,7 @@ def serve(
 ) -> None:
     """Serve the models of a registry file over HTTP."""
     from mlxd.engine.mlx_backend import backend_problem, installed_backends
-    from mlxd.engine.blas import preload_env
+    from mlxd.cli.reexec import reexec_with_openblas
 
     backends = installed_backends()
     problem = backend_problem(sys.platform, backends)
@@ -110,10 +110,8 @@ def serve(
     elif problem is not None:
         typer.echo(f"mlxd: warning: {problem}", err=True)
 
-    # LD_PRELOAD only works at process start: re-exec once with OpenBLAS.
-    env = preload_env(os.environ)
-    if env is not None:
-        os.execve(sys.executable, [sys.executable, "-m", "mlxd", *sys.argv[1:]], env)
+    # Done already when the command came in through mlxd.cli.entry.
+    reexec_with_openblas()
 
     settings = _settings(
         config=config, host=host, port=port, api_keys=",".join(api_key) if api_key else None,

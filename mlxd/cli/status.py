@@ -247,6 +247,23 @@ def _failover(doc: dict[str, Any]) -> Text:
     return text
 
 
+def _gangs(doc: dict[str, Any]) -> Text:
+    """One line per parallel model, then its ranks while its gang is up."""
+    text = Text("parallel models", style="bold")
+    for model in doc["models"]:
+        parallel = model.get("parallel")
+        if not parallel:
+            continue
+        text.append(f"\n  {model['name']:<10} ", style="bold")
+        text.append(f"{parallel['mode']} over {len(parallel['ranks'])} ranks by {parallel['transport']}", style="cyan")
+        if model["state"] == "failed" and model.get("last_error"):
+            text.append(f"  {model['last_error']}", style="red")
+        for r in model.get("ranks") or []:
+            text.append(f"\n    rank {r['rank']} {r['host']:<8} pid {r['pid']}  {r['state']:<8} "
+                        f"{human_bytes(r['memory_bytes'])}  {r['last_progress_s']:.1f} s since progress", style="dim")
+    return text
+
+
 def _events(doc: dict[str, Any]) -> Text:
     events = doc["events"][-EVENTS_SHOWN:]
     text = Text("recent events", style="bold")
@@ -295,6 +312,8 @@ def render(doc: dict[str, Any], width: int = DEFAULT_WIDTH) -> RenderableType:
             parts += [_backends(doc), Text("")]
         if doc.get("failover"):
             parts += [_failover(doc), Text("")]
+        if any(m.get("parallel") for m in doc["models"]):
+            parts += [_gangs(doc), Text("")]
         return Group(*parts, _events(doc))
     except (KeyError, TypeError, AttributeError):
         # A daemon from another release: its schema is not the one drawn here.

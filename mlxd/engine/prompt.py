@@ -120,3 +120,18 @@ def flatten_message(message: dict[str, Any]) -> dict[str, Any]:
             calls.append(call)
         flat["tool_calls"] = calls
     return flat
+
+
+def check_context(n_prompt: int, request: GenerationRequest, limit: int) -> None:
+    """Refuse an empty prompt, or one longer than the model's context, with a
+    400 naming the field it came in."""
+    param = "messages" if request.messages is not None else "prompt"
+    if n_prompt == 0:
+        raise BadRequest("The prompt is empty.", param=param)
+    if n_prompt > limit:
+        raise BadRequest(
+            f"This model's maximum context length is {limit} tokens, but the "
+            f"prompt has {n_prompt} tokens. Shorten the {param}.",
+            param=param,
+            code="context_length_exceeded",
+        )

@@ -18,7 +18,7 @@ from typing import Any
 from mlxd.engine import sampling
 from mlxd.engine.checkpoints import Boundary, boundaries
 from mlxd.engine.lifecycle import GenerationControl
-from mlxd.engine.prompt import prompt_tokens
+from mlxd.engine.prompt import check_context, prompt_tokens
 from mlxd.engine.reasoning_budget import ReasoningPhase, reasoning_phase
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationRequest
@@ -151,17 +151,7 @@ class TextModel:
         return request.messages is not None and fmt is not None and fmt.opens_in(tokens)
 
     def check_context(self, n_prompt: int, request: GenerationRequest) -> None:
-        param = "messages" if request.messages is not None else "prompt"
-        if n_prompt == 0:
-            raise BadRequest("The prompt is empty.", param=param)
-        limit = self.max_context
-        if n_prompt > limit:
-            raise BadRequest(
-                f"This model's maximum context length is {limit} tokens, but the "
-                f"prompt has {n_prompt} tokens. Shorten the {param}.",
-                param=param,
-                code="context_length_exceeded",
-            )
+        check_context(n_prompt, request, self.max_context)
 
     def prepare(self, request: GenerationRequest, control: GenerationControl) -> Prepared:
         """Validate and tokenize (unless ``control.prompt_ids`` already holds

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -207,4 +207,15 @@ class Engine(Protocol):
     async def clear_prefix_cache(self) -> bool:
         """Forget the in-memory prefix cache (``DELETE /v1/cache/prefix``).
         False when the engine keeps none."""
+        ...
+
+
+@runtime_checkable
+class FailsWhole(Protocol):
+    """An engine that can break while resident, under its leases (a gang of
+    ranks, one of which died or stalled). Residency waits on ``failure`` for
+    as long as the engine is loaded and then takes the model down whole."""
+
+    async def failure(self) -> str:
+        """Returns, once the engine has broken, why (which rank, and how)."""
         ...

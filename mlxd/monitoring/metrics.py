@@ -235,6 +235,10 @@ class Metrics:
             "mlxd_embedding_truncated_inputs", "Embedding and rerank inputs cut at the model's length, by model",
             ["model"], registry=r,
         )
+        self.audio_seconds = Counter(
+            "mlxd_audio_seconds", "Seconds of audio transcribed or translated (read), or synthesised (made)",
+            ["model", "task"], registry=r,
+        )
         self.throughput = ThroughputWindow(throughput_window_seconds)
         self._attached = False
 

@@ -169,6 +169,10 @@ def model_status(snap: DaemonSnapshot, m: ModelView) -> dict[str, Any]:
         "prefix_cache": prefix_cache_status(m.engine),
         "speculative": speculative_status(m),
         "engine": m.engine,
+        # A parallel model's gang (docs/distributed.md): how it is split and
+        # each rank while resident; which rank failed is in last_error.
+        "parallel": spec.parallel.as_dict() if spec.parallel is not None else None,
+        "ranks": m.engine.get("ranks", []) if spec.parallel is not None else None,
         "backend": spec.backend,
         "remote_model": spec.remote_model,
         "implicit": spec.implicit,

@@ -91,6 +91,11 @@ def _describe_model(spec: ModelSpec, registry: Registry) -> list[str]:
         lines.append(f"    cannot be loaded: {spec.broken}")
         return lines
     lines.append(f"    charge: {_charge(spec)}")
+    if spec.parallel is not None:
+        p = spec.parallel
+        lines.append(f"    parallel: {p.mode} over {p.size} ranks ({', '.join(p.hosts)}) by {p.transport}; "
+                     f"deadlines load {p.load_timeout_s:g} s, prefill {p.prefill_timeout_s:g} s, "
+                     f"decode step {p.step_timeout_s:g} s")
     kv = f", KV cache {spec.kv_bits}-bit" if spec.kv_bits else ""
     lines.append(
         f"    context {spec.max_context} tokens x {spec.max_concurrency} concurrent{kv}; "

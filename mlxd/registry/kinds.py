@@ -32,6 +32,9 @@ COMPLETION = "completion"
 # /v1/embeddings and Ollama's /api/embed; /v1/rerank (docs/embeddings.md).
 EMBED = "embed"
 RERANK = "rerank"
+# /v1/audio/transcriptions and /translations; /v1/audio/speech and /voices (docs/audio.md).
+TRANSCRIBE = "transcribe"
+SPEAK = "speak"
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,11 @@ class ModelKind:
     # batched in the engine); its entries take truncate / matryoshka /
     # batch_tokens.
     encodes: bool = False
+    # An audio model (transcription, speech): its config.json has no KV
+    # cache to size, so its memory beside the weights is what its first
+    # request measures (the footprint every engine keeps); it runs one
+    # request at a time unless its entry says otherwise.
+    audio: bool = False
 
 
 TEXT = ModelKind(
@@ -90,9 +98,36 @@ def _encoder(name: str, route: str) -> ModelKind:
 
 EMBEDDING = _encoder("embedding", EMBED)
 RERANK_KIND = _encoder("rerank", RERANK)
+def _audio(name: str, route: str, loader: str, imports: str) -> ModelKind:
+    """A speech-to-text or text-to-speech kind: mlx-audio's models, one route each."""
+    return ModelKind(
+        name=name,
+        engine=f"mlxd.engine.audio:{loader}",
+        imports=(imports,),
+        routes=frozenset({route}),
+        install_hint="mlx-audio is not installed (pip install 'mlxd[audio]')",
+        audio=True,
+    )
+
+
+TRANSCRIPTION = _audio("transcription", TRANSCRIBE, "load_transcription_engine", "mlx_audio.stt.utils")
+SPEECH = _audio("speech", SPEAK, "load_speech_engine", "mlx_audio.tts.utils")
 # A remote entry's images go to its backend, which decides whether its
 # model sees them (a text model's server answers 400 itself); its tools and
 # response_format are its backend's to apply.
 REMOTE = ModelKind(name="remote", engine=None, takes_images=True)
 
-KINDS: Mapping[str, ModelKind] = MappingProxyType({k.name: k for k in (TEXT, VISION, EMBEDDING, RERANK_KIND)})
+# A text model served by a gang of ranks (``parallel:``) is, like a remote
+# entry, a placement: its row is picked by ``Registry.kind_of``. The daemon
+# keeps only its tokenizer; rank 0 decodes under the grammars; each rank
+# keeps its last request's KV cache (no prefix cache reserved beside it).
+PARALLEL = ModelKind(
+    name="parallel",
+    engine="mlxd.distributed.engine:load_gang_engine",
+    imports=("mlx_lm",),
+    token_counter="mlxd.engine.token_count:text_counter",
+    grammars=True,
+)
+
+KINDS: Mapping[str, ModelKind] = MappingProxyType(
+    {k.name: k for k in (TEXT, VISION, EMBEDDING, RERANK_KIND, TRANSCRIPTION, SPEECH)})

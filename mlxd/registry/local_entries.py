@@ -14,8 +14,9 @@ from typing import Any
 
 from mlxd.errors import ConfigError, clip
 from mlxd.registry.document import Loc
-from mlxd.registry.kinds import ModelKind
-from mlxd.registry.model import Footprint, ModelSpec, PrefixCacheSpec, template_pairs
+from mlxd.registry.kinds import PARALLEL, ModelKind
+from mlxd.registry.model import Footprint, ModelSpec, ParallelSpec, PrefixCacheSpec, template_pairs
+from mlxd.registry.parallel import LOCAL, hosts_of, parallel_spec, placement_problem, split_problem
 from mlxd.registry.resolve import Downloader, detect_kind, read_model_config, resolve_model_dir
 from mlxd.registry.schema import ENCODER_KEYS, LOCATION_KEYS, VLLM_MLX_IGNORED_MODEL_KEYS, ModelEntry
 from mlxd.registry.sections import DEFAULT_MODEL, Sections
@@ -94,17 +95,23 @@ class LocalEntries:
 
         kind = entry.kind or ("vision" if entry.mllm else detect_kind(config, folder))
         row = self.s.kinds[kind]
+        parallel = None
+        if entry.parallel is not None:
+            parallel = self._parallel(i, entry, kind)
+            row = PARALLEL
+            if broken is None and (problem := split_problem(parallel, config, folder)) is not None:
+                broken, at_location = problem, (*here, "parallel", "ranks")
         self._check_encoder_keys(i, entry, row)
         max_context = self._max_context(i, entry, config)
         prefix_cache = self.s.prefix_cache(entry)
-        if not self.s.kinds[kind].prefix_cache:
+        if not row.prefix_cache:
             # An engine that keeps no prefix cache (vision): reserving memory
             # for one would only crowd other models out.
             prefix_cache = PrefixCacheSpec(max_bytes=0, disk_max_bytes=0, persist=False)
         kv = 0  # estimated_memory_gb stands in for what cannot be computed
         if broken is None and row.encodes:
             kv = encoder_activation_bytes(config, entry.batch_tokens or ModelSpec.batch_tokens)
-        elif broken is None:
+        elif broken is None and not row.audio:
             try:
                 kv = kv_cache_bytes(config, max_context, entry.max_concurrency, entry.kv_bits)
             except ConfigError as exc:
@@ -113,6 +120,11 @@ class LocalEntries:
         if broken is not None:
             self.problems.append(self.s.doc.error(at_location, broken))
             weights = 0
+        if parallel is not None:
+            # Ranks on other hosts hold their share of the weights and KV
+            # cache there: this budget is charged only the local ranks' part.
+            local = sum(1 for h in parallel.hosts if h == LOCAL)
+            weights, kv = weights * local // parallel.size, kv * local // parallel.size
         footprint = Footprint(weights=weights, kv_cache=kv, prefix_cache=prefix_cache.max_bytes)
 
         spec = ModelSpec(
@@ -144,10 +156,43 @@ class LocalEntries:
             reasoning_parser=entry.reasoning_parser,
             chat_template_kwargs=template_pairs(entry.chat_template_kwargs),
             broken=broken,
+            parallel=parallel,
             speculative=entry_spec(self.s.doc, i, entry, kind, config),
             **{key: getattr(entry, key) for key in ENCODER_KEYS if getattr(entry, key) is not None},
         )
         self._check_fits(here, spec, row)
+        return spec
+
+    def _parallel(self, i: int, entry: ModelEntry, kind: str) -> ParallelSpec:
+        """``parallel:`` checked where it can be without the model's files:
+        a text model, one request at a time, every rank placeable."""
+        assert entry.parallel is not None
+        at: Loc = ("models", i, "parallel")
+        if kind != "text":
+            raise self.s.doc.error(at, f"`parallel` splits text models; `{entry.name}` is a {kind} model")
+        if entry.speculative is not None:
+            raise self.s.doc.error(("models", i, "speculative"),
+                                   "speculative decoding does not run on a parallel model's ranks yet")
+        if entry.max_concurrency > 1:
+            raise self.s.doc.error(
+                ("models", i, "max_concurrency"),
+                "a parallel model serves one request at a time (its ranks step together); "
+                "the others wait in its queue (max_queue)",
+            )
+        from mlxd.registry.device import current_device
+
+        backends = self.s.parsed.backends
+        named = {h for h in hosts_of(entry.parallel) if h in backends}
+        remotes = tuple((h, backends[h].url.rstrip("/"), backends[h].api_key_env) for h in sorted(named))
+        spec = parallel_spec(entry.parallel, current_device().kind, remotes)
+        problem = placement_problem(spec, {name: b.kind for name, b in backends.items()})
+        if problem is not None:
+            where, why = problem
+            if where == "transport":
+                key: Loc = (*at, "transport")
+            else:
+                key = (*at, "ranks", where) if isinstance(entry.parallel.ranks, list) else (*at, "ranks")
+            raise self.s.doc.error(key, why)
         return spec
 
     def _max_context(self, i: int, entry: ModelEntry, config: Mapping[str, Any]) -> int:

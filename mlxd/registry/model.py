@@ -14,7 +14,7 @@ from pathlib import Path
 import json
 from typing import TYPE_CHECKING, Any
 
-from mlxd.registry.kinds import KINDS, REMOTE, ModelKind
+from mlxd.registry.kinds import KINDS, PARALLEL, REMOTE, ModelKind
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -71,6 +71,32 @@ class SpeculativeSpec:
     tokens: int = 4
     draft_model: str | None = None
     draft_path: Path | None = None
+
+
+@dataclass(frozen=True)
+class ParallelSpec:
+    """A model served by a gang of ranks: how it is split, on which hosts
+    (one per rank, ``local`` or a backend's name), over which transport
+    (resolved from ``any`` for this device), and the liveness deadlines."""
+
+    mode: str
+    hosts: tuple[str, ...]
+    transport: str
+    load_timeout_s: float = 120.0
+    prefill_timeout_s: float = 60.0
+    step_timeout_s: float = 10.0
+    # The hosts of ranks on other machines: (backend name, its /v1 root, the
+    # variable holding its key), each an mlxd that starts its rank itself.
+    remotes: tuple[tuple[str, str, str | None], ...] = ()
+
+    @property
+    def size(self) -> int:
+        return len(self.hosts)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "ranks": list(self.hosts), "transport": self.transport,
+                "load_timeout_s": self.load_timeout_s, "prefill_timeout_s": self.prefill_timeout_s,
+                "step_timeout_s": self.step_timeout_s}
 
 
 @dataclass(frozen=True)
@@ -134,6 +160,8 @@ class ModelSpec:
     truncate: bool = True
     matryoshka: bool = False
     batch_tokens: int = 4096
+    # Served by a gang of ranks (``parallel:``); None: one process, the daemon's.
+    parallel: ParallelSpec | None = None
     # Speculative decoding (None: off).
     speculative: SpeculativeSpec | None = None
 
@@ -184,6 +212,8 @@ class ModelSpec:
         "broken",
         # The engine's batching queue is built with it.
         "batch_tokens",
+        # Another split, rank list or transport is another gang.
+        "parallel",
         # The drafter (and a draft model's weights) load with the engine.
         "speculative",
     )
@@ -244,6 +274,11 @@ class ServerSpec:
     body_timeout_s: float = 30.0
     # Decoded image pixels held at once, across every request.
     max_image_memory_bytes: int = 1 << 30
+    # Speech routes: upload size, decoded seconds and sample bytes, TTS text length.
+    max_audio_bytes: int = 25 << 20
+    max_audio_seconds: float = 1800.0
+    max_audio_memory_bytes: int = 512 << 20
+    max_speech_chars: int = 4096
 
 
 @dataclass(frozen=True)
@@ -339,7 +374,9 @@ class Registry:
     def kind_of(self, spec: ModelSpec) -> ModelKind:
         """What ``spec`` is served as: its kind's row, or the remote row for
         a model served by a backend."""
-        return REMOTE if spec.is_remote else self.kinds[spec.kind]
+        if spec.is_remote:
+            return REMOTE
+        return PARALLEL if spec.parallel is not None else self.kinds[spec.kind]
 
     def backend(self, name: str) -> BackendSpec | None:
         return next((b for b in self.backends if b.name == name), None)

@@ -135,11 +135,16 @@ def read_model_config(model_dir: Path) -> dict[str, Any]:
 
 
 def detect_kind(config_json: Mapping[str, Any], model_dir: Path | None = None) -> str:
-    """``vision`` when the model has a vision tower (mlx-vlm), ``rerank`` for
-    a BERT/XLM-R sequence classifier (a cross-encoder), ``embedding`` for an
-    encoder (``BertModel``, ...) or a sentence-transformers folder, else ``text``."""
+    """``vision`` when the model has a vision tower (mlx-vlm), ``transcription``
+    or ``speech`` for mlx-audio's model types, ``rerank`` for a BERT/XLM-R
+    sequence classifier (a cross-encoder), ``embedding`` for an encoder
+    (``BertModel``, ...) or a sentence-transformers folder, else ``text``."""
     if "vision_config" in config_json:
         return "vision"
+    if config_json.get("model_type") in _SPEECH_TO_TEXT:
+        return "transcription"
+    if config_json.get("model_type") in _TEXT_TO_SPEECH:
+        return "speech"
     architectures = [str(a) for a in config_json.get("architectures") or ()]
     if any(a in _CROSS_ENCODERS for a in architectures):
         return "rerank"
@@ -150,6 +155,9 @@ def detect_kind(config_json: Mapping[str, Any], model_dir: Path | None = None) -
     return "text"
 
 
+# mlx-audio's model types, for a folder whose entry names no kind.
+_SPEECH_TO_TEXT = ("whisper", "parakeet", "parakeet_tdt")
+_TEXT_TO_SPEECH = ("soprano", "kokoro")
 _CROSS_ENCODERS = ("BertForSequenceClassification", "XLMRobertaForSequenceClassification")
 _ENCODERS = ("BertModel", "XLMRobertaModel", "ModernBertModel", "NomicBertModel")
 

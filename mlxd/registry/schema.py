@@ -73,6 +73,13 @@ class ServerSection(_Section):
     header_timeout_s: PositiveFloat = 10.0
     body_timeout_s: PositiveFloat = 30.0
     max_image_memory: ByteSize = Field(1 << 30, ge=1 << 20)
+    # Speech routes (docs/audio.md): an upload's size, its decoded length and
+    # sample memory (checked from its header, before any decoding or lease),
+    # and the longest text /v1/audio/speech reads.
+    max_audio_bytes: ByteSize = Field(25 << 20, ge=1024)
+    max_audio_seconds: PositiveFloat = 1800.0
+    max_audio_memory: ByteSize = Field(512 << 20, ge=1 << 20)
+    max_speech_chars: int = Field(4096, ge=1)
 
     @field_validator("api_keys", "read_only_keys")
     @classmethod
@@ -193,6 +200,32 @@ class SpeculativeSection(_Section):
 LOCATION_KEYS = ("path", "source", "model")
 
 
+class ParallelSection(_Section):
+    """``parallel:``: one model over a gang of ranks (docs/distributed.md)."""
+
+    mode: Literal["tensor", "pipeline"] = "tensor"
+    # A count of local ranks, or one host per rank: ``local`` or a backend's name.
+    ranks: int | list[str]
+    transport: Literal["ring", "jaccl", "nccl", "any"] = "any"
+    # Liveness by progress: how long a rank may go without it in each phase.
+    load_timeout_s: PositiveFloat = 120.0
+    prefill_timeout_s: PositiveFloat = 60.0
+    step_timeout_s: PositiveFloat = 10.0
+
+    @field_validator("ranks", mode="before")
+    @classmethod
+    def _ranks(cls, value: Any) -> Any:
+        count = value if isinstance(value, int) and not isinstance(value, bool) else None
+        if count is None:
+            if not isinstance(value, list) or not all(isinstance(h, str) and h.strip() for h in value):
+                raise ValueError("give a number of local ranks (`ranks: 2`) or one host per rank "
+                                 "(`ranks: [local, studio2]`)")
+            count = len(value)
+        if not 2 <= count <= 64:
+            raise ValueError(f"a gang has 2 to 64 ranks, got {count}")
+        return value
+
+
 class ModelEntry(_Section):
     name: str = Field(min_length=1)
     path: str | None = None
@@ -236,6 +269,8 @@ class ModelEntry(_Section):
     truncate: bool | None = None
     matryoshka: bool | None = None
     batch_tokens: int | None = Field(None, ge=16)
+    # One model over several processes or machines (mx.distributed).
+    parallel: ParallelSection | None = None
     speculative: SpeculativeSection | None = None
 
     # vllm-mlx keys with a meaning here.

@@ -73,6 +73,10 @@ class Sections:
                 header_timeout_s=s.header_timeout_s,
                 body_timeout_s=s.body_timeout_s,
                 max_image_memory_bytes=s.max_image_memory,
+                max_audio_bytes=s.max_audio_bytes,
+                max_audio_seconds=s.max_audio_seconds,
+                max_audio_memory_bytes=s.max_audio_memory,
+                max_speech_chars=s.max_speech_chars,
             )
         return self._server
 

@@ -1,12 +1,12 @@
-"""What the residency core asks its shell to do (``residency.core`` returns
-lists of these; ``residency.shell`` carries them out)."""
+"""What the residency core decides: the actions its shell carries out
+(``residency/shell.py``). Plain frozen values; the core's module
+re-exports them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from mlxd.errors import MlxdError
-
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from enum import Enum
 
 from mlxd.errors import (
     CapacityUnavailable,
@@ -33,16 +32,12 @@ from mlxd.errors import (
 )
 from mlxd.registry.model import ManagerSpec, ModelSpec
 from mlxd.residency.actions import (
-    AbortGenerations,
-    Action,
-    Grant,
-    Note,
-    PreemptLease,
-    Reject,
-    StartLoad,
-    StartUnload,
+    AbortGenerations, Action, Grant, Note, PreemptLease, Reject, StartLoad, StartUnload,
 )
 from mlxd.residency.preemption import Holder, to_preempt_leases
+from mlxd.residency.state import (  # re-exported: the shell and the tests know them from here
+    OPERATOR_UNLOAD, RELOAD, REMOVED, SHUTDOWN, Drain, DrainCause, Resident, State, Waiter,
+)
 from mlxd.residency.priority import FairShare
 from mlxd.residency.refusals import load_failed, no_capacity
 from mlxd.residency.eviction import (
@@ -56,43 +51,7 @@ from mlxd.residency.eviction import (
 GB = 1024**3
 
 
-class State(str, Enum):
-    UNLOADED = "unloaded"
-    LOADING = "loading"
-    LOADED = "loaded"
-    # Loaded, admits no new leases, unloads when the last lease is released.
-    DRAINING = "draining"
-    UNLOADING = "unloading"
-    FAILED = "failed"
-
-
-class DrainCause(str, Enum):
-    """Why a model stopped admitting leases and will unload once idle."""
-
-    OPERATOR = "operator"
-    SHUTDOWN = "shutdown"
-    REMOVED = "removed"
-    RELOAD = "reload"
-    # The two below free memory for another model (``Drain.for_model``):
-    # they are called off when nobody waits for that model any more.
-    PREEMPTED = "preempted"
-    PASS_OVER = "pass_over"
-
-
-@dataclass(frozen=True)
-class Drain:
-    cause: DrainCause
-    reason: str  # for operators: status, logs, the unload hooks
-    for_model: str | None = None
-
-
-OPERATOR_UNLOAD = Drain(DrainCause.OPERATOR, "unloaded by operator")
-SHUTDOWN = Drain(DrainCause.SHUTDOWN, "shutdown")
-REMOVED = Drain(DrainCause.REMOVED, "removed from the registry")
-RELOAD = Drain(DrainCause.RELOAD, "configuration changed; reloading")
-
-
-# --- state -------------------------------------------------------------------
+# --- actions: mlxd/residency/actions.py; state: mlxd/residency/state.py ------
 
 
 def _hold_if_broken(r: Resident) -> Resident:
@@ -102,66 +61,6 @@ def _hold_if_broken(r: Resident) -> Resident:
     if r.spec.broken and r.state in (State.UNLOADED, State.FAILED):
         r.state, r.last_error, r.retry_at, r.reserved = State.FAILED, r.spec.broken, None, 0
     return r
-
-
-@dataclass
-class Resident:
-    spec: ModelSpec
-    state: State = State.UNLOADED
-    instance: int = 0
-    active: int = 0
-    reserved: int = 0
-    last_used: float | None = None
-    loaded_at: float | None = None
-    load_started_at: float | None = None
-    last_load_seconds: float | None = None
-    measured_bytes: int | None = None
-    load_count: int = 0
-    failures: int = 0
-    last_error: str | None = None
-    retry_at: float | None = None
-    drain: Drain | None = None
-    removed: bool = False
-    # It was in memory when a reload-class change arrived: load it again
-    # once the old instance has unloaded, so the warm set stays warm.
-    reload_pending: bool = False
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def drain_reason(self) -> str | None:
-        return self.drain.reason if self.drain else None
-
-    def charge(self) -> int:
-        """Admission uses the larger of the estimate and what was measured."""
-        return max(self.spec.charge_bytes, self.measured_bytes or 0)
-
-    def idle_deadline(self) -> float | None:
-        if (
-            self.state is not State.LOADED
-            or self.active
-            or self.spec.pinned
-            or self.spec.idle_unload_seconds <= 0
-            or self.last_used is None
-        ):
-            return None
-        return self.last_used + self.spec.idle_unload_seconds
-
-
-@dataclass
-class Waiter:
-    request_id: int
-    model: str
-    arrived: float
-    # Admin loads wait for the model to be loaded but take no lease.
-    takes_lease: bool = True
-    # Set when the model cannot fit and the contention policy waits.
-    blocked_since: float | None = None
-    # Slots of max_concurrency the lease will hold (see ``request``).
-    slots: int = 1
-    priority: str = "default"  # the caller's class (residency/priority.py)
 
 
 @dataclass
@@ -307,19 +206,7 @@ class ResidencyCore:
         if r.load_started_at is not None:
             r.last_load_seconds = now - r.load_started_at
         if error is not None:
-            r.failures += 1
-            r.last_error = error
-            backoff = min(
-                self.manager.load_retry_backoff_s * 2 ** (r.failures - 1),
-                self.manager.load_retry_backoff_max_s,
-            )
-            r.retry_at = now + backoff
-            r.state = State.FAILED
-            r.reserved = 0
-            actions.append(Note("failure", model, f"load of {model} failed: {error}; retry in {backoff:.0f} s"))
-            for w in [w for w in self.waiters if w.model == model]:
-                self.waiters.remove(w)
-                actions.append(Reject(w.request_id, load_failed(r.name, r.last_error, r.retry_at, now)))
+            actions += self._back_off(r, error, now, note=f"load of {model} failed: {error}")
             if r.removed:
                 del self.residents[model]
             return actions + self._schedule(now)
@@ -353,6 +240,22 @@ class ResidencyCore:
             r.reserved = max(r.reserved, nbytes)
         return self._fit_budget(now, reason="measured footprint above estimate")
 
+    def engine_failed(self, model: str, instance: int, error: str, now: float) -> list[Action]:
+        """The resident engine broke (a rank of its gang exited or stalled):
+        it admits no lease from now on, its requests end (the engine has
+        ended them with the error), and once the last lease is released it
+        unloads and the model is failed with backoff, its memory released.
+        A stale report (an older instance, or already unloading) changes nothing."""
+        r = self.residents.get(model)
+        if r is None or r.instance != instance or r.state not in (State.LOADED, State.DRAINING):
+            return []
+        r.broke = error
+        actions: list[Action] = [
+            Note("failure", model, f"{model} failed while loaded: {error}"),
+            AbortGenerations(model, instance, error),
+        ]
+        return actions + self._drain(r, Drain(DrainCause.BROKE, error), now) + self._schedule(now)
+
     def unload_finished(self, model: str, instance: int, now: float) -> list[Action]:
         r = self.residents[model]
         assert r.state is State.UNLOADING and r.instance == instance, (model, r.state)
@@ -363,6 +266,9 @@ class ResidencyCore:
         if r.removed:
             del self.residents[model]
             return self._schedule(now)
+        if r.broke is not None:
+            error, r.broke = r.broke, None
+            return self._back_off(r, error, now, note=f"{r.name} is down: {error}", while_loaded=True) + self._schedule(now)
         _hold_if_broken(r)
         actions = self._schedule(now)
         if r.reload_pending:
@@ -513,7 +419,7 @@ class ResidencyCore:
                 f"Model `{r.name}` cannot be loaded: {r.spec.broken}. Fix its files, then reload the registry."
             ))]
         if r.state is State.FAILED and r.retry_at is not None and now < r.retry_at:
-            return [Reject(waiter.request_id, load_failed(r.name, r.last_error, r.retry_at, now))]
+            return [Reject(waiter.request_id, self._failed(r, now))]
         full = self.queued(waiter.model) >= r.spec.max_queue
         if waiter.takes_lease and full and not self._can_grant(r, waiter.slots):
             return [
@@ -546,6 +452,24 @@ class ResidencyCore:
 
     def _group(self, r: Resident) -> list[Resident]:
         return [x for x in self.residents.values() if x.spec.capacity_group == r.spec.capacity_group]
+
+    @staticmethod
+    def _failed(r: Resident, now: float) -> ModelLoadFailed:
+        """What a request for a failed model is told."""
+        return load_failed(r.name, r.last_error, r.retry_at, now, while_loaded=r.failed_while_loaded)
+
+    def _back_off(self, r: Resident, error: str, now: float, *, note: str, while_loaded: bool = False) -> list[Action]:
+        """Failed (a load, or an engine that broke while loaded): retried after
+        a backoff that doubles with each failure in a row; the waiters are told."""
+        r.failures += 1
+        r.last_error, r.failed_while_loaded = error, while_loaded
+        backoff = min(self.manager.load_retry_backoff_s * 2 ** (r.failures - 1), self.manager.load_retry_backoff_max_s)
+        r.retry_at, r.state, r.reserved = now + backoff, State.FAILED, 0
+        actions: list[Action] = [Note("failure", r.name, f"{note}; retry in {backoff:.0f} s")]
+        for w in [w for w in self.waiters if w.model == r.name]:
+            self.waiters.remove(w)
+            actions.append(Reject(w.request_id, self._failed(r, now)))
+        return actions
 
     def _capacity_error(self, model: str, waited: float | None = None) -> CapacityUnavailable:
         r = self.residents[model]

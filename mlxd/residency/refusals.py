@@ -9,10 +9,14 @@ from mlxd.errors import CapacityUnavailable, ModelLoadFailed
 GB = 1024**3
 
 
-def load_failed(model: str, last_error: str | None, retry_at: float | None, now: float) -> ModelLoadFailed:
+def load_failed(model: str, last_error: str | None, retry_at: float | None, now: float,
+                *, while_loaded: bool = False) -> ModelLoadFailed:
+    """``while_loaded``: the model broke while resident (a parallel model's
+    rank died), not in a load."""
     retry = max(1.0, (retry_at or now) - now)
+    what = "failed" if while_loaded else "failed to load"
     return ModelLoadFailed(
-        f"Model `{model}` failed to load: {_sentence(last_error)} Retrying in {retry:.0f} s.",
+        f"Model `{model}` {what}: {_sentence(last_error)} Retrying in {retry:.0f} s.",
         retry_after=retry,
     )
 

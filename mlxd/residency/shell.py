@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from mlxd.caller import ANONYMOUS, Caller
-from mlxd.engine.types import Engine
+from mlxd.engine.types import Engine, FailsWhole
 from mlxd.errors import ModelNotFound, RequestTimeout, describe_exception
 from mlxd.registry.model import ModelSpec, Registry
 from mlxd.residency.core import (
@@ -632,6 +632,27 @@ class ResidencyManager:
             self._on_measured(spec, measured)
         self._apply(self.core.load_finished(model, instance, self._clock(), measured_bytes=measured))
         self._observe(self._observer.model_loaded, model, time.monotonic() - started)
+        if isinstance(engine, FailsWhole):
+            self._spawn(self._watch_failure(model, instance, engine), f"watch-{model}")
+
+    async def _watch_failure(self, model: str, instance: int, engine: FailsWhole) -> None:
+        """Until the engine unloads: if it breaks, the model goes down whole
+        and backs off (``ResidencyCore.engine_failed``)."""
+        watch = asyncio.ensure_future(engine.failure())
+        try:
+            while True:
+                held = self._models.get(model)
+                if held is None or held.engine is not engine:
+                    return  # unloaded (or replaced) first
+                done, _ = await asyncio.wait({watch}, timeout=1.0)
+                if done:
+                    break
+            reason = watch.result()
+        finally:
+            watch.cancel()
+        held = self._models.get(model)
+        if held is not None and held.engine is engine:
+            self._apply(self.core.engine_failed(model, instance, reason, self._clock()))
 
     async def _unload(self, action: StartUnload) -> None:
         model = action.model

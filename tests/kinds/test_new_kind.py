@@ -62,7 +62,7 @@ def test_a_registry_read_without_the_row_names_the_kinds_it_knows(tmp_path):
         load_registry_text(text, tmp_path / "models.yaml")
     except ConfigError as exc:
         assert exc.line == 4 and exc.key == "models[0].kind"
-        assert "'text', 'vision', 'embedding' or 'rerank'" in exc.detail and "'echo'" in exc.detail
+        assert "'text', 'vision', 'embedding', 'rerank', 'transcription' or 'speech'" in exc.detail and "'echo'" in exc.detail
     else:
         raise AssertionError("kind: echo was accepted without its row")
     assert load_registry_text(text, tmp_path / "models.yaml", kinds=WITH_ECHO).models[0].kind == "echo"

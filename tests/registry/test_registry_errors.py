@@ -341,7 +341,7 @@ BAD_FILES = [
         """,
         4,
         "models[0].kind",
-        "'text', 'vision', 'embedding' or 'rerank'",
+        "'text', 'vision', 'embedding', 'rerank', 'transcription' or 'speech'",
     ),
     (
         "duplicate yaml key",

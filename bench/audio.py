@@ -1,0 +1,165 @@
+"""Speech through mlxd against mlx-audio called directly, in the same run.
+
+Real-time factor (RTF: seconds of audio per second of wall time; higher is
+faster) for
+- transcription: a sine-sweep WAV file of --seconds, sent as multipart to
+  /v1/audio/transcriptions (json) / read with mlx-audio's ``load_audio`` and
+  passed to ``model.generate`` directly;
+- speech: a paragraph to /v1/audio/speech (pcm) / ``model.generate``.
+
+Both sides seed MLX's random state before each call (as mlxd does per
+request) and use a fixed temperature, so they do the same work; the calls
+alternate, round by round; the ratio of the medians, daemon ÷ direct, is the
+daemon's overhead (target >= 0.95). Audio is kept
+within one 30 s Whisper window so both sides run one ``generate``.
+
+    python bench/audio.py --quick          # tiny factory models, offline, ~1 min
+    python bench/audio.py --whisper DIR --tts DIR --seconds 30 --rounds 5
+
+Prints a table and merges the figures into bench/results/audio.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bench.common import daemon, environment, reexec_with_openblas, save, table  # noqa: E402
+
+TEXT = ("The quick brown fox jumps over the lazy dog. A daemon serves several models behind one API, "
+        "and speech shares the machine with chat.")
+TEMPERATURE = 0.4
+
+
+def sweep(seconds: float, rate: int = 16000) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    return (0.3 * np.sin(2 * np.pi * (200 + 900 * t / seconds) * t)).astype(np.float32)
+
+
+def rate(run: Callable[[], float]) -> float:
+    """Seconds of audio per wall second of one call."""
+    started = time.perf_counter()
+    audio_seconds = run()
+    return audio_seconds / (time.perf_counter() - started)
+
+
+def paired(direct: Callable[[], float], served: Callable[[], float], rounds: int) -> tuple[list[float], list[float]]:
+    """Both warmed up, then one call of each per round, alternating which
+    goes first: a shared machine's load drifts, and it then weighs on both."""
+    direct(), served()
+    d, m = [], []
+    for i in range(rounds):
+        first, second = (direct, served) if i % 2 == 0 else (served, direct)
+        a, b = rate(first), rate(second)
+        d.append(a if first is direct else b)
+        m.append(b if first is direct else a)
+    return d, m
+
+
+def direct_stt(folder: Path, wav: Path, seconds: float) -> Callable[[], float]:
+    import mlx.core as mx
+    from mlx_audio.stt.utils import load, load_audio
+
+    model = load(str(folder))
+
+    def run() -> float:
+        mx.random.seed(0)
+        model.generate(load_audio(str(wav)), temperature=TEMPERATURE, return_timestamps=False)
+        return seconds
+
+    return run
+
+
+def direct_tts(folder: Path) -> Callable[[], float]:
+    import mlx.core as mx
+    from mlx_audio.tts.utils import load_model
+
+    model = load_model(folder)
+
+    def run() -> float:
+        mx.random.seed(0)
+        samples = sum(int(np.asarray(r.audio).size) for r in model.generate(TEXT))
+        return samples / model.sample_rate
+
+    return run
+
+
+def daemon_stt(url: str, data: bytes, seconds: float) -> Callable[[], float]:
+    def run() -> float:
+        r = httpx.post(f"{url}/v1/audio/transcriptions", files={"file": ("sweep.wav", data)},
+                       data={"model": "whisper", "temperature": str(TEMPERATURE)}, timeout=600)
+        r.raise_for_status()
+        return seconds
+
+    return run
+
+
+def daemon_tts(url: str, rate: int) -> Callable[[], float]:
+    def run() -> float:
+        with httpx.stream("POST", f"{url}/v1/audio/speech", timeout=600,
+                          json={"model": "tts", "input": TEXT, "voice": "alloy", "response_format": "pcm"}) as r:
+            r.raise_for_status()
+            size = sum(len(chunk) for chunk in r.iter_bytes())
+        return size / 2 / rate
+
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny factory models, short audio, 2 rounds")
+    parser.add_argument("--whisper", type=Path, help="a Whisper folder (default: the factory's tiny one)")
+    parser.add_argument("--tts", type=Path, help="a Soprano folder (default: the factory's tiny one)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of the test audio (<= 30)")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seconds, args.rounds = min(args.seconds, 8.0), 2
+    reexec_with_openblas()
+
+    from mlxd.engine.audio_files import write_file
+    from mlxd.factory.audio import build_soprano, build_whisper
+
+    whisper = args.whisper or build_whisper()
+    tts = args.tts or build_soprano()
+    data = write_file(sweep(args.seconds), 16000, "wav")
+    rows, cases = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        wav = Path(tmp) / "sweep.wav"
+        wav.write_bytes(data)
+        direct = {"transcription": direct_stt(whisper, wav, args.seconds), "speech": direct_tts(tts)}
+        models = [{"name": "whisper", "path": str(whisper), "kind": "transcription", "preload": True},
+                  {"name": "tts", "path": str(tts), "kind": "speech", "preload": True}]
+        with daemon(models) as url:
+            from mlx_audio.tts.utils import load_config
+
+            rate = int(load_config(tts).get("sample_rate", 24000))
+            served = {"transcription": daemon_stt(url, data, args.seconds), "speech": daemon_tts(url, rate)}
+            for case in ("transcription", "speech"):
+                d_all, m_all = paired(direct[case], served[case], args.rounds)
+                d, m = statistics.median(d_all), statistics.median(m_all)
+                cases[case] = {"direct_rtf": d, "mlxd_rtf": m, "ratio": m / d, "direct_rounds": d_all,
+                               "mlxd_rounds": m_all}
+                rows.append([case, f"{d:.2f}", f"{m:.2f}", f"{m / d:.3f}"])
+                print(f"  {case}: direct {d_all}, mlxd {m_all}", flush=True)
+    print(table(["case", "direct RTF", "mlxd RTF", "mlxd / direct"], rows))
+    result: dict[str, Any] = {"environment": environment(), "seconds": args.seconds, "rounds": args.rounds,
+                              "whisper": str(whisper), "tts": str(tts), "cases": cases}
+    key = "quick" if args.quick else "full"
+    print(f"-> {save('audio', key, result)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

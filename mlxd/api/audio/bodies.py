@@ -1,0 +1,111 @@
+"""Request bodies of the speech routes, parsed once into the request path's
+values: a multipart upload (``TranscribeAsk``), a JSON body (``SpeechBody``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+
+from mlxd.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from mlxd.registry.sizing import format_bytes
+
+TRANSCRIPT_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
+GRANULARITIES = ("segment", "word")
+
+
+@dataclass(frozen=True)
+class TranscribeAsk:
+    model: str
+    file: bytes
+    filename: str
+    language: str | None
+    prompt: str | None
+    temperature: float | None
+    response_format: str
+    granularities: tuple[str, ...]
+    stream: bool
+
+
+def _one(form: object, name: str) -> str | None:
+    values = form.getlist(name)  # type: ignore[attr-defined]
+    if not values:
+        return None
+    value = values[-1]
+    if not isinstance(value, str):
+        raise BadRequest(f"`{name}` must be a form field, not a file", param=name)
+    return value
+
+
+async def transcribe_ask(request: Request, max_audio_bytes: int) -> TranscribeAsk:
+    """OpenAI's multipart form: ``file``, ``model``, ``language``, ``prompt``,
+    ``temperature``, ``response_format``, ``timestamp_granularities[]``, ``stream``."""
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise UnsupportedMediaType("Send the audio as multipart/form-data with a `file` field.")
+    try:
+        form = await request.form(max_files=1, max_fields=32)
+    except Exception as exc:  # a malformed multipart body
+        raise BadRequest(f"The multipart body cannot be read ({type(exc).__name__}).") from exc
+    upload = form.get("file")
+    if not isinstance(upload, UploadFile):
+        raise BadRequest("`file` is required: the audio file, as a multipart file field", param="file")
+    model = _one(form, "model")
+    if not model:
+        raise BadRequest("`model` is required", param="model")
+    size = upload.size if upload.size is not None else 0
+    if size > max_audio_bytes:
+        raise PayloadTooLarge(f"The audio file is {format_bytes(size)}; this server takes at most "
+                              f"{format_bytes(max_audio_bytes)} (server.max_audio_bytes).")
+    data = await upload.read(max_audio_bytes + 1)
+    if len(data) > max_audio_bytes:
+        raise PayloadTooLarge(f"The audio file is larger than {format_bytes(max_audio_bytes)} "
+                              "(server.max_audio_bytes).")
+    response_format = _one(form, "response_format") or "json"
+    if response_format not in TRANSCRIPT_FORMATS:
+        raise BadRequest(f"`response_format` must be one of {', '.join(TRANSCRIPT_FORMATS)}",
+                         param="response_format")
+    granularities = tuple(form.getlist("timestamp_granularities[]") or form.getlist("timestamp_granularities"))
+    for g in granularities:
+        if g not in GRANULARITIES:
+            raise BadRequest(f"`timestamp_granularities[]` takes {' and '.join(GRANULARITIES)}, not {g!r}",
+                             param="timestamp_granularities[]")
+    if granularities and response_format != "verbose_json":
+        raise BadRequest("`timestamp_granularities[]` needs `response_format: verbose_json`",
+                         param="timestamp_granularities[]")
+    return TranscribeAsk(
+        model=model, file=data, filename=upload.filename or "", language=_one(form, "language") or None,
+        prompt=_one(form, "prompt") or None, temperature=_temperature(_one(form, "temperature")),
+        response_format=response_format, granularities=granularities,
+        stream=(_one(form, "stream") or "false").lower() == "true")
+
+
+def _temperature(value: str | None) -> float | None:
+    """OpenAI's 0 (the default) lets the model raise the temperature when a
+    window decodes badly (mlx-audio's fallback ladder); above 0, that one."""
+    if value is None or value == "":
+        return None
+    try:
+        t = float(value)
+    except ValueError:
+        raise BadRequest("`temperature` must be a number between 0 and 1", param="temperature") from None
+    if not (math.isfinite(t) and 0.0 <= t <= 1.0):
+        raise BadRequest("`temperature` must be between 0 and 1", param="temperature")
+    return None if t == 0.0 else t
+
+
+class SpeechBody(BaseModel):
+    """OpenAI's POST /v1/audio/speech."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    model: str = Field(min_length=1)
+    input: str = Field(min_length=1)
+    voice: str | None = None
+    speed: float = Field(1.0, ge=0.25, le=4.0)
+    response_format: Literal["wav", "pcm", "flac", "mp3"] = "mp3"
+    instructions: str | None = None
+    stream_format: Literal["audio"] = "audio"

@@ -1,0 +1,218 @@
+"""The one request path of the speech routes: the entry checked (its kind
+serves the route, before any lease), the upload's header read and bounded
+(size, decoded seconds, sample memory) and its samples decoded, both in a
+thread (off the event loop and off the MLX worker), then a lease held while
+the engine runs the model in worker steps, raced against the client's
+disconnect and the deadline, and the accounts kept once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from starlette.requests import Request
+
+from mlxd.api.audio.bodies import SpeechBody, TranscribeAsk
+from mlxd.api.auth import caller_of
+from mlxd.api.context import DaemonContext
+from mlxd.api.embeddings.path import entry_for
+from mlxd.api.generation import guarded
+from mlxd.engine import audio_files
+from mlxd.engine.audio import SAMPLE_RATE, TranscribeOptions, Window
+from mlxd.errors import BadRequest, MlxdError, PayloadTooLarge
+from mlxd.registry.kinds import SPEAK, TRANSCRIBE
+from mlxd.registry.model import ModelSpec
+from mlxd.registry.sizing import format_bytes
+
+log = logging.getLogger("mlxd.requests")
+
+
+@dataclass(frozen=True)
+class Transcript:
+    model: str
+    windows: list[Window]
+    duration: float
+    options: TranscribeOptions
+
+
+def _local(ctx: DaemonContext, request: Request, name: str, route: str) -> ModelSpec:
+    """The entry ``name`` as the caller may use it (its app's scope applies)."""
+    spec = entry_for(ctx, name, route, caller_of(request))
+    if spec.is_remote:
+        raise BadRequest(f"`{name}` is served by a backend; speech requests are not relayed yet", param="model")
+    return spec
+
+
+async def read_audio(ctx: DaemonContext, data: bytes) -> np.ndarray:
+    """The upload's samples at the models' rate, after its header passed the bounds."""
+    server = ctx.settings.server
+    info = await asyncio.to_thread(audio_files.probe, data)
+    if info.seconds > server.max_audio_seconds:
+        raise BadRequest(f"The audio is {info.seconds:.0f} s long; this server takes at most "
+                         f"{server.max_audio_seconds:.0f} s (server.max_audio_seconds).", param="file",
+                         code="audio_too_long")
+    # The file's samples as decoded (float32, every channel) and the mono
+    # copy at the models' rate, held at once while resampling.
+    needs = int(info.seconds * (info.sample_rate * info.channels + SAMPLE_RATE) * 4)
+    if needs > server.max_audio_memory_bytes:
+        raise PayloadTooLarge(f"Decoding this audio would take {format_bytes(needs)}, more than this server "
+                              f"allows ({format_bytes(server.max_audio_memory_bytes)}, server.max_audio_memory).")
+    return await asyncio.to_thread(audio_files.decode, data, info, SAMPLE_RATE)
+
+
+def options_for(ask: TranscribeAsk, task: str) -> TranscribeOptions:
+    return TranscribeOptions(
+        task=task, language=ask.language, prompt=ask.prompt,
+        temperature=ask.temperature, timestamps=ask.response_format in ("verbose_json", "srt", "vtt"),
+        words="word" in ask.granularities)
+
+
+async def transcribe(ctx: DaemonContext, request: Request, ask: TranscribeAsk, task: str) -> Transcript:
+    spec = _local(ctx, request, ask.model, TRANSCRIBE)
+    samples = await read_audio(ctx, ask.file)
+    options = options_for(ask, task)
+
+    async def work(engine: Any) -> Transcript:
+        windows = [w async for w in engine.transcribe(samples, options, _request_id(request))]
+        return Transcript(ask.model, windows, samples.size / SAMPLE_RATE, options)
+
+    async with _accounted(ctx, ask.model, task, samples.size / SAMPLE_RATE):
+        return await guarded(request, _leased(ctx, request, spec, work), ctx.settings.server.request_timeout_s)
+
+
+async def transcribe_stream(ctx: DaemonContext, request: Request, ask: TranscribeAsk,
+                            task: str) -> AsyncIterator[Window]:
+    """The windows as they are transcribed, under a lease taken before the
+    first one (so a failure to get one is still a plain error answer)."""
+    spec = _local(ctx, request, ask.model, TRANSCRIBE)
+    samples = await read_audio(ctx, ask.file)
+    options = options_for(ask, task)
+    seconds = samples.size / SAMPLE_RATE
+    return await _streamed(ctx, request, spec, ask.model, task, seconds,
+                           lambda engine: engine.transcribe(samples, options, _request_id(request)),
+                           lambda window: 0.0, audio_seconds=seconds)
+
+
+async def speech(ctx: DaemonContext, request: Request, body: SpeechBody) -> tuple[int, AsyncIterator[np.ndarray]]:
+    """The model's sample rate and its audio chunks, the first one already made."""
+    limit = ctx.settings.server.max_speech_chars
+    if len(body.input) > limit:
+        raise BadRequest(f"`input` is {len(body.input)} characters; at most {limit} are read "
+                         "(server.max_speech_chars).", param="input", code="string_above_max_length")
+    spec = _local(ctx, request, body.model, SPEAK)
+    rate: list[int] = []
+
+    def start(engine: Any) -> AsyncIterator[np.ndarray]:
+        rate.append(engine.sample_rate)
+        return engine.synthesise(body.input, body.voice, body.speed, _request_id(request))
+
+    chunks = await _streamed(ctx, request, spec, body.model, "speech", float(len(body.input)), start,
+                             lambda chunk: chunk.size / rate[0])
+    return rate[0], chunks
+
+
+def voices(ctx: DaemonContext, request: Request, name: str | None) -> list[tuple[str, list[str]]]:
+    """Each speech model's voices (read from its folder: no lease)."""
+    from mlxd.engine.audio import folder_voices
+
+    if name is not None:
+        spec = _local(ctx, request, name, SPEAK)
+        return [(name, folder_voices(spec.path))]
+    caller = caller_of(request)
+    return [(s.name, folder_voices(s.path)) for s in ctx.registry.models
+            if not s.is_remote and SPEAK in ctx.registry.kind_of(s).routes and caller.may_use(s.name)]
+
+
+# --- leases ------------------------------------------------------------------------
+
+
+def _request_id(request: Request) -> str:
+    return str(getattr(request.state, "request_id", "") or request.headers.get("x-request-id", ""))
+
+
+async def _leased(ctx: DaemonContext, request: Request, spec: ModelSpec, work: Callable[[Any], Any]) -> Any:
+    lease = await ctx.manager.acquire(spec.name, timeout=ctx.settings.server.request_timeout_s,
+                                      caller=caller_of(request))
+    try:
+        return await work(lease.engine)
+    finally:
+        lease.release()
+
+
+async def _streamed(ctx: DaemonContext, request: Request, spec: ModelSpec, name: str, what: str, amount: float,
+                    start: Callable[[Any], AsyncIterator[Any]], seconds_of: Callable[[Any], float], *,
+                    audio_seconds: float = 0.0) -> AsyncIterator[Any]:
+    """A lease and the engine's stream, its first item awaited here (a
+    refusal is an error answer, not a broken stream); the stream then owns
+    the lease and gives it back when it ends or its client leaves.
+    ``seconds_of`` an item: the audio it made, added to ``audio_seconds``."""
+    timeout = ctx.settings.server.request_timeout_s
+    started = time.monotonic()
+    lease = await guarded(request, ctx.manager.acquire(spec.name, timeout=timeout, caller=caller_of(request)),
+                          timeout)
+    stream: Any = None
+    try:
+        stream = start(lease.engine)
+        first = await guarded(request, stream.__anext__(), timeout)
+    except StopAsyncIteration:
+        first = None
+    except BaseException as exc:
+        lease.release()
+        if stream is not None:
+            await stream.aclose()
+        _account(ctx, name, what, exc.status_code if isinstance(exc, MlxdError) else 500,
+                  time.monotonic() - started, amount)
+        raise
+
+    async def rest() -> AsyncIterator[Any]:
+        status = 200
+        made = audio_seconds
+        try:
+            if first is not None:
+                made += seconds_of(first)
+                yield first
+                async for item in stream:
+                    made += seconds_of(item)
+                    yield item
+        except MlxdError as exc:
+            status = exc.status_code
+            raise
+        except BaseException:
+            status = 500
+            raise
+        finally:
+            lease.release()
+            await stream.aclose()
+            _account(ctx, name, what, status, time.monotonic() - started, amount, made)
+
+    return rest()
+
+
+class _accounted:
+    """Counts one request (its status, its seconds) however it ends."""
+
+    def __init__(self, ctx: DaemonContext, name: str, what: str, amount: float) -> None:
+        self.ctx, self.name, self.what, self.amount = ctx, name, what, amount
+
+    async def __aenter__(self) -> None:
+        self.started = time.monotonic()
+
+    async def __aexit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        status = 200 if exc is None else exc.status_code if isinstance(exc, MlxdError) else 500
+        _account(self.ctx, self.name, self.what, status, time.monotonic() - self.started, self.amount,
+                 self.amount)
+
+
+def _account(ctx: DaemonContext, name: str, what: str, status: int, seconds: float, amount: float,
+             audio_seconds: float = 0.0) -> None:
+    ctx.metrics.requests.labels(name, str(status)).inc()
+    ctx.metrics.request_seconds.labels(name).observe(seconds)
+    if status == 200:
+        ctx.metrics.audio_seconds.labels(name, what).inc(audio_seconds)
+    unit = "chars" if what == "speech" else "audio_seconds"
+    log.info("%s model=%s status=%d %s=%.1f seconds=%.3f", what, name, status, unit, amount, seconds)

@@ -1,0 +1,88 @@
+"""/v1/audio/transcriptions, /v1/audio/translations, /v1/audio/speech and
+/v1/audio/voices: each a body parsed, the one path (``path.py``), an answer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from mlxd.api.audio import answers, path
+from mlxd.api.audio.bodies import SpeechBody, transcribe_ask
+from mlxd.api.context import DaemonContext
+from mlxd.engine.audio_files import MEDIA_TYPES, StreamEncoder
+from mlxd.errors import MlxdError
+
+PREFIX = "/v1/audio"
+
+
+def _ctx(request: Request) -> DaemonContext:
+    return request.app.state.ctx
+
+
+def router() -> APIRouter:
+    api = APIRouter()
+
+    async def transcription(request: Request, task: str) -> Response:
+        ctx = _ctx(request)
+        ask = await transcribe_ask(request, ctx.settings.server.max_audio_bytes)
+        if ask.stream:
+            windows = await path.transcribe_stream(ctx, request, ask, task)
+            return StreamingResponse(_transcript_events(windows), media_type="text/event-stream")
+        done = await path.transcribe(ctx, request, ask, task)
+        return answers.transcript(done.windows, ask.response_format, task=task, language=done.options.language,
+                                  duration=done.duration, granularities=ask.granularities)
+
+    @api.post(PREFIX + "/transcriptions")
+    async def transcriptions(request: Request) -> Response:
+        return await transcription(request, "transcribe")
+
+    @api.post(PREFIX + "/translations")
+    async def translations(request: Request) -> Response:
+        return await transcription(request, "translate")
+
+    @api.post(PREFIX + "/speech")
+    async def speech(body: SpeechBody, request: Request) -> Response:
+        rate, chunks = await path.speech(_ctx(request), request, body)
+        return StreamingResponse(_encoded(chunks, body.response_format, rate),
+                                 media_type=MEDIA_TYPES[body.response_format],
+                                 headers={"X-Sample-Rate": str(rate)})
+
+    @api.get(PREFIX + "/voices")
+    async def voices(request: Request, model: str | None = None) -> Response:
+        found = path.voices(_ctx(request), request, model)
+        return JSONResponse({"object": "list", "data": [
+            {"id": voice, "name": voice, "model": name} for name, names in found for voice in names]})
+
+    return api
+
+
+async def _transcript_events(windows: AsyncIterator[path.Window]) -> AsyncIterator[bytes]:
+    """OpenAI's transcription stream: a delta per window, then the whole text."""
+    texts: list[str] = []
+    end = 0.0
+    try:
+        async for window in windows:
+            if window.text:
+                yield answers.delta_event(window.text if texts else window.text.lstrip())
+            texts.append(window.text)
+            end = window.end
+    except MlxdError as exc:
+        yield answers.error_event(exc.body())
+        return
+    yield answers.done_event("".join(texts).strip(), end)
+
+
+async def _encoded(chunks: AsyncIterator[np.ndarray], fmt: str, rate: int) -> AsyncIterator[bytes]:
+    """Each chunk encoded off the event loop as soon as the model made it."""
+    encoder = StreamEncoder(fmt, rate)
+    async for chunk in chunks:
+        data = await asyncio.to_thread(encoder.feed, chunk)
+        if data:
+            yield data
+    tail = await asyncio.to_thread(encoder.close)
+    if tail:
+        yield tail

@@ -1,0 +1,1 @@
+"""Models served by a gang of MLX distributed ranks (docs/distributed.md)."""

@@ -1,0 +1,278 @@
+"""A parallel model as one engine: the Engine contract over a gang of ranks.
+
+The daemon never joins the group. It keeps the tokenizer (the prompt is
+tokenized with the model's chat template here, exactly as for a local
+model, and grammars are compiled here first), sends each request's token
+ids to every rank, and turns rank 0's tokens back into text with mlx-lm's
+streaming detokenizer and mlxd's stop strings. So every surface, the fair queue, status and metrics see an
+engine like any other.
+
+Requests reach the gang one at a time: ranks in a collective must all run
+the same step, and two requests interleaved differently on two ranks is how
+tensor-parallel ranks deadlock (omlx#3039). The queue in front of the model
+(``max_concurrency``) holds the others.
+
+When the gang fails (a rank exits or stops making progress), every request
+in flight ends with ``ModelFailed`` (an error event on streams) and
+``failure()`` returns, which the residency shell turns into a failed model
+with backoff (``ResidencyCore.engine_failed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from mlxd.distributed.gang import LOCAL, Gang, GangPlan
+from mlxd.distributed.liveness import Deadlines, Failure
+from mlxd.engine.logprobs import TokenLogprob
+from mlxd.engine.prompt import check_context, prompt_tokens
+from mlxd.engine.sampling import check_bias_ids
+from mlxd.engine.stops import StopMatcher
+from mlxd.engine.types import GenerationChunk, GenerationRequest
+from mlxd.errors import BadRequest, ModelFailed, ModelUnloaded
+from mlxd.grammar.compiler import GrammarCompiler
+from mlxd.registry.model import ModelSpec
+from mlxd.tools import formats as tool_formats
+from mlxd.tools import reasoning as reasoning_formats
+
+log = logging.getLogger("mlxd.distributed")
+
+
+class GangEngine:
+    kind = "gang"
+    confirms_start = True
+
+    def __init__(self, spec: ModelSpec, gang: Gang, tokenizer: Any, vocab_size: int, load_seconds: float) -> None:
+        self.name = spec.name
+        self.spec = spec
+        self.gang = gang
+        self._tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        # Compiles each request's grammar here first, so that a bad schema is
+        # a 400 before a stream's 200; rank 0 compiles its own to decode under.
+        self.grammars = GrammarCompiler(tokenizer, vocab_size)
+        self.tool_format = tool_formats.resolve(tokenizer, spec.tool_parser)
+        self.reasoning_format = reasoning_formats.resolve(tokenizer, spec.reasoning_parser)
+        self.load_seconds = load_seconds
+        self._turn = asyncio.Lock()
+        self._ids = itertools.count(1)
+        self._current: str | None = None
+        self._closed = False
+        self.generations = 0
+        self.tokens_generated = 0
+        self.aborted = 0
+
+    # --- the contract ---------------------------------------------------------------
+
+    @property
+    def measured_bytes(self) -> int | None:
+        """This machine's share: its ranks' memory (a rank on another host
+        is that host's to budget)."""
+        shares = [r.memory_bytes for r in self.gang.liveness.ranks if r.host == LOCAL]
+        if any(s is None for s in shares):
+            return None
+        return sum(s for s in shares if s is not None)
+
+    async def failure(self) -> str:
+        """Returns once the gang has failed: which rank, and why."""
+        failure = await asyncio.shield(self.gang.failed)
+        return failure.sentence()
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        return self._generate(request)
+
+    async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        if self._closed:
+            raise ModelUnloaded(self.name)
+        self._refuse_unsupported(request)
+        tokenizer = self._tokenizer
+        tokens = await asyncio.to_thread(prompt_tokens, tokenizer, request)
+        check_context(len(tokens), request, self.spec.max_context)
+        yield GenerationChunk(text="", prompt_tokens=len(tokens))
+        max_tokens = min(request.max_tokens, max(1, self.spec.max_context - len(tokens)))
+        async with self._turn:
+            # The previous request's last step may still be running on the ranks.
+            await self.gang.idle.wait()
+            self._raise_if_failed()
+            rid = f"{request.request_id}-{next(self._ids)}"
+            inbox = self.gang.subscribe(rid)
+            self._current = rid
+            finished = False
+            try:
+                await self.gang.send_all({
+                    "op": "generate", "id": rid, "tokens": tokens, "max_tokens": max_tokens,
+                    "vocab_size": self.vocab_size, "sampling": _sampling(request),
+                    "ignore_eos": request.ignore_eos, "logprobs": request.logprobs,
+                    "logit_bias": {str(k): v for k, v in (request.logit_bias or {}).items()},
+                    "constraint": _constraint(request),
+                })
+                self.generations += 1
+                async for chunk in self._relay(rid, inbox, len(tokens), request.stop, request.logprobs is not None):
+                    finished = chunk.finish_reason is not None
+                    yield chunk
+            finally:
+                self._current = None
+                self.gang.unsubscribe(rid)
+                if not finished and not self.gang.failed.done():
+                    await self.gang.send_leader({"op": "cancel", "id": rid})
+
+    async def _relay(
+        self, rid: str, inbox: asyncio.Queue[dict[str, Any] | Failure], n_prompt: int, stop: list[str],
+        scoring: bool = False,
+    ) -> AsyncIterator[GenerationChunk]:
+        tokenizer = self._tokenizer
+        detokenizer = tokenizer.detokenizer
+        detokenizer.reset()
+        eos = set(tokenizer.eos_token_ids)
+        stops = StopMatcher(stop)
+        produced = reused = 0
+        scored: list[TokenLogprob] = []
+
+        def chunk(text: str, finish: str | None = None) -> GenerationChunk:
+            entries = scored[:] if scoring else None
+            scored.clear()
+            return GenerationChunk(text=text, finish_reason=finish, prompt_tokens=n_prompt,
+                                   completion_tokens=produced, cached_tokens=reused, logprobs=entries)
+
+        while True:
+            event = await inbox.get()
+            if isinstance(event, Failure):
+                raise ModelFailed(f"The parallel model `{self.name}` failed: {event.sentence()}.")
+            if event["ev"] == "phase":
+                reused = int(event.get("reused") or 0)
+            elif event["ev"] == "token":
+                token = int(event["t"])
+                if token in eos:
+                    continue  # the end event follows with reason "stop"
+                produced += 1
+                self.tokens_generated += 1
+                if scoring:
+                    scored.append(TokenLogprob(
+                        tokenizer.decode([token]), float(event.get("lp", 0.0)),
+                        tuple((tokenizer.decode([int(i)]), float(v)) for i, v in event.get("top", [])
+                              if math.isfinite(v)),
+                    ))
+                detokenizer.add_token(token)
+                text, stopped = stops.feed(detokenizer.last_segment)
+                if stopped:
+                    last = chunk(text, "stop")
+                    last.stop_sequence = stops.matched
+                    yield last
+                    return
+                if text:
+                    yield chunk(text)
+            elif event["ev"] == "end":
+                detokenizer.finalize()
+                text, stopped = stops.feed(detokenizer.last_segment)
+                reason = str(event.get("reason") or "length")
+                if reason == "abort":
+                    self.aborted += 1
+                last = chunk(text + ("" if stopped else stops.flush()), "stop" if stopped else reason)
+                last.stop_sequence = stops.matched
+                yield last
+                return
+
+    def _refuse_unsupported(self, request: GenerationRequest) -> None:
+        if request.logit_bias:
+            check_bias_ids(request.logit_bias, self.vocab_size)
+        if request.max_tokens < 1:
+            raise BadRequest("max_tokens must be at least 1.", param="max_tokens")
+        if request.reasoning_budget is not None:
+            raise BadRequest(f"`{self.name}` is a parallel model; a reasoning budget is not enforced by its ranks "
+                             "yet.", param="reasoning")
+
+    def _raise_if_failed(self) -> None:
+        if self.gang.failed.done():
+            raise ModelFailed(f"The parallel model `{self.name}` failed: {self.gang.failed.result().sentence()}.")
+        if self._closed:
+            raise ModelUnloaded(self.name)
+
+    async def abort_all(self, reason: str) -> int:
+        rid = self._current
+        if rid is None:
+            return 0
+        await self.gang.send_leader({"op": "cancel", "id": rid})
+        return 1
+
+    async def before_unload(self) -> None:
+        return None
+
+    async def clear_prefix_cache(self) -> bool:
+        return False
+
+    async def close(self) -> None:
+        """The whole gang goes: every rank's process group ended and waited for."""
+        if self._closed:
+            return
+        self._closed = True
+        await self.gang.stop()
+
+    def stats(self) -> dict[str, Any]:
+        gang = self.gang
+        failure = gang.failed.result() if gang.failed.done() else None
+        return {
+            "kind": self.kind,
+            "mode": gang.plan.mode,
+            "transport": gang.plan.transport,
+            "ranks": gang.liveness.rows(time.monotonic()),
+            "failed_rank": failure.rank if failure else None,
+            "failure": failure.sentence() if failure else None,
+            "in_flight": 1 if self._current else 0,
+            "generations": self.generations,
+            "tokens_generated": self.tokens_generated,
+            "aborted": self.aborted,
+            "measured_bytes": self.measured_bytes,
+            "load_seconds": round(self.load_seconds, 3),
+            "closed": self._closed,
+        }
+
+
+def _constraint(request: GenerationRequest) -> dict[str, str] | None:
+    c = request.constraint
+    return {"kind": c.kind, "text": c.text} if c is not None else None
+
+
+def _sampling(request: GenerationRequest) -> dict[str, Any]:
+    s = request.sampling
+    return {
+        "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p,
+        "repetition_penalty": s.repetition_penalty, "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty, "seed": s.seed,
+    }
+
+
+def _load_tokenizer(path: Path) -> tuple[Any, int]:
+    """The daemon's half of the model: its tokenizer and logits width (no weights)."""
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+    from mlx_lm.utils import load_config
+
+    config = load_config(path)
+    tokenizer = load_tokenizer(path, {"trust_remote_code": True}, eos_token_ids=config.get("eos_token_id"))
+    vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size") or tokenizer.vocab_size
+    return tokenizer, int(vocab)
+
+
+async def load_gang_engine(spec: ModelSpec, worker: Any = None, *, cache_dir: Path | None = None) -> GangEngine:
+    """Start the gang and wait for every rank's load barrier; the engine
+    exists only once the whole gang is resident."""
+    parallel = spec.parallel
+    assert parallel is not None, spec.name
+    started = time.monotonic()
+    tokenizer, vocab = await asyncio.to_thread(_load_tokenizer, spec.path)
+    plan = GangPlan(
+        name=spec.name, path=spec.path, mode=parallel.mode, hosts=parallel.hosts,
+        transport=parallel.transport, eos=tuple(sorted(tokenizer.eos_token_ids)),
+        deadlines=Deadlines(parallel.load_timeout_s, parallel.prefill_timeout_s, parallel.step_timeout_s),
+        remotes={name: (url, os.environ.get(key_env) if key_env else None) for name, url, key_env in parallel.remotes},
+    )
+    gang = Gang(plan)
+    await gang.start()
+    return GangEngine(spec, gang, tokenizer, vocab, time.monotonic() - started)

@@ -1,0 +1,366 @@
+"""One rank of a gang: ``python -m mlxd.distributed.rank``, started by the
+daemon (``distributed/gang.py``) with ``MLX_RANK``, ``MLX_HOSTFILE`` and the
+spec in ``MLXD_GANG_*`` variables; never by ``mlx.launch``.
+
+It joins the group, loads its shard, passes the load barrier, then runs
+what the daemon sends on stdin (JSON lines, ``distributed/wire.py``), one
+request at a time, and reports on its own event channel (the original
+stdout; fd 1 is pointed at stderr so that no library's print can corrupt it).
+
+Every rank runs the same step program, so every collective inside the model
+meets its peers. Rank 0 leads: it samples each token and decides whether to
+go on (end token, max_tokens, a cancel from the daemon), and one ``all_sum``
+of ``[token, stop]`` per step hands that decision to the followers. A
+follower never reads a cancel itself: two ranks that stop at different steps
+would leave one waiting in a collective forever.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import threading
+from pathlib import Path
+from typing import Any, TextIO
+
+from mlxd.distributed import wire
+
+# How long a rank whose daemon went away may take to finish by itself.
+ORPHAN_GRACE_S = 5.0
+
+
+class Reporter:
+    """The rank's event channel: one JSON line per event, flushed at once
+    (the daemon's liveness reads progress from it)."""
+
+    def __init__(self, out: TextIO, rank: int) -> None:
+        self._out = out
+        self._rank = rank
+        self._lock = threading.Lock()
+
+    def send(self, kind: str, **fields: Any) -> None:
+        line = wire.encode({"ev": kind, "rank": self._rank, **fields})
+        with self._lock:
+            self._out.write(line)
+            self._out.flush()
+
+
+def _read_commands(source: TextIO, inbox: queue.Queue[dict[str, Any] | None], cancels: set[str]) -> None:
+    """Stdin reader thread: cancels are noted at once (rank 0 reads them
+    between steps), everything else is queued in order. EOF: the daemon is
+    gone, and so is the reason to live."""
+    for line in source:
+        message = wire.decode(line)
+        if message is None:
+            continue
+        if message.get("op") == "cancel":
+            cancels.add(str(message.get("id")))
+        else:
+            inbox.put(message)
+    inbox.put(None)
+    # A rank waiting in a collective never reads the queue again: without
+    # its daemon (killed, or it closed the channel) it must not outlive it.
+    timer = threading.Timer(ORPHAN_GRACE_S, os._exit, args=(0,))
+    timer.daemon = True
+    timer.start()
+
+
+def _bare_mlx_lm() -> None:
+    """Make ``mlx_lm`` importable without its ``__init__``, which imports
+    transformers (2-3 s per rank here, paid again at every load of the gang);
+    a rank needs only the model classes, the cache and the samplers."""
+    import importlib.util
+    import types
+
+    if "mlx_lm" in sys.modules:
+        return
+    spec = importlib.util.find_spec("mlx_lm")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    package = types.ModuleType("mlx_lm")
+    package.__path__ = list(spec.submodule_search_locations)
+    package.__spec__ = spec
+    sys.modules["mlx_lm"] = package
+
+
+def _load(path: str, mode: str, group: Any) -> Any:
+    """The model with only this rank's shard of the weights evaluated."""
+    import mlx.core as mx
+
+    model = _build(Path(path))
+    if mode == "pipeline":
+        if not hasattr(getattr(model, "model", None), "pipeline"):
+            raise ValueError(f"mlx-lm's {type(model).__module__} has no pipeline split; use mode: tensor")
+        model.model.pipeline(group)
+    else:
+        if not hasattr(model, "shard"):
+            raise ValueError(f"mlx-lm's {type(model).__module__} has no tensor split; use mode: pipeline")
+        model.shard(group)
+    mx.eval(model.parameters())
+    return model
+
+
+def _build(path: Path) -> Any:
+    """mlx-lm's model class with the folder's weights, lazily (nothing is
+    read until the shard is evaluated). Architectures mlx-lm reaches through
+    a remapping, or quantized per layer, go through its own loader."""
+    import importlib
+
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    config = json.loads((path / "config.json").read_text())
+    quant = config.get("quantization")
+    try:
+        arch = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    except (ImportError, KeyError):
+        arch = None
+    if arch is None or (isinstance(quant, dict) and any(isinstance(v, dict) for v in quant.values())):
+        from mlx_lm.utils import load_model
+
+        return load_model(path, lazy=True, strict=False)[0]
+    model = arch.Model(arch.ModelArgs.from_dict(config))
+    weights: dict[str, Any] = {}
+    for file in sorted(path.glob("model*.safetensors")):
+        weights.update(mx.load(str(file)))
+    if hasattr(model, "sanitize"):
+        weights = model.sanitize(weights)
+    if isinstance(quant, dict):
+        nn.quantize(model, group_size=quant["group_size"], bits=quant["bits"], mode=quant.get("mode", "affine"),
+                    class_predicate=lambda p, m: f"{p}.scales" in weights)
+    model.load_weights(list(weights.items()), strict=False)
+    return model
+
+
+def collective_stream(backend: str) -> Any:
+    """Where the rank's own small collectives run: the ring and jaccl move
+    CPU buffers (as mlx-lm's barrier does), NCCL only GPU ones."""
+    import mlx.core as mx
+
+    return mx.default_device() if backend == "nccl" else mx.cpu
+
+
+def _barrier(group: Any, backend: str) -> None:
+    import mlx.core as mx
+
+    mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group, stream=collective_stream(backend)))
+
+
+class Runner:
+    """The step program of one request, the same on every rank."""
+
+    def __init__(self, model: Any, group: Any, report: Reporter, cancels: set[str], eos: set[int],
+                 backend: str = "ring") -> None:
+        self.model = model
+        self.group = group
+        self.rank = group.rank()
+        self.report = report
+        self.cancels = cancels
+        self.eos = eos
+        self.peak_reported = False
+        # The last request's KV cache and the tokens in it, the same on every
+        # rank (every rank saw the same prompt and the same decided tokens),
+        # so each one decides alike how much of it the next prompt reuses.
+        self.cache: list[Any] | None = None
+        self.cached: list[int] = []
+        # Rank 0's grammar compiler, made on the first constrained request.
+        self.grammars: Any = None
+        import mlx.core as mx
+
+        # Its own stream, as mlx-lm's generate keeps one (mlx_lm.generate
+        # itself is not imported: it would pull transformers in).
+        self.stream = mx.new_stream(mx.default_device())
+        self.collectives = collective_stream(backend)
+
+    def run(self, message: dict[str, Any]) -> None:
+        import mlx.core as mx
+
+        generation_stream = self.stream
+
+        rid = str(message["id"])
+        tokens: list[int] = list(message["tokens"])
+        max_tokens = int(message["max_tokens"])
+        chunk = max(1, int(message.get("prefill_step", 512)))
+        leader = self.rank == 0
+        sampler, processors = self._sampling(message, self.eos) if leader else (None, [])
+        if leader and message.get("constraint"):
+            processors.append(self._grammar(message))
+        top = message.get("logprobs")
+        cache, done = self._reuse(tokens)
+        prompt = mx.array(tokens)
+        self.report.send("phase", id=rid, phase="prefill", reused=done)
+        # mlx-lm's generate_step order: all but the last prompt token in
+        # chunks, then the last one as the first decode step, so that the
+        # logits (and greedy tokens) are those of one process.
+        while len(tokens) - done > 1:
+            n = min(chunk, len(tokens) - done - 1)
+            with mx.stream(generation_stream):
+                self.model(prompt[done:done + n][None], cache=cache)
+                mx.eval([c.state for c in cache])
+            done += n
+            self.report.send("progress", id=rid, phase="prefill", done=done)
+        y = prompt[done:]
+        history = prompt
+        fed = list(tokens)  # what the cache holds once this step has run
+        self.cache, self.cached = cache, []  # half-fed until the request ends
+        step = 0
+        reason = "length"
+        while True:
+            with mx.stream(generation_stream):
+                logits = self.model(y[None], cache=cache)[:, -1, :]
+                if leader:
+                    for processor in processors:
+                        logits = processor(history, logits)
+                    logprobs = logits - mx.logsumexp(logits, keepdims=True)
+                    token = int(sampler(logprobs).item())
+                    scored = _scored(logprobs, token, top) if top is not None else {}
+                    stop = token in self.eos or step + 1 >= max_tokens or rid in self.cancels
+                    decision = mx.array([float(token), 1.0 if stop else 0.0])
+                else:
+                    mx.eval(logits)
+                    decision = mx.zeros((2,))
+                decision = mx.distributed.all_sum(decision, group=self.group, stream=self.collectives)
+                token_f, stop_f = decision.tolist()
+            token, stop = int(token_f), stop_f > 0.5
+            step += 1
+            if leader:
+                if token in self.eos:
+                    reason = "stop"
+                elif rid in self.cancels:
+                    reason = "abort"
+                self.report.send("token", id=rid, t=token, **scored)
+            else:
+                self.report.send("progress", id=rid, phase="decode", step=step)
+            if stop:
+                break
+            y = mx.array([token])
+            fed.append(token)
+            if processors:  # only they read the tokens so far (penalties, the grammar)
+                history = mx.concatenate([history, y])
+        self.cached = fed
+        self.cancels.discard(rid)
+        self.report.send("end", id=rid, reason=reason, steps=step, **self._memory())
+
+    def _reuse(self, tokens: list[int]) -> tuple[list[Any], int]:
+        """The cache to start from and how many prompt tokens it holds: the
+        last request's, trimmed to the prefix it shares with this prompt
+        (one token is always left to run); a cache that cannot be trimmed
+        only when this prompt extends it whole."""
+        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+
+        cache, cached = self.cache, self.cached
+        shared = 0
+        for a, b in zip(cached, tokens[:-1]):
+            if a != b:
+                break
+            shared += 1
+        if cache is None or shared == 0:
+            return make_prompt_cache(self.model), 0
+        if shared < len(cached):
+            if not can_trim_prompt_cache(cache):
+                return make_prompt_cache(self.model), 0
+            trim_prompt_cache(cache, len(cached) - shared)
+        return cache, shared
+
+    def _memory(self) -> dict[str, int]:
+        import mlx.core as mx
+
+        if self.peak_reported:
+            return {}
+        self.peak_reported = True
+        return {"peak_bytes": int(mx.get_peak_memory())}
+
+    def _grammar(self, message: dict[str, Any]) -> Any:
+        """The request's grammar as the text engine applies it, last of the
+        processors. The compiler needs the Hugging Face tokenizer, loaded on
+        the first constrained request only (it pulls transformers in)."""
+        from mlxd.engine.types import Constraint
+        from mlxd.grammar.processor import GrammarProcessor
+
+        if self.grammars is None:
+            from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+            from mlxd.grammar.compiler import GrammarCompiler
+
+            path = Path(os.environ["MLXD_GANG_PATH"])
+            tokenizer = load_tokenizer(path, {"trust_remote_code": True}, eos_token_ids=sorted(self.eos) or None)
+            self.grammars = GrammarCompiler(tokenizer, int(message["vocab_size"]))
+        grammars = self.grammars
+        given = message["constraint"]
+        matcher = grammars.matcher(Constraint(str(given["kind"]), str(given["text"])))
+        return GrammarProcessor(matcher, grammars.mask_size, grammars.eos_token_ids)
+
+    @staticmethod
+    def _sampling(message: dict[str, Any], eos: set[int]) -> tuple[Any, list[Any]]:
+        """Rank 0's sampler and logits processors, as the text engine builds them."""
+        from mlxd.engine import sampling
+        from mlxd.engine.types import SamplingParams
+
+        params = SamplingParams(**message.get("sampling", {}))
+        vocab = int(message["vocab_size"])
+        processors = []
+        if message.get("logit_bias"):
+            # First, as the text engine orders them: the penalties see biased logits.
+            bias = {int(k): float(v) for k, v in message["logit_bias"].items()}
+            processors.append(sampling.bias_tokens(bias, vocab))
+        processors += sampling.make_logits_processors(params)
+        if message.get("ignore_eos"):
+            processors.append(sampling.suppress_tokens(eos, vocab))
+        return sampling.make_sampler(params, vocab), processors
+
+
+def _scored(logprobs: Any, token: int, top: int) -> dict[str, Any]:
+    """The sampled token's log-probability and the ``top`` most likely ids
+    with theirs (the daemon decodes them: it holds the tokenizer)."""
+    import mlx.core as mx
+
+    row = logprobs.reshape(-1).astype(mx.float32)
+    alternatives: list[list[float]] = []
+    if top > 0:
+        k = min(top, row.size)
+        ids = mx.argpartition(-row, kth=k - 1)[:k]
+        alternatives = sorted(([int(i), float(v)] for i, v in zip(ids.tolist(), row[ids].tolist())),
+                              key=lambda p: -p[1])
+    return {"lp": float(row[token].item()), "top": alternatives}
+
+
+def main() -> int:
+    _bare_mlx_lm()
+    import mlx.core as mx
+
+    events = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    rank = int(os.environ["MLX_RANK"])
+    report = Reporter(events, rank)
+    report.send("phase", phase="load", pid=os.getpid())
+    path, mode = os.environ["MLXD_GANG_PATH"], os.environ.get("MLXD_GANG_MODE", "tensor")
+    backend = os.environ.get("MLXD_GANG_BACKEND", "ring")
+    try:
+        group = mx.distributed.init(strict=True, backend=backend)
+        model = _load(path, mode, group)
+        _barrier(group, backend)
+    except Exception as exc:  # the daemon names this rank and why
+        report.send("failed", phase="load", error=f"{type(exc).__name__}: {exc}"[:500])
+        return 1
+    report.send("ready", memory_bytes=int(mx.get_active_memory()), size=group.size())
+    eos = {int(t) for t in json.loads(os.environ.get("MLXD_GANG_EOS", "[]"))}
+    inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
+    cancels: set[str] = set()
+    threading.Thread(target=_read_commands, args=(sys.stdin, inbox, cancels), daemon=True).start()
+    runner = Runner(model, group, report, cancels, eos, backend)
+    while True:
+        message = inbox.get()
+        if message is None or message.get("op") == "exit":
+            return 0
+        if message.get("op") == "generate":
+            try:
+                runner.run(message)
+            except Exception as exc:  # a rank that cannot follow takes the gang down
+                report.send("failed", phase="decode", error=f"{type(exc).__name__}: {exc}"[:500])
+                return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""Audio files in and out, without MLX: what the speech routes read before a
+lease and write after one.
+
+Reading: the format comes from the first bytes; the header's duration and
+channels are read first (``probe``), so a file too long for the bounds is
+refused before a sample is decoded; ``decode`` then reads the file exactly
+as mlx-audio's own ``load_audio`` does (``mlx_audio.audio_io.read``:
+miniaudio, mlx-audio's resampler, mono float32), so the daemon's model sees
+the samples a direct call would. A file that decodes to less than its
+header says is a truncated file, refused.
+
+Writing: WAV and raw PCM are written here as the samples arrive; FLAC and
+MP3 through libsndfile (``soundfile``, which ships it), also as
+the samples arrive.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mlxd.errors import BadRequest
+
+# What a request may send (OpenAI's list, less what needs ffmpeg here).
+READ_FORMATS = ("wav", "mp3", "flac", "ogg")
+# What /v1/audio/speech writes.
+WRITE_FORMATS = ("wav", "pcm", "flac", "mp3")
+MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp3": "audio/mpeg"}
+# libsndfile's container and encoding for each format it writes.
+# (Opus is left out: libsndfile takes it only at 8-48 kHz rates that
+# Soprano's 32 kHz is not, and resampling each chunk apart would click.)
+_SOUNDFILE = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III")}
+# A decoded file shorter than its header says by more than this is truncated.
+TRUNCATION_TOLERANCE = 0.02
+
+
+class InvalidAudio(BadRequest):
+    """The uploaded file is not audio this daemon can read."""
+
+    def __init__(self, message: str, code: str = "invalid_audio") -> None:
+        super().__init__(message, param="file", code=code)
+
+
+@dataclass(frozen=True)
+class AudioInfo:
+    format: str
+    sample_rate: int
+    channels: int
+    seconds: float
+
+
+def sniff(data: bytes) -> str | None:
+    """The container from its first bytes."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WAVE":
+        return "wav"
+    if data[:4] == b"fLaC":
+        return "flac"
+    if data[:4] == b"OggS":
+        return "ogg"
+    if data[:3] == b"ID3" or (len(data) > 1 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0):
+        return "mp3"
+    if data[4:8] == b"ftyp":
+        return "m4a"
+    if data[:4] == b"\x1aE\xdf\xa3":
+        return "webm"
+    return None
+
+
+def probe(data: bytes) -> AudioInfo:
+    """The file's format, rate, channels and duration, from its header (and,
+    for MP3, a scan of its frames). Raises InvalidAudio."""
+    import miniaudio
+
+    if not data:
+        raise InvalidAudio("The file is empty (0 bytes).", code="empty_file")
+    fmt = sniff(data)
+    if fmt in ("m4a", "webm"):
+        raise InvalidAudio(f"{fmt} files are not supported here (they need ffmpeg); send one of "
+                           f"{', '.join(READ_FORMATS)}.", code="unsupported_format")
+    if fmt is None:
+        raise InvalidAudio(f"The file is not audio in a format this server reads ({', '.join(READ_FORMATS)}).",
+                           code="invalid_file_format")
+    get_info = {"wav": miniaudio.wav_get_info, "flac": miniaudio.flac_get_info, "mp3": miniaudio.mp3_get_info,
+                "ogg": miniaudio.vorbis_get_info}[fmt]
+    try:
+        info = get_info(data)
+    except Exception as exc:  # miniaudio.DecodeError and friends: a broken header
+        raise InvalidAudio(f"The {fmt} file cannot be read: its header is damaged or incomplete.") from exc
+    if info.sample_rate <= 0 or info.nchannels <= 0:
+        raise InvalidAudio(f"The {fmt} file declares no samples.")
+    if fmt == "wav" and _wav_cut_short(data):
+        raise InvalidAudio("The wav file is truncated: its data chunk is shorter than its header says.",
+                           code="truncated_file")
+    return AudioInfo(fmt, info.sample_rate, info.nchannels, info.num_frames / info.sample_rate)
+
+
+def _wav_cut_short(data: bytes) -> bool:
+    """Whether the data chunk holds fewer bytes than its size field (miniaudio
+    reads such a file as a shorter one). A streamed WAV's unknown size
+    (0 or 0xFFFFFFFF, give or take its header) is not a promise."""
+    at = 12
+    while at + 8 <= len(data):
+        name, size = data[at:at + 4], struct.unpack("<I", data[at + 4:at + 8])[0]
+        if name == b"data":
+            return 0 < size < 0xFFFFFFFF - 64 and at + 8 + size > len(data)
+        at += 8 + size + (size & 1)
+    return False
+
+
+def decode(data: bytes, info: AudioInfo, sample_rate: int) -> np.ndarray:
+    """Mono float32 samples at ``sample_rate``, as mlx-audio reads a file."""
+    from mlx_audio.audio_io import read
+
+    try:
+        if info.format == "ogg":
+            samples = _decode_vorbis(data, sample_rate)
+        else:
+            samples, _ = read(io.BytesIO(data), dtype="float32", sample_rate=sample_rate, nchannels=1)
+    except Exception as exc:
+        raise InvalidAudio(f"The {info.format} file cannot be decoded: its data is damaged.") from exc
+    samples = np.asarray(samples, dtype=np.float32).reshape(-1)
+    expected = info.seconds * sample_rate
+    if expected > 0 and samples.size < expected * (1 - TRUNCATION_TOLERANCE) - 1:
+        raise InvalidAudio(
+            f"The {info.format} file is truncated: its header promises {info.seconds:.2f} s, "
+            f"its data holds {samples.size / sample_rate:.2f} s.", code="truncated_file")
+    if samples.size == 0:
+        raise InvalidAudio("The file holds no audio samples.", code="empty_audio")
+    return samples
+
+
+def _decode_vorbis(data: bytes, sample_rate: int) -> np.ndarray:
+    """Ogg Vorbis through miniaudio (mlx-audio hands it to ffmpeg)."""
+    import miniaudio
+    from mlx_audio.utils import resample_audio
+
+    sound = miniaudio.vorbis_read(data)
+    samples = np.frombuffer(sound.samples, dtype=np.int16).astype(np.float32) / 32768.0
+    samples = samples.reshape(-1, sound.nchannels).mean(axis=1)
+    if sound.sample_rate != sample_rate:
+        samples = resample_audio(samples, sound.sample_rate, sample_rate, axis=0)
+    return np.asarray(samples, dtype=np.float32)
+
+
+# --- writing -------------------------------------------------------------------
+
+
+def pcm16(samples: np.ndarray) -> bytes:
+    """Little-endian signed 16-bit samples, as mlx-audio writes them."""
+    return (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+
+
+def wav_header(sample_rate: int, frames: int | None = None) -> bytes:
+    """A mono 16-bit WAV header; ``frames=None``: length unknown (streamed),
+    the sizes at their maximum, as streaming servers write them."""
+    data = 0xFFFFFFFF - 36 if frames is None else frames * 2
+    return (b"RIFF" + struct.pack("<I", min(36 + data, 0xFFFFFFFF)) + b"WAVE" + b"fmt "
+            + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
+            + b"data" + struct.pack("<I", data))
+
+
+class _Sink(io.RawIOBase):
+    """A write-only file for libsndfile whose bytes are taken as they come.
+
+    At the end libsndfile seeks back to complete FLAC's header (its total
+    length); those bytes went out long ago, so writes behind the end are
+    dropped: a streamed FLAC says "length unknown", which players accept."""
+
+    def __init__(self) -> None:
+        self.pending = bytearray()
+        self.end = 0
+        self.cursor = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def write(self, b: bytes) -> int:  # type: ignore[override]
+        size = len(b)
+        if self.cursor + size > self.end:
+            fresh = b[max(0, self.end - self.cursor):]
+            self.pending += fresh
+            self.end += len(fresh)
+        self.cursor += size
+        return size
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.cursor = {0: offset, 1: self.cursor + offset, 2: self.end + offset}[whence]
+        return self.cursor
+
+    def tell(self) -> int:
+        return self.cursor
+
+    def take(self) -> bytes:
+        out, self.pending = bytes(self.pending), bytearray()
+        return out
+
+
+class StreamEncoder:
+    """Sample chunks in, the bytes of ``fmt`` out as soon as each chunk is
+    encoded (WAV's header first, its length unknown)."""
+
+    def __init__(self, fmt: str, sample_rate: int) -> None:
+        if fmt not in WRITE_FORMATS:
+            raise ValueError(f"cannot write {fmt}")
+        self.fmt = fmt
+        self.sample_rate = sample_rate
+        self._sink: _Sink | None = None
+        self._file: Any = None
+        self._started = False
+
+    def feed(self, samples: np.ndarray) -> bytes:
+        head = b""
+        if not self._started:
+            self._started = True
+            if self.fmt == "wav":
+                head = wav_header(self.sample_rate)
+            elif self.fmt != "pcm":
+                import soundfile
+
+                container, subtype = _SOUNDFILE[self.fmt]
+                self._sink = _Sink()
+                self._file = soundfile.SoundFile(self._sink, mode="w", samplerate=self.sample_rate, channels=1,
+                                                 format=container, subtype=subtype)
+        if self._file is None:
+            return head + pcm16(samples)
+        assert self._sink is not None
+        self._file.write(np.clip(samples, -1.0, 1.0))
+        return self._sink.take()
+
+    def close(self) -> bytes:
+        """The encoder's last bytes (FLAC's and MP3's final frames)."""
+        if self._file is None:
+            return b"" if self._started else self.feed(np.zeros(0, np.float32))
+        assert self._sink is not None
+        self._file.close()
+        self._file = None
+        return self._sink.take()
+
+
+def write_file(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
+    """A whole file, its header complete (tests and the bench write their inputs with it)."""
+    if fmt in ("wav", "pcm"):
+        return (wav_header(sample_rate, samples.size) if fmt == "wav" else b"") + pcm16(samples)
+    import soundfile
+
+    container, subtype = _SOUNDFILE[fmt]
+    out = io.BytesIO()
+    soundfile.write(out, np.clip(samples, -1.0, 1.0), sample_rate, format=container, subtype=subtype)
+    return out.getvalue()

@@ -1,0 +1,204 @@
+"""A parallel model end to end: the factory's Qwen2-shaped tiny model split
+over two ranks (tensor parallel, ring over loopback), started and owned by
+a real daemon, driven through the official openai client.
+
+One gang serves the whole module (spawning MLX ranks costs seconds here);
+the failure tests come last and each ends with the gang loaded again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import psutil
+import pytest
+from rich.console import Console
+from support.daemon import daemon_in_thread, wait_until, write_registry
+
+from mlxd.cli.status import render
+
+pytestmark = pytest.mark.mlx
+
+CHAT = [{"role": "user", "content": "Read the configuration file and report the errors"}]
+TOKENS = 24
+# The same suite over NCCL on a host with two GPUs: MLXD_TEST_GANG_TRANSPORT=nccl.
+TRANSPORT = os.environ.get("MLXD_TEST_GANG_TRANSPORT", "ring")
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gang")
+    registry = write_registry(
+        tmp,
+        [
+            {"name": "solo", "model": "qwen"},
+            {"name": "gang", "model": "qwen",
+             "parallel": {"mode": "tensor", "ranks": 2, "transport": TRANSPORT, "step_timeout_s": 3}},
+            {"name": "piped", "model": "qwen", "parallel": {"mode": "pipeline", "ranks": 2, "transport": TRANSPORT},
+             "idle_unload_seconds": 1},
+        ],
+        manager={"load_retry_backoff_s": 1, "load_retry_backoff_max_s": 1},
+    )
+    with daemon_in_thread(registry, tmp) as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def client(daemon):
+    return openai.OpenAI(base_url=f"{daemon.url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def solo_text(client):
+    reply = client.chat.completions.create(model="solo", messages=CHAT, max_tokens=TOKENS, temperature=0)
+    return reply.choices[0].message.content
+
+
+def _gang_text(client, **kw) -> str:
+    reply = client.chat.completions.create(model="gang", messages=CHAT, max_tokens=TOKENS, temperature=0, **kw)
+    return reply.choices[0].message.content
+
+
+def _rank_pids(daemon) -> list[int]:
+    return [r["pid"] for r in daemon.model("gang")["ranks"]]
+
+
+def test_greedy_output_is_byte_identical_to_one_process(client, daemon, solo_text):
+    reply = client.chat.completions.create(model="gang", messages=CHAT, max_tokens=TOKENS, temperature=0)
+    assert reply.choices[0].message.content == solo_text
+    assert reply.usage.completion_tokens == TOKENS
+    stream = client.chat.completions.create(model="gang", messages=CHAT, max_tokens=TOKENS, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == solo_text
+    assert chunks[-1].usage.completion_tokens == TOKENS
+
+
+def test_overlapping_and_abandoned_requests_leave_the_ranks_in_step(client, solo_text):
+    # A client that leaves mid-stream: rank 0 stops, and the followers with it.
+    stream = client.chat.completions.create(model="gang", messages=CHAT, max_tokens=2000, temperature=0,
+                                            stream=True, extra_body={"ignore_eos": True})
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()
+    # Two requests at once (tensor-parallel ranks deadlock when they see two
+    # requests in different orders, omlx#3039): the model's queue keeps one order.
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda _: _gang_text(client), range(2)))
+    assert answers == [solo_text, solo_text]
+
+
+def test_the_next_turn_reuses_the_ranks_cache_and_answers_as_one_process(client):
+    first = client.chat.completions.create(model="gang", messages=CHAT, max_tokens=8, temperature=0)
+    turn = [*CHAT, {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "Now list the files it reads"}]
+    ask = dict(messages=turn, max_tokens=TOKENS, temperature=0)
+    gang = client.chat.completions.create(model="gang", **ask)
+    solo = client.chat.completions.create(model="solo", **ask)
+    assert gang.choices[0].message.content == solo.choices[0].message.content
+    assert gang.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+
+
+def test_logprobs_and_logit_bias_are_served_by_rank_0_as_by_one_process(client):
+    ask = dict(messages=CHAT, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2)
+    solo, gang = (client.chat.completions.create(model=m, **ask).choices[0] for m in ("solo", "gang"))
+    pairs = list(zip(solo.logprobs.content, gang.logprobs.content, strict=True))
+    for one, split in pairs:
+        assert split.token == one.token and abs(split.logprob - one.logprob) < 1e-3
+        assert [t.token for t in split.top_logprobs] == [t.token for t in one.top_logprobs]
+    # A bias toward one token changes the answer the same way on both.
+    biased = dict(messages=CHAT, max_tokens=3, temperature=0, logit_bias={"100": 100})
+    solo_biased, gang_biased = (client.chat.completions.create(model=m, **biased).choices[0].message.content
+                                for m in ("solo", "gang"))
+    assert gang_biased == solo_biased and gang_biased != solo.message.content[: len(gang_biased)]
+
+
+def test_structured_output_decodes_under_the_same_grammar_as_one_process(client):
+    schema = {"type": "object", "properties": {"level": {"enum": ["low", "high"]}, "ok": {"type": "boolean"}},
+              "required": ["level", "ok"], "additionalProperties": False}
+    ask = dict(messages=CHAT, max_tokens=40, temperature=0,
+               response_format={"type": "json_schema", "json_schema": {"name": "report", "schema": schema}})
+    solo, gang = (client.chat.completions.create(model=m, **ask).choices[0].message.content for m in ("solo", "gang"))
+    assert gang == solo
+    assert set(json.loads(gang)) == {"level", "ok"}
+
+
+def test_a_pipeline_split_answers_the_same_and_its_idle_gang_unloads_whole(client, daemon, solo_text):
+    reply = client.chat.completions.create(model="piped", messages=CHAT, max_tokens=TOKENS, temperature=0)
+    assert reply.choices[0].message.content == solo_text
+    pids = [r["pid"] for r in daemon.model("piped")["ranks"]]
+    assert len(pids) == 2
+    # idle_unload_seconds: 1 — the whole gang goes, not one rank of it.
+    wait_until(lambda: daemon.model("piped")["state"] == "unloaded", timeout=15)
+    wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                               for p in pids), timeout=10)
+
+
+def test_status_shows_every_rank_of_the_resident_gang(daemon):
+    model = daemon.model("gang")
+    assert model["state"] == "loaded"
+    assert model["parallel"]["ranks"] == ["local", "local"] and model["parallel"]["transport"] == TRANSPORT
+    ranks = model["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    for row in ranks:
+        assert row["host"] == "local" and row["state"] == "ready"
+        assert psutil.pid_exists(row["pid"]) and row["pid"] != os.getpid()
+        assert row["memory_bytes"] > 0 and row["last_progress_s"] >= 0
+    # The gang's charge is every rank's share.
+    assert model["memory"]["measured_bytes"] == sum(r["memory_bytes"] for r in ranks)
+    # `mlxd status` draws the ranks under the model.
+    console = Console(record=True, width=120)
+    console.print(render(daemon.status()))
+    drawn = console.export_text()
+    assert f"gang       tensor over 2 ranks by {TRANSPORT}" in drawn
+    assert f"rank 1 local    pid {ranks[1]['pid']}  ready" in drawn
+
+
+def _fails_and_recovers(client, daemon, solo_text, sig: signal.Signals, within: float) -> None:
+    pids = _rank_pids(daemon)
+    stream = client.chat.completions.create(model="gang", messages=CHAT, max_tokens=4000, temperature=0,
+                                            stream=True, extra_body={"ignore_eos": True})
+    got = ""
+    started = None
+    with pytest.raises(openai.APIError) as raised:
+        for chunk in stream:
+            got += (chunk.choices[0].delta.content or "") if chunk.choices else ""
+            if started is None and len(got) > 4:
+                os.kill(pids[1], sig)
+                started = time.monotonic()
+    assert started is not None, "the stream ended before the rank was signalled"
+    assert time.monotonic() - started < within
+    assert "rank 1" in str(raised.value)
+    model = wait_until(lambda: (m := daemon.model("gang"))["state"] == "failed" and m)
+    assert "rank 1" in model["last_error"]
+    # Every rank of that gang is gone (its process groups were killed), not just the one signalled.
+    wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                               for p in pids), timeout=10)
+    # After the backoff the next request loads a fresh gang and answers the same text.
+    time.sleep(1.2)
+    assert _gang_text(client) == solo_text
+    assert set(_rank_pids(daemon)).isdisjoint(pids)
+
+
+def test_a_killed_rank_ends_the_stream_with_an_error_and_the_gang_comes_back(client, daemon, solo_text):
+    _fails_and_recovers(client, daemon, solo_text, signal.SIGKILL, within=10)
+
+
+def test_a_stopped_rank_is_treated_the_same_within_the_decode_deadline(client, daemon, solo_text):
+    _fails_and_recovers(client, daemon, solo_text, signal.SIGSTOP, within=3 + 5)
+
+
+def test_unloading_takes_the_whole_gang_down_and_releases_its_memory(client, daemon, solo_text):
+    if daemon.model("gang")["state"] != "loaded":
+        assert _gang_text(client) == solo_text
+    pids = _rank_pids(daemon)
+    with daemon.client() as http:
+        assert http.post("/v1/models/gang/unload", json={}).status_code == 200
+    model = wait_until(lambda: (m := daemon.model("gang"))["state"] == "unloaded" and m)
+    assert model["memory"]["reserved_bytes"] == 0 and model["ranks"] == []
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)

@@ -1,0 +1,106 @@
+"""A gang over two hosts: rank 1 started by a second `mlxd serve` on this
+machine acting as another host (a backend of kind mlxd, reached with its
+admin key), the weights read from that daemon's own entry for the model."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import openai
+import psutil
+import pytest
+from support.daemon import daemon_in_thread, wait_until, write_registry
+
+pytestmark = pytest.mark.mlx
+
+CHAT = [{"role": "user", "content": "Read the configuration file and report the errors"}]
+KEY = "peer-admin-key"
+
+
+@pytest.fixture(scope="module")
+def daemons(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MLXD_TEST_PEER_KEY", KEY)
+    peer_dir, main_dir = tmp_path_factory.mktemp("peer"), tmp_path_factory.mktemp("main")
+    peer_registry = write_registry(
+        peer_dir, [{"name": "split", "model": "qwen"}, {"name": "elsewhere", "path": str(peer_dir / "no-such-model")},
+                   {"name": "huge", "model": "qwen", "estimated_memory_gb": 0.9}],
+        manager={"memory_budget": "1GB"}, server={"api_keys": [KEY]},
+    )
+    with daemon_in_thread(peer_registry, peer_dir) as peer:
+        registry = write_registry(
+            main_dir,
+            [{"name": "solo", "model": "qwen"},
+             {"name": "split", "model": "qwen", "parallel": {"ranks": ["local", "peer"], "step_timeout_s": 3}},
+             # Here its weights are found; on the other host they are not.
+             {"name": "elsewhere", "model": "qwen", "parallel": {"ranks": ["local", "peer"]}}],
+            backends={"peer": {"url": f"{peer.url}/v1", "kind": "mlxd", "api_key_env": "MLXD_TEST_PEER_KEY"}},
+        )
+        with daemon_in_thread(registry, main_dir) as main:
+            yield main, peer
+    mp.undo()
+
+
+def test_a_rank_started_by_another_hosts_mlxd_serves_the_same_text(daemons):
+    main, peer = daemons
+    client = openai.OpenAI(base_url=f"{main.url}/v1", api_key="unused", max_retries=0)
+    ask = dict(messages=CHAT, max_tokens=16, temperature=0)
+    solo = client.chat.completions.create(model="solo", **ask).choices[0].message.content
+    assert client.chat.completions.create(model="split", **ask).choices[0].message.content == solo
+    ranks = main.model("split")["ranks"]
+    assert [(r["rank"], r["host"]) for r in ranks] == [(0, "local"), (1, "peer")]
+    hosted = peer.ctx.hosting.rows()
+    assert [(h["rank"], h["pid"]) for h in hosted] == [(1, ranks[1]["pid"])]
+    # Unloading ends the rank on the other host too.
+    with main.client() as http:
+        assert http.post("/v1/models/split/unload", json={}).status_code == 200
+    wait_until(lambda: peer.ctx.hosting.rows() == [], timeout=10)
+    assert not psutil.pid_exists(ranks[1]["pid"]) or psutil.Process(ranks[1]["pid"]).status() == psutil.STATUS_ZOMBIE
+
+
+def test_the_hosting_routes_need_the_hosts_admin_key_and_room_in_its_budget(daemons):
+    _, peer = daemons
+    ask = {"model": "split", "rank": 1, "size": 2}
+    with peer.client() as http:
+        assert http.post("/v1/gang/ranks", json=ask).status_code == 401
+        admin = {"Authorization": f"Bearer {KEY}"}
+        # The peer's budget is 1 GB: two halves of `huge` (0.9 GB) fit, a third does not.
+        held = [http.post("/v1/gang/ranks", json={**ask, "model": "huge"}, headers=admin) for _ in range(2)]
+        assert [a.status_code for a in held] == [200, 200]
+        assert all(a.json()["address"].startswith("127.0.0.1:") for a in held)
+        third = http.post("/v1/gang/ranks", json={**ask, "model": "huge"}, headers=admin)
+        assert third.status_code == 503 and "cannot take rank 1" in third.json()["error"]["message"]
+        # Reservations never started are given back.
+        for answer in held:
+            assert http.delete(f"/v1/gang/ranks/{answer.json()['id']}", headers=admin).status_code == 200
+        assert peer.ctx.hosting.rows() == [] and peer.ctx.hosting.held_bytes == 0
+
+
+def test_a_host_without_the_weights_fails_the_load_naming_the_rank_and_host(daemons):
+    main, _ = daemons
+    client = openai.OpenAI(base_url=f"{main.url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.chat.completions.create(model="elsewhere", messages=CHAT, max_tokens=4)
+    assert refused.value.status_code == 503
+    model = main.model("elsewhere")
+    assert model["state"] == "failed" and "rank 1" in model["last_error"] and "`peer`" in model["last_error"]
+    assert "no-such-model" in model["last_error"]
+
+
+def test_a_rank_killed_on_the_other_host_takes_the_gang_down(daemons):
+    main, peer = daemons
+    client = openai.OpenAI(base_url=f"{main.url}/v1", api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(model="split", messages=CHAT, max_tokens=4000, temperature=0,
+                                            stream=True, extra_body={"ignore_eos": True})
+    ranks = []
+    with pytest.raises(openai.APIError) as raised:
+        for chunk in stream:
+            if not ranks and chunk.choices and chunk.choices[0].delta.content:
+                ranks = main.model("split")["ranks"]
+                os.kill(ranks[1]["pid"], signal.SIGKILL)
+    assert "rank 1 was killed by SIGKILL" in str(raised.value)
+    wait_until(lambda: main.model("split")["state"] == "failed")
+    wait_until(lambda: not psutil.pid_exists(ranks[0]["pid"])
+               or psutil.Process(ranks[0]["pid"]).status() == psutil.STATUS_ZOMBIE, timeout=10)
+    wait_until(lambda: peer.ctx.hosting.rows() == [], timeout=10)
