@@ -129,8 +129,12 @@ def test_a_bulk_request_that_has_sent_nothing_gives_its_slot_to_an_interactive_o
     ones each gets alone."""
     manager, core = daemon.ctx.manager, daemon.ctx.manager.core
     alone_bulk, alone_editor = _text(daemon, BULK, 24), _text(daemon, EDITOR, 6)
-    gate = threading.Event()
+    gate, holding = threading.Event(), threading.Event()
     done: list[str] = []
+
+    def hold() -> None:
+        holding.set()
+        gate.wait(60)
 
     def timed(label: str, *args: Any) -> tuple[int, str]:
         result = _text(daemon, *args)
@@ -138,15 +142,16 @@ def test_a_bulk_request_that_has_sent_nothing_gives_its_slot_to_an_interactive_o
         return result
 
     with ThreadPoolExecutor(3) as pool:
-        busy = pool.submit(asyncio.run, daemon.ctx.worker.call(gate.wait, 60))
+        busy = pool.submit(asyncio.run, daemon.ctx.worker.call(hold))
         try:
+            assert holding.wait(30), "the worker runs the call that holds it"
             bulk = pool.submit(timed, "bulk", BULK, 24, True)
             wait_until(lambda: any(h.preemptable for h in list(core.holders.values())))
             editor = pool.submit(timed, "editor", EDITOR, 6)
             wait_until(lambda: any(e.kind == "preempt" for e in manager.events.recent()))
-            wait_until(lambda: core.queued("tiny") == 1 and core.residents["tiny"].active == 1)
-            held = list(core.holders.values())
-            assert [h.priority for h in held] == ["interactive"], "the interactive request holds the slot"
+            # The interactive request holds the one slot; the bulk one waits again.
+            wait_until(lambda: [h.priority for h in list(core.holders.values())] == ["interactive"])
+            assert core.queued("tiny") == 1 and core.residents["tiny"].active == 1
         finally:
             gate.set()
         busy.result()
