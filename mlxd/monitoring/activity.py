@@ -227,7 +227,8 @@ class ActivityLog:
             return []
         db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
         try:
-            return db.execute("SELECT * FROM usage ORDER BY app, model").fetchall()
+            # (Earlier versions summed refused keys' rows too, as "-".)
+            return db.execute("SELECT * FROM usage WHERE app != ? ORDER BY app, model", (NO_CALLER,)).fetchall()
         except sqlite3.Error:
             return []
         finally:
