@@ -60,11 +60,12 @@ def test_the_tokens_a_caller_spent_since_a_time_are_read_back_for_its_day_limit(
     log = ActivityLog(tmp_path)
     log.start()
     for r in (row("editor", "a"), row("editor", "b", tokens=(1, 0, 2)), row("editor", "a", at=time.time() - 86400),
-              row("rag", "e", tokens=(7, 0, 0))):
+              row("rag", "e", tokens=(7, 0, 0)), Counted("rag", "minilm", 200, 30),
+              Counted("rag", "minilm", 200, 500, time=time.time() - 86400)):
         log.add(r)
     assert log.flush()
     log.stop()
-    assert dict(log.tokens_since(time.time() - 3600)) == {"editor": 18, "rag": 7}
+    assert dict(log.tokens_since(time.time() - 3600)) == {"editor": 18, "rag": 37}, "embeddings count too"
 
 
 def test_mlxd_status_shows_usage_for_an_apps_key():
