@@ -21,7 +21,8 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mlxd.api.request_ids import request_id_of
-from mlxd.monitoring.activity import ActivityLog, ActivityRow
+from mlxd.monitoring.activity import NO_CALLER, ActivityLog, ActivityRow, Counted
+from mlxd.monitoring.usage import UsageBook, one_request
 
 # The paths whose requests the activity log keeps, and their surfaces.
 SURFACES = {
@@ -30,7 +31,9 @@ SURFACES = {
     "/v1/messages": "messages",
     "/v1/responses": "responses",
 }
-# Set in the scope's state by a request that will write its own row.
+# Requests counted in usage only (the activity log keeps generation requests).
+USAGE_ONLY = ("/v1/embeddings", "/v1/rerank", "/rerank", "/v2/rerank", "/api/embed", "/api/embeddings")
+# Set in the scope's state by a request that will write its own row (and count its own usage).
 ACCOUNTED = "accounted"
 # Enough of an error body for its message; enough of a request body to parse.
 MAX_ERROR_BYTES = 16 * 1024
@@ -39,13 +42,21 @@ _MODEL = re.compile(rb'"model"\s*:\s*("(?:[^"\\]|\\.){0,256}")')
 
 
 class RefusalLog:
-    def __init__(self, app: ASGIApp, activity: ActivityLog | None) -> None:
+    """Also counts each refused request in its app's usage, where the app is
+    known (a refused key has none), in memory and in the activity log's
+    usage table, as a finished request is."""
+
+    def __init__(self, app: ASGIApp, activity: ActivityLog | None, usage: UsageBook | None = None) -> None:
         self.app = app
         self.activity = activity
+        self.usage = usage
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        surface = SURFACES.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
-        if surface is None or self.activity is None:
+        post = scope["type"] == "http" and scope["method"] == "POST"
+        surface = SURFACES.get(scope["path"]) if post else None
+        if post and surface is None and scope["path"] in USAGE_ONLY:
+            surface = ""
+        if surface is None or (self.activity is None and self.usage is None):
             await self.app(scope, receive, send)
             return
         started, seen = time.monotonic(), _Seen()
@@ -74,7 +85,14 @@ class RefusalLog:
             await self.app(scope, reading, sending)
         finally:
             if seen.status >= 400 and not scope.get("state", {}).get(ACCOUNTED):
-                self.activity.add(_row(scope, surface, seen, time.monotonic() - started))
+                self._refused(scope, surface, seen, time.monotonic() - started)
+
+    def _refused(self, scope: Scope, surface: str, seen: _Seen, seconds: float) -> None:
+        row = _row(scope, surface, seen, seconds)
+        if self.usage is not None and row.key != NO_CALLER:
+            self.usage.add(row.key, row.model, one_request(row.status))
+        if self.activity is not None:
+            self.activity.add(row if surface else Counted(row.key, row.model, row.status))
 
 
 class _Seen:
@@ -92,7 +110,7 @@ def _row(scope: Scope, surface: str, seen: _Seen, seconds: float) -> ActivityRow
     return ActivityRow(
         time=time.time(), request_id=request_id_of(scope), response_id="",
         # No caller: the key itself was refused (or never checked).
-        key=caller.name if caller is not None else "-",
+        key=caller.name if caller is not None else NO_CALLER,
         model=model, target=model, surface=surface, stream=stream, status=seen.status,
         tokens_in=0, tokens_cached=0, tokens_out=0, ttft_seconds=None, tokens_per_second=None,
         duration_seconds=round(seconds, 4), finish_reason=None, error=_message(b"".join(seen.error)),

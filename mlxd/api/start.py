@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from mlxd.api.context import DaemonContext
 from mlxd.api.plan import Attempt, Plan, for_target, shape_output
+from mlxd.api.preemptible import preemptible
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.errors import BadRequest, MlxdError, NotForThisModel, describe_exception
 from mlxd.failover.attempts import first_that_starts
@@ -41,6 +42,8 @@ class Started:
         self.engine: Any = lease.engine
         self.attempt = attempt
         self._head = head
+        # Set for a bulk request residency may preempt before its first byte.
+        self.requeue: Callable[[Lease], Awaitable[Lease]] | None = None
 
     @property
     def requests(self) -> list[GenerationRequest]:
@@ -58,8 +61,12 @@ class Started:
     def generate(self, index: int, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         if index == 0 and self._head is not None:
             head, self._head = self._head, None
-            return head
-        return self.engine.generate(request)
+            chunks: AsyncIterator[GenerationChunk] = head
+        else:
+            chunks = self.engine.generate(request)
+        if self.requeue is not None and len(self.requests) == 1:
+            return preemptible(self, request, chunks, self.requeue)
+        return chunks
 
     async def close(self) -> None:
         """Give everything back; safe to call more than once."""
@@ -175,6 +182,8 @@ async def _start_on(ctx: DaemonContext, plan: Plan, model: str) -> Started:
     except BaseException:
         await started.close()
         raise
+    if plan.caller.priority == "bulk" and plan.failover is None and len(attempt.requests) == 1:
+        started.requeue = lambda held: ctx.manager.requeue(held, timeout=plan.remaining())
     return started
 
 

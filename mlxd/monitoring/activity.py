@@ -15,13 +15,15 @@ import queue
 import sqlite3
 import threading
 import time
-from dataclasses import astuple, dataclass, fields
+from dataclasses import astuple, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("mlxd.activity")
 
 FILE_NAME = "activity.sqlite3"
+# The key of a row whose request had no caller: its key was refused.
+NO_CALLER = "-"
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,20 @@ class ActivityRow:
         return out
 
 
+@dataclass(frozen=True)
+class Counted:
+    """A request the usage table counts that has no activity row of its own
+    (an embeddings or rerank request): the fields it shares with a row."""
+
+    key: str
+    model: str
+    status: int
+    tokens_in: int = 0
+    tokens_cached: int = 0
+    tokens_out: int = 0
+    time: float = field(default_factory=time.time)
+
+
 COLUMNS = tuple(f.name for f in fields(ActivityRow))
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS activity (
@@ -67,6 +83,9 @@ CREATE TABLE IF NOT EXISTS usage (
     requests INTEGER, errors INTEGER, tokens_in INTEGER, tokens_cached INTEGER, tokens_out INTEGER,
     PRIMARY KEY (app, model)
 );
+-- The tokens of requests with no activity row (Counted), for the day limit.
+CREATE TABLE IF NOT EXISTS counted (time REAL, app TEXT, tokens INTEGER);
+CREATE INDEX IF NOT EXISTS counted_time ON counted(time);
 """
 # Usage per app and model (monitoring/usage.py), summed as rows are written:
 # its totals outlive the rows, which are pruned by age and count.
@@ -104,8 +123,9 @@ class ActivityLog:
 
     # --- the request path ------------------------------------------------------
 
-    def add(self, row: ActivityRow) -> None:
-        """Queue a row; never blocks, never raises."""
+    def add(self, row: ActivityRow | Counted) -> None:
+        """Queue a row (or a request for the usage table alone); never
+        blocks, never raises."""
         if self._thread is None:
             return
         self._added += 1
@@ -174,13 +194,17 @@ class ActivityLog:
         finally:
             db.close()
 
-    def _commit(self, db: sqlite3.Connection, rows: list[ActivityRow]) -> None:
+    def _commit(self, db: sqlite3.Connection, rows: list[ActivityRow | Counted]) -> None:
         try:
             if rows:
                 with db:
-                    db.executemany(_INSERT, [astuple(r) for r in rows])
+                    db.executemany(_INSERT, [astuple(r) for r in rows if isinstance(r, ActivityRow)])
+                    # A request whose key was refused is nobody's usage ("-").
                     db.executemany(_ADD_USAGE, [(r.key, r.model, int(r.status >= 400), r.tokens_in, r.tokens_cached,
-                                                 r.tokens_out) for r in rows])
+                                                 r.tokens_out) for r in rows if r.key != NO_CALLER])
+                    db.executemany("INSERT INTO counted VALUES (?, ?, ?)", [
+                        (r.time, r.key, r.tokens_in + r.tokens_out) for r in rows
+                        if isinstance(r, Counted) and r.key != NO_CALLER and r.tokens_in + r.tokens_out])
                 before = self._written
                 self._written += len(rows)
                 if self._written // self.bounds.prune_every != before // self.bounds.prune_every:
@@ -196,6 +220,7 @@ class ActivityLog:
         oldest = time.time() - self.bounds.max_age_seconds
         with db:
             db.execute("DELETE FROM activity WHERE time < ?", (oldest,))
+            db.execute("DELETE FROM counted WHERE time < ?", (oldest,))
             db.execute(
                 "DELETE FROM activity WHERE id <= (SELECT id FROM activity ORDER BY id DESC LIMIT 1 OFFSET ?)",
                 (self.bounds.max_rows,),
@@ -210,7 +235,8 @@ class ActivityLog:
             return []
         db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
         try:
-            return db.execute("SELECT * FROM usage ORDER BY app, model").fetchall()
+            # (Earlier versions summed refused keys' rows too, as "-".)
+            return db.execute("SELECT * FROM usage WHERE app != ? ORDER BY app, model", (NO_CALLER,)).fetchall()
         except sqlite3.Error:
             return []
         finally:
@@ -223,8 +249,9 @@ class ActivityLog:
             return []
         db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
         try:
-            return db.execute("SELECT key, SUM(tokens_in + tokens_out) FROM activity WHERE time >= ? GROUP BY key",
-                              (since,)).fetchall()
+            return db.execute(
+                "SELECT key, SUM(tokens) FROM (SELECT key, tokens_in + tokens_out AS tokens FROM activity WHERE time >= ?"
+                " UNION ALL SELECT app, tokens FROM counted WHERE time >= ?) GROUP BY key", (since, since)).fetchall()
         except sqlite3.Error:
             return []
         finally:

@@ -57,4 +57,16 @@ class Note:
     message: str
 
 
-Action = StartLoad | StartUnload | AbortGenerations | Grant | Reject | Note
+@dataclass(frozen=True)
+class PreemptLease:
+    """Ask the request holding lease ``request_id`` (a bulk one that has sent
+    nothing yet) to stop, give its lease back and wait again at the head of
+    its class: an interactive request waits for the slot."""
+
+    request_id: int
+    model: str
+    instance: int
+    reason: str
+
+
+Action = StartLoad | StartUnload | AbortGenerations | Grant | Reject | Note | PreemptLease

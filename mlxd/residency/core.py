@@ -21,7 +21,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from enum import Enum
 
 from mlxd.errors import (
     CapacityUnavailable,
@@ -32,7 +31,13 @@ from mlxd.errors import (
     ShuttingDown,
 )
 from mlxd.registry.model import ManagerSpec, ModelSpec
-from mlxd.residency.actions import AbortGenerations, Action, Grant, Note, Reject, StartLoad, StartUnload
+from mlxd.residency.actions import (
+    AbortGenerations, Action, Grant, Note, PreemptLease, Reject, StartLoad, StartUnload,
+)
+from mlxd.residency.preemption import Holder, to_preempt_leases
+from mlxd.residency.state import (  # re-exported: the shell and the tests know them from here
+    OPERATOR_UNLOAD, RELOAD, REMOVED, SHUTDOWN, Drain, DrainCause, Resident, State, Waiter,
+)
 from mlxd.residency.priority import FairShare
 from mlxd.residency.refusals import load_failed, no_capacity
 from mlxd.residency.eviction import (
@@ -46,48 +51,7 @@ from mlxd.residency.eviction import (
 GB = 1024**3
 
 
-class State(str, Enum):
-    UNLOADED = "unloaded"
-    LOADING = "loading"
-    LOADED = "loaded"
-    # Loaded, admits no new leases, unloads when the last lease is released.
-    DRAINING = "draining"
-    UNLOADING = "unloading"
-    FAILED = "failed"
-
-
-class DrainCause(str, Enum):
-    """Why a model stopped admitting leases and will unload once idle."""
-
-    OPERATOR = "operator"
-    SHUTDOWN = "shutdown"
-    REMOVED = "removed"
-    RELOAD = "reload"
-    # The two below free memory for another model (``Drain.for_model``):
-    # they are called off when nobody waits for that model any more.
-    PREEMPTED = "preempted"
-    PASS_OVER = "pass_over"
-    # The engine broke under its leases (a parallel model's rank died): it
-    # unloads once they are released and is then failed, with backoff.
-    BROKE = "broke"
-
-
-@dataclass(frozen=True)
-class Drain:
-    cause: DrainCause
-    reason: str  # for operators: status, logs, the unload hooks
-    for_model: str | None = None
-
-
-OPERATOR_UNLOAD = Drain(DrainCause.OPERATOR, "unloaded by operator")
-SHUTDOWN = Drain(DrainCause.SHUTDOWN, "shutdown")
-REMOVED = Drain(DrainCause.REMOVED, "removed from the registry")
-RELOAD = Drain(DrainCause.RELOAD, "configuration changed; reloading")
-
-
-# --- actions: mlxd/residency/actions.py -------------------------------------
-
-# --- state -------------------------------------------------------------------
+# --- actions: mlxd/residency/actions.py; state: mlxd/residency/state.py ------
 
 
 def _hold_if_broken(r: Resident) -> Resident:
@@ -100,77 +64,14 @@ def _hold_if_broken(r: Resident) -> Resident:
 
 
 @dataclass
-class Resident:
-    spec: ModelSpec
-    state: State = State.UNLOADED
-    instance: int = 0
-    active: int = 0
-    reserved: int = 0
-    last_used: float | None = None
-    loaded_at: float | None = None
-    load_started_at: float | None = None
-    last_load_seconds: float | None = None
-    measured_bytes: int | None = None
-    load_count: int = 0
-    failures: int = 0
-    last_error: str | None = None
-    retry_at: float | None = None
-    drain: Drain | None = None
-    removed: bool = False
-    # It was in memory when a reload-class change arrived: load it again
-    # once the old instance has unloaded, so the warm set stays warm.
-    reload_pending: bool = False
-    # Why the engine broke while resident (``engine_failed``): once it has
-    # unloaded, the model is failed with this error and backs off.
-    broke: str | None = None
-    # The last failure was the engine breaking while loaded, not a load.
-    failed_while_loaded: bool = False
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def drain_reason(self) -> str | None:
-        return self.drain.reason if self.drain else None
-
-    def charge(self) -> int:
-        """Admission uses the larger of the estimate and what was measured."""
-        return max(self.spec.charge_bytes, self.measured_bytes or 0)
-
-    def idle_deadline(self) -> float | None:
-        if (
-            self.state is not State.LOADED
-            or self.active
-            or self.spec.pinned
-            or self.spec.idle_unload_seconds <= 0
-            or self.last_used is None
-        ):
-            return None
-        return self.last_used + self.spec.idle_unload_seconds
-
-
-@dataclass
-class Waiter:
-    request_id: int
-    model: str
-    arrived: float
-    # Admin loads wait for the model to be loaded but take no lease.
-    takes_lease: bool = True
-    # Set when the model cannot fit and the contention policy waits.
-    blocked_since: float | None = None
-    # Slots of max_concurrency the lease will hold (see ``request``).
-    slots: int = 1
-    priority: str = "default"  # the caller's class (residency/priority.py)
-
-
-@dataclass
 class ResidencyCore:
     manager: ManagerSpec
     residents: dict[str, Resident] = field(default_factory=dict)
     waiters: list[Waiter] = field(default_factory=list)
     shutting_down: bool = False
     fair: FairShare = field(default_factory=FairShare)
+    # Granted leases by request id, for preemption before the first byte.
+    holders: dict[int, Holder] = field(default_factory=dict)
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     @classmethod
@@ -251,8 +152,9 @@ class ResidencyCore:
         self.waiters = [w for w in self.waiters if w.request_id != request_id]
         return self._schedule(now)
 
-    def release(self, model: str, instance: int, now: float, slots: int = 1) -> list[Action]:
-        """A lease of ``slots`` (its Grant's) is given back."""
+    def release(self, model: str, instance: int, now: float, slots: int = 1, request_id: int = 0) -> list[Action]:
+        """A lease of ``slots`` (its Grant's, for ``request_id``) is given back."""
+        self.holders.pop(request_id, None)
         r = self.residents[model]
         if r.instance != instance or r.active < slots:
             raise AssertionError(f"release of {model}#{instance} without a lease")
@@ -265,6 +167,29 @@ class ResidencyCore:
         # goes idle is a chance to get back under it.
         actions += self._fit_budget(now, reason="over the memory budget")
         return actions + self._schedule(now)
+
+    def preemptable(self, request_id: int, allowed: bool, now: float) -> list[Action]:
+        """The request holding ``request_id``'s lease may (still) be taken
+        back, or not any more: it sent its first byte (preemption.py)."""
+        h = self.holders.get(request_id)
+        if h is None or h.preemptable == allowed:
+            return []
+        h.preemptable = allowed
+        return self._schedule(now) if allowed else []
+
+    def requeue(self, request_id: int, now: float) -> list[Action]:
+        """A preempted request gave its lease back and waits again, first of
+        its class; the interactive request it was taken back for gets it."""
+        h = self.holders.pop(request_id, None)
+        if h is None:
+            return []
+        r = self.residents[h.model]
+        self.waiters.insert(0, Waiter(request_id, h.model, h.arrived, slots=h.slots, priority=h.priority))
+        promised = next((w for w in self.waiters if w.request_id == h.preempted_for), None)
+        if promised is None or r.state is not State.LOADED:
+            return self.release(h.model, h.instance, now, slots=h.slots)
+        r.active -= h.slots
+        return [self._lease(r, promised, now)] + self._schedule(now)
 
     def load_finished(
         self,
@@ -416,7 +341,7 @@ class ResidencyCore:
             if old in self.residents and new not in self.residents:
                 r = self.residents.pop(old)
                 self.residents[new] = r
-                for w in self.waiters:
+                for w in [*self.waiters, *self.holders.values()]:
                     if w.model == old:
                         w.model = new
                 for x in self.residents.values():
@@ -628,11 +553,9 @@ class ResidencyCore:
                 if not self._can_grant(r, picked.slots):
                     held_back.add(queue)
                     break
-                self.fair.served(model, picked.priority)
-                self.waiters.remove(picked)
-                r.active += picked.slots
-                r.last_used = now
-                actions.append(Grant(picked.request_id, model, r.instance, slots=picked.slots))
+                actions.append(self._lease(r, picked, now))
+            if r.state is State.LOADED and r.spec.capacity_group is None:
+                actions += self._preempt_bulk(r)
         # 2. Start loads, oldest waiting model first. Once the oldest one is
         #    blocked on memory no younger one may jump ahead: that is what
         #    keeps a big model from starving behind small ones.
@@ -671,6 +594,26 @@ class ResidencyCore:
         # 3. Fairness: a request passed over too long stops admission of the
         #    models in its way, so they drain and it gets its turn.
         actions += self._enforce_pass_over_bound(now)
+        return actions
+
+    def _lease(self, r: Resident, w: Waiter, now: float) -> Grant:
+        self.fair.served(r.name, w.priority)
+        self.waiters.remove(w)
+        r.active += w.slots
+        r.last_used = now
+        self.holders[w.request_id] = Holder(w.request_id, r.name, r.instance, w.priority, w.slots, w.arrived, now)
+        return Grant(w.request_id, r.name, r.instance, slots=w.slots)
+
+    def _preempt_bulk(self, r: Resident) -> list[Action]:
+        """Interactive requests still waiting for a full model take back bulk
+        leases that have sent nothing yet."""
+        waiting = [w for w in self.waiters if w.model == r.name and w.takes_lease]
+        held = [h for h in self.holders.values() if h.model == r.name]
+        actions: list[Action] = []
+        for h, waiter in to_preempt_leases(held, waiting):
+            h.preempted_for = waiter
+            reason = f"bulk request {h.request_id} gives its slot of {r.name} to an interactive one before its first byte"
+            actions += [PreemptLease(h.request_id, r.name, h.instance, reason), Note("preempt", r.name, reason)]
         return actions
 
     def _reachable(self, model: str) -> int:

@@ -26,6 +26,7 @@ from mlxd.residency.core import (
     Action,
     Grant,
     Note,
+    PreemptLease,
     Reject,
     ResidencyCore,
     Resident,
@@ -95,7 +96,7 @@ class Lease:
 
     def __init__(
         self, manager: ResidencyManager, resident: Resident, instance: int, engine: Engine, caller: Caller = ANONYMOUS,
-        slots: int = 1,
+        slots: int = 1, request_id: int = 0,
     ) -> None:
         # The resident, not its name: a hot reload may rename the model
         # while the lease is held, and the release must find it.
@@ -107,17 +108,27 @@ class Lease:
         self._manager = manager
         # Slots of max_concurrency it holds (a request's n choices).
         self.slots = slots
+        self.request_id = request_id
+        # Set when residency takes the lease back for an interactive request
+        # (the holder has sent nothing yet): see ``preemptable``.
+        self.preempted = asyncio.Event()
         self._released = False
 
     @property
     def model(self) -> str:
         return self._resident.name
 
+    def preemptable(self, allowed: bool) -> None:
+        """Whether residency may take the lease back now: True while its
+        request has sent nothing, False for good from its first byte."""
+        if not self._released:
+            self._manager._set_preemptable(self, allowed)
+
     def release(self) -> None:
         if self._released:
             return
         self._released = True
-        self._manager._release(self.model, self.instance, self.slots)
+        self._manager._release(self.model, self.instance, self.slots, self.request_id)
 
     async def __aenter__(self) -> Lease:
         return self
@@ -240,6 +251,8 @@ class ResidencyManager:
         self._auto_tick = auto_tick
         self._models: dict[str, _Model] = {s.name: _Model() for s in registry.models}
         self._futures: dict[int, asyncio.Future[Granted]] = {}
+        # Leases whose holder may be preempted, by request id.
+        self._takeable: dict[int, Lease] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()
@@ -318,9 +331,31 @@ class ResidencyManager:
         bounds the wait for a load or for capacity: RequestTimeout (504)."""
         spec = self.resolve(name)
         rid = self.core.new_request_id()
+        fut = self._future(rid)
+        self._apply(self.core.request(rid, spec.name, self._clock(), slots=slots, priority=caller.priority))
+        lease = await self._granted(rid, fut, name, timeout, caller)
+        self._models[lease.model].stats.requests += 1
+        return lease
+
+    async def requeue(self, lease: Lease, timeout: float | None = None) -> Lease:
+        """``lease`` was preempted (``lease.preempted``) before its request
+        sent anything: give it back and wait again, first of its class, for
+        a new one (maybe on a new instance)."""
+        rid, name = lease.request_id, lease.model
+        lease._released = True
+        self._takeable.pop(rid, None)
+        fut = self._future(rid)
+        self._apply(self.core.requeue(rid, self._clock()))
+        return await self._granted(rid, fut, name, timeout, lease.caller)
+
+    def _future(self, rid: int) -> asyncio.Future[Granted]:
         fut: asyncio.Future[Granted] = asyncio.get_running_loop().create_future()
         self._futures[rid] = fut
-        self._apply(self.core.request(rid, spec.name, self._clock(), slots=slots, priority=caller.priority))
+        return fut
+
+    async def _granted(
+        self, rid: int, fut: asyncio.Future[Granted], name: str, timeout: float | None, caller: Caller
+    ) -> Lease:
         try:
             resident, instance, held_slots = await asyncio.wait_for(asyncio.shield(fut), timeout)
         except asyncio.TimeoutError:
@@ -332,8 +367,7 @@ class ResidencyManager:
             self._abandon(rid, fut)
             raise
         held = self._models[resident.name]
-        held.stats.requests += 1
-        return Lease(self, resident, instance, held.engine, caller, slots=held_slots)
+        return Lease(self, resident, instance, held.engine, caller, slots=held_slots, request_id=rid)
 
     @contextlib.asynccontextmanager
     async def lease(self, name: str, timeout: float | None = None) -> AsyncIterator[Lease]:
@@ -351,14 +385,22 @@ class ResidencyManager:
             if not holds_lease:
                 return
             resident, instance, slots = fut.result()
-            self._release(resident.name, instance, slots)
+            self._release(resident.name, instance, slots, rid)
         elif not fut.done():
             fut.cancel()
             self._apply(self.core.cancel(rid, self._clock()))
 
-    def _release(self, model: str, instance: int, slots: int = 1) -> None:
-        self._apply(self.core.release(model, instance, self._clock(), slots=slots))
+    def _release(self, model: str, instance: int, slots: int = 1, rid: int = 0) -> None:
+        self._takeable.pop(rid, None)
+        self._apply(self.core.release(model, instance, self._clock(), slots=slots, request_id=rid))
         self._note_measurement(model, instance)
+
+    def _set_preemptable(self, lease: Lease, allowed: bool) -> None:
+        if allowed:
+            self._takeable[lease.request_id] = lease
+        else:
+            self._takeable.pop(lease.request_id, None)
+        self._apply(self.core.preemptable(lease.request_id, allowed, self._clock()))
 
     def _note_measurement(self, model: str, instance: int) -> None:
         """Engines refine their footprint after the first generation (its peak):
@@ -547,6 +589,10 @@ class ResidencyManager:
                 self._spawn(self._unload(action), f"unload-{action.model}")
             elif isinstance(action, AbortGenerations):
                 self._spawn(self._abort(action), f"abort-{action.model}")
+            elif isinstance(action, PreemptLease):
+                preempted = self._takeable.get(action.request_id)
+                if preempted is not None:
+                    preempted.preempted.set()
             elif isinstance(action, Note):
                 self.events.add(action.kind, action.model, action.message)
                 log.info("%s", action.message)
@@ -558,7 +604,7 @@ class ResidencyManager:
         if fut is None or fut.done():
             # Nobody is waiting any more: hand the lease straight back.
             if action.takes_lease:
-                self._release(action.model, action.instance, action.slots)
+                self._release(action.model, action.instance, action.slots, action.request_id)
             return
         fut.set_result((self.core.residents[action.model], action.instance, action.slots))
 

@@ -182,6 +182,31 @@ def test_status_for_an_apps_key_shows_its_own_models_and_no_configuration(daemon
     assert everything["config"]["path"].endswith("models.yaml")
 
 
+def test_requests_refused_before_planning_count_in_their_apps_usage_and_are_kept_like_the_others(daemon):
+    def editor() -> dict[str, tuple[int, int]]:
+        usage = call(daemon, "GET", "/v1/status", OPS).json()["usage"]
+        return {u["model"]: (u["requests"], u["errors"]) for u in usage if u["app"] == "editor"}
+
+    before = editor()
+    assert call(daemon, "POST", "/v1/chat/completions", EDITOR, {"model": "echo-b", **CHAT}).status_code == 403
+    bad = call(daemon, "POST", "/v1/chat/completions", EDITOR, {"model": "echo-a", "messages": "hi"})
+    assert bad.status_code in (400, 422), bad.text
+    # An embeddings request for a model that embeds nothing: refused before it is leased.
+    assert call(daemon, "POST", "/v1/embeddings", EDITOR, {"model": "echo-a", "input": "x"}).status_code == 400
+    assert call(daemon, "POST", "/v1/chat/completions", "sk-nobody", {"model": "echo-a", **CHAT}).status_code == 401
+    after = editor()
+    was_a, was_b = before.get("echo-a", (0, 0)), before.get("echo-b", (0, 0))
+    assert after["echo-b"] == (was_b[0] + 1, was_b[1] + 1)
+    assert after["echo-a"] == (was_a[0] + 2, was_a[1] + 2)
+    # What the activity log's sqlite keeps (a restart restores it) is what status counts.
+    assert daemon.ctx.activity.flush()
+    kept = {(app, model): tuple(values) for app, model, *values in daemon.ctx.activity.usage_totals()}
+    live = {(u["app"], u["model"]): (u["requests"], u["errors"], u["tokens_in"], u["tokens_cached"], u["tokens_out"])
+            for u in call(daemon, "GET", "/v1/status", OPS).json()["usage"]}
+    assert kept == live
+    assert not [app for app, _ in kept if app == "-"], "a refused key is nobody's usage"
+
+
 def test_a_reload_that_removes_an_app_ends_its_access_at_once_and_keys_never_show(daemon, caplog):
     caplog.set_level(logging.DEBUG)
     assert call(daemon, "POST", "/v1/chat/completions", EDITOR, {"model": "echo-a", **CHAT}).status_code == 200

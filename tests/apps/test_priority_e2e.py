@@ -4,7 +4,10 @@ before it. One daemon for the module."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import json
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +18,7 @@ import pytest
 
 from support.daemon import daemon_in_thread, wait_until, write_registry
 
-EDITOR, BULK = "sk-editor-e2e", "sk-bulk-e2e"
+EDITOR, BULK, OPS, STRANGER = "sk-editor-e2e", "sk-bulk-e2e", "sk-ops-e2e", "sk-stranger-e2e"
 
 
 def _sha(key: str) -> str:
@@ -30,9 +33,11 @@ def daemon(tmp_path_factory) -> Iterator[Any]:
         "apps:\n"
         f"  - {{name: editor, key_sha256: {_sha(EDITOR)}, priority: interactive}}\n"
         f"  - {{name: indexer, key_sha256: {_sha(BULK)}, priority: bulk}}\n"
+        f"  - {{name: ops, key_sha256: {_sha(OPS)}, admin: true}}\n"
+        f"  - {{name: stranger, key_sha256: {_sha(STRANGER)}, models: [other]}}\n"
     )
     path.write_text(text)
-    with daemon_in_thread(path, tmp) as d:
+    with daemon_in_thread(path, tmp, history_step_seconds=0.2) as d:
         wait_until(lambda: d.ctx.manager.view("tiny").state.value == "loaded", timeout=120)
         yield d
 
@@ -75,6 +80,81 @@ def test_usage_per_app_and_model_is_in_status_and_metrics_with_the_app_label(dae
     row, old = mine["usage"][0], before["usage"][0]
     assert (row["model"], row["requests"] - old["requests"], row["errors"]) == ("tiny", 2, 0)
     assert row["tokens_out"] - old["tokens_out"] == 5 and row["tokens_in"] > old["tokens_in"]
-    metrics = httpx.get(daemon.url + "/metrics", headers={"authorization": f"Bearer {BULK}"}, timeout=30).text
+    metrics = _get(daemon, "/metrics", OPS).text
     assert f'mlxd_app_tokens_total{{app="editor",kind="out",model="tiny"}} {float(row["tokens_out"])}' in metrics
     assert 'mlxd_app_requests_total{app="indexer",model="tiny"} 4.0' in metrics
+
+
+def _get(daemon: Any, path: str, key: str) -> httpx.Response:
+    answer = httpx.get(daemon.url + path, headers={"authorization": f"Bearer {key}"}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return answer
+
+
+def test_a_key_that_is_not_admin_reads_only_its_own_app_and_models_in_metrics_and_history(daemon):
+    complete(daemon, EDITOR, 2, [], "editor")
+    wait_until(lambda: "tiny" in _get(daemon, "/v1/history", OPS).json()["models"])
+    indexer = _get(daemon, "/metrics", BULK).text
+    assert 'mlxd_app_requests_total{app="indexer",model="tiny"}' in indexer
+    assert 'app="editor"' not in indexer, "another app's usage is not the indexer's to read"
+    assert 'mlxd_requests_total{model="tiny"' in indexer, "its own model's figures stay"
+    stranger = _get(daemon, "/metrics", STRANGER).text
+    assert 'model="tiny"' not in stranger and 'app="' not in stranger
+    assert "# TYPE mlxd_app_requests_total counter" in stranger, "the families stay, empty"
+    daemon_wide = [line for line in stranger.splitlines() if line and not line.startswith("#") and "{" not in line]
+    assert daemon_wide, "figures about the daemon itself stay"
+    assert "tiny" in _get(daemon, "/v1/history", EDITOR).json()["models"]
+    assert _get(daemon, "/v1/history", STRANGER).json()["models"] == {}
+
+
+def _text(daemon: Any, key: str, max_tokens: int, stream: bool = False) -> tuple[int, str]:
+    body = {"model": "tiny", "prompt": "alpha beta gamma delta", "max_tokens": max_tokens, "ignore_eos": True,
+            "temperature": 0, "stream": stream}
+    headers = {"authorization": f"Bearer {key}"}
+    if not stream:
+        answer = httpx.post(daemon.url + "/v1/completions", json=body, headers=headers, timeout=120)
+        return answer.status_code, answer.json()["choices"][0]["text"]
+    parts = []
+    with httpx.stream("POST", daemon.url + "/v1/completions", json=body, headers=headers, timeout=120) as answer:
+        for line in answer.iter_lines():
+            if line.startswith("data: {"):
+                parts.extend(c["text"] for c in json.loads(line[6:])["choices"])
+        return answer.status_code, "".join(parts)
+
+
+def test_a_bulk_request_that_has_sent_nothing_gives_its_slot_to_an_interactive_one(daemon):
+    """The model's one slot is held by a bulk stream whose first step waits
+    on the shared MLX worker (busy with a call, as during another model's
+    load); an interactive request takes the slot, and both answers are the
+    ones each gets alone."""
+    manager, core = daemon.ctx.manager, daemon.ctx.manager.core
+    alone_bulk, alone_editor = _text(daemon, BULK, 24), _text(daemon, EDITOR, 6)
+    gate, holding = threading.Event(), threading.Event()
+    done: list[str] = []
+
+    def hold() -> None:
+        holding.set()
+        gate.wait(60)
+
+    def timed(label: str, *args: Any) -> tuple[int, str]:
+        result = _text(daemon, *args)
+        done.append(label)
+        return result
+
+    with ThreadPoolExecutor(3) as pool:
+        busy = pool.submit(asyncio.run, daemon.ctx.worker.call(hold))
+        try:
+            assert holding.wait(30), "the worker runs the call that holds it"
+            bulk = pool.submit(timed, "bulk", BULK, 24, True)
+            wait_until(lambda: any(h.preemptable for h in list(core.holders.values())))
+            editor = pool.submit(timed, "editor", EDITOR, 6)
+            wait_until(lambda: any(e.kind == "preempt" for e in manager.events.recent()))
+            # The interactive request holds the one slot; the bulk one waits again.
+            wait_until(lambda: [h.priority for h in list(core.holders.values())] == ["interactive"])
+            assert core.queued("tiny") == 1 and core.residents["tiny"].active == 1
+        finally:
+            gate.set()
+        busy.result()
+        assert editor.result() == alone_editor
+        assert bulk.result() == alone_bulk, "the preempted stream starts over, its client none the wiser"
+    assert done == ["editor", "bulk"]

@@ -11,6 +11,7 @@ from mlxd.residency.core import (
     AbortGenerations,
     Action,
     Grant,
+    PreemptLease,
     Reject,
     ResidencyCore,
     StartLoad,
@@ -80,7 +81,19 @@ class Sim:
 
     def release(self, rid: int) -> list[Action]:
         model, instance = self.leases.pop(rid)
-        return self._record(self.core.release(model, instance, self.now, slots=self.slots.pop(rid)))
+        return self._record(self.core.release(model, instance, self.now, slots=self.slots.pop(rid), request_id=rid))
+
+    def preemptable(self, rid: int, allowed: bool = True) -> list[Action]:
+        return self._record(self.core.preemptable(rid, allowed, self.now))
+
+    def requeue(self, rid: int) -> list[Action]:
+        """The preempted request ``rid`` gives its lease back and waits again."""
+        self.leases.pop(rid)
+        self.slots.pop(rid)
+        return self._record(self.core.requeue(rid, self.now))
+
+    def preempted(self) -> list[int]:
+        return [a.request_id for a in self.log if isinstance(a, PreemptLease)]
 
     def finish_load(self, model: str, error: str | None = None, measured_gb: float | None = None) -> list[Action]:
         inst = self.core.residents[model].instance

@@ -20,8 +20,10 @@ from mlxd.api.context import DaemonContext
 from mlxd.api.embeddings.bodies import EmbedInputs, RerankAsk
 from mlxd.api.generation import guarded
 from mlxd.api.plan import Entry, check_route, resolve_entry
+from mlxd.api.refusals import ACCOUNTED
 from mlxd.caller import Caller
 from mlxd.errors import BadRequest, MlxdError
+from mlxd.monitoring.activity import Counted
 from mlxd.monitoring.usage import one_request
 from mlxd.registry.kinds import EMBED, RERANK
 from mlxd.registry.model import ModelSpec
@@ -132,6 +134,7 @@ def shortened(vectors: list[np.ndarray], dimensions: int, spec: ModelSpec) -> li
 async def _leased(ctx: DaemonContext, request: Request, spec: ModelSpec, name: str, what: str, inputs: int,
                   work: Callable[[Any], Awaitable[tuple[T, int]]]) -> T:
     started = time.monotonic()
+    request.scope.setdefault("state", {})[ACCOUNTED] = True  # counted below, whatever happens
     timeout = ctx.settings.server.request_timeout_s
     status = 200
     result: Any = None
@@ -162,7 +165,10 @@ async def _leased(ctx: DaemonContext, request: Request, spec: ModelSpec, name: s
 def _account(ctx: DaemonContext, caller: Caller, name: str, spec: ModelSpec, what: str, status: int,
              seconds: float, tokens: int, inputs: int, truncated: int) -> None:
     metrics = ctx.metrics
-    ctx.usage.add(caller.name, name, one_request(status, tokens if status == 200 else 0))
+    counted = Counted(caller.name, name, status, tokens if status == 200 else 0)
+    ctx.usage.add(caller.name, name, one_request(status, counted.tokens_in))
+    if ctx.activity is not None:
+        ctx.activity.add(counted)  # the usage table: it outlives a restart
     metrics.requests.labels(name, str(status)).inc()
     metrics.request_seconds.labels(name).observe(seconds)
     if status == 200:

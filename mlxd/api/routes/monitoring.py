@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 from importlib import resources
@@ -17,6 +18,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from mlxd import __version__
+from mlxd.api.app_scope import history_view, metrics_view, scoped
 from mlxd.api.auth import caller_of
 from mlxd.api.context import DaemonContext
 from mlxd.caller import Caller
@@ -65,6 +67,16 @@ def app_view(document: dict[str, Any], caller: Caller) -> dict[str, Any]:
     return out
 
 
+def _names(ctx: DaemonContext) -> Callable[[str], tuple[str, ...]]:
+    """A model's names (its aliases too), as a scope is matched against."""
+
+    def names_of(name: str) -> tuple[str, ...]:
+        spec = ctx.registry.lookup(name)
+        return spec.names() if spec is not None else (name,)
+
+    return names_of
+
+
 def router() -> APIRouter:
     api = APIRouter()
 
@@ -84,7 +96,7 @@ def router() -> APIRouter:
         snapshot = request.app.state.ctx.snapshot()
         document = status_document(snapshot)
         caller = caller_of(request)
-        if caller.app is not None and not caller.admin:
+        if scoped(caller):
             document = app_view(document, caller)
         body = json.dumps(document, separators=(",", ":"), allow_nan=False)
         return Response(body, media_type="application/json", headers=NO_STORE)
@@ -97,8 +109,13 @@ def router() -> APIRouter:
         history = ctx.history
         samples = history.since(after)
 
+        caller = caller_of(request)
+
         def build() -> str:
-            return json.dumps(history.columns(samples), separators=(",", ":"), allow_nan=False)
+            document = history.columns(samples)
+            if scoped(caller):
+                document = history_view(document, caller, _names(ctx))
+            return json.dumps(document, separators=(",", ":"), allow_nan=False)
 
         # A page's first fetch is the whole hour (~0.1 s for 8 models): off the loop.
         body = await asyncio.to_thread(build) if len(samples) > 60 else build()
@@ -109,7 +126,10 @@ def router() -> APIRouter:
         ctx: DaemonContext = request.app.state.ctx
         if not ctx.settings.metrics:
             raise MetricsDisabled("The metrics endpoint is disabled (MLXD_METRICS=false)")
-        return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        text, caller = ctx.metrics.render(), caller_of(request)
+        if scoped(caller):
+            text = metrics_view(text, caller, _names(ctx))
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     @api.get("/", response_model=None)
     async def root(request: Request) -> HTMLResponse | JSONResponse:
