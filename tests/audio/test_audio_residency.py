@@ -56,15 +56,22 @@ def transcribe(d: ReloadingDaemon, model: str = "whisper") -> httpx.Response:
                       data={"model": model, "temperature": "0.4"}, timeout=120)
 
 
-def speak(d: ReloadingDaemon, text: str = "Hi.") -> httpx.Response:
+def speak(d: ReloadingDaemon, text: str = "Hi.", request_id: str = "") -> httpx.Response:
     """"Hi." makes no samples from the random weights (and costs nothing):
     enough to load the model; "Hello there." makes 0.6 s."""
     return httpx.post(f"{d.url}/v1/audio/speech", json={"model": "soprano", "input": text, "voice": "alloy",
-                                                         "response_format": "pcm"}, timeout=120)
+                                                         "response_format": "pcm"}, timeout=120,
+                      headers={"X-Request-Id": request_id} if request_id else {})
 
 
 def states(d: ReloadingDaemon) -> dict[str, str]:
     return {m["name"]: m["state"] for m in d.status()["models"]}
+
+
+def rows(d: ReloadingDaemon, request_id: str) -> list[dict[str, Any]]:
+    """The activity rows of one request, once the log has written them."""
+    d.ctx.activity.flush()
+    return httpx.get(f"{d.url}/v1/activity", params={"request_id": request_id}, timeout=10).json()["data"]
 
 
 def metric(d: ReloadingDaemon, name: str, model: str, extra: str = "") -> float:
@@ -104,13 +111,16 @@ def test_a_pinned_transcription_model_stays_and_the_speech_request_is_refused(se
     d = setup["daemon"]
     assert edit(setup, "whisper", pinned=True)["change"] != "reload", "pinning applies without a reload"
     assert d.model("whisper")["pinned"] is True
-    refused = speak(d)
+    refused = speak(d, request_id="refused")
     assert refused.status_code == 503, refused.text
-    assert "error" in refused.json()
+    # Refused once planned: the path's own row, one, with the client's message.
+    assert [(r["status"], r["error"]) for r in rows(d, "refused")] == [(503, refused.json()["error"]["message"])]
     assert states(d) == {"whisper": "loaded", "soprano": "unloaded"}
     edit(setup, "whisper", pinned=False)
-    spoken = speak(d, "Hello there.")
+    spoken = speak(d, "Hello there.", request_id="spoken")
     assert spoken.status_code == 200 and spoken.content
+    assert [(r["status"], r["surface"], r["model"], r["error"]) for r in rows(d, "spoken")] == [
+        (200, "speech", "soprano", None)]
     assert states(d) == {"whisper": "unloaded", "soprano": "loaded"}
     setup["spoken"] = spoken.content
 
