@@ -17,7 +17,7 @@ import pytest
 from audio.conftest import RATE, sweep
 from mlxd.engine.audio_files import write_file
 from reload.harness import ReloadingDaemon, registry_doc, reloading_daemon, replace_atomically
-from support.daemon import wait_until
+from support.daemon import Daemon, daemon_in_thread, wait_until, write_registry
 
 pytestmark = pytest.mark.mlx
 
@@ -51,15 +51,15 @@ def edit(setup: dict[str, Any], name: str, **fields: Any) -> dict[str, Any]:
     return answer.json()["models"][name]
 
 
-def transcribe(d: ReloadingDaemon, model: str = "whisper") -> httpx.Response:
+def transcribe(d: Daemon, model: str = "whisper") -> httpx.Response:
     return httpx.post(f"{d.url}/v1/audio/transcriptions", files={"file": ("a.wav", CLIP)},
                       data={"model": model, "temperature": "0.4"}, timeout=120)
 
 
-def speak(d: ReloadingDaemon, text: str = "Hi.", request_id: str = "") -> httpx.Response:
+def speak(d: Daemon, text: str = "Hi.", request_id: str = "", model: str = "soprano") -> httpx.Response:
     """"Hi." makes no samples from the random weights (and costs nothing):
     enough to load the model; "Hello there." makes 0.6 s."""
-    return httpx.post(f"{d.url}/v1/audio/speech", json={"model": "soprano", "input": text, "voice": "alloy",
+    return httpx.post(f"{d.url}/v1/audio/speech", json={"model": model, "input": text, "voice": "alloy",
                                                          "response_format": "pcm"}, timeout=120,
                       headers={"X-Request-Id": request_id} if request_id else {})
 
@@ -94,7 +94,9 @@ def test_each_kind_evicts_the_other_under_a_budget_for_one(setup) -> None:
     d = setup["daemon"]
     assert speak(d).status_code == 200
     assert states(d) == {"whisper": "unloaded", "soprano": "loaded"}
-    assert transcribe(d).status_code == 200
+    heard = transcribe(d)
+    assert heard.status_code == 200 and heard.json()["text"]
+    setup["heard"] = heard.json()["text"]
     assert states(d) == {"whisper": "loaded", "soprano": "unloaded"}
     evictions = [e for e in d.status()["events"] if e["kind"] == "evict"]
     assert [e["model"] for e in evictions[-2:]] == ["whisper", "soprano"]
@@ -147,3 +149,25 @@ def test_an_idle_audio_model_unloads_after_its_seconds(setup) -> None:
     unloads = [e for e in d.status()["events"] if e["kind"] == "unload" and e["model"] == "soprano"]
     assert "idle" in unloads[-1]["message"]
     assert metric(d, "mlxd_model_state", "soprano", ',state="unloaded"') == 1.0
+
+
+def test_audio_entries_on_a_backend_are_relayed_to_it(setup) -> None:
+    """A front daemon whose entries are this daemon's two models: the same
+    transcript and the same samples as asking this one, the backend's
+    refusal passed on."""
+    back = setup["daemon"]
+    front_dir = setup["tmp"] / "front"
+    front_dir.mkdir()
+    registry = write_registry(front_dir, [
+        {"name": "far-whisper", "backend": "up", "remote_model": "whisper", "kind": "transcription"},
+        {"name": "far-soprano", "backend": "up", "remote_model": "soprano", "kind": "speech"},
+    ], backends={"up": {"url": back.url + "/v1", "kind": "mlxd"}})
+    with daemon_in_thread(registry, front_dir) as front:
+        heard = transcribe(front, "far-whisper")
+        assert heard.status_code == 200, heard.text
+        assert heard.json()["text"] == setup["heard"]
+        spoken = speak(front, "Hello there.", model="far-soprano")
+        assert spoken.status_code == 200 and spoken.content == setup["spoken"]
+        refused = httpx.post(f"{front.url}/v1/audio/speech", json={"model": "far-soprano", "input": "Hi.",
+                                                                   "speed": 2.0}, timeout=60)
+        assert refused.status_code == 400 and "speed" in refused.json()["error"]["message"]

@@ -47,8 +47,44 @@ def _local(ctx: DaemonContext, request: Request, name: str, route: str) -> Model
     """The entry ``name`` as the caller may use it (its app's scope applies)."""
     spec = entry_for(ctx, name, route, caller_of(request))
     if spec.is_remote:
-        raise BadRequest(f"`{name}` is served by a backend; speech requests are not relayed yet", param="model")
+        raise BadRequest(f"`{name}` is served by a backend; its voices are not listed here", param="model")
     return spec
+
+
+# --- relayed to a backend ----------------------------------------------------------
+
+
+async def relay_transcription(ctx: DaemonContext, request: Request, ask: TranscribeAsk,
+                              task: str) -> tuple[bytes, str] | None:
+    """A remote entry's transcription: the upload sent on as it came (the
+    backend bounds and decodes it) and its answer returned as sent, whole
+    (a ``stream=true`` answer's events arrive together); None for a local entry."""
+    spec = entry_for(ctx, ask.model, TRANSCRIBE, caller_of(request))
+    if not spec.is_remote:
+        return None
+    fields: dict[str, str | list[str]] = {"response_format": ask.response_format}
+    for name, value in (("language", ask.language), ("prompt", ask.prompt), ("temperature", ask.temperature)):
+        if value is not None:
+            fields[name] = str(value)
+    if ask.granularities:
+        fields["timestamp_granularities[]"] = list(ask.granularities)
+    if ask.stream:
+        fields["stream"] = "true"
+    route = "/audio/transcriptions" if task == "transcribe" else "/audio/translations"
+    async with _accounted(ctx, request, ask.model, task, 0.0):
+        return await guarded(request, _leased(ctx, request, spec, lambda engine: engine.post_form(
+            route, fields, (ask.filename, ask.file))), ctx.settings.server.request_timeout_s)
+
+
+async def relay_speech(ctx: DaemonContext, request: Request, body: SpeechBody) -> tuple[bytes, str] | None:
+    """A remote entry's speech: the body sent on, the audio returned whole."""
+    spec = entry_for(ctx, body.model, SPEAK, caller_of(request))
+    if not spec.is_remote:
+        return None
+    ask = body.model_dump(exclude_none=True, exclude={"model"})
+    async with _accounted(ctx, request, body.model, "speech", float(len(body.input))):
+        return await guarded(request, _leased(ctx, request, spec, lambda engine: engine.post(
+            "/audio/speech", json={**ask, "model": engine.remote_model})), ctx.settings.server.request_timeout_s)
 
 
 async def read_audio(ctx: DaemonContext, data: bytes) -> np.ndarray:
