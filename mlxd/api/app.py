@@ -168,7 +168,7 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
 
     # Added after the gatekeeper, so it runs before it: refused requests never reach the app.
     app.add_middleware(RequestGuard, server=lambda: ctx.settings.server, shape_for=shape_for)
-    # Outside every guard: a generation request refused before planning is an activity row.
+    # Outside every guard: a generation or speech request refused before planning is an activity row.
     app.add_middleware(RefusalLog, activity=ctx.activity, usage=ctx.usage)
     # Outermost: every response, a refused one too, names its request.
     app.add_middleware(RequestIds)

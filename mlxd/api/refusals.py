@@ -1,8 +1,10 @@
-"""An activity-log row for a generation request refused before it was
-planned: a bad key, a foreign Host or Origin, a body too large, slow or
-invalid, an unknown model, a limit. A planned request writes its own row
-when it ends (``api.accounting``); these never reach that point, and an
-operator asking "why did my agent's turn fail?" must find them too.
+"""An activity-log row for a generation or speech request refused before
+it was planned: a bad key, a foreign Host or Origin, a body too large, slow
+or invalid, an unknown model, a bad upload, a limit. A planned request
+writes its own row when it ends (``api.accounting``, ``api.audio.path``);
+these never reach that point, and an operator asking "why did my agent's
+turn fail?" must find them too. A refusal whose caller is known counts in
+its usage (an error, no tokens), as a planned request does.
 
 A plain ASGI middleware just inside ``RequestIds`` (the row carries the id)
 and outside every guard. It keeps references to the body chunks the app
@@ -30,6 +32,9 @@ SURFACES = {
     "/v1/completions": "completion",
     "/v1/messages": "messages",
     "/v1/responses": "responses",
+    "/v1/audio/transcriptions": "transcription",
+    "/v1/audio/translations": "translation",
+    "/v1/audio/speech": "speech",
 }
 # Requests counted in usage only (the activity log keeps generation requests).
 USAGE_ONLY = ("/v1/embeddings", "/v1/rerank", "/rerank", "/v2/rerank", "/api/embed", "/api/embeddings")
@@ -39,6 +44,8 @@ ACCOUNTED = "accounted"
 MAX_ERROR_BYTES = 16 * 1024
 MAX_PARSED_BYTES = 1024 * 1024
 _MODEL = re.compile(rb'"model"\s*:\s*("(?:[^"\\]|\\.){0,256}")')
+# The same two fields of a multipart form (the transcription routes).
+_FORM_FIELD = re.compile(rb'name="(model|stream)"\r\n(?:[^\r\n]*\r\n)*?\r\n([^\r\n]{0,256})\r\n')
 
 
 class RefusalLog:
@@ -119,6 +126,9 @@ def _row(scope: Scope, surface: str, seen: _Seen, seconds: float) -> ActivityRow
 
 def _asked(body: bytes) -> tuple[str, bool]:
     """The model and ``stream`` the body asked for, as far as it can be read."""
+    if body.startswith(b"--"):  # multipart: its form fields (before the file, as clients send them)
+        form = {name: value for name, value in _FORM_FIELD.findall(body)}
+        return form.get(b"model", b"").decode("utf-8", "replace"), form.get(b"stream", b"").lower() == b"true"
     if len(body) < MAX_PARSED_BYTES:  # (else cut short: only its head is kept)
         try:
             parsed = json.loads(body)

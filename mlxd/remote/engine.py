@@ -202,6 +202,26 @@ class RemoteEngine:
         """One whole JSON exchange with the backend (embeddings, rerank): the
         answer's JSON, or the typed error for a refusal, a timeout or an
         answer past ``MAX_JSON_ANSWER_BYTES``."""
+        data, _ = await self.post(path, json={**body, "model": self.remote_model}, parse=json.loads)
+        return data
+
+    async def post_form(self, path: str, fields: dict[str, str | list[str]],
+                        file: tuple[str, bytes]) -> tuple[bytes, str]:
+        """A multipart exchange (an audio upload), the backend's model named
+        in it: the answer's bytes as sent and their content type."""
+        form = aiohttp.FormData()
+        form.add_field("model", self.remote_model)
+        for name, value in fields.items():
+            for one in value if isinstance(value, list) else [value]:
+                form.add_field(name, one)
+        form.add_field("file", file[1], filename=file[0] or "audio")
+        return await self.post(path, data=form)
+
+    async def post(self, path: str, *, json: Any = None, data: Any = None,
+                   parse: Any = None) -> tuple[Any, str]:
+        """One whole exchange: the answer (``parse``d, when given) and its
+        content type, or the typed error (also for an answer ``parse``
+        cannot read, or one past ``MAX_JSON_ANSWER_BYTES``)."""
         link = self._pool.link(self.backend)
         spec = link.spec
         where = f"backend `{spec.name}`"
@@ -211,16 +231,16 @@ class RemoteEngine:
         link.stats.requests += 1
         try:
             async with asyncio.timeout(spec.first_byte_timeout_s):
-                response = await link.client.post(spec.url + path, json={**body, "model": self.remote_model},
+                response = await link.client.post(spec.url + path, json=json, data=data,
                                                   headers=link.headers(self._pool.environ),
                                                   timeout=link.timeout(), allow_redirects=False)
                 self._open[key] = response
                 if response.status >= 300:
                     await self._refused(spec.name, response)
-                data, cut = await read_bounded(response, MAX_JSON_ANSWER_BYTES)
+                body, cut = await read_bounded(response, MAX_JSON_ANSWER_BYTES)
             if cut:
                 raise broken(spec.name, f"sent an answer larger than {MAX_JSON_ANSWER_BYTES >> 20} MiB")
-            return json.loads(data)
+            return (parse(body) if parse is not None else body), response.headers.get("content-type", "")
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             error: MlxdError = BackendUnavailable(f"Cannot reach {where}: {_reason(exc)}",
                                                   retry_after=RETRY_UNREACHABLE_S)

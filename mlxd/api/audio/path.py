@@ -22,9 +22,12 @@ from mlxd.api.auth import caller_of
 from mlxd.api.context import DaemonContext
 from mlxd.api.embeddings.path import entry_for
 from mlxd.api.generation import guarded
+from mlxd.api.refusals import ACCOUNTED, SURFACES
 from mlxd.engine import audio_files
 from mlxd.engine.audio import SAMPLE_RATE, TranscribeOptions, Window
 from mlxd.errors import BadRequest, MlxdError, PayloadTooLarge
+from mlxd.monitoring.activity import ActivityRow
+from mlxd.monitoring.usage import one_request
 from mlxd.registry.kinds import SPEAK, TRANSCRIBE
 from mlxd.registry.model import ModelSpec
 from mlxd.registry.sizing import format_bytes
@@ -44,8 +47,44 @@ def _local(ctx: DaemonContext, request: Request, name: str, route: str) -> Model
     """The entry ``name`` as the caller may use it (its app's scope applies)."""
     spec = entry_for(ctx, name, route, caller_of(request))
     if spec.is_remote:
-        raise BadRequest(f"`{name}` is served by a backend; speech requests are not relayed yet", param="model")
+        raise BadRequest(f"`{name}` is served by a backend; its voices are not listed here", param="model")
     return spec
+
+
+# --- relayed to a backend ----------------------------------------------------------
+
+
+async def relay_transcription(ctx: DaemonContext, request: Request, ask: TranscribeAsk,
+                              task: str) -> tuple[bytes, str] | None:
+    """A remote entry's transcription: the upload sent on as it came (the
+    backend bounds and decodes it) and its answer returned as sent, whole
+    (a ``stream=true`` answer's events arrive together); None for a local entry."""
+    spec = entry_for(ctx, ask.model, TRANSCRIBE, caller_of(request))
+    if not spec.is_remote:
+        return None
+    fields: dict[str, str | list[str]] = {"response_format": ask.response_format}
+    for name, value in (("language", ask.language), ("prompt", ask.prompt), ("temperature", ask.temperature)):
+        if value is not None:
+            fields[name] = str(value)
+    if ask.granularities:
+        fields["timestamp_granularities[]"] = list(ask.granularities)
+    if ask.stream:
+        fields["stream"] = "true"
+    route = "/audio/transcriptions" if task == "transcribe" else "/audio/translations"
+    async with _accounted(ctx, request, ask.model, task, 0.0):
+        return await guarded(request, _leased(ctx, request, spec, lambda engine: engine.post_form(
+            route, fields, (ask.filename, ask.file))), ctx.settings.server.request_timeout_s)
+
+
+async def relay_speech(ctx: DaemonContext, request: Request, body: SpeechBody) -> tuple[bytes, str] | None:
+    """A remote entry's speech: the body sent on, the audio returned whole."""
+    spec = entry_for(ctx, body.model, SPEAK, caller_of(request))
+    if not spec.is_remote:
+        return None
+    ask = body.model_dump(exclude_none=True, exclude={"model"})
+    async with _accounted(ctx, request, body.model, "speech", float(len(body.input))):
+        return await guarded(request, _leased(ctx, request, spec, lambda engine: engine.post(
+            "/audio/speech", json={**ask, "model": engine.remote_model})), ctx.settings.server.request_timeout_s)
 
 
 async def read_audio(ctx: DaemonContext, data: bytes) -> np.ndarray:
@@ -81,7 +120,7 @@ async def transcribe(ctx: DaemonContext, request: Request, ask: TranscribeAsk, t
         windows = [w async for w in engine.transcribe(samples, options, _request_id(request))]
         return Transcript(ask.model, windows, samples.size / SAMPLE_RATE, options)
 
-    async with _accounted(ctx, ask.model, task, samples.size / SAMPLE_RATE):
+    async with _accounted(ctx, request, ask.model, task, samples.size / SAMPLE_RATE):
         return await guarded(request, _leased(ctx, request, spec, work), ctx.settings.server.request_timeout_s)
 
 
@@ -153,25 +192,30 @@ async def _streamed(ctx: DaemonContext, request: Request, spec: ModelSpec, name:
     ``seconds_of`` an item: the audio it made, added to ``audio_seconds``."""
     timeout = ctx.settings.server.request_timeout_s
     started = time.monotonic()
-    lease = await guarded(request, ctx.manager.acquire(spec.name, timeout=timeout, caller=caller_of(request)),
-                          timeout)
+    planned(request)
+    lease: Any = None
     stream: Any = None
     try:
+        lease = await guarded(request, ctx.manager.acquire(spec.name, timeout=timeout, caller=caller_of(request)),
+                              timeout)
         stream = start(lease.engine)
         first = await guarded(request, stream.__anext__(), timeout)
     except StopAsyncIteration:
         first = None
     except BaseException as exc:
-        lease.release()
+        # A lease refused (no room, a deadline) is accounted like a failure.
+        if lease is not None:
+            lease.release()
         if stream is not None:
             await stream.aclose()
-        _account(ctx, name, what, exc.status_code if isinstance(exc, MlxdError) else 500,
-                  time.monotonic() - started, amount)
+        _account(ctx, request, name, what, exc.status_code if isinstance(exc, MlxdError) else 500,
+                  time.monotonic() - started, amount, stream=True, error=_error_of(exc))
         raise
 
     async def rest() -> AsyncIterator[Any]:
         status = 200
         made = audio_seconds
+        error: str | None = None
         try:
             if first is not None:
                 made += seconds_of(first)
@@ -179,16 +223,14 @@ async def _streamed(ctx: DaemonContext, request: Request, spec: ModelSpec, name:
                 async for item in stream:
                     made += seconds_of(item)
                     yield item
-        except MlxdError as exc:
-            status = exc.status_code
-            raise
-        except BaseException:
-            status = 500
+        except BaseException as exc:
+            status, error = exc.status_code if isinstance(exc, MlxdError) else 500, _error_of(exc)
             raise
         finally:
             lease.release()
             await stream.aclose()
-            _account(ctx, name, what, status, time.monotonic() - started, amount, made)
+            _account(ctx, request, name, what, status, time.monotonic() - started, amount, made, stream=True,
+                     error=error)
 
     return rest()
 
@@ -196,20 +238,41 @@ async def _streamed(ctx: DaemonContext, request: Request, spec: ModelSpec, name:
 class _accounted:
     """Counts one request (its status, its seconds) however it ends."""
 
-    def __init__(self, ctx: DaemonContext, name: str, what: str, amount: float) -> None:
-        self.ctx, self.name, self.what, self.amount = ctx, name, what, amount
+    def __init__(self, ctx: DaemonContext, request: Request, name: str, what: str, amount: float) -> None:
+        self.ctx, self.request, self.name, self.what, self.amount = ctx, request, name, what, amount
 
     async def __aenter__(self) -> None:
         self.started = time.monotonic()
+        planned(self.request)
 
     async def __aexit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         status = 200 if exc is None else exc.status_code if isinstance(exc, MlxdError) else 500
-        _account(self.ctx, self.name, self.what, status, time.monotonic() - self.started, self.amount,
-                 self.amount)
+        _account(self.ctx, self.request, self.name, self.what, status, time.monotonic() - self.started,
+                 self.amount, self.amount, error=None if exc is None else _error_of(exc))
 
 
-def _account(ctx: DaemonContext, name: str, what: str, status: int, seconds: float, amount: float,
-             audio_seconds: float = 0.0) -> None:
+def _error_of(exc: BaseException) -> str:
+    """What the activity row says of a failure: its client's message, or
+    only that it was internal (the log has the traceback)."""
+    return exc.message if isinstance(exc, MlxdError) else "internal error"
+
+
+def planned(request: Request) -> None:
+    """From here on the request writes its own activity row (``_account``),
+    however it ends; a refusal before this point is ``api.refusals``' row."""
+    request.scope.setdefault("state", {})[ACCOUNTED] = True
+
+
+def _account(ctx: DaemonContext, request: Request, name: str, what: str, status: int, seconds: float,
+             amount: float, audio_seconds: float = 0.0, *, stream: bool = False, error: str | None = None) -> None:
+    caller = caller_of(request)
+    if ctx.activity is not None:
+        ctx.activity.add(ActivityRow(
+            time=time.time(), request_id=_request_id(request), response_id="", key=caller.name, model=name,
+            target=name, surface=SURFACES[request.url.path], stream=stream, status=status, tokens_in=0,
+            tokens_cached=0, tokens_out=0, ttft_seconds=None, tokens_per_second=None,
+            duration_seconds=round(seconds, 4), finish_reason=None, error=error))
+    ctx.usage.add(caller.name, name, one_request(status))
     ctx.metrics.requests.labels(name, str(status)).inc()
     ctx.metrics.request_seconds.labels(name).observe(seconds)
     if status == 200:

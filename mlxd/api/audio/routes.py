@@ -29,6 +29,9 @@ def router() -> APIRouter:
     async def transcription(request: Request, task: str) -> Response:
         ctx = _ctx(request)
         ask = await transcribe_ask(request, ctx.settings.server.max_audio_bytes)
+        relayed = await path.relay_transcription(ctx, request, ask, task)
+        if relayed is not None:
+            return Response(relayed[0], media_type=relayed[1] or None)
         if ask.stream:
             windows = await path.transcribe_stream(ctx, request, ask, task)
             return StreamingResponse(_transcript_events(windows), media_type="text/event-stream")
@@ -46,6 +49,9 @@ def router() -> APIRouter:
 
     @api.post(PREFIX + "/speech")
     async def speech(body: SpeechBody, request: Request) -> Response:
+        relayed = await path.relay_speech(_ctx(request), request, body)
+        if relayed is not None:
+            return Response(relayed[0], media_type=relayed[1] or MEDIA_TYPES[body.response_format])
         rate, chunks = await path.speech(_ctx(request), request, body)
         return StreamingResponse(_encoded(chunks, body.response_format, rate),
                                  media_type=MEDIA_TYPES[body.response_format],
