@@ -129,6 +129,26 @@ def _chat_answer(model: str, stream: bool) -> tuple[bytes, str]:
     return b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + b"data: [DONE]\n\n", "text/event-stream"
 
 
+# One model as mlxd's /v1/models lists it for Claude Code (a `claude-*` alias, the window in Anthropic's fields).
+LISTED = {"id": "claude-default", "type": "model", "display_name": "default", "created_at": "2026-01-01T00:00:00Z",
+          "max_input_tokens": 8192, "max_tokens": 8192}
+# What Claude Code keeps of that listing, in its cache files under ~/.claude/cache: 2.1.197 keeps `id` and
+# `display_name` (gateway discovery) and has its capabilities fetch, which reads `max_input_tokens`, off.
+CLAUDE_CACHES = ("gateway-models.json", "model-capabilities.json")
+
+
+def kept_fields(home: Path) -> list[dict[str, Any]]:
+    """The fields of mlxd's model listing Claude Code stored, per cache file it wrote."""
+    out = []
+    for name in CLAUDE_CACHES:
+        try:
+            models = json.loads((home / ".claude" / "cache" / name).read_text())["models"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        out.append({"request": f"kept in ~/.claude/cache/{name}", "fields": sorted({k for m in models for k in m})})
+    return out
+
+
 class Recorder(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     seen: list[dict[str, Any]]
@@ -151,7 +171,7 @@ class Recorder(BaseHTTPRequestHandler):
         if self.headers.get("upgrade", "").lower() == "websocket":
             self._answer(426, b'{"error": {"message": "no websocket"}}')
         elif urlsplit(self.path).path == "/v1/models":
-            self._answer(200, json.dumps({"object": "list", "data": [], "models": []}).encode())
+            self._answer(200, json.dumps({"object": "list", "data": [LISTED], "models": []}).encode())
         else:
             self._answer(404, b"{}")
 
@@ -217,6 +237,8 @@ def record(name: str) -> list[dict[str, Any]]:
     try:
         with tempfile.TemporaryDirectory() as home:
             run_cli(name, f"http://127.0.0.1:{server.server_address[1]}", Path(home))
+            # A newer Claude Code that keeps the window from /v1/models shows up as a changed field list.
+            handler.seen += kept_fields(Path(home)) if name == "claude" else []
     finally:
         server.shutdown()
     unique: list[dict[str, Any]] = []
