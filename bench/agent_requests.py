@@ -2,7 +2,9 @@
 compare their shapes with the recorded ones.
 
 Claude Code and Codex change what they send between versions (new body
-fields, new headers, a WebSocket first, a model catalog fetch). This runs
+fields, new headers, a WebSocket first, a model catalog fetch), and so do
+the npm coding CLIs of docs/clients.md (OpenCode, Qwen Code, pi, Continue
+CLI, on the chat API). This runs
 each CLI from ``.agents/`` (``scripts/setup.sh --tests``) for one turn
 against a recording endpoint that answers like mlxd would (a short text
 answer in each surface's stream shape), reduces every request to its shape
@@ -30,6 +32,9 @@ from urllib.parse import parse_qs, urlsplit
 
 from bench.common import ROOT, save
 
+# Each CLI and the npm package scripts/setup.sh pins it from.
+PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "opencode": "opencode-ai",
+            "qwen": "@qwen-code/qwen-code", "pi": "@mariozechner/pi-coding-agent", "cn": "@continuedev/cli"}
 RECORDED = ROOT / "bench" / "recorded" / "agent_requests.json"
 BIN = ROOT / ".agents" / "node_modules" / ".bin"
 # Header values that change every run; their names still count.
@@ -69,8 +74,14 @@ def request_shape(method: str, path: str, headers: dict[str, str], body: bytes) 
         out["body"] = shape(parsed)
         tools = parsed.get("tools") if isinstance(parsed, dict) else None
         if isinstance(tools, list):
-            out["tools"] = sorted(str(t.get("name") or t.get("type")) for t in tools if isinstance(t, dict))
+            out["tools"] = sorted(str(_tool_name(t)) for t in tools if isinstance(t, dict))
     return out
+
+
+def _tool_name(tool: dict[str, Any]) -> Any:
+    """A tool's name: at the top (Messages, Responses) or under ``function`` (chat)."""
+    function = tool.get("function") if isinstance(tool.get("function"), dict) else {}
+    return tool.get("name") or function.get("name") or tool.get("type")
 
 
 def _sse(events: list[tuple[str, dict[str, Any]]]) -> bytes:
@@ -105,6 +116,39 @@ def _responses_stream(model: str) -> bytes:
     return _sse([(k, {"type": k, "sequence_number": i, **v}) for i, (k, v) in enumerate(events)])
 
 
+def _chat_answer(model: str, stream: bool) -> tuple[bytes, str]:
+    usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    if not stream:
+        return json.dumps({"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": model, "usage": usage,
+                           "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                                        "finish_reason": "stop"}]}).encode(), "application/json"
+    head = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": model}
+    chunks = [{**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "ok"}, "finish_reason": None}]},
+              {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+              {**head, "choices": [], "usage": usage}]
+    return b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + b"data: [DONE]\n\n", "text/event-stream"
+
+
+# One model as mlxd's /v1/models lists it for Claude Code (a `claude-*` alias, the window in Anthropic's fields).
+LISTED = {"id": "claude-default", "type": "model", "display_name": "default", "created_at": "2026-01-01T00:00:00Z",
+          "max_input_tokens": 8192, "max_tokens": 8192}
+# What Claude Code keeps of that listing, in its cache files under ~/.claude/cache: 2.1.197 keeps `id` and
+# `display_name` (gateway discovery) and has its capabilities fetch, which reads `max_input_tokens`, off.
+CLAUDE_CACHES = ("gateway-models.json", "model-capabilities.json")
+
+
+def kept_fields(home: Path) -> list[dict[str, Any]]:
+    """The fields of mlxd's model listing Claude Code stored, per cache file it wrote."""
+    out = []
+    for name in CLAUDE_CACHES:
+        try:
+            models = json.loads((home / ".claude" / "cache" / name).read_text())["models"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        out.append({"request": f"kept in ~/.claude/cache/{name}", "fields": sorted({k for m in models for k in m})})
+    return out
+
+
 class Recorder(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     seen: list[dict[str, Any]]
@@ -127,16 +171,19 @@ class Recorder(BaseHTTPRequestHandler):
         if self.headers.get("upgrade", "").lower() == "websocket":
             self._answer(426, b'{"error": {"message": "no websocket"}}')
         elif urlsplit(self.path).path == "/v1/models":
-            self._answer(200, json.dumps({"object": "list", "data": [], "models": []}).encode())
+            self._answer(200, json.dumps({"object": "list", "data": [LISTED], "models": []}).encode())
         else:
             self._answer(404, b"{}")
 
     def do_POST(self) -> None:  # noqa: N802
         body = self.rfile.read(int(self.headers.get("content-length") or 0))
         self._record(body)
-        model = str(json.loads(body or b"{}").get("model", "m"))
+        request = json.loads(body or b"{}")
+        model = str(request.get("model", "m"))
         path = urlsplit(self.path).path
-        if path == "/v1/messages":
+        if path == "/v1/chat/completions":
+            self._answer(200, *_chat_answer(model, bool(request.get("stream"))))
+        elif path == "/v1/messages":
             self._answer(200, _anthropic_stream(model), "text/event-stream")
         elif path == "/v1/responses":
             self._answer(200, _responses_stream(model), "text/event-stream")
@@ -145,13 +192,14 @@ class Recorder(BaseHTTPRequestHandler):
 
 
 def run_cli(name: str, url: str, home: Path) -> None:
+    """One turn of CLI ``name`` against ``url``, set up as docs/agents.md and docs/clients.md show."""
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "PYTHONPATH")}
-    env["HOME"] = str(home)
+    env.update(HOME=str(home), PWD=str(home))
     if name == "claude":
         env.update(ANTHROPIC_BASE_URL=url, ANTHROPIC_API_KEY="sk-local", DISABLE_TELEMETRY="1",
                    DISABLE_AUTOUPDATER="1", CLAUDE_CODE_ENABLE_GATEWAY_MODEL_DISCOVERY="1")
         argv = [str(BIN / "claude"), "-p", "Say hello", "--model", "claude-sonnet-4-5"]
-    else:
+    elif name == "codex":
         (home / ".codex").mkdir(parents=True, exist_ok=True)
         (home / ".codex" / "config.toml").write_text(
             'model = "default"\nmodel_provider = "mlxd"\n\n[model_providers.mlxd]\nname = "mlxd"\n'
@@ -159,6 +207,26 @@ def run_cli(name: str, url: str, home: Path) -> None:
             f'model_catalog_url = "{url}/v1/models"\n')
         env["MLXD_API_KEY"] = "sk-local"
         argv = [str(BIN / "codex"), "exec", "--skip-git-repo-check", "Say hello"]
+    elif name == "opencode":
+        (home / "opencode.json").write_text(json.dumps({"provider": {"mlxd": {
+            "npm": "@ai-sdk/openai-compatible", "name": "mlxd", "options": {"baseURL": f"{url}/v1", "apiKey": "unused"},
+            "models": {"default": {"name": "default", "limit": {"context": 8192, "output": 1024}}}}}}))
+        argv = [str(BIN / "opencode"), "run", "--model", "mlxd/default", "Say hello"]
+    elif name == "qwen":
+        env.update(OPENAI_API_KEY="unused", OPENAI_BASE_URL=f"{url}/v1", OPENAI_MODEL="default")
+        argv = [str(BIN / "qwen"), "--auth-type", "openai", "-p", "Say hello"]
+    elif name == "pi":
+        (home / ".pi" / "agent").mkdir(parents=True, exist_ok=True)
+        (home / ".pi" / "agent" / "models.json").write_text(json.dumps({"providers": {"mlxd": {
+            "baseUrl": f"{url}/v1", "api": "openai-completions", "apiKey": "unused",
+            "models": [{"id": "default", "name": "default", "contextWindow": 8192, "maxTokens": 1024}]}}}))
+        argv = [str(BIN / "pi"), "-p", "--provider", "mlxd", "--model", "default", "Say hello"]
+    else:
+        (home / "config.yaml").write_text(
+            "name: mlxd\nversion: 1.0.0\nschema: v1\nmodels:\n  - name: default\n    provider: openai\n"
+            f"    model: default\n    apiBase: {url}/v1\n    apiKey: unused\n    roles: [chat]\n"
+            "    defaultCompletionOptions:\n      maxTokens: 1024\n")
+        argv = [str(BIN / "cn"), "-p", "--config", str(home / "config.yaml"), "Say hello"]
     subprocess.run(argv, env=env, cwd=home, capture_output=True, timeout=180, stdin=subprocess.DEVNULL)
 
 
@@ -169,6 +237,8 @@ def record(name: str) -> list[dict[str, Any]]:
     try:
         with tempfile.TemporaryDirectory() as home:
             run_cli(name, f"http://127.0.0.1:{server.server_address[1]}", Path(home))
+            # A newer Claude Code that keeps the window from /v1/models shows up as a changed field list.
+            handler.seen += kept_fields(Path(home)) if name == "claude" else []
     finally:
         server.shutdown()
     unique: list[dict[str, Any]] = []
@@ -191,7 +261,7 @@ def differences(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[st
 
 def versions() -> dict[str, str]:
     out = {}
-    for package in ("@anthropic-ai/claude-code", "@openai/codex"):
+    for package in PACKAGES.values():
         manifest = ROOT / ".agents" / "node_modules" / package / "package.json"
         out[package] = json.loads(manifest.read_text())["version"] if manifest.is_file() else "not installed"
     return out
@@ -201,12 +271,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--record", action="store_true", help="store the current shapes as the recorded ones")
     args = parser.parse_args()
-    current = {"versions": versions(), "claude": record("claude"), "codex": record("codex")}
+    current: dict[str, Any] = {"versions": versions(), **{cli: record(cli) for cli in PACKAGES}}
     stored = json.loads(RECORDED.read_text()) if RECORDED.is_file() else None
     report = {}
     print(f"{'cli':8} {'requests':>8}  changes since the recording ({(stored or {}).get('versions')})")
-    for cli in ("claude", "codex"):
-        changes = differences(stored[cli], current[cli]) if stored else ["no recording yet"]
+    for cli in PACKAGES:
+        changes = differences(stored[cli], current[cli]) if stored and cli in stored else ["no recording yet"]
+        if changes and stored and cli in stored:
+            # A CLI's side request (OpenCode's title) may miss a loaded machine's turn: report what a second run repeats.
+            again = differences(stored[cli], record(cli))
+            changes = [c for c in changes if c in again]
         report[cli] = {"requests": len(current[cli]), "changes": changes}
         print(f"{cli:8} {len(current[cli]):>8}  {'; '.join(changes) or 'none'}")
     save("agent_requests", "shapes", {"versions": current["versions"], "report": report})

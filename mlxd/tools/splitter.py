@@ -23,6 +23,8 @@ Pure: no MLX, no I/O; ``split_answer`` is the same thing for a whole answer.
 from __future__ import annotations
 
 import json
+import math
+import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -161,7 +163,7 @@ class ToolCallSplitter:
                 self.dropped += 1
                 continue
             arguments = call.get("arguments", {})
-            text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+            text = arguments if isinstance(arguments, str) else arguments_json(arguments)
             given = call.get("id")
             made = ToolCall(given if isinstance(given, str) and given else self._new_id(), call["name"], text)
             index = len(self.calls)
@@ -340,3 +342,22 @@ def _merge_text(events: list[Event]) -> list[Event]:
         else:
             merged.append(event)
     return merged
+
+
+def arguments_json(arguments: Any) -> str:
+    """A call's parsed arguments as JSON text a client can parse. The parsers
+    read the model's JSON with Python's json, which turns a number too large
+    for a double (``1e999``, which a grammar-forced random model writes) into
+    ``inf``, and ``json.dumps`` would write that back as ``Infinity``, which
+    no JSON parser reads (JavaScript clients fail on the whole call). Such a
+    number becomes the largest finite double, what JavaScript's own parser
+    makes of it short of infinity; a NaN becomes null."""
+    def finite(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None if math.isnan(value) else math.copysign(sys.float_info.max, value)
+        if isinstance(value, dict):
+            return {k: finite(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [finite(v) for v in value]
+        return value
+    return json.dumps(finite(arguments), ensure_ascii=False, allow_nan=False)

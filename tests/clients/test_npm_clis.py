@@ -118,15 +118,43 @@ def test_qwen_code_runs_a_turn(demo, tmp_path):
     assert_tools_went_through(demo, seen, capped=False)
 
 
-def test_pi_runs_a_turn(demo, tmp_path):
+# pi's own request log: an extension of the test's, loaded after the docs' one, sees the payload as sent.
+RECORDER = """import { appendFileSync } from "node:fs";
+export default function (pi: any) {
+  pi.on("before_provider_request", (event: any) => { appendFileSync(process.env.HOME + "/sent.jsonl", JSON.stringify(event.payload) + "\\n"); });
+}
+"""
+
+
+def test_pi_runs_a_forced_tool_call_and_answers(demo, tmp_path):
     pi = cli("pi")
     models = json.loads(small_window(doc_block("json", "openai-completions", demo.url)))
     assert models["providers"]["mlxd"]["models"][0]["id"] == MODEL
-    (tmp_path / ".pi" / "agent").mkdir(parents=True)
+    models["providers"]["mlxd"]["models"][0]["maxTokens"] = 256  # as the docs say for a forced call
+    extensions = tmp_path / ".pi" / "agent" / "extensions"
+    extensions.mkdir(parents=True)
     (tmp_path / ".pi" / "agent" / "models.json").write_text(json.dumps(models))
+    (extensions / "force-read.ts").write_text(doc_block("typescript", "before_provider_request", demo.url))
+    (extensions / "zz-record.ts").write_text(RECORDER)
     seen = len(demo.log())
     run_cli(tmp_path, [pi, "-p", "--provider", "mlxd", "--model", MODEL, PROMPT])
-    assert_tools_went_through(demo, seen)
+    sent = [json.loads(line) for line in (tmp_path / "sent.jsonl").read_text().splitlines()]
+    answered = [p for p in sent if p.get("tools") and p["messages"][-1]["role"] == "tool"]
+    assert answered, [p["messages"][-1] for p in sent]
+    # pi parsed mlxd's call: it sends it back as its own assistant turn, arguments an
+    # object its `read` schema takes, and the result of running it under the call's id.
+    *_, call_turn, result = answered[0]["messages"]
+    (call,) = call_turn["tool_calls"]
+    assert call["function"]["name"] == "read"
+    arguments = json.loads(call["function"]["arguments"])
+    read = next(t["function"]["parameters"] for t in answered[0]["tools"] if t["function"]["name"] == "read")
+    assert set(read["required"]) <= set(arguments) <= set(read["properties"]), arguments
+    assert result["tool_call_id"] == call["id"] and result["content"], result
+    # Then the model's own answer, unforced, ended the turn (pi's exit and output are checked by run_cli).
+    assert len(answered) == 1, [p["messages"][-1]["role"] for p in sent]
+    assert_tools_went_through(demo, seen, capped=False)
+    # Its maxTokens held on both tool turns (the side request of its own, a few hundred tokens in, has none).
+    assert all(o <= 256 for i, o in turns_since(demo, seen) if i > 1500), turns_since(demo, seen)
 
 
 def test_continue_cli_runs_a_turn(demo, tmp_path):

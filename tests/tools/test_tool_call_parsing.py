@@ -223,3 +223,12 @@ def test_openai_shape():
     shape = call.as_openai()
     assert shape["type"] == "function" and shape["function"] == {"name": "get_time", "arguments": "{}"}
     assert shape["id"].startswith("call_")
+
+
+def test_a_number_past_a_double_comes_back_as_json_a_client_parses():
+    # A grammar-forced random model wrote this for pi's `read` tool; the
+    # arguments went out as `"limit": Infinity`, which JSON.parse refuses.
+    output = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "", "days": 1e999, "metric": -1e999}}\n</tool_call>'
+    arguments = split_answer(format_named("json_tools", ""), output, TOOLS).tool_calls[0].arguments
+    parsed = json.loads(arguments, parse_constant=lambda name: pytest.fail(f"{name} in {arguments}"))
+    assert parsed == {"city": "", "days": 1.7976931348623157e308, "metric": -1.7976931348623157e308}
