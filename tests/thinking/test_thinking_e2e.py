@@ -98,6 +98,35 @@ def test_chat_gives_the_reasoning_apart_from_the_answer_streamed_and_not(daemon:
     assert (batched.model_extra["reasoning_content"], batched.content) == (extra["reasoning_content"], message.content)
 
 
+def test_reasoning_exclude_hides_the_reasoning_on_every_surface_and_the_model_still_thinks(daemon: Daemon):
+    shown = chat(daemon, reasoning={"max_tokens": BUDGET}).choices[0].message
+    for extra in ({"reasoning": {"max_tokens": BUDGET, "exclude": True}},
+                  {"reasoning": {"max_tokens": BUDGET}, "include_reasoning": False}):
+        hidden = chat(daemon, **extra)
+        message = hidden.choices[0].message
+        assert not {"reasoning_content", "reasoning"} & set(message.model_extra or {})
+        # The same answer as with the reasoning shown: it was thought, then left out.
+        assert message.content == shown.content
+        assert hidden.usage.completion_tokens_details.reasoning_tokens == REASONING_TOKENS
+    stream = openai_client(daemon).chat.completions.create(
+        model="thinker", messages=MESSAGES, max_tokens=20, temperature=0, stream=True,
+        extra_body={"reasoning": {"max_tokens": BUDGET, "exclude": True}},
+    )
+    chunks = [c for chunk in stream for c in chunk.choices]
+    assert not any({"reasoning_content", "reasoning"} & set(c.delta.model_extra or {}) for c in chunks)
+    assert "".join(c.delta.content or "" for c in chunks) == shown.content
+    response = openai_client(daemon).responses.create(
+        model="thinker", input=PROMPT, max_output_tokens=20, temperature=0,
+        extra_body={"reasoning": {"max_tokens": BUDGET, "exclude": True}},
+    )
+    assert [item.type for item in response.output] == ["message"]
+    assert response.output[0].content[0].text == shown.content
+    assert response.usage.output_tokens_details.reasoning_tokens == REASONING_TOKENS
+    refused = httpx.post(f"{daemon.url}/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"}, timeout=30,
+                         json={"model": "thinker", "messages": MESSAGES, "reasoning": {"exclude": "yes"}})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "reasoning.exclude"
+
+
 def test_a_vision_model_reasons_apart_from_its_answer_too(daemon: Daemon):
     from vision.vision_support import data_url, image_chat, noise_image
 
