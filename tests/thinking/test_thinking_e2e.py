@@ -39,6 +39,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         {"name": "thinker-batched", "path": str(thinker), "max_concurrency": 2},
         {"name": "qwen3", "path": str(qwen3)},
         {"name": "qwen3-quiet", "path": str(qwen3), "chat_template_kwargs": {"enable_thinking": False}},
+        # Nemotron-H's template reads /no_think in a turn, not enable_thinking.
+        {"name": "nemo", "path": str(zoo_model("nemotron_h"))},
         # Qwen3-VL-Thinking's template opens the block too.
         {"name": "eyes", "path": str(zoo_model("qwen3_vl")), "kind": "vision"},
     ], server={"api_keys": [KEY]})
@@ -243,6 +245,23 @@ def test_turning_thinking_off_renders_the_familys_no_think_prompt(daemon: Daemon
     counted = client.messages.count_tokens(model="qwen3", messages=MESSAGES, thinking={"type": "disabled"})
     assert counted.input_tokens == no_think
     assert client.messages.count_tokens(model="qwen3", messages=MESSAGES).input_tokens == thinking
+
+
+def test_nemotron_h_turns_thinking_off_its_own_way_and_answers_without_reasoning(daemon: Daemon):
+    thinking = chat(daemon, "nemo", max_tokens=6).choices[0].message
+    assert thinking.model_extra["reasoning_content"]  # its prompt opens <think>: a random model never closes it
+    flagged = openai_client(daemon).chat.completions.create(
+        model="nemo", messages=[{"role": "system", "content": "/no_think"}, *MESSAGES], max_tokens=6, temperature=0)
+    # (chat_template_kwargs' enable_thinking renders the same: test_zoo_reasoning.py.)
+    answers = [flagged, chat(daemon, "nemo", max_tokens=6, reasoning_effort="none")]
+    for answer in answers:
+        message = answer.choices[0].message
+        assert message.content and "reasoning_content" not in (message.model_extra or {})
+        assert answer.usage.completion_tokens_details is None or not answer.usage.completion_tokens_details.reasoning_tokens
+    assert {a.choices[0].message.content for a in answers} == {flagged.choices[0].message.content}
+    off = anthropic_client(daemon).messages.create(model="nemo", max_tokens=6, messages=MESSAGES,
+                                                   thinking={"type": "disabled"}, extra_body={"temperature": 0})
+    assert [b.type for b in off.content] == ["text"] and off.content[0].text == flagged.choices[0].message.content
 
 
 def test_structured_output_starts_after_the_reasoning(daemon: Daemon):
