@@ -294,8 +294,7 @@ FAMILIES: dict[str, Family] = {
             eos=("<|return|>", "<|call|>", "<|endoftext|>"),
             pad="<|endoftext|>",
             caches=_SLIDING,
-            # Calls are harmony messages, parsed by mlxd (mlxd.tools.harmony); mlx-lm has no parser.
-            unsupported={"forced_tool": "no grammar for harmony's `to=functions.NAME` messages yet"},
+            # Calls are harmony messages, parsed (and forced) by mlxd (mlxd.tools.harmony); mlx-lm has no parser.
             seed=1,
             note="gpt-oss-20b/120b: alternating sliding/full attention with sinks, MoE, harmony format",
         ),
