@@ -225,7 +225,8 @@ def main() -> None:
     result = {"environment": environment(), "uptime": load, "dtype": "q4_1" if args.q4 else dtype, "lines": lines, "tokens": tokens, "k": K,
               "runs": {k: {kk: vv for kk, vv in v.items() if kk != "text"} for k, v in runs.items()},
               "speculative_status": status}
-    print(f"wrote {save('speculative', 'quick' if args.quick else 'full', result)}")
+    key = "quick" if args.quick else f"{lines}-lines-{tokens}-tokens"
+    print(f"wrote {save('speculative', key, result)}")
 
 
 if __name__ == "__main__":

@@ -138,15 +138,18 @@ class Governor:
 
     While on, one step in ``probe_every`` is plain, so the baseline stays
     measured; speculation goes off once ``min_samples`` speculative steps and
-    ``min_plain`` plain ones say it is slower than plain decoding. While off,
-    one step in ``probe_every`` speculates; it comes back on when those say it
-    pays. Each batch size (the mix of sequences) keeps its own window: a size
+    ``min_plain`` plain ones say it is slower than plain decoding (a short
+    reply must not pay for a long trial). While off, one step in
+    ``retry_every`` speculates (rarely: each such probe costs); it comes back
+    on when those say it pays. Each batch size (the mix of sequences) keeps its own window: a size
     not seen yet starts on, and a size it went back to resumes where it was.
     """
 
-    def __init__(self, window: int = 32, probe_every: int = 16, min_samples: int = 8, min_plain: int = 2) -> None:
+    def __init__(self, window: int = 32, probe_every: int = 8, min_samples: int = 4, min_plain: int = 1,
+                 retry_every: int = 32) -> None:
         self.window = window
         self.probe_every = max(2, probe_every)
+        self.retry_every = max(2, retry_every)
         self.min_samples = min_samples
         self.min_plain = min_plain
         self._sizes: dict[int, _Window] = {}
@@ -167,7 +170,7 @@ class Governor:
         """Whether the next step of a batch of ``batch`` sequences speculates."""
         now = self._now = self._sizes.setdefault(batch, _Window(self.window)) if batch else self._now
         now.steps += 1
-        probe = now.steps % self.probe_every == 0
+        probe = now.steps % (self.probe_every if now.active else self.retry_every) == 0
         return now.active != probe
 
     def record(self, speculative: bool, tokens: int, seconds: float) -> None:
@@ -175,7 +178,7 @@ class Governor:
             return
         now = self._now
         (now.spec if speculative else now.plain).append(StepRecord(speculative, tokens, seconds))
-        needed = self.min_samples if now.active else max(2, self.min_samples // 4)
+        needed = self.min_samples if now.active else 2
         if len(now.plain) < self.min_plain or len(now.spec) < needed:
             return
         now.speedup = self._latest = _rate(now.spec) / _rate(now.plain)

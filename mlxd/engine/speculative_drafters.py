@@ -11,7 +11,8 @@ and how many drafts it had), ``filter`` (rows that stay), ``close``.
   target, drafting K greedy tokens a step. Its own cache lags the target's
   by the row's ``pending`` tokens (the target's tokens it has not seen: one
   after a rejection, two when the whole block was kept, more after plain
-  steps), which the next draft feeds first, right-padded.
+  steps), which the next draft feeds first, right-padded. It starts from the
+  last ``DRAFT_CONTEXT`` tokens of the prompt, not all of it.
 
 Worker thread (MLX, for the draft model).
 """
@@ -22,6 +23,13 @@ from typing import Any
 
 from mlxd.engine import speculative_cache as caches
 from mlxd.engine.speculative_core import NgramIndex, rollback
+
+# Prompt tokens a draft model prefills when a sequence joins: its last ones
+# only. The draft's prefill runs on the worker in one go, and a coding agent's
+# prompt served from the target's prefix cache would otherwise make the
+# draft prefill all of it before the first token (minutes on a CPU); what it
+# drafts only decides the speed, verification keeps the output exact.
+DRAFT_CONTEXT = 512
 
 
 class PromptLookup:
@@ -46,9 +54,10 @@ class PromptLookup:
 
 
 class DraftModel:
-    def __init__(self, model: Any, prefill_chunk: int = 512) -> None:
+    def __init__(self, model: Any, prefill_chunk: int = 512, context: int = DRAFT_CONTEXT) -> None:
         self.model = model
         self._chunk = max(1, prefill_chunk)
+        self._context = max(0, context)
         self._cache: list[Any] | None = None
         self._pending: list[list[int]] = []
         self._proposed = 0
@@ -60,7 +69,7 @@ class DraftModel:
         fresh = []
         for history in histories:
             cache = make_prompt_cache(self.model)
-            prompt = mx.array(history[:-1])
+            prompt = mx.array(history[max(0, len(history) - 1 - self._context) : -1])
             for start in range(0, prompt.size, self._chunk):
                 self.model(prompt[start : start + self._chunk][None], cache=cache)
                 mx.eval([c.state for c in cache])

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The wave-3 benchmarks on a lent GPU, in steps that each have a time limit:
+#
+#   bash bench/gpu_wave3.sh audio speculative          # one device call
+#   bash bench/gpu_wave3.sh distributed apps embeddings  # the next one
+#
+# Steps: audio (bench/audio.py: real-time factor through mlxd / mlx-audio
+# direct), speculative (bench/speculative.py: SmolLM2, code edit and free chat,
+# 1/4/8 streams, mlx_lm.server --draft-model beside it), distributed
+# (bench/distributed.py: bench-size model over 2 ranks, ring), apps
+# (bench/app_priority.py), embeddings (bench/embeddings.py). SmolLM2's GGUF and
+# MiniLM's folder must be in $MLXD_WHEELS_DIR (shared/gpu/README.md: the device
+# has no network). Logs and bench/results go to $OUT (default ./gpu-out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$(pwd)/gpu-out}
+mkdir -p "$OUT" bench/results
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+
+step() {
+  local name=$1 limit=$2; shift 2
+  echo "== $name (at most ${limit}s): $*"
+  local started=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  tail -n 25 "$OUT/$name.log"
+  echo "== $name: exit $rc after $((SECONDS - started))s"
+}
+
+for name in "$@"; do
+  case $name in
+    audio) step audio 150 "$PY" bench/audio.py --rounds 3 ;;
+    speculative) step speculative 330 "$PY" bench/speculative.py ;;
+    distributed) step distributed 170 "$PY" bench/distributed.py --size bench --transport ring --tokens 64 --repeats 3 ;;
+    apps) step apps 150 "$PY" bench/app_priority.py --size bench --seconds 20 ;;
+    embeddings) step embeddings 100 "$PY" bench/embeddings.py --texts 256 --rounds 3 ;;
+    *) echo "unknown step $name" ;;
+  esac
+done
+tar -czf "$OUT/results-$(date +%H%M%S).tgz" bench/results 2>/dev/null
