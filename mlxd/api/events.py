@@ -105,17 +105,25 @@ class ChoiceEvents:
     """Engine chunks as output events for every choice of one request, with
     reasoning and tool calls split out of the text when the answer may hold
     them (the model's own markup never reaches a client as text), and the
-    tokens spent reasoning counted."""
+    tokens spent reasoning counted. ``hide_reasoning``: the request asked
+    for none of it in the answer (``reasoning.exclude``); it is still split
+    off, so none leaks into the text, and still counted."""
 
     def __init__(
-        self, tool_format: ToolFormat | None = None, tools: Any = None, reasoning: ReasoningFormat | None = None
+        self, tool_format: ToolFormat | None = None, tools: Any = None, reasoning: ReasoningFormat | None = None,
+        hide_reasoning: bool = False,
     ) -> None:
         self._format = tool_format
         self._tools = tools
         self._reasoning = reasoning
+        self._hide = hide_reasoning
         self._choices: dict[int, _Choice] = {}
 
     def of(self, choice: int, chunk: GenerationChunk) -> list[OutputEvent]:
+        events = self._split(choice, chunk)
+        return [e for e in events if not isinstance(e, ReasoningDelta)] if self._hide else events
+
+    def _split(self, choice: int, chunk: GenerationChunk) -> list[OutputEvent]:
         events = chunk_events(choice, chunk)
         if self._format is None and self._reasoning is None and not chunk.reasoning:
             return events

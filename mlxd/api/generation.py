@@ -92,9 +92,10 @@ async def guarded(
     raise RequestTimeout(f"Request timed out after {timeout:.1f} seconds")
 
 
-def _choice_events(started: Started) -> ChoiceEvents:
+def _choice_events(plan: Plan, started: Started) -> ChoiceEvents:
     return ChoiceEvents(
-        started.tool_format, started.requests[0].tools if started.requests else None, started.reasoning_format
+        started.tool_format, started.requests[0].tools if started.requests else None, started.reasoning_format,
+        hide_reasoning=plan.reasoning.exclude,
     )
 
 
@@ -221,7 +222,7 @@ class _Spent:
 
 async def _generate_all(plan: Plan, started: Started, meter: OutputMeter, spent: _Spent) -> Answer:
     answer = spent.restart()
-    events = _choice_events(started)
+    events = _choice_events(plan, started)
 
     def add(index: int, chunk: GenerationChunk) -> None:
         for event in events.of(index, chunk):
@@ -554,7 +555,7 @@ async def _frames(
                     log.error("stream on %s failed: %s", plan.name, describe_exception(exc))
                 yield framer.error(exc) + framer.closing(None)
                 return
-        state.events = _choice_events(started)
+        state.events = _choice_events(plan, started)
         producer = asyncio.ensure_future(_pump(started, started.requests, queue))
         ticket.on_cancel(lambda: queue.put_nowait(_CANCEL))
         last_progress = loop.time()

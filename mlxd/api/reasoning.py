@@ -36,6 +36,9 @@ class ReasoningRequest:
     template_kwargs: dict[str, Any] | None = None
     # What the client asked for the effort, as it said it (a remote backend gets it).
     asked_effort: str | None = None
+    # The model still reasons, but the answer carries none of it (OpenRouter's
+    # ``reasoning.exclude``, its older ``include_reasoning: false``); usage still counts it.
+    exclude: bool = False
 
     def asks_anything(self) -> bool:
         return (self.enabled is not None or self.effort is not None or self.budget is not None
@@ -57,8 +60,8 @@ def effort(value: Any, param: str) -> ReasoningRequest:
 
 def reasoning_object(value: dict[str, Any] | None, param: str) -> ReasoningRequest:
     """OpenRouter's (and the Responses API's) ``reasoning``: ``effort``,
-    ``max_tokens`` (a reasoning budget), ``enabled``; ``summary`` and
-    ``exclude`` change nothing here."""
+    ``max_tokens`` (a reasoning budget), ``enabled``, ``exclude`` (reason,
+    but leave it out of the answer); ``summary`` changes nothing here."""
     if value is None:
         return ReasoningRequest()
     budget = value.get("max_tokens")
@@ -68,7 +71,21 @@ def reasoning_object(value: dict[str, Any] | None, param: str) -> ReasoningReque
     if enabled is not None and not isinstance(enabled, bool):
         raise BadRequest(f"{param}.enabled must be true or false.", param=param)
     asked = effort(value.get("effort"), f"{param}.effort")
-    return combine(asked, ReasoningRequest(enabled=enabled, budget=budget))
+    return combine(asked, ReasoningRequest(enabled=enabled, budget=budget,
+                                           exclude=_flag(value.get("exclude"), f"{param}.exclude")))
+
+
+def included(value: Any, param: str = "include_reasoning") -> ReasoningRequest:
+    """OpenRouter's older ``include_reasoning``: false is ``reasoning.exclude``."""
+    return ReasoningRequest(exclude=_flag(value, param) is False) if value is not None else ReasoningRequest()
+
+
+def _flag(value: Any, param: str) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise BadRequest(f"{param} must be true or false.", param=param)
+    return value
 
 
 def template_kwargs(value: Any, param: str = "chat_template_kwargs") -> dict[str, Any] | None:
@@ -91,6 +108,7 @@ def template_kwargs(value: Any, param: str = "chat_template_kwargs") -> dict[str
 def combine(*asked: ReasoningRequest) -> ReasoningRequest:
     """Several fields of one request: later ones say more specifically."""
     enabled = effort_value = budget = kwargs = raw = None
+    exclude = any(a.exclude for a in asked)
     for a in asked:
         enabled = a.enabled if a.enabled is not None else enabled
         effort_value = a.effort if a.effort is not None else effort_value
@@ -98,7 +116,7 @@ def combine(*asked: ReasoningRequest) -> ReasoningRequest:
         raw = a.asked_effort if a.asked_effort is not None else raw
         if a.template_kwargs:
             kwargs = {**(kwargs or {}), **a.template_kwargs}
-    return ReasoningRequest(enabled, effort_value, budget, kwargs, raw)
+    return ReasoningRequest(enabled, effort_value, budget, kwargs, raw, exclude)
 
 
 def merged_template_kwargs(spec: ModelSpec, asked: ReasoningRequest) -> dict[str, Any] | None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from mlxd.engine.types import GenerationRequest
 from mlxd.errors import BadRequest
-from mlxd.tools import fallback
+from mlxd.tools import fallback, thinking_switch
 
 
 def prompt_tokens(tokenizer: Any, request: GenerationRequest) -> list[int]:
@@ -60,8 +60,10 @@ def chat_tokens(
             "This model has no chat template; send a raw prompt to /v1/completions instead.",
             param="messages",
         )
-    flat = [flatten_message(m) for m in messages]
-    if fallback.needs_folding(flat, tools) and not fallback.renders_tools(getattr(tokenizer, "chat_template", None)):
+    template = getattr(tokenizer, "chat_template", None)
+    # A family that turns thinking off by a system line, not the variable (Nemotron-H's /no_think).
+    flat = thinking_switch.switched([flatten_message(m) for m in messages], template, template_kwargs)
+    if fallback.needs_folding(flat, tools) and not fallback.renders_tools(template):
         # The template would drop them: written into the turns' text instead.
         flat, tools = fallback.fold(flat, tools), None
     try:

@@ -29,11 +29,14 @@ from mlxd.tools.reasoning import ReasoningFormat
 class ReasoningPhase:
     def __init__(
         self, start: tuple[int, ...], end: tuple[int, ...], *, opens: bool, budget: int | None = None,
-        after: list[Any] | None = None,
+        after: list[Any] | None = None, force: tuple[int, ...] = (),
     ) -> None:
         self.budget = None if budget is None else max(0, budget)
         self._start = start
         self._end = end
+        # What the budget forces: the end marker, or more (harmony's end of the
+        # analysis message and the final channel's header).
+        self._force = force or end
         self.inside = opens
         self.spent = 0
         self._after = list(after or ())
@@ -52,15 +55,15 @@ class ReasoningPhase:
         if self._calls:
             self._see(int(tokens[-1].item()))
         self._calls += 1
+        spent = self.inside and self.budget is not None and self.spent >= self.budget
+        if self._forced < len(self._force) and (self._forced or spent):
+            target = self._force[self._forced]
+            self._forced += 1
+            return mx.where(mx.arange(logits.shape[-1]) == target, logits, mx.array(float("-inf"), dtype=logits.dtype))
         if not self.inside:
             for processor in self._after:
                 logits = processor(tokens, logits)
-            return logits
-        if not self._forced and (self.budget is None or self.spent < self.budget):
-            return logits
-        target = self._end[min(self._forced, len(self._end) - 1)]
-        self._forced += 1
-        return mx.where(mx.arange(logits.shape[-1]) == target, logits, mx.array(float("-inf"), dtype=logits.dtype))
+        return logits
 
     def reasoning_tokens(self, completion_tokens: int) -> int:
         """Of ``completion_tokens`` generated, how many were reasoning. (The
@@ -75,13 +78,13 @@ class ReasoningPhase:
             self._reasoned += 1
             if _ends_with(self._recent, self._end):
                 self.inside = False
-                self._forced = 0
             else:
                 self.spent += 1
         elif self._start and not self._after and _ends_with(self._recent, self._start):
             # (Under a grammar the answer is the grammar's: no new reasoning.)
             self.inside = True
             self.spent = 0
+            self._forced = 0
             self._reasoned += len(self._start)
             self._answered -= len(self._start) - 1
         else:
@@ -93,10 +96,13 @@ def reasoning_phase(
 ) -> ReasoningPhase | None:
     """The processor that follows a thinking model's reasoning (its count,
     its budget, the grammar that waits for it to end); None when the model
-    has no end marker to follow (no reasoning format, or harmony's channels)."""
-    if fmt is None or not fmt.end_ids:
+    has no end marker to follow (no reasoning format). Harmony's analysis
+    channel is followed only for a budget: its answer is split from its
+    channels whole (``mlxd.tools.harmony``), and a grammar shapes the
+    answer from the first token on."""
+    if fmt is None or not fmt.end_ids or (fmt.harmony and budget is None):
         return None
-    return ReasoningPhase(fmt.start_ids, fmt.end_ids, opens=opens, budget=budget, after=after)
+    return ReasoningPhase(fmt.start_ids, fmt.end_ids, opens=opens, budget=budget, after=after, force=fmt.force_ids)
 
 
 def _ends_with(tokens: list[int], marker: tuple[int, ...]) -> bool:

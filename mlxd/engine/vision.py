@@ -22,6 +22,7 @@ turns in arrival order, on the worker; other models are not held up.
 from __future__ import annotations
 
 import collections
+import functools
 import importlib.util
 import logging
 from collections.abc import Iterator
@@ -42,6 +43,10 @@ from mlxd.errors import (
     ModelUnloaded,
 )
 from mlxd.registry.model import ModelSpec
+from mlxd.grammar.compiler import GrammarCompiler
+from mlxd.grammar.processor import GrammarProcessor
+from mlxd.tools import fallback
+from mlxd.tools import formats as tool_formats
 from mlxd.tools import reasoning as reasoning_formats
 
 log = logging.getLogger(__name__)
@@ -136,10 +141,15 @@ class VisionEngine(EngineBase):
         self._model: Any = loaded.model
         self._processor: Any = loaded.processor
         self.vocab_size = _vocab_size(loaded.model)
+        tokenizer = getattr(loaded.processor, "tokenizer", loaded.processor)
         # How it marks its reasoning (qwen3_vl's thinking checkpoints: <think>).
-        self.reasoning_format = reasoning_formats.resolve_plain(
-            getattr(loaded.processor, "tokenizer", loaded.processor), spec.reasoning_parser
-        )
+        self.reasoning_format = reasoning_formats.resolve_plain(tokenizer, spec.reasoning_parser)
+        # Tools and structured output as on the text path (``api.plan.shape_output``
+        # reads both): the family's call format, and grammars over its vocabulary.
+        # A template with no place for tools gets none: the text path writes them
+        # into the turns (mlxd.tools.fallback), which image turns do not take yet.
+        self.tool_format = _tool_format(tokenizer, spec.tool_parser)
+        self.grammars = GrammarCompiler(_GrammarTokenizer(tokenizer), self.vocab_size)
         # Touched only on the worker thread: generations in arrival order;
         # the first one runs, the others wait their turn.
         self._turns: collections.deque[GenerationControl] = collections.deque()
@@ -191,15 +201,14 @@ class VisionEngine(EngineBase):
         """Render, tokenize and process the images: everything that can fail before decoding."""
         if request.max_tokens < 1:
             raise BadRequest("max_tokens must be at least 1.", param="max_tokens")
-        if request.constraint is not None or request.tools:
-            # Never an unenforced constraint passed off as enforced.
-            param = "tools" if request.tools else "response_format"
-            raise BadRequest(f"Vision models do not support `{param}` yet.", param=param)
         images = list(request.images)
         param = "messages" if request.messages is not None else "prompt"
+        kwargs = dict(request.chat_template_kwargs or {})
+        if request.tools:
+            kwargs["tools"] = request.tools
         prepared = prepare_vision_inputs(
             processor, model.config, messages=request.messages, prompt=request.prompt, images=images,
-            template_kwargs=request.chat_template_kwargs,
+            template_kwargs=kwargs,
         )
         n_prompt = prepared.n_tokens
         limit = self.spec.max_context
@@ -214,15 +223,21 @@ class VisionEngine(EngineBase):
         fmt = self.reasoning_format
         if request.messages is not None and fmt is not None:
             control.opens_reasoning = fmt.opens_in(prepared.inputs["input_ids"].reshape(-1).tolist())
-        # Last: the budget forces its end marker past every other processor.
-        phase = reasoning_phase(fmt, opens=control.opens_reasoning, budget=request.reasoning_budget, after=[])
+        grammar: list[Any] = []
+        if request.constraint is not None:
+            matcher = self.grammars.matcher(request.constraint)
+            grammar.append(GrammarProcessor(matcher, self.grammars.mask_size, self.grammars.eos_token_ids,
+                                            report=functools.partial(self.grammars.report_failure, request.constraint)))
+        # Last: the budget forces its end marker past every other processor,
+        # and the grammar waits for the reasoning to end.
+        phase = reasoning_phase(fmt, opens=control.opens_reasoning, budget=request.reasoning_budget, after=grammar)
         self._images += len(images)
         return _Prepared(
             prompt=prepared.prompt,
             inputs=prepared.inputs,
             max_tokens=min(request.max_tokens, max(1, limit - n_prompt)),
             sampler=sampling.make_sampler(request.sampling, self.vocab_size),
-            processors=[*self._processors(request, processor), *([phase] if phase is not None else [])],
+            processors=[*self._processors(request, processor), *([phase] if phase is not None else grammar)],
             stops=StopMatcher(request.stop),
             reasoning=phase,
         )
@@ -279,6 +294,27 @@ class VisionEngine(EngineBase):
             **kv_options,
         )
         yield from relay(responses, control, stops, chunk)
+
+
+def _tool_format(tokenizer: Any, configured: str | None) -> tool_formats.ToolFormat | None:
+    """The call format mlx-lm would infer from the template (mlx-vlm's
+    tokenizer is Hugging Face's own, which names none), or ``tool_parser:``."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not fallback.renders_tools(template):
+        return None
+    name = tool_formats.guess_name(template, tool_formats.vocab_of(tokenizer), configured)
+    return tool_formats.resolve(tokenizer, name) if name else None
+
+
+class _GrammarTokenizer:
+    """A Hugging Face tokenizer in the shape the grammar compiler reads
+    from mlx-lm's wrapper: the tokenizer and the ids that end a generation."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        criteria = getattr(tokenizer, "stopping_criteria", None)
+        ids = getattr(criteria, "eos_token_ids", None) or getattr(tokenizer, "eos_token_id", None)
+        self.eos_token_ids = [ids] if isinstance(ids, int) else list(ids or ())
 
 
 def _vocab_size(model: Any) -> int:

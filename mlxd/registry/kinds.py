@@ -82,6 +82,7 @@ VISION = ModelKind(
     imports=("mlx_vlm",),
     takes_images=True,
     token_counter="mlxd.engine.token_count:vision_counter",
+    grammars=True,
     install_hint="mlx-vlm is not installed (pip install 'mlxd[vision]')",
 )
 def _encoder(name: str, route: str) -> ModelKind:

@@ -9,8 +9,9 @@ separators the templates use), so a weak model cannot pad it forever.
 Families: ``json_tools`` (Hermes / Qwen 2.5 / Qwen 3), ``qwen3_coder``
 (XML parameters), ``mistral`` (``[TOOL_CALLS]``, with or without ``[ARGS]``),
 ``llama3_json``, ``glm47`` (GLM-4.5+: ``<arg_key>``/``<arg_value>`` pairs),
-``pythonic`` (LFM2: ``[name(key=value)]``) and ``gemma4`` (``call:name{key:value}``
-with ``<|"|>`` strings). Others get a BadRequest naming the format.
+``pythonic`` (LFM2: ``[name(key=value)]``), ``gemma4`` (``call:name{key:value}``
+with ``<|"|>`` strings) and ``harmony`` (gpt-oss: a commentary message to
+``functions.NAME``). Others get a BadRequest naming the format.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from typing import Any
 
 from mlxd.engine.types import Constraint
 from mlxd.errors import BadRequest
-from mlxd.tools.formats import LLAMA3_JSON, ToolFormat
+from mlxd.tools.formats import HARMONY, LLAMA3_JSON, ToolFormat
 
 # The separators chat templates render tool-call JSON with (Python's json.dumps).
 _JSON_STYLE = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
-FORCEABLE = ("json_tools", "qwen3_coder", "mistral", LLAMA3_JSON, "glm47", "pythonic", "gemma4")
+FORCEABLE = ("json_tools", "qwen3_coder", "mistral", LLAMA3_JSON, "glm47", "pythonic", "gemma4", HARMONY)
 
 
 def forced_call(
@@ -57,7 +58,11 @@ def forced_call(
         "glm47": _glm47,
         "pythonic": _pythonic,
         "gemma4": _gemma4,
+        HARMONY: _harmony,
     }
+    if fmt.name == HARMONY:
+        # One message per call: its <|call|> ends the generation.
+        max_calls = 1
     call = builder[fmt.name](fmt, functions)
     repeat = "" if max_calls <= 1 else f"(SEP call){{0,{max_calls - 1}}}"
     sep = '\nSEP: "\\n"' if max_calls > 1 else ""
@@ -167,6 +172,18 @@ def _hermes(fmt: ToolFormat, functions: list[dict[str, Any]]) -> str:
     # <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>
     body = _json(_any_call(functions, "arguments"))
     return f'call: {_marker(fmt, fmt.start)} "\\n" body "\\n" {_marker(fmt, fmt.end)}\nbody: {body}'
+
+
+def _harmony(fmt: ToolFormat, functions: list[dict[str, Any]]) -> str:
+    # The generation prompt ends in <|start|>assistant; gpt-oss's template renders a call as
+    #  to=functions.NAME<|channel|>commentary json<|message|>{...}<|call|>
+    rules = [
+        f"fn{i}: {_quote(' to=functions.' + f['name'])} {_marker(fmt, fmt.start)} \"commentary json\" "
+        f"{_marker(fmt, '<|message|>')} args{i}\nargs{i}: {_json(f['parameters'])}"
+        for i, f in enumerate(functions)
+    ]
+    names = " | ".join(f"fn{i}" for i in range(len(functions)))
+    return f"call: ({names}) {_marker(fmt, fmt.end)}\n" + "\n".join(rules)
 
 
 def _llama3(fmt: ToolFormat, functions: list[dict[str, Any]]) -> str:

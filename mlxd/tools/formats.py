@@ -136,6 +136,7 @@ _INNER_MARKERS = {
     "glm47": ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"),
     "gemma4": ('<|"|>',),
     "mistral": ("[ARGS]",),
+    HARMONY: ("<|message|>",),
 }
 
 

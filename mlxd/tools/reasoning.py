@@ -48,6 +48,8 @@ class ReasoningFormat:
     # forces when it runs out (empty: no budget can be enforced).
     end_ids: tuple[int, ...] = ()
     start_ids: tuple[int, ...] = ()
+    # What a spent budget forces, when more than the end marker (harmony's).
+    force_ids: tuple[int, ...] = ()
 
     @property
     def harmony(self) -> bool:
@@ -89,7 +91,7 @@ def resolve(tokenizer: Any, override: str | None = None) -> ReasoningFormat | No
         return named(override, tokenizer)
     vocab = vocab_of(tokenizer)
     if all(t in vocab for t in HARMONY_TOKENS):
-        return ReasoningFormat(HARMONY)
+        return harmony_format(tokenizer)
     if getattr(tokenizer, "has_thinking", False):
         start, end = tokenizer.think_start, tokenizer.think_end
         name = next((n for n, pair in PAIRS.items() if pair == (start, end)), "think")
@@ -111,7 +113,7 @@ def named(name: str, tokenizer: Any = None) -> ReasoningFormat | None:
     if name == NONE:
         return None
     if name in (HARMONY, "gpt_oss"):
-        return ReasoningFormat(HARMONY)
+        return harmony_format(tokenizer)
     if name not in PAIRS:
         raise ValueError(f"unknown reasoning parser {name!r}; choose from {', '.join(known_parsers())}")
     start, end = PAIRS[name]
@@ -148,6 +150,19 @@ def resolve_from_files(model_dir: Path, override: str | None = None) -> str | No
     if isinstance(model, dict) and isinstance(model.get("vocab"), dict):
         vocab.update(model["vocab"])
     return guess_from_vocab(vocab)
+
+
+def harmony_format(tokenizer: Any = None) -> ReasoningFormat:
+    """gpt-oss's channels. Their text is split by ``mlxd.tools.harmony``;
+    the ids are for a reasoning budget: the analysis message's header opens
+    the reasoning, ``<|end|>`` closes it, and a spent budget forces the end
+    and the final channel's header, so the answer follows in that channel."""
+    return ReasoningFormat(
+        HARMONY,
+        start_ids=_ids(tokenizer, "<|channel|>analysis<|message|>"),
+        end_ids=_ids(tokenizer, "<|end|>"),
+        force_ids=_ids(tokenizer, "<|end|><|start|>assistant<|channel|>final<|message|>"),
+    )
 
 
 def _ids(tokenizer: Any, text: str) -> tuple[int, ...]:

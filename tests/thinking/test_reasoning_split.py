@@ -205,3 +205,28 @@ def test_the_registry_checks_reasoning_parser_and_template_kwargs(tmp_path: Path
     reserved = write_registry(tmp_path, [{"name": "t", "model": "qwen", "chat_template_kwargs": {"tokenize": True}}])
     with pytest.raises(ConfigError, match="chat_template_kwargs"):
         load_registry(reserved)
+
+
+def test_a_budget_ends_harmonys_analysis_and_the_answer_follows_in_the_final_channel(harmony):
+    import mlx.core as mx
+
+    from mlxd.engine.reasoning_budget import reasoning_phase
+
+    fmt = reasoning.resolve(harmony)
+    budget = 4
+    phase = reasoning_phase(fmt, opens=False, budget=budget, after=[])
+    assert phase is not None and reasoning_phase(fmt, opens=False, budget=None, after=[]) is None
+    # A model that opens the analysis channel and would reason forever.
+    header = harmony.encode("<|channel|>analysis<|message|>", add_special_tokens=False)
+    filler = harmony.encode("m", add_special_tokens=False)[-1]
+    prompt = harmony.encode("<|start|>assistant", add_special_tokens=False)
+    tokens = list(prompt)
+    for step in range(len(header) + budget + len(fmt.force_ids) + 3):
+        wanted = header[step] if step < len(header) else filler
+        logits = mx.zeros((1, harmony.vocab_size + 200)).at[0, wanted].add(10.0)
+        tokens.append(int(mx.argmax(phase(mx.array(tokens), logits), axis=-1).item()))
+    answer = split_answer(None, harmony.decode(tokens[len(prompt):]), reasoning=fmt)
+    assert answer.reasoning == harmony.decode([filler] * budget)
+    assert answer.content == harmony.decode([filler] * 3)
+    # The budget's tokens, the header and <|end|>: the final channel's header is the answer's.
+    assert phase.reasoning_tokens(len(tokens) - len(prompt)) == len(header) + budget + 1

@@ -39,6 +39,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         {"name": "thinker-batched", "path": str(thinker), "max_concurrency": 2},
         {"name": "qwen3", "path": str(qwen3)},
         {"name": "qwen3-quiet", "path": str(qwen3), "chat_template_kwargs": {"enable_thinking": False}},
+        # Nemotron-H's template reads /no_think in a turn, not enable_thinking.
+        {"name": "nemo", "path": str(zoo_model("nemotron_h"))},
         # Qwen3-VL-Thinking's template opens the block too.
         {"name": "eyes", "path": str(zoo_model("qwen3_vl")), "kind": "vision"},
     ], server={"api_keys": [KEY]})
@@ -96,6 +98,35 @@ def test_chat_gives_the_reasoning_apart_from_the_answer_streamed_and_not(daemon:
     # The batched path splits and budgets the same.
     batched = chat(daemon, "thinker-batched", reasoning={"max_tokens": BUDGET}).choices[0].message
     assert (batched.model_extra["reasoning_content"], batched.content) == (extra["reasoning_content"], message.content)
+
+
+def test_reasoning_exclude_hides_the_reasoning_on_every_surface_and_the_model_still_thinks(daemon: Daemon):
+    shown = chat(daemon, reasoning={"max_tokens": BUDGET}).choices[0].message
+    for extra in ({"reasoning": {"max_tokens": BUDGET, "exclude": True}},
+                  {"reasoning": {"max_tokens": BUDGET}, "include_reasoning": False}):
+        hidden = chat(daemon, **extra)
+        message = hidden.choices[0].message
+        assert not {"reasoning_content", "reasoning"} & set(message.model_extra or {})
+        # The same answer as with the reasoning shown: it was thought, then left out.
+        assert message.content == shown.content
+        assert hidden.usage.completion_tokens_details.reasoning_tokens == REASONING_TOKENS
+    stream = openai_client(daemon).chat.completions.create(
+        model="thinker", messages=MESSAGES, max_tokens=20, temperature=0, stream=True,
+        extra_body={"reasoning": {"max_tokens": BUDGET, "exclude": True}},
+    )
+    chunks = [c for chunk in stream for c in chunk.choices]
+    assert not any({"reasoning_content", "reasoning"} & set(c.delta.model_extra or {}) for c in chunks)
+    assert "".join(c.delta.content or "" for c in chunks) == shown.content
+    response = openai_client(daemon).responses.create(
+        model="thinker", input=PROMPT, max_output_tokens=20, temperature=0,
+        extra_body={"reasoning": {"max_tokens": BUDGET, "exclude": True}},
+    )
+    assert [item.type for item in response.output] == ["message"]
+    assert response.output[0].content[0].text == shown.content
+    assert response.usage.output_tokens_details.reasoning_tokens == REASONING_TOKENS
+    refused = httpx.post(f"{daemon.url}/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"}, timeout=30,
+                         json={"model": "thinker", "messages": MESSAGES, "reasoning": {"exclude": "yes"}})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "reasoning.exclude"
 
 
 def test_a_vision_model_reasons_apart_from_its_answer_too(daemon: Daemon):
@@ -214,6 +245,23 @@ def test_turning_thinking_off_renders_the_familys_no_think_prompt(daemon: Daemon
     counted = client.messages.count_tokens(model="qwen3", messages=MESSAGES, thinking={"type": "disabled"})
     assert counted.input_tokens == no_think
     assert client.messages.count_tokens(model="qwen3", messages=MESSAGES).input_tokens == thinking
+
+
+def test_nemotron_h_turns_thinking_off_its_own_way_and_answers_without_reasoning(daemon: Daemon):
+    thinking = chat(daemon, "nemo", max_tokens=6).choices[0].message
+    assert thinking.model_extra["reasoning_content"]  # its prompt opens <think>: a random model never closes it
+    flagged = openai_client(daemon).chat.completions.create(
+        model="nemo", messages=[{"role": "system", "content": "/no_think"}, *MESSAGES], max_tokens=6, temperature=0)
+    # (chat_template_kwargs' enable_thinking renders the same: test_zoo_reasoning.py.)
+    answers = [flagged, chat(daemon, "nemo", max_tokens=6, reasoning_effort="none")]
+    for answer in answers:
+        message = answer.choices[0].message
+        assert message.content and "reasoning_content" not in (message.model_extra or {})
+        assert answer.usage.completion_tokens_details is None or not answer.usage.completion_tokens_details.reasoning_tokens
+    assert {a.choices[0].message.content for a in answers} == {flagged.choices[0].message.content}
+    off = anthropic_client(daemon).messages.create(model="nemo", max_tokens=6, messages=MESSAGES,
+                                                   thinking={"type": "disabled"}, extra_body={"temperature": 0})
+    assert [b.type for b in off.content] == ["text"] and off.content[0].text == flagged.choices[0].message.content
 
 
 def test_structured_output_starts_after_the_reasoning(daemon: Daemon):

@@ -38,15 +38,24 @@ def test_mlxd_finds_the_reasoning_markers_mlx_lm_finds(loaded):
 def test_thinking_off_leaves_no_reasoning_block_open(name):
     from mlx_lm.tokenizer_utils import load
 
+    from mlxd.engine.prompt import chat_tokens
+
     tokenizer = load(zoo_model(name))
     fmt = reasoning.resolve(tokenizer)
-    off = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, enable_thinking=False)
     if name in OWN_SWITCH:
-        # Nemotron-H reads a system line, not the variable: what its users write, mlxd passes on.
-        assert fmt.opens_in(list(off))
-        off = tokenizer.apply_chat_template([{"role": "system", "content": OWN_SWITCH[name]}, *CHAT],
+        # Nemotron-H reads a system line, not the variable: the variable alone leaves it thinking...
+        assert fmt.opens_in(list(tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, enable_thinking=False)))
+        own = tokenizer.apply_chat_template([{"role": "system", "content": OWN_SWITCH[name]}, *CHAT],
                                             add_generation_prompt=True)
-    assert not fmt.opens_in(list(off))
+        assert not fmt.opens_in(list(own))
+        # ...so mlxd turns it off the family's way, and renders just what its users' flag renders.
+        assert chat_tokens(tokenizer, CHAT, template_kwargs={"enable_thinking": False}) == list(own)
+        system = [{"role": "system", "content": "Be brief."}, *CHAT]
+        flagged = [{"role": "system", "content": "Be brief. /no_think"}, *CHAT]
+        assert chat_tokens(tokenizer, system, template_kwargs={"enable_thinking": False}) == \
+            list(tokenizer.apply_chat_template(flagged, add_generation_prompt=True))
+    off = chat_tokens(tokenizer, CHAT, template_kwargs={"enable_thinking": False})
+    assert not fmt.opens_in(off)
 
 
 def test_templates_that_open_the_block_are_read_as_reasoning_from_the_first_token():

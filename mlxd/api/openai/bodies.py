@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
 from mlxd.api.plan import OutputRequest, Plan, Requested
-from mlxd.api.reasoning import ReasoningRequest, combine, effort, reasoning_object, template_kwargs
+from mlxd.api.reasoning import ReasoningRequest, combine, effort, included, reasoning_object, template_kwargs
 from mlxd.engine.logprobs import MAX_TOP
 from mlxd.errors import BadRequest
 from mlxd.registry.model import SamplingDefaults
@@ -217,10 +217,12 @@ class ChatCompletionRequest(_Common):
     response_format: Any = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)
     # Thinking models (docs/thinking.md): OpenAI's effort ("none" turns it
-    # off), OpenRouter's ``reasoning`` object ({effort, max_tokens, enabled}),
-    # and the template variables vLLM and mlx_lm.server take.
+    # off), OpenRouter's ``reasoning`` object ({effort, max_tokens, enabled,
+    # exclude}) and its older ``include_reasoning``, and the template
+    # variables vLLM and mlx_lm.server take.
     reasoning_effort: str | None = None
     reasoning: dict[str, Any] | None = None
+    include_reasoning: Any = None
     chat_template_kwargs: dict[str, Any] | None = None
     # OpenAI fields that would change the answer and that mlxd cannot honour:
     # declared so that ``unsupported`` refuses them, where as unknown fields
@@ -270,6 +272,7 @@ class ChatCompletionRequest(_Common):
         return combine(
             effort(self.reasoning_effort, "reasoning_effort"),
             reasoning_object(self.reasoning, "reasoning"),
+            included(self.include_reasoning),
             ReasoningRequest(template_kwargs=template_kwargs(self.chat_template_kwargs)),
         )
 
