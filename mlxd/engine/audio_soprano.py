@@ -1,4 +1,4 @@
-"""Soprano's synthesis as worker steps: one audio token a turn, one chunk a sentence.
+"""Soprano's synthesis as worker steps: a turn at most TURN_SECONDS long, one chunk a sentence.
 
 mlx-audio's ``Model.generate`` makes a whole line in one call (every
 sentence's tokens, then its decoder), which would hold the MLX worker for
@@ -13,6 +13,7 @@ it is decoded. Written against mlx-audio 0.6.2's ``soprano.Model.generate``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +26,9 @@ TEMPERATURE = 0.3
 TOP_P = 0.95
 MAX_TOKENS = 512
 SPLIT = "\n"
+# What one worker turn may hold before other streams get theirs (a chat
+# stream's decode step beside it waits at most this long).
+TURN_SECONDS = 0.02
 
 
 def is_soprano(model: Any) -> bool:
@@ -32,7 +36,7 @@ def is_soprano(model: Any) -> bool:
 
 
 def sentences(model: Any, text: str) -> Iterator[Any]:
-    """Worker thread: SKIP after each audio token, then each sentence's samples."""
+    """Worker thread: SKIP between audio tokens once a turn is TURN_SECONDS long, then each sentence's samples."""
     import mlx.core as mx
 
     prompt = text.replace("\\n", "\n").replace("\\t", "\t")
@@ -41,10 +45,13 @@ def sentences(model: Any, text: str) -> Iterator[Any]:
             continue
         for prompt_text, _, _ in model._preprocess_text([segment]):
             hidden = []
+            turn_began = time.perf_counter()
             for _token, state in model.stream_generate(model._tokenize(prompt_text), max_tokens=MAX_TOKENS,
                                                        temperature=TEMPERATURE, top_p=TOP_P):
                 hidden.append(state)
-                yield SKIP
+                if time.perf_counter() - turn_began >= TURN_SECONDS:
+                    yield SKIP
+                    turn_began = time.perf_counter()
             audio = model.decoder(mx.concatenate(hidden, axis=1))
             size = model.config.decoder_config.token_size
             length = len(hidden) * size - size
