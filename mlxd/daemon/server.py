@@ -54,7 +54,10 @@ class DaemonServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Not calling super(): uvicorn would re-raise the signal after
         # shutting down, and the process must exit 0 after a clean drain.
-        if self._drain is not None or self._loop is None:
+        # ctx.draining, not the drain task: the task starts on the loop's next
+        # turn, and a second signal that came before it (a loaded machine)
+        # started a second drain instead of the fast exit.
+        if self.ctx.draining or self._loop is None:
             log.warning("second signal: exiting now")
             self.force_exit = True
             self.should_exit = True
