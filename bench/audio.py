@@ -123,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tts", type=Path, help="a Soprano folder (default: the factory's tiny one)")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of the test audio (<= 30)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--cases", nargs="+", choices=["transcription", "speech"],
+                        default=["transcription", "speech"], help="which to measure (a GPU call is short)")
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds, args.rounds = min(args.seconds, 8.0), 2
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
             rate = int(load_config(tts).get("sample_rate", 24000))
             served = {"transcription": daemon_stt(url, data, args.seconds), "speech": daemon_tts(url, rate)}
-            for case in ("transcription", "speech"):
+            for case in args.cases:
                 d_all, m_all = paired(direct[case], served[case], args.rounds)
                 d, m = statistics.median(d_all), statistics.median(m_all)
                 cases[case] = {"direct_rtf": d, "mlxd_rtf": m, "ratio": m / d, "direct_rounds": d_all,
