@@ -24,14 +24,13 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlxd.factory.cache_root import default_cache_dir
+from mlxd.factory.cache_root import default_cache_dir, payload_key
 from mlxd.factory.corpus import corpus_digest, stdlib_files
 from mlxd.files import build_once
 
@@ -82,7 +81,7 @@ class SopranoRecipe:
 def _key(recipe: Any, files: list[Path]) -> str:
     payload = {"recipe": dataclasses.asdict(recipe), "corpus": corpus_digest(files),
                "python": list(sys.version_info[:2]), "factory": AUDIO_FACTORY_VERSION}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+    return payload_key(payload)
 
 
 def build_whisper(recipe: WhisperRecipe = WhisperRecipe(), cache_dir: Path | None = None) -> Path:

@@ -9,13 +9,12 @@ it as for a user's model.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxd.factory.cache_root import default_cache_dir
+from mlxd.factory.cache_root import default_cache_dir, payload_key
 from mlxd.factory.corpus import corpus_digest, stdlib_files
 from mlxd.factory.tokenizer import IM_END, train_tokenizer, write_tokenizer
 from mlxd.files import build_once
@@ -106,7 +105,7 @@ def _content_key(recipe: ModelRecipe, digest: str) -> str:
         "python": list(sys.version_info[:2]),
         "factory": FACTORY_VERSION,
     }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+    return payload_key(payload)
 
 
 def _write_model(recipe: ModelRecipe, files: list[Path], out: Path) -> None:

@@ -13,12 +13,12 @@ with one label.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlxd.factory.cache_root import payload_key
 from mlxd.factory.build import default_cache_dir
 from mlxd.factory.trained_tokenizers import trained_once
 from mlxd.files import build_once
@@ -59,7 +59,7 @@ def build_encoder(recipe: EncoderRecipe, cache_dir: Path | None = None) -> Path:
     files = stdlib_files(recipe.corpus_bytes)
     payload = {"recipe": dataclasses.asdict(recipe), "corpus": corpus_digest(files),
                "python": list(sys.version_info[:2]), "factory": ENCODER_FACTORY_VERSION}
-    key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+    key = payload_key(payload)
     return build_once(cache_dir / f"{recipe.slug()}-{key}", lambda out: _write(recipe, files, out))
 
 

@@ -8,13 +8,12 @@ it is trained once per machine and read back (a tokenizer.json is lossless).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mlxd.factory.cache_root import default_cache_dir
+from mlxd.factory.cache_root import default_cache_dir, payload_key
 from mlxd.factory.corpus import corpus_digest
 from mlxd.files import build_once
 
@@ -26,7 +25,7 @@ def trained_once(kind: str, files: list[Path], settings: dict[str, Any], train: 
 
     payload = {"kind": kind, "corpus": corpus_digest(files), "settings": settings,
                "tokenizers": tokenizers.__version__}
-    key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+    key = payload_key(payload, 16)
 
     def write(out: Path) -> None:
         train().save(str(out / "tokenizer.json"))

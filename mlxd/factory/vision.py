@@ -12,12 +12,12 @@ model: ``config.json``, ``model.safetensors``, the tokenizer files and a
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlxd.factory.cache_root import payload_key
 from mlxd.factory.build import SIZES, WEIGHT_SCALE, Shape, default_cache_dir
 from mlxd.factory.corpus import corpus_digest, stdlib_files
 from mlxd.factory.tokenizer import IM_END, train_tokenizer, write_tokenizer
@@ -84,7 +84,7 @@ def build_vision_model(recipe: VisionRecipe, cache_dir: Path | None = None) -> P
         "python": list(sys.version_info[:2]),
         "factory": VISION_FACTORY_VERSION,
     }
-    key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+    key = payload_key(payload)
     target = cache_dir / f"{recipe.slug()}-{key}"
     return build_once(target, lambda out: _write_vision_model(recipe, files, out))
 

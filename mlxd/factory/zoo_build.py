@@ -18,6 +18,7 @@ import json
 import sys
 from pathlib import Path
 
+from mlxd.factory.cache_root import payload_key
 from mlxd.factory.build import default_cache_dir
 from mlxd.files import build_once
 from mlxd.factory.corpus import corpus_digest, stdlib_files
@@ -52,7 +53,7 @@ def build_family(name: str, cache_dir: Path | None = None) -> Path:
         "python": list(sys.version_info[:2]),
         "zoo": ZOO_VERSION,
     }
-    key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+    key = payload_key(payload)
     target = cache_dir / f"zoo-{name}-{key}"
     if family.vision:
         return build_once(target, lambda out: write_vision_family(family, files, out))
