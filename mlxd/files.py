@@ -4,6 +4,7 @@
 processes asking for it at the same moment (the GGUF import in production,
 the test-model factory, the demo). ``file_sha256``: a file's content digest,
 read in blocks so a many-gigabyte file never sits in memory.
+``read_json_object``: a model folder's optional JSON file, or {}.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -61,3 +63,13 @@ def _locked(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; {} when it is missing, unreadable or not an
+    object (a model folder's optional files: tokenizer_config.json, ...)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

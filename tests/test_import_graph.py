@@ -37,7 +37,7 @@ ALLOWED = {
     "service": {"errors", "registry", "settings"},
     # Constrained decoding and tool calls (engine side), GGUF import.
     "grammar": {"errors", "engine"},  # engine.types only, see CONTRACT
-    "tools": {"errors", "engine", "grammar"},
+    "tools": {"errors", "files", "engine", "grammar"},
     "gguf": {"errors", "files", "dtypes"},
     # Failover entries: the order to try targets in, from residency and the backend poll.
     "failover": {"errors", "registry", "residency", "remote"},

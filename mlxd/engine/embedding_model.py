@@ -33,18 +33,11 @@ from typing import Any
 import numpy as np
 
 from mlxd.engine.embedding_batch import Batch
+from mlxd.files import read_json_object
 
 log = logging.getLogger(__name__)
 
 POOLING_MODES = ("mean", "cls", "lasttoken", "max", "model")
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 @dataclass(frozen=True)
@@ -60,9 +53,9 @@ class OutputRecipe:
 def output_recipe(folder: Path, config: dict[str, Any]) -> OutputRecipe:
     """Pure: the folder's sentence-transformers files -> its OutputRecipe."""
     trained = int(config.get("max_position_embeddings") or 512)
-    tokenizer_max = _read_json(folder / "tokenizer_config.json").get("model_max_length")
+    tokenizer_max = read_json_object(folder / "tokenizer_config.json").get("model_max_length")
     limit = min(trained, int(tokenizer_max)) if isinstance(tokenizer_max, int) and tokenizer_max > 0 else trained
-    seq = _read_json(folder / "sentence_bert_config.json").get("max_seq_length")
+    seq = read_json_object(folder / "sentence_bert_config.json").get("max_seq_length")
     if isinstance(seq, int) and seq > 0:
         limit = min(limit, seq)
     if config.get("model_type") == "xlm-roberta" or config.get("model_type") == "xlm_roberta":
@@ -74,7 +67,7 @@ def output_recipe(folder: Path, config: dict[str, Any]) -> OutputRecipe:
     pooling = "mean"
     pool_dir = next((m for m in modules if m.get("type", "").endswith("Pooling")), None)
     if pool_dir is not None:
-        settings = _read_json(folder / str(pool_dir.get("path", "")) / "config.json")
+        settings = read_json_object(folder / str(pool_dir.get("path", "")) / "config.json")
         if settings.get("pooling_mode_cls_token"):
             pooling = "cls"
         elif settings.get("pooling_mode_lasttoken"):
@@ -215,7 +208,7 @@ def load_embedder(folder: Path) -> tuple[LoadedEncoder, TextTokenizer]:
     """Worker thread: an embedding model and its tokenizer."""
     from mlx_embeddings.utils import load_model
 
-    config = _read_json(folder / "config.json")
+    config = read_json_object(folder / "config.json")
     recipe = output_recipe(folder, config)
     model = load_model(folder)
     tokenizer = TextTokenizer(folder, recipe.max_length)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
-import json
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxd.errors import BadRequest
+from mlxd.files import read_json_object
 from mlxd.tools.fallback import renders_tools
 
 # Formats of our own, next to mlx-lm's modules.
@@ -171,7 +171,7 @@ def resolve_from_files(model_dir: Path, override: str | None = None) -> FolderFo
 
 
 def _template_from_files(model_dir: Path) -> tuple[Any, dict[str, Any], str | None]:
-    config = _read_json(model_dir / "tokenizer_config.json")
+    config = read_json_object(model_dir / "tokenizer_config.json")
     template: Any = config.get("chat_template")
     jinja = model_dir / "chat_template.jinja"
     if template is None and jinja.is_file():
@@ -179,7 +179,7 @@ def _template_from_files(model_dir: Path) -> tuple[Any, dict[str, Any], str | No
     if isinstance(template, list):  # named templates: mlx-lm uses "default"
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default") or next(iter(named.values()), None)
-    added = _read_json(model_dir / "tokenizer.json").get("added_tokens") or []
+    added = read_json_object(model_dir / "tokenizer.json").get("added_tokens") or []
     vocab = {t.get("content"): t.get("id") for t in added if isinstance(t, dict)}
     return template, vocab, config.get("tool_parser_type")
 
@@ -227,11 +227,3 @@ def vocab_of(tokenizer: Any) -> dict[str, Any]:
     except (AttributeError, TypeError):
         return {}
     return vocab if isinstance(vocab, dict) else {}
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
