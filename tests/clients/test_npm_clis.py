@@ -23,6 +23,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 
 pytestmark = [pytest.mark.mlx, pytest.mark.slow, pytest.mark.timeout(400)]
@@ -139,6 +140,11 @@ def test_pi_runs_a_forced_tool_call_and_answers(demo, tmp_path):
     (tmp_path / ".pi" / "agent" / "models.json").write_text(json.dumps(models))
     (extensions / "force-read.ts").write_text(doc_block("typescript", "before_provider_request", demo.url))
     (extensions / "zz-record.ts").write_text(RECORDER)
+    # The forced call comes from a random model under greedy decoding: from a cold
+    # prompt, as when this test runs alone. After another CLI's turns had cached
+    # part of it, the call's arguments came out otherwise and pi did not run it.
+    cleared = httpx.delete(f"{demo.url}/v1/cache/prefix", params={"model": MODEL}, timeout=60)
+    assert cleared.status_code == 200, cleared.text
     seen = len(demo.log())
     run_cli(tmp_path, [pi, "-p", "--provider", "mlxd", "--model", MODEL, PROMPT], says_something=False)
     sent = [json.loads(line) for line in (tmp_path / "sent.jsonl").read_text().splitlines()]
