@@ -21,6 +21,7 @@ from mlxd.registry.kinds import CHAT, COMPLETION, ModelKind
 from mlxd.registry.model import FailoverSpec, ModelSpec, SamplingDefaults
 from mlxd.tools.formats import ToolFormat
 from mlxd.tools.output_plan import OutputPlan, check_output, plan_output
+from mlxd.tools.output_request import OutputRequest
 from mlxd.tools.reasoning import ReasoningFormat
 
 if TYPE_CHECKING:
@@ -29,25 +30,6 @@ if TYPE_CHECKING:
 # Fallbacks when neither the request nor the model's defaults say.
 FALLBACK = SamplingParams(temperature=0.7, top_p=0.9, top_k=0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
                           frequency_penalty=0.0)
-
-
-@dataclass(frozen=True)
-class OutputRequest:
-    """What a request asks of the answer's shape, in OpenAI chat's terms
-    (``tools`` as ``{"type": "function", "function": {...}}``, ``tool_choice``
-    "auto" / "required" / "none" / a named function, ``response_format``):
-    every surface maps its own fields onto these, and ``mlxd.tools.output_plan``
-    checks them against the model's tool-call format once a lease is held."""
-
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
-    parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
-    # Where each of ``tools`` is in the surface's body (None: ``tools[i]``).
-    tool_params: tuple[str, ...] | None = None
-
-    def asks_anything(self) -> bool:
-        return bool(self.tools) or self.tool_choice is not None or self.response_format is not None
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ import pytest
 from support.asgi import Call, running
 from support.residency_sim import manager, spec
 
-from mlxd.api.plan import OutputRequest, Plan, for_target, shape_output
+from mlxd.api.plan import Plan, for_target, shape_output
+from mlxd.tools.output_request import OutputRequest
 from mlxd.daemon.build import build_daemon
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.registry.model import Registry, ServerSpec

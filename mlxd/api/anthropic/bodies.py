@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from mlxd.api.anthropic import normalise
 from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
-from mlxd.api.plan import OutputRequest, Requested
+from mlxd.api.plan import Requested
+from mlxd.tools.output_request import OutputRequest
 from mlxd.api.reasoning import ReasoningRequest, combine, effort, template_kwargs
 from mlxd.errors import BadRequest
 from mlxd.registry.model import SamplingDefaults

@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from mlxd.api.error_responses import FieldNames
 from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
-from mlxd.api.plan import OutputRequest, Requested
+from mlxd.api.plan import Requested
+from mlxd.tools.output_request import OutputRequest
 from mlxd.api.reasoning import ReasoningRequest, combine, reasoning_object, template_kwargs
 from mlxd.errors import BadRequest
 from mlxd.registry.model import SamplingDefaults
