@@ -12,6 +12,12 @@ Targets (issue 26): mlxd >= 0.9 of direct at batch 32; 8 clients >= 3x serial.
 
     python bench/embeddings.py --texts 256 --rounds 3
 
+``--model tiny`` runs the factory's tiny random encoder instead of MiniLM: on
+a CPU MiniLM's pass takes most of a request, the tiny one's little, so what
+mlxd adds around the pass shows there as it does on a GPU. ``--baseline DIR``
+also runs the mlxd cases from another checkout (``git archive REV | tar -x
+-C DIR``), in the same run: before and after under the same load.
+
 Prints a table and merges the figures into bench/results/embeddings.json.
 """
 
@@ -76,6 +82,16 @@ def direct(folder: Path, texts: list[str], batch: int, rounds: int) -> float:
     return median_rate(once, rounds)
 
 
+def model_folder(name: str) -> Path:
+    if name == "tiny":
+        from mlxd.factory.encoders import EncoderRecipe, build_encoder
+
+        return build_encoder(EncoderRecipe("embedding"))
+    from mlxd.factory.minilm import minilm_dir
+
+    return minilm_dir()
+
+
 def served(url: str, texts: list[str], batch: int, rounds: int) -> float:
     with httpx.Client(base_url=url, timeout=300) as client:
         def once() -> float:
@@ -130,37 +146,45 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--model", choices=("minilm", "tiny"), default="minilm")
+    parser.add_argument("--baseline", type=Path, help="also run mlxd from this checkout (before/after)")
     args = parser.parse_args()
     reexec_with_openblas()
-    from mlxd.factory.minilm import minilm_dir
-
-    folder = minilm_dir()
+    folder = model_folder(args.model)
     texts = corpus(args.texts)
     tokens = count_tokens(folder, texts)
     seconds: dict[str, float] = {
         "direct batch 1": direct(folder, texts, 1, args.rounds),
         "direct batch 32": direct(folder, texts, 32, args.rounds),
     }
-    with daemon([{"name": "minilm", "path": str(folder), "kind": "embedding", "preload": True}]) as url:
-        seconds["mlxd batch 1"] = served(url, texts, 1, args.rounds)
-        seconds["mlxd batch 32"] = served(url, texts, 32, args.rounds)
-        seconds[f"mlxd {args.clients} clients"] = served_clients(url, texts, args.clients, args.rounds)
-        figures = batch_figures(url)
+    checkouts = {"mlxd": None, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
+    figures: dict[str, Any] = {}
+    for label, checkout in checkouts.items():
+        with daemon([{"name": "minilm", "path": str(folder), "kind": "embedding", "preload": True}],
+                    cwd=checkout) as url:
+            seconds[f"{label} batch 1"] = served(url, texts, 1, args.rounds)
+            seconds[f"{label} batch 32"] = served(url, texts, 32, args.rounds)
+            seconds[f"{label} {args.clients} clients"] = served_clients(url, texts, args.clients, args.rounds)
+            figures[label] = batch_figures(url)
     rows = []
-    result: dict[str, Any] = {"texts": len(texts), "tokens": tokens, "rounds": args.rounds,
-                              "environment": environment(), "engine": figures, "cases": {}}
+    result: dict[str, Any] = {"model": args.model, "texts": len(texts), "tokens": tokens, "rounds": args.rounds,
+                              "environment": environment(), "engine": figures["mlxd"], "cases": {}}
     for case, s in seconds.items():
         rows.append([case, f"{len(texts) / s:.1f}", f"{tokens / s:.0f}", f"{s:.2f}"])
         result["cases"][case] = {"seconds": s, "texts_per_s": len(texts) / s, "tokens_per_s": tokens / s}
-    ratio32 = seconds["direct batch 32"] / seconds["mlxd batch 32"]
-    speedup = seconds["mlxd batch 1"] / seconds[f"mlxd {args.clients} clients"]
-    result["mlxd_over_direct_batch_32"] = ratio32
-    result["clients_over_serial"] = speedup
     print(table(["case", "texts/s", "tokens/s", "seconds"], rows))
-    print(f"\nmlxd / direct at batch 32: {ratio32:.2f} (target >= 0.9)")
-    print(f"{args.clients} clients / serial (mlxd batch 1): {speedup:.2f}x (target >= 3x)")
-    print(f"engine: {figures}; load average {result['environment']['load_average']}")
-    print(f"-> {save('embeddings', 'minilm', result)}")
+    for label in checkouts:
+        ratio1 = seconds["direct batch 1"] / seconds[f"{label} batch 1"]
+        ratio32 = seconds["direct batch 32"] / seconds[f"{label} batch 32"]
+        speedup = seconds[f"{label} batch 1"] / seconds[f"{label} {args.clients} clients"]
+        key = "" if label == "mlxd" else f"{label}_"
+        result[f"{key}mlxd_over_direct_batch_1"] = ratio1
+        result[f"{key}mlxd_over_direct_batch_32"] = ratio32
+        result[f"{key}clients_over_serial"] = speedup
+        print(f"\n{label}: / direct at batch 1: {ratio1:.2f}; at batch 32: {ratio32:.2f} (target >= 0.9); "
+              f"{args.clients} clients / serial: {speedup:.2f}x (target >= 3x); engine: {figures[label]}")
+    print(f"load average {result['environment']['load_average']}")
+    print(f"-> {save('embeddings', args.model, result)}")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """The engine of ``kind: embedding`` and ``kind: rerank`` models.
 
-A request's inputs are tokenized off the event loop (a thread: the
-``tokenizers`` library runs outside the GIL), then queued in the batching
-core (``mlxd.engine.embedding_batch``) with every other request's. One pump
-per engine takes batch after batch from it and runs each as one step of a
-worker stream: a forward pass takes its turn in the MLX worker's ring like
+A request's inputs are tokenized (on the event loop when short, in a thread
+when long: the ``tokenizers`` library runs outside the GIL), then queued in
+the batching core (``mlxd.engine.embedding_batch``) with every other
+request's. One pump per engine takes batch after batch from it and runs each
+as one turn of the MLX worker's ring (``MlxWorker.turn``): a forward pass takes its turn like
 one decode step of a chat stream, so embedding work and generation share
 the machine in turns, and a long queue of embeddings never holds a chat
 stream back for more than one batch (bounded by ``batch_tokens``).
@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,11 @@ from mlxd.registry.model import ModelSpec
 log = logging.getLogger(__name__)
 
 ENCODER_KINDS = ("embedding", "rerank")
+
+# Inputs up to this many characters are tokenized on the event loop (tens to
+# hundreds of microseconds): handing them to a thread and back cost more than
+# that, in two GIL hand-offs per request; longer ones go to a thread.
+INLINE_CHARS = 16_384
 
 
 @dataclass
@@ -88,7 +93,8 @@ class EncoderEngine(EngineBase):
             self._check_ids(arrays)
             encoded = self.tokenizer.token_arrays(arrays)
         else:
-            encoded = await asyncio.to_thread(self.tokenizer.texts, list(texts or ()))
+            texts = list(texts or ())
+            encoded = await _off_loop(self.tokenizer.texts, sum(map(len, texts)), texts)
         self._check_truncation(encoded, truncate, "input")
         return encoded
 
@@ -104,7 +110,8 @@ class EncoderEngine(EngineBase):
         if self.kind != "rerank":
             raise BadRequest(f"The model `{self.name}` is an {self.kind} model, not a rerank model.",
                              param="model", code="model_not_supported")
-        encoded = await asyncio.to_thread(self.tokenizer.pairs, query, list(documents))
+        chars = len(query) * len(documents) + sum(map(len, documents))
+        encoded = await _off_loop(self.tokenizer.pairs, chars, query, list(documents))
         self._check_truncation(encoded, truncate, "documents")
         scores = await self._run(encoded)
         return [float(s) for s in scores], encoded.tokens
@@ -187,20 +194,18 @@ class EncoderEngine(EngineBase):
         """One batch as one step of a worker stream (a turn in the ring)."""
         self._forwarding = True
         try:
-            async for outputs in self._worker.stream(lambda: self._step(batch)):
-                return outputs
-            raise ModelUnloaded(self.name)
+            return await self._worker.turn(lambda: self._step(batch))
         finally:
             self._forwarding = False
 
-    def _step(self, batch: Batch) -> Any:
+    def _step(self, batch: Batch) -> list[Any]:
         """Worker thread: the forward pass, measured the first time."""
         encoder = self.encoder
         if encoder is None:
             raise ModelUnloaded(self.name)
         with self.peak.measure():
             out = encoder.embed(batch) if self.kind == "embedding" else encoder.score(batch)
-        yield list(out)
+        return list(out)
 
     # --- residency's side ------------------------------------------------------
 
@@ -239,6 +244,13 @@ class EncoderEngine(EngineBase):
 
     def _forget(self) -> None:
         self.encoder = None
+
+
+async def _off_loop(tokenize: Callable[..., Encoded], chars: int, *args: Any) -> Encoded:
+    """``tokenize(*args)``, in a thread when the inputs are long (``INLINE_CHARS``)."""
+    if chars <= INLINE_CHARS:
+        return tokenize(*args)
+    return await asyncio.to_thread(tokenize, *args)
 
 
 async def load_encoder_engine(spec: ModelSpec, worker: MlxWorker, *, cache_dir: Path | None = None) -> EncoderEngine:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -131,10 +132,14 @@ class _Channel:
     its iterator lets it be collected (and cancelled) at once.
     """
 
-    __slots__ = ("make_iter", "iter", "loop", "items", "waiter", "cancelled", "scheduled")
+    __slots__ = ("make_iter", "iter", "loop", "items", "waiter", "cancelled", "scheduled", "once")
 
-    def __init__(self, make_iter: Callable[[], Iterator[Any]], loop: asyncio.AbstractEventLoop):
+    def __init__(self, make_iter: Callable[[], Iterator[Any]], loop: asyncio.AbstractEventLoop,
+                 once: bool = False):
         self.make_iter: Callable[[], Iterator[Any]] | None = make_iter
+        # A one-item stream (``MlxWorker.turn``): its item and its end go
+        # back together, and it leaves the ring in the same step.
+        self.once = once
         self.iter: Iterator[Any] | None = None
         self.loop = loop
         self.items: collections.deque[Any] = collections.deque()
@@ -168,6 +173,11 @@ class _Channel:
             return False
         if item is SKIP:
             return True
+        if self.once:
+            self.close_iter()
+            self.items.append(item)
+            self.post(_END)
+            return False
         return self.post(item)
 
     def abandon(self, exc: BaseException) -> None:
@@ -328,13 +338,29 @@ class MlxWorker:
         ``make_iter`` itself is called on the worker at the first step, so the
         generator may do MLX work from its very first line.
         """
+        return self._open(make_iter)
+
+    def _open(self, make_iter: Callable[[], Iterator[T]], once: bool = False) -> WorkerStream[T]:
         self._ensure_accepting()
-        channel = _Channel(make_iter, asyncio.get_running_loop())
+        channel = _Channel(make_iter, asyncio.get_running_loop(), once)
         self._inbox.append(channel)
         self._wake()
         if self._stopped.is_set() and self._inbox:
             self._fail_inbox()
         return WorkerStream(self, channel)
+
+    async def turn(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on the worker as one turn in the ring, as a stream's step
+        (after the streams ahead of it, not between two steps as ``call``):
+        its result comes back in one hand-off and nothing is left to close."""
+        stream: WorkerStream[T] = self._open(lambda: iter((fn(),)), once=True)
+        try:
+            result = await stream.__anext__()
+        except StopAsyncIteration:
+            raise ShuttingDown("The model worker is shutting down.") from None
+        with contextlib.suppress(StopAsyncIteration):
+            await stream.__anext__()  # its end, delivered with it: no wait
+        return result
 
     def _ensure_accepting(self) -> None:
         if self._stopping:

@@ -131,6 +131,47 @@ def test_a_call_runs_between_steps_of_an_endless_stream(worker):
     assert produced_at_call >= 1
 
 
+def test_a_turn_runs_once_in_the_ring_between_a_streams_steps_and_leaves_it(worker):
+    log: list[str] = []
+    go = threading.Event()
+
+    def steps() -> Iterator[int]:
+        while not go.is_set():
+            yield SKIP
+        for i in range(6):
+            log.append("stream")
+            yield i
+
+    def forward() -> str:
+        log.append("turn")
+        return threading.current_thread().name
+
+    async def main():
+        stream = worker.stream(steps)
+        go.set()
+        first = await stream.__anext__()
+        turned = await worker.turn(forward)
+        rest = await drain(stream)
+        await sync_with(worker)
+        return first, turned, rest
+
+    first, turned, rest = run(main())
+    assert (first, turned, rest) == (0, "mlx-worker", [1, 2, 3, 4, 5])
+    assert log.count("turn") == 1
+    i = log.index("turn")
+    assert 0 < i < len(log) - 1 and log[i - 1] == log[i + 1] == "stream", log
+    assert worker.active_streams == 0
+
+
+def test_a_turn_that_raises_raises_in_the_awaiting_task(worker):
+    def boom() -> None:
+        raise ValueError("bad batch")
+
+    with pytest.raises(ValueError, match="bad batch"):
+        run(worker.turn(boom))
+    assert run(worker.turn(lambda: 7)) == 7
+
+
 def test_every_item_arrives_once_and_in_order(worker):
     async def main():
         return [i async for i in worker.stream(lambda: iter(range(20_000)))]
