@@ -29,6 +29,7 @@ import numpy as np
 from mlxd.engine import memory
 from mlxd.engine.embedding_batch import Batch, BatchQueue
 from mlxd.engine.embedding_model import Encoded, LoadedEncoder, TextTokenizer, is_cross_encoder
+from mlxd.engine.rerank_llm import LoadedLlmReranker, PromptTokenizer
 from mlxd.engine.lifecycle import EngineBase, load_on_worker, measured_load
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.engine.worker import MlxWorker
@@ -62,11 +63,12 @@ class EncoderEngine(EngineBase):
 
     confirms_start = False
 
-    def __init__(self, spec: ModelSpec, worker: MlxWorker, encoder: LoadedEncoder, tokenizer: TextTokenizer,
+    def __init__(self, spec: ModelSpec, worker: MlxWorker, encoder: LoadedEncoder | LoadedLlmReranker,
+                 tokenizer: TextTokenizer | PromptTokenizer,
                  *, load_bytes: int, load_seconds: float) -> None:
         super().__init__(spec, worker, load_bytes=load_bytes, load_seconds=load_seconds)
         self.kind = spec.kind
-        self.encoder: LoadedEncoder | None = encoder
+        self.encoder: LoadedEncoder | LoadedLlmReranker | None = encoder
         self.tokenizer = tokenizer
         self.figures = EncoderFigures()
         self._queue = BatchQueue(max_tokens=spec.batch_tokens)
@@ -261,23 +263,28 @@ async def load_encoder_engine(spec: ModelSpec, worker: MlxWorker, *, cache_dir: 
     return EncoderEngine(spec, worker, encoder, tokenizer, load_bytes=load_bytes, load_seconds=seconds)
 
 
-def _load(spec: ModelSpec) -> tuple[LoadedEncoder, TextTokenizer, int, float]:
+def _load(spec: ModelSpec) -> tuple[Any, Any, int, float]:
     """Worker thread: the model and its tokenizer, and what loading them cost."""
     from mlxd.engine.embedding_model import load_cross_encoder, load_embedder
+    from mlxd.engine.rerank_llm import is_causal_lm, load_llm_reranker
     from mlxd.registry.resolve import read_model_config
 
-    def load() -> tuple[LoadedEncoder, TextTokenizer]:
-        if spec.kind == "rerank":
-            if not is_cross_encoder(read_model_config(spec.path)):
-                raise ValueError("a rerank model must be a *ForSequenceClassification cross-encoder")
+    def load() -> tuple[Any, Any]:
+        if spec.kind != "rerank":
+            return load_embedder(spec.path)
+        config = read_model_config(spec.path)
+        if is_cross_encoder(config):
             return load_cross_encoder(spec.path)
-        return load_embedder(spec.path)
+        if is_causal_lm(config):
+            return load_llm_reranker(spec.path)
+        raise ValueError("a rerank model must be a *ForSequenceClassification cross-encoder "
+                         "or a *ForCausalLM LLM reranker (Qwen3-Reranker)")
 
     done = measured_load(spec, load, memory.release_memory)
     encoder, tokenizer = done.result
     return encoder, tokenizer, done.load_bytes, done.load_seconds
 
 
-def _discard(loaded: tuple[LoadedEncoder, TextTokenizer, int, float]) -> None:
+def _discard(loaded: tuple[Any, Any, int, float]) -> None:
     loaded[0].model = None
     memory.release_memory()

@@ -174,7 +174,7 @@ class LoadedEncoder:
         pooled = _pool(out, mask, self.recipe.pooling)
         if self.recipe.normalize or self.recipe.pooling == "model":
             pooled = pooled / mx.maximum(mx.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
-        return _to_numpy(pooled.astype(mx.float32))
+        return to_numpy(pooled.astype(mx.float32))
 
     def score(self, batch: Batch) -> np.ndarray:
         """Worker thread: one relevance score per (query, document) row."""
@@ -184,10 +184,10 @@ class LoadedEncoder:
         logits = self.head(out)[:, 0].astype(mx.float32)
         if self.activation == "sigmoid":
             logits = mx.sigmoid(logits)
-        return _to_numpy(logits)
+        return to_numpy(logits)
 
 
-def _to_numpy(values: Any) -> np.ndarray:
+def to_numpy(values: Any) -> np.ndarray:
     """Evaluated by ``mx.eval``, which lets go of the GIL while the pass runs
     (the event loop goes on serving requests), then copied out."""
     import mlx.core as mx

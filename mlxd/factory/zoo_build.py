@@ -42,7 +42,12 @@ def build_family(name: str, cache_dir: Path | None = None) -> Path:
     """The model folder of the zoo family ``name``, built on first use."""
     if name not in FAMILIES:
         raise ValueError(f"unknown zoo family {name!r}; choose from {', '.join(sorted(FAMILIES))}")
-    family = FAMILIES[name]
+    return build_row(FAMILIES[name], cache_dir)
+
+
+def build_row(family: Family, cache_dir: Path | None = None) -> Path:
+    """The model folder of ``family`` (a zoo row, or a variant of one)."""
+    name = family.name
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     files = stdlib_files(CORPUS_BYTES)
     payload = {

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from mlxd.factory.encoders import EncoderRecipe, build_encoder
+from mlxd.factory.llm_reranker import build_llm_reranker
 from mlxd.factory.minilm import minilm_dir
 from support.daemon import Daemon, daemon_in_thread, write_registry
 
@@ -27,21 +28,28 @@ def tiny_reranker() -> Path:
 
 
 @pytest.fixture(scope="session")
+def llm_reranker() -> Path:
+    return build_llm_reranker()
+
+
+@pytest.fixture(scope="session")
 def minilm() -> Path:
     return minilm_dir()
 
 
 @pytest.fixture(scope="session")
 def encoders_daemon(tmp_path_factory: pytest.TempPathFactory, tiny_embedder: Path, tiny_reranker: Path,
-                    minilm: Path) -> Iterator[Daemon]:
+                    minilm: Path, llm_reranker: Path) -> Iterator[Daemon]:
     """``embed`` (tiny, Matryoshka), ``strict`` (tiny, truncate: false),
-    ``minilm``, ``rerank`` (tiny) and ``chat`` (a tiny text model)."""
+    ``minilm``, ``rerank`` (tiny), ``rerank-llm`` (a tiny Qwen3-Reranker
+    shape) and ``chat`` (a tiny text model)."""
     tmp = tmp_path_factory.mktemp("encoders")
     registry = write_registry(tmp, [
         {"name": "embed", "path": str(tiny_embedder), "kind": "embedding", "matryoshka": True},
         {"name": "strict", "path": str(tiny_embedder), "kind": "embedding", "truncate": False},
         {"name": "minilm", "path": str(minilm), "kind": "embedding", "aliases": ["all-minilm"]},
         {"name": "rerank", "path": str(tiny_reranker), "kind": "rerank"},
+        {"name": "rerank-llm", "path": str(llm_reranker), "kind": "rerank"},
         {"name": "chat", "model": "qwen"},
     ])
     with daemon_in_thread(registry, tmp) as daemon:
