@@ -1,4 +1,6 @@
-"""Tiny random BERT-shaped encoders: an embedding model and a cross-encoder.
+"""Tiny random BERT-shaped encoders: an embedding model and cross-encoders
+(``BertForSequenceClassification``, and ``XLMRobertaForSequenceClassification``
+as bge-reranker-v2-m3 is).
 
 Each is a folder like the ones sentence-transformers and transformers ship
 (``config.json``, ``model.safetensors`` in transformers' tensor names, a
@@ -28,7 +30,10 @@ from mlxd.factory.corpus import corpus_digest, stdlib_files
 ENCODER_FACTORY_VERSION = 2
 
 TASKS = ("embedding", "rerank")
+ARCHS = ("bert", "xlm-roberta")
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+# XLM-R's, at XLM-R's ids: <s> 0, <pad> 1 (its pad_token_id), </s> 2.
+XLMR_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 
 
 @dataclass(frozen=True)
@@ -44,39 +49,63 @@ class EncoderRecipe:
     # tests reach it with a sentence or two.
     max_seq_length: int = 128
     corpus_bytes: int = 1_500_000
+    arch: str = "bert"
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"unknown task {self.task!r}; choose from {TASKS}")
+        if self.arch not in ARCHS:
+            raise ValueError(f"unknown arch {self.arch!r}; choose from {ARCHS}")
+        if self.arch == "xlm-roberta" and self.task != "rerank":
+            raise ValueError("the factory's XLM-R encoder is a cross-encoder (task rerank)")
 
     def slug(self) -> str:
-        return f"bert-{self.task}-h{self.hidden_size}-s{self.seed}"
+        return f"{self.arch}-{self.task}-h{self.hidden_size}-s{self.seed}"
+
+    def payload(self) -> dict[str, object]:
+        """What names a build; BERT's leaves ``arch`` out, as before it existed (its folders stay valid)."""
+        fields = dataclasses.asdict(self)
+        if self.arch == "bert":
+            del fields["arch"]
+        return fields
 
 
 def build_encoder(recipe: EncoderRecipe, cache_dir: Path | None = None) -> Path:
     """The folder of the encoder ``recipe`` describes, built once."""
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     files = stdlib_files(recipe.corpus_bytes)
-    payload = {"recipe": dataclasses.asdict(recipe), "corpus": corpus_digest(files),
+    payload = {"recipe": recipe.payload(), "corpus": corpus_digest(files),
                "python": list(sys.version_info[:2]), "factory": ENCODER_FACTORY_VERSION}
     key = payload_key(payload)
     return build_once(cache_dir / f"{recipe.slug()}-{key}", lambda out: _write(recipe, files, out))
 
 
-def _train_wordpiece(files: list[Path], vocab_size: int) -> object:
-    return trained_once("bert-wordpiece", files, {"vocab_size": vocab_size, "special": list(SPECIALS)},
-                        lambda: _train(files, vocab_size))
+def _train_wordpiece(files: list[Path], vocab_size: int, arch: str = "bert") -> object:
+    if arch == "bert":
+        return trained_once("bert-wordpiece", files, {"vocab_size": vocab_size, "special": list(SPECIALS)},
+                            lambda: _train(files, vocab_size))
+    return trained_once("xlmr-wordpiece", files, {"vocab_size": vocab_size, "special": list(XLMR_SPECIALS)},
+                        lambda: _train(files, vocab_size, xlmr=True))
 
 
-def _train(files: list[Path], vocab_size: int) -> object:
+def _train(files: list[Path], vocab_size: int, xlmr: bool = False) -> object:
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    specials = XLMR_SPECIALS if xlmr else SPECIALS
+    tok = Tokenizer(models.WordPiece(unk_token="<unk>" if xlmr else "[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
     tok.train([str(f) for f in files], trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False))
+        vocab_size=vocab_size, special_tokens=specials, show_progress=False))
+    if xlmr:
+        # RoBERTa's pair template: one token type for both texts.
+        bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+            special_tokens=[("<s>", bos), ("</s>", eos)],
+        )
+        return tok
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
@@ -86,6 +115,9 @@ def _train(files: list[Path], vocab_size: int) -> object:
 
 
 def _write(recipe: EncoderRecipe, files: list[Path], out: Path) -> None:
+    if recipe.arch == "xlm-roberta":
+        _write_xlmr(recipe, files, out)
+        return
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_embeddings.models import bert
@@ -131,6 +163,55 @@ def _write(recipe: EncoderRecipe, files: list[Path], out: Path) -> None:
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     if recipe.task == "embedding":
         _sentence_transformers_files(out, recipe)
+    (out / "mlxd-recipe.json").write_text(json.dumps(dataclasses.asdict(recipe), indent=2))
+
+
+def _write_xlmr(recipe: EncoderRecipe, files: list[Path], out: Path) -> None:
+    """An ``XLMRobertaForSequenceClassification``: the encoder under
+    ``roberta.``, transformers' head (dense, tanh, out_proj) as ``classifier.``."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_embeddings.models import xlm_roberta
+
+    tok = _train_wordpiece(files, recipe.vocab_size, "xlm-roberta")
+    tok.save(str(out / "tokenizer.json"))  # type: ignore[attr-defined]
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+        "pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "<s>", "sep_token": "</s>",
+        "mask_token": "<mask>", "model_max_length": 512,
+    }, indent=2))
+    config = {
+        "model_type": "xlm-roberta",
+        "architectures": ["XLMRobertaForSequenceClassification"],
+        "hidden_size": recipe.hidden_size,
+        "num_hidden_layers": recipe.num_hidden_layers,
+        "num_attention_heads": recipe.num_attention_heads,
+        "intermediate_size": recipe.intermediate_size,
+        "hidden_act": "gelu",
+        "vocab_size": tok.get_vocab_size(),  # type: ignore[attr-defined]
+        # Positions start after the padding index, as XLM-R's do.
+        "max_position_embeddings": 514,
+        "type_vocab_size": 1,
+        "layer_norm_eps": 1e-5,
+        "bos_token_id": 0, "pad_token_id": 1, "eos_token_id": 2,
+        "hidden_dropout_prob": 0.1,
+        "attention_probs_dropout_prob": 0.1,
+        "position_embedding_type": "absolute",
+        "id2label": {"0": "LABEL_0"},
+        "label2id": {"LABEL_0": 0},
+    }
+    mx.random.seed(recipe.seed)
+    args = xlm_roberta.ModelArgs.from_dict(config)
+    args.add_pooling_layer = False
+    weights = {f"roberta.{k}": v for k, v in tree_flatten(xlm_roberta.Model(args).parameters())}
+    hidden = recipe.hidden_size
+    weights["classifier.dense.weight"] = mx.random.normal((hidden, hidden)) / hidden ** 0.5
+    weights["classifier.dense.bias"] = mx.zeros((hidden,))
+    # Large enough that documents' scores spread out (as the BERT head's).
+    weights["classifier.out_proj.weight"] = mx.random.normal((1, hidden)) * 0.5
+    weights["classifier.out_proj.bias"] = mx.zeros((1,))
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     (out / "mlxd-recipe.json").write_text(json.dumps(dataclasses.asdict(recipe), indent=2))
 
 

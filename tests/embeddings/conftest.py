@@ -28,6 +28,11 @@ def tiny_reranker() -> Path:
 
 
 @pytest.fixture(scope="session")
+def xlmr_reranker() -> Path:
+    return build_encoder(EncoderRecipe("rerank", arch="xlm-roberta"))
+
+
+@pytest.fixture(scope="session")
 def llm_reranker() -> Path:
     return build_llm_reranker()
 
@@ -39,16 +44,18 @@ def minilm() -> Path:
 
 @pytest.fixture(scope="session")
 def encoders_daemon(tmp_path_factory: pytest.TempPathFactory, tiny_embedder: Path, tiny_reranker: Path,
-                    minilm: Path, llm_reranker: Path) -> Iterator[Daemon]:
+                    minilm: Path, llm_reranker: Path, xlmr_reranker: Path) -> Iterator[Daemon]:
     """``embed`` (tiny, Matryoshka), ``strict`` (tiny, truncate: false),
-    ``minilm``, ``rerank`` (tiny), ``rerank-llm`` (a tiny Qwen3-Reranker
-    shape) and ``chat`` (a tiny text model)."""
+    ``minilm``, ``rerank`` (tiny), ``rerank-xlmr`` (a tiny XLM-R
+    cross-encoder), ``rerank-llm`` (a tiny Qwen3-Reranker shape) and
+    ``chat`` (a tiny text model)."""
     tmp = tmp_path_factory.mktemp("encoders")
     registry = write_registry(tmp, [
         {"name": "embed", "path": str(tiny_embedder), "kind": "embedding", "matryoshka": True},
         {"name": "strict", "path": str(tiny_embedder), "kind": "embedding", "truncate": False},
         {"name": "minilm", "path": str(minilm), "kind": "embedding", "aliases": ["all-minilm"]},
         {"name": "rerank", "path": str(tiny_reranker), "kind": "rerank"},
+        {"name": "rerank-xlmr", "path": str(xlmr_reranker), "kind": "rerank"},
         {"name": "rerank-llm", "path": str(llm_reranker), "kind": "rerank"},
         {"name": "chat", "model": "qwen"},
     ])
