@@ -114,6 +114,17 @@ def _train(files: list[Path], vocab_size: int, xlmr: bool = False) -> object:
     return tok
 
 
+def _layer_shapes(recipe: EncoderRecipe, tok: object) -> dict[str, object]:
+    return {
+        "hidden_size": recipe.hidden_size,
+        "num_hidden_layers": recipe.num_hidden_layers,
+        "num_attention_heads": recipe.num_attention_heads,
+        "intermediate_size": recipe.intermediate_size,
+        "hidden_act": "gelu",
+        "vocab_size": tok.get_vocab_size(),  # type: ignore[attr-defined]
+    }
+
+
 def _write(recipe: EncoderRecipe, files: list[Path], out: Path) -> None:
     if recipe.arch == "xlm-roberta":
         _write_xlmr(recipe, files, out)
@@ -134,12 +145,7 @@ def _write(recipe: EncoderRecipe, files: list[Path], out: Path) -> None:
     config = {
         "model_type": "bert",
         "architectures": ["BertModel" if recipe.task == "embedding" else "BertForSequenceClassification"],
-        "hidden_size": recipe.hidden_size,
-        "num_hidden_layers": recipe.num_hidden_layers,
-        "num_attention_heads": recipe.num_attention_heads,
-        "intermediate_size": recipe.intermediate_size,
-        "hidden_act": "gelu",
-        "vocab_size": tok.get_vocab_size(),  # type: ignore[attr-defined]
+        **_layer_shapes(recipe, tok),
         "max_position_embeddings": 512,
         "type_vocab_size": 2,
         "layer_norm_eps": 1e-12,
@@ -183,12 +189,7 @@ def _write_xlmr(recipe: EncoderRecipe, files: list[Path], out: Path) -> None:
     config = {
         "model_type": "xlm-roberta",
         "architectures": ["XLMRobertaForSequenceClassification"],
-        "hidden_size": recipe.hidden_size,
-        "num_hidden_layers": recipe.num_hidden_layers,
-        "num_attention_heads": recipe.num_attention_heads,
-        "intermediate_size": recipe.intermediate_size,
-        "hidden_act": "gelu",
-        "vocab_size": tok.get_vocab_size(),  # type: ignore[attr-defined]
+        **_layer_shapes(recipe, tok),
         # Positions start after the padding index, as XLM-R's do.
         "max_position_embeddings": 514,
         "type_vocab_size": 1,
