@@ -14,6 +14,7 @@ daemon's overhead (target >= 0.95). Audio is kept
 within one 30 s Whisper window so both sides run one ``generate``.
 
     python bench/audio.py --quick          # tiny factory models, offline, ~1 min
+    python bench/audio.py --size bench     # random models of the real ones' size
     python bench/audio.py --whisper DIR --tts DIR --seconds 30 --rounds 5
 
 Prints a table and merges the figures into bench/results/audio.json.
@@ -40,6 +41,24 @@ from bench.common import daemon, environment, reexec_with_openblas, save, table 
 TEXT = ("The quick brown fox jumps over the lazy dog. A daemon serves several models behind one API, "
         "and speech shares the machine with chat.")
 TEMPERATURE = 0.4
+
+
+# Random-weight models of the real ones' order of size (Whisper base: 512
+# wide, 6 layers; Soprano's LM: 512 wide), so that a request does the work a
+# real one does and the daemon's fixed cost per request weighs what it would.
+SIZES = {
+    "tiny": ({}, {}),
+    "bench": ({"n_state": 512, "n_head": 8, "n_layer": 6, "n_text_ctx": 448},
+              {"hidden_size": 512, "num_hidden_layers": 8}),
+}
+
+
+def audio_models(size: str) -> tuple[Path, Path]:
+    """The factory's Whisper and Soprano folders of ``size``, built once."""
+    from mlxd.factory.audio import SopranoRecipe, WhisperRecipe, build_soprano, build_whisper
+
+    whisper, soprano = SIZES[size]
+    return build_whisper(WhisperRecipe(**whisper)), build_soprano(SopranoRecipe(**soprano))
 
 
 def sweep(seconds: float, rate: int = 16000) -> np.ndarray:
@@ -122,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny factory models, short audio, 2 rounds")
     parser.add_argument("--whisper", type=Path, help="a Whisper folder (default: the factory's tiny one)")
     parser.add_argument("--tts", type=Path, help="a Soprano folder (default: the factory's tiny one)")
+    parser.add_argument("--size", choices=sorted(SIZES), default="tiny",
+                        help="the factory models' size, when no folder is given")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of the test audio (<= 30)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--cases", nargs="+", choices=["transcription", "speech"],
@@ -132,10 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     reexec_with_openblas()
 
     from mlxd.engine.audio_files import write_file
-    from mlxd.factory.audio import build_soprano, build_whisper
 
-    whisper = args.whisper or build_whisper()
-    tts = args.tts or build_soprano()
+    built_whisper, built_tts = audio_models(args.size)
+    whisper = args.whisper or built_whisper
+    tts = args.tts or built_tts
     data = write_file(sweep(args.seconds), 16000, "wav")
     rows, cases = [], {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -163,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(["case", "direct RTF", "mlxd RTF", "mlxd / direct"], rows))
     result: dict[str, Any] = {"environment": environment(), "seconds": args.seconds, "rounds": args.rounds,
                               "whisper": str(whisper), "tts": str(tts), "cases": cases}
-    key = "quick" if args.quick else "full"
+    key = "quick" if args.quick else "full" if args.size == "tiny" else f"full-{args.size}"
     print(f"-> {save('audio', key, result)}")
     return 0
 

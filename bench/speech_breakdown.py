@@ -16,6 +16,7 @@ on all of them); the table gives the median seconds per call and its ratio
 to ``direct``.
 
     python bench/speech_breakdown.py               # the factory's tiny Soprano, 5 rounds
+    python bench/speech_breakdown.py --size bench  # a random model of the real one's size
     python bench/speech_breakdown.py --tts DIR --rounds 3
 
 Prints a table and merges the figures into bench/results/speech_breakdown.json.
@@ -38,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench.audio import TEXT, daemon_tts  # noqa: E402
+from bench.audio import SIZES, TEXT, audio_models, daemon_tts  # noqa: E402
 from bench.common import daemon, environment, reexec_with_openblas, save, table  # noqa: E402
 
 
@@ -102,15 +103,15 @@ def layers(folder: Path, url: str, rate: int, client: httpx.Client) -> dict[str,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tts", type=Path, help="a Soprano folder (default: the factory's tiny one)")
+    parser.add_argument("--size", choices=sorted(SIZES), default="tiny",
+                        help="the factory model's size, when no folder is given")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
     reexec_with_openblas()
 
     from mlx_audio.tts.utils import load_config
 
-    from mlxd.factory.audio import build_soprano
-
-    tts = args.tts or build_soprano()
+    tts = args.tts or audio_models(args.size)[1]
     rate = int(load_config(tts).get("sample_rate", 24000))
     runs: dict[str, list[float]] = {}
     samples: dict[str, int] = {}
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(["layer", "median ms", "÷ direct", "samples"], rows))
     result: dict[str, Any] = {"environment": environment(), "rounds": args.rounds, "tts": str(tts),
                               "layers": figures}
-    print(f"-> {save('speech_breakdown', 'tiny' if args.tts is None else 'given', result)}")
+    print(f"-> {save('speech_breakdown', args.size if args.tts is None else 'given', result)}")
     return 0
 
 
