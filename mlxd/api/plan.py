@@ -372,8 +372,9 @@ def check_chat(entry: Entry, name: str, conversation: Conversation, output: Outp
     """What a chat request must pass before anything is read or leased (its
     answer and its token count alike); when a model it may go to takes
     images, the images to read."""
-    tool_chars = check_tool_size(output.tools)  # first: the walks below cost what the tools weigh
-    check_conversation(conversation, output.tools)
+    tools = output.template_tools()  # as the template renders them
+    tool_chars = check_tool_size(tools)  # first: the walks below cost what the tools weigh
+    check_conversation(conversation, tools)
     text_chars = conversation.text_length()
     # What the template renders is the text and the tools alike: whichever
     # is the larger part is the one to shorten.
@@ -391,14 +392,11 @@ def _check_output(entry: Entry, output: OutputRequest) -> None:
     """The answer's shape, as far as it can be checked before the lease."""
     if not output.asks_anything():
         return
-    check_output(
-        tools=output.tools, tool_choice=output.tool_choice, response_format=output.response_format,
-        tool_params=output.tool_params,
-    )
+    check_output(output)
     without = [kind for m, kind in entry.served_as() if not kind.grammars and not m.is_remote]
-    if len(without) == len(entry.kinds) and (output.tools or output.response_format):
+    if len(without) == len(entry.kinds) and (output.tools or output.response_format is not None):
         # What the engine (vision) would refuse, said before any stream opens.
-        param = "tools" if output.tools else "response_format"
+        param = "tools" if output.tools or output.response_format is None else output.response_format.param
         raise BadRequest(f"{without[0].name.capitalize()} models do not support `{param}` yet.", param=param)
 
 
@@ -447,15 +445,7 @@ def output_plan(name: str, tool_format: ToolFormat | None, asked: OutputRequest)
     """What ``asked`` comes to on a model with ``tool_format`` (the tools
     its template renders, the grammar); a BadRequest when that model cannot
     give it. An answer and a token count of the same request both ask here."""
-    return plan_output(
-        name,
-        tool_format,
-        tools=asked.tools,
-        tool_choice=asked.tool_choice,
-        parallel_tool_calls=asked.parallel_tool_calls,
-        response_format=asked.response_format,
-        tool_params=asked.tool_params,
-    )
+    return plan_output(name, tool_format, asked)
 
 
 def shape_output(plan: Plan, attempt: Attempt, engine: Any) -> None:
@@ -479,13 +469,10 @@ def shape_output(plan: Plan, attempt: Attempt, engine: Any) -> None:
     asked = plan.output
     if getattr(engine, "kind", None) == "remote":
         # The backend has the model's tool-call format and its own grammar:
-        # the fields go to it as the client sent them (checked for shape by
-        # check_output), and its tool calls come back already split.
+        # the request goes to it (rendered as OpenAI's JSON by the wire,
+        # checked by check_output), and its tool calls come back already split.
         for request in attempt.requests:
-            request.tools = asked.tools
-            request.tool_choice = asked.tool_choice
-            request.parallel_tool_calls = asked.parallel_tool_calls
-            request.response_format = asked.response_format
+            request.output = asked
         attempt.tool_format = None
         return
     shaped = output_plan(plan.requested_name, getattr(engine, "tool_format", None), asked)

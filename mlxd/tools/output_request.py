@@ -8,21 +8,40 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from mlxd.tools.output_specs import ResponseFormat, ToolChoice, ToolSpec
+
 
 @dataclass(frozen=True)
 class OutputRequest:
-    """What a request asks of the answer's shape, in OpenAI chat's terms
-    (``tools`` as ``{"type": "function", "function": {...}}``, ``tool_choice``
-    "auto" / "required" / "none" / a named function, ``response_format``):
-    every surface maps its own fields onto these, and ``mlxd.tools.output_plan``
-    checks them against the model's tool-call format once a lease is held."""
+    """Typed values (output_specs.py), each parsed once by its surface's
+    bodies module and naming where it is in that surface's body;
+    ``mlxd.tools.output_plan`` checks them, and plans them against the
+    model's tool-call format once a lease is held."""
 
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
+    tools: tuple[ToolSpec, ...] = ()
+    # None: the surface said nothing ("auto" with tools, else "none").
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
-    # Where each of ``tools`` is in the surface's body (None: ``tools[i]``).
-    tool_params: tuple[str, ...] | None = None
+    response_format: ResponseFormat | None = None
 
     def asks_anything(self) -> bool:
         return bool(self.tools) or self.tool_choice is not None or self.response_format is not None
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools as a chat template renders them (None: no tools)."""
+        return [tool.template_form() for tool in self.tools] or None
+
+    def openai_json(self) -> dict[str, Any]:
+        """The request's output fields as OpenAI chat's JSON, for a remote
+        backend (which applies its own tool-call format and grammar): the
+        one place they are rendered for the wire."""
+        out: dict[str, Any] = {}
+        if self.tools:
+            out["tools"] = self.template_tools()
+        if self.tool_choice is not None:
+            out["tool_choice"] = self.tool_choice.openai_form()
+        if self.parallel_tool_calls is not None:
+            out["parallel_tool_calls"] = self.parallel_tool_calls
+        if self.response_format is not None:
+            out["response_format"] = self.response_format.openai_form()
+        return out

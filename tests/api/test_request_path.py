@@ -15,6 +15,7 @@ from support.asgi import Call, running
 from support.residency_sim import manager, spec
 
 from mlxd.api.plan import Plan, for_target, shape_output
+from mlxd.api.openai.bodies import chat_tool_choice, chat_tools
 from mlxd.tools.output_request import OutputRequest
 from mlxd.daemon.build import build_daemon
 from mlxd.engine.types import GenerationChunk, GenerationRequest
@@ -441,7 +442,7 @@ def test_stop_strings_apply_to_everything_but_a_forced_call(choice, stops):
     plan = Plan(
         kind="messages", spec=spec("m", 1), requested_name="m", stream=False, timeout=FOREVER,
         requests=[GenerationRequest("r-0", 8, stop=["</s>", '"']), GenerationRequest("r-1", 8, stop=["</s>", '"'])],
-        output=OutputRequest(tools=tools, tool_choice=choice),
+        output=OutputRequest(tools=chat_tools(tools), tool_choice=chat_tool_choice(choice)),
     )
     attempt = for_target(plan, plan.spec, max_request_tokens=4096)
     shape_output(plan, attempt, SimpleNamespace(tool_format=format_named("json_tools")))
