@@ -81,6 +81,9 @@ class RemoteEngine:
             if key in self._aborted:
                 yield GenerationChunk(text="", finish_reason="abort")
                 return
+            if isinstance(exc, UpstreamRejected) and exc.param and request.output is not None:
+                # The backend names the field as the wire has it; the client sent it in its own body.
+                exc.param = request.output.client_param(exc.param)
             self._pool.failed(self.backend, exc)
             detail = getattr(exc, "detail", None)
             log.log(logging.INFO if isinstance(exc, UpstreamRejected) else logging.WARNING,

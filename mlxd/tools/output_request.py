@@ -5,10 +5,14 @@ a remote engine forwards it, a vision engine refuses what it cannot do)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from mlxd.tools.output_specs import ResponseFormat, ToolChoice, ToolSpec
+
+_WIRE_TOOL = re.compile(r"tools\[(\d+)\](.*)")
+_WIRE_SCHEMA = ".function.parameters"
 
 
 @dataclass(frozen=True)
@@ -45,3 +49,22 @@ class OutputRequest:
         if self.response_format is not None:
             out["response_format"] = self.response_format.openai_form()
         return out
+
+    def client_param(self, wire: str) -> str:
+        """Where a field of ``openai_json`` that a remote backend refused is
+        in the client's own body: the wire's ``tools[0]`` may be a surface's
+        ``tools[2]`` (server tools left out) and its schema ``input_schema``,
+        the wire's ``response_format`` the Responses API's ``text.format``.
+        Any other param as the backend said it."""
+        tool = _WIRE_TOOL.fullmatch(wire)
+        if tool is not None and int(tool[1]) < len(self.tools):
+            spec, rest = self.tools[int(tool[1])], tool[2]
+            if rest.startswith(_WIRE_SCHEMA) and spec.schema_param is not None:
+                return spec.schema_param + rest[len(_WIRE_SCHEMA):]
+            return spec.param
+        head = wire.split(".", 1)[0]
+        for asked in (self.response_format, self.tool_choice):
+            # The wire's sub-fields are the surface's own where it spells the field as the wire does.
+            if asked is not None and head == asked.openai_name and asked.param != head:
+                return asked.param
+        return wire

@@ -59,6 +59,7 @@ class ToolChoice:
     # The tool to call, for "named".
     name: str | None = None
     param: str = "tool_choice"
+    openai_name = "tool_choice"
 
     def openai_form(self) -> str | dict[str, Any]:
         if self.mode == "named":
@@ -79,6 +80,7 @@ class ResponseFormat:
     name: str | None = None
     description: str | None = None
     strict: bool | None = None
+    openai_name = "response_format"
 
     def openai_form(self) -> dict[str, Any]:
         if self.kind != "json_schema":

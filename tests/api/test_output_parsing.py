@@ -134,3 +134,20 @@ def test_responses_names_a_mistake_by_its_own_fields(fields, param, words):
     error = refusal(responses(**fields))
     assert error.param == param and words in error.message
     assert "response_format" not in error.message and "function.parameters" not in error.message
+
+
+# --- a remote backend's refusal, named back in the client's terms -----------------------
+
+
+def test_a_backends_param_for_a_wire_field_is_named_where_the_client_put_it():
+    tools = [{"type": "web_search_20250305", "name": "web_search"}, {"name": "weather", "input_schema": SCHEMA}]
+    claude = anthropic(tools=tools, tool_choice={"type": "tool", "name": "weather"}).output()
+    assert claude.client_param("tools[0].function.parameters.properties") == "tools[1].input_schema.properties"
+    assert claude.client_param("tools[0]") == "tools[1]"
+    codex = responses(tools=[{"type": "web_search"}, {"type": "function", "name": "weather"}],
+                      text={"format": {"type": "json_object"}}).output()
+    assert codex.client_param("response_format.json_schema") == "text.format"
+    assert codex.client_param("tools[0].function.parameters") == "tools[1].parameters"
+    plain = chat(tools=[CHAT_TOOL], response_format={"type": "json_object"}).output()
+    for wire in ("response_format.json_schema", "tools[0].function.parameters", "tools[3]", "temperature"):
+        assert plain.client_param(wire) == wire
