@@ -1,8 +1,9 @@
 """From a chat request's tool and format fields to what the engine needs.
 
-The API layer calls ``plan_output`` with the request's ``tools``,
-``tool_choice``, ``parallel_tool_calls`` and ``response_format`` (as sent,
-OpenAI's shapes) and the model's tool format; it gets back what to put on the
+A local engine (``engine/local_output.py``) calls ``plan_requested`` with the
+request's ``OutputRequest`` (``tools``, ``tool_choice``,
+``parallel_tool_calls`` and ``response_format`` as sent, OpenAI's shapes)
+and its model's tool format; it gets back what to put on the
 ``GenerationRequest`` (``tools`` for the template, a ``constraint``) and the
 format to split the answer with. Every client mistake is a BadRequest naming
 its field. Pure: no MLX.
@@ -18,6 +19,7 @@ from mlxd.engine.types import Constraint
 from mlxd.errors import BadRequest
 from mlxd.tools.forcing import closed, forced_call
 from mlxd.tools.formats import ToolFormat, require
+from mlxd.tools.output_request import OutputRequest
 
 # With parallel_tool_calls a forced answer may hold this many calls.
 MAX_PARALLEL_CALLS = 4
@@ -65,6 +67,20 @@ def plan_output(
     calls = MAX_PARALLEL_CALLS if choice == "required" and parallel_tool_calls else 1
     return OutputPlan(
         tools=checked, constraint=forced_call(fmt, checked, name, max_calls=calls), tool_format=fmt, forces_call=True
+    )
+
+
+def plan_requested(name: str, tool_format: ToolFormat | None, asked: OutputRequest) -> OutputPlan:
+    """What ``asked`` comes to on a model with ``tool_format``: an engine
+    settling a request and a token count of the same request both ask here."""
+    return plan_output(
+        name,
+        tool_format,
+        tools=asked.tools,
+        tool_choice=asked.tool_choice,
+        parallel_tool_calls=asked.parallel_tool_calls,
+        response_format=asked.response_format,
+        tool_params=asked.tool_params,
     )
 
 
