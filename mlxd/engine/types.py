@@ -171,6 +171,8 @@ class Engine(Protocol):
 
     Everything residency and the daemon ask of an engine is here, so a new
     kind (a remote backend) cannot silently lack a footprint or a cache save.
+    An engine of a kind that generates also implements what the request
+    path asks (``engine/contract.py``, ``GenerationEngine``).
     """
 
     name: str
@@ -184,10 +186,10 @@ class Engine(Protocol):
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         """Stream chunks. Closing the iterator early stops generation within a
-        token or two and frees the request's resources. An engine with
-        ``confirms_start`` yields an empty chunk first, once the request is
-        accepted (a local one: its prompt fits; a remote one: the backend
-        took it); a stream answers 200 only after it."""
+        token or two and frees the request's resources. A generation engine
+        yields an empty chunk first, once the request is accepted (a local
+        one: its prompt fits; a remote one: the backend took it); a stream
+        answers 200 only after it."""
         ...
 
     async def abort_all(self, reason: str) -> int:

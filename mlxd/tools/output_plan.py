@@ -1,7 +1,8 @@
 """From a request's typed output specs to what the engine needs.
 
-The API layer calls ``plan_output`` with the request's ``OutputRequest``
-(each surface parsed its own fields into it) and the model's tool format;
+A local engine (``engine/local_output.py``) and a token count call
+``plan_output`` with the request's ``OutputRequest`` (each surface parsed
+its own fields into it) and the model's tool format;
 it gets back what to put on the ``GenerationRequest`` (``tools`` for the
 template, a ``constraint``) and the format to split the answer with. What
 no single field shows (a tool name given twice, a choice naming no tool, a
