@@ -55,8 +55,6 @@ class EncoderFigures:
 class EncoderEngine(EngineBase):
     """An embedding model (``embed``) or a cross-encoder (``rerank``)."""
 
-    confirms_start = False
-
     def __init__(self, spec: ModelSpec, worker: MlxWorker, encoder: LoadedEncoder, tokenizer: TextTokenizer,
                  *, load_bytes: int, load_seconds: float) -> None:
         super().__init__(spec, worker, load_bytes=load_bytes, load_seconds=load_seconds)

@@ -17,11 +17,13 @@ with ``<|"|>`` strings) and ``harmony`` (gpt-oss: a commentary message to
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from mlxd.engine.types import Constraint
 from mlxd.errors import BadRequest
 from mlxd.tools.formats import HARMONY, LLAMA3_JSON, ToolFormat
+from mlxd.tools.output_specs import ToolSpec
 
 # The separators chat templates render tool-call JSON with (Python's json.dumps).
 _JSON_STYLE = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
@@ -30,7 +32,7 @@ FORCEABLE = ("json_tools", "qwen3_coder", "mistral", LLAMA3_JSON, "glm47", "pyth
 
 def forced_call(
     fmt: ToolFormat,
-    tools: list[dict[str, Any]],
+    tools: Sequence[ToolSpec],
     name: str | None = None,
     *,
     max_calls: int = 1,
@@ -69,15 +71,10 @@ def forced_call(
     return Constraint.lark(f"start: call{repeat}\n{call}{sep}\n")
 
 
-def _functions(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = []
-    for tool in tools or []:
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if isinstance(function, dict) and isinstance(function.get("name"), str):
-            params = function.get("parameters")
-            params = params if isinstance(params, dict) else {"type": "object", "properties": {}}
-            out.append({"name": function["name"], "parameters": closed(params)})
-    return out
+def _functions(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    # A tool without a schema takes any object of arguments.
+    empty = {"type": "object", "properties": {}}
+    return [{"name": t.name, "parameters": closed(t.parameters if t.parameters is not None else empty)} for t in tools]
 
 
 def closed(schema: Any) -> Any:
