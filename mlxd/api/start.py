@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from mlxd.api.context import DaemonContext
 from mlxd.api.plan import Attempt, Plan, for_target, shape_output
-from mlxd.api.preemptible import preemptible
+from mlxd.api.preemptible import Preemptible
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.errors import BadRequest, MlxdError, NotForThisModel, describe_exception
 from mlxd.failover.attempts import first_that_starts
@@ -43,7 +43,7 @@ class Started:
         self.attempt = attempt
         self._head = head
         # Set for a bulk request residency may preempt before its first byte.
-        self.requeue: Callable[[Lease], Awaitable[Lease]] | None = None
+        self.preemptible: Preemptible | None = None
 
     @property
     def requests(self) -> list[GenerationRequest]:
@@ -64,8 +64,8 @@ class Started:
             chunks: AsyncIterator[GenerationChunk] = head
         else:
             chunks = self.engine.generate(request)
-        if self.requeue is not None and len(self.requests) == 1:
-            return preemptible(self, request, chunks, self.requeue)
+        if self.preemptible is not None:
+            return self.preemptible.generate(request, chunks)
         return chunks
 
     async def close(self) -> None:
@@ -182,8 +182,10 @@ async def _start_on(ctx: DaemonContext, plan: Plan, model: str) -> Started:
     except BaseException:
         await started.close()
         raise
-    if plan.caller.priority == "bulk" and plan.failover is None and len(attempt.requests) == 1:
-        started.requeue = lambda held: ctx.manager.requeue(held, timeout=plan.remaining())
+    if plan.caller.priority == "bulk":
+        # Its n choices go together; a failover entry's waits again on the
+        # target it holds (docs/apps.md, Priority).
+        started.preemptible = Preemptible(started, lambda held: ctx.manager.requeue(held, timeout=plan.remaining()))
     return started
 
 

@@ -11,7 +11,10 @@ which waiting request of a model gets the next free lease.
 - A reserved interactive slot per model: while any app is interactive, a
   model admitting two or more leases at once keeps its last free one for
   interactive requests, so an interactive request never waits behind a
-  model that bulk work has filled.
+  model that bulk work has filled. A request that needs every slot (its
+  ``n`` choices) could never fit beside the kept one: it is let in once the
+  model is idle (an interactive request may then take it back before its
+  first byte, if it is bulk).
 - Within a class: first come, first served.
 
 No clock, no I/O: the residency core asks it and tests replay it.
@@ -58,7 +61,7 @@ class FairShare:
         firsts: dict[str, Waiting] = {}
         for w in waiting:
             firsts.setdefault(class_of(w.priority), w)
-        heads = {c: w for c, w in firsts.items() if c == "interactive" or not self._kept(active + w.slots, capacity)}
+        heads = {c: w for c, w in firsts.items() if c == "interactive" or not self._kept(active, w.slots, capacity)}
         if not heads:
             return None
         passes = self._passes.setdefault(queue, {})
@@ -82,6 +85,10 @@ class FairShare:
         self._now[queue] = pass_
         passes[c] = pass_ + 1.0 / WEIGHTS[c]
 
-    def _kept(self, taken: int, capacity: int) -> bool:
-        """Whether holding ``taken`` slots would take the one kept for interactive requests."""
-        return self.reserve_interactive and capacity >= 2 and taken > capacity - 1
+    def _kept(self, active: int, slots: int, capacity: int) -> bool:
+        """Whether ``slots`` more beside ``active`` would take the one kept for
+        interactive requests (all of an idle model's are not kept from a
+        request that needs them all: it would never run)."""
+        if not self.reserve_interactive or capacity < 2 or (active == 0 and slots >= capacity):
+            return False
+        return active + slots > capacity - 1
