@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from mlxd.residency.priority import Waiting, class_of
+from mlxd.caller import class_of
+from mlxd.residency.priority import Waiting
 
 
 @dataclass

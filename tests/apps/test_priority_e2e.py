@@ -4,11 +4,8 @@ before it. One daemon for the module."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
-import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -16,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from support.daemon import daemon_in_thread, wait_until, write_registry
+from support.daemon import daemon_in_thread, holding_the_worker, wait_until, write_registry
 
 EDITOR, BULK, OPS, STRANGER = "sk-editor-e2e", "sk-bulk-e2e", "sk-ops-e2e", "sk-stranger-e2e"
 
@@ -135,21 +132,6 @@ def _choices(daemon: Any, key: str, max_tokens: int, stream: bool = False, model
         return answer.status_code, parts
 
 
-def _holding_the_worker(daemon: Any, pool: ThreadPoolExecutor) -> tuple[Any, threading.Event]:
-    """The shared MLX worker busy with a call (as during another model's
-    load) until the event is set: a generation leased meanwhile has sent
-    nothing."""
-    gate, holding = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        holding.set()
-        gate.wait(60)
-
-    busy = pool.submit(asyncio.run, daemon.ctx.worker.call(hold))
-    assert holding.wait(30), "the worker runs the call that holds it"
-    return busy, gate
-
-
 def test_a_bulk_request_that_has_sent_nothing_gives_its_slot_to_an_interactive_one(daemon):
     """The model's one slot is held by a bulk stream whose first step waits
     on the shared MLX worker (busy with a call, as during another model's
@@ -165,7 +147,7 @@ def test_a_bulk_request_that_has_sent_nothing_gives_its_slot_to_an_interactive_o
         return result
 
     with ThreadPoolExecutor(3) as pool:
-        busy, gate = _holding_the_worker(daemon, pool)
+        busy, gate = holding_the_worker(daemon, pool)
         try:
             bulk = pool.submit(timed, "bulk", BULK, 24, True)
             wait_until(lambda: any(h.preemptable for h in list(core.holders.values())))
@@ -191,7 +173,7 @@ def test_the_generations_of_a_bulk_request_on_a_failover_entry_give_way_together
     alone_bulk = _choices(daemon, BULK, 12, stream=True, model="pair", n=2)
     alone_editor = _choices(daemon, EDITOR, 6, model="pair")
     with ThreadPoolExecutor(3) as pool:
-        busy, gate = _holding_the_worker(daemon, pool)
+        busy, gate = holding_the_worker(daemon, pool)
         try:
             bulk = pool.submit(_choices, daemon, BULK, 12, True, "pair", 2)
             wait_until(lambda: any(h.preemptable and h.slots == 2 for h in list(core.holders.values())))
