@@ -155,6 +155,8 @@ async def _start_on(ctx: DaemonContext, plan: Plan, model: str) -> Started:
     try:
         attempt = for_target(plan, ctx.manager.resolve(model), ctx.settings.server.max_request_tokens)
         started.attempt = attempt
+        for request in attempt.requests:
+            request.priority = plan.caller.priority
         remote = getattr(lease.engine, "kind", None) == "remote"
         images = plan.images if plan.images is not None and plan.images.read_images else None
         if images is not None:
