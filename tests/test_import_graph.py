@@ -25,8 +25,9 @@ ALLOWED = {
     "registry": {"errors", "gguf"},
     "settings": {"errors", "registry"},
     # The text engine decodes under grammars and splits tool calls; those two
-    # import only the engine's contract (engine/types.py) back.
-    "engine": {"errors", "files", "registry", "grammar", "tools"},
+    # import only the engine's contract (engine/types.py) back. An encoder's
+    # batch queue takes turns between the callers' priority classes.
+    "engine": {"errors", "files", "caller", "registry", "grammar", "tools"},
     # The shell holds engines by their contract (engine/types.py) only.
     "residency": {"errors", "caller", "waiting", "registry", "engine"},
     # Registry entries served by other servers: an engine over HTTP, which

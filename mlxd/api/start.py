@@ -20,7 +20,7 @@ from typing import Any, TypeVar, cast
 
 from mlxd.api.context import DaemonContext
 from mlxd.api.plan import Attempt, Plan, for_target
-from mlxd.api.preemptible import preemptible
+from mlxd.api.preemptible import Preemptible
 from mlxd.engine.contract import GenerationEngine
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.errors import BadRequest, MlxdError, NotForThisModel, describe_exception
@@ -48,7 +48,7 @@ class Started:
         self.attempt = attempt
         self._head = head
         # Set for a bulk request residency may preempt before its first byte.
-        self.requeue: Callable[[Lease], Awaitable[Lease]] | None = None
+        self.preemptible: Preemptible | None = None
 
     @property
     def requests(self) -> list[GenerationRequest]:
@@ -69,8 +69,8 @@ class Started:
             chunks: AsyncIterator[GenerationChunk] = head
         else:
             chunks = self.engine.generate(request)
-        if self.requeue is not None and len(self.requests) == 1:
-            return preemptible(self, request, chunks, self.requeue)
+        if self.preemptible is not None:
+            return self.preemptible.generate(request, chunks)
         return chunks
 
     async def close(self) -> None:
@@ -159,6 +159,8 @@ async def _start_on(ctx: DaemonContext, plan: Plan, spec: ModelSpec) -> Started:
     try:
         attempt = for_target(plan, spec, ctx.settings.server.max_request_tokens)
         started.attempt = attempt
+        for request in attempt.requests:
+            request.priority = plan.caller.priority
         images = plan.images if plan.images is not None and plan.images.read_images else None
         if images is not None:
             decoded = images.data_urls() if engine.wants_image_urls else await images.decode(ctx.image_memory)
@@ -175,8 +177,10 @@ async def _start_on(ctx: DaemonContext, plan: Plan, spec: ModelSpec) -> Started:
     except BaseException:
         await started.close()
         raise
-    if plan.caller.priority == "bulk" and plan.failover is None and len(attempt.requests) == 1:
-        started.requeue = lambda held: ctx.manager.requeue(held, timeout=plan.remaining())
+    if plan.caller.priority == "bulk":
+        # Its n choices go together; a failover entry's waits again on the
+        # target it holds (docs/apps.md, Priority).
+        started.preemptible = Preemptible(started, lambda held: ctx.manager.requeue(held, timeout=plan.remaining()))
     return started
 
 

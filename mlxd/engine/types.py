@@ -107,6 +107,9 @@ class GenerationRequest:
     reasoning_effort: str | None = None
     # Set only when the request is captured (off by default).
     capture: PromptCapture | None = None
+    # The caller's priority class (docs/apps.md, Priority): a batching engine
+    # prefills an interactive request's prompt before queued bulk prompts.
+    priority: str = "default"
 
 
 @dataclass(frozen=True)
