@@ -167,6 +167,31 @@ def test_anthropic_thinking_blocks_with_a_budget(daemon: Daemon):
     assert counted[0] == counted[1]
 
 
+def test_anthropic_display_omitted_keeps_empty_thinking_blocks_and_the_same_answer(daemon: Daemon):
+    # Anthropic's own way to leave reasoning out (Claude Code sends it): the
+    # blocks stay, with their text empty, so a client that sends them back
+    # keeps working; the model thinks as it would.
+    client = anthropic_client(daemon)
+    asked = dict(model="thinker", max_tokens=20, messages=MESSAGES, extra_body={"temperature": 0})
+    shown = client.messages.create(**asked, thinking={"type": "enabled", "budget_tokens": BUDGET})
+    for thinking in ({"type": "enabled", "budget_tokens": BUDGET, "display": "omitted"},
+                     {"type": "adaptive", "display": "omitted"}):
+        hidden = client.messages.create(**asked, thinking=thinking)
+        assert [(b.type, getattr(b, "thinking", None)) for b in hidden.content] == [("thinking", ""), ("text", None)]
+        if "budget_tokens" in thinking:
+            assert hidden.content[1].text == shown.content[1].text
+    with client.messages.stream(**asked, thinking={"type": "enabled", "budget_tokens": BUDGET,
+                                                    "display": "omitted"}) as stream:
+        deltas = [e.delta.type for e in stream if e.type == "content_block_delta"]
+        final = stream.get_final_message()
+    assert "thinking_delta" not in deltas and deltas[0] == "signature_delta"
+    assert [(b.type, getattr(b, "thinking", None)) for b in final.content] == [("thinking", ""), ("text", None)]
+    assert final.content[1].text == shown.content[1].text
+    refused = httpx.post(f"{daemon.url}/v1/messages", headers={"x-api-key": KEY}, timeout=30, json={
+        **asked, "thinking": {"type": "adaptive", "display": "hidden"}})
+    assert refused.status_code == 400 and "thinking.display" in refused.json()["error"]["message"]
+
+
 def test_responses_stream_reasoning_items_as_codex_reads_them(daemon: Daemon):
     body = {"model": "thinker", "input": PROMPT, "max_output_tokens": 20, "temperature": 0, "stream": True,
             "reasoning": {"effort": "low", "max_tokens": BUDGET}}
