@@ -14,6 +14,7 @@ daemon's overhead (target >= 0.95). Audio is kept
 within one 30 s Whisper window so both sides run one ``generate``.
 
     python bench/audio.py --quick          # tiny factory models, offline, ~1 min
+    python bench/audio.py --size bench     # random models of the real ones' size
     python bench/audio.py --whisper DIR --tts DIR --seconds 30 --rounds 5
 
 Prints a table and merges the figures into bench/results/audio.json.
@@ -40,6 +41,24 @@ from bench.common import daemon, environment, reexec_with_openblas, save, table 
 TEXT = ("The quick brown fox jumps over the lazy dog. A daemon serves several models behind one API, "
         "and speech shares the machine with chat.")
 TEMPERATURE = 0.4
+
+
+# Random-weight models of the real ones' order of size (Whisper base: 512
+# wide, 6 layers; Soprano's LM: 512 wide), so that a request does the work a
+# real one does and the daemon's fixed cost per request weighs what it would.
+SIZES = {
+    "tiny": ({}, {}),
+    "bench": ({"n_state": 512, "n_head": 8, "n_layer": 6, "n_text_ctx": 448},
+              {"hidden_size": 512, "num_hidden_layers": 8}),
+}
+
+
+def audio_models(size: str) -> tuple[Path, Path]:
+    """The factory's Whisper and Soprano folders of ``size``, built once."""
+    from mlxd.factory.audio import SopranoRecipe, WhisperRecipe, build_soprano, build_whisper
+
+    whisper, soprano = SIZES[size]
+    return build_whisper(WhisperRecipe(**whisper)), build_soprano(SopranoRecipe(**soprano))
 
 
 def sweep(seconds: float, rate: int = 16000) -> np.ndarray:
@@ -95,9 +114,9 @@ def direct_tts(folder: Path) -> Callable[[], float]:
     return run
 
 
-def daemon_stt(url: str, data: bytes, seconds: float) -> Callable[[], float]:
+def daemon_stt(client: httpx.Client, url: str, data: bytes, seconds: float) -> Callable[[], float]:
     def run() -> float:
-        r = httpx.post(f"{url}/v1/audio/transcriptions", files={"file": ("sweep.wav", data)},
+        r = client.post(f"{url}/v1/audio/transcriptions", files={"file": ("sweep.wav", data)},
                        data={"model": "whisper", "temperature": str(TEMPERATURE)}, timeout=600)
         r.raise_for_status()
         return seconds
@@ -105,9 +124,10 @@ def daemon_stt(url: str, data: bytes, seconds: float) -> Callable[[], float]:
     return run
 
 
-def daemon_tts(url: str, rate: int) -> Callable[[], float]:
+def daemon_tts(client: httpx.Client | None, url: str, rate: int) -> Callable[[], float]:
+    """``client`` None: a new one per call."""
     def run() -> float:
-        with httpx.stream("POST", f"{url}/v1/audio/speech", timeout=600,
+        with (client or httpx).stream("POST", f"{url}/v1/audio/speech", timeout=600,
                           json={"model": "tts", "input": TEXT, "voice": "alloy", "response_format": "pcm"}) as r:
             r.raise_for_status()
             size = sum(len(chunk) for chunk in r.iter_bytes())
@@ -121,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny factory models, short audio, 2 rounds")
     parser.add_argument("--whisper", type=Path, help="a Whisper folder (default: the factory's tiny one)")
     parser.add_argument("--tts", type=Path, help="a Soprano folder (default: the factory's tiny one)")
+    parser.add_argument("--size", choices=sorted(SIZES), default="tiny",
+                        help="the factory models' size, when no folder is given")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of the test audio (<= 30)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--cases", nargs="+", choices=["transcription", "speech"],
@@ -131,10 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     reexec_with_openblas()
 
     from mlxd.engine.audio_files import write_file
-    from mlxd.factory.audio import build_soprano, build_whisper
 
-    whisper = args.whisper or build_whisper()
-    tts = args.tts or build_soprano()
+    built_whisper, built_tts = audio_models(args.size)
+    whisper = args.whisper or built_whisper
+    tts = args.tts or built_tts
     data = write_file(sweep(args.seconds), 16000, "wav")
     rows, cases = [], {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -143,11 +165,15 @@ def main(argv: list[str] | None = None) -> int:
         direct = {"transcription": direct_stt(whisper, wav, args.seconds), "speech": direct_tts(tts)}
         models = [{"name": "whisper", "path": str(whisper), "kind": "transcription", "preload": True},
                   {"name": "tts", "path": str(tts), "kind": "speech", "preload": True}]
-        with daemon(models) as url:
+        # One client for every call, as an app holds one: a new httpx client
+        # per call builds an SSL context each time (tens of ms, on the
+        # daemon's side of the ratio though the daemon does none of it).
+        with daemon(models) as url, httpx.Client() as client:
             from mlx_audio.tts.utils import load_config
 
             rate = int(load_config(tts).get("sample_rate", 24000))
-            served = {"transcription": daemon_stt(url, data, args.seconds), "speech": daemon_tts(url, rate)}
+            served = {"transcription": daemon_stt(client, url, data, args.seconds),
+                      "speech": daemon_tts(client, url, rate)}
             for case in args.cases:
                 d_all, m_all = paired(direct[case], served[case], args.rounds)
                 d, m = statistics.median(d_all), statistics.median(m_all)
@@ -158,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(["case", "direct RTF", "mlxd RTF", "mlxd / direct"], rows))
     result: dict[str, Any] = {"environment": environment(), "seconds": args.seconds, "rounds": args.rounds,
                               "whisper": str(whisper), "tts": str(tts), "cases": cases}
-    key = "quick" if args.quick else "full"
+    key = "quick" if args.quick else "full" if args.size == "tiny" else f"full-{args.size}"
     print(f"-> {save('audio', key, result)}")
     return 0
 

@@ -24,16 +24,20 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
-
-import httpx
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mlxd.distributed import wire
 from mlxd.distributed.liveness import Deadlines, Failure, GangLiveness, Phase
 from mlxd.distributed.processes import LocalRank
-from mlxd.distributed.remote_rank import RemoteRank
 from mlxd.errors import ModelLoadFailed
 from mlxd.registry.parallel import LOCAL
+
+if TYPE_CHECKING:
+    # Imported where a rank on another host is reserved: a daemon without one
+    # never loads httpx (and the rich console its CLI pulls in) at start.
+    import httpx
+
+    from mlxd.distributed.remote_rank import RemoteRank
 
 log = logging.getLogger("mlxd.distributed")
 
@@ -134,6 +138,10 @@ class Gang:
             raise ModelLoadFailed(f"The parallel model `{self.plan.name}` could not start: {failure.sentence()}.")
 
     async def _spawn(self) -> None:
+        import httpx
+
+        from mlxd.distributed.remote_rank import RemoteRank
+
         size = len(self.plan.hosts)
         remote: dict[int, RemoteRank] = {}
         self._reserved = remote  # given back by stop() if the start goes no further
@@ -319,7 +327,7 @@ class Gang:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for handle in {*self._reserved.values(), *(h for h in self._ranks if isinstance(h, RemoteRank))}:
+        for handle in {*self._reserved.values(), *(h for h in self._ranks if not isinstance(h, LocalRank))}:
             await handle.aclose()
         with contextlib.suppress(OSError):
             for f in self._dir.iterdir():
@@ -354,6 +362,8 @@ def route_ip(address: str) -> str:
 
 def describe_http(exc: httpx.HTTPError) -> str:
     """An mlxd's refusal in its own words (its error body's message)."""
+    import httpx
+
     if not isinstance(exc, httpx.HTTPStatusError):
         return type(exc).__name__
     said = exc.response.text[:300]
