@@ -54,7 +54,8 @@ def reasoning_item(item_id: str, text: str, status: str = "completed", summary: 
 
 def summary_asked(body: ResponsesRequest) -> bool:
     """Whether ``reasoning.summary`` asks for a summary (auto, concise, detailed)."""
-    reasoning = body.reasoning if isinstance(body.reasoning, dict) else {}
+    reasoning = getattr(body, "reasoning", None)
+    reasoning = reasoning if isinstance(reasoning, dict) else {}
     return reasoning.get("summary") in SUMMARIES
 
 
