@@ -107,6 +107,8 @@ class Gang:
         self._tasks: list[asyncio.Task[None]] = []
         self._subscribers: dict[str, asyncio.Queue[dict[str, Any] | Failure]] = {}
         self._ready = asyncio.Event()
+        # Whether the model's KV cache can be trimmed (rank 0 says, once loaded).
+        self.trimmable = True
         self.failed: asyncio.Future[Failure] = asyncio.get_running_loop().create_future()
         self.idle = asyncio.Event()
         self.idle.set()
@@ -233,6 +235,8 @@ class Gang:
                 self._deliver(message)  # how much of the prompt its cache held
         elif kind == "ready":
             live.progress(rank, Phase.READY, now, memory_bytes=int(message.get("memory_bytes") or 0))
+            if rank == 0:
+                self.trimmable = bool(message.get("trimmable", True))
             if live.ready:
                 self._ready.set()
         elif kind == "progress":
