@@ -414,7 +414,7 @@ def plan_chat(
         ignore_eos=asked.ignore_eos,
         logit_bias=asked.logit_bias,
         chat_template_kwargs=merged_template_kwargs(spec, asked.reasoning),
-        reasoning_budget=asked.reasoning.budget,
+        reasoning_budget=_pick(asked.reasoning.budget, defaults.reasoning_budget, None),
         reasoning_effort=asked.reasoning.asked_effort,
     )
     return Plan(

@@ -56,7 +56,8 @@ class _Base(BaseModel):
     messages: list[AnthropicMessage] = Field(min_length=1)
     tools: list[Tool] | None = None
     tool_choice: dict[str, Any] | None = None
-    # {"type": "enabled", "budget_tokens": N}, {"type": "adaptive"} or {"type": "disabled"}.
+    # {"type": "enabled", "budget_tokens": N}, {"type": "adaptive"} or {"type": "disabled"};
+    # the first two may say "display": "summarized" | "omitted".
     thinking: dict[str, Any] | None = None
     # {"effort": "low" | "medium" | "high" | "max"}.
     output_config: dict[str, Any] | None = None
@@ -142,17 +143,25 @@ def _thinking(value: dict[str, Any] | None) -> ReasoningRequest:
     kind = value.get("type")
     if kind == "disabled":
         return ReasoningRequest(enabled=False)
-    if kind == "adaptive":
-        return ReasoningRequest(enabled=True)
-    if kind == "enabled":
-        budget = value.get("budget_tokens")
-        if budget is None:
-            return ReasoningRequest(enabled=True)
-        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-            raise BadRequest("thinking.budget_tokens must be a whole number of tokens, at least 1.",
-                             param="thinking.budget_tokens")
-        return ReasoningRequest(enabled=True, budget=budget)
-    raise BadRequest("thinking.type must be one of `enabled`, `adaptive`, `disabled`.", param="thinking.type")
+    if kind not in ("enabled", "adaptive"):
+        raise BadRequest("thinking.type must be one of `enabled`, `adaptive`, `disabled`.", param="thinking.type")
+    omitted = _display(value.get("display"))
+    budget = value.get("budget_tokens") if kind == "enabled" else None
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+        raise BadRequest("thinking.budget_tokens must be a whole number of tokens, at least 1.",
+                         param="thinking.budget_tokens")
+    return ReasoningRequest(enabled=True, budget=budget, omitted=omitted)
+
+
+def _display(value: Any) -> bool:
+    """Anthropic's ``thinking.display``: ``omitted`` keeps the thinking
+    blocks with their text empty (Claude Code sends it); ``summarized`` (and
+    no field) shows the reasoning."""
+    if value is None or value == "summarized":
+        return False
+    if value == "omitted":
+        return True
+    raise BadRequest("thinking.display must be `summarized` or `omitted`.", param="thinking.display")
 
 
 def _system_text(system: str | list[dict[str, Any]] | None) -> str:
