@@ -243,9 +243,10 @@ def test_a_forced_call_on_harmony_may_reason_first_and_the_budget_ends_the_analy
     from mlxd.grammar.compiler import GrammarCompiler
     from mlxd.grammar.processor import GrammarProcessor
     from mlxd.tools.forcing import forced_call
+    from mlxd.tools.output_specs import ToolSpec
 
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}}, "required": ["city"]}
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": schema}}]
+    tools = [ToolSpec("get_weather", "tools[0]", parameters=schema)]
     tool_format, fmt = formats.resolve(harmony), reasoning.resolve(harmony)
     width = harmony.vocab_size + 200
     compiler = GrammarCompiler(harmony, width)
