@@ -4,9 +4,9 @@ A request's inputs are tokenized (on the event loop when short, in a thread
 when long: the ``tokenizers`` library runs outside the GIL), then queued in
 the batching core (``mlxd.engine.embedding_batch``) with every other
 request's. One pump per engine takes batch after batch from it and runs each
-as one turn of the MLX worker's ring (``MlxWorker.turn``): a forward pass takes its turn like
-one decode step of a chat stream, so embedding work and generation share
-the machine in turns, and a long queue of embeddings never holds a chat
+as one turn of the MLX worker's ring (``MlxWorker.turn``): a forward pass
+takes its turn like one decode step of a chat stream, so embedding work
+and generation share the machine in turns, and a long queue of embeddings never holds a chat
 stream back for more than one batch (bounded by ``batch_tokens``).
 
 Residency sees an ordinary engine: a footprint (the load, raised to the
@@ -29,8 +29,8 @@ import numpy as np
 from mlxd.engine import memory
 from mlxd.engine.embedding_batch import Batch, BatchQueue
 from mlxd.engine.embedding_model import Encoded, LoadedEncoder, TextTokenizer, is_cross_encoder
-from mlxd.engine.rerank_llm import LoadedLlmReranker, PromptTokenizer
 from mlxd.engine.lifecycle import EngineBase, load_on_worker, measured_load
+from mlxd.engine.rerank_llm import LoadedLlmReranker, PromptTokenizer
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.engine.worker import MlxWorker
 from mlxd.errors import BadRequest, MlxdError, ModelPreempted, ModelUnloaded
@@ -60,8 +60,6 @@ class EncoderFigures:
 
 class EncoderEngine(EngineBase):
     """An embedding model (``embed``) or a cross-encoder (``rerank``)."""
-
-    confirms_start = False
 
     def __init__(self, spec: ModelSpec, worker: MlxWorker, encoder: LoadedEncoder | LoadedLlmReranker,
                  tokenizer: TextTokenizer | PromptTokenizer,
@@ -100,14 +98,16 @@ class EncoderEngine(EngineBase):
         self._check_truncation(encoded, truncate, "input")
         return encoded
 
-    async def embed(self, encoded: Encoded) -> list[np.ndarray]:
-        """One float32 vector per input, in input order."""
+    async def embed(self, encoded: Encoded, priority: str = "default") -> list[np.ndarray]:
+        """One float32 vector per input, in input order; ``priority`` is the
+        caller's class, which orders the batch queue (embedding_batch.py)."""
         if self.kind != "embedding":
             raise BadRequest(f"The model `{self.name}` is a {self.kind} model, not an embedding model.",
                              param="model", code="model_not_supported")
-        return await self._run(encoded)
+        return await self._run(encoded, priority)
 
-    async def rerank(self, query: str, documents: Sequence[str], *, truncate: bool) -> tuple[list[float], int]:
+    async def rerank(self, query: str, documents: Sequence[str], *, truncate: bool,
+                     priority: str = "default") -> tuple[list[float], int]:
         """Each document's relevance to ``query`` (in document order) and the tokens read."""
         if self.kind != "rerank":
             raise BadRequest(f"The model `{self.name}` is an {self.kind} model, not a rerank model.",
@@ -115,7 +115,7 @@ class EncoderEngine(EngineBase):
         chars = len(query) * len(documents) + sum(map(len, documents))
         encoded = await _off_loop(self.tokenizer.pairs, chars, query, list(documents))
         self._check_truncation(encoded, truncate, "documents")
-        scores = await self._run(encoded)
+        scores = await self._run(encoded, priority)
         return [float(s) for s in scores], encoded.tokens
 
     def _check_ids(self, arrays: Sequence[Sequence[int]]) -> None:
@@ -143,7 +143,7 @@ class EncoderEngine(EngineBase):
 
     # --- batching ----------------------------------------------------------------
 
-    async def _run(self, encoded: Encoded) -> list[Any]:
+    async def _run(self, encoded: Encoded, priority: str) -> list[Any]:
         if self._closed:
             raise ModelUnloaded(self.name)
         if not encoded.ids:
@@ -151,7 +151,7 @@ class EncoderEngine(EngineBase):
         key = next(self._keys)
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         self._waiting[key] = future
-        self._queue.add(key, encoded.ids, encoded.types)
+        self._queue.add(key, encoded.ids, encoded.types, priority=priority)
         self.figures.requests += 1
         self.figures.inputs += len(encoded.ids)
         self.figures.tokens += encoded.tokens
@@ -193,7 +193,7 @@ class EncoderEngine(EngineBase):
             future.set_result(value)
 
     async def _forward(self, batch: Batch) -> list[Any]:
-        """One batch as one step of a worker stream (a turn in the ring)."""
+        """One batch as one turn in the worker's ring."""
         self._forwarding = True
         try:
             return await self._worker.turn(lambda: self._step(batch))
