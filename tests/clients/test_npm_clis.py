@@ -75,6 +75,15 @@ def run_cli(home: Path, command: list[str], *, says_something: bool = True, **ex
     return output
 
 
+def cold_cache(daemon) -> None:
+    """Start from a cold prompt cache, as when the test runs alone: a random
+    model's greedy answer after other CLIs' cached turns can come out
+    otherwise (bf16 numerics differ between a cached and a cold prefill),
+    and an uncapped one can then run for thousands of tokens."""
+    cleared = httpx.delete(f"{daemon.url}/v1/cache/prefix", params={"model": MODEL}, timeout=60)
+    assert cleared.status_code == 200, cleared.text
+
+
 def turns_since(daemon, seen: int) -> list[tuple[int, int]]:
     """(tokens_in, tokens_out) of the chat requests for MODEL logged after the first ``seen`` characters."""
     return [
@@ -111,6 +120,7 @@ def test_qwen_code_runs_a_turn(demo, tmp_path):
     assert shlex.split(block.split("\n")[1]) == ["qwen", "--auth-type", "openai", "-p", PROMPT]
     assert exports["OPENAI_MODEL"] == DOC_MODEL
     exports["OPENAI_MODEL"] = MODEL
+    cold_cache(demo)  # uncapped (below): a long answer under load outlasted the 300 s limit in a full run
     seen = len(demo.log())
     run_cli(
         tmp_path,
@@ -140,11 +150,9 @@ def test_pi_runs_a_forced_tool_call_and_answers(demo, tmp_path):
     (tmp_path / ".pi" / "agent" / "models.json").write_text(json.dumps(models))
     (extensions / "force-read.ts").write_text(doc_block("typescript", "before_provider_request", demo.url))
     (extensions / "zz-record.ts").write_text(RECORDER)
-    # The forced call comes from a random model under greedy decoding: from a cold
-    # prompt, as when this test runs alone. After another CLI's turns had cached
-    # part of it, the call's arguments came out otherwise and pi did not run it.
-    cleared = httpx.delete(f"{demo.url}/v1/cache/prefix", params={"model": MODEL}, timeout=60)
-    assert cleared.status_code == 200, cleared.text
+    # The forced call comes from a random model under greedy decoding: after another
+    # CLI's turns had cached part of it, its arguments came out otherwise and pi did not run it.
+    cold_cache(demo)
     seen = len(demo.log())
     run_cli(tmp_path, [pi, "-p", "--provider", "mlxd", "--model", MODEL, PROMPT], says_something=False)
     sent = [json.loads(line) for line in (tmp_path / "sent.jsonl").read_text().splitlines()]
