@@ -19,7 +19,7 @@ It stands where mlx-lm's ``BatchGenerator`` stands in ``engine/batch.py``
 The row's processors are called once per emitted token, in order, with the
 tokens so far, exactly as without speculation, so a stateful one (the grammar
 matcher, the reasoning budget) sees the same calls. The governor
-(``speculative_core.Governor``) makes a step plain (no drafts) when
+(``speculative_governor.Governor``) makes a step plain (no drafts) when
 speculation does not pay for this mix of sequences; a plain step is the same
 code with blocks of one token.
 
@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxd.engine import speculative_cache as caches
-from mlxd.engine.speculative_core import Governor, SpecStats, accept, next_draft_length, rollback
+from mlxd.engine.speculative_core import SpecStats, accept, next_draft_length, rollback
+from mlxd.engine.speculative_governor import Governor
 
 
 @dataclass
@@ -95,6 +96,7 @@ class SpeculativeGenerator:
         self._cache = caches_extend(self._cache, caches)
         self.drafter.join([r.tokens + [r.last] for r in rows], caches)
         self._rows += rows
+        self.governor.joined()
         return [r.uid for r in rows]
 
     def remove(self, uids: list[int], return_prompt_caches: bool = False) -> dict[int, tuple[list[Any], list[int]]]:
@@ -124,8 +126,11 @@ class SpeculativeGenerator:
             proposed = self.drafter.propose(max(r.want for r in rows))
             for row, drafts in zip(rows, proposed):
                 row.drafts = drafts[: max(0, min(row.want, row.max_tokens - row.made - 1))]
+        drafted = [len(r.drafts) for r in rows]
         emitted, responses = self._verify(rows)
-        self.drafter.commit(emitted, [len(r.drafts) for r in rows])
+        self.drafter.commit(emitted, drafted)
+        # A step where no row had drafts was a plain one, whatever was chosen.
+        self.governor.record(any(drafted), sum(len(e) for e in emitted), time.perf_counter() - started)
         finished = [i for i, r in enumerate(responses) if r and r[-1].finish_reason is not None]
         for i in finished:
             last = responses[i][-1]
@@ -133,8 +138,6 @@ class SpeculativeGenerator:
             last.all_tokens = list(rows[i].tokens)
         if finished:
             self._filter([i for i in range(len(rows)) if i not in set(finished)])
-        elapsed = time.perf_counter() - started
-        self.governor.record(speculate, sum(len(e) for e in emitted), elapsed)
         return None, [r for per_row in responses for r in per_row]
 
     # ------------------------------------------------------------ the step

@@ -150,3 +150,34 @@ def test_the_same_text_across_a_prefix_cache_hit(models: Models) -> None:
     again = run(collect(engine, ask))
     assert text_of(first) == text_of(again) == want
     assert again[-1].cached_tokens > 0
+
+
+@pytest.fixture(scope="module")
+def contrary(worker: MlxWorker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TextEngine]:
+    """qwen3 drafted by its own weights with the final norm negated: the
+    draft writes the target's least likely token, so every draft is rejected
+    and each step pays K draft passes for nothing (a mix that loses)."""
+    import shutil
+
+    import mlx.core as mx
+
+    from mlxd.factory.zoo_build import build_family
+
+    path = build_family("qwen3")
+    draft = tmp_path_factory.mktemp("contrary") / "qwen3-contrary"
+    shutil.copytree(path, draft)
+    weights = mx.load(str(draft / "model.safetensors"))
+    weights["model.norm.weight"] = -weights["model.norm.weight"]
+    mx.save_safetensors(str(draft / "model.safetensors"), weights, metadata={"format": "mlx"})
+    engine = run(load_text_engine(spec_for(path, "contrary", speculative=SpeculativeSpec("draft", 4, "neg", draft)),
+                                  worker))
+    yield engine
+    run(engine.close())
+
+
+def test_status_shows_it_off_under_a_mix_where_it_loses(contrary: TextEngine) -> None:
+    run(collect(contrary, greedy("lose", 24, prompt=SEEDS[0])))
+    status = contrary.stats()["speculative"]
+    assert status["acceptance_rate"] is not None and status["acceptance_rate"] < 0.2, status
+    assert status["active"] is False and status["speedup"] < 1.0, status
+
