@@ -153,7 +153,7 @@ def test_the_same_text_across_a_prefix_cache_hit(models: Models) -> None:
 
 
 @pytest.fixture(scope="module")
-def contrary(worker: MlxWorker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TextEngine]:
+def contrary(worker: MlxWorker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TextEngine, TextEngine]]:
     """qwen3 drafted by its own weights with the final norm negated: the
     draft writes the target's least likely token, so every draft is rejected
     and each step pays K draft passes for nothing (a mix that loses)."""
@@ -169,15 +169,25 @@ def contrary(worker: MlxWorker, tmp_path_factory: pytest.TempPathFactory) -> Ite
     weights = mx.load(str(draft / "model.safetensors"))
     weights["model.norm.weight"] = -weights["model.norm.weight"]
     mx.save_safetensors(str(draft / "model.safetensors"), weights, metadata={"format": "mlx"})
-    engine = run(load_text_engine(spec_for(path, "contrary", speculative=SpeculativeSpec("draft", 4, "neg", draft)),
-                                  worker))
-    yield engine
+    engine = run(load_text_engine(spec_for(path, "contrary", max_concurrency=2,
+                                           speculative=SpeculativeSpec("draft", 4, "neg", draft)), worker))
+    plain = run(load_text_engine(spec_for(path, "plain", max_concurrency=2), worker))
+    yield engine, plain
     run(engine.close())
+    run(plain.close())
 
 
-def test_status_shows_it_off_under_a_mix_where_it_loses(contrary: TextEngine) -> None:
-    run(collect(contrary, greedy("lose", 24, prompt=SEEDS[0])))
-    status = contrary.stats()["speculative"]
+def test_status_shows_it_off_under_a_mix_where_it_loses(contrary: tuple[TextEngine, TextEngine]) -> None:
+    engine, plain = contrary
+    # Off, its plain steps run one ahead (the next forward queued before the
+    # tokens are read); a row that ends first leaves while the other goes on.
+    asks = [greedy("lose", 24, prompt=SEEDS[0]), greedy("long", 48, prompt=SEEDS[1])]
+    # The plain engine first: its steps compile the kernels both use, which
+    # would otherwise make the first plain steps measured here slow.
+    want = [text_of(o) for o in run(_batch(plain, asks))]
+    outs = run(_batch(engine, asks))
+    status = engine.stats()["speculative"]
     assert status["acceptance_rate"] is not None and status["acceptance_rate"] < 0.2, status
     assert status["active"] is False and status["speedup"] < 1.0, status
+    assert [text_of(o) for o in outs] == want
 
