@@ -23,11 +23,14 @@ def test_prompt_lookup_drafts_what_followed_the_latest_longest_match() -> None:
     assert NgramIndex([4, 6, 9, 4], min_n=1).draft(2) == [6, 9]
 
 
-def test_a_row_drafts_less_after_misses_and_grows_back_while_it_copies() -> None:
+def test_a_row_drafts_less_after_misses_and_doubles_back_while_it_copies() -> None:
     assert next_draft_length(4, 4, 1, most=4) == 2
     assert next_draft_length(2, 2, 0, most=4) == 1
     assert next_draft_length(1, 1, 1, most=4) == 2
     assert next_draft_length(4, 4, 4, most=4) == 4
+    # A miss halves it, a full step doubles it: a copying row is back at K soon.
+    assert next_draft_length(8, 8, 1, most=8) == 4
+    assert next_draft_length(2, 2, 2, most=8) == 4
     # A step without drafts (nothing matched, or a plain step) changes nothing.
     assert next_draft_length(3, 0, 0, most=4) == 3
 
