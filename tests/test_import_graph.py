@@ -167,3 +167,15 @@ def test_the_architecture_page_names_the_packages_and_the_request_path_modules()
     packages = {m for m in modules if m.count(".") == 1 and (MLXD / m.split(".")[1]).is_dir()}
     described = {m for m in modules if package(m) in DESCRIBED and m.count(".") > 1}
     assert sorted(m for m in packages | described if not named(m)) == []
+
+
+def test_the_daemon_stack_starts_without_the_http_clients_it_only_needs_for_remote_work():
+    """aiohttp (remote backends) and httpx (remote ranks, and the rich console
+    its CLI pulls in) cost ~0.9 s of a cold start on a 2-core machine: a
+    daemon whose registry has no remote entries must not pay for them."""
+    import subprocess
+    import sys
+
+    probe = "import sys, mlxd.cli.main, mlxd.daemon.runner; print(sorted({'aiohttp', 'httpx'} & set(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"

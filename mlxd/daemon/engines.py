@@ -15,7 +15,6 @@ from mlxd.engine.worker import MlxWorker
 from mlxd.errors import ModelLoadFailed
 from mlxd.registry.model import ModelSpec, Registry
 from mlxd.remote.backends import BackendPool
-from mlxd.remote.engine import RemoteEngine
 
 log = logging.getLogger("mlxd.requests")
 
@@ -35,6 +34,10 @@ class EngineFactory:
         if kind.engine is None:  # served by a backend
             if self.backends is None:
                 raise ModelLoadFailed(f"Model `{spec.name}` is remote but this daemon has no backends")
+            # Here, not at the top: a daemon with no remote entries never
+            # imports aiohttp (half a second of a cold start).
+            from mlxd.remote.engine import RemoteEngine
+
             return RemoteEngine(spec, self.backends)
         if self.imports is not None:
             await asyncio.to_thread(self.imports.wait)

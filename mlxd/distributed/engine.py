@@ -27,11 +27,13 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mlxd.distributed.gang import LOCAL, Gang, GangPlan
 from mlxd.distributed.liveness import Deadlines, Failure
+from mlxd.distributed.prefix_plan import GangPrefixPlan, Reuse
 from mlxd.engine.logprobs import TokenLogprob
 from mlxd.engine.prompt import check_context, prompt_tokens
 from mlxd.engine.sampling import check_bias_ids
@@ -69,6 +71,12 @@ class GangEngine:
         self.generations = 0
         self.tokens_generated = 0
         self.aborted = 0
+        # The ranks' kept KV caches, decided here for all of them: rank 0's
+        # share bounded so that all ranks together hold about max_bytes.
+        share = spec.prefix_cache.max_bytes // max(1, len(gang.plan.hosts))
+        self.prefix = GangPrefixPlan(share, trimmable=gang.trimmable)
+        # The last request, until its ranks' end event says what its cache holds.
+        self._unsettled: _Request | None = None
 
     # --- the contract ---------------------------------------------------------------
 
@@ -102,31 +110,56 @@ class GangEngine:
             # The previous request's last step may still be running on the ranks.
             await self.gang.idle.wait()
             self._raise_if_failed()
+            await self._settle()
             rid = f"{request.request_id}-{next(self._ids)}"
-            inbox = self.gang.subscribe(rid)
+            sent = _Request(rid, self.gang.subscribe(rid), self.prefix.plan(tokens), tokens)
+            self._unsettled = sent
             self._current = rid
-            finished = False
             try:
                 await self.gang.send_all({
                     "op": "generate", "id": rid, "tokens": tokens, "max_tokens": max_tokens,
                     "vocab_size": self.vocab_size, "sampling": _sampling(request),
                     "ignore_eos": request.ignore_eos, "logprobs": request.logprobs,
                     "logit_bias": {str(k): v for k, v in (request.logit_bias or {}).items()},
-                    "constraint": _constraint(request),
+                    "constraint": _constraint(request), "reuse": sent.reuse.message(),
                 })
                 self.generations += 1
-                async for chunk in self._relay(rid, inbox, len(tokens), request.stop, request.logprobs is not None):
-                    finished = chunk.finish_reason is not None
+                async for chunk in self._relay(sent, len(tokens), request.stop, request.logprobs is not None):
                     yield chunk
             finally:
                 self._current = None
-                self.gang.unsubscribe(rid)
-                if not finished and not self.gang.failed.done():
+                if sent.end is None and not self.gang.failed.done():
+                    # A stop string matched, or the client left: the ranks
+                    # stop at their next step (the end event settles it then).
                     await self.gang.send_leader({"op": "cancel", "id": rid})
+                elif sent.end is not None:
+                    await self._settle()
+
+    async def _settle(self) -> None:
+        """Keep the last request's cache as the ranks kept it (or have them
+        drop it when its contents are unknown), then drop what the bounds
+        leave no room for. Its end event is in by now when the gang is idle."""
+        sent, self._unsettled = self._unsettled, None
+        if sent is None:
+            return
+        self.gang.unsubscribe(sent.rid)
+        while sent.end is None and not sent.inbox.empty():
+            event = sent.inbox.get_nowait()
+            if isinstance(event, dict):
+                sent.note(event)
+        if self.gang.failed.done():
+            return
+        if sent.end is None or "cached" not in sent.end:
+            drop = self.prefix.forget(sent.reuse)
+        else:
+            held = int(sent.end["cached"])
+            fed = [*sent.prompt, *sent.decided][:held]
+            drop = self.prefix.kept(sent.reuse, fed, int(sent.end.get("entry_bytes") or 0))
+        if drop:
+            await self.gang.send_all({"op": "evict", "ids": drop})
 
     async def _relay(
-        self, rid: str, inbox: asyncio.Queue[dict[str, Any] | Failure], n_prompt: int, stop: list[str],
-        scoring: bool = False,
+        self, sent: _Request, n_prompt: int, stop: list[str], scoring: bool = False,
     ) -> AsyncIterator[GenerationChunk]:
         tokenizer = self._tokenizer
         detokenizer = tokenizer.detokenizer
@@ -143,9 +176,10 @@ class GangEngine:
                                    completion_tokens=produced, cached_tokens=reused, logprobs=entries)
 
         while True:
-            event = await inbox.get()
+            event = await sent.inbox.get()
             if isinstance(event, Failure):
                 raise ModelFailed(f"The parallel model `{self.name}` failed: {event.sentence()}.")
+            sent.note(event)
             if event["ev"] == "phase":
                 reused = int(event.get("reused") or 0)
             elif event["ev"] == "token":
@@ -206,7 +240,13 @@ class GangEngine:
         return None
 
     async def clear_prefix_cache(self) -> bool:
-        return False
+        async with self._turn:
+            await self.gang.idle.wait()
+            await self._settle()
+            drop = self.prefix.clear()
+            if drop and not self.gang.failed.done():
+                await self.gang.send_all({"op": "evict", "ids": drop})
+        return True
 
     async def close(self) -> None:
         """The whole gang goes: every rank's process group ended and waited for."""
@@ -229,10 +269,29 @@ class GangEngine:
             "generations": self.generations,
             "tokens_generated": self.tokens_generated,
             "aborted": self.aborted,
+            "prefix_cache": self.prefix.figures(),
             "measured_bytes": self.measured_bytes,
             "load_seconds": round(self.load_seconds, 3),
             "closed": self._closed,
         }
+
+
+@dataclass
+class _Request:
+    """One request sent to the ranks, and what the daemon has heard of it."""
+
+    rid: str
+    inbox: asyncio.Queue[dict[str, Any] | Failure]
+    reuse: Reuse
+    prompt: list[int]
+    decided: list[int] = field(default_factory=list)
+    end: dict[str, Any] | None = None
+
+    def note(self, event: dict[str, Any]) -> None:
+        if event.get("ev") == "token":
+            self.decided.append(int(event["t"]))
+        elif event.get("ev") == "end":
+            self.end = event
 
 
 def _constraint(request: GenerationRequest) -> dict[str, str] | None:

@@ -24,16 +24,20 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
-
-import httpx
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mlxd.distributed import wire
 from mlxd.distributed.liveness import Deadlines, Failure, GangLiveness, Phase
 from mlxd.distributed.processes import LocalRank
-from mlxd.distributed.remote_rank import RemoteRank
 from mlxd.errors import ModelLoadFailed
 from mlxd.registry.parallel import LOCAL
+
+if TYPE_CHECKING:
+    # Imported where a rank on another host is reserved: a daemon without one
+    # never loads httpx (and the rich console its CLI pulls in) at start.
+    import httpx
+
+    from mlxd.distributed.remote_rank import RemoteRank
 
 log = logging.getLogger("mlxd.distributed")
 
@@ -103,6 +107,8 @@ class Gang:
         self._tasks: list[asyncio.Task[None]] = []
         self._subscribers: dict[str, asyncio.Queue[dict[str, Any] | Failure]] = {}
         self._ready = asyncio.Event()
+        # Whether the model's KV cache can be trimmed (rank 0 says, once loaded).
+        self.trimmable = True
         self.failed: asyncio.Future[Failure] = asyncio.get_running_loop().create_future()
         self.idle = asyncio.Event()
         self.idle.set()
@@ -134,6 +140,10 @@ class Gang:
             raise ModelLoadFailed(f"The parallel model `{self.plan.name}` could not start: {failure.sentence()}.")
 
     async def _spawn(self) -> None:
+        import httpx
+
+        from mlxd.distributed.remote_rank import RemoteRank
+
         size = len(self.plan.hosts)
         remote: dict[int, RemoteRank] = {}
         self._reserved = remote  # given back by stop() if the start goes no further
@@ -225,6 +235,8 @@ class Gang:
                 self._deliver(message)  # how much of the prompt its cache held
         elif kind == "ready":
             live.progress(rank, Phase.READY, now, memory_bytes=int(message.get("memory_bytes") or 0))
+            if rank == 0:
+                self.trimmable = bool(message.get("trimmable", True))
             if live.ready:
                 self._ready.set()
         elif kind == "progress":
@@ -319,7 +331,7 @@ class Gang:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for handle in {*self._reserved.values(), *(h for h in self._ranks if isinstance(h, RemoteRank))}:
+        for handle in {*self._reserved.values(), *(h for h in self._ranks if not isinstance(h, LocalRank))}:
             await handle.aclose()
         with contextlib.suppress(OSError):
             for f in self._dir.iterdir():
@@ -354,6 +366,8 @@ def route_ip(address: str) -> str:
 
 def describe_http(exc: httpx.HTTPError) -> str:
     """An mlxd's refusal in its own words (its error body's message)."""
+    import httpx
+
     if not isinstance(exc, httpx.HTTPStatusError):
         return type(exc).__name__
     said = exc.response.text[:300]

@@ -160,11 +160,10 @@ class Runner:
         self.cancels = cancels
         self.eos = eos
         self.peak_reported = False
-        # The last request's KV cache and the tokens in it, the same on every
-        # rank (every rank saw the same prompt and the same decided tokens),
-        # so each one decides alike how much of it the next prompt reuses.
-        self.cache: list[Any] | None = None
-        self.cached: list[int] = []
+        # The KV caches kept after requests, by the ids the daemon gave them:
+        # the daemon decides for every rank which one a prompt starts from
+        # and which go (distributed/prefix_plan.py), so the ranks stay alike.
+        self.entries: dict[int, list[Any]] = {}
         # Rank 0's grammar compiler, made on the first constrained request.
         self.grammars: Any = None
         import mlx.core as mx
@@ -188,7 +187,7 @@ class Runner:
         if leader and message.get("constraint"):
             processors.append(self._grammar(message))
         top = message.get("logprobs")
-        cache, done = self._reuse(tokens)
+        cache, done = self._reuse(message.get("reuse"))
         prompt = mx.array(tokens)
         self.report.send("phase", id=rid, phase="prefill", reused=done)
         # mlx-lm's generate_step order: all but the last prompt token in
@@ -204,7 +203,6 @@ class Runner:
         y = prompt[done:]
         history = prompt
         fed = list(tokens)  # what the cache holds once this step has run
-        self.cache, self.cached = cache, []  # half-fed until the request ends
         step = 0
         reason = "length"
         while True:
@@ -239,30 +237,33 @@ class Runner:
             fed.append(token)
             if processors:  # only they read the tokens so far (penalties, the grammar)
                 history = mx.concatenate([history, y])
-        self.cached = fed
+        kept: dict[str, Any] = {}
+        if reuse := message.get("reuse"):
+            self.entries[int(reuse["keep_as"])] = cache
+            kept = {"cached": len(fed), "entry_bytes": sum(c.nbytes for c in cache)}
         self.cancels.discard(rid)
-        self.report.send("end", id=rid, reason=reason, steps=step, **self._memory())
+        self.report.send("end", id=rid, reason=reason, steps=step, **kept, **self._memory())
 
-    def _reuse(self, tokens: list[int]) -> tuple[list[Any], int]:
-        """The cache to start from and how many prompt tokens it holds: the
-        last request's, trimmed to the prefix it shares with this prompt
-        (one token is always left to run); a cache that cannot be trimmed
-        only when this prompt extends it whole."""
-        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+    def _reuse(self, reuse: dict[str, Any] | None) -> tuple[list[Any], int]:
+        """The cache the daemon chose for this prompt and how many of its
+        tokens it holds: a kept entry (taken, or copied to keep it), trimmed
+        to the prefix the two share, or a fresh one."""
+        import copy
 
-        cache, cached = self.cache, self.cached
-        shared = 0
-        for a, b in zip(cached, tokens[:-1]):
-            if a != b:
-                break
-            shared += 1
-        if cache is None or shared == 0:
+        from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+        source = reuse.get("source") if reuse else None
+        if source is None or int(source) not in self.entries:
             return make_prompt_cache(self.model), 0
-        if shared < len(cached):
-            if not can_trim_prompt_cache(cache):
-                return make_prompt_cache(self.model), 0
-            trim_prompt_cache(cache, len(cached) - shared)
-        return cache, shared
+        assert reuse is not None
+        cache = copy.deepcopy(self.entries[int(source)]) if reuse["copy"] else self.entries.pop(int(source))
+        if reuse["trim"]:
+            trim_prompt_cache(cache, int(reuse["trim"]))
+        return cache, int(reuse["shared"])
+
+    def evict(self, ids: list[int]) -> None:
+        for entry_id in ids:
+            self.entries.pop(int(entry_id), None)
 
     def _memory(self) -> dict[str, int]:
         import mlx.core as mx
@@ -344,7 +345,10 @@ def main() -> int:
     except Exception as exc:  # the daemon names this rank and why
         report.send("failed", phase="load", error=f"{type(exc).__name__}: {exc}"[:500])
         return 1
-    report.send("ready", memory_bytes=int(mx.get_active_memory()), size=group.size())
+    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+    report.send("ready", memory_bytes=int(mx.get_active_memory()), size=group.size(),
+                trimmable=bool(can_trim_prompt_cache(make_prompt_cache(model))))
     eos = {int(t) for t in json.loads(os.environ.get("MLXD_GANG_EOS", "[]"))}
     inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
     cancels: set[str] = set()
@@ -354,7 +358,9 @@ def main() -> int:
         message = inbox.get()
         if message is None or message.get("op") == "exit":
             return 0
-        if message.get("op") == "generate":
+        if message.get("op") == "evict":
+            runner.evict(list(message.get("ids") or []))
+        elif message.get("op") == "generate":
             try:
                 runner.run(message)
             except Exception as exc:  # a rank that cannot follow takes the gang down

@@ -120,14 +120,16 @@ REMOTE = ModelKind(name="remote", engine=None, takes_images=True)
 
 # A text model served by a gang of ranks (``parallel:``) is, like a remote
 # entry, a placement: its row is picked by ``Registry.kind_of``. The daemon
-# keeps only its tokenizer; rank 0 decodes under the grammars; each rank
-# keeps its last request's KV cache (no prefix cache reserved beside it).
+# keeps only its tokenizer; rank 0 decodes under the grammars; the ranks
+# keep the KV caches of past requests, within prefix_cache.max_bytes over
+# all of them (distributed/prefix_plan.py; in memory only, not saved).
 PARALLEL = ModelKind(
     name="parallel",
     engine="mlxd.distributed.engine:load_gang_engine",
     imports=("mlx_lm",),
     token_counter="mlxd.engine.token_count:text_counter",
     grammars=True,
+    prefix_cache=True,
 )
 
 KINDS: Mapping[str, ModelKind] = MappingProxyType(

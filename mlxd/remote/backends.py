@@ -14,6 +14,8 @@ applies to the requests after it and the ones in flight finish unchanged.
 
 from __future__ import annotations
 
+from __future__ import annotations
+
 import asyncio
 import contextlib
 import json
@@ -23,14 +25,18 @@ import ssl
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
-import aiohttp
 import certifi
 
 from mlxd.errors import describe_exception
 from mlxd.registry.model import BackendSpec, Registry, is_pattern
 from mlxd.waiting import event_set_within
+
+if TYPE_CHECKING:
+    # Imported where a session is made: a daemon with no backends never loads
+    # aiohttp (half a second of its start on a quiet 2-core machine).
+    import aiohttp
 
 log = logging.getLogger("mlxd.remote")
 
@@ -73,6 +79,8 @@ class BackendLink:
     def timeout(self) -> aiohttp.ClientTimeout:
         # Reads are bounded by first_byte / idle in the engine, which know
         # which phase of the answer the stream is in.
+        import aiohttp
+
         return aiohttp.ClientTimeout(total=None, connect=None, sock_connect=self.spec.connect_timeout_s, sock_read=None)
 
 
@@ -101,6 +109,8 @@ class BackendPool:
         # Made on first use, inside the event loop it will run on. The proxy
         # settings of the environment are not the backends' business.
         if self._client is None:
+            import aiohttp
+
             # Certificates checked against certifi's roots, as httpx did: a
             # Python from python.org on macOS has no system roots to offer.
             tls = ssl.create_default_context(cafile=certifi.where())
@@ -191,6 +201,8 @@ class BackendPool:
                 due.clear()
 
     async def _poll(self, link: BackendLink) -> None:
+        import aiohttp
+
         spec, stats = link.spec, link.stats
         # mlxd says what its models are doing; any OpenAI server lists models.
         path = "/status" if spec.kind == "mlxd" else "/models"

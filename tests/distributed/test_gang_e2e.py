@@ -13,6 +13,7 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import openai
 import psutil
 import pytest
@@ -102,6 +103,32 @@ def test_the_next_turn_reuses_the_ranks_cache_and_answers_as_one_process(client)
     solo = client.chat.completions.create(model="solo", **ask)
     assert gang.choices[0].message.content == solo.choices[0].message.content
     assert gang.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+
+
+def test_two_conversations_taking_turns_each_keep_their_cache_on_the_ranks(client, daemon):
+    """A and B share a system prompt: B's first turn starts from A's entry
+    (a trimmed copy) and must not cost A its cache, as one entry per gang did."""
+    system = {"role": "system", "content": "You review configuration files for a build system, tersely."}
+    ask = dict(max_tokens=8, temperature=0)
+    a1 = [system, {"role": "user", "content": "Read the configuration file"}]
+    first_a = client.chat.completions.create(model="gang", messages=a1, **ask)
+    b1 = [system, {"role": "user", "content": "List every target it builds"}]
+    first_b = client.chat.completions.create(model="gang", messages=b1, **ask)
+    assert first_b.usage.prompt_tokens_details.cached_tokens > 0  # the system prompt, from A's entry
+    a2 = [*a1, {"role": "assistant", "content": first_a.choices[0].message.content},
+          {"role": "user", "content": "Now the errors"}]
+    gang = client.chat.completions.create(model="gang", messages=a2, **ask)
+    solo = client.chat.completions.create(model="solo", messages=a2, **ask)
+    assert gang.choices[0].message.content == solo.choices[0].message.content
+    assert gang.usage.prompt_tokens_details.cached_tokens >= first_a.usage.prompt_tokens
+    cache = daemon.model("gang")["prefix_cache"]
+    assert cache["memory_entries"] >= 2 and cache["memory_bytes"] > 0 and cache["hits"] >= 2
+    cleared = httpx.delete(f"{daemon.url}/v1/cache/prefix", params={"model": "gang"}, timeout=30).json()
+    assert cleared["models"][0]["status"] == "cleared"
+    assert daemon.model("gang")["prefix_cache"]["memory_entries"] == 0
+    again = client.chat.completions.create(model="gang", messages=a2, **ask)
+    assert again.choices[0].message.content == solo.choices[0].message.content
+    assert again.usage.prompt_tokens_details is None or not again.usage.prompt_tokens_details.cached_tokens
 
 
 def test_logprobs_and_logit_bias_are_served_by_rank_0_as_by_one_process(client):

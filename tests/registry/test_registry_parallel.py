@@ -39,7 +39,9 @@ def test_two_local_ranks_over_the_default_transport(tmp_path, make_model):
     assert (spec.parallel.mode, spec.parallel.hosts) == ("tensor", ("local", "local"))
     assert spec.parallel.transport in ("ring", "nccl")  # resolved for this device from `any`
     assert registry.kind_of(spec) is PARALLEL
-    assert spec.prefix_cache.max_bytes == 0
+    # The ranks keep past requests' caches in memory, within the entry's bound; nothing is saved.
+    assert spec.prefix_cache.max_bytes == 256 << 20 and not spec.prefix_cache.persist
+    assert spec.footprint.prefix_cache == spec.prefix_cache.max_bytes
 
 
 def test_a_tensor_split_that_does_not_divide_the_heads_is_refused_at_its_key(tmp_path, make_model):
