@@ -117,6 +117,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--workload", default="code_edit", choices=["code_edit", "free_chat"])
     parser.add_argument("--only", nargs="*", default=None, help="configurations to run (default: all)")
+    parser.add_argument("--repeats", type=int, default=1, help="run the configurations this many times, interleaved")
     add_dtype_option(parser)
     args = parser.parse_args()
     reexec_with_openblas()
@@ -126,7 +127,10 @@ def main() -> None:
     from mlxd.engine.speculative_batch import SpeculativeGenerator
     from mlxd.engine.speculative_core import SpecStats
     from mlxd.engine.speculative_drafters import PromptLookup
-    from mlxd.engine.speculative_governor import Governor
+    try:
+        from mlxd.engine.speculative_governor import Governor
+    except ImportError:  # a checkout from before the governor had its module (for before/after runs)
+        from mlxd.engine.speculative_core import Governor  # type: ignore[attr-defined,no-redef]
     from mlxd.factory.smollm2 import smollm2_gguf
     from mlxd.gguf.cache import converted_dir
 
@@ -152,7 +156,7 @@ def main() -> None:
     decode(BatchGenerator(model), model, tokens[:64], 1, 4)  # warm-up: JIT-compiled kernels
     results: dict[str, Any] = {}
     rows_out = []
-    for rows in args.rows:
+    for rows, repeat in [(r, i) for r in args.rows for i in range(args.repeats)]:
         base = None
         for name, make in configs.items():
             if args.only and not any(o in name for o in args.only):
@@ -166,7 +170,8 @@ def main() -> None:
                 r["active"] = generator.governor.active
                 r["speedup"] = generator.governor.speedup
             base = base or r
-            results[f"{rows}/{name}"] = {k: v for k, v in r.items() if k != "text"}
+            results[f"{rows}/{name}" + (f"/{repeat}" if args.repeats > 1 else "")] = {
+                k: v for k, v in r.items() if k != "text"}
             rows_out.append([rows, name, f"{r['tok_s']:.1f}", f"{r['tok_s'] / base['tok_s']:.2f}x",
                              f"{r['cpu_ms_per_token']:.1f}", f"{base['cpu_ms_per_token'] / r['cpu_ms_per_token']:.2f}x",
                              f"{r['ms_per_step']:.1f}", f"{r['tokens_per_step']:.2f}",
