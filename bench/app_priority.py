@@ -12,6 +12,11 @@ its solo time.
 
     python bench/app_priority.py --size tiny --seconds 20
     python bench/app_priority.py --size small --bulk-tokens 128 --seconds 30
+    python bench/app_priority.py --size tiny --bulk-prompt-words 600   # a RAG indexer's long, distinct prompts
+
+With ``--bulk-prompt-words N`` every bulk request sends a prompt of its own of
+about N words (no prefix-cache hit), so its prefill takes many chunks, as an
+indexer's documents do; the interactive client's prompt stays the short one.
 
 Prints a table and merges the figures into bench/results/app_priority.json.
 """
@@ -20,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
+import keyword
 import statistics
 import sys
 import tempfile
@@ -52,14 +59,32 @@ def registry(tmp: Path, model: Path, concurrency: int, priorities: bool) -> Path
     return path
 
 
-def stream(url: str, key: str, tokens: int) -> tuple[float, float]:
+def document(words: int, seed: int) -> str:
+    """A prompt of about ``words`` words that no other request shares."""
+    names = [w for w in keyword.kwlist if w.isalpha()]
+    return f"# document {seed}\n" + " ".join(f"{names[(i * 7 + seed) % len(names)]}_{seed}_{i}" for i in range(words))
+
+
+# One httpx client per client thread, as an app holds one: a new client per
+# request builds an SSL context each time (~30 ms), which would sit in every
+# time to first token and flatter the ratios to the idle figure.
+_CLIENTS = threading.local()
+
+
+def _client() -> httpx.Client:
+    if not hasattr(_CLIENTS, "client"):
+        _CLIENTS.client = httpx.Client(timeout=900)
+    return _CLIENTS.client
+
+
+def stream(url: str, key: str, tokens: int, prompt: str = PROMPT) -> tuple[float, float]:
     """(time to first token, total seconds) of one streamed completion."""
-    body = {"model": "m", "prompt": PROMPT, "max_tokens": tokens, "temperature": 0.7, "stream": True,
+    body = {"model": "m", "prompt": prompt, "max_tokens": tokens, "temperature": 0.7, "stream": True,
             "ignore_eos": True}
     started = time.perf_counter()
     first = None
-    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=900,
-                      headers={"authorization": f"Bearer {key}"}) as response:
+    with _client().stream("POST", f"{url}/v1/completions", json=body,
+                          headers={"authorization": f"Bearer {key}"}) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             if line.startswith("data: {") and '"text":""' not in line and first is None:
@@ -73,6 +98,13 @@ def p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
+_SEEDS = itertools.count()
+
+
+def bulk_prompt(args: argparse.Namespace) -> str:
+    return document(args.bulk_prompt_words, next(_SEEDS)) if args.bulk_prompt_words else PROMPT
+
+
 def contended(url: str, args: argparse.Namespace) -> dict[str, Any]:
     """4 bulk clients in a loop, one interactive client of short requests, for ``args.seconds``."""
     stop = threading.Event()
@@ -81,7 +113,7 @@ def contended(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
     def bulk_client() -> None:
         while not stop.is_set():
-            bulk.append(stream(url, KEYS["bulk"], args.bulk_tokens)[1])
+            bulk.append(stream(url, KEYS["bulk"], args.bulk_tokens, bulk_prompt(args))[1])
 
     threads = [threading.Thread(target=bulk_client) for _ in range(args.bulk_clients)]
     for t in threads:
@@ -104,7 +136,7 @@ def run(model: Path, args: argparse.Namespace, priorities: bool) -> dict[str, An
             for _ in range(2):  # warm up
                 stream(url, KEYS["interactive"], args.interactive_tokens)
             idle = [stream(url, KEYS["interactive"], args.interactive_tokens)[0] for _ in range(args.idle_samples)]
-            solo = [stream(url, KEYS["bulk"], args.bulk_tokens)[1] for _ in range(2)]
+            solo = [stream(url, KEYS["bulk"], args.bulk_tokens, bulk_prompt(args))[1] for _ in range(2)]
             load = contended(url, args)
     return {"idle_ttft": idle, "solo_bulk_seconds": solo, **load}
 
@@ -126,6 +158,8 @@ def main() -> None:
     parser.add_argument("--bulk-clients", type=int, default=4)
     parser.add_argument("--bulk-tokens", type=int, default=256)
     parser.add_argument("--interactive-tokens", type=int, default=8)
+    parser.add_argument("--bulk-prompt-words", type=int, default=0,
+                        help="a distinct prompt of about this many words per bulk request (0: the shared short one)")
     parser.add_argument("--concurrency", type=int, default=4, help="the model's max_concurrency")
     parser.add_argument("--think", type=float, default=0.2, help="seconds between interactive requests")
     parser.add_argument("--idle-samples", type=int, default=10)
@@ -138,10 +172,12 @@ def main() -> None:
     result = {
         "size": args.size, "bulk_clients": args.bulk_clients, "bulk_tokens": args.bulk_tokens,
         "interactive_tokens": args.interactive_tokens, "max_concurrency": args.concurrency,
+        "bulk_prompt_words": args.bulk_prompt_words,
         "seconds": args.seconds, "runs": runs, **environment(),
     }
+    prompts = f", {args.bulk_prompt_words}-word prompts" if args.bulk_prompt_words else ""
     print(f"\nqwen2-{args.size}, max_concurrency {args.concurrency}: {args.bulk_clients} bulk clients x "
-          f"{args.bulk_tokens} tokens, 1 interactive client x {args.interactive_tokens} tokens, "
+          f"{args.bulk_tokens} tokens{prompts}, 1 interactive client x {args.interactive_tokens} tokens, "
           f"{args.seconds:.0f} s; load average {result['load_average']}")
     print(table(["run", "idle p95 ms", "TTFT p50 ms", "TTFT p95 ms", "p95 vs idle", "n", "solo bulk s",
                  "bulk p50 s", "bulk max s", "max vs solo", "n"],
@@ -153,7 +189,8 @@ def main() -> None:
                         "interactive_met": ttft <= 1.5, "bulk_met": bulk <= 2.0}
         print(f"{name}: interactive p95 within 1.5x idle: {'yes' if ttft <= 1.5 else 'no'} ({ttft:.2f}x); "
               f"every bulk request within 2x solo: {'yes' if bulk <= 2.0 else 'no'} ({bulk:.2f}x)")
-    print(f"wrote {save('app_priority', f'qwen2-{args.size}', result)}")
+    label = f"qwen2-{args.size}" + (f"-prompts{args.bulk_prompt_words}" if args.bulk_prompt_words else "")
+    print(f"wrote {save('app_priority', label, result)}")
 
 
 if __name__ == "__main__":

@@ -5,10 +5,12 @@
 #   bash bench/gpu_wave3.sh distributed apps embeddings  # the next one
 #
 # Steps: audio (bench/audio.py: real-time factor through mlxd / mlx-audio
-# direct), speculative (bench/speculative.py: SmolLM2, code edit and free chat,
+# direct; audio-bench with models of the real ones' size; speech: where a
+# synthesis's time goes, bench/speech_breakdown.py), speculative (bench/speculative.py: SmolLM2, code edit and free chat,
 # 1/4/8 streams, mlx_lm.server --draft-model beside it), distributed
 # (bench/distributed.py: bench-size model over 2 ranks, ring), apps
-# (bench/app_priority.py), embeddings (bench/embeddings.py). SmolLM2's GGUF and
+# (bench/app_priority.py; apps5 with a fifth slot, so that 4 bulk clients
+# and the interactive one each have one), embeddings (bench/embeddings.py). SmolLM2's GGUF and
 # MiniLM's folder must be in $MLXD_WHEELS_DIR (shared/gpu/README.md: the device
 # has no network). Logs and bench/results go to $OUT (default ./gpu-out).
 set -uo pipefail
@@ -31,9 +33,12 @@ step() {
 for name in "$@"; do
   case $name in
     audio) step audio 150 "$PY" bench/audio.py --rounds 3 ;;
+    audio-bench) step audio-bench 240 "$PY" bench/audio.py --size bench --rounds 3 ;;
+    speech) step speech 200 "$PY" bench/speech_breakdown.py --size bench --rounds 5 ;;
     speculative) step speculative 330 "$PY" bench/speculative.py ;;
     distributed) step distributed 170 "$PY" bench/distributed.py --size bench --transport ring --tokens 64 --repeats 3 ;;
     apps) step apps 150 "$PY" bench/app_priority.py --size bench --seconds 20 ;;
+    apps5) step apps5 150 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 ;;
     embeddings) step embeddings 100 "$PY" bench/embeddings.py --texts 256 --rounds 3 ;;
     *) echo "unknown step $name" ;;
   esac

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
 
-# Priority classes, most urgent first (the fair queue's order).
+# Priority classes, most urgent first (the fair queue's order), and their
+# weights in it: under sustained contention they take turns 8 : 4 : 1.
 PRIORITIES = ("interactive", "default", "bulk")
+WEIGHTS = {"interactive": 8.0, "default": 4.0, "bulk": 1.0}
 # The route groups an app's ``routes:`` may name; the others (status, the
 # model list, the caller's own requests) every key may read, and the admin
 # routes are the admin flag's.
@@ -61,6 +64,39 @@ class Caller:
         """Whether this caller may call a route of ``group`` (None: a route
         every key may read)."""
         return group is None or group in self.routes
+
+
+def class_of(priority: str) -> str:
+    return priority if priority in WEIGHTS else "default"
+
+
+@dataclass
+class Stride:
+    """Turns between the priority classes of one queue (stride scheduling):
+    each turn advances its class's pass by 1/weight and the smallest pass
+    goes next. A class that was not waiting joins at the queue's virtual
+    time, one of its own strides past it, as if it had just been served: it
+    banks no credit from its idle time and does not jump work that was
+    waiting. Residency's fair queue (a model's waiters) and an encoder's
+    batch queue (its inputs) each keep one per queue."""
+
+    _passes: dict[str, float] = field(default_factory=dict)
+    # The pass of the class served last (a class waiting all along is at or past it).
+    _now: float = 0.0
+
+    def pick(self, classes: Collection[str]) -> str | None:
+        """Which of ``classes`` (those waiting now) has the next turn."""
+        for c in classes:
+            if self._passes.get(c, -1.0) < self._now:
+                self._passes[c] = self._now + 1.0 / WEIGHTS[c]
+        return min(classes, key=lambda c: (self._passes[c], PRIORITIES.index(c)), default=None)
+
+    def served(self, priority: str) -> None:
+        """A turn of ``priority``'s class was taken."""
+        c = class_of(priority)
+        pass_ = self._passes.get(c, self._now)
+        self._now = pass_
+        self._passes[c] = pass_ + 1.0 / WEIGHTS[c]
 
 
 # No key configured.

@@ -25,12 +25,14 @@ ALLOWED = {
     "registry": {"errors", "gguf"},
     "settings": {"errors", "registry"},
     # The text engine decodes under grammars and splits tool calls; those two
-    # import only the engine's contract (engine/types.py) back.
-    "engine": {"errors", "files", "registry", "grammar", "tools"},
+    # import only the engine's contract (engine/types.py) back. An encoder's
+    # batch queue takes turns between the callers' priority classes.
+    "engine": {"errors", "files", "caller", "registry", "grammar", "tools"},
     # The shell holds engines by their contract (engine/types.py) only.
     "residency": {"errors", "caller", "waiting", "registry", "engine"},
-    # Registry entries served by other servers: an engine over HTTP.
-    "remote": {"errors", "waiting", "registry", "engine"},
+    # Registry entries served by other servers: an engine over HTTP, which
+    # forwards the output request (tools/output_request.py) as it was sent.
+    "remote": {"errors", "waiting", "registry", "engine", "tools"},
     # A parallel model: the engine contract over a gang of rank processes.
     "distributed": {"errors", "registry", "engine", "grammar", "tools"},
     "factory": {"errors", "files"},

@@ -28,6 +28,7 @@ from mlxd.api.plan import Plan
 from mlxd.api.refusals import ACCOUNTED
 from mlxd.api.request_ids import request_id_of
 from mlxd.api.start import Started, answered, start
+from mlxd.engine.contract import GenerationEngine
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.monitoring.metrics import OutputMeter
 from mlxd.errors import (
@@ -153,15 +154,15 @@ class Answer:
             self.usage = self.usage + event.usage
 
 
-def _together(engine: Any, requests: list[GenerationRequest]) -> bool:
+def _together(engine: GenerationEngine, requests: list[GenerationRequest]) -> bool:
     """Whether a plan's requests (n > 1, a list of prompts) decode side by
     side: only in a continuous batch, which bounds the rows itself; the single
     path runs them one after the other within its one slot."""
-    return len(requests) > 1 and bool(engine.stats().get("batching"))
+    return len(requests) > 1 and engine.batching
 
 
 async def _run_each(
-    engine: Any, requests: list[GenerationRequest], one: Callable[[int, GenerationRequest], Awaitable[None]]
+    engine: GenerationEngine, requests: list[GenerationRequest], one: Callable[[int, GenerationRequest], Awaitable[None]]
 ) -> None:
     """``one(index, request)`` for every request, side by side when the
     engine batches; the first failure is raised as itself."""

@@ -14,15 +14,13 @@ from mlxd.api.conversation import MAX_NESTING, Conversation, TextPart, encodable
 from mlxd.api.images import ImagePolicy, PendingImages, collect_images
 from mlxd.api.reasoning import ReasoningRequest, merged_template_kwargs
 from mlxd.caller import ANONYMOUS, Caller
-from mlxd.engine.sampling import check_bias_ids
 from mlxd.engine.types import GenerationRequest, SamplingParams
 from mlxd.errors import BadRequest, ModelNotFound, PermissionDenied
 from mlxd.registry.kinds import CHAT, COMPLETION, ModelKind
 from mlxd.registry.model import FailoverSpec, ModelSpec, SamplingDefaults
-from mlxd.tools.formats import ToolFormat
-from mlxd.tools.output_plan import OutputPlan, check_output, plan_output
+from mlxd.engine.contract import AnswerFormats
+from mlxd.tools.output_plan import check_output
 from mlxd.tools.output_request import OutputRequest
-from mlxd.tools.reasoning import ReasoningFormat
 
 if TYPE_CHECKING:
     from mlxd.api.context import DaemonContext
@@ -47,7 +45,7 @@ class Requested:
     ignore_eos: bool = False
     output: OutputRequest = field(default_factory=OutputRequest)
     # OpenAI's logit_bias, its keys as token ids (checked against the
-    # leased model's vocabulary by ``shape_output``).
+    # leased model's vocabulary by its engine's ``prepare``).
     logit_bias: dict[int, float] | None = None
     # Thinking on or off, effort, budget, chat_template_kwargs (api/reasoning.py).
     reasoning: ReasoningRequest = field(default_factory=ReasoningRequest)
@@ -172,18 +170,15 @@ class Plan:
 @dataclass
 class Attempt:
     """The request as it goes to one target: fresh copies of the plan's
-    engine requests with that target's sampling and limits, and what its
-    engine made of the output request. The plan itself is never rewritten,
-    so what one target did (a forced call drops the stop strings) never
-    reaches the next."""
+    engine requests with that target's sampling and limits, which its
+    engine settles the output request on (``GenerationEngine.prepare``),
+    and how that engine said to split its answer. The plan itself is never
+    rewritten, so what one target did (a forced call drops the stop strings)
+    never reaches the next."""
 
     spec: ModelSpec
     requests: list[GenerationRequest]
-    # How to split the answer into text and tool calls; None when it is text.
-    tool_format: ToolFormat | None = None
-    # How to split the model's reasoning from its answer (None: a remote
-    # engine, whose backend splits it, or a model with no markers).
-    reasoning_format: ReasoningFormat | None = None
+    formats: AnswerFormats = field(default_factory=AnswerFormats)
 
 
 def for_target(plan: Plan, spec: ModelSpec, max_request_tokens: int) -> Attempt:
@@ -372,8 +367,9 @@ def check_chat(entry: Entry, name: str, conversation: Conversation, output: Outp
     """What a chat request must pass before anything is read or leased (its
     answer and its token count alike); when a model it may go to takes
     images, the images to read."""
-    tool_chars = check_tool_size(output.tools)  # first: the walks below cost what the tools weigh
-    check_conversation(conversation, output.tools)
+    tools = output.template_tools()  # as the template renders them
+    tool_chars = check_tool_size(tools)  # first: the walks below cost what the tools weigh
+    check_conversation(conversation, tools)
     text_chars = conversation.text_length()
     # What the template renders is the text and the tools alike: whichever
     # is the larger part is the one to shorten.
@@ -391,14 +387,11 @@ def _check_output(entry: Entry, output: OutputRequest) -> None:
     """The answer's shape, as far as it can be checked before the lease."""
     if not output.asks_anything():
         return
-    check_output(
-        tools=output.tools, tool_choice=output.tool_choice, response_format=output.response_format,
-        tool_params=output.tool_params,
-    )
+    check_output(output)
     without = [kind for m, kind in entry.served_as() if not kind.grammars and not m.is_remote]
-    if len(without) == len(entry.kinds) and (output.tools or output.response_format):
+    if len(without) == len(entry.kinds) and (output.tools or output.response_format is not None):
         # What the engine (vision) would refuse, said before any stream opens.
-        param = "tools" if output.tools else "response_format"
+        param = "tools" if output.tools or output.response_format is None else output.response_format.param
         raise BadRequest(f"{without[0].name.capitalize()} models do not support `{param}` yet.", param=param)
 
 
@@ -421,7 +414,7 @@ def plan_chat(
         ignore_eos=asked.ignore_eos,
         logit_bias=asked.logit_bias,
         chat_template_kwargs=merged_template_kwargs(spec, asked.reasoning),
-        reasoning_budget=asked.reasoning.budget,
+        reasoning_budget=_pick(asked.reasoning.budget, defaults.reasoning_budget, None),
         reasoning_effort=asked.reasoning.asked_effort,
     )
     return Plan(
@@ -441,67 +434,6 @@ def plan_chat(
         reasoning=asked.reasoning,
         caller=caller,
     )
-
-
-def output_plan(name: str, tool_format: ToolFormat | None, asked: OutputRequest) -> OutputPlan:
-    """What ``asked`` comes to on a model with ``tool_format`` (the tools
-    its template renders, the grammar); a BadRequest when that model cannot
-    give it. An answer and a token count of the same request both ask here."""
-    return plan_output(
-        name,
-        tool_format,
-        tools=asked.tools,
-        tool_choice=asked.tool_choice,
-        parallel_tool_calls=asked.parallel_tool_calls,
-        response_format=asked.response_format,
-        tool_params=asked.tool_params,
-    )
-
-
-def shape_output(plan: Plan, attempt: Attempt, engine: Any) -> None:
-    """Tools and structured output, checked against the leased engine's
-    tool-call format (known only once the model is loaded): the template's
-    ``tools`` and the grammar go on the attempt's engine requests, and the
-    attempt learns how to split the answer. A client mistake is a BadRequest naming its field.
-
-    A forced call is the grammar's whole answer: a stop string meant for
-    prose (``"``, ``}``, a newline) would cut it inside its JSON, so stop
-    strings do not apply to it, on every surface.
-
-    A ``logit_bias`` is checked here against the engine's vocabulary too
-    (the engine checks it again), so that a stream's bad id is a 400 before
-    its 200; a remote engine's backend checks its own."""
-    _check_bias(attempt, engine)
-    # A remote engine has none: its backend splits the reasoning itself.
-    attempt.reasoning_format = getattr(engine, "reasoning_format", None)
-    if not plan.output.asks_anything():
-        return
-    asked = plan.output
-    if getattr(engine, "kind", None) == "remote":
-        # The backend has the model's tool-call format and its own grammar:
-        # the fields go to it as the client sent them (checked for shape by
-        # check_output), and its tool calls come back already split.
-        for request in attempt.requests:
-            request.tools = asked.tools
-            request.tool_choice = asked.tool_choice
-            request.parallel_tool_calls = asked.parallel_tool_calls
-            request.response_format = asked.response_format
-        attempt.tool_format = None
-        return
-    shaped = output_plan(plan.requested_name, getattr(engine, "tool_format", None), asked)
-    for request in attempt.requests:
-        request.tools = shaped.tools
-        request.constraint = shaped.constraint
-        if shaped.forces_call:
-            request.stop = []
-    attempt.tool_format = shaped.tool_format
-
-
-def _check_bias(attempt: Attempt, engine: Any) -> None:
-    vocab_size = getattr(engine, "vocab_size", None)
-    for request in attempt.requests:
-        if request.logit_bias and isinstance(vocab_size, int):
-            check_bias_ids(request.logit_bias, vocab_size)
 
 
 def plan_prompts(

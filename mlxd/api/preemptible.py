@@ -1,9 +1,11 @@
-"""A bulk request's generation that residency may take its lease back from
-before its first byte (docs/apps.md, Priority): while nothing of it was
-produced (queued in its engine or in prefill), a preemption stops it, gives
-the lease back, waits again first of its class and starts it over, so its
-client sees only latency. From its first output chunk on it is never
-preempted: the lease says so before the chunk goes anywhere."""
+"""A bulk request's generations that residency may take their lease back
+from before the first byte (docs/apps.md, Priority): while nothing of any of
+them was produced (queued in its engine or in prefill), a preemption stops
+them all, gives the lease back once, waits again first of its class and
+starts them all over, so the client sees only latency. A request's ``n``
+choices (or prompts) share one lease and go together: from the first output
+chunk of any of them on, none is preempted: the lease says so before the
+chunk goes anywhere."""
 
 from __future__ import annotations
 
@@ -27,41 +29,94 @@ def is_output(chunk: GenerationChunk) -> bool:
     )
 
 
-async def preemptible(
+class Preemptible:
+    """The generations under ``holder.lease`` (``lease`` and ``engine``,
+    swapped for new ones on a preemption), side by side or one after the
+    other. ``requeue`` gives a preempted lease back and waits for a new one."""
+
+    def __init__(self, holder: Any, requeue: Callable[[Lease], Awaitable[Lease]]) -> None:
+        self._holder = holder
+        self._requeue = requeue
+        # Whether any generation sent anything: then the lease is kept for good.
+        self._sent = False
+        # Generations iterating on the current lease; the last of them to stop
+        # after a preemption gives it back (no engine row outlives its slot).
+        self._live = 0
+        self._given_back: Lease | None = None
+        self._asked = False
+        self._next: asyncio.Future[Lease] | None = None
+
+    async def generate(self, request: GenerationRequest, chunks: AsyncIterator[GenerationChunk]) -> AsyncIterator[GenerationChunk]:
+        """``chunks`` (the generation of ``request`` under the lease), as they
+        come; after a preemption, the generation of ``request`` started over
+        under the new lease."""
+        first_pass = True
+        while True:
+            lease: Lease = self._holder.lease
+            if not self._sent:
+                lease.preemptable(True)
+            self._live += 1
+            try:
+                async with contextlib.aclosing(chunks):  # type: ignore[type-var]
+                    while True:
+                        chunk = await _next_unless(chunks, lease.preempted)
+                        if chunk is None:
+                            break  # preempted: nothing of it went anywhere
+                        if chunk is _END:
+                            self._keep(lease)
+                            return
+                        if not is_output(chunk):
+                            if first_pass:
+                                yield chunk
+                            continue
+                        self._keep(lease)
+                        yield chunk
+                        async for rest in chunks:
+                            yield rest
+                        return
+            finally:
+                self._live -= 1
+            await self._lease_again(lease)
+            chunks = self._holder.engine.generate(request)
+            first_pass = False
+
+    def _keep(self, lease: Lease) -> None:
+        self._sent = True
+        lease.preemptable(False)
+
+    async def _lease_again(self, lease: Lease) -> None:
+        """Wait for the lease that follows ``lease``: the last generation to
+        stop gives it back and waits in the queue; the others wait for it."""
+        if self._given_back is not lease:
+            self._given_back, self._asked = lease, False
+            self._next = asyncio.get_running_loop().create_future()
+        following = self._next
+        assert following is not None
+        if self._live > 0 or self._asked:
+            await asyncio.shield(following)
+            return
+        self._asked = True
+        try:
+            new = await self._requeue(lease)
+        except asyncio.CancelledError:
+            following.cancel()
+            raise
+        except BaseException as exc:
+            following.set_exception(exc)
+            following.exception()  # raised here; the others see it if they wait
+            raise
+        self._holder.lease, self._holder.engine = new, new.engine
+        following.set_result(new)
+
+
+def preemptible(
     holder: Any,
     request: GenerationRequest,
     chunks: AsyncIterator[GenerationChunk],
     requeue: Callable[[Lease], Awaitable[Lease]],
 ) -> AsyncIterator[GenerationChunk]:
-    """``chunks`` (the generation of ``request`` under ``holder.lease``), as
-    they come; on a preemption before the first output, ``requeue`` gets a
-    new lease, set on ``holder`` (``lease`` and ``engine``), and the
-    generation starts over there."""
-    first_pass = True
-    while True:
-        lease: Lease = holder.lease
-        lease.preemptable(True)
-        async with contextlib.aclosing(chunks):  # type: ignore[type-var]
-            while True:
-                chunk = await _next_unless(chunks, lease.preempted)
-                if chunk is None:
-                    break  # preempted: nothing of it went anywhere
-                if chunk is _END:
-                    lease.preemptable(False)
-                    return
-                if not is_output(chunk):
-                    if first_pass:
-                        yield chunk
-                    continue
-                lease.preemptable(False)
-                yield chunk
-                async for rest in chunks:
-                    yield rest
-                return
-        holder.lease = await requeue(lease)
-        holder.engine = holder.lease.engine
-        chunks = holder.engine.generate(request)
-        first_pass = False
+    """One generation alone under ``holder.lease``, as ``Preemptible`` runs it."""
+    return Preemptible(holder, requeue).generate(request, chunks)
 
 
 async def _next_unless(chunks: AsyncIterator[GenerationChunk], stop: asyncio.Event) -> Any:

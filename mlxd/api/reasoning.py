@@ -39,6 +39,9 @@ class ReasoningRequest:
     # The model still reasons, but the answer carries none of it (OpenRouter's
     # ``reasoning.exclude``, its older ``include_reasoning: false``); usage still counts it.
     exclude: bool = False
+    # The answer says that the model reasoned but not what: Anthropic's
+    # ``thinking.display: "omitted"``, an empty ``thinking`` block (its surface renders it).
+    omitted: bool = False
 
     def asks_anything(self) -> bool:
         return (self.enabled is not None or self.effort is not None or self.budget is not None
@@ -109,6 +112,7 @@ def combine(*asked: ReasoningRequest) -> ReasoningRequest:
     """Several fields of one request: later ones say more specifically."""
     enabled = effort_value = budget = kwargs = raw = None
     exclude = any(a.exclude for a in asked)
+    omitted = any(a.omitted for a in asked)
     for a in asked:
         enabled = a.enabled if a.enabled is not None else enabled
         effort_value = a.effort if a.effort is not None else effort_value
@@ -116,7 +120,7 @@ def combine(*asked: ReasoningRequest) -> ReasoningRequest:
         raw = a.asked_effort if a.asked_effort is not None else raw
         if a.template_kwargs:
             kwargs = {**(kwargs or {}), **a.template_kwargs}
-    return ReasoningRequest(enabled, effort_value, budget, kwargs, raw, exclude)
+    return ReasoningRequest(enabled, effort_value, budget, kwargs, raw, exclude, omitted)
 
 
 def merged_template_kwargs(spec: ModelSpec, asked: ReasoningRequest) -> dict[str, Any] | None:

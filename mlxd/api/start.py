@@ -1,7 +1,10 @@
 """From a plan to a request under way: images read, a lease held, a fresh
 attempt for the leased target (``plan.for_target``: its sampling and
-limits, the output shape checked against its engine), and the engine heard
-to accept. For a failover entry the targets are tried by
+limits), the output request settled by its engine (``prepare``, the
+generation contract of ``engine/contract.py``), and the engine heard to
+accept. Each target's spec is resolved once per attempt (a failover
+entry's come from its router, in the order to try them); the engine is
+asked nothing but its contract. For a failover entry the targets are tried by
 ``mlxd.failover.attempts.first_that_starts`` in the order its strategy
 picks; one that fails before any output reached the client (a
 ``NotForThisModel`` included) lets the next one try. A whole answer
@@ -10,15 +13,15 @@ that breaks off its answer lets the next one try too."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from mlxd.api.context import DaemonContext
-from mlxd.api.plan import Attempt, Plan, for_target, shape_output
-from mlxd.api.preemptible import preemptible
+from mlxd.api.plan import Attempt, Plan, for_target
+from mlxd.api.preemptible import Preemptible
+from mlxd.engine.contract import GenerationEngine
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.errors import BadRequest, MlxdError, NotForThisModel, describe_exception
 from mlxd.failover.attempts import first_that_starts
@@ -39,11 +42,13 @@ class Started:
 
     def __init__(self, lease: Lease, attempt: Attempt | None = None, head: _Resumed | None = None) -> None:
         self.lease = lease
-        self.engine: Any = lease.engine
+        # A route that generates leases only models of a kind that does, whose
+        # engines the daemon's factory checked (``daemon/engines.ContractChecked``).
+        self.engine = cast(GenerationEngine, lease.engine)
         self.attempt = attempt
         self._head = head
         # Set for a bulk request residency may preempt before its first byte.
-        self.requeue: Callable[[Lease], Awaitable[Lease]] | None = None
+        self.preemptible: Preemptible | None = None
 
     @property
     def requests(self) -> list[GenerationRequest]:
@@ -52,11 +57,11 @@ class Started:
 
     @property
     def tool_format(self) -> ToolFormat | None:
-        return self.attempt.tool_format if self.attempt is not None else None
+        return self.attempt.formats.tool_format if self.attempt is not None else None
 
     @property
     def reasoning_format(self) -> ReasoningFormat | None:
-        return self.attempt.reasoning_format if self.attempt is not None else None
+        return self.attempt.formats.reasoning_format if self.attempt is not None else None
 
     def generate(self, index: int, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         if index == 0 and self._head is not None:
@@ -64,8 +69,8 @@ class Started:
             chunks: AsyncIterator[GenerationChunk] = head
         else:
             chunks = self.engine.generate(request)
-        if self.requeue is not None and len(self.requests) == 1:
-            return preemptible(self, request, chunks, self.requeue)
+        if self.preemptible is not None:
+            return self.preemptible.generate(request, chunks)
         return chunks
 
     async def close(self) -> None:
@@ -115,7 +120,7 @@ async def _on_targets(ctx: DaemonContext, plan: Plan, then: Callable[[Started], 
         await images.read()
     try:
         if plan.failover is None:
-            return await then(await _start_on(ctx, plan, plan.requested_name))
+            return await then(await _start_on(ctx, plan, ctx.manager.resolve(plan.requested_name)))
         return await _fail_over(ctx, plan, then)
     finally:
         if images is not None:
@@ -126,64 +131,56 @@ async def _fail_over(ctx: DaemonContext, plan: Plan, then: Callable[[Started], A
     assert plan.failover is not None
     name = plan.failover.name
     # (The router leaves out targets a reload is removing.)
-    order = [
-        t for t in ctx.failover.order(plan.failover) if plan.accepts(ctx.registry.kind_of(ctx.manager.resolve(t)))
-    ]
+    order = [spec for spec in ctx.failover.order(plan.failover) if plan.accepts(ctx.registry.kind_of(spec))]
 
-    async def start_on(target: str) -> T:
-        plan.spec = ctx.manager.resolve(target)  # the one tried, for the accounts
+    async def start_on(target: ModelSpec) -> T:
+        plan.spec = target  # the one tried, for the accounts
         return await then(await _start_on(ctx, plan, target))
 
-    def fell_through(target: str, error: MlxdError, following: str) -> None:
-        ctx.failover.fell_through(name, target, error)
-        ctx.metrics.failover_fallthroughs.labels(name, target).inc()
+    def fell_through(target: ModelSpec, error: MlxdError, following: ModelSpec) -> None:
+        ctx.failover.fell_through(name, target.name, error)
+        ctx.metrics.failover_fallthroughs.labels(name, target.name).inc()
         log.info("%s: target %s failed before any output (%s); trying %s",
-                 name, target, describe_exception(error), following)
+                 name, target.name, describe_exception(error), following.name)
 
     return await first_that_starts(order, start_on, time_left=plan.remaining, fell_through=fell_through,
                                    name=plan.requested_name)
 
 
-async def _start_on(ctx: DaemonContext, plan: Plan, model: str) -> Started:
-    """Lease ``model`` and get a fresh attempt under way there; a failure
+async def _start_on(ctx: DaemonContext, plan: Plan, spec: ModelSpec) -> Started:
+    """Lease ``spec`` and get a fresh attempt under way there; a failure
     gives the lease straight back."""
-    spec = ctx.manager.resolve(model)
     _check_side_by_side(plan, spec)
     # Its n choices (or prompts) run at once, each with its own KV cache.
-    lease = await ctx.manager.acquire(model, timeout=plan.remaining(), caller=plan.caller, slots=len(plan.requests))
+    lease = await ctx.manager.acquire(spec.name, timeout=plan.remaining(), caller=plan.caller,
+                                      slots=len(plan.requests))
     started = Started(lease)
+    engine = started.engine
     try:
-        attempt = for_target(plan, ctx.manager.resolve(model), ctx.settings.server.max_request_tokens)
+        attempt = for_target(plan, spec, ctx.settings.server.max_request_tokens)
         started.attempt = attempt
-        remote = getattr(lease.engine, "kind", None) == "remote"
+        for request in attempt.requests:
+            request.priority = plan.caller.priority
         images = plan.images if plan.images is not None and plan.images.read_images else None
         if images is not None:
-            # A backend gets them as data: URLs and decodes them itself.
-            decoded = images.data_urls() if remote else await images.decode(ctx.image_memory)
+            decoded = images.data_urls() if engine.wants_image_urls else await images.decode(ctx.image_memory)
             for request in attempt.requests:  # n > 1: every choice sees them
                 request.images = decoded
+        attempt.formats = await engine.prepare(attempt.requests, plan.output, plan.requested_name)
         try:
-            shape_output(plan, attempt, lease.engine)
+            started._head = await _begun(engine, attempt.requests[0])
         except BadRequest as exc:
-            # The request's shape was checked before; what is left is this
-            # model's own lack (no tool-call format), which another may not have.
+            if exc.code != "context_length_exceeded":
+                raise
+            # A prompt too long for this model may fit another target's.
             raise NotForThisModel.of(exc) from None
-        if remote and any(r.logprobs is not None for r in attempt.requests):
-            raise NotForThisModel("Log-probabilities are not relayed from a remote backend.", param="logprobs")
-        await _compile_grammar(attempt, lease.engine)
-        if getattr(lease.engine, "confirms_start", False):
-            try:
-                started._head = await _begun(lease.engine, attempt.requests[0])
-            except BadRequest as exc:
-                if exc.code != "context_length_exceeded":
-                    raise
-                # A prompt too long for this model may fit another target's.
-                raise NotForThisModel.of(exc) from None
     except BaseException:
         await started.close()
         raise
-    if plan.caller.priority == "bulk" and plan.failover is None and len(attempt.requests) == 1:
-        started.requeue = lambda held: ctx.manager.requeue(held, timeout=plan.remaining())
+    if plan.caller.priority == "bulk":
+        # Its n choices go together; a failover entry's waits again on the
+        # target it holds (docs/apps.md, Priority).
+        started.preemptible = Preemptible(started, lambda held: ctx.manager.requeue(held, timeout=plan.remaining()))
     return started
 
 
@@ -203,7 +200,7 @@ def _check_side_by_side(plan: Plan, spec: ModelSpec) -> None:
         )
 
 
-async def _begun(engine: Any, request: GenerationRequest) -> _Resumed:
+async def _begun(engine: GenerationEngine, request: GenerationRequest) -> _Resumed:
     """``request`` begun on ``engine`` up to its first chunk (a remote
     engine's says the backend accepted it; a refusal raises here, where it
     can still be an HTTP status or let another target try)."""
@@ -237,14 +234,3 @@ class _Resumed:
 
     async def aclose(self) -> None:
         await self._chunks.aclose()
-
-
-async def _compile_grammar(attempt: Attempt, engine: Any) -> None:
-    """Compile the request's grammar now, off the event loop (the engine
-    keeps it in its cache), so that a schema that cannot be compiled is a
-    400 before a stream's 200 rather than an error frame inside it."""
-    grammars = getattr(engine, "grammars", None)
-    constraint = attempt.requests[0].constraint if attempt.requests else None
-    # (A vision engine has no grammars: plan_chat refused the request already.)
-    if grammars is not None and constraint is not None:
-        await asyncio.to_thread(grammars.matcher, constraint)

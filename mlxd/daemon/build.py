@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from mlxd.api.app import create_app
 from mlxd.api.context import DaemonContext
 from mlxd.api.images import ImageMemory
-from mlxd.daemon.engines import EngineFactory, PrefixCacheHooks
+from mlxd.daemon.engines import ContractChecked, EngineFactory, PrefixCacheHooks
 from mlxd.engine.preload import StartupImports
 from mlxd.daemon.reload import DEFAULT_DEBOUNCE_S, Reloader
 from mlxd.daemon.server import DaemonServer, build_server
@@ -66,7 +66,7 @@ def build_daemon(
     imports = StartupImports()
     manager = ResidencyManager(
         registry,
-        engines or EngineFactory(worker, backends, imports),
+        ContractChecked(engines or EngineFactory(worker, backends, imports)),
         events=events,
         hooks=PrefixCacheHooks(),
         recall=footprints.known,

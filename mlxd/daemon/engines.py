@@ -5,9 +5,11 @@ every call (hot reload replaces it): nothing here reads the manager back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from mlxd.engine.cache_store.bound import CacheDirBound
+from mlxd.engine.contract import GenerationEngine
 from mlxd.engine.kinds import named_function
 from mlxd.engine.preload import StartupImports
 from mlxd.engine.types import Engine
@@ -15,6 +17,7 @@ from mlxd.engine.worker import MlxWorker
 from mlxd.errors import ModelLoadFailed
 from mlxd.registry.model import ModelSpec, Registry
 from mlxd.remote.backends import BackendPool
+from mlxd.residency.shell import EngineFactory as BuildsEngines
 
 log = logging.getLogger("mlxd.requests")
 
@@ -47,6 +50,28 @@ class EngineFactory:
             hint = kind.install_hint or f"its engine ({kind.engine}) cannot be imported: {exc}"
             raise ModelLoadFailed(f"Model `{spec.name}` is a {kind.name} model but {hint}") from exc
         return await load(spec, self.worker, cache_dir=registry.manager.cache_dir)
+
+
+class ContractChecked:
+    """Any engine factory (the real one, or a test's), refusing an engine
+    of a kind that generates which does not implement the generation
+    contract: the model fails to load, naming what is wrong, rather than a
+    request finding a member missing."""
+
+    def __init__(self, build: BuildsEngines) -> None:
+        self._build = build
+
+    async def __call__(self, spec: ModelSpec, registry: Registry) -> Engine:
+        engine = await self._build(spec, registry)
+        kind = registry.kind_of(spec)
+        if kind.generates and not isinstance(engine, GenerationEngine):
+            with contextlib.suppress(Exception):
+                await engine.close()
+            raise ModelLoadFailed(
+                f"Model `{spec.name}` is a {kind.name} model but its engine ({type(engine).__name__}) does not "
+                "implement mlxd.engine.contract.GenerationEngine"
+            )
+        return engine
 
 
 class PrefixCacheHooks:

@@ -34,6 +34,8 @@ from typing import Any
 from mlxd.distributed.gang import LOCAL, Gang, GangPlan
 from mlxd.distributed.liveness import Deadlines, Failure
 from mlxd.distributed.prefix_plan import GangPrefixPlan, Reuse
+from mlxd.engine.contract import AnswerFormats, GenerationEngine
+from mlxd.engine.local_output import LocalOutput
 from mlxd.engine.logprobs import TokenLogprob
 from mlxd.engine.prompt import check_context, prompt_tokens
 from mlxd.engine.sampling import check_bias_ids
@@ -44,13 +46,16 @@ from mlxd.grammar.compiler import GrammarCompiler
 from mlxd.registry.model import ModelSpec
 from mlxd.tools import formats as tool_formats
 from mlxd.tools import reasoning as reasoning_formats
+from mlxd.tools.output_request import OutputRequest
 
 log = logging.getLogger("mlxd.distributed")
 
 
-class GangEngine:
+class GangEngine(GenerationEngine):
     kind = "gang"
-    confirms_start = True
+    # One request at a time (see above); a parallel model is a text model.
+    batching = False
+    wants_image_urls = False
 
     def __init__(self, spec: ModelSpec, gang: Gang, tokenizer: Any, vocab_size: int, load_seconds: float) -> None:
         self.name = spec.name
@@ -63,6 +68,8 @@ class GangEngine:
         self.grammars = GrammarCompiler(tokenizer, vocab_size)
         self.tool_format = tool_formats.resolve(tokenizer, spec.tool_parser)
         self.reasoning_format = reasoning_formats.resolve(tokenizer, spec.reasoning_parser)
+        # Output is settled as a text engine settles it.
+        self.output = LocalOutput(self.tool_format, self.reasoning_format, self.grammars, vocab_size)
         self.load_seconds = load_seconds
         self._turn = asyncio.Lock()
         self._ids = itertools.count(1)
@@ -93,6 +100,9 @@ class GangEngine:
         """Returns once the gang has failed: which rank, and why."""
         failure = await asyncio.shield(self.gang.failed)
         return failure.sentence()
+
+    async def prepare(self, requests: list[GenerationRequest], output: OutputRequest, name: str) -> AnswerFormats:
+        return await self.output.settle(requests, output, name)
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         return self._generate(request)

@@ -87,8 +87,6 @@ class AudioEngine(EngineBase):
     """What both audio engines share: the model, one request at a time per
     stream, figures, release."""
 
-    confirms_start = False
-
     def __init__(self, spec: ModelSpec, worker: MlxWorker, model: Any, *, load_bytes: int,
                  load_seconds: float) -> None:
         super().__init__(spec, worker, load_bytes=load_bytes, load_seconds=load_seconds)

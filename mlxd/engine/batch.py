@@ -18,7 +18,10 @@ streams and one-shot calls (loads, unloads, cache saves) run in between:
    removed from the batch (``remove([uid])``) — the rest go on untouched;
 3. prefill: at most ``prefill_chunk`` prompt tokens in total, one request at a
    time, into that request's own KV cache, exactly as the single path does it.
-   A long prompt therefore never holds the worker for more than one chunk;
+   A long prompt therefore never holds the worker for more than one chunk,
+   and the prompts waiting are taken by their callers' priority class
+   (``prefill_order``): an interactive request's prompt goes before the
+   bulk prompts queued ahead of it, which go on where they stopped;
 4. join: a request whose prompt is in its cache but for the last token is
    inserted into the batch with that cache (``insert(..., caches=)``);
 5. one ``BatchGenerator.next()``: a decode step for every sequence (and the
@@ -49,6 +52,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlxd.caller import PRIORITIES, class_of
 from mlxd.engine.checkpoints import checkpoint, plan
 from mlxd.engine.logprobs import token_logprob
 from mlxd.engine.lifecycle import FirstGenerationPeak, GenerationControl, GenerationCounts
@@ -64,6 +68,18 @@ log = logging.getLogger(__name__)
 # How often a waiting consumer checks that the worker is still there: if the
 # worker stops before the batch loop ever ran, nobody else would tell it.
 _LIVENESS_SECONDS = 1.0
+
+
+def prefill_position(waiting: list[int], rank: int) -> int:
+    """Where a prompt of class ``rank`` (0 most urgent) joins the prompts
+    ``waiting`` to be prefilled (their ranks, in order): behind every one as
+    urgent or more, ahead of the less urgent (first come, first served
+    within a class)."""
+    return next((i for i, other in enumerate(waiting) if other > rank), len(waiting))
+
+
+def _rank(seq: _Sequence) -> int:
+    return PRIORITIES.index(class_of(seq.request.priority))
 
 
 def supports_batching(model: Any) -> bool:
@@ -281,7 +297,7 @@ class BatchScheduler:
         if prefix is not None:
             seq.marks = collections.deque(plan(prepared.boundaries, len(prepared.tokens), 1, reused))
         seq.detokenizer = tokenizer.detokenizer
-        self._prefilling.append(seq)
+        self._prefilling.insert(prefill_position([_rank(s) for s in self._prefilling], _rank(seq)), seq)
 
     def _drop_leavers(self) -> None:
         for seq in [s for s in self._prefilling if s.leaving()]:

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mlxd.engine.prompt import flatten_message
+from mlxd.engine.prompt import flatten_message, render
 from mlxd.engine.types import GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def _leading_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any) -> list[int]:
-    return list(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=False))
+    return render(tokenizer, messages, tools, None, generation=False)
 
 
 def _common(a: Sequence[int], b: Sequence[int]) -> int:

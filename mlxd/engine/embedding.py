@@ -55,8 +55,6 @@ class EncoderFigures:
 class EncoderEngine(EngineBase):
     """An embedding model (``embed``) or a cross-encoder (``rerank``)."""
 
-    confirms_start = False
-
     def __init__(self, spec: ModelSpec, worker: MlxWorker, encoder: LoadedEncoder, tokenizer: TextTokenizer,
                  *, load_bytes: int, load_seconds: float) -> None:
         super().__init__(spec, worker, load_bytes=load_bytes, load_seconds=load_seconds)
@@ -92,21 +90,23 @@ class EncoderEngine(EngineBase):
         self._check_truncation(encoded, truncate, "input")
         return encoded
 
-    async def embed(self, encoded: Encoded) -> list[np.ndarray]:
-        """One float32 vector per input, in input order."""
+    async def embed(self, encoded: Encoded, priority: str = "default") -> list[np.ndarray]:
+        """One float32 vector per input, in input order; ``priority`` is the
+        caller's class, which orders the batch queue (embedding_batch.py)."""
         if self.kind != "embedding":
             raise BadRequest(f"The model `{self.name}` is a {self.kind} model, not an embedding model.",
                              param="model", code="model_not_supported")
-        return await self._run(encoded)
+        return await self._run(encoded, priority)
 
-    async def rerank(self, query: str, documents: Sequence[str], *, truncate: bool) -> tuple[list[float], int]:
+    async def rerank(self, query: str, documents: Sequence[str], *, truncate: bool,
+                     priority: str = "default") -> tuple[list[float], int]:
         """Each document's relevance to ``query`` (in document order) and the tokens read."""
         if self.kind != "rerank":
             raise BadRequest(f"The model `{self.name}` is an {self.kind} model, not a rerank model.",
                              param="model", code="model_not_supported")
         encoded = await asyncio.to_thread(self.tokenizer.pairs, query, list(documents))
         self._check_truncation(encoded, truncate, "documents")
-        scores = await self._run(encoded)
+        scores = await self._run(encoded, priority)
         return [float(s) for s in scores], encoded.tokens
 
     def _check_ids(self, arrays: Sequence[Sequence[int]]) -> None:
@@ -134,7 +134,7 @@ class EncoderEngine(EngineBase):
 
     # --- batching ----------------------------------------------------------------
 
-    async def _run(self, encoded: Encoded) -> list[Any]:
+    async def _run(self, encoded: Encoded, priority: str) -> list[Any]:
         if self._closed:
             raise ModelUnloaded(self.name)
         if not encoded.ids:
@@ -142,7 +142,7 @@ class EncoderEngine(EngineBase):
         key = next(self._keys)
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         self._waiting[key] = future
-        self._queue.add(key, encoded.ids, encoded.types)
+        self._queue.add(key, encoded.ids, encoded.types, priority=priority)
         self.figures.requests += 1
         self.figures.inputs += len(encoded.ids)
         self.figures.tokens += encoded.tokens

@@ -7,6 +7,13 @@ costs, and is cut from the inputs sorted by length, so rows of like length
 share a pass and little of it is padding. Results go back to each request in
 the order of its own inputs, whatever order the batches ran in.
 
+Inputs carry their request's priority class (docs/apps.md, Priority): a
+batch is drawn first from the class whose turn it is (interactive, default
+and bulk take turns 8 : 4 : 1, as in residency's fair queue), shortest
+first, and what room is left is topped up from the other classes, most
+urgent first. So an editor's query is embedded in the next pass, however
+many of an indexer's inputs wait, and the indexer still gets its turns.
+
 No I/O, no clock, no threads: the engine's shell (``mlxd.engine.embedding``)
 adds requests, asks for batches, runs them on the MLX worker and hands the
 rows back. Ties in length keep arrival order, so the same arrivals always
@@ -19,6 +26,8 @@ import bisect
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from mlxd.caller import PRIORITIES, Stride, class_of
 
 
 @dataclass(frozen=True)
@@ -71,30 +80,31 @@ class BatchQueue:
 
     max_tokens: int
     max_rows: int = 256
-    # Waiting rows, kept sorted by (length, arrival).
-    _waiting: list[tuple[int, int, Row]] = field(default_factory=list)
+    # Waiting rows by priority class, each kept sorted by (length, arrival).
+    _waiting: dict[str, list[tuple[int, int, Row]]] = field(default_factory=dict)
     _requests: dict[Hashable, _Pending] = field(default_factory=dict)
     _seq: int = 0
+    _turns: Stride = field(default_factory=Stride)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1 or self.max_rows < 1:
             raise ValueError("a batch must have room for at least one token and one row")
 
     def add(self, request: Hashable, inputs: Sequence[Sequence[int]],
-            types: Sequence[Sequence[int]] | None = None) -> None:
+            types: Sequence[Sequence[int]] | None = None, priority: str = "default") -> None:
         """Queue ``inputs`` (token id lists) of ``request`` (a key unique
-        among the requests pending)."""
+        among the requests pending), of its caller's ``priority`` class."""
         if request in self._requests:
             raise ValueError(f"request {request!r} is already queued")
         self._requests[request] = _Pending([None] * len(inputs), len(inputs))
         for index, ids in enumerate(inputs):
             row = Row(request, index, tuple(ids), tuple(types[index]) if types is not None else (), self._seq)
             self._seq += 1
-            bisect.insort(self._waiting, (row.length, row.seq, row))
+            bisect.insort(self._waiting.setdefault(class_of(priority), []), (row.length, row.seq, row))
 
     def __len__(self) -> int:
         """Rows waiting for a forward pass."""
-        return len(self._waiting)
+        return sum(len(rows) for rows in self._waiting.values())
 
     def pending(self, request: Hashable) -> bool:
         return request in self._requests
@@ -102,22 +112,28 @@ class BatchQueue:
     def take(self) -> Batch | None:
         """The next batch, or None when nothing waits.
 
-        It starts at the shortest waiting row and grows through longer ones
-        while the padded size stays within bounds. Taking the shortest first
+        It starts at the shortest waiting row of the class whose turn it is
+        and grows through longer ones while the padded size stays within
+        bounds, then through the other classes' rows, most urgent first. Taking the shortest first
         keeps a flood of long inputs from starving short ones for long, and
         a long row alone over the bound still runs (on its own)."""
-        if not self._waiting:
+        turn = self._turns.pick([c for c in PRIORITIES if self._waiting.get(c)])
+        if turn is None:
             return None
-        taken = 0
+        self._turns.served(turn)
+        rows: list[Row] = []
         width = 0
-        for length, _, _ in self._waiting:
-            wider = max(width, length)
-            if taken and (wider * (taken + 1) > self.max_tokens or taken >= self.max_rows):
-                break
-            width, taken = wider, taken + 1
-        rows = tuple(row for _, _, row in self._waiting[:taken])
-        del self._waiting[:taken]
-        return Batch(rows)
+        for c in (turn, *(c for c in PRIORITIES if c != turn)):
+            waiting = self._waiting.get(c, [])
+            taken = 0
+            for length, _, _ in waiting:
+                wider = max(width, length)
+                if rows and (wider * (len(rows) + 1) > self.max_tokens or len(rows) >= self.max_rows):
+                    break
+                width, taken = wider, taken + 1
+                rows.append(waiting[taken - 1][2])
+            del waiting[:taken]
+        return Batch(tuple(rows))
 
     def deliver(self, batch: Batch, outputs: Sequence[Any]) -> list[tuple[Hashable, list[Any]]]:
         """Record ``outputs`` (one per row of ``batch``, in its order);
@@ -150,4 +166,5 @@ class BatchQueue:
         rows' results are dropped when they come."""
         if self._requests.pop(request, None) is None:
             return
-        self._waiting = [entry for entry in self._waiting if entry[2].request != request]
+        for c, waiting in self._waiting.items():
+            self._waiting[c] = [entry for entry in waiting if entry[2].request != request]

@@ -10,7 +10,9 @@
   behind (``load_on_worker``).
 
 ``TextEngine`` (mlx-lm) and ``VisionEngine`` (mlx-vlm) subclass ``EngineBase``
-and supply how a generation runs and how their model is dropped.
+(and ``GenerationEngine``, the request path's contract) and supply how a
+generation runs and how their model is dropped; the encoder and audio
+engines subclass it too.
 """
 
 from __future__ import annotations
@@ -132,9 +134,8 @@ class EngineBase:
     # Every generation's first chunk is an empty one, once the request has
     # passed every check of its content (tokenized, within the context): a
     # stream answers 200 only after it, so a prompt that does not fit is a
-    # real 400 rather than an error frame inside a 200.
-    confirms_start = True
-    # Where that chunk comes from: here, once ``_before_worker`` has checked
+    # real 400 rather than an error frame inside a 200 (the generation
+    # contract, ``engine/contract.py``). Where that chunk comes from: here, once ``_before_worker`` has checked
     # the request, or (True) from the subclass's own ``_run`` on the worker,
     # where it checks what needs the model (a vision prompt's images).
     accepts_on_worker = False

@@ -81,7 +81,7 @@ async def load_text_engine(
 async def _warm(engine: TextEngine, spec: ModelSpec, worker: MlxWorker, chunk: int) -> None:
     device = await worker.call(current_device)
     runs = plan_warmup(max_context=spec.max_context, prefill_chunk=chunk, max_concurrency=spec.max_concurrency,
-                       batching=bool(engine.stats().get("batching")), device=device.kind)
+                       batching=engine.batching, device=device.kind)
 
     async def forget() -> None:
         # Warm-up prompts must not take the cache's room or be saved with it.

@@ -67,9 +67,7 @@ def chat_tokens(
         # The template would drop them: written into the turns' text instead.
         flat, tools = fallback.fold(flat, tools), None
     try:
-        tokens = tokenizer.apply_chat_template(
-            flat, tools=tools or None, add_generation_prompt=True, **(template_kwargs or {})
-        )
+        tokens = render(tokenizer, flat, tools, template_kwargs, generation=True)
     except TemplateError as exc:
         # Templates raise their own messages ("roles must alternate ..."),
         # written for the person sending the conversation.
@@ -80,6 +78,43 @@ def chat_tokens(
         raise BadRequest("The conversation nests too deeply for this model's chat template.",
                          param="messages") from None
     return list(tokens)
+
+
+def render(
+    tokenizer: Any, flat: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+    template_kwargs: dict[str, Any] | None, *, generation: bool,
+) -> list[int]:
+    """The chat template applied to flattened messages. A template that
+    takes one system message only (Qwen3.5's "System message must be at the
+    beginning", Mistral's and Gemma's role checks) gets a conversation that
+    opens with several (Codex sends its instructions, then developer
+    messages) as one, their texts joined by a blank line, as it would have
+    been written for it; a template that takes them all keeps them apart."""
+    from jinja2 import TemplateError
+
+    def apply(messages: list[dict[str, Any]]) -> list[int]:
+        return list(tokenizer.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=generation, **(template_kwargs or {})
+        ))
+
+    try:
+        return apply(flat)
+    except TemplateError:
+        joined = joined_system(flat)
+        if joined is flat:
+            raise
+        return apply(joined)
+
+
+def joined_system(flat: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``flat`` with its leading system messages as one (``flat`` itself when it opens with fewer than two)."""
+    lead = 0
+    while lead < len(flat) and flat[lead].get("role") == "system":
+        lead += 1
+    if lead < 2:
+        return flat
+    text = "\n\n".join(str(m.get("content") or "") for m in flat[:lead])
+    return [{"role": "system", "content": text}, *flat[lead:]]
 
 
 def flatten_message(message: dict[str, Any]) -> dict[str, Any]:

@@ -29,8 +29,12 @@ from mlxd.tools.reasoning import ReasoningFormat
 class ReasoningPhase:
     def __init__(
         self, start: tuple[int, ...], end: tuple[int, ...], *, opens: bool, budget: int | None = None,
-        after: list[Any] | None = None, force: tuple[int, ...] = (),
+        after: list[Any] | None = None, force: tuple[int, ...] = (), hold: bool = True,
     ) -> None:
+        """``hold``: the ``after`` processors wait for the reasoning to end;
+        False: they run on every token, the reasoning inside their grammar
+        (harmony's forced call, whose grammar has the analysis message), and
+        a spent budget forces only what the grammar allows there."""
         self.budget = None if budget is None else max(0, budget)
         self._start = start
         self._end = end
@@ -40,6 +44,7 @@ class ReasoningPhase:
         self.inside = opens
         self.spent = 0
         self._after = list(after or ())
+        self._hold = hold
         # The end marker's tokens written so far while forcing it.
         self._forced = 0
         self._calls = 0
@@ -56,13 +61,16 @@ class ReasoningPhase:
             self._see(int(tokens[-1].item()))
         self._calls += 1
         spent = self.inside and self.budget is not None and self.spent >= self.budget
-        if self._forced < len(self._force) and (self._forced or spent):
+        forcing = self._forced < len(self._force) and (self._forced or spent)
+        # A grammar that is not held sees every token, forced ones too, or it
+        # would fall out of step with the text.
+        if not self._hold or (not self.inside and not forcing):
+            for processor in self._after:
+                logits = processor(tokens, logits)
+        if forcing:
             target = self._force[self._forced]
             self._forced += 1
             return mx.where(mx.arange(logits.shape[-1]) == target, logits, mx.array(float("-inf"), dtype=logits.dtype))
-        if not self.inside:
-            for processor in self._after:
-                logits = processor(tokens, logits)
         return logits
 
     def reasoning_tokens(self, completion_tokens: int) -> int:
@@ -80,8 +88,8 @@ class ReasoningPhase:
                 self.inside = False
             else:
                 self.spent += 1
-        elif self._start and not self._after and _ends_with(self._recent, self._start):
-            # (Under a grammar the answer is the grammar's: no new reasoning.)
+        elif self._start and (not self._after or not self._hold) and _ends_with(self._recent, self._start):
+            # (Under a held grammar the answer is the grammar's: no new reasoning.)
             self.inside = True
             self.spent = 0
             self._forced = 0
@@ -98,10 +106,14 @@ def reasoning_phase(
     its budget, the grammar that waits for it to end); None when the model
     has no end marker to follow (no reasoning format). Harmony's analysis
     channel is followed only for a budget: its answer is split from its
-    channels whole (``mlxd.tools.harmony``), and a grammar shapes the
-    answer from the first token on."""
+    channels whole (``mlxd.tools.harmony``). A grammar on harmony runs from
+    the first token on (a forced call's grammar has the analysis message
+    before the call); a spent budget then forces the analysis's ``<|end|>``
+    alone, and the grammar goes on to the call."""
     if fmt is None or not fmt.end_ids or (fmt.harmony and budget is None):
         return None
+    if fmt.harmony and after:
+        return ReasoningPhase(fmt.start_ids, fmt.end_ids, opens=False, budget=budget, after=after, hold=False)
     return ReasoningPhase(fmt.start_ids, fmt.end_ids, opens=opens, budget=budget, after=after, force=fmt.force_ids)
 
 

@@ -39,7 +39,9 @@ from mlxd.engine import memory
 from mlxd.engine.batch import BatchScheduler
 from mlxd.engine.checkpoints import checkpoint, plan
 from mlxd.engine.cache_explain import CacheExplainer
+from mlxd.engine.contract import AnswerFormats, GenerationEngine
 from mlxd.engine.lifecycle import EngineBase, GenerationControl, relay
+from mlxd.engine.local_output import LocalOutput
 from mlxd.engine.logprobs import token_logprob
 from mlxd.engine.prefix_cache import PrefixCache
 from mlxd.engine.speculation import Speculation
@@ -47,6 +49,7 @@ from mlxd.engine.text_model import PENALTY_CONTEXT, LoadedText, Prepared, TextMo
 from mlxd.engine.types import GenerationChunk, GenerationRequest, PromptCapture, SavedCache
 from mlxd.engine.worker import SKIP, MlxWorker
 from mlxd.registry.model import ModelSpec
+from mlxd.tools.output_request import OutputRequest
 
 if TYPE_CHECKING:
     from mlxd.engine.cache_store.folder import CacheStore
@@ -59,10 +62,12 @@ log = logging.getLogger(__name__)
 _KV_GROUP_SIZE = 64
 
 
-class TextEngine(EngineBase):
-    """A loaded mlx-lm model implementing ``mlxd.engine.types.Engine``."""
+class TextEngine(EngineBase, GenerationEngine):
+    """A loaded mlx-lm model: ``mlxd.engine.contract.GenerationEngine``."""
 
     kind = "text"
+    # Its model runs here: images (none, for text) would be decoded here.
+    wants_image_urls = False
 
     def __init__(
         self,
@@ -77,12 +82,13 @@ class TextEngine(EngineBase):
             spec.name, loaded.model, loaded.tokenizer, spec.max_context, spec.tool_parser, spec.reasoning_parser,
             checkpoints=loaded.checkpoints and spec.prefix_cache.max_bytes > 0,
         )
-        # The model's grammar compiler and tool-call format, for the request path.
+        # The model's grammar compiler, tool-call format, reasoning markers
+        # and vocabulary size (a ``logit_bias`` names ids 0 to vocab_size - 1).
         self.grammars = self.model.grammars
         self.tool_format = self.model.tool_format
         self.reasoning_format = self.model.reasoning_format
-        # Token ids a request's ``logit_bias`` may name: 0 to vocab_size - 1.
         self.vocab_size = self.model.vocab_size
+        self.output = LocalOutput(self.tool_format, self.reasoning_format, self.grammars, self.vocab_size)
         self._prefill_chunk = max(1, prefill_chunk)
         self.prefix_cache: PrefixCache | None = (
             PrefixCache(spec.prefix_cache.max_bytes) if spec.prefix_cache.max_bytes > 0 else None
@@ -108,6 +114,14 @@ class TextEngine(EngineBase):
                 max_batch=spec.max_concurrency, prefill_chunk=self._prefill_chunk,
                 speculation=self.speculation,
             )
+
+    @property
+    def batching(self) -> bool:
+        """Continuous batching (max_concurrency > 1, or speculation)."""
+        return self._batch is not None
+
+    async def prepare(self, requests: list[GenerationRequest], output: OutputRequest, name: str) -> AnswerFormats:
+        return await self.output.settle(requests, output, name)
 
     def _open(self, request: GenerationRequest, control: GenerationControl) -> AsyncIterator[Any]:
         if self._batch is not None:
@@ -170,7 +184,7 @@ class TextEngine(EngineBase):
             **super().stats(),
             # Continuous batching (max_concurrency > 1): sequences decoding in
             # the batch now, and how many batched decode steps ran so far.
-            "batching": batch is not None,
+            "batching": self.batching,
             "batch_size": batch.size if batch else 0,
             "batched_steps": batch.steps if batch else 0,
             "warmup": self.warmup.as_dict() if self.warmup is not None else None,

@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from mlxd.tools.output_request import OutputRequest
 
 
 @dataclass(frozen=True)
@@ -34,17 +37,21 @@ class Constraint:
 
     kind: str
     text: str
+    # The request field it came from, as the client's surface spells it
+    # (``text.format``), for a grammar that does not compile; not part of
+    # the cache key: the same grammar from two surfaces is one.
+    param: str | None = field(default=None, compare=False)
 
     @classmethod
-    def json_schema(cls, schema: dict[str, Any] | bool) -> Constraint:
+    def json_schema(cls, schema: dict[str, Any] | bool, *, param: str | None = None) -> Constraint:
         import json
 
-        return cls("json_schema", json.dumps(schema, separators=(",", ":")))
+        return cls("json_schema", json.dumps(schema, separators=(",", ":")), param)
 
     @classmethod
-    def json_object(cls) -> Constraint:
+    def json_object(cls, *, param: str | None = None) -> Constraint:
         """Any JSON object (OpenAI's ``response_format: json_object``)."""
-        return cls.json_schema({"type": "object"})
+        return cls.json_schema({"type": "object"}, param=param)
 
     @classmethod
     def lark(cls, grammar: str) -> Constraint:
@@ -79,12 +86,10 @@ class GenerationRequest:
     tools: list[dict[str, Any]] | None = None
     # Constrained decoding (structured output, forced tool calls).
     constraint: Constraint | None = None
-    # What the request asked of the answer's shape, in OpenAI's form. A
-    # remote engine forwards these with ``tools`` (the backend enforces them
-    # with its own grammar); a local engine is given ``constraint`` instead.
-    tool_choice: Any = None
-    parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
+    # What the request asked of the answer's shape, for a remote engine to
+    # forward (``OutputRequest.openai_json``: the backend enforces it with
+    # its own grammar); a local engine is given ``tools`` and ``constraint``.
+    output: OutputRequest | None = None
     # Per-token log-probabilities with this many alternatives (None: none).
     logprobs: int | None = None
     # OpenAI's ``logit_bias``: token id -> bias in [-100, 100] added to its
@@ -102,6 +107,9 @@ class GenerationRequest:
     reasoning_effort: str | None = None
     # Set only when the request is captured (off by default).
     capture: PromptCapture | None = None
+    # The caller's priority class (docs/apps.md, Priority): a batching engine
+    # prefills an interactive request's prompt before queued bulk prompts.
+    priority: str = "default"
 
 
 @dataclass(frozen=True)
@@ -166,6 +174,8 @@ class Engine(Protocol):
 
     Everything residency and the daemon ask of an engine is here, so a new
     kind (a remote backend) cannot silently lack a footprint or a cache save.
+    An engine of a kind that generates also implements what the request
+    path asks (``engine/contract.py``, ``GenerationEngine``).
     """
 
     name: str
@@ -179,10 +189,10 @@ class Engine(Protocol):
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         """Stream chunks. Closing the iterator early stops generation within a
-        token or two and frees the request's resources. An engine with
-        ``confirms_start`` yields an empty chunk first, once the request is
-        accepted (a local one: its prompt fits; a remote one: the backend
-        took it); a stream answers 200 only after it."""
+        token or two and frees the request's resources. A generation engine
+        yields an empty chunk first, once the request is accepted (a local
+        one: its prompt fits; a remote one: the backend took it); a stream
+        answers 200 only after it."""
         ...
 
     async def abort_all(self, reason: str) -> int:

@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from mlxd.engine import memory, sampling
+from mlxd.engine.contract import AnswerFormats, GenerationEngine
 from mlxd.engine.lifecycle import EngineBase, GenerationControl, load_on_worker, measured_load, relay
+from mlxd.engine.local_output import LocalOutput
 from mlxd.engine.reasoning_budget import ReasoningPhase, reasoning_phase
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationChunk, GenerationRequest
@@ -48,6 +50,7 @@ from mlxd.grammar.processor import GrammarProcessor
 from mlxd.tools import fallback
 from mlxd.tools import formats as tool_formats
 from mlxd.tools import reasoning as reasoning_formats
+from mlxd.tools.output_request import OutputRequest
 
 log = logging.getLogger(__name__)
 
@@ -129,12 +132,15 @@ def _release_vlm_memory() -> dict[str, Any]:
 # --- the engine --------------------------------------------------------------------
 
 
-class VisionEngine(EngineBase):
-    """A loaded mlx-vlm model implementing ``mlxd.engine.types.Engine``."""
+class VisionEngine(EngineBase, GenerationEngine):
+    """A loaded mlx-vlm model: ``mlxd.engine.contract.GenerationEngine``."""
 
     kind = "vision"
     # Its prompt is checked with the images, by the processor, on the worker.
     accepts_on_worker = True
+    # One generation at a time (see above); its images are decoded here.
+    batching = False
+    wants_image_urls = False
 
     def __init__(self, spec: ModelSpec, worker: MlxWorker, loaded: LoadedVision) -> None:
         super().__init__(spec, worker, load_bytes=loaded.load_bytes, load_seconds=loaded.load_seconds)
@@ -144,16 +150,21 @@ class VisionEngine(EngineBase):
         tokenizer = getattr(loaded.processor, "tokenizer", loaded.processor)
         # How it marks its reasoning (qwen3_vl's thinking checkpoints: <think>).
         self.reasoning_format = reasoning_formats.resolve_plain(tokenizer, spec.reasoning_parser)
-        # Tools and structured output as on the text path (``api.plan.shape_output``
-        # reads both): the family's call format, and grammars over its vocabulary.
-        # A template with no place for tools gets none: the text path writes them
-        # into the turns (mlxd.tools.fallback), which image turns do not take yet.
+        # Tools and structured output settled as on the text path
+        # (``engine/local_output.py``): the family's call format, and grammars
+        # over its vocabulary. A template with no place for tools gets none:
+        # the text path writes them into the turns (mlxd.tools.fallback),
+        # which image turns do not take yet.
         self.tool_format = _tool_format(tokenizer, spec.tool_parser)
         self.grammars = GrammarCompiler(_GrammarTokenizer(tokenizer), self.vocab_size)
+        self.output = LocalOutput(self.tool_format, self.reasoning_format, self.grammars, self.vocab_size)
         # Touched only on the worker thread: generations in arrival order;
         # the first one runs, the others wait their turn.
         self._turns: collections.deque[GenerationControl] = collections.deque()
         self._images = 0
+
+    async def prepare(self, requests: list[GenerationRequest], output: OutputRequest, name: str) -> AnswerFormats:
+        return await self.output.settle(requests, output, name)
 
     def stats(self) -> dict[str, Any]:
         return {

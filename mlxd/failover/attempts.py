@@ -13,14 +13,16 @@ from mlxd.errors import MlxdError, ServiceUnavailable
 from mlxd.failover.choice import falls_through
 
 T = TypeVar("T")
+# A target as the caller names it (the request path: its ModelSpec).
+Target = TypeVar("Target")
 
 
 async def first_that_starts(
-    order: Sequence[str],
-    start_on: Callable[[str], Awaitable[T]],
+    order: Sequence[Target],
+    start_on: Callable[[Target], Awaitable[T]],
     *,
     time_left: Callable[[], float],
-    fell_through: Callable[[str, MlxdError, str], None],
+    fell_through: Callable[[Target, MlxdError, Target], None],
     name: str,
 ) -> T:
     """What ``start_on`` gives for the first target of ``order`` that starts.

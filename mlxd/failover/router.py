@@ -79,9 +79,12 @@ class FailoverRouter:
         self._backends = backends
         self._counts: dict[str, _Counts] = {}
 
-    def order(self, failover: FailoverSpec) -> list[str]:
-        """The targets to try for a request arriving now, best first."""
-        return choice.order(failover.strategy, [target for target, _ in self._targets(failover)])
+    def order(self, failover: FailoverSpec) -> list[ModelSpec]:
+        """The targets to try for a request arriving now, best first: their
+        specs as residency holds them, so that nothing resolves them again."""
+        targets = self._targets(failover)
+        specs = {target.name: spec for target, spec in targets}
+        return [specs[name] for name in choice.order(failover.strategy, [target for target, _ in targets])]
 
     def _targets(self, failover: FailoverSpec) -> list[tuple[choice.Target, ModelSpec]]:
         found = (self._target(name) for name in failover.targets)

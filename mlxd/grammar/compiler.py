@@ -35,13 +35,13 @@ def grammar_text(constraint: Constraint) -> str:
         try:
             schema = json.loads(constraint.text)
         except json.JSONDecodeError as exc:
-            raise BadRequest(f"The JSON schema is not valid JSON: {exc}", param="response_format") from exc
+            raise BadRequest(f"The JSON schema is not valid JSON: {exc}", param=constraint.param or "response_format") from exc
         if not isinstance(schema, (dict, bool)):
-            raise BadRequest("The JSON schema must be an object.", param="response_format")
+            raise BadRequest("The JSON schema must be an object.", param=constraint.param or "response_format")
         try:
             return LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
         except ValueError as exc:
-            raise BadRequest(f"The JSON schema cannot be used: {exc}", param="response_format") from exc
+            raise BadRequest(f"The JSON schema cannot be used: {exc}", param=constraint.param or "response_format") from exc
     if constraint.kind == "lark":
         return LLMatcher.grammar_from_lark(constraint.text)
     raise BadRequest(f"Unknown constraint kind `{constraint.kind}`.")
@@ -114,7 +114,7 @@ class GrammarCompiler:
             what = "JSON schema" if constraint.kind == "json_schema" else "grammar"
             raise BadRequest(
                 f"The {what} cannot be compiled: {clipped(matcher.get_error())}",
-                param="response_format" if constraint.kind == "json_schema" else "tools",
+                param=constraint.param or ("response_format" if constraint.kind == "json_schema" else "tools"),
             )
         return matcher
 

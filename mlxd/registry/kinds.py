@@ -67,6 +67,12 @@ class ModelKind:
     # request at a time unless its entry says otherwise.
     audio: bool = False
 
+    @property
+    def generates(self) -> bool:
+        """It serves chat or completion requests: its engine implements the
+        generation contract (``mlxd.engine.contract.GenerationEngine``)."""
+        return bool(self.routes & {CHAT, COMPLETION})
+
 
 TEXT = ModelKind(
     name="text",

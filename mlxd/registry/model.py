@@ -37,6 +37,8 @@ class SamplingDefaults:
     frequency_penalty: float | None = None
     max_tokens: int | None = None
     seed: int | None = None
+    # A reasoning budget for requests that set none (docs/thinking.md).
+    reasoning_budget: int | None = None
 
 
 @dataclass(frozen=True)

@@ -162,6 +162,9 @@ class SamplingSection(_Section):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     max_tokens: int | None = Field(None, ge=1)
     seed: int | None = Field(None, ge=0, lt=2**64)
+    # Reasoning tokens before the answer, for a request that sets no budget
+    # (Codex sends only an effort): docs/thinking.md.
+    reasoning_budget: int | None = Field(None, ge=0)
 
 
 # vllm-mlx per-model keys mlxd accepts so their files load unchanged, but does

@@ -20,13 +20,23 @@ from typing import Any
 
 import aiohttp
 
+from mlxd.engine.contract import AnswerFormats, GenerationEngine
 from mlxd.engine.types import GenerationChunk, GenerationRequest
-from mlxd.errors import BackendFailed, BackendTimeout, BackendUnavailable, MlxdError, UpstreamRejected, describe_exception
+from mlxd.errors import (
+    BackendFailed,
+    BackendTimeout,
+    BackendUnavailable,
+    MlxdError,
+    NotForThisModel,
+    UpstreamRejected,
+    describe_exception,
+)
 from mlxd.registry.model import ModelSpec
 from mlxd.remote.backends import BackendLink, BackendPool, read_bounded
 from mlxd.remote.answer import MAX_EVENT_BYTES, StreamReader, whole_answer
 from mlxd.remote.refusals import MAX_ERROR_BODY_BYTES, RETRY_BROKEN_S, broken, redirected, upstream_error
 from mlxd.remote.wire import endpoint, request_body
+from mlxd.tools.output_request import OutputRequest
 
 log = logging.getLogger("mlxd.remote")
 
@@ -43,14 +53,17 @@ MAX_JSON_ANSWER_BYTES = 64 << 20
 _UNREADABLE = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError)
 
 
-class RemoteEngine:
-    kind = "remote"
+class RemoteEngine(GenerationEngine):
     # Streams wait for this engine's first chunk before answering 200; it
     # comes once the backend's first event has been read, so a backend that
     # is down, says no, sends garbage or nothing is a real HTTP status (and
     # lets a failover entry try its next target).
-    confirms_start = True
+    kind = "remote"
     measured_bytes = 0
+    # A request's n choices go to the backend one after the other (its own
+    # batching is its business); its images go as data: URLs, decoded there.
+    batching = False
+    wants_image_urls = True
 
     def __init__(self, spec: ModelSpec, pool: BackendPool) -> None:
         assert spec.backend is not None
@@ -62,6 +75,19 @@ class RemoteEngine:
         # Open upstream answers, so that abort_all can cut them.
         self._open: dict[int, aiohttp.ClientResponse | None] = {}
         self._aborted: set[int] = set()
+
+    async def prepare(self, requests: list[GenerationRequest], output: OutputRequest, name: str) -> AnswerFormats:
+        """The backend has the model's tool-call format, its own grammar and
+        its own vocabulary (it checks a logit_bias itself): the output
+        request goes to it (checked before the lease, rendered as OpenAI's
+        JSON by the wire), and its tool calls and reasoning come back
+        already split."""
+        if output.asks_anything():
+            for request in requests:
+                request.output = output
+        if any(r.logprobs is not None for r in requests):
+            raise NotForThisModel("Log-probabilities are not relayed from a remote backend.", param="logprobs")
+        return AnswerFormats()
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         link = self._pool.link(self.backend)
@@ -81,6 +107,9 @@ class RemoteEngine:
             if key in self._aborted:
                 yield GenerationChunk(text="", finish_reason="abort")
                 return
+            if isinstance(exc, UpstreamRejected) and exc.param and request.output is not None:
+                # The backend names the field as the wire has it; the client sent it in its own body.
+                exc.param = request.output.client_param(exc.param)
             self._pool.failed(self.backend, exc)
             detail = getattr(exc, "detail", None)
             log.log(logging.INFO if isinstance(exc, UpstreamRejected) else logging.WARNING,

@@ -38,10 +38,8 @@ def request_body(request: GenerationRequest, remote_model: str) -> dict[str, Any
         body["stop"] = list(request.stop)
     # The answer's shape, as the client asked for it: the backend applies
     # its own tool-call format and grammar.
-    for name in ("tools", "tool_choice", "parallel_tool_calls", "response_format"):
-        value = getattr(request, name)
-        if value is not None:
-            body[name] = value
+    if request.output is not None:
+        body.update(request.output.openai_json())
     if request.chat_template_kwargs and request.messages is not None:
         # The template variables (enable_thinking ...): vLLM, mlx_lm.server
         # and mlxd render the backend model's template with them.

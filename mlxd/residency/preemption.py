@@ -11,7 +11,10 @@ that has sent anything is never preempted.
 - Only bulk leases give way, and only to interactive waiters.
 - Each interactive waiter is promised at most one lease, and each lease is
   taken back for one waiter: a preemption in flight is not repeated.
-- The lease granted last goes first: it has done the least prefill.
+- The smallest lease that frees enough slots goes first (a request's ``n``
+  choices hold one lease of several slots and are taken back together:
+  every one of them starts over), and among those the lease granted last:
+  it has done the least prefill.
 
 No clock, no I/O: the residency core asks it and tests replay it.
 """
@@ -22,7 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from mlxd.residency.priority import Waiting, class_of
+from mlxd.caller import class_of
+from mlxd.residency.priority import Waiting
 
 
 @dataclass
@@ -54,8 +58,7 @@ def to_preempt_leases(holders: Sequence[Holder], waiting: Sequence[WaitingReques
     ]
     victims = sorted(
         (h for h in holders if h.preemptable and h.preempted_for is None and class_of(h.priority) == "bulk"),
-        key=lambda h: h.granted,
-        reverse=True,
+        key=lambda h: (h.slots, -h.granted),
     )
     pairs: list[tuple[Holder, int]] = []
     for w in wanting:

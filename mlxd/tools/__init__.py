@@ -6,6 +6,7 @@
   and whole answers);
 - ``forcing``: the grammar that makes a model write a call (``tool_choice``
   ``required`` or a named function) with schema-valid arguments;
-- ``plan``: a chat request's ``tools`` / ``tool_choice`` / ``response_format``
-  checked and turned into what the engine request carries.
+- ``output_specs`` / ``output_request``: a request's tools, tool choice and
+  response format as typed values, parsed once by each surface;
+- ``output_plan``: those checked and turned into what the engine request carries.
 """

@@ -11,17 +11,19 @@ Families: ``json_tools`` (Hermes / Qwen 2.5 / Qwen 3), ``qwen3_coder``
 ``llama3_json``, ``glm47`` (GLM-4.5+: ``<arg_key>``/``<arg_value>`` pairs),
 ``pythonic`` (LFM2: ``[name(key=value)]``), ``gemma4`` (``call:name{key:value}``
 with ``<|"|>`` strings) and ``harmony`` (gpt-oss: a commentary message to
-``functions.NAME``). Others get a BadRequest naming the format.
+``functions.NAME``, after an analysis message if the model writes one). Others get a BadRequest naming the format.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from mlxd.engine.types import Constraint
 from mlxd.errors import BadRequest
-from mlxd.tools.formats import HARMONY, LLAMA3_JSON, ToolFormat
+from mlxd.tools.formats import HARMONY, HARMONY_ANALYSIS, LLAMA3_JSON, ToolFormat
+from mlxd.tools.output_specs import ToolSpec
 
 # The separators chat templates render tool-call JSON with (Python's json.dumps).
 _JSON_STYLE = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
@@ -30,7 +32,7 @@ FORCEABLE = ("json_tools", "qwen3_coder", "mistral", LLAMA3_JSON, "glm47", "pyth
 
 def forced_call(
     fmt: ToolFormat,
-    tools: list[dict[str, Any]],
+    tools: Sequence[ToolSpec],
     name: str | None = None,
     *,
     max_calls: int = 1,
@@ -69,15 +71,10 @@ def forced_call(
     return Constraint.lark(f"start: call{repeat}\n{call}{sep}\n")
 
 
-def _functions(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = []
-    for tool in tools or []:
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if isinstance(function, dict) and isinstance(function.get("name"), str):
-            params = function.get("parameters")
-            params = params if isinstance(params, dict) else {"type": "object", "properties": {}}
-            out.append({"name": function["name"], "parameters": closed(params)})
-    return out
+def _functions(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    # A tool without a schema takes any object of arguments.
+    empty = {"type": "object", "properties": {}}
+    return [{"name": t.name, "parameters": closed(t.parameters if t.parameters is not None else empty)} for t in tools]
 
 
 def closed(schema: Any) -> Any:
@@ -177,13 +174,27 @@ def _hermes(fmt: ToolFormat, functions: list[dict[str, Any]]) -> str:
 def _harmony(fmt: ToolFormat, functions: list[dict[str, Any]]) -> str:
     # The generation prompt ends in <|start|>assistant; gpt-oss's template renders a call as
     #  to=functions.NAME<|channel|>commentary json<|message|>{...}<|call|>
+    # and its reasoning before it as <|channel|>analysis<|message|>...<|end|><|start|>assistant:
+    # the model may reason first, as it does unforced (a budget ends the analysis
+    # by forcing <|end|>, mlxd.engine.reasoning_budget).
     rules = [
         f"fn{i}: {_quote(' to=functions.' + f['name'])} {_marker(fmt, fmt.start)} \"commentary json\" "
         f"{_marker(fmt, '<|message|>')} args{i}\nargs{i}: {_json(f['parameters'])}"
         for i, f in enumerate(functions)
     ]
     names = " | ".join(f"fn{i}" for i in range(len(functions)))
-    return f"call: ({names}) {_marker(fmt, fmt.end)}\n" + "\n".join(rules)
+    # The analysis text holds no special token: none of harmony's markup can hide in it.
+    analysis = (
+        f"analysis: {_spelled(fmt, HARMONY_ANALYSIS)} thought {_marker(fmt, '<|end|>')} "
+        f'{_marker(fmt, "<|start|>")} "assistant"\nthought: /(.|\\n)*/'
+    )
+    return f"call: analysis? ({names}) {_marker(fmt, fmt.end)}\n{analysis}\n" + "\n".join(rules)
+
+
+def _spelled(fmt: ToolFormat, markup: str) -> str:
+    """``markup`` as the model's own tokens where the format knows them, else its text."""
+    ids = fmt.spelling(markup)
+    return " ".join(f"<[{i}]>" for i in ids) if ids else _quote(markup)
 
 
 def _llama3(fmt: ToolFormat, functions: list[dict[str, Any]]) -> str:

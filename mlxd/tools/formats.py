@@ -36,6 +36,8 @@ LLAMA3_JSON = "llama3_json"
 # gpt-oss: calls are harmony messages to ``functions.NAME`` (mlxd.tools.harmony).
 HARMONY = "harmony"
 NONE = "none"
+# The header of gpt-oss's reasoning message.
+HARMONY_ANALYSIS = "<|channel|>analysis<|message|>"
 # The special tokens harmony is written in: a vocabulary with them all is gpt-oss's.
 HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>")
 # The format of a model whose template names none (see the module docstring).
@@ -61,9 +63,16 @@ class ToolFormat:
     # token, since llguidance holds every added token as a special token
     # that the marker's text never matches.
     marker_tokens: tuple[tuple[str, int], ...] = ()
+    # Markup a forcing grammar writes as this model's own token ids, so the
+    # ids a reasoning phase follows are the ones written (gpt-oss's analysis
+    # header: its text could be spelled in other tokens).
+    spellings: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     def marker_token(self, marker: str) -> int | None:
         return dict(self.marker_tokens).get(marker)
+
+    def spelling(self, markup: str) -> tuple[int, ...]:
+        return dict(self.spellings).get(markup, ())
 
 
 def known_parsers() -> list[str]:
@@ -128,7 +137,10 @@ def resolve(tokenizer: Any, override: str | None = None) -> ToolFormat | None:
         # The template renders tools in a markup mlxd cannot read back.
         return None
     markers = (fmt.start, fmt.end, *_INNER_MARKERS.get(fmt.name, ()))
-    return dataclasses.replace(fmt, marker_tokens=_marker_tokens(tokenizer, markers))
+    spellings = tuple((m, encoded(tokenizer, m)) for m in _SPELLED.get(fmt.name, ()))
+    return dataclasses.replace(
+        fmt, marker_tokens=_marker_tokens(tokenizer, markers), spellings=tuple(s for s in spellings if s[1])
+    )
 
 
 # Markup inside a call that the families' tokenizers hold as added tokens.
@@ -136,8 +148,20 @@ _INNER_MARKERS = {
     "glm47": ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"),
     "gemma4": ('<|"|>',),
     "mistral": ("[ARGS]",),
-    HARMONY: ("<|message|>",),
+    HARMONY: ("<|message|>", "<|end|>", "<|start|>"),
 }
+
+
+# Markup a forcing grammar spells in the model's tokens (see ToolFormat.spellings).
+_SPELLED = {HARMONY: (HARMONY_ANALYSIS,)}
+
+
+def encoded(tokenizer: Any, text: str) -> tuple[int, ...]:
+    """``text`` as the model's token ids (none when there is no tokenizer to ask)."""
+    try:
+        return tuple(tokenizer.encode(text, add_special_tokens=False))
+    except (AttributeError, TypeError, ValueError):
+        return ()
 
 
 def _marker_tokens(tokenizer: Any, markers: tuple[str, ...]) -> tuple[tuple[str, int], ...]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlxd.tools.formats import HARMONY, HARMONY_TOKENS, NONE, vocab_of
+from mlxd.tools.formats import HARMONY, HARMONY_ANALYSIS, HARMONY_TOKENS, NONE, encoded, vocab_of
 
 # Marker pairs by the name ``reasoning_parser:`` gives them, in the order
 # mlx-lm's detection tries them. ``qwen3`` and ``deepseek_r1`` are vLLM's
@@ -117,7 +117,7 @@ def named(name: str, tokenizer: Any = None) -> ReasoningFormat | None:
     if name not in PAIRS:
         raise ValueError(f"unknown reasoning parser {name!r}; choose from {', '.join(known_parsers())}")
     start, end = PAIRS[name]
-    return ReasoningFormat(name, start, end, _ids(tokenizer, end), _ids(tokenizer, start))
+    return ReasoningFormat(name, start, end, encoded(tokenizer, end), encoded(tokenizer, start))
 
 
 def guess_from_vocab(vocab: dict[str, Any]) -> str | None:
@@ -159,17 +159,10 @@ def harmony_format(tokenizer: Any = None) -> ReasoningFormat:
     and the final channel's header, so the answer follows in that channel."""
     return ReasoningFormat(
         HARMONY,
-        start_ids=_ids(tokenizer, "<|channel|>analysis<|message|>"),
-        end_ids=_ids(tokenizer, "<|end|>"),
-        force_ids=_ids(tokenizer, "<|end|><|start|>assistant<|channel|>final<|message|>"),
+        start_ids=encoded(tokenizer, HARMONY_ANALYSIS),
+        end_ids=encoded(tokenizer, "<|end|>"),
+        force_ids=encoded(tokenizer, "<|end|><|start|>assistant<|channel|>final<|message|>"),
     )
-
-
-def _ids(tokenizer: Any, text: str) -> tuple[int, ...]:
-    try:
-        return tuple(tokenizer.encode(text, add_special_tokens=False))
-    except (AttributeError, TypeError, ValueError):
-        return ()
 
 
 def _rfind(tokens: list[int], sequence: tuple[int, ...]) -> int:

@@ -7,16 +7,18 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from support.asgi import Call, running
 from support.residency_sim import manager, spec
 
-from mlxd.api.plan import Plan, for_target, shape_output
+from mlxd.api.openai.bodies import chat_tool_choice, chat_tools
+from mlxd.api.plan import Plan, for_target
 from mlxd.tools.output_request import OutputRequest
 from mlxd.daemon.build import build_daemon
+from mlxd.engine.contract import AnswerFormats, GenerationEngine
+from mlxd.engine.local_output import shape_locally
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.registry.model import Registry, ServerSpec
 from mlxd.settings import DaemonSettings
@@ -33,24 +35,34 @@ def anyio_backend():
     return "asyncio"
 
 
-class ScriptedEngine:
-    """Plays a script per request: text pieces, pauses, a finish reason or an
-    exception. Remembers what it was asked and which generations were closed."""
+class ScriptedEngine(GenerationEngine):
+    """Plays a script per request after accepting it: text pieces, pauses, a
+    finish reason or an exception. Remembers what it was asked and which
+    generations were closed. Its output is settled as a local engine's, over
+    ``tool_format`` (none unless a test sets one), with no grammar compiled."""
+
+    kind = "text"
+    measured_bytes = None
+    batching = False
+    wants_image_urls = False
 
     def __init__(self, name: str, script: list[Any]) -> None:
         self.name = name
-        self.kind = "text"
         self.script = script
         self.requests: list[GenerationRequest] = []
         self.closed: list[str] = []
         self.started = asyncio.Event()
-        self.measured_bytes = None
+        self.tool_format = None
+
+    async def prepare(self, requests: list[GenerationRequest], output: OutputRequest, name: str) -> AnswerFormats:
+        return shape_locally(requests, output, name, self.tool_format)
 
     async def generate(self, request: GenerationRequest):
         self.requests.append(request)
         self.started.set()
         produced = 0
         try:
+            yield GenerationChunk("")  # accepted
             for step in self.script:
                 if isinstance(step, float):
                     await asyncio.sleep(step)
@@ -77,6 +89,9 @@ class ScriptedEngine:
 
     def stats(self) -> dict[str, Any]:
         return {}
+
+    async def clear_prefix_cache(self) -> bool:
+        return False
 
 
 class Harness:
@@ -441,10 +456,10 @@ def test_stop_strings_apply_to_everything_but_a_forced_call(choice, stops):
     plan = Plan(
         kind="messages", spec=spec("m", 1), requested_name="m", stream=False, timeout=FOREVER,
         requests=[GenerationRequest("r-0", 8, stop=["</s>", '"']), GenerationRequest("r-1", 8, stop=["</s>", '"'])],
-        output=OutputRequest(tools=tools, tool_choice=choice),
+        output=OutputRequest(tools=chat_tools(tools), tool_choice=chat_tool_choice(choice)),
     )
     attempt = for_target(plan, plan.spec, max_request_tokens=4096)
-    shape_output(plan, attempt, SimpleNamespace(tool_format=format_named("json_tools")))
+    shape_locally(attempt.requests, plan.output, plan.requested_name, format_named("json_tools"))
     assert [r.stop for r in attempt.requests] == [stops, stops]
     # The plan is not rewritten: the next target's attempt starts from the client's stop strings.
     assert [r.stop for r in plan.requests] == [["</s>", '"'], ["</s>", '"']]

@@ -174,26 +174,33 @@ async def test_a_tool_name_given_twice_is_a_400_naming_the_second_entry(tmp_path
     assert where in message and "`add`" in message
 
 
+# The 400 names the schema as the surface's client spelled its field.
 NOT_OBJECT_SCHEMAS = [
     ("/v1/chat/completions", {"model": "m", "messages": CHAT,
-                              "tools": [chat_tool("ok"), chat_tool("s", {"type": "string"})]}, "tools[1]"),
+                              "tools": [chat_tool("ok"), chat_tool("s", {"type": "string"})]}, "tools[1]",
+     "tools[1].function.parameters"),
     # OpenAI chat's parameters is an object when given; null is not one.
     ("/v1/chat/completions", {"model": "m", "messages": CHAT,
                               "tools": [{"type": "function", "function": {"name": "n", "parameters": None}}]},
-     "tools[0]"),
+     "tools[0]", "tools[0].function.parameters"),
     ("/v1/responses", {"model": "m", "input": "hi",
                        "tools": [{"type": "web_search"}, responses_tool("s", parameters={"type": "array"})]},
-     "tools[1]"),
-    ("/v1/messages", {**MESSAGES, "tools": [anthropic_tool("s", input_schema={"type": "string"})]}, "tools[0]"),
+     "tools[1]", "tools[1].parameters"),
+    ("/v1/messages", {**MESSAGES, "tools": [anthropic_tool("s", input_schema={"type": "string"})]}, "tools[0]",
+     "tools[0].input_schema"),
     # A custom tool's input_schema is required by Anthropic's API.
-    ("/v1/messages", {**MESSAGES, "tools": [WEB_SEARCH, {"name": "bare"}]}, "tools[1]"),
+    ("/v1/messages", {**MESSAGES, "tools": [WEB_SEARCH, {"name": "bare"}]}, "tools[1]", "tools[1].input_schema"),
+    ("/v1/messages/count_tokens", {**MESSAGES, "tools": [anthropic_tool("s", input_schema={"type": "array"})]}, "tools[0]",
+     "tools[0].input_schema"),
 ]
 
 
-@pytest.mark.parametrize(("path", "body", "where"), NOT_OBJECT_SCHEMAS)
-async def test_a_tool_schema_that_is_no_object_schema_is_a_400_under_auto_too(tmp_path, path, body, where):
+@pytest.mark.parametrize(("path", "body", "where", "field"), NOT_OBJECT_SCHEMAS)
+async def test_a_tool_schema_that_is_no_object_schema_is_a_400_naming_the_surfaces_field(
+    tmp_path, path, body, where, field
+):
     message = refused_at(await answer(tmp_path, path, body), path, where)
-    assert where in message and "object" in message
+    assert f"{field} must be a JSON schema of an object" in message
 
 
 @pytest.mark.parametrize("parameters", [None, {}, {"properties": {"a": {"type": "integer"}}},

@@ -84,3 +84,34 @@ def test_a_preempted_request_that_ends_first_lets_the_queue_go_on():
     assert sim.preempted() == [bulk]
     sim.release(bulk)  # it failed or was cancelled before it saw the preemption
     assert sim.granted(editor)
+
+
+def test_a_lease_of_several_choices_is_taken_back_whole_and_waits_again_for_all_its_slots():
+    sim = loaded(max_concurrency=3)
+    sim.core.fair.reserve_interactive = False
+    wide = sim.request("m", slots=3, priority="bulk")  # n = 3 under one lease
+    sim.preemptable(wide)
+    editor = sim.request("m", priority="interactive")
+    assert sim.preempted() == [wide]
+    sim.requeue(wide)
+    assert sim.granted(editor) and not sim.granted(wide), "its three choices wait for three slots"
+    sim.release(editor)
+    assert sim.granted(wide) and sim.core.residents["m"].active == 3
+
+
+def test_the_smallest_lease_that_frees_enough_slots_gives_way():
+    sim = loaded(max_concurrency=4)
+    sim.core.fair.reserve_interactive = False
+    single = sim.request("m", priority="bulk")
+    sim.now += 1
+    wide = sim.request("m", slots=3, priority="bulk")  # granted last, but three choices would start over
+    sim.preemptable(single)
+    sim.preemptable(wide)
+    editor = sim.request("m", priority="interactive")
+    assert sim.preempted() == [single]
+    sim.requeue(single)
+    assert sim.granted(editor)
+    pair = sim.request("m", slots=2, priority="interactive")
+    assert sim.preempted() == [single, wide], "only the wide lease frees two slots"
+    sim.requeue(wide)
+    assert sim.granted(pair)

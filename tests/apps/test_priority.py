@@ -119,3 +119,16 @@ def test_a_class_that_was_idle_banks_no_credit():
         queue.remove(w)
         picked.append(w.priority)
     assert picked.count("bulk") == 2
+
+
+def test_a_request_that_needs_every_slot_runs_once_the_model_is_idle():
+    sim = loaded(2)
+    first = sim.request("m", priority="bulk")
+    wide = sim.request("m", slots=2, priority="bulk")  # n = 2 on a model of two slots
+    assert sim.granted(first) and not sim.granted(wide)
+    sim.release(first)
+    assert sim.granted(wide), "it could never fit beside the kept slot: the idle model lets it in"
+    editor = sim.request("m", priority="interactive")
+    assert not sim.granted(editor) and sim.preempted() == [], "it has not said it may be taken back"
+    sim.preemptable(wide)
+    assert sim.preempted() == [wide]

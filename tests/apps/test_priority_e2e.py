@@ -4,11 +4,8 @@ before it. One daemon for the module."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
-import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -16,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from support.daemon import daemon_in_thread, wait_until, write_registry
+from support.daemon import daemon_in_thread, holding_the_worker, wait_until, write_registry
 
 EDITOR, BULK, OPS, STRANGER = "sk-editor-e2e", "sk-bulk-e2e", "sk-ops-e2e", "sk-stranger-e2e"
 
@@ -28,7 +25,11 @@ def _sha(key: str) -> str:
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory) -> Iterator[Any]:
     tmp = tmp_path_factory.mktemp("priority")
-    path = write_registry(tmp, [{"name": "tiny", "model": "qwen", "max_concurrency": 1, "preload": True}])
+    path = write_registry(tmp, [
+        {"name": "tiny", "model": "qwen", "max_concurrency": 1, "preload": True},
+        {"name": "wide", "model": "qwen", "max_concurrency": 2, "preload": True},
+        {"name": "pair", "targets": ["wide", "tiny"]},  # warm: both loaded, so `wide` first
+    ])
     text = path.read_text() + (
         "apps:\n"
         f"  - {{name: editor, key_sha256: {_sha(EDITOR)}, priority: interactive}}\n"
@@ -38,7 +39,7 @@ def daemon(tmp_path_factory) -> Iterator[Any]:
     )
     path.write_text(text)
     with daemon_in_thread(path, tmp, history_step_seconds=0.2) as d:
-        wait_until(lambda: d.ctx.manager.view("tiny").state.value == "loaded", timeout=120)
+        wait_until(lambda: all(d.ctx.manager.view(m).state.value == "loaded" for m in ("tiny", "wide")), timeout=120)
         yield d
 
 
@@ -108,18 +109,27 @@ def test_a_key_that_is_not_admin_reads_only_its_own_app_and_models_in_metrics_an
 
 
 def _text(daemon: Any, key: str, max_tokens: int, stream: bool = False) -> tuple[int, str]:
-    body = {"model": "tiny", "prompt": "alpha beta gamma delta", "max_tokens": max_tokens, "ignore_eos": True,
-            "temperature": 0, "stream": stream}
+    status, texts = _choices(daemon, key, max_tokens, stream=stream)
+    return status, "".join(texts)
+
+
+def _choices(daemon: Any, key: str, max_tokens: int, stream: bool = False, model: str = "tiny",
+             n: int = 1) -> tuple[int, list[str]]:
+    # n > 1: a list of prompts, the completions route's way to several generations under one lease.
+    prompt = "alpha beta gamma delta"
+    body = {"model": model, "prompt": prompt if n == 1 else [prompt] * n, "max_tokens": max_tokens,
+            "ignore_eos": True, "temperature": 0, "stream": stream}
     headers = {"authorization": f"Bearer {key}"}
     if not stream:
         answer = httpx.post(daemon.url + "/v1/completions", json=body, headers=headers, timeout=120)
-        return answer.status_code, answer.json()["choices"][0]["text"]
-    parts = []
+        return answer.status_code, [c["text"] for c in sorted(answer.json()["choices"], key=lambda c: c["index"])]
+    parts = [""] * n
     with httpx.stream("POST", daemon.url + "/v1/completions", json=body, headers=headers, timeout=120) as answer:
         for line in answer.iter_lines():
             if line.startswith("data: {"):
-                parts.extend(c["text"] for c in json.loads(line[6:])["choices"])
-        return answer.status_code, "".join(parts)
+                for c in json.loads(line[6:])["choices"]:
+                    parts[c["index"]] += c["text"]
+        return answer.status_code, parts
 
 
 def test_a_bulk_request_that_has_sent_nothing_gives_its_slot_to_an_interactive_one(daemon):
@@ -129,12 +139,7 @@ def test_a_bulk_request_that_has_sent_nothing_gives_its_slot_to_an_interactive_o
     ones each gets alone."""
     manager, core = daemon.ctx.manager, daemon.ctx.manager.core
     alone_bulk, alone_editor = _text(daemon, BULK, 24), _text(daemon, EDITOR, 6)
-    gate, holding = threading.Event(), threading.Event()
     done: list[str] = []
-
-    def hold() -> None:
-        holding.set()
-        gate.wait(60)
 
     def timed(label: str, *args: Any) -> tuple[int, str]:
         result = _text(daemon, *args)
@@ -142,9 +147,8 @@ def test_a_bulk_request_that_has_sent_nothing_gives_its_slot_to_an_interactive_o
         return result
 
     with ThreadPoolExecutor(3) as pool:
-        busy = pool.submit(asyncio.run, daemon.ctx.worker.call(hold))
+        busy, gate = holding_the_worker(daemon, pool)
         try:
-            assert holding.wait(30), "the worker runs the call that holds it"
             bulk = pool.submit(timed, "bulk", BULK, 24, True)
             wait_until(lambda: any(h.preemptable for h in list(core.holders.values())))
             editor = pool.submit(timed, "editor", EDITOR, 6)
@@ -158,3 +162,28 @@ def test_a_bulk_request_that_has_sent_nothing_gives_its_slot_to_an_interactive_o
         assert editor.result() == alone_editor
         assert bulk.result() == alone_bulk, "the preempted stream starts over, its client none the wiser"
     assert done == ["editor", "bulk"]
+
+
+def test_the_generations_of_a_bulk_request_on_a_failover_entry_give_way_together_and_wait_on_their_target(daemon):
+    """Two prompts under one lease of `wide` (both its slots), reached through the
+    failover entry `pair`: an interactive request for `pair` takes the lease
+    back before either generation's first byte; both wait again on
+    `wide` and start over, and each answer is the one it gets alone."""
+    manager, core = daemon.ctx.manager, daemon.ctx.manager.core
+    alone_bulk = _choices(daemon, BULK, 12, stream=True, model="pair", n=2)
+    alone_editor = _choices(daemon, EDITOR, 6, model="pair")
+    with ThreadPoolExecutor(3) as pool:
+        busy, gate = holding_the_worker(daemon, pool)
+        try:
+            bulk = pool.submit(_choices, daemon, BULK, 12, True, "pair", 2)
+            wait_until(lambda: any(h.preemptable and h.slots == 2 for h in list(core.holders.values())))
+            editor = pool.submit(_choices, daemon, EDITOR, 6, False, "pair")
+            wait_until(lambda: any(e.kind == "preempt" and e.model == "wide" for e in manager.events.recent()))
+            wait_until(lambda: [(h.model, h.priority) for h in list(core.holders.values())] == [("wide", "interactive")])
+            assert core.queued("wide") == 1 and core.queued("tiny") == 0, "the bulk request waits again on `wide`"
+        finally:
+            gate.set()
+        busy.result()
+        assert editor.result() == alone_editor
+        assert bulk.result() == alone_bulk, "both generations start over, their client none the wiser"
+    assert alone_bulk[0] == 200 and len(alone_bulk[1]) == 2 and all(alone_bulk[1])

@@ -434,3 +434,48 @@ def test_a_request_whose_batch_loop_never_ran_is_told_the_worker_shut_down(qwen_
 
     stats = run(main())
     assert (stats["in_flight"], stats["running"], stats["generations"]) == (0, 0, 0)
+
+
+def test_prompts_wait_for_prefill_by_class_first_come_first_served_within_one():
+    from mlxd.engine.batch import prefill_position
+
+    interactive, default, bulk = 0, 1, 2
+    assert prefill_position([bulk, bulk], interactive) == 0, "ahead of the bulk prompts queued before it"
+    assert prefill_position([interactive, bulk], interactive) == 1, "behind an interactive one that came first"
+    assert prefill_position([interactive, default, bulk], default) == 2
+    assert prefill_position([interactive], bulk) == 1 and prefill_position([], bulk) == 0
+
+
+def test_an_interactive_prompt_is_prefilled_before_the_long_bulk_prompts_queued_ahead_of_it(worker, qwen_tiny):
+    """Two long bulk prompts (many prefill chunks each) and a short
+    interactive one arrive together: the interactive request's first token
+    comes first, and the bulk prompts' prefill goes on after it."""
+    import keyword
+
+    names = [w for w in keyword.kwlist if w.isalpha()]
+    long_prompt = " ".join(f"{names[i % len(names)]}_{i}" for i in range(60))
+
+    async def main():
+        batch = await load_text_engine(spec_for(qwen_tiny, "b", max_concurrency=4), worker, prefill_chunk=8)
+        try:
+            firsts: list[str] = []
+
+            async def consume(request):
+                async for chunk in batch.generate(request):
+                    if not is_acceptance(chunk) and request.request_id not in firsts:
+                        firsts.append(request.request_id)
+
+            gate = threading.Event()
+            held = asyncio.ensure_future(worker.call(gate.wait))  # the worker busy while all three arrive
+            asks = [greedy(f"bulk{i}", prompt=f"{long_prompt} {i}", max_tokens=2, priority="bulk") for i in range(2)]
+            asks.append(greedy("editor", prompt=PROMPT, max_tokens=2, priority="interactive"))
+            consumers = [asyncio.ensure_future(consume(r)) for r in asks]
+            await asyncio.sleep(0.2)
+            gate.set()
+            await held
+            await asyncio.gather(*consumers)
+            return firsts
+        finally:
+            await batch.close()
+
+    assert run(main()) == ["editor", "bulk0", "bulk1"]

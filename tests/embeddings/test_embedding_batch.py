@@ -106,3 +106,33 @@ def test_a_request_key_cannot_be_queued_twice() -> None:
     queue.add("a", [ids(1)])
     with pytest.raises(ValueError):
         queue.add("a", [ids(1)])
+
+
+def test_an_interactive_query_goes_in_the_next_pass_however_much_bulk_work_waits() -> None:
+    queue = BatchQueue(max_tokens=20)
+    queue.add("indexer", [ids(10) for _ in range(20)], priority="bulk")
+    queue.add("editor", [ids(10)], priority="interactive")
+    first = queue.take()
+    assert first is not None and first.rows[0].request == "editor"
+    assert [r.request for r in first.rows] == ["editor", "indexer"], "the room left is topped up with bulk rows"
+
+
+def test_bulk_inputs_still_get_their_turns_under_sustained_interactive_load() -> None:
+    queue = BatchQueue(max_tokens=10)  # one row of 10 tokens a pass
+    queue.add("indexer", [ids(10) for _ in range(5)], priority="bulk")
+    firsts = []
+    for turn in range(27):
+        queue.add(("editor", turn), [ids(10)], priority="interactive")  # one more query every pass
+        batch = queue.take()
+        assert batch is not None
+        firsts.append("bulk" if batch.rows[0].request == "indexer" else "interactive")
+    # Interactive and bulk take turns 8 : 1 (as in residency's fair queue).
+    assert firsts.count("bulk") == 3 and firsts[8] == "bulk" and firsts[:8] == ["interactive"] * 8
+
+
+def test_without_priorities_the_queue_is_as_before() -> None:
+    queue = BatchQueue(max_tokens=40)
+    queue.add("a", [ids(10), ids(2)])
+    queue.add("b", [ids(3)], priority="no such class")  # an unknown class is the default one
+    batch = queue.take()
+    assert batch is not None and [r.length for r in batch.rows] == [2, 3, 10]

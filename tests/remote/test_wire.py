@@ -6,11 +6,13 @@ import json
 
 import pytest
 
+from mlxd.api.openai.bodies import chat_response_format, chat_tool_choice, chat_tools
 from mlxd.engine.types import GenerationRequest, SamplingParams
 from mlxd.errors import BackendFailed, UpstreamRejected
 from mlxd.remote.answer import MAX_EVENT_BYTES, MAX_TOOL_CALLS, StreamReader, whole_answer
 from mlxd.remote.refusals import upstream_error
 from mlxd.remote.wire import endpoint, request_body
+from mlxd.tools.output_request import OutputRequest
 
 
 def test_a_chat_request_goes_out_as_a_streaming_chat_completion_under_the_remote_name():
@@ -103,17 +105,21 @@ WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "paramet
 
 
 def test_the_answers_shape_goes_out_as_the_client_asked_for_it():
+    # A chat client's fields, parsed by its surface and rendered back for the wire.
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    output = OutputRequest(tools=chat_tools([WEATHER_TOOL]), tool_choice=chat_tool_choice(choice),
+                           parallel_tool_calls=False)
     request = GenerationRequest(
-        request_id="r", max_tokens=9, messages=[{"role": "user", "content": "hi"}], tools=[WEATHER_TOOL],
-        tool_choice={"type": "function", "function": {"name": "get_weather"}}, parallel_tool_calls=False,
+        request_id="r", max_tokens=9, messages=[{"role": "user", "content": "hi"}], output=output,
     )
     body = request_body(request, "m")
     assert body["tools"] == [WEATHER_TOOL]
-    assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert body["tool_choice"] == choice
     assert body["parallel_tool_calls"] is False
     assert "response_format" not in body
-    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
-    shaped = request_body(GenerationRequest(request_id="r", max_tokens=9, messages=[], response_format=schema), "m")
+    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": True}}
+    output = OutputRequest(response_format=chat_response_format(schema))
+    shaped = request_body(GenerationRequest(request_id="r", max_tokens=9, messages=[], output=output), "m")
     assert shaped["response_format"] == schema and "tools" not in shaped
 
 

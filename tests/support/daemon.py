@@ -4,6 +4,7 @@ the test process or as a separate `mlxd serve` process."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -165,3 +166,19 @@ def daemon_process(
     argv = [sys.executable, "-m", "mlxd", "serve", *config, "--port", str(port), *args]
     with served_process(argv, log_path, f"{url}/health", env=full_env) as process:
         yield Daemon(url=url, process=process, log_path=log_path)
+
+
+def holding_the_worker(daemon: Daemon, pool: Any) -> tuple[Any, threading.Event]:
+    """The daemon's shared MLX worker busy with a call (as during another
+    model's load) until the returned event is set; ``pool`` (a thread pool)
+    runs it, and the future it gives ends once the call has. Work leased
+    meanwhile waits on the worker, having sent nothing."""
+    gate, holding = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        holding.set()
+        gate.wait(60)
+
+    busy = pool.submit(asyncio.run, daemon.ctx.worker.call(hold))
+    assert holding.wait(30), "the worker runs the call that holds it"
+    return busy, gate

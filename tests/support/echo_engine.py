@@ -1,7 +1,8 @@
 """A kind of model that is not in mlxd: an engine that echoes the last
 message back. The whole of it is this module and one row of the kinds
 table (``ECHO``); tests/kinds proves the daemon serves, leases, budgets and
-shows it with no other edit."""
+shows it with no other edit. The engine implements the generation contract
+(``mlxd.engine.contract.GenerationEngine``) and nothing else."""
 
 from __future__ import annotations
 
@@ -17,21 +18,26 @@ from typing import Any
 import yaml
 
 from mlxd.daemon.build import build_daemon
+from mlxd.engine.contract import AnswerFormats, GenerationEngine
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.registry.kinds import CHAT, KINDS, ModelKind
 from mlxd.registry.loader import load_registry
 from mlxd.registry.model import ModelSpec
 from mlxd.settings import DaemonSettings
+from mlxd.tools.output_request import OutputRequest
 from support.daemon import Daemon, free_port, wait_until
 
 ECHO = ModelKind(name="echo", engine="support.echo_engine:load_echo_engine", routes=frozenset({CHAT}))
 WITH_ECHO = {**KINDS, ECHO.name: ECHO}
 
 
-class EchoEngine:
+class EchoEngine(GenerationEngine):
     kind = "echo"
     # It cannot measure itself: the registry's estimate is its charge.
     measured_bytes: int | None = None
+    # One answer at a time; it takes no images (its row says so).
+    batching = False
+    wants_image_urls = False
 
     def __init__(self, spec: ModelSpec) -> None:
         self.name = spec.name
@@ -40,6 +46,10 @@ class EchoEngine:
         # A message starting "hold" waits here before it is answered, so a
         # test can look at the daemon while the lease is held.
         self.gate = threading.Event()
+
+    async def prepare(self, requests: list[GenerationRequest], output: OutputRequest, name: str) -> AnswerFormats:
+        # Its row has no grammars: a request asking for tools or a format was refused before the lease.
+        return AnswerFormats()
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         yield GenerationChunk(text="")  # accepted
@@ -58,6 +68,9 @@ class EchoEngine:
 
     async def close(self) -> None:
         self.closed = True
+
+    async def clear_prefix_cache(self) -> bool:
+        return False
 
     def stats(self) -> dict[str, Any]:
         return {"kind": self.kind, "answered": self.answered}

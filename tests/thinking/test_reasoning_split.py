@@ -230,3 +230,55 @@ def test_a_budget_ends_harmonys_analysis_and_the_answer_follows_in_the_final_cha
     assert answer.content == harmony.decode([filler] * 3)
     # The budget's tokens, the header and <|end|>: the final channel's header is the answer's.
     assert phase.reasoning_tokens(len(tokens) - len(prompt)) == len(header) + budget + 1
+
+
+def test_a_forced_call_on_harmony_may_reason_first_and_the_budget_ends_the_analysis(harmony):
+    # The model is free to open the analysis channel before a forced call, as
+    # gpt-oss does unforced; a spent budget closes it and the grammar goes on
+    # to a call that harmony's parser reads and the schema accepts.
+    import jsonschema
+    import mlx.core as mx
+
+    from mlxd.engine.reasoning_budget import reasoning_phase
+    from mlxd.grammar.compiler import GrammarCompiler
+    from mlxd.grammar.processor import GrammarProcessor
+    from mlxd.tools.forcing import forced_call
+    from mlxd.tools.output_specs import ToolSpec
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}}, "required": ["city"]}
+    tools = [ToolSpec("get_weather", "tools[0]", parameters=schema)]
+    tool_format, fmt = formats.resolve(harmony), reasoning.resolve(harmony)
+    width = harmony.vocab_size + 200
+    compiler = GrammarCompiler(harmony, width)
+    budget = 4
+    channel = harmony.convert_tokens_to_ids("<|channel|>")
+    filler = harmony.encode("m", add_special_tokens=False)[-1]
+    prompt = harmony.encode("<|start|>assistant", add_special_tokens=False)
+
+    def generate(budget: int | None) -> tuple[list[int], object]:
+        grammar = GrammarProcessor(compiler.matcher(forced_call(tool_format, tools)), compiler.mask_size,
+                                   compiler.eos_token_ids)
+        phase = reasoning_phase(fmt, opens=False, budget=budget, after=[grammar])
+        step = phase or grammar
+        tokens = list(prompt)
+        for _ in range(60):
+            # A model that would open the analysis channel, then reason forever.
+            logits = mx.zeros((1, width)).at[0, channel].add(20.0).at[0, filler].add(10.0)
+            token = int(mx.argmax(step(mx.array(tokens), logits), axis=-1).item())
+            if token in compiler.eos_token_ids:
+                break
+            tokens.append(token)
+        return tokens[len(prompt):], phase
+
+    answer, phase = generate(budget)
+    split = split_answer(tool_format, harmony.decode(answer), tools, reasoning=fmt)
+    assert split.reasoning == harmony.decode([filler] * budget) and split.content == ""
+    [call] = split.tool_calls
+    assert call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), schema)
+    header = harmony.encode(formats.HARMONY_ANALYSIS, add_special_tokens=False)
+    # The analysis header, the budget's tokens and the <|end|> it forced.
+    assert phase.reasoning_tokens(len(answer) + 1) == len(header) + budget + 1
+    # No budget: the grammar holds the model in the analysis until max_tokens.
+    unbounded, _ = generate(None)
+    assert split_answer(tool_format, harmony.decode(unbounded), tools, reasoning=fmt).tool_calls == []

@@ -37,6 +37,9 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     registry = write_registry(tmp, [
         {"name": "thinker", "path": str(thinker)},
         {"name": "thinker-batched", "path": str(thinker), "max_concurrency": 2},
+        # Codex sends an effort and no budget: the registry's ends the reasoning.
+        {"name": "thinker-codex", "path": str(thinker), "max_context": 32768,
+         "defaults": {"reasoning_budget": BUDGET, "max_tokens": 16}},
         {"name": "qwen3", "path": str(qwen3)},
         {"name": "qwen3-quiet", "path": str(qwen3), "chat_template_kwargs": {"enable_thinking": False}},
         # Nemotron-H's template reads /no_think in a turn, not enable_thinking.
@@ -167,9 +170,34 @@ def test_anthropic_thinking_blocks_with_a_budget(daemon: Daemon):
     assert counted[0] == counted[1]
 
 
+def test_anthropic_display_omitted_keeps_empty_thinking_blocks_and_the_same_answer(daemon: Daemon):
+    # Anthropic's own way to leave reasoning out (Claude Code sends it): the
+    # blocks stay, with their text empty, so a client that sends them back
+    # keeps working; the model thinks as it would.
+    client = anthropic_client(daemon)
+    asked = dict(model="thinker", max_tokens=20, messages=MESSAGES, extra_body={"temperature": 0})
+    shown = client.messages.create(**asked, thinking={"type": "enabled", "budget_tokens": BUDGET})
+    for thinking in ({"type": "enabled", "budget_tokens": BUDGET, "display": "omitted"},
+                     {"type": "adaptive", "display": "omitted"}):
+        hidden = client.messages.create(**asked, thinking=thinking)
+        assert [(b.type, getattr(b, "thinking", None)) for b in hidden.content] == [("thinking", ""), ("text", None)]
+        if "budget_tokens" in thinking:
+            assert hidden.content[1].text == shown.content[1].text
+    with client.messages.stream(**asked, thinking={"type": "enabled", "budget_tokens": BUDGET,
+                                                    "display": "omitted"}) as stream:
+        deltas = [e.delta.type for e in stream if e.type == "content_block_delta"]
+        final = stream.get_final_message()
+    assert "thinking_delta" not in deltas and deltas[0] == "signature_delta"
+    assert [(b.type, getattr(b, "thinking", None)) for b in final.content] == [("thinking", ""), ("text", None)]
+    assert final.content[1].text == shown.content[1].text
+    refused = httpx.post(f"{daemon.url}/v1/messages", headers={"x-api-key": KEY}, timeout=30, json={
+        **asked, "thinking": {"type": "adaptive", "display": "hidden"}})
+    assert refused.status_code == 400 and "thinking.display" in refused.json()["error"]["message"]
+
+
 def test_responses_stream_reasoning_items_as_codex_reads_them(daemon: Daemon):
     body = {"model": "thinker", "input": PROMPT, "max_output_tokens": 20, "temperature": 0, "stream": True,
-            "reasoning": {"effort": "low", "max_tokens": BUDGET}}
+            "reasoning": {"effort": "low", "max_tokens": BUDGET, "summary": "auto"}}
     events = []
     with httpx.stream("POST", f"{daemon.url}/v1/responses", json=body, timeout=60,
                       headers={"authorization": f"Bearer {KEY}"}) as response:
@@ -189,18 +217,50 @@ def test_responses_stream_reasoning_items_as_codex_reads_them(daemon: Daemon):
     assert reasoning["status"] == "completed" and message["status"] == "incomplete"
     deltas = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
     assert reasoning["type"] == "reasoning" and reasoning["content"] == [{"type": "reasoning_text", "text": deltas}]
+    # A summary was asked for (Codex asks): a local model's is its reasoning, streamed alongside.
+    summarized = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_summary_text.delta")
+    assert summarized == deltas and reasoning["summary"] == [{"type": "summary_text", "text": deltas}]
+    assert kinds.index("response.reasoning_summary_part.added") < kinds.index("response.reasoning_summary_part.done")
     assert message["content"][0]["text"]
     assert done["response"]["usage"]["output_tokens_details"]["reasoning_tokens"] == REASONING_TOKENS
     # The SDK reads the same response whole, and a second turn continues it from the store.
     client = openai_client(daemon)
     first = client.responses.create(model="thinker", input=PROMPT, max_output_tokens=20, temperature=0,
                                     reasoning={"effort": "low"}, extra_body={"reasoning": {"max_tokens": BUDGET}})
-    assert [item.type for item in first.output] == ["reasoning", "message"]
+    assert [item.type for item in first.output] == ["reasoning", "message"] and first.output[0].summary == []
     assert first.output[1].content[0].text == message["content"][0]["text"]
     second = client.responses.create(model="thinker", input="And then?", previous_response_id=first.id,
                                      max_output_tokens=4, temperature=0)
     # Still reasoning when max_output_tokens cut it: the reasoning item, no answer yet.
     assert (second.status, second.output[0].type) == ("incomplete", "reasoning")
+
+
+def test_codex_cli_shows_the_reasoning_and_the_answer_of_a_thinking_model(daemon: Daemon, tmp_path: Path):
+    # The real Codex CLI, configured as docs/agents.md shows, on a model whose
+    # template opens the think block: its events carry a reasoning item and
+    # the answer after it, as it reads them from the Responses stream.
+    import shutil
+    import subprocess
+
+    from agents.test_agent_clis import _env, cli, doc_block, doc_shell
+
+    codex = cli("codex")
+    (tmp_path / ".codex").mkdir()
+    config = doc_block("toml", "wire_api").replace("http://127.0.0.1:8080", daemon.url)
+    (tmp_path / ".codex" / "config.toml").write_text(config.replace('model = "default"', 'model = "thinker-codex"'))
+    exports, command = doc_shell("codex exec", daemon.url)
+    exports["MLXD_API_KEY"] = KEY
+    run = subprocess.run([codex, *command[1:-1], "--json", PROMPT], env=_env(tmp_path, **exports), cwd=tmp_path,
+                         capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+    events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    done = {e["item"].get("type"): e["item"].get("text") for e in events if e.get("type") == "item.completed"}
+    assert done.get("reasoning") and done.get("agent_message"), run.stdout[-3000:]
+    assert "<think>" not in done["reasoning"] + done["agent_message"] and "</think>" not in done["agent_message"]
+    # A random model never ends its answer: defaults.max_tokens cuts it, which
+    # Codex reports as an incomplete turn (exit 1); nothing else may go wrong.
+    errors = {e.get("message") for e in events if e.get("type") == "error"}
+    assert run.returncode == 0 or errors == {"Incomplete response returned, reason: max_output_tokens"}, run.stdout
+    shutil.rmtree(tmp_path / ".codex", ignore_errors=True)
 
 
 def test_earlier_reasoning_is_dropped_as_the_template_does_and_the_cache_still_hits(daemon: Daemon, qwen3_tokenizer):

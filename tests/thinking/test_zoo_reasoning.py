@@ -79,3 +79,18 @@ def test_gpt_oss_effort_is_its_templates_reasoning_level():
     low = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False, reasoning_effort="low")
     high = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False, reasoning_effort="high")
     assert "Reasoning: low" in low and "Reasoning: high" in high
+
+
+def test_a_template_that_takes_one_system_message_gets_codexs_several_as_one():
+    # Codex sends its instructions, then developer messages: Qwen3.5's template
+    # refuses a second system message; mlxd joins the leading ones for it.
+    from mlx_lm.tokenizer_utils import load
+
+    from mlxd.engine.prompt import chat_tokens
+
+    several = [{"role": "system", "content": "Be brief."}, {"role": "system", "content": "Use the shell."}, *CHAT]
+    joined = [{"role": "system", "content": "Be brief.\n\nUse the shell."}, *CHAT]
+    qwen3_5 = load(zoo_model("qwen3_5"))
+    with pytest.raises(Exception, match="System message must be at the beginning"):
+        qwen3_5.apply_chat_template(several, add_generation_prompt=True)
+    assert chat_tokens(qwen3_5, several) == chat_tokens(qwen3_5, joined)

@@ -13,6 +13,7 @@ from engine.engine_support import collect, greedy, run, spec_for, text_of
 from tools.tool_models import pydantic_tools
 
 from mlxd.engine.types import SamplingParams
+from mlxd.api.openai.bodies import chat_tools
 from mlxd.tools.forcing import forced_call
 from mlxd.tools.splitter import split_answer
 
@@ -36,7 +37,7 @@ def engines(worker, hermes_tiny: Path, qwen_tiny: Path):
 
 
 def _calls(engine, name: str | None, seed: int):
-    constraint = forced_call(engine.tool_format, TOOLS, name)
+    constraint = forced_call(engine.tool_format, chat_tools(TOOLS), name)
     sampling = SamplingParams(temperature=1.0, seed=seed)
     chunks = run(collect(engine, greedy(messages=ASK, tools=TOOLS, max_tokens=160, constraint=constraint, sampling=sampling)))
     return split_answer(engine.tool_format, text_of(chunks), TOOLS).tool_calls

@@ -18,6 +18,7 @@ from engine.engine_support import collect, greedy, run, spec_for, text_of
 from mlxd.engine.types import SamplingParams
 from mlxd.errors import BadRequest
 from mlxd.tools import formats
+from mlxd.api.openai.bodies import chat_tools
 from mlxd.tools.forcing import forced_call
 from mlxd.tools.splitter import ToolCallSplitter, finish_reason, split_answer
 
@@ -94,7 +95,7 @@ def test_arguments_that_are_not_json_are_a_bad_request(hermes):
 
 @pytest.mark.parametrize("named", [None, "get_weather", "add"])
 def test_a_forced_call_validates_against_the_tools_schema(hermes, named):
-    constraint = forced_call(hermes.tool_format, TOOLS, named)
+    constraint = forced_call(hermes.tool_format, chat_tools(TOOLS), named)
     for seed in range(3):
         chunks = run(collect(hermes, greedy(messages=ASK, tools=TOOLS, max_tokens=80, constraint=constraint, sampling=sampled(seed))))
         answer = split_answer(hermes.tool_format, text_of(chunks), TOOLS)
@@ -104,7 +105,7 @@ def test_a_forced_call_validates_against_the_tools_schema(hermes, named):
 
 
 def test_streamed_deltas_reassemble_to_the_whole_answer(hermes):
-    constraint = forced_call(hermes.tool_format, TOOLS, "get_weather")
+    constraint = forced_call(hermes.tool_format, chat_tools(TOOLS), "get_weather")
     chunks = run(collect(hermes, greedy(messages=ASK, tools=TOOLS, max_tokens=80, constraint=constraint, sampling=sampled(4))))
     ids = itertools.count()
     splitter = ToolCallSplitter(hermes.tool_format, TOOLS, new_id=lambda: f"call_{next(ids)}")
@@ -124,7 +125,7 @@ def test_without_forcing_the_random_model_writes_no_call(hermes):
 
 def test_a_forced_call_and_a_free_request_share_a_batch(hermes):
     free_alone = text_of(run(collect(hermes, greedy("alone", max_tokens=24))))
-    constraint = forced_call(hermes.tool_format, TOOLS, "add")
+    constraint = forced_call(hermes.tool_format, chat_tools(TOOLS), "add")
 
     async def together():
         return await asyncio.gather(
@@ -153,7 +154,7 @@ def overridden(worker, qwen_tiny: Path, request):
 def test_the_registry_override_picks_the_format_and_forcing_follows_it(overridden, family):
     engine = overridden[family]
     assert engine.tool_format.name == family
-    constraint = forced_call(engine.tool_format, TOOLS)
+    constraint = forced_call(engine.tool_format, chat_tools(TOOLS))
     for seed in range(2):
         chunks = run(collect(engine, greedy(max_tokens=100, constraint=constraint, sampling=sampled(seed))))
         answer = split_answer(engine.tool_format, text_of(chunks), TOOLS)
@@ -161,7 +162,7 @@ def test_the_registry_override_picks_the_format_and_forcing_follows_it(overridde
 
 
 def test_parallel_calls_are_bounded(hermes):
-    constraint = forced_call(hermes.tool_format, TOOLS, "add", max_calls=3)
+    constraint = forced_call(hermes.tool_format, chat_tools(TOOLS), "add", max_calls=3)
     chunks = run(collect(hermes, greedy(messages=ASK, max_tokens=200, constraint=constraint, sampling=sampled(3))))
     calls = split_answer(hermes.tool_format, text_of(chunks), TOOLS).tool_calls
     assert 1 <= len(calls) <= 3
@@ -170,10 +171,10 @@ def test_parallel_calls_are_bounded(hermes):
 
 def test_forcing_a_tool_that_is_not_there_is_a_bad_request(hermes):
     with pytest.raises(BadRequest, match="nowhere") as info:
-        forced_call(hermes.tool_format, TOOLS, "nowhere")
+        forced_call(hermes.tool_format, chat_tools(TOOLS), "nowhere")
     assert info.value.param == "tool_choice"
 
 
 def test_forcing_a_format_without_a_grammar_is_a_bad_request():
     with pytest.raises(BadRequest, match="minimax_m2"):
-        forced_call(formats.format_named("minimax_m2"), TOOLS)
+        forced_call(formats.format_named("minimax_m2"), chat_tools(TOOLS))

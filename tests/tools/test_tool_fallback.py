@@ -12,6 +12,7 @@ from mlx_lm.utils import load_tokenizer
 
 from mlxd.engine.prompt import chat_tokens
 from mlxd.tools import fallback, formats
+from mlxd.api.openai.bodies import chat_tools
 from mlxd.tools.forcing import forced_call
 from mlxd.tools.splitter import split_answer
 
@@ -62,7 +63,7 @@ def test_without_tools_or_tool_turns_the_prompt_is_the_templates_own(tokenizer):
 def test_a_forced_call_on_the_plain_model_parses_with_the_default_format(single):
     fmt = single.tool_format
     assert fmt.name == formats.DEFAULT
-    constraint = forced_call(fmt, TOOLS, "get_weather")
+    constraint = forced_call(fmt, chat_tools(TOOLS), "get_weather")
     asked = [{"role": "user", "content": "Weather in Oslo?"}]
     chunks = run(collect(single, greedy(messages=asked, tools=TOOLS, max_tokens=60, constraint=constraint)))
     (call,) = split_answer(fmt, text_of(chunks), TOOLS).tool_calls

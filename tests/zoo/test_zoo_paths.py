@@ -157,6 +157,30 @@ def test_a_forced_call_is_parsed_by_the_family_parser_and_valid(zoo_daemon, text
         assert choice["finish_reason"] == "tool_calls"
 
 
+def test_gpt_oss_reasons_in_its_analysis_channel_before_a_forced_call(zoo_daemon, reference):
+    # The grammar lets gpt-oss write its analysis message first, as it does
+    # unforced (a bias on <|channel|> makes the random model take it); the
+    # budget ends the analysis and the call follows, on both paths.
+    tokenizer = reference.loaded("gpt_oss")[1]
+    bias = {str(tokenizer.convert_tokens_to_ids("<|channel|>")): 100}
+    header = len(tokenizer.encode("<|channel|>analysis<|message|>", add_special_tokens=False))
+    for model in ("gpt_oss", batch_name("gpt_oss")):
+        reply = chat(zoo_daemon, model, ASK, tools=[NOTE_TOOL], tool_choice="required", max_tokens=60,
+                     reasoning=BUDGET, logit_bias=bias)
+        assert reply.status_code == 200, reply.text
+        body = reply.json()
+        message = body["choices"][0]["message"]
+        assert message["reasoning_content"] and "<|" not in message["reasoning_content"]
+        assert not message.get("content")
+        [call] = message["tool_calls"]
+        assert call["function"]["name"] == "note"
+        jsonschema.validate(json.loads(call["function"]["arguments"]), NOTE)
+        assert body["choices"][0]["finish_reason"] == "tool_calls"
+        # The header, the budget's tokens and the <|end|> it forced.
+        reasoning_tokens = body["usage"]["completion_tokens_details"]["reasoning_tokens"]
+        assert reasoning_tokens == header + BUDGET["max_tokens"] + 1
+
+
 def test_json_schema_answer_validates(zoo_daemon, text_family):
     response_format = {"type": "json_schema", "json_schema": {"name": "report", "schema": REPORT, "strict": True}}
     choice = ok(chat(zoo_daemon, text_family, CHAT, response_format=response_format, max_tokens=60, reasoning=BUDGET))

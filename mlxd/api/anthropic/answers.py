@@ -53,7 +53,8 @@ def message(plan: Plan, answer: Answer) -> dict[str, Any]:
     choice = answer.choices[0] if answer.choices else None
     content: list[dict[str, Any]] = []
     if choice is not None and choice.reasoning:
-        content.append({"type": "thinking", "thinking": choice.reasoning, "signature": SIGNATURE})
+        shown = "" if plan.reasoning.omitted else choice.reasoning
+        content.append({"type": "thinking", "thinking": shown, "signature": SIGNATURE})
     if choice is not None and (choice.text or not choice.tool_calls):
         content.append({"type": "text", "text": choice.text})
     for call in choice.tool_calls if choice else ():
@@ -134,7 +135,8 @@ class AnthropicFrames:
     def event(self, item: OutputEvent) -> str:
         if isinstance(item, ReasoningDelta):
             out = "" if self._open == "thinking" else self._start({"type": "thinking", "thinking": "", "signature": ""})
-            return out + self._text_delta(item.text, "thinking_delta", "thinking")
+            # thinking.display "omitted": the block opens and closes with its signature, no text.
+            return out if self.plan.reasoning.omitted else out + self._text_delta(item.text, "thinking_delta", "thinking")
         if isinstance(item, TextDelta):
             out = "" if self._open == "text" else self._start({"type": "text", "text": ""})
             return out + self._text_delta(item.text)

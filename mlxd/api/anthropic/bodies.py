@@ -7,7 +7,8 @@ message's reasoning (for the template to render or drop), ``redacted_thinking``
 blocks are dropped, and a ``system`` role inside ``messages`` becomes a
 system message. ``thinking`` and ``output_config.effort`` say what a
 thinking model does (docs/thinking.md).
-Tools and tool_choice map onto the shared OpenAI-shaped ``OutputRequest``.
+Tools and tool_choice are parsed into the shared typed ``OutputRequest``,
+each named as this API spells it (``tools[0].input_schema``).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from mlxd.api.anthropic import normalise
 from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
 from mlxd.api.plan import Requested
-from mlxd.tools.output_request import OutputRequest
 from mlxd.api.reasoning import ReasoningRequest, combine, effort, template_kwargs
 from mlxd.errors import BadRequest
 from mlxd.registry.model import SamplingDefaults
+from mlxd.tools.output_request import OutputRequest
+from mlxd.tools.output_specs import ToolChoice, ToolSpec, not_an_object_schema, object_schema
 
 DROPPED_BLOCKS = ("redacted_thinking",)
 
@@ -54,7 +56,8 @@ class _Base(BaseModel):
     messages: list[AnthropicMessage] = Field(min_length=1)
     tools: list[Tool] | None = None
     tool_choice: dict[str, Any] | None = None
-    # {"type": "enabled", "budget_tokens": N}, {"type": "adaptive"} or {"type": "disabled"}.
+    # {"type": "enabled", "budget_tokens": N}, {"type": "adaptive"} or {"type": "disabled"};
+    # the first two may say "display": "summarized" | "omitted".
     thinking: dict[str, Any] | None = None
     # {"effort": "low" | "medium" | "high" | "max"}.
     output_config: dict[str, Any] | None = None
@@ -80,32 +83,28 @@ class _Base(BaseModel):
 
     def output(self) -> OutputRequest:
         # Server tools (a ``type`` of their own, no schema) are left out.
-        tools = [
-            (i, t) for i, t in enumerate(self.tools or ()) if t.type in (None, "custom") or t.input_schema is not None
-        ]
+        tools = tuple(
+            _tool(t, f"tools[{i}]") for i, t in enumerate(self.tools or ())
+            if t.type in (None, "custom") or t.input_schema is not None
+        )
         choice, parallel = _tool_choice(self.tool_choice)
         if not tools:
-            if choice == "required":
+            if choice is not None and choice.mode == "required":
                 raise BadRequest("tool_choice `any` needs `tools`.", param="tool_choice")
-            if isinstance(choice, dict):
+            if choice is not None and choice.mode == "named":
                 # Refused by the shared check: the tool it names is not there.
                 return OutputRequest(tool_choice=choice)
             # tool_choice "none" or nothing to call: the answer is text.
             return OutputRequest()
-        return OutputRequest(
-            tools=[
-                {
-                    "type": "function",
-                    # A custom tool's input_schema is required: a missing one
-                    # is the shared check's 400, as a schema that is no object.
-                    "function": {"name": t.name, "description": t.description or "", "parameters": t.input_schema},
-                }
-                for _, t in tools
-            ],
-            tool_choice=choice,
-            parallel_tool_calls=parallel,
-            tool_params=tuple(f"tools[{i}]" for i, _ in tools),
-        )
+        return OutputRequest(tools=tools, tool_choice=choice, parallel_tool_calls=parallel)
+
+
+def _tool(tool: Tool, where: str) -> ToolSpec:
+    # A custom tool's input_schema is required, and an object's.
+    if not object_schema(tool.input_schema):
+        raise BadRequest(not_an_object_schema(f"{where}.input_schema"), param=where)
+    return ToolSpec(name=tool.name, param=where, description=tool.description or "", parameters=tool.input_schema,
+                    schema_param=f"{where}.input_schema")
 
 
 class MessagesRequest(_Base):
@@ -144,17 +143,25 @@ def _thinking(value: dict[str, Any] | None) -> ReasoningRequest:
     kind = value.get("type")
     if kind == "disabled":
         return ReasoningRequest(enabled=False)
-    if kind == "adaptive":
-        return ReasoningRequest(enabled=True)
-    if kind == "enabled":
-        budget = value.get("budget_tokens")
-        if budget is None:
-            return ReasoningRequest(enabled=True)
-        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-            raise BadRequest("thinking.budget_tokens must be a whole number of tokens, at least 1.",
-                             param="thinking.budget_tokens")
-        return ReasoningRequest(enabled=True, budget=budget)
-    raise BadRequest("thinking.type must be one of `enabled`, `adaptive`, `disabled`.", param="thinking.type")
+    if kind not in ("enabled", "adaptive"):
+        raise BadRequest("thinking.type must be one of `enabled`, `adaptive`, `disabled`.", param="thinking.type")
+    omitted = _display(value.get("display"))
+    budget = value.get("budget_tokens") if kind == "enabled" else None
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+        raise BadRequest("thinking.budget_tokens must be a whole number of tokens, at least 1.",
+                         param="thinking.budget_tokens")
+    return ReasoningRequest(enabled=True, budget=budget, omitted=omitted)
+
+
+def _display(value: Any) -> bool:
+    """Anthropic's ``thinking.display``: ``omitted`` keeps the thinking
+    blocks with their text empty (Claude Code sends it); ``summarized`` (and
+    no field) shows the reasoning."""
+    if value is None or value == "summarized":
+        return False
+    if value == "omitted":
+        return True
+    raise BadRequest("thinking.display must be `summarized` or `omitted`.", param="thinking.display")
 
 
 def _system_text(system: str | list[dict[str, Any]] | None) -> str:
@@ -166,23 +173,21 @@ def _system_text(system: str | list[dict[str, Any]] | None) -> str:
     return "\n\n".join(t for t in texts if t)
 
 
-def _tool_choice(value: dict[str, Any] | None) -> tuple[Any, bool | None]:
-    """Anthropic's tool_choice as OpenAI's, and whether calls may come in parallel."""
+def _tool_choice(value: dict[str, Any] | None) -> tuple[ToolChoice | None, bool | None]:
+    """Anthropic's tool_choice, and whether calls may come in parallel."""
     if value is None:
-        return "auto", None
+        return ToolChoice("auto"), None
     kind = value.get("type")
     parallel = None if "disable_parallel_tool_use" not in value else not value["disable_parallel_tool_use"]
-    if kind == "auto":
-        return "auto", parallel
+    if kind in ("auto", "none"):
+        return ToolChoice(kind), parallel
     if kind == "any":
-        return "required", parallel
-    if kind == "none":
-        return "none", parallel
+        return ToolChoice("required"), parallel
     if kind == "tool":
         name = value.get("name")
         if not isinstance(name, str) or not name:
             raise BadRequest("tool_choice.name: a tool name is required for type `tool`", param="tool_choice")
-        return {"type": "function", "function": {"name": name}}, parallel
+        return ToolChoice("named", name), parallel
     raise BadRequest(
         "tool_choice.type must be one of `auto`, `any`, `tool`, `none`", param="tool_choice"
     )

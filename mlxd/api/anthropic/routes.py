@@ -15,11 +15,12 @@ from mlxd.api.anthropic.bodies import CountTokensRequest, MessagesRequest
 from mlxd.api.auth import caller_of
 from mlxd.api.context import DaemonContext
 from mlxd.api.generation import respond
-from mlxd.api.plan import Entry, check_chat, output_plan, plan_chat, resolve_entry
+from mlxd.api.plan import Entry, check_chat, plan_chat, resolve_entry
 from mlxd.api.reasoning import merged_template_kwargs
 from mlxd.caller import Caller
 from mlxd.errors import BadRequest
 from mlxd.registry.model import ModelSpec
+from mlxd.tools.output_plan import plan_output
 
 PREFIX = "/v1/messages"
 
@@ -74,7 +75,7 @@ def router() -> APIRouter:
         # `none`), refused as the answer would be on a model with no tool-call format.
         kind = ctx.registry.kind_of(spec)
         tool_format = await ctx.token_counter.tool_format(spec, kind) if output.tools else None
-        tools = output_plan(body.model, tool_format, output).tools
+        tools = plan_output(body.model, tool_format, output).tools
         kwargs = merged_template_kwargs(spec, body.reasoning())
         count = await ctx.token_counter.count(spec, kind, conversation.template_messages(), tools, images, kwargs)
         return {"input_tokens": count}

@@ -116,12 +116,21 @@ async def transcribe(ctx: DaemonContext, request: Request, ask: TranscribeAsk, t
     samples = await read_audio(ctx, ask.file)
     options = options_for(ask, task)
 
+    accounted = _accounted(ctx, request, ask.model, task, samples.size / SAMPLE_RATE)
+
     async def work(engine: Any) -> Transcript:
         windows = [w async for w in engine.transcribe(samples, options, _request_id(request))]
+        accounted.tokens_out = sum(map(transcript_tokens, windows))
         return Transcript(ask.model, windows, samples.size / SAMPLE_RATE, options)
 
-    async with _accounted(ctx, request, ask.model, task, samples.size / SAMPLE_RATE):
+    async with accounted:
         return await guarded(request, _leased(ctx, request, spec, work), ctx.settings.server.request_timeout_s)
+
+
+def transcript_tokens(window: Window) -> int:
+    """The text tokens the model wrote for ``window``: what a transcription
+    counts in its app's usage and token limits (audio has no tokens of its own)."""
+    return sum(len(segment.get("tokens") or ()) for segment in window.segments)
 
 
 async def transcribe_stream(ctx: DaemonContext, request: Request, ask: TranscribeAsk,
@@ -134,7 +143,7 @@ async def transcribe_stream(ctx: DaemonContext, request: Request, ask: Transcrib
     seconds = samples.size / SAMPLE_RATE
     return await _streamed(ctx, request, spec, ask.model, task, seconds,
                            lambda engine: engine.transcribe(samples, options, _request_id(request)),
-                           lambda window: 0.0, audio_seconds=seconds)
+                           lambda window: 0.0, audio_seconds=seconds, tokens_of=transcript_tokens)
 
 
 async def speech(ctx: DaemonContext, request: Request, body: SpeechBody) -> tuple[int, AsyncIterator[np.ndarray]]:
@@ -185,11 +194,13 @@ async def _leased(ctx: DaemonContext, request: Request, spec: ModelSpec, work: C
 
 async def _streamed(ctx: DaemonContext, request: Request, spec: ModelSpec, name: str, what: str, amount: float,
                     start: Callable[[Any], AsyncIterator[Any]], seconds_of: Callable[[Any], float], *,
-                    audio_seconds: float = 0.0) -> AsyncIterator[Any]:
+                    audio_seconds: float = 0.0, tokens_of: Callable[[Any], int] = lambda item: 0
+                    ) -> AsyncIterator[Any]:
     """A lease and the engine's stream, its first item awaited here (a
     refusal is an error answer, not a broken stream); the stream then owns
     the lease and gives it back when it ends or its client leaves.
-    ``seconds_of`` an item: the audio it made, added to ``audio_seconds``."""
+    ``seconds_of`` an item: the audio it made, added to ``audio_seconds``;
+    ``tokens_of`` an item: the text tokens it wrote."""
     timeout = ctx.settings.server.request_timeout_s
     started = time.monotonic()
     planned(request)
@@ -215,13 +226,14 @@ async def _streamed(ctx: DaemonContext, request: Request, spec: ModelSpec, name:
     async def rest() -> AsyncIterator[Any]:
         status = 200
         made = audio_seconds
+        tokens = 0
         error: str | None = None
         try:
             if first is not None:
-                made += seconds_of(first)
+                made, tokens = made + seconds_of(first), tokens + tokens_of(first)
                 yield first
                 async for item in stream:
-                    made += seconds_of(item)
+                    made, tokens = made + seconds_of(item), tokens + tokens_of(item)
                     yield item
         except BaseException as exc:
             status, error = exc.status_code if isinstance(exc, MlxdError) else 500, _error_of(exc)
@@ -230,7 +242,7 @@ async def _streamed(ctx: DaemonContext, request: Request, spec: ModelSpec, name:
             lease.release()
             await stream.aclose()
             _account(ctx, request, name, what, status, time.monotonic() - started, amount, made, stream=True,
-                     error=error)
+                     error=error, tokens_out=tokens)
 
     return rest()
 
@@ -240,6 +252,8 @@ class _accounted:
 
     def __init__(self, ctx: DaemonContext, request: Request, name: str, what: str, amount: float) -> None:
         self.ctx, self.request, self.name, self.what, self.amount = ctx, request, name, what, amount
+        # The text tokens a transcription wrote (set by the work it counts).
+        self.tokens_out = 0
 
     async def __aenter__(self) -> None:
         self.started = time.monotonic()
@@ -248,7 +262,7 @@ class _accounted:
     async def __aexit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         status = 200 if exc is None else exc.status_code if isinstance(exc, MlxdError) else 500
         _account(self.ctx, self.request, self.name, self.what, status, time.monotonic() - self.started,
-                 self.amount, self.amount, error=None if exc is None else _error_of(exc))
+                 self.amount, self.amount, error=None if exc is None else _error_of(exc), tokens_out=self.tokens_out)
 
 
 def _error_of(exc: BaseException) -> str:
@@ -264,15 +278,18 @@ def planned(request: Request) -> None:
 
 
 def _account(ctx: DaemonContext, request: Request, name: str, what: str, status: int, seconds: float,
-             amount: float, audio_seconds: float = 0.0, *, stream: bool = False, error: str | None = None) -> None:
+             amount: float, audio_seconds: float = 0.0, *, stream: bool = False, error: str | None = None,
+             tokens_out: int = 0) -> None:
     caller = caller_of(request)
+    tokens_out = tokens_out if status == 200 else 0
     if ctx.activity is not None:
         ctx.activity.add(ActivityRow(
             time=time.time(), request_id=_request_id(request), response_id="", key=caller.name, model=name,
             target=name, surface=SURFACES[request.url.path], stream=stream, status=status, tokens_in=0,
-            tokens_cached=0, tokens_out=0, ttft_seconds=None, tokens_per_second=None,
+            tokens_cached=0, tokens_out=tokens_out, ttft_seconds=None, tokens_per_second=None,
             duration_seconds=round(seconds, 4), finish_reason=None, error=error))
-    ctx.usage.add(caller.name, name, one_request(status))
+    ctx.usage.add(caller.name, name, one_request(status, tokens_out=tokens_out))
+    ctx.limits.spend(caller.app, tokens_out)
     ctx.metrics.requests.labels(name, str(status)).inc()
     ctx.metrics.request_seconds.labels(name).observe(seconds)
     if status == 200:

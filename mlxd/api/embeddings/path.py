@@ -68,7 +68,7 @@ async def embed(ctx: DaemonContext, request: Request, name: str, inputs: EmbedIn
         if spec.is_remote:
             return await _remote_embed(engine, spec, name, inputs, dimensions), 0
         encoded = await engine.encode(inputs.texts, inputs.arrays, truncate=truncate and spec.truncate)
-        vectors = await engine.embed(encoded)
+        vectors = await engine.embed(encoded, priority=caller_of(request).priority)
         if dimensions is not None:
             vectors = shortened(vectors, dimensions, spec)
         return Embedded(name, vectors, encoded.tokens), len(encoded.truncated)
@@ -82,7 +82,8 @@ async def rerank(ctx: DaemonContext, request: Request, name: str, ask: RerankAsk
     async def work(engine: Any) -> tuple[Ranked, int]:
         if spec.is_remote:
             return await _remote_rerank(engine, spec, name, ask), 0
-        scores, tokens = await engine.rerank(ask.query, ask.documents, truncate=spec.truncate)
+        scores, tokens = await engine.rerank(ask.query, ask.documents, truncate=spec.truncate,
+                                             priority=caller_of(request).priority)
         order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
         return Ranked(name, [(i, scores[i]) for i in order[: ask.top_n]], tokens), 0
 

@@ -15,11 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
 from mlxd.api.plan import Plan, Requested
-from mlxd.tools.output_request import OutputRequest
 from mlxd.api.reasoning import ReasoningRequest, combine, effort, included, reasoning_object, template_kwargs
 from mlxd.engine.logprobs import MAX_TOP
 from mlxd.errors import BadRequest
 from mlxd.registry.model import SamplingDefaults
+from mlxd.tools.output_request import OutputRequest
+from mlxd.tools.output_specs import ResponseFormat, ToolChoice, ToolSpec, not_an_object_schema, object_schema
 
 # {"type": "image_url", "image_url": {"url": ...}} (chat completions) and
 # {"type": "input_image", "image_url": "..."} (the Responses API's shape).
@@ -210,8 +211,8 @@ def _part(part: dict[str, Any], param: str) -> Part:
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
-    # Checked by mlxd.tools.output_plan against the model's tool-call format once
-    # the model is leased (a BadRequest naming the field for each mistake).
+    # Parsed by ``output()`` (a BadRequest naming the field for each mistake),
+    # then planned against the model's tool-call format once it is leased.
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
@@ -279,11 +280,79 @@ class ChatCompletionRequest(_Common):
 
     def output(self) -> OutputRequest:
         return OutputRequest(
-            tools=self.tools,
-            tool_choice=self.tool_choice,
+            tools=chat_tools(self.tools),
+            tool_choice=chat_tool_choice(self.tool_choice),
             parallel_tool_calls=self.parallel_tool_calls,
-            response_format=self.response_format,
+            response_format=chat_response_format(self.response_format),
         )
+
+
+def chat_tools(tools: Any) -> tuple[ToolSpec, ...]:
+    """Chat's ``tools``: ``{"type": "function", "function": {name, description, parameters, strict}}``."""
+    if tools is None:
+        return ()
+    if not isinstance(tools, list):
+        raise BadRequest("tools must be a list.", param="tools")
+    out = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(function, dict):
+            raise BadRequest(f"{where} must be {{\"type\": \"function\", \"function\": {{...}}}}.", param=where)
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise BadRequest(f"{where}.function.name must be a non-empty string.", param=where)
+        # Absent is allowed (no arguments to describe); null is no schema.
+        if "parameters" in function and not object_schema(function["parameters"]):
+            raise BadRequest(not_an_object_schema(f"{where}.function.parameters"), param=where)
+        description, strict = function.get("description"), function.get("strict")
+        out.append(ToolSpec(
+            name=name, param=where, description=description if isinstance(description, str) else None,
+            parameters=function.get("parameters"), schema_param=f"{where}.function.parameters",
+            strict=strict if isinstance(strict, bool) else None,
+        ))
+    return tuple(out)
+
+
+def chat_tool_choice(value: Any) -> ToolChoice | None:
+    """Chat's ``tool_choice``: "none", "auto", "required" or a named function."""
+    if value is None:
+        return None
+    if value in ("none", "auto", "required"):
+        return ToolChoice(value)
+    function = value.get("function") if isinstance(value, dict) and value.get("type") == "function" else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str):
+        raise BadRequest(
+            'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}.',
+            param="tool_choice",
+        )
+    return ToolChoice("named", name)
+
+
+def chat_response_format(value: Any) -> ResponseFormat | None:
+    """Chat's (and completions') ``response_format``."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind in ("text", "json_object"):
+        return ResponseFormat(kind)
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(spec, dict) or not isinstance(schema, dict):
+            raise BadRequest(
+                "response_format.json_schema.schema must be a JSON schema object.", param="response_format"
+            )
+        name, description, strict = spec.get("name"), spec.get("description"), spec.get("strict")
+        return ResponseFormat(
+            "json_schema", schema=schema, name=name if isinstance(name, str) else None,
+            description=description if isinstance(description, str) else None,
+            strict=strict if isinstance(strict, bool) else None,
+        )
+    raise BadRequest(
+        "response_format.type must be one of `text`, `json_object`, `json_schema`.", param="response_format"
+    )
 
 
 def choices(plan: Plan, n: int) -> None:
@@ -350,7 +419,7 @@ class CompletionRequest(_Common):
             raise BadRequest("best_of is not supported", param="best_of")
 
     def output(self) -> OutputRequest:
-        return OutputRequest(response_format=self.response_format)
+        return OutputRequest(response_format=chat_response_format(self.response_format))
 
 
 def _check_encodable(value: Any, what: str) -> None:

@@ -93,7 +93,9 @@ def codex_catalog(data: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "priority": priority,
             "upgrade": None,
             "base_instructions": CODEX_INSTRUCTIONS,
-            "supports_reasoning_summaries": False,
+            # True: Codex then sends ``reasoning`` (its effort and ``summary: auto``),
+            # and a thinking model's reasoning comes back as the summary it shows.
+            "supports_reasoning_summaries": True,
             "support_verbosity": False,
             "default_verbosity": None,
             "apply_patch_tool_type": None,

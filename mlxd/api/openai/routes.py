@@ -59,8 +59,10 @@ def router() -> APIRouter:
             if isinstance(entry, FailoverSpec):
                 # What it stands for now: the target a request would try first
                 # (during a reload, the first listed may be all that is left).
-                name = next(iter(ctx.failover.order(entry)), entry.targets[0])
-                first = ctx.registry.lookup(name) or next(m for m in ctx.registry.models if m.name == name)
+                ordered = ctx.failover.order(entry)
+                first = ordered[0] if ordered else (
+                    ctx.registry.lookup(entry.targets[0])
+                    or next(m for m in ctx.registry.models if m.name == entry.targets[0]))
                 about = {"owned_by": "mlxd", "kind": first.kind, "targets": list(entry.targets),
                          "strategy": entry.strategy}
             else:

@@ -41,11 +41,25 @@ def message_item(item_id: str, text: str, status: str = "completed") -> dict[str
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
 
 
-def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+def reasoning_item(item_id: str, text: str, status: str = "completed", summary: bool = False) -> dict[str, Any]:
     """A thinking model's reasoning, in the open-weight form (``reasoning_text``
-    content, as gpt-oss's Responses servers give it; no summary)."""
+    content, as gpt-oss's Responses servers give it). ``summary``: the request
+    asked for one (``reasoning.summary``); a local model writes none, so the
+    reasoning itself is its summary, as Ollama gives it (Codex shows reasoning
+    from the summary only)."""
     content = [] if status == "in_progress" else [{"type": "reasoning_text", "text": text}]
-    return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": status}
+    summaries = [{"type": "summary_text", "text": text}] if summary and status != "in_progress" else []
+    return {"type": "reasoning", "id": item_id, "summary": summaries, "content": content, "status": status}
+
+
+def summary_asked(body: ResponsesRequest) -> bool:
+    """Whether ``reasoning.summary`` asks for a summary (auto, concise, detailed)."""
+    reasoning = getattr(body, "reasoning", None)
+    reasoning = reasoning if isinstance(reasoning, dict) else {}
+    return reasoning.get("summary") in SUMMARIES
+
+
+SUMMARIES = ("auto", "concise", "detailed")
 
 
 def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
@@ -120,7 +134,7 @@ def complete_response(
     choice = answer.choices[0]
     outcome = Outcome(status=_status(choice.finish_reason), usage=answer.usage)
     if choice.reasoning:
-        outcome.output.append(reasoning_item(_item_id("rs"), choice.reasoning))
+        outcome.output.append(reasoning_item(_item_id("rs"), choice.reasoning, summary=summary_asked(body)))
     if choice.text or not choice.tool_calls:
         outcome.output.append(message_item(_item_id("msg"), choice.text))
     for call in choice.tool_calls:
@@ -151,6 +165,7 @@ class ResponsesFrames:
         self.store = store
         self.history = history
         self.outcome = Outcome()
+        self._summary = summary_asked(body)
         self._sequence = 0
         self._open: dict[str, Any] | None = None
         self._text = ""
@@ -205,11 +220,17 @@ class ResponsesFrames:
             return ""
         index = len(self.outcome.output)
         if item["type"] == "reasoning":
-            done = reasoning_item(item["id"], self._text, status)
+            done = reasoning_item(item["id"], self._text, status, summary=self._summary)
             out = self._event(
                 "response.reasoning_text.done", item_id=item["id"], output_index=index, content_index=0,
                 text=self._text,
             )
+            if self._summary:
+                part = {"type": "summary_text", "text": self._text}
+                out += self._event("response.reasoning_summary_text.done", item_id=item["id"], output_index=index,
+                                   summary_index=0, text=self._text)
+                out += self._event("response.reasoning_summary_part.done", item_id=item["id"], output_index=index,
+                                   summary_index=0, part=part)
         elif item["type"] == "message":
             done = message_item(item["id"], self._text, status)
             part = done["content"][0]
@@ -230,14 +251,20 @@ class ResponsesFrames:
     def event(self, event: OutputEvent) -> str:
         index = len(self.outcome.output)
         if isinstance(event, ReasoningDelta):
-            out = "" if self._open is not None and self._open["type"] == "reasoning" else self._add(
-                reasoning_item(_item_id("rs"), "", status="in_progress")
-            )
+            opened = self._open is not None and self._open["type"] == "reasoning"
+            out = "" if opened else self._add(reasoning_item(_item_id("rs"), "", status="in_progress"))
+            item_id, index = self._open["id"], len(self.outcome.output)
+            if not opened and self._summary:
+                out += self._event("response.reasoning_summary_part.added", item_id=item_id, output_index=index,
+                                   summary_index=0, part={"type": "summary_text", "text": ""})
             self._text += event.text
-            return out + self._event(
-                "response.reasoning_text.delta", item_id=self._open["id"], output_index=len(self.outcome.output),
-                content_index=0, delta=event.text,
+            out += self._event(
+                "response.reasoning_text.delta", item_id=item_id, output_index=index, content_index=0, delta=event.text,
             )
+            if self._summary:
+                out += self._event("response.reasoning_summary_text.delta", item_id=item_id, output_index=index,
+                                   summary_index=0, delta=event.text)
+            return out
         if isinstance(event, TextDelta):
             out = "" if self._open is not None and self._open["type"] == "message" else self._add(
                 message_item(_item_id("msg"), "", status="in_progress")

@@ -18,15 +18,16 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from mlxd.api.error_responses import FieldNames
 from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
 from mlxd.api.plan import Requested
-from mlxd.tools.output_request import OutputRequest
 from mlxd.api.reasoning import ReasoningRequest, combine, reasoning_object, template_kwargs
 from mlxd.errors import BadRequest
 from mlxd.registry.model import SamplingDefaults
+from mlxd.tools.output_request import OutputRequest
+from mlxd.tools.output_specs import ResponseFormat, ToolChoice, ToolSpec, not_an_object_schema, object_schema
 
-# What this API calls the fields the shared path checks under chat's names.
+# What this API calls the fields the shared path checks under chat's names
+# (the output fields are parsed under their own: ``text.format``, ``tools[i]``).
 FIELDS = FieldNames(MappingProxyType({
     "max_tokens": "max_output_tokens",
-    "response_format": "text.format",
     "messages": "input",
 }))
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
@@ -58,32 +59,33 @@ class ResponsesRequest(BaseModel):
     # Total seconds for this request, queueing and loading included.
     timeout: float | None = Field(default=None, gt=0)
 
-    def function_tools(self) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
-        """The function tools in chat's shape (built-in tool types are left
-        out), and where each is in ``tools``."""
-        out, where = [], []
+    def function_tools(self) -> tuple[ToolSpec, ...]:
+        """The function tools (built-in tool types are left out), each
+        named where it is in ``tools``."""
+        out = []
         for i, tool in enumerate(self.tools or ()):
             if tool.get("type") != "function":
                 continue
+            where = f"tools[{i}]"
             name = tool.get("name")
             if not isinstance(name, str) or not name:
-                raise BadRequest(f"tools[{i}].name must be a non-empty string", param="tools")
-            function: dict[str, Any] = {"name": name, "description": tool.get("description") or ""}
+                raise BadRequest(f"{where}.name must be a non-empty string", param="tools")
             # The Responses API's parameters may be null: no arguments.
             parameters = tool.get("parameters")
-            function["parameters"] = {"type": "object", "properties": {}} if parameters is None else parameters
-            out.append({"type": "function", "function": function})
-            where.append(f"tools[{i}]")
-        return out, tuple(where)
+            parameters = {"type": "object", "properties": {}} if parameters is None else parameters
+            if not object_schema(parameters):
+                raise BadRequest(not_an_object_schema(f"{where}.parameters"), param=where)
+            out.append(ToolSpec(name=name, param=where, description=tool.get("description") or "",
+                                parameters=parameters, schema_param=f"{where}.parameters"))
+        return tuple(out)
 
     def output(self) -> OutputRequest:
-        tools, where = self.function_tools()
+        tools = self.function_tools()
         return OutputRequest(
-            tools=tools or None,
+            tools=tools,
             tool_choice=_tool_choice(self.tool_choice) if tools or self.tool_choice == "required" else None,
             parallel_tool_calls=self.parallel_tool_calls,
             response_format=_format(self.text),
-            tool_params=where,
         )
 
     def requested(self) -> Requested:
@@ -135,17 +137,19 @@ def reasoning_text(item: dict[str, Any]) -> str:
     return "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
 
 
-def _tool_choice(value: str | dict[str, Any] | None) -> Any:
-    if value is None or value in ("auto", "none", "required"):
-        return value
+def _tool_choice(value: str | dict[str, Any] | None) -> ToolChoice | None:
+    if value is None:
+        return None
+    if value in ("auto", "none", "required"):
+        return ToolChoice(value)  # type: ignore[arg-type]
     if isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("name"), str):
-        return {"type": "function", "function": {"name": value["name"]}}
+        return ToolChoice("named", value["name"])
     raise BadRequest(
         'tool_choice must be "auto", "none", "required" or {"type": "function", "name": ...}', param="tool_choice"
     )
 
 
-def _format(text: dict[str, Any] | None) -> dict[str, Any] | None:
+def _format(text: dict[str, Any] | None) -> ResponseFormat | None:
     fmt = (text or {}).get("format")
     if fmt is None:
         return None
@@ -160,9 +164,11 @@ def _format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     if fmt.get("type") == "json_schema":
         if not isinstance(fmt.get("schema"), dict):
             raise BadRequest("text.format.schema must be a JSON schema object", param="text.format")
-        return {"type": "json_schema", "json_schema": {"name": fmt.get("name"), "schema": fmt.get("schema")}}
+        name = fmt.get("name")
+        return ResponseFormat("json_schema", param="text.format", schema=fmt["schema"],
+                              name=name if isinstance(name, str) else None)
     if fmt.get("type") == "json_object":
-        return {"type": "json_object"}
+        return ResponseFormat("json_object", param="text.format")
     raise BadRequest("text.format.type must be one of `text`, `json_schema`, `json_object`", param="text.format")
 
 
