@@ -13,8 +13,8 @@ in the same batch, at the same batch size, while it serves:
   drafter found nothing is a plain step and is measured as one (free chat
   gives the baseline for free);
 - while on, the baseline is measured first (``min_plain`` plain steps right
-  after the first speculative one), then one step in ``probe_every`` stays
-  plain so it stays current; speculation goes off as soon as ``min_spec``
+  after the first speculative one, and as many more at steps 6, 10, ...), then
+  one step in ``probe_every`` stays plain so it stays current; speculation goes off as soon as ``min_spec``
   speculative steps and the baseline say it is slower: a losing mix is off
   after ``min_spec + min_plain`` steps (5 by default) when every row drafts;
 - while off, one step in ``retry`` speculates. A probe that pays brings the
@@ -96,6 +96,10 @@ class Governor:
             return True
         if now.spec and len(now.plain) < self.min_plain:
             return False
+        # The first plain steps of a mix can be slow for reasons of their own
+        # (a kernel's first compile): two more soon, so the median is a warm one.
+        if len(now.plain) < 2 * self.min_plain:
+            return now.steps % 4 != 2
         return now.steps % self.probe_every != 0
 
     def joined(self) -> None:

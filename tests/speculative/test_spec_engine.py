@@ -169,9 +169,9 @@ def contrary(worker: MlxWorker, tmp_path_factory: pytest.TempPathFactory) -> Ite
     weights = mx.load(str(draft / "model.safetensors"))
     weights["model.norm.weight"] = -weights["model.norm.weight"]
     mx.save_safetensors(str(draft / "model.safetensors"), weights, metadata={"format": "mlx"})
-    engine = run(load_text_engine(spec_for(path, "contrary", max_concurrency=2,
+    engine = run(load_text_engine(spec_for(path, "contrary", max_concurrency=3,
                                            speculative=SpeculativeSpec("draft", 4, "neg", draft)), worker))
-    plain = run(load_text_engine(spec_for(path, "plain", max_concurrency=2), worker))
+    plain = run(load_text_engine(spec_for(path, "plain", max_concurrency=3), worker))
     yield engine, plain
     run(engine.close())
     run(plain.close())
@@ -180,8 +180,10 @@ def contrary(worker: MlxWorker, tmp_path_factory: pytest.TempPathFactory) -> Ite
 def test_status_shows_it_off_under_a_mix_where_it_loses(contrary: tuple[TextEngine, TextEngine]) -> None:
     engine, plain = contrary
     # Off, its plain steps run one ahead (the next forward queued before the
-    # tokens are read); a row that ends first leaves while the other goes on.
-    asks = [greedy("lose", 24, prompt=SEEDS[0]), greedy("long", 48, prompt=SEEDS[1])]
+    # tokens are read); a row that ends first leaves while the others go on,
+    # as a batch of two: a mix of its own, measured warm, which status shows.
+    asks = [greedy("lose", 24, prompt=SEEDS[0]), greedy("long", 56, prompt=SEEDS[1]),
+            greedy("longer", 56, prompt=SEEDS[2])]
     # The plain engine first: its steps compile the kernels both use, which
     # would otherwise make the first plain steps measured here slow.
     want = [text_of(o) for o in run(_batch(plain, asks))]

@@ -50,9 +50,9 @@ def test_a_winning_mix_stays_on_with_a_plain_step_in_sixteen() -> None:
     governor = Governor()
     chosen = WINNING.drive(governor, 160)
     assert governor.active and governor.speedup > 2.0
-    # Two plain steps for the baseline, then one in 16.
-    assert chosen[:4] == [True, False, False, True]
-    assert chosen.count(False) <= 2 + 160 // 16
+    # Two plain steps for the baseline, two more one in 4, then one in 16.
+    assert chosen[:10] == [True, False, False, True, True, False, True, True, True, False]
+    assert chosen.count(False) <= 4 + 160 // 16
 
 
 def test_a_slow_start_turns_it_off_but_the_probes_bring_it_back_soon() -> None:
