@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from mlxd.engine.speculative_batch import SpeculativeGenerator
-from mlxd.engine.speculative_core import Governor, SpecStats
+from mlxd.engine.speculative_core import SpecStats
 from mlxd.engine.speculative_drafters import DraftModel, PromptLookup
+from mlxd.engine.speculative_governor import Governor
 from mlxd.registry.model import SpeculativeSpec
 
 

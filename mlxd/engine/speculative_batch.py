@@ -19,7 +19,7 @@ It stands where mlx-lm's ``BatchGenerator`` stands in ``engine/batch.py``
 The row's processors are called once per emitted token, in order, with the
 tokens so far, exactly as without speculation, so a stateful one (the grammar
 matcher, the reasoning budget) sees the same calls. The governor
-(``speculative_core.Governor``) makes a step plain (no drafts) when
+(``speculative_governor.Governor``) makes a step plain (no drafts) when
 speculation does not pay for this mix of sequences; a plain step is the same
 code with blocks of one token.
 
@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxd.engine import speculative_cache as caches
-from mlxd.engine.speculative_core import Governor, SpecStats, accept, next_draft_length, rollback
+from mlxd.engine.speculative_core import SpecStats, accept, next_draft_length, rollback
+from mlxd.engine.speculative_governor import Governor
 
 
 @dataclass
@@ -74,6 +75,10 @@ class SpeculativeGenerator:
         self._rows: list[_Row] = []
         self._cache: list[Any] | None = None
         self._next_uid = 0
+        # The next tokens of a plain step computed ahead (_plain_ahead), and
+        # responses settled between steps, for the next call to hand out.
+        self._ahead: tuple[Any, Any] | None = None
+        self._queued: list[Response] = []
 
     # ------------------------------------------------ BatchGenerator's calls
     def insert(
@@ -85,6 +90,8 @@ class SpeculativeGenerator:
         ``prompts[i][-1]``: they join the batch at once."""
         from mlx_lm.sample_utils import greedy_sampler
 
+        if self._ahead is not None:
+            self._queued += self._settle()
         rows = []
         for prompt, limit, before, sampler, processors, stops in zip(
             prompts, max_tokens, all_tokens, samplers, logits_processors, stop_sequences
@@ -95,6 +102,7 @@ class SpeculativeGenerator:
         self._cache = caches_extend(self._cache, caches)
         self.drafter.join([r.tokens + [r.last] for r in rows], caches)
         self._rows += rows
+        self.governor.joined()
         return [r.uid for r in rows]
 
     def remove(self, uids: list[int], return_prompt_caches: bool = False) -> dict[int, tuple[list[Any], list[int]]]:
@@ -110,13 +118,23 @@ class SpeculativeGenerator:
     def close(self) -> None:
         self._rows = []
         self._cache = None
+        self._ahead = None
+        self._queued = []
         self.drafter.close()
 
     def next(self) -> tuple[None, list[Response]]:
+        out, self._queued = self._queued, []
         if not self._rows:
-            return None, []
-        started = time.perf_counter()
+            return None, out
         speculate = self.governor.choose(len(self._rows))
+        if not speculate and all(r.greedy and not r.processors for r in self._rows):
+            return None, out + self._plain_ahead()
+        if self._ahead is not None:
+            # The step computed ahead is emitted first; the rows then carry on from it.
+            out += self._settle()
+            if not self._rows:
+                return None, out
+        started = time.perf_counter()
         rows = self._rows
         for row in rows:
             row.drafts = []
@@ -124,18 +142,73 @@ class SpeculativeGenerator:
             proposed = self.drafter.propose(max(r.want for r in rows))
             for row, drafts in zip(rows, proposed):
                 row.drafts = drafts[: max(0, min(row.want, row.max_tokens - row.made - 1))]
+        drafted = [len(r.drafts) for r in rows]
         emitted, responses = self._verify(rows)
-        self.drafter.commit(emitted, [len(r.drafts) for r in rows])
+        self.drafter.commit(emitted, drafted)
+        # A step where no row had drafts was a plain one, whatever was chosen.
+        self.governor.record(any(drafted), sum(len(e) for e in emitted), time.perf_counter() - started)
+        self._retire(responses)
+        return None, out + [r for per_row in responses for r in per_row]
+
+    def _retire(self, responses: list[list[Response]]) -> None:
+        """Rows whose last response finished leave the batch with their cache
+        (which holds ``all_tokens``)."""
         finished = [i for i, r in enumerate(responses) if r and r[-1].finish_reason is not None]
         for i in finished:
             last = responses[i][-1]
             last.prompt_cache = [layer.extract(i) for layer in self._cache]
-            last.all_tokens = list(rows[i].tokens)
+            last.all_tokens = list(self._rows[i].tokens)
         if finished:
-            self._filter([i for i in range(len(rows)) if i not in set(finished)])
-        elapsed = time.perf_counter() - started
-        self.governor.record(speculate, sum(len(e) for e in emitted), elapsed)
-        return None, [r for per_row in responses for r in per_row]
+            self._filter([i for i in range(len(self._rows)) if i not in set(finished)])
+
+    # ------------------------------------------- plain steps, one ahead
+    # While every step is plain and every row greedy without processors, the
+    # forward pass of the next step is queued before this step's tokens are
+    # read back (as mlx-lm's BatchGenerator does), so the accelerator works
+    # while Python hands the tokens out. Between such steps each row's
+    # ``tokens`` holds all it emitted, all of it in the cache, and
+    # ``self._ahead`` its next token, computed or on its way, not emitted and
+    # not in the cache. Any other step, a row joining and ``close`` first
+    # emit that token (``_settle``), which restores the usual state: ``last``
+    # emitted, not in the cache.
+    def _forward_ahead(self, inputs: Any) -> tuple[Any, Any]:
+        import mlx.core as mx
+
+        logits = self.model(inputs[:, None], cache=self._cache)[:, -1, :]
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        return mx.argmax(logprobs, axis=-1), logprobs
+
+    def _plain_ahead(self) -> list[Response]:
+        import mlx.core as mx
+
+        started = time.perf_counter()
+        rows = self._rows
+        if self._ahead is None:
+            self._ahead = self._forward_ahead(mx.array([r.last for r in rows]))
+            for row in rows:
+                row.tokens.append(row.last)
+        tokens, logprobs = self._ahead
+        self._ahead = self._forward_ahead(tokens)
+        mx.async_eval(*self._ahead)
+        responses = self._emit_ahead(tokens.tolist(), logprobs, in_cache=True)
+        self.governor.record(False, len(rows), time.perf_counter() - started)
+        return responses
+
+    def _settle(self) -> list[Response]:
+        tokens, logprobs = self._ahead
+        self._ahead = None
+        return self._emit_ahead(tokens.tolist(), logprobs, in_cache=False)
+
+    def _emit_ahead(self, tokens: list[int], logprobs: Any, *, in_cache: bool) -> list[Response]:
+        responses = []
+        for i, (row, token) in enumerate(zip(self._rows, tokens)):
+            responses.append(self._emit(row, [(token, logprobs[i])])[1])
+            if in_cache:
+                row.tokens.append(token)
+            row.last = token
+        self.drafter.commit([[t] for t in tokens], [0] * len(tokens))
+        self._retire(responses)
+        return [r for per_row in responses for r in per_row]
 
     # ------------------------------------------------------------ the step
     def _verify(self, rows: list[_Row]) -> tuple[list[list[int]], list[list[Response]]]:
@@ -219,8 +292,13 @@ class SpeculativeGenerator:
         return tokens, responses
 
     def _filter(self, keep: list[int]) -> None:
+        import mlx.core as mx
+
         self._rows = [self._rows[i] for i in keep]
         self.drafter.filter(keep)
+        if self._ahead is not None:
+            chosen = mx.array(keep)
+            self._ahead = (self._ahead[0][chosen], self._ahead[1][chosen]) if keep else None
         if not keep:
             self._cache = None
         elif self._cache is not None:

@@ -150,3 +150,46 @@ def test_the_same_text_across_a_prefix_cache_hit(models: Models) -> None:
     again = run(collect(engine, ask))
     assert text_of(first) == text_of(again) == want
     assert again[-1].cached_tokens > 0
+
+
+@pytest.fixture(scope="module")
+def contrary(worker: MlxWorker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TextEngine, TextEngine]]:
+    """qwen3 drafted by its own weights with the final norm negated: the
+    draft writes the target's least likely token, so every draft is rejected
+    and each step pays K draft passes for nothing (a mix that loses)."""
+    import shutil
+
+    import mlx.core as mx
+
+    from mlxd.factory.zoo_build import build_family
+
+    path = build_family("qwen3")
+    draft = tmp_path_factory.mktemp("contrary") / "qwen3-contrary"
+    shutil.copytree(path, draft)
+    weights = mx.load(str(draft / "model.safetensors"))
+    weights["model.norm.weight"] = -weights["model.norm.weight"]
+    mx.save_safetensors(str(draft / "model.safetensors"), weights, metadata={"format": "mlx"})
+    engine = run(load_text_engine(spec_for(path, "contrary", max_concurrency=3,
+                                           speculative=SpeculativeSpec("draft", 4, "neg", draft)), worker))
+    plain = run(load_text_engine(spec_for(path, "plain", max_concurrency=3), worker))
+    yield engine, plain
+    run(engine.close())
+    run(plain.close())
+
+
+def test_status_shows_it_off_under_a_mix_where_it_loses(contrary: tuple[TextEngine, TextEngine]) -> None:
+    engine, plain = contrary
+    # Off, its plain steps run one ahead (the next forward queued before the
+    # tokens are read); a row that ends first leaves while the others go on,
+    # as a batch of two: a mix of its own, measured warm, which status shows.
+    asks = [greedy("lose", 24, prompt=SEEDS[0]), greedy("long", 56, prompt=SEEDS[1]),
+            greedy("longer", 56, prompt=SEEDS[2])]
+    # The plain engine first: its steps compile the kernels both use, which
+    # would otherwise make the first plain steps measured here slow.
+    want = [text_of(o) for o in run(_batch(plain, asks))]
+    outs = run(_batch(engine, asks))
+    status = engine.stats()["speculative"]
+    assert status["acceptance_rate"] is not None and status["acceptance_rate"] < 0.2, status
+    assert status["active"] is False and status["speedup"] < 1.0, status
+    assert [text_of(o) for o in outs] == want
+

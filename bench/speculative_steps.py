@@ -1,0 +1,189 @@
+"""Speculative decoding step by step, below the daemon: what one decode step
+costs in mlx-lm's BatchGenerator, in mlxd's speculative batch with every
+step plain, with every step speculative, and with the governor deciding, on
+the same prefilled rows of SmolLM2-135M-Instruct.
+
+    python bench/speculative_steps.py --lines 200 --tokens 96 --rows 1 8
+
+Per configuration: decode tok/s (all rows, first step excluded), ms per step,
+tokens per step, and for speculation the acceptance rate, accepted tokens per
+step and where a step's time goes (``--profile``: the verify forward, the
+drawing, the rollback). The HTTP bench (bench/speculative.py) gives the
+figures a user sees; this one says which part of a step costs. Prints a table
+and merges the figures into bench/results/speculative_steps.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import add_dtype_option, environment, model_dtype, reexec_with_openblas, save, table  # noqa: E402
+from bench.speculative import requests  # noqa: E402
+
+
+class Forced:
+    """A governor that always says the same: every step plain or every step speculative."""
+
+    def __init__(self, speculate: bool) -> None:
+        self.speculate = speculate
+        self.active = speculate
+        self.speedup = None
+
+    def choose(self, batch: int) -> bool:
+        return self.speculate
+
+    def record(self, speculative: bool, tokens: int, seconds: float) -> None:
+        pass
+
+    def joined(self) -> None:
+        pass
+
+
+_PREFILLED: dict[tuple[int, ...], list[Any]] = {}
+
+
+def prefilled(model: Any, tokens: list[int], rows: int) -> list[list[Any]]:
+    """``rows`` copies of the prompt's cache, prefilled once per prompt."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = _PREFILLED.get(tuple(tokens))
+    if cache is None:
+        cache = _PREFILLED[tuple(tokens)] = make_prompt_cache(model)
+        prompt = mx.array(tokens[:-1])
+        for start in range(0, prompt.size, 512):
+            model(prompt[start : start + 512][None], cache=cache)
+            mx.eval([c.state for c in cache])
+    out = []
+    for _ in range(rows):
+        copy = make_prompt_cache(model)
+        for mine, theirs in zip(copy, cache):
+            mine.keys, mine.values, mine.offset = mx.array(theirs.keys), mx.array(theirs.values), theirs.offset
+        out.append(copy)
+    return out
+
+
+def decode(generator: Any, model: Any, tokens: list[int], rows: int, limit: int) -> dict[str, Any]:
+    from mlx_lm.generate import StopSequences
+    from mlx_lm.sample_utils import greedy_sampler
+
+    caches = prefilled(model, tokens, rows)
+    generator.insert(
+        [[tokens[-1]] for _ in range(rows)], max_tokens=[limit] * rows, caches=caches,
+        all_tokens=[list(tokens[:-1]) for _ in range(rows)], samplers=[greedy_sampler] * rows,
+        logits_processors=[[] for _ in range(rows)], stop_sequences=[StopSequences() for _ in range(rows)],
+    )
+    out: list[list[int]] = [[] for _ in range(rows)]
+    steps: list[tuple[float, int]] = []
+    cpu: list[float] = []
+    idle = 0
+    while idle < 3:
+        started, cpu_started = time.perf_counter(), time.process_time()
+        _, responses = generator.next()
+        took = time.perf_counter() - started
+        cpu.append(time.process_time() - cpu_started)
+        if not responses:
+            # BatchGenerator's first call only takes the rows in.
+            idle += 1
+            continue
+        for r in responses:
+            out[r.uid].append(r.token)
+        steps.append((took, len(responses)))
+        if all(len(o) >= limit for o in out):
+            break
+    generator.close()
+    timed = steps[1:]
+    seconds = sum(s for s, _ in timed)
+    made = sum(n for _, n in timed)
+    # CPU seconds of the process (MLX's thread and OpenBLAS's together): on a
+    # loaded machine less noisy than the wall clock, which the tok/s use.
+    cpu_s = sum(cpu[-len(timed):])
+    return {"tok_s": made / seconds, "cpu_ms_per_token": 1000 * cpu_s / made, "ms_per_step": 1000 * seconds / len(timed),
+            "tokens_per_step": made / len(timed), "steps": len(steps), "text": out[0]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lines", type=int, default=200)
+    parser.add_argument("--tokens", type=int, default=96)
+    parser.add_argument("--rows", type=int, nargs="*", default=[1, 8])
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--workload", default="code_edit", choices=["code_edit", "free_chat"])
+    parser.add_argument("--only", nargs="*", default=None, help="configurations to run (default: all)")
+    parser.add_argument("--repeats", type=int, default=1, help="run the configurations this many times, interleaved")
+    add_dtype_option(parser)
+    args = parser.parse_args()
+    reexec_with_openblas()
+    from mlx_lm import load
+    from mlx_lm.generate import BatchGenerator
+
+    from mlxd.engine.speculative_batch import SpeculativeGenerator
+    from mlxd.engine.speculative_core import SpecStats
+    from mlxd.engine.speculative_drafters import PromptLookup
+    try:
+        from mlxd.engine.speculative_governor import Governor
+    except ImportError:  # a checkout from before the governor had its module (for before/after runs)
+        from mlxd.engine.speculative_core import Governor  # type: ignore[attr-defined,no-redef]
+    from mlxd.factory.smollm2 import smollm2_gguf
+    from mlxd.gguf.cache import converted_dir
+
+    dtype = model_dtype(args)
+    path = converted_dir(smollm2_gguf(), Path.home() / ".cache" / "mlxd", dtype=dtype)
+    model, tokenizer = load(str(path))
+    messages = requests(args.lines)[args.workload]
+    tokens = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    load_avg = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    print(f"SmolLM2 ({dtype}), {args.workload}, {args.lines} lines ({len(tokens)} prompt tokens), "
+          f"{args.tokens} tokens, K={args.k}; load: {load_avg}", flush=True)
+
+    def spec(governor: Any) -> tuple[Any, SpecStats]:
+        stats = SpecStats()
+        return SpeculativeGenerator(model, PromptLookup(), args.k, governor, stats), stats
+
+    configs = {
+        "BatchGenerator": lambda: (BatchGenerator(model, completion_batch_size=64, prefill_batch_size=64), None),
+        "spec batch, plain": lambda: spec(Forced(False)),
+        "spec batch, speculating": lambda: spec(Forced(True)),
+        "spec batch, governor": lambda: spec(Governor()),
+    }
+    decode(BatchGenerator(model), model, tokens[:64], 1, 4)  # warm-up: JIT-compiled kernels
+    results: dict[str, Any] = {}
+    rows_out = []
+    for rows, repeat in [(r, i) for r in args.rows for i in range(args.repeats)]:
+        base = None
+        for name, make in configs.items():
+            if args.only and not any(o in name for o in args.only):
+                continue
+            generator, stats = make()
+            r = decode(generator, model, tokens, rows, args.tokens)
+            if stats is not None:
+                r["acceptance_rate"] = stats.acceptance_rate
+                r["accepted_per_step"] = stats.accepted_per_step
+            if isinstance(getattr(generator, "governor", None), Governor):
+                r["active"] = generator.governor.active
+                r["speedup"] = generator.governor.speedup
+            base = base or r
+            results[f"{rows}/{name}" + (f"/{repeat}" if args.repeats > 1 else "")] = {
+                k: v for k, v in r.items() if k != "text"}
+            rows_out.append([rows, name, f"{r['tok_s']:.1f}", f"{r['tok_s'] / base['tok_s']:.2f}x",
+                             f"{r['cpu_ms_per_token']:.1f}", f"{base['cpu_ms_per_token'] / r['cpu_ms_per_token']:.2f}x",
+                             f"{r['ms_per_step']:.1f}", f"{r['tokens_per_step']:.2f}",
+                             "-" if r.get("acceptance_rate") is None else f"{r['acceptance_rate']:.2f}",
+                             "-" if r.get("accepted_per_step") is None else f"{r['accepted_per_step']:.2f}",
+                             "yes" if r["text"] == base["text"] else "no"])
+            print(" ", rows_out[-1], flush=True)
+    print(table(["rows", "configuration", "tok/s", "vs first", "cpu ms/token", "vs first (cpu)", "ms/step", "tokens/step", "acceptance",
+                 "per row step", "same text"], rows_out))
+    key = f"{args.workload}-{args.lines}-lines-{args.tokens}-tokens"
+    print(f"wrote {save('speculative_steps', key, {'environment': environment(), 'uptime': load_avg, 'runs': results})}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""The auto-off, fed measured step times: a mix where speculation loses turns
+it off within a bounded number of steps and costs little after; a mix where
+it wins keeps it on, or turns it back on within a bounded number of steps."""
+
+from __future__ import annotations
+
+from mlxd.engine.speculative_governor import Governor, mix_of
+
+
+class Mix:
+    """A batch of ``rows``: a plain step emits one token a row in
+    ``plain_s``; a speculative one ``per_row`` tokens a row in ``spec_s``."""
+
+    def __init__(self, rows: int, plain_s: float, spec_s: float, per_row: float) -> None:
+        self.rows, self.plain_s, self.spec_s, self.per_row = rows, plain_s, spec_s, per_row
+
+    def drive(self, governor: Governor, steps: int) -> list[bool]:
+        chosen = []
+        for _ in range(steps):
+            speculate = governor.choose(self.rows)
+            chosen.append(speculate)
+            if speculate:
+                governor.record(True, round(self.rows * self.per_row), self.spec_s)
+            else:
+                governor.record(False, self.rows, self.plain_s)
+        return chosen
+
+
+# Eight streams where a verify step costs twice a plain one and keeps 1.3
+# tokens a row: 0.65x (the H200's 8-stream figure).
+LOSING = Mix(8, 0.010, 0.020, 1.3)
+# One code-edit stream: a verify step costs 1.2 plain ones and keeps 2.7 tokens.
+WINNING = Mix(1, 0.010, 0.012, 2.7)
+
+
+def test_a_losing_mix_is_off_within_five_steps_and_then_rarely_probed() -> None:
+    governor = Governor()
+    chosen = LOSING.drive(governor, 5)
+    assert not governor.active and governor.speedup < 1.0
+    assert chosen.count(True) == 3
+    later = LOSING.drive(governor, 400)
+    # Probes back off (8, 16, 32, 64 steps apart): a handful in 400 steps.
+    assert 4 <= later.count(True) <= 10 and not governor.active
+    # Mixes of 5 to 8 rows share the decision.
+    assert governor.choose(6) is False and not governor.active
+    assert mix_of(5) == mix_of(8) == 8 and mix_of(1) == 1 and mix_of(3) == 4
+
+
+def test_a_winning_mix_stays_on_with_a_plain_step_in_sixteen() -> None:
+    governor = Governor()
+    chosen = WINNING.drive(governor, 160)
+    assert governor.active and governor.speedup > 2.0
+    # Two plain steps for the baseline, two more one in 4, then one in 16.
+    assert chosen[:10] == [True, False, False, True, True, False, True, True, True, False]
+    assert chosen.count(False) <= 4 + 160 // 16
+
+
+def test_a_slow_start_turns_it_off_but_the_probes_bring_it_back_soon() -> None:
+    # A code edit's answer opens with text the prompt does not hold: the
+    # first steps keep no drafts, then the echo of the file begins.
+    governor = Governor()
+    Mix(1, 0.010, 0.012, 1.0).drive(governor, 6)
+    assert not governor.active
+    chosen = WINNING.drive(governor, 32)
+    assert governor.active
+    on_at = next(i for i in range(len(chosen)) if governor_after(chosen, i))
+    assert on_at <= governor.max_retry + governor.retry_samples * governor.retry_every
+
+
+def governor_after(chosen: list[bool], i: int) -> bool:
+    """From step i on, speculation is on: every step but the probes speculates."""
+    rest = chosen[i:]
+    return len(rest) >= 4 and rest[:4].count(True) >= 3
+
+
+def test_the_mix_changing_under_one_batch_size_flips_it_both_ways_within_bounds() -> None:
+    governor = Governor()
+    WINNING.drive(governor, 40)
+    assert governor.active
+    # The same single stream turns to free chat that drafts wrong: off
+    # within the window of recent speculative steps.
+    losing_one = Mix(1, 0.010, 0.020, 1.1)
+    chosen = losing_one.drive(governor, governor.window + 4)
+    assert not governor.active
+    assert chosen.count(True) <= governor.window + 1
+    # Long off, backed off to the longest interval; then the edit comes back.
+    losing_one.drive(governor, 300)
+    chosen = WINNING.drive(governor, governor.max_retry + 3 * governor.retry_every)
+    assert governor.active
+    assert chosen[-governor.retry_every :].count(True) >= governor.retry_every - 1
+
+
+def test_a_request_joining_makes_the_next_probe_come_soon() -> None:
+    governor = Governor()
+    LOSING.drive(governor, 400)
+    governor.joined()
+    chosen = LOSING.drive(governor, governor.retry_every)
+    assert True in chosen
+
+
+def test_steps_without_drafts_measure_the_baseline_and_never_turn_it_off() -> None:
+    governor = Governor()
+    for _ in range(50):
+        governor.choose(4)
+        governor.record(False, 4, 0.01)
+    assert governor.active and governor.speedup is None
