@@ -65,10 +65,10 @@ class Governor:
         self.max_retry = max(self.retry_every, max_retry)
         self.retry_samples = max(1, retry_samples)
         self._mixes: dict[int, _Mix] = {}
-        self._now = self._mix(1)
         # The latest speed-up measured in any mix: what status shows while
         # the current one has none yet.
         self._latest: float | None = None
+        self._now = self._mix(1)
 
     @property
     def active(self) -> bool:
@@ -88,6 +88,12 @@ class Governor:
     def choose(self, batch: int) -> bool:
         """Whether the next step of a batch of ``batch`` sequences speculates."""
         now = self._now = self._mix(batch) if batch else self._now
+        if now.active and now.speedup is None and self._latest is not None and self._latest < 1.0:
+            # A mix not decided yet starts where the last decision left off:
+            # when speculation lost in another mix (a batch of four whose row
+            # ended, leaving two), it goes off and its probes turn it on if it
+            # pays, instead of a fresh trial that a short batch never ends.
+            now.active, now.steps, now.retry = False, 0, self.retry_every
         now.steps += 1
         if not now.active:
             if now.steps < now.retry:

@@ -190,6 +190,6 @@ def test_status_shows_it_off_under_a_mix_where_it_loses(contrary: tuple[TextEngi
     outs = run(_batch(engine, asks))
     status = engine.stats()["speculative"]
     assert status["acceptance_rate"] is not None and status["acceptance_rate"] < 0.2, status
-    assert status["active"] is False and status["speedup"] < 1.0, status
+    assert status["active"] is False and status["speedup"] < 1.0, repr(status)
     assert [text_of(o) for o in outs] == want
 

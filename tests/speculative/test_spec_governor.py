@@ -104,3 +104,17 @@ def test_steps_without_drafts_measure_the_baseline_and_never_turn_it_off() -> No
         governor.choose(4)
         governor.record(False, 4, 0.01)
     assert governor.active and governor.speedup is None
+
+
+def test_a_mix_not_decided_yet_starts_off_after_another_lost_and_its_probes_decide() -> None:
+    # Rows leave a losing batch of 8 until two are left: a mix of its own,
+    # which a short batch could end before any trial of it had finished.
+    governor = Governor()
+    LOSING.drive(governor, 20)
+    assert not governor.active
+    two_losing = Mix(2, 0.010, 0.020, 1.3)
+    assert two_losing.drive(governor, 6) == [False] * 6 and not governor.active
+    # Where speculation pays after all, its probes turn it back on within bounds.
+    two_winning = Mix(2, 0.010, 0.012, 2.7)
+    chosen = two_winning.drive(governor, 40)
+    assert governor.active and chosen[-8:].count(True) >= 6
