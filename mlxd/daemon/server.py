@@ -62,9 +62,12 @@ class DaemonServer(uvicorn.Server):
             self.force_exit = True
             self.should_exit = True
             return
+        # Set before anything else runs: a second signal's handler can run in
+        # the middle of this one (between any two bytecodes, the log write
+        # here included), and it must find the drain begun.
+        self.ctx.draining = True
         log.info("signal %s: draining (grace %.0f s)", signal.Signals(sig).name,
                  self.ctx.settings.server.shutdown_grace_seconds)
-        self.ctx.draining = True
         self._loop.call_soon_threadsafe(self._start_drain)
 
     def _start_drain(self) -> None:

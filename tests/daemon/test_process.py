@@ -161,9 +161,12 @@ def test_concurrent_streams_all_finish_during_a_drain(tmp_path):
 
 
 def test_a_second_signal_forces_a_fast_exit(tmp_path):
-    registry = write_registry(tmp_path, [{"name": "a", "model": "llama"}], server={"shutdown_grace_seconds": 300})
+    # A generation far longer than the test: on a quiet machine the tiny model
+    # wrote 4,000 tokens before the second signal came, and the drain had ended.
+    registry = write_registry(tmp_path, [{"name": "a", "model": "llama", "max_context": 32768}],
+                              server={"shutdown_grace_seconds": 300})
     with daemon_process(registry, tmp_path) as d:
-        body = {"model": "a", "messages": CHAT, "max_tokens": 4000, "stream": True, "ignore_eos": True}
+        body = {"model": "a", "messages": CHAT, "max_tokens": 32000, "stream": True, "ignore_eos": True}
         with httpx.stream("POST", f"{d.url}/v1/chat/completions", json=body, timeout=120) as r:
             lines = r.iter_lines()
             # Past the early frames (sent before the model is even loaded):
