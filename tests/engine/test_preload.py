@@ -8,15 +8,19 @@ import sys
 
 from mlxd.engine.preload import modules_for
 
+# It leaves as `mlxd serve` does (mlxd/cli/main.py): MLX's C++ teardown at
+# interpreter exit, after a thread used it, can abort ("terminate called
+# without an active exception"; 7 exits in 12 here), which is not what this checks.
 PROBE = """
-import gc, sys
+import gc, os, sys
 from mlxd.engine.preload import StartupImports
 imports = StartupImports()
 imports.wait()  # nothing started: returns at once
 before = gc.get_freeze_count()
 imports.start(["text"])
 imports.wait()
-print("mlx_lm" in sys.modules, before, gc.get_freeze_count())
+print("mlx_lm" in sys.modules, before, gc.get_freeze_count(), flush=True)
+os._exit(0)
 """
 
 
