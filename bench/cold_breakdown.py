@@ -151,20 +151,21 @@ def median(runs: list[dict[str, Any]], key: str) -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--before", default="afc11df", help="the commit whose mlxd is 'before'")
+    parser.add_argument("--before", default="afc11df",
+                        help="the commit whose mlxd is 'before' ('': none, as on a machine without the history)")
     args = parser.parse_args()
     path = smollm2_f32()
     # The demo's default entry: SmolLM2 at two slots, its trained context.
     entry = {"name": "m", "path": str(path), "max_context": 8192, "max_concurrency": 2, "idle_unload_seconds": 0}
     with tempfile.TemporaryDirectory(prefix="mlxd-cold-") as tmp:
         tmp_path = Path(tmp)
-        sources = {"before": unpack(args.before, tmp_path), "after": ROOT}
+        sources = {**({"before": unpack(args.before, tmp_path)} if args.before else {}), "after": ROOT}
         registry = tmp_path / "models.yaml"
         registry.write_text(yaml.safe_dump({"manager": {"memory_budget": "70%"}, "models": [entry]}))
         logs = tmp_path / "logs"
         logs.mkdir()
-        runs: dict[str, list[dict[str, Any]]] = {"mlx-lm": [], "before": [], "after": []}
-        probes: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+        runs: dict[str, list[dict[str, Any]]] = {"mlx-lm": [], **{label: [] for label in sources}}
+        probes: dict[str, list[dict[str, Any]]] = {label: [] for label in sources}
         loads = []
         for number in range(args.rounds):
             loads.append(os.getloadavg()[0])
@@ -191,19 +192,20 @@ def main() -> None:
     rows = []
     for name, direct_key, mlxd_key in steps:
         rows.append([name, median(runs["mlx-lm"], direct_key) if direct_key else "",
-                     *(median(merged[label], mlxd_key) if mlxd_key else "" for label in ("before", "after"))])
+                     *(median(merged[label], mlxd_key) if mlxd_key else "" for label in merged)])
     direct_cold = median(runs["mlx-lm"], "cold_start_s")
     ratios = {label: round(median(merged[label], "cold_start_s") / direct_cold, 2) for label in merged}
-    rows.append(["cold start ÷ mlx-lm", 1, ratios["before"], ratios["after"]])
-    rows.append(["warm-up requests", "", median(merged["before"], "warmup_requests"),
-                 median(merged["after"], "warmup_requests")])
-    print(f"\nSmolLM2-135M float32 on the CPU, medians of {args.rounds} rounds, "
+    rows.append(["cold start ÷ mlx-lm", 1, *(ratios[label] for label in merged)])
+    rows.append(["warm-up requests", "", *(median(merged[label], "warmup_requests") for label in merged)])
+    device = environment().get("device", {}).get("kind", "cpu")
+    print(f"\nSmolLM2-135M float32 on the {device.upper()}, medians of {args.rounds} rounds, "
           f"load average {min(loads):.1f}-{max(loads):.1f} (`uptime`)")
-    print(table(["step", "mlx-lm", f"mlxd before ({args.before})", "mlxd after"], rows))
+    columns = {"before": f"mlxd before ({args.before})", "after": "mlxd after"}
+    print(table(["step", "mlx-lm", *(columns[label] for label in merged)], rows))
     print("(mlxd imports mlx_lm in the background from its start; the load waits for what is left of it)")
     result = {"rounds": args.rounds, "before": args.before, "load_average": [min(loads), max(loads)],
               "runs": {"mlx-lm": runs["mlx-lm"], **merged}, "ratios": ratios, **environment()}
-    print(f"wrote {save('cold_breakdown', 'smollm2-float32-cpu', result).relative_to(ROOT)}")
+    print(f"wrote {save('cold_breakdown', f'smollm2-float32-{device}', result).relative_to(ROOT)}")
 
 
 if __name__ == "__main__":
