@@ -87,10 +87,18 @@ def unpack(commit: str, into: Path) -> Path:
     return into / "src"
 
 
+def libraries(*first: Path) -> str:
+    """PYTHONPATH without this checkout (each side imports its own mlxd, or
+    none), keeping where the libraries are (the GPU kit puts them there)."""
+    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+            if p and Path(p).resolve() != ROOT.resolve()]
+    return os.pathsep.join([*(str(f) for f in first), *kept])
+
+
 def direct(path: Path) -> dict[str, float]:
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", DIRECT, str(path), json.dumps(QUESTION)], capture_output=True,
-                          text=True, timeout=900, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+                          text=True, timeout=900, env={**os.environ, "PYTHONPATH": libraries()})
     total = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(done.stderr)
@@ -101,14 +109,14 @@ def direct(path: Path) -> dict[str, float]:
 
 def probe(source: Path, registry: Path) -> dict[str, float]:
     done = subprocess.run([sys.executable, "-c", PROBE, str(registry)], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONPATH": str(source)}, cwd=source)
+                          timeout=300, env={**os.environ, "PYTHONPATH": libraries(source)}, cwd=source)
     if done.returncode != 0:
         raise RuntimeError(done.stderr)
     return {k: round(v, 3) for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
 
 
 def through_mlxd(entry: dict[str, Any], source: Path, logs: Path, label: str) -> dict[str, Any]:
-    env = {"PYTHONPATH": str(source)}
+    env = {"PYTHONPATH": libraries(source)}
     log_to = logs / f"{label}.log"
     started = time.perf_counter()
     with daemon([entry], env=env, log_to=log_to, cwd=source) as url:
