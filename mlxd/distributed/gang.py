@@ -140,15 +140,16 @@ class Gang:
             raise ModelLoadFailed(f"The parallel model `{self.plan.name}` could not start: {failure.sentence()}.")
 
     async def _spawn(self) -> None:
-        import httpx
-
-        from mlxd.distributed.remote_rank import RemoteRank
-
         size = len(self.plan.hosts)
         remote: dict[int, RemoteRank] = {}
         self._reserved = remote  # given back by stop() if the start goes no further
         for rank, host in enumerate(self.plan.hosts):
             if host != LOCAL:
+                # Here: an all-local gang's load never imports httpx.
+                import httpx
+
+                from mlxd.distributed.remote_rank import RemoteRank
+
                 url, key = self.plan.remotes[host]
                 body = {"model": self.plan.name, "rank": rank, "size": size, "mode": self.plan.mode,
                         "transport": self.plan.transport, "eos": list(self.plan.eos)}

@@ -88,10 +88,9 @@ class GangPrefixPlan:
         """The request ended and its cache holds ``tokens``: the entries the
         ranks drop now to stay within the bounds (its own last, if it alone
         is too large)."""
-        if tokens:
-            self._entries[reuse.keep_as] = _Entry(tuple(tokens), nbytes)
-        else:
-            return [reuse.keep_as]
+        if not tokens:
+            return self.forget(reuse)
+        self._entries[reuse.keep_as] = _Entry(tuple(tokens), nbytes)
         dropped = []
         while self._entries and (len(self._entries) > self.max_entries or self.nbytes > self.max_bytes):
             entry_id, _ = self._entries.popitem(last=False)
