@@ -23,6 +23,7 @@ from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.registry.model import Registry, ServerSpec
 from mlxd.settings import DaemonSettings
 from mlxd.tools.formats import format_named
+from support.idle_lifecycle import IdleLifecycle
 
 pytestmark = pytest.mark.anyio
 
@@ -35,7 +36,7 @@ def anyio_backend():
     return "asyncio"
 
 
-class ScriptedEngine(GenerationEngine):
+class ScriptedEngine(IdleLifecycle, GenerationEngine):
     """Plays a script per request after accepting it: text pieces, pauses, a
     finish reason or an exception. Remembers what it was asked and which
     generations were closed. Its output is settled as a local engine's, over
@@ -77,22 +78,6 @@ class ScriptedEngine(GenerationEngine):
                     yield GenerationChunk(step, completion_tokens=produced)
         finally:
             self.closed.append(request.request_id)
-
-    async def abort_all(self, reason: str) -> int:
-        return 0
-
-    async def before_unload(self):
-        return None
-
-    async def close(self) -> None:
-        return None
-
-    def stats(self) -> dict[str, Any]:
-        return {}
-
-    async def clear_prefix_cache(self) -> bool:
-        return False
-
 
 class Harness:
     def __init__(self, tmp_path: Path, script: list[Any], *, request_timeout_s: float = 30.0,

@@ -17,12 +17,13 @@ from mlxd.caller import Caller
 from mlxd.engine.types import GenerationChunk
 from mlxd.registry.model import Registry, ServerSpec
 from mlxd.residency.shell import ResidencyManager
+from support.idle_lifecycle import IdleLifecycle
 
 pytestmark = pytest.mark.anyio
 BULK, EDITOR = Caller(app="indexer", priority="bulk"), Caller(app="editor", priority="interactive")
 
 
-class SlowStart:
+class SlowStart(IdleLifecycle):
     """An engine whose generations accept at once and produce their text
     once ``go`` is set (a prefill that takes a while)."""
 
@@ -45,19 +46,6 @@ class SlowStart:
         except BaseException:
             self.stopped += 1
             raise
-
-    async def abort_all(self, reason: str) -> int:
-        return 0
-
-    async def before_unload(self):
-        return None
-
-    async def close(self) -> None:
-        return None
-
-    def stats(self) -> dict:
-        return {}
-
 
 @pytest.fixture
 def anyio_backend():

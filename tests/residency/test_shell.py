@@ -11,6 +11,7 @@ from support.residency_sim import GB, manager, spec
 from mlxd.errors import CapacityUnavailable, ModelLoadFailed, ModelNotFound, RequestTimeout
 from mlxd.registry.model import Registry, ServerSpec
 from mlxd.residency.shell import ResidencyManager
+from support.idle_lifecycle import IdleLifecycle
 
 pytestmark = pytest.mark.anyio
 
@@ -23,7 +24,7 @@ class FakeClock:
         return self.now
 
 
-class FakeEngine:
+class FakeEngine(IdleLifecycle):
     def __init__(self, name: str) -> None:
         self.name = name
         self.closed = 0
@@ -36,14 +37,8 @@ class FakeEngine:
         self.abort_event.set()
         return 1
 
-    async def before_unload(self):
-        return None
-
     async def close(self) -> None:
         self.closed += 1
-
-    def stats(self) -> dict:
-        return {}
 
 
 class Factory:
