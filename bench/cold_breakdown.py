@@ -137,6 +137,8 @@ def through_mlxd(entry: dict[str, Any], source: Path, logs: Path, label: str) ->
         "weights_s": weights,
         "warmup_s": warmup.get("seconds"),
         "warmup_requests": warmup.get("requests"),
+        # "background": the first request did not wait for it (its figures stay 0 until it is done).
+        "warmup_mode": warmup.get("mode"),
         # What the load spent besides the weights and the warm-up (waiting
         # for the background import, the prefix cache's restore, the engine).
         "load_other_s": round(load - (weights or 0) - (warmup.get("seconds") or 0), 3),
@@ -205,6 +207,8 @@ def main() -> None:
     ratios = {label: round(median(merged[label], "cold_start_s") / direct_cold, 2) for label in merged}
     rows.append(["cold start ÷ mlx-lm", 1, *(ratios[label] for label in merged)])
     rows.append(["warm-up requests", "", *(median(merged[label], "warmup_requests") for label in merged)])
+    rows.append(["warm-up ran", "", *("/".join(sorted({str(r.get("warmup_mode")) for r in merged[label]}))
+                                      for label in merged)])
     device = environment().get("device", {}).get("kind", "cpu")
     print(f"\nSmolLM2-135M float32 on the {device.upper()}, medians of {args.rounds} rounds, "
           f"load average {min(loads):.1f}-{max(loads):.1f} (`uptime`)")

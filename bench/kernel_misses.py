@@ -118,7 +118,9 @@ def main() -> None:
         root = args.kernel_dir or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         initial = len(kernel_files(root))
-        env = {"MLX_PTX_CACHE_DIR": str(root / "ptx"), "TMPDIR": str(root)}
+        # In the load, so that `loaded` means the whole plan ran (with an empty
+        # kernel cache the daemon would warm in the background).
+        env = {"MLX_PTX_CACHE_DIR": str(root / "ptx"), "TMPDIR": str(root), "MLXD_WARMUP": "load"}
         log = RESULTS_DIR / "kernel_misses_logs" / "daemon.log"
         with daemon([entry], env=env, log_to=log) as url:
             with httpx.Client(base_url=url, timeout=900) as http:

@@ -10,3 +10,9 @@ from mlxd.factory.wheels import wheels_dir
 # are the same bytes wherever they are kept.
 os.environ.setdefault("MLXD_FACTORY_CACHE", str(default_cache_dir()))
 os.environ.setdefault("MLXD_WHEELS_DIR", str(wheels_dir()))
+
+# Where a model warms up depends on whether this machine's kernel cache is
+# known to hold its kernels (mlxd.engine.warmup.decide_mode): tests that
+# check the warm-up's figures at `loaded` must not depend on what earlier
+# runs left there. The tests of the choice itself set it as they need.
+os.environ.setdefault("MLXD_WARMUP", "load")

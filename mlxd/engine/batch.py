@@ -264,10 +264,10 @@ class BatchScheduler:
             if seq.control.abort_reason is not None:
                 # Aborted while it waited: end without touching the model
                 # (it may be about to be released).
-                counts.abort()
+                counts.abort(seq.control)
                 self._post(seq, GenerationChunk(text="", finish_reason="abort"))
                 continue
-            counts.begin()
+            counts.begin(seq.control)
             try:
                 self._start(seq)
             except Exception as exc:  # noqa: BLE001 - this request's own failure (e.g. BadRequest)
@@ -285,7 +285,8 @@ class BatchScheduler:
         others = self._peak.begin()
         if others is not None:
             self._peak_others = others
-        prefix = self._prefix
+        # A warm-up leaves the user's cache as it found it: no lookup, no entry.
+        prefix = None if seq.control.warmup else self._prefix
         # The batch's logits processors see every token in the cache (mlx-lm
         # is given them as ``all_tokens``), so one token left to prefill is
         # enough even with penalties, unlike the single path.
@@ -315,7 +316,7 @@ class BatchScheduler:
     def _end_early(self, seq: _Sequence) -> None:
         """A cancelled request just goes; an aborted one gets its last chunk."""
         if not seq.cancelled:
-            self._counts.abort()
+            self._counts.abort(seq.control)
             assert seq.prepared is not None
             self._post(seq, self._chunk(seq, seq.prepared.stops.flush(), "abort"))
         self._retire(seq)
@@ -421,7 +422,7 @@ class BatchScheduler:
         """A request that ended normally: keep its cache for the next turn
         before its last chunk is handed over, then let it go."""
         del self._decoding[seq.uid]
-        if cache is not None and tokens and self._prefix is not None:
+        if cache is not None and tokens and self._prefix is not None and not seq.control.warmup:
             self._prefix.keep(list(tokens), cache, self._name)
         if self._peak_others is not None:
             self._peak.end(self._peak_others)

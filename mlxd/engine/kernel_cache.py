@@ -29,7 +29,7 @@ PTX_ENV = "MLX_PTX_CACHE_DIR"
 BASE_ENV = "MLXD_KERNEL_CACHE_DIR"
 
 
-def _mlx_version() -> str:
+def installed_mlx_version() -> str:
     try:
         return importlib.metadata.version("mlx")
     except importlib.metadata.PackageNotFoundError:
@@ -41,7 +41,7 @@ def kernel_cache_dir(env: Mapping[str, str], home: Path | None = None, mlx_versi
     if not base:
         xdg = env.get("XDG_CACHE_HOME")
         base = str((Path(xdg) if xdg else (home or Path.home()) / ".cache") / "mlxd" / "kernels")
-    return Path(base).expanduser() / f"mlx-{mlx_version or _mlx_version()}"
+    return Path(base).expanduser() / f"mlx-{mlx_version or installed_mlx_version()}"
 
 
 def kernel_cache_env(env: Mapping[str, str], home: Path | None = None,

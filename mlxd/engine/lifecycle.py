@@ -35,6 +35,9 @@ from mlxd.registry.model import ModelSpec
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+# The abort reason of a warm-up request a user request pushed aside.
+PREEMPTED = "preempted by a user request"
+
 
 @dataclass(eq=False)
 class GenerationControl:
@@ -53,6 +56,9 @@ class GenerationControl:
     # Where a model whose cache cannot be trimmed checkpoints this prompt
     # (``engine/checkpoints.py``), computed with ``prompt_ids``.
     prompt_boundaries: list[Any] | None = None
+    # The engine's own warm-up (``GenerationRequest.warmup``): not counted,
+    # and it gives way to any user request.
+    warmup: bool = False
 
 
 @dataclass
@@ -61,7 +67,9 @@ class GenerationCounts:
 
     Every path (single text, batched text, vision) accounts a generation the
     same way: ``begin`` when it takes the model, ``end`` when it lets go,
-    ``abort`` when it ended with finish_reason "abort".
+    ``abort`` when it ended with finish_reason "abort". A warm-up request
+    holds the model (``running``) but adds nothing to the totals, which
+    describe user traffic only.
     """
 
     running: int = 0
@@ -70,22 +78,25 @@ class GenerationCounts:
     tokens_generated: int = 0
     aborted: int = 0
 
-    def begin(self) -> None:
+    def begin(self, control: GenerationControl) -> None:
         self.running += 1
-        self.generations += 1
+        if not control.warmup:
+            self.generations += 1
 
     def end(self, control: GenerationControl) -> None:
         self.running -= 1
-        self.prompt_tokens += control.prompt_tokens
-        self.tokens_generated += control.completion_tokens
+        if not control.warmup:
+            self.prompt_tokens += control.prompt_tokens
+            self.tokens_generated += control.completion_tokens
 
-    def abort(self) -> None:
-        self.aborted += 1
+    def abort(self, control: GenerationControl) -> None:
+        if not control.warmup:
+            self.aborted += 1
 
     @contextlib.contextmanager
     def generation(self, control: GenerationControl) -> Iterator[None]:
         """``begin`` ... ``end`` around one generation, however it ends."""
-        self.begin()
+        self.begin(control)
         try:
             yield
         finally:
@@ -149,8 +160,21 @@ class EngineBase:
         self.peak = FirstGenerationPeak(load_bytes)
         # Touched only on the event loop.
         self._in_flight: set[GenerationControl] = set()
+        # User requests in flight, and whether there are none: a warm-up
+        # request gives way to every user request (``_generate``).
+        self._users = 0
+        self._no_users = asyncio.Event()
+        self._no_users.set()
         self._closed = False
         self.counts = GenerationCounts()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def wait_idle(self) -> None:
+        """Until no user request is in flight (event loop)."""
+        await self._no_users.wait()
 
     @property
     def measured_bytes(self) -> int:
@@ -219,12 +243,13 @@ class EngineBase:
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         if self._closed:
             raise ModelUnloaded(self.name)
-        control = GenerationControl(request.request_id)
+        control = GenerationControl(request.request_id, warmup=request.warmup)
         source: Any = None
         try:
             # Registered inside the try: starting the stream can raise
             # ShuttingDown, and the entry must not outlive the request.
             self._in_flight.add(control)
+            self._arrived(control)
             await self._before_worker(request, control)
             first = True
             if not self.accepts_on_worker:
@@ -245,10 +270,34 @@ class EngineBase:
             raise MlxdError(f"The model `{self.name}` failed while generating.") from exc
         finally:
             self._in_flight.discard(control)
+            self._left(control)
             # A consumer that left early: the worker drops the generation
             # before its next step (prefill chunks are steps too).
             if source is not None:
                 await source.aclose()
+
+    def _arrived(self, control: GenerationControl) -> None:
+        """Event loop: a warm-up never runs beside a user request. A user's
+        arrival aborts the warm-up's requests (each ends at its next step,
+        so the user waits for one step at most: a prefill chunk or a token);
+        a warm-up request that arrives while users are in flight ends before
+        it reaches the model. The warm-up runs it again once they are gone."""
+        if control.warmup:
+            if self._users:
+                control.abort_reason = PREEMPTED
+            return
+        self._users += 1
+        self._no_users.clear()
+        for other in self._in_flight:
+            if other.warmup and other.abort_reason is None:
+                other.abort_reason = PREEMPTED
+
+    def _left(self, control: GenerationControl) -> None:
+        if control.warmup:
+            return
+        self._users -= 1
+        if not self._users:
+            self._no_users.set()
 
     async def abort_all(self, reason: str) -> int:
         aborted = 0

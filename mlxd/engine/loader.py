@@ -1,14 +1,17 @@
 """Loading an mlx-lm model onto the worker thread and measuring what it costs.
 
 Before the engine is handed back, i.e. before the model is reported loaded,
-it is warmed up (mlxd.engine.warmup: the first user pays no kernel
-compilation) and, with a cache dir, its saved prefix cache is restored.
+it is warmed up when that is quick (mlxd.engine.warmup: its kernels are
+known to be compiled here), else warmed in the background once handed over
+(mlxd.engine.warmup_background), and, with a cache dir, its saved prefix
+cache is restored.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,9 @@ from mlxd.engine.cache_layers import may_outgrow_trimming
 from mlxd.engine.speculative_cache import unsupported_layers
 from mlxd.engine.text import TextEngine
 from mlxd.engine.text_model import LoadedText
-from mlxd.engine.warmup import CONTEXT_MARGIN, forget_warmup, plan_warmup, warm_up
+from mlxd.engine.warmup import CONTEXT_MARGIN, LOAD, WarmupReport, decide_mode, plan_warmup, warm_up
+from mlxd.engine.warmup_background import BackgroundWarmup
+from mlxd.engine.warmup_marker import WarmupMarker, compiled_kernels_dir, read_config, warmup_key, weight_dtypes
 from mlxd.engine.worker import MlxWorker
 from mlxd.errors import describe_exception
 from mlxd.registry.device import current_device
@@ -31,9 +36,13 @@ from mlxd.registry.model import ModelSpec
 
 log = logging.getLogger(__name__)
 
+# `load` or `background` overrides where the warm-up runs (decide_mode).
+WARMUP_ENV = "MLXD_WARMUP"
+
 
 async def load_text_engine(
-    spec: ModelSpec, worker: MlxWorker, *, prefill_chunk: int = 512, cache_dir: Path | None = None
+    spec: ModelSpec, worker: MlxWorker, *, prefill_chunk: int = 512, cache_dir: Path | None = None,
+    warmup: str | None = None,
 ) -> TextEngine:
     """Load ``spec`` with ``mlx_lm.load`` on the worker and wrap it as a TextEngine.
 
@@ -44,6 +53,9 @@ async def load_text_engine(
     ``cache_dir`` (the manager's) turns on prefix cache persistence under
     ``cache_dir/prefix/<fingerprint>/`` when the spec asks for it; the saved
     entries are restored here. A restore problem is logged, never fatal.
+
+    ``warmup`` ("load" or "background") says where the warm-up runs; None
+    decides (``decide_mode``, ``$MLXD_WARMUP``).
     """
     fingerprint = await _fingerprint(spec) if cache_dir is not None and _persists(spec) else None
     store = None
@@ -61,7 +73,7 @@ async def load_text_engine(
     engine = TextEngine(spec, worker, loaded, prefill_chunk=prefill_chunk)
     engine.cache_store = store
     try:
-        await _warm(engine, spec, worker, prefill_chunk)
+        background = await _warm(engine, spec, worker, prefill_chunk, warmup)
     except asyncio.CancelledError:
         asyncio.ensure_future(engine.close())
         raise
@@ -75,22 +87,49 @@ async def load_text_engine(
         except asyncio.CancelledError:
             asyncio.ensure_future(engine.close())
             raise
+    if background is not None:
+        engine.background_warmup = background
+        background.start()
     return engine
 
 
-async def _warm(engine: TextEngine, spec: ModelSpec, worker: MlxWorker, chunk: int) -> None:
+async def _warm(
+    engine: TextEngine, spec: ModelSpec, worker: MlxWorker, chunk: int, forced: str | None
+) -> BackgroundWarmup | None:
+    """Warm now, or return the background warm-up to start once the engine is ready."""
     device = await worker.call(current_device)
     runs = plan_warmup(max_context=spec.max_context, prefill_chunk=chunk, max_concurrency=spec.max_concurrency,
                        batching=engine.batching, device=device.kind)
+    marker = await _marker(engine, spec, worker, device.kind, device.name, runs)
+    known = marker is not None and await asyncio.to_thread(marker.known)
+    mode, why = decide_mode(device=device.kind, known_compiled=known, forced=forced or os.environ.get(WARMUP_ENV))
 
-    async def forget() -> None:
-        # Warm-up prompts must not take the cache's room or be saved with it.
-        await worker.call(forget_warmup, engine)
+    async def note(report: WarmupReport) -> None:
+        if marker is not None and report.error is None:
+            await asyncio.to_thread(marker.write, spec.name, report.as_dict())
 
-    room = spec.max_context - CONTEXT_MARGIN - max(r.max_tokens for r in runs)
-    engine.warmup = await warm_up(engine, runs, max_chars=max(1, room), forget=forget)
-    log.info("%s warmed up in %.2fs (%d requests, prefill %s tok/s)", spec.name, engine.warmup.seconds,
-             engine.warmup.requests, engine.warmup.prefill_tokens_per_s)
+    room = max(1, spec.max_context - CONTEXT_MARGIN - max(r.max_tokens for r in runs))
+    if mode != LOAD:
+        log.info("%s is served at once and warms up in the background: %s", spec.name, why)
+        return BackgroundWarmup(engine, runs, max_chars=room, on_done=note)
+    engine.warmup = await warm_up(engine, runs, max_chars=room)
+    log.info("%s warmed up in the load in %.2fs (%s; %d requests, prefill %s tok/s)", spec.name,
+             engine.warmup.seconds, why, engine.warmup.requests, engine.warmup.prefill_tokens_per_s)
+    await note(engine.warmup)
+    return None
+
+
+async def _marker(engine: TextEngine, spec: ModelSpec, worker: MlxWorker, device: str, device_name: str,
+                  runs: tuple[Any, ...]) -> WarmupMarker | None:
+    kernels = compiled_kernels_dir(device, os.environ)
+    if kernels is None:
+        return None
+    model, _ = engine.model.get()
+    dtypes = await worker.call(weight_dtypes, model)
+    config = await asyncio.to_thread(read_config, spec.path)
+    key = warmup_key(config=config, dtypes=dtypes, kv_bits=spec.kv_bits, batching=engine.batching,
+                     runs=runs, device=f"{device}:{device_name}")
+    return WarmupMarker(kernels, key)
 
 
 def _prefill_rate(engine: TextEngine) -> float | None:

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from mlxd.engine.cache_store.folder import CacheStore
     from mlxd.engine.cache_store.persistence import PrefixCachePersistence
     from mlxd.engine.warmup import WarmupReport
+    from mlxd.engine.warmup_background import BackgroundWarmup
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +100,10 @@ class TextEngine(EngineBase, GenerationEngine):
         self.cache_store: CacheStore | None = None
         # Explains captured requests' prefix-cache decisions.
         self._explainer = CacheExplainer()
-        # Set by the loader: how the warm-up before `loaded` went.
+        # Set by the loader: how the warm-up went (or, in the background, that it is under way).
         self.warmup: WarmupReport | None = None
+        # Set by the loader when the warm-up runs after the hand-over.
+        self.background_warmup: BackgroundWarmup | None = None
         self._batch: BatchScheduler | None = None
         # Speculative decoding runs in the batch, a batch of one included.
         self.speculation: Speculation | None = None
@@ -130,6 +133,8 @@ class TextEngine(EngineBase, GenerationEngine):
 
     async def close(self) -> None:
         try:
+            if self.background_warmup is not None:
+                await self.background_warmup.cancel()
             await super().close()
         finally:
             if self.cache_store is not None:
@@ -232,7 +237,7 @@ class TextEngine(EngineBase, GenerationEngine):
         if control.abort_reason is not None:
             # Aborted while queued: end without touching the model (it may be
             # about to be released).
-            self.counts.abort()
+            self.counts.abort(control)
             yield GenerationChunk(text="", finish_reason="abort")
             return
         model, tokenizer = self.model.get()
@@ -250,7 +255,8 @@ class TextEngine(EngineBase, GenerationEngine):
 
         n_prompt = len(prepared.tokens)
         stops = prepared.stops
-        prefix = self.prefix_cache
+        # A warm-up leaves the user's cache as it found it: no lookup, no entry.
+        prefix = None if control.warmup else self.prefix_cache
         cache, reused = prefix.fetch(prepared.tokens, prepared.keep) if prefix else (None, 0)
         if cache is None:
             cache = make_prompt_cache(model)
@@ -264,7 +270,7 @@ class TextEngine(EngineBase, GenerationEngine):
 
         def chunk(text: str, finish: str | None = None) -> GenerationChunk:
             if finish == "abort":
-                self.counts.abort()
+                self.counts.abort(control)
             entries = scored[:] if prepared.logprobs is not None else None
             scored.clear()
             return GenerationChunk(

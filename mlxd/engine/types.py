@@ -110,6 +110,10 @@ class GenerationRequest:
     # The caller's priority class (docs/apps.md, Priority): a batching engine
     # prefills an interactive request's prompt before queued bulk prompts.
     priority: str = "default"
+    # The engine's own warm-up request (``mlxd.engine.warmup``): it neither
+    # reads nor fills the prefix cache, is not counted in the engine's
+    # figures and gives way to any user request. Never set from a client.
+    warmup: bool = False
 
 
 @dataclass(frozen=True)

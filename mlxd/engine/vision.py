@@ -191,7 +191,7 @@ class VisionEngine(EngineBase, GenerationEngine):
             if control.abort_reason is not None:
                 # Aborted before its turn: end without touching the model (it
                 # may be about to be released).
-                self.counts.abort()
+                self.counts.abort(control)
                 yield GenerationChunk(text="", finish_reason="abort")
                 return
             model, processor = self._model, self._processor
@@ -274,7 +274,7 @@ class VisionEngine(EngineBase, GenerationEngine):
 
         def chunk(text: str, finish: str | None = None) -> GenerationChunk:
             if finish == "abort":
-                self.counts.abort()
+                self.counts.abort(control)
             return GenerationChunk(
                 text=text,
                 finish_reason=finish,

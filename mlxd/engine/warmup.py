@@ -21,10 +21,19 @@ for whoever sent it first.
 
 A last, timed prompt of a chunk measures this device's prefill speed (kernels
 are compiled by then), which the prefix cache's restore-or-recompute
-decision needs (``mlxd.engine.restore_policy``). Warm-up prompts leave
-nothing behind: the prefix cache is emptied afterwards, and greedy output
-depends only on the prompt, so the first user's answer is the same as
-without warming.
+decision needs (``mlxd.engine.restore_policy``). Warm-up requests leave
+nothing behind (``GenerationRequest.warmup``): they neither read nor fill
+the prefix cache and are not counted, and greedy output depends only on the
+prompt, so the first user's answer is the same as without warming.
+
+Where it runs (``decide_mode``): a model whose kernels this machine is known
+to have compiled (``mlxd.engine.warmup_marker``) warms before the engine is
+handed over, as that takes a second or two; otherwise compiling the whole
+plan would delay the first request by up to a minute (57 s on an H200 with
+an empty kernel cache, for kernels that request mostly did not need), so the
+engine is handed over at once and the plan runs in the background
+(``mlxd.engine.warmup_background``), only while no user request is in
+flight.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -77,15 +86,46 @@ class WarmupRun:
     kind: str = "greedy"
 
 
+# Where the warm-up runs (``decide_mode``): before the engine is handed over,
+# or after, while the engine has no user request.
+LOAD = "load"
+BACKGROUND = "background"
+MODES = (LOAD, BACKGROUND)
+
+
 @dataclass(frozen=True)
 class WarmupReport:
     seconds: float
     requests: int
     prefill_tokens_per_s: float | None
     error: str | None = None
+    mode: str = LOAD
+    # Runs a user request pushed aside (run again once the engine was idle).
+    preempted: int = 0
+    # False while a background warm-up has not finished yet.
+    done: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def decide_mode(*, device: str, known_compiled: bool, forced: str | None = None) -> tuple[str, str]:
+    """Where the warm-up runs, and why (for the log).
+
+    ``forced`` is ``MLXD_WARMUP`` (``load`` or ``background``; anything
+    else, ``auto`` included, decides). Metal ships its kernels precompiled,
+    so its warm-up is short wherever it runs: in the load, as always. A
+    device that JIT-compiles (CUDA, the CPU) warms in the load only when a
+    completed warm-up of the same kernels is known to be in its kernel cache
+    (a second or two then); otherwise compiling the plan would hold back the
+    first request, so it runs in the background."""
+    if forced in MODES:
+        return forced, f"MLXD_WARMUP={forced}"
+    if device == "metal":
+        return LOAD, "Metal's kernels are precompiled"
+    if known_compiled:
+        return LOAD, "its kernels are in the kernel cache"
+    return BACKGROUND, "its kernels are not known to be compiled on this machine"
 
 
 def plan_warmup(
@@ -133,20 +173,6 @@ def _cpu_plan(room: int, max_concurrency: int, batching: bool) -> tuple[WarmupRu
     (bench/load_cycles.py: 15 KB against 5 KB without)."""
     sampled = WarmupRun(min(CPU_SAMPLED_PROMPT_TOKENS, room), 1, CPU_WARM_BATCH, kind="sampled")
     return (sampled, WarmupRun(min(CPU_PREFILL_TOKENS, room), 1, timed=True))
-
-
-def forget_warmup(engine: Any) -> None:
-    """Worker thread: drop what the warm-up left in the engine's figures and
-    prefix cache, so status and the cache describe user traffic only."""
-    counts = getattr(engine, "counts", None)
-    if dataclasses.is_dataclass(counts) and not isinstance(counts, type):
-        fresh = type(counts)()
-        for f in dataclasses.fields(counts):
-            setattr(counts, f.name, getattr(fresh, f.name))
-    cache = getattr(engine, "prefix_cache", None)
-    if cache is not None:
-        cache.clear()
-        cache.hits = cache.misses = cache.tokens_reused = 0
 
 
 def _passage() -> str:
@@ -201,40 +227,43 @@ def warmup_request(run: WarmupRun, index: int, prompt: str, request_id: str, cha
     elif run.kind == "constrained":
         # The grammar decides when to end; suppressing the end would leave no token allowed.
         return GenerationRequest(request_id=request_id, max_tokens=run.max_tokens, sampling=GREEDY,
-                                 constraint=Constraint("json_schema", WARM_SCHEMA), **text)
+                                 constraint=Constraint("json_schema", WARM_SCHEMA), warmup=True, **text)
     return GenerationRequest(request_id=request_id, max_tokens=run.max_tokens, sampling=sampling,
-                             ignore_eos=True, **text, **extra)
+                             ignore_eos=True, warmup=True, **text, **extra)
 
 
-async def _one(engine: Any, request: GenerationRequest) -> float:
+async def _one(engine: Any, request: GenerationRequest) -> tuple[float, bool]:
     """Run one request to its end; returns seconds to its first token (the
-    acceptance before it comes before the prefill)."""
+    acceptance before it comes before the prefill) and whether it was
+    aborted (a user request came, or the engine closed)."""
     started = time.perf_counter()
     first: float | None = None
+    aborted = False
     stream = engine.generate(request)
     try:
         async for chunk in stream:
             if first is None and (chunk.completion_tokens > 0 or chunk.finish_reason is not None):
                 first = time.perf_counter() - started
+            aborted = aborted or chunk.finish_reason == "abort"
     finally:
         closer = getattr(stream, "aclose", None)
         if closer is not None:
             await closer()
-    return first if first is not None else time.perf_counter() - started
+    return (first if first is not None else time.perf_counter() - started), aborted
 
 
-async def warm_up(
-    engine: Any,
-    runs: Sequence[WarmupRun],
-    *,
-    max_chars: int,
-    forget: Callable[[], Any] | None = None,
-) -> WarmupReport:
+async def warm_up(engine: Any, runs: Sequence[WarmupRun], *, max_chars: int, mode: str = LOAD) -> WarmupReport:
     """Send ``runs`` through ``engine.generate``; never raises (a model that
     cannot run a warm-up prompt fails its first request the same way, with
-    the error a user can read)."""
+    the error a user can read).
+
+    Each run waits until the engine has no user request (``wait_idle``);
+    a run a user request pushed aside is run again once it has gone, so
+    every kernel of the plan is compiled and the timed run measures a
+    prefill nobody interrupted. Before the engine is handed over nobody
+    can push a run aside: an abort there means the engine closed."""
     started = time.perf_counter()
-    requests = 0
+    requests = preempted = 0
     rate: float | None = None
     error: str | None = None
     try:
@@ -242,20 +271,25 @@ async def warm_up(
         texts = iter(prompts)
         for number, run in enumerate(runs):
             batch = [next(texts) for _ in range(run.concurrent)]
-            # The first one as a chat message: compiles the chat template once, too.
-            waits = await asyncio.gather(*(
-                _one(engine, warmup_request(run, i, text, f"warmup-{number}-{i}", chat=number == 0))
-                for i, text in enumerate(batch)
-            ))
+            while True:
+                await engine.wait_idle()
+                if engine.closed:
+                    raise asyncio.CancelledError
+                # The first one as a chat message: compiles the chat template once, too.
+                results = await asyncio.gather(*(
+                    _one(engine, warmup_request(run, i, text, f"warmup-{number}-{i}", chat=number == 0))
+                    for i, text in enumerate(batch)
+                ))
+                if not any(aborted for _, aborted in results):
+                    break
+                preempted += 1
             requests += run.concurrent
-            if run.timed and waits[0] > 0:
-                rate = run.prompt_tokens / waits[0]
+            if run.timed and results[0][0] > 0:
+                rate = run.prompt_tokens / results[0][0]
     except asyncio.CancelledError:
         raise
     except Exception as exc:
         error = describe_exception(exc)
         log.warning("warm-up of %s failed (the model stays loaded): %s", getattr(engine, "name", "?"), error)
-    if forget is not None:
-        await forget()
     return WarmupReport(round(time.perf_counter() - started, 4), requests,
-                        round(rate, 1) if rate else None, error)
+                        round(rate, 1) if rate else None, error, mode, preempted)

@@ -166,6 +166,8 @@ def model_status(snap: DaemonSnapshot, m: ModelView) -> dict[str, Any]:
         "busy_tokens_per_second": round(snap.busy_rate(m.name), 3),
         "warmup_seconds": _warmup(m.engine).get("seconds"),
         "prefill_tokens_per_s": _warmup(m.engine).get("prefill_tokens_per_s"),
+        "warmup_mode": _warmup(m.engine).get("mode"),
+        "warmup_done": _warmup(m.engine).get("done"),
         "prefix_cache": prefix_cache_status(m.engine),
         "speculative": speculative_status(m),
         "engine": m.engine,
