@@ -367,6 +367,42 @@ FAMILIES: dict[str, Family] = {
             note="Mistral Small 3.1 / 3.2 (mistral3 wrapping a Mistral text model); `[TOOL_CALLS]` tool calls",
         ),
         Family(
+            name="ministral3",
+            arch="mistral3",
+            config={
+                "model_type": "mistral3",
+                "text_config": {
+                    "model_type": "ministral3",
+                    **_tiny(rms_norm_eps=1e-5, tie_word_embeddings=False),
+                    # Ministral 3's own rope block: YaRN plus Llama 4's position-dependent query scale.
+                    "rope_parameters": {
+                        "rope_type": "yarn",
+                        "rope_theta": 1_000_000.0,
+                        "factor": 16.0,
+                        "original_max_position_embeddings": 16384,
+                        "beta_fast": 32.0,
+                        "beta_slow": 1.0,
+                        "mscale": 1.0,
+                        "mscale_all_dim": 1.0,
+                        "llama_4_scaling_beta": 0.1,
+                    },
+                },
+                "eos_token_id": EOS,
+            },
+            template="ministral3.jinja",
+            control=("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
+                     "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[IMG]"),
+            markup=("[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]"),
+            bos="<s>",
+            eos=("</s>",),
+            pad="<unk>",
+            tool_parser="mistral",
+            # `[THINK]`/`[/THINK]` are single tokens, but mlx-lm 0.32.2 detects no think pair for them.
+            unsupported={"images": "built text-only: mlx-lm loads Ministral 3's language model alone"},
+            note="Ministral 3 3B/8B/14B Reasoning (Dec 2025; mistral3 wrapping a ministral3 text model); "
+                 "`[THINK]` reasoning, `[TOOL_CALLS]name[ARGS]` calls",
+        ),
+        Family(
             name="lfm2",
             arch="lfm2",
             config={
