@@ -106,14 +106,18 @@ class EncoderEngine(EngineBase):
                              param="model", code="model_not_supported")
         return await self._run(encoded, priority)
 
-    async def rerank(self, query: str, documents: Sequence[str], *, truncate: bool,
+    async def rerank(self, query: str, documents: Sequence[str], *, truncate: bool, instruction: str | None = None,
                      priority: str = "default") -> tuple[list[float], int]:
-        """Each document's relevance to ``query`` (in document order) and the tokens read."""
+        """Each document's relevance to ``query`` (in document order) and the
+        tokens read; ``instruction``: an LLM reranker's task (the registry
+        allows it on no other model), None for the model card's."""
         if self.kind != "rerank":
             raise BadRequest(f"The model `{self.name}` is an {self.kind} model, not a rerank model.",
                              param="model", code="model_not_supported")
         chars = len(query) * len(documents) + sum(map(len, documents))
-        encoded = await _off_loop(self.tokenizer.pairs, chars, query, list(documents))
+        args: tuple[Any, ...] = (query, list(documents)) if instruction is None else (query, list(documents),
+                                                                                      instruction)
+        encoded = await _off_loop(self.tokenizer.pairs, chars, *args)
         self._check_truncation(encoded, truncate, "documents")
         scores = await self._run(encoded, priority)
         return [float(s) for s in scores], encoded.tokens
@@ -266,8 +270,8 @@ async def load_encoder_engine(spec: ModelSpec, worker: MlxWorker, *, cache_dir: 
 def _load(spec: ModelSpec) -> tuple[Any, Any, int, float]:
     """Worker thread: the model and its tokenizer, and what loading them cost."""
     from mlxd.engine.embedding_model import load_cross_encoder, load_embedder
-    from mlxd.engine.rerank_llm import is_causal_lm, load_llm_reranker
-    from mlxd.registry.resolve import read_model_config
+    from mlxd.engine.rerank_llm import load_llm_reranker
+    from mlxd.registry.resolve import is_llm_reranker, read_model_config
 
     def load() -> tuple[Any, Any]:
         if spec.kind != "rerank":
@@ -275,7 +279,7 @@ def _load(spec: ModelSpec) -> tuple[Any, Any, int, float]:
         config = read_model_config(spec.path)
         if is_cross_encoder(config):
             return load_cross_encoder(spec.path)
-        if is_causal_lm(config):
+        if is_llm_reranker(config):
             return load_llm_reranker(spec.path)
         raise ValueError("a rerank model must be a *ForSequenceClassification cross-encoder "
                          "or a *ForCausalLM LLM reranker (Qwen3-Reranker)")

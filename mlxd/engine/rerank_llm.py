@@ -1,10 +1,11 @@
 """LLM rerankers (Qwen3-Reranker style): a causal LM, loaded by mlx-lm,
-that reads a fixed prompt holding the query and one document and answers
+that reads the model card's prompt holding the query and one document and answers
 "yes" or "no"; a document's relevance is the probability of "yes" against
 "no" at the prompt's last position, softmax(logit_no, logit_yes)[yes].
 
 The prompt is the model card's: a system turn asking for a yes/no judgement,
-the user turn ``<Instruct>: ...\\n<Query>: ...\\n<Document>: ...``, and an
+the user turn ``<Instruct>: ...\\n<Query>: ...\\n<Document>: ...`` (the
+instruction is the entry's ``instruction:``, else the card's), and an
 assistant turn opened with an empty think block. A long document is cut so
 that the whole prompt fits the model's length (the prefix and suffix are
 always whole).
@@ -28,23 +29,20 @@ import numpy as np
 from mlxd.engine.embedding_batch import Batch
 from mlxd.engine.embedding_model import Encoded, to_numpy
 from mlxd.files import read_json_object
+from mlxd.registry.model import RERANK_INSTRUCTION
 
 SYSTEM = ('Judge whether the Document meets the requirements based on the Query and the Instruct provided. '
           'Note that the answer can only be "yes" or "no".')
 PREFIX = f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n"
 SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
-INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
 # Qwen3-Reranker's own bound on a prompt; a model trained shorter gets its own.
 MAX_LENGTH = 8192
 
 
-def is_causal_lm(config: dict[str, Any]) -> bool:
-    return any(str(a).endswith("ForCausalLM") for a in config.get("architectures") or ())
-
-
-def pair_text(query: str, document: str, instruction: str = INSTRUCTION) -> str:
-    """The user turn of one (query, document) pair."""
-    return f"<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
+def pair_text(query: str, document: str, instruction: str | None = None) -> str:
+    """The user turn of one (query, document) pair; ``instruction`` None:
+    the model card's."""
+    return f"<Instruct>: {instruction or RERANK_INSTRUCTION}\n<Query>: {query}\n<Document>: {document}"
 
 
 class PromptTokenizer:
@@ -65,9 +63,10 @@ class PromptTokenizer:
         found = self._tokenizer.token_to_id(token)
         return int(found) if found is not None else None
 
-    def pairs(self, query: str, documents: Sequence[str]) -> Encoded:
+    def pairs(self, query: str, documents: Sequence[str], instruction: str | None = None) -> Encoded:
         room = self.max_length - len(self.prefix) - len(self.suffix)
-        done = self._tokenizer.encode_batch([pair_text(query, d) for d in documents], add_special_tokens=False)
+        done = self._tokenizer.encode_batch([pair_text(query, d, instruction) for d in documents],
+                                            add_special_tokens=False)
         ids = [self.prefix + e.ids[:room] + self.suffix for e in done]
         return Encoded(ids, None, [i for i, e in enumerate(done) if len(e.ids) > room])
 

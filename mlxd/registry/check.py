@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mlxd.registry.model import ContentionSpec, FailoverSpec, ModelSpec, Registry
+from mlxd.registry.model import RERANK_INSTRUCTION, ContentionSpec, FailoverSpec, ModelSpec, Registry
 from mlxd.registry.sizing import format_bytes
 
 
@@ -111,9 +111,22 @@ def _describe_model(spec: ModelSpec, registry: Registry) -> list[str]:
         lines.append(f"    reasoning: {_reasoning(spec)}")
     if spec.kind == "text":
         lines.append(f"    speculative decoding: {_speculative(spec)}")
+    if registry.kind_of(spec).encodes:
+        lines += _encoder(spec)
     if spec.chat_template_kwargs:
         given = ", ".join(f"{name}={text}" for name, text in spec.chat_template_kwargs)
         lines.append(f"    chat_template_kwargs: {given}")
+    return lines
+
+
+def _encoder(spec: ModelSpec) -> list[str]:
+    from mlxd.registry.resolve import is_llm_reranker, read_model_config
+
+    cut = "cut at the model's length" if spec.truncate else "refused past the model's length (truncate: false)"
+    lines = [f"    inputs: {cut}; up to {spec.batch_tokens} padded tokens a forward pass"]
+    if spec.kind == "rerank" and is_llm_reranker(read_model_config(spec.path)):
+        said = ("instruction:" if spec.instruction is not None else "the model card's default")
+        lines.append(f"    instruction: {spec.instruction or RERANK_INSTRUCTION!r} ({said})")
     return lines
 
 

@@ -17,7 +17,7 @@ from mlxd.registry.document import Loc
 from mlxd.registry.kinds import PARALLEL, ModelKind
 from mlxd.registry.model import Footprint, ModelSpec, ParallelSpec, PrefixCacheSpec, template_pairs
 from mlxd.registry.parallel import LOCAL, hosts_of, parallel_spec, placement_problem, split_problem
-from mlxd.registry.resolve import Downloader, detect_kind, read_model_config, resolve_model_dir
+from mlxd.registry.resolve import Downloader, detect_kind, is_llm_reranker, read_model_config, resolve_model_dir
 from mlxd.registry.schema import ENCODER_KEYS, LOCATION_KEYS, VLLM_MLX_IGNORED_MODEL_KEYS, ModelEntry
 from mlxd.registry.sections import DEFAULT_MODEL, Sections
 from mlxd.registry.speculative import entry_spec
@@ -102,6 +102,8 @@ class LocalEntries:
             if broken is None and (problem := split_problem(parallel, config, folder)) is not None:
                 broken, at_location = problem, (*here, "parallel", "ranks")
         self._check_encoder_keys(i, entry, row)
+        if entry.instruction is not None:
+            self._check_instruction(i, entry, kind, config if broken is None else None)
         max_context = self._max_context(i, entry, config)
         prefix_cache = self.s.prefix_cache(entry)
         if not row.prefix_cache:
@@ -161,6 +163,7 @@ class LocalEntries:
             broken=broken,
             parallel=parallel,
             speculative=entry_spec(self.s.doc, i, entry, kind, config),
+            instruction=entry.instruction,
             **{key: getattr(entry, key) for key in ENCODER_KEYS if getattr(entry, key) is not None},
         )
         self._check_fits(here, spec, row)
@@ -222,6 +225,19 @@ class LocalEntries:
             if getattr(entry, key) is not None:
                 raise self.s.doc.error(("models", i, key), f"`{key}` is for `kind: embedding` and `kind: rerank` "
                                        f"entries; `{entry.name}` is a {row.name} model")
+
+    def _check_instruction(self, i: int, entry: ModelEntry, kind: str, config: Mapping[str, Any] | None) -> None:
+        """Only an LLM reranker reads an instruction; ``config`` is None when
+        the model's files cannot be read (the entry is broken anyway)."""
+        at: Loc = ("models", i, "instruction")
+        if kind != "rerank":
+            raise self.s.doc.error(at, f"`instruction` is for `kind: rerank` entries served by an LLM reranker; "
+                                   f"`{entry.name}` is of kind `{kind}`")
+        if config is not None and not is_llm_reranker(config):
+            arch = ", ".join(map(str, config.get("architectures") or ())) or "no architectures"
+            raise self.s.doc.error(at, f"`{entry.name}` is a cross-encoder ({arch}): it reads the query and "
+                                   "the document only; `instruction` is for LLM rerankers (a *ForCausalLM "
+                                   "folder, Qwen3-Reranker)")
 
     @staticmethod
     def _max_concurrency(entry: ModelEntry, row: ModelKind) -> int:

@@ -21,6 +21,10 @@ if TYPE_CHECKING:
 
     from mlxd.errors import ConfigError
 
+# Qwen3-Reranker's default task, which its model card's prompt gives an
+# LLM reranker when the entry names no ``instruction:``.
+RERANK_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+
 CONTENTION_STRATEGIES = ("fail", "wait", "wait_then_fail", "preempt", "wait_then_preempt")
 
 
@@ -162,6 +166,9 @@ class ModelSpec:
     truncate: bool = True
     matryoshka: bool = False
     batch_tokens: int = 4096
+    # An LLM reranker's instruction (None: RERANK_INSTRUCTION, the model
+    # card's); read per request, so a change applies live.
+    instruction: str | None = None
     # Served by a gang of ranks (``parallel:``); None: one process, the daemon's.
     parallel: ParallelSpec | None = None
     # Speculative decoding (None: off).

@@ -155,6 +155,12 @@ def detect_kind(config_json: Mapping[str, Any], model_dir: Path | None = None) -
     return "text"
 
 
+def is_llm_reranker(config_json: Mapping[str, Any]) -> bool:
+    """A rerank folder whose model is a causal LM (Qwen3-Reranker), not a
+    cross-encoder: the one that reads an instruction."""
+    return any(str(a).endswith("ForCausalLM") for a in config_json.get("architectures") or ())
+
+
 # mlx-audio's model types, for a folder whose entry names no kind.
 _SPEECH_TO_TEXT = ("whisper", "parakeet", "parakeet_tdt")
 _TEXT_TO_SPEECH = ("soprano", "kokoro")

@@ -272,6 +272,8 @@ class ModelEntry(_Section):
     truncate: bool | None = None
     matryoshka: bool | None = None
     batch_tokens: int | None = Field(None, ge=16)
+    # An LLM reranker's task (its prompt's ``<Instruct>:``; docs/embeddings.md).
+    instruction: str | None = None
     # One model over several processes or machines (mx.distributed).
     parallel: ParallelSection | None = None
     speculative: SpeculativeSection | None = None
@@ -313,6 +315,13 @@ class ModelEntry(_Section):
             names = [repr(k) for k in kinds]
             choices = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
             raise ValueError(f"input should be {choices}, got {value!r}")
+        return value
+
+    @field_validator("instruction")
+    @classmethod
+    def _instruction(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("an instruction cannot be empty; leave `instruction` out for the model card's default")
         return value
 
     @field_validator("kv_bits")

@@ -15,6 +15,8 @@ from mlxd.factory.minilm import minilm_dir
 from support.daemon import Daemon, daemon_in_thread, write_registry
 
 REFERENCE = Path(__file__).parent / "reference"
+# An LLM reranker entry's own task (instead of the model card's web search).
+CODE_INSTRUCTION = "Given a question about code, retrieve the snippet that answers it"
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +49,8 @@ def encoders_daemon(tmp_path_factory: pytest.TempPathFactory, tiny_embedder: Pat
                     minilm: Path, llm_reranker: Path, xlmr_reranker: Path) -> Iterator[Daemon]:
     """``embed`` (tiny, Matryoshka), ``strict`` (tiny, truncate: false),
     ``minilm``, ``rerank`` (tiny), ``rerank-xlmr`` (a tiny XLM-R
-    cross-encoder), ``rerank-llm`` (a tiny Qwen3-Reranker shape) and
+    cross-encoder), ``rerank-llm`` (a tiny Qwen3-Reranker shape; also as
+    ``rerank-llm-code``, under the instruction CODE_INSTRUCTION) and
     ``chat`` (a tiny text model)."""
     tmp = tmp_path_factory.mktemp("encoders")
     registry = write_registry(tmp, [
@@ -57,6 +60,7 @@ def encoders_daemon(tmp_path_factory: pytest.TempPathFactory, tiny_embedder: Pat
         {"name": "rerank", "path": str(tiny_reranker), "kind": "rerank"},
         {"name": "rerank-xlmr", "path": str(xlmr_reranker), "kind": "rerank"},
         {"name": "rerank-llm", "path": str(llm_reranker), "kind": "rerank"},
+        {"name": "rerank-llm-code", "path": str(llm_reranker), "kind": "rerank", "instruction": CODE_INSTRUCTION},
         {"name": "chat", "model": "qwen"},
     ])
     with daemon_in_thread(registry, tmp) as daemon:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from embeddings.conftest import CODE_INSTRUCTION
 from embeddings.reference.texts import RERANK_DOCUMENTS, RERANK_QUERY
 from mlxd.engine.rerank_llm import PREFIX, SUFFIX, pair_text
 
@@ -19,7 +20,7 @@ def rerank(daemon, body: dict) -> httpx.Response:
     return httpx.post(daemon.url + "/v1/rerank", json={"model": "rerank-llm", **body}, timeout=120)
 
 
-def direct_scores(folder, query: str, documents: list[str]) -> list[float]:
+def direct_scores(folder, query: str, documents: list[str], instruction: str | None = None) -> list[float]:
     import mlx.core as mx
     from mlx_lm import load
 
@@ -28,7 +29,7 @@ def direct_scores(folder, query: str, documents: list[str]) -> list[float]:
     scores = []
     for document in documents:
         ids = [*tokenizer.encode(PREFIX, add_special_tokens=False),
-               *tokenizer.encode(pair_text(query, document), add_special_tokens=False),
+               *tokenizer.encode(pair_text(query, document, instruction), add_special_tokens=False),
                *tokenizer.encode(SUFFIX, add_special_tokens=False)]
         last = model(mx.array([ids]))[0, -1].astype(mx.float32)
         scores.append(mx.softmax(mx.stack([last[no], last[yes]]))[1].item())
@@ -57,3 +58,20 @@ def test_scores_are_mlx_lm_s_own_yes_no_probability_sorted_and_deterministic(enc
     for r in results:
         assert r["relevance_score"] == pytest.approx(expected[r["index"]], abs=2e-5), r
 
+
+
+def test_an_entry_s_instruction_is_the_one_the_model_reads(encoders_daemon, llm_reranker) -> None:
+    """``instruction:`` goes into every pair's prompt: the scores move away
+    from the card's instruction's and are mlx-lm's own under the entry's."""
+    documents = list(RERANK_DOCUMENTS)
+    card = rerank(encoders_daemon, {"query": RERANK_QUERY, "documents": documents})
+    code = httpx.post(encoders_daemon.url + "/v1/rerank", timeout=120, json={
+        "model": "rerank-llm-code", "query": RERANK_QUERY, "documents": documents})
+    assert card.status_code == 200 and code.status_code == 200, code.text
+    by_index = {r["index"]: r["relevance_score"] for r in code.json()["results"]}
+    card_by_index = {r["index"]: r["relevance_score"] for r in card.json()["results"]}
+    assert any(abs(by_index[i] - card_by_index[i]) > 1e-4 for i in by_index), "the instruction changed nothing"
+
+    expected = direct_scores(llm_reranker, RERANK_QUERY, documents, CODE_INSTRUCTION)
+    for i, score in by_index.items():
+        assert score == pytest.approx(expected[i], abs=2e-5), (i, score, expected[i])

@@ -83,7 +83,7 @@ async def rerank(ctx: DaemonContext, request: Request, name: str, ask: RerankAsk
         if spec.is_remote:
             return await _remote_rerank(engine, spec, name, ask), 0
         scores, tokens = await engine.rerank(ask.query, ask.documents, truncate=spec.truncate,
-                                             priority=caller_of(request).priority)
+                                             instruction=spec.instruction, priority=caller_of(request).priority)
         order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
         return Ranked(name, [(i, scores[i]) for i in order[: ask.top_n]], tokens), 0
 
