@@ -28,9 +28,10 @@ from mlxd.engine.text import TextEngine
 from mlxd.engine.text_model import LoadedText
 from mlxd.engine.warmup import CONTEXT_MARGIN, LOAD, WarmupReport, decide_mode, plan_warmup, warm_up
 from mlxd.engine.warmup_background import BackgroundWarmup
-from mlxd.engine.warmup_marker import WarmupMarker, compiled_kernels_dir, read_config, warmup_key, weight_dtypes
+from mlxd.engine.warmup_marker import WarmupMarker, compiled_kernels_dir, warmup_key, weight_dtypes
 from mlxd.engine.worker import MlxWorker
 from mlxd.errors import describe_exception
+from mlxd.files import read_json_object
 from mlxd.registry.device import current_device
 from mlxd.registry.model import ModelSpec
 
@@ -126,7 +127,8 @@ async def _marker(engine: TextEngine, spec: ModelSpec, worker: MlxWorker, device
         return None
     model, _ = engine.model.get()
     dtypes = await worker.call(weight_dtypes, model)
-    config = await asyncio.to_thread(read_config, spec.path)
+    # {} when it cannot be read: the key still holds the dtypes and the plan.
+    config = await asyncio.to_thread(read_json_object, Path(spec.path) / "config.json")
     key = warmup_key(config=config, dtypes=dtypes, kv_bits=spec.kv_bits, batching=engine.batching,
                      runs=runs, device=f"{device}:{device_name}")
     return WarmupMarker(kernels, key)

@@ -71,15 +71,6 @@ def weight_dtypes(model: Any) -> list[str]:
     return sorted({str(a.dtype) for _, a in tree_flatten(model.parameters())})
 
 
-def read_config(folder: Path) -> dict[str, Any]:
-    """The model's config.json ({} when it cannot be read: the key still
-    holds the dtypes and the plan). Plain file I/O."""
-    try:
-        return json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-
-
 class WarmupMarker:
     """The marker of one key in one kernel folder. Plain file I/O."""
 
