@@ -340,7 +340,7 @@ def test_models_yaml_example_is_valid(tmp_path, make_model, llama_like):
         env={"HF_HUB_CACHE": str(cache), "STUDIO_KEY": "not-a-real-key"},
         physical_memory=64 * GIB,
     )
-    assert [m.name for m in registry.models] == ["qwen-0.5b", "coder", "vision", "minilm", "qwen-32b-tp",
+    assert [m.name for m in registry.models] == ["qwen-0.5b", "coder", "vision", "minilm", "qwen3-reranker", "qwen-32b-tp",
                                                  "qwen-122b", "studio:qwen2.5-coder-1.5b"]
     parallel = registry.lookup("qwen-32b-tp").parallel
     assert parallel is not None and (parallel.mode, parallel.hosts) == ("tensor", ("local", "local"))
