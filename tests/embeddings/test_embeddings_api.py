@@ -144,6 +144,7 @@ def test_an_embedding_model_on_the_chat_route_is_a_400(encoders_daemon) -> None:
 
 
 def test_status_lists_the_kinds(encoders_daemon) -> None:
+    client(encoders_daemon).embeddings.create(model="minilm", input="loads it")
     models = {m["name"]: m for m in encoders_daemon.status()["models"]}
     listed = {m["id"]: m for m in httpx.get(encoders_daemon.url + "/v1/models").json()["data"]}
     assert listed["minilm"]["kind"] == "embedding" and listed["rerank"]["kind"] == "rerank"
