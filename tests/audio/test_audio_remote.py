@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from support.daemon import Daemon, daemon_in_thread, free_port, write_registry
+from support.daemon import Daemon, daemon_in_thread, free_port, wait_until, write_registry
 
 pytestmark = pytest.mark.mlx
 
@@ -29,8 +29,8 @@ TEXT = "Hello there. This is a second sentence."
 
 class GatedBackend:
     """``POST /v1/audio/speech``: a first part, then (once ``release`` is
-    set, or after 20 s) the rest. ``GET /v1/audio/voices``: two voices for
-    model ``gated``; for ``hang``, nothing for 30 s."""
+    set, or after 20 s) the rest; for model ``stall``, nothing more for 20 s.
+    ``GET /v1/audio/voices``: two voices; for model ``hang``, nothing for 30 s."""
 
     FIRST, REST = b"first part of the audio|", b"the rest of it"
 
@@ -58,13 +58,16 @@ class GatedBackend:
                 self.wfile.write(body)
 
             def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("content-length", "0")))
+                model = json.loads(self.rfile.read(int(self.headers.get("content-length", "0"))))["model"]
                 self.send_response(200)
                 self.send_header("content-type", "audio/pcm")
                 self.send_header("x-sample-rate", "24000")
                 self.send_header("transfer-encoding", "chunked")
                 self.end_headers()
                 self._chunk(backend.FIRST)
+                if model == "stall":
+                    time.sleep(20)
+                    return
                 backend.released_in_time = backend.release.wait(20)
                 self._chunk(backend.REST)
                 self._chunk(b"")
@@ -103,10 +106,11 @@ def front(tmp_path_factory: pytest.TempPathFactory, audio_daemon: Daemon, gated:
         {"name": "far-whisper", "backend": "up", "remote_model": "whisper", "kind": "transcription"},
         {"name": "gated-speech", "backend": "gate", "remote_model": "gated", "kind": "speech"},
         {"name": "slow-speech", "backend": "gate", "remote_model": "hang", "kind": "speech"},
+        {"name": "stalled-speech", "backend": "gate", "remote_model": "stall", "kind": "speech"},
         {"name": "gone-speech", "backend": "gone", "remote_model": "soprano", "kind": "speech"},
     ], backends={
         "up": {"url": audio_daemon.url + "/v1", "kind": "mlxd"},
-        "gate": {"url": gated.url, "timeouts": {"first_byte": 1}},
+        "gate": {"url": gated.url, "timeouts": {"first_byte": 1, "idle": 2}},
         "gone": {"url": f"http://127.0.0.1:{free_port()}/v1"},
     })
     with daemon_in_thread(registry, tmp) as daemon:
@@ -125,7 +129,7 @@ def test_voices_include_remote_speech_entries_and_leave_out_failing_backends(fro
     assert listed.status_code == 200, listed.text
     assert sorted((v["model"], v["id"]) for v in listed.json()["data"]) == [
         ("far-soprano", "default"), ("gated-speech", "alto"), ("gated-speech", "bass"),
-        ("near-soprano", "default")]
+        ("near-soprano", "default"), ("stalled-speech", "alto"), ("stalled-speech", "bass")]
     # The hanging backend is waited on for its first_byte (1 s), at once with the others.
     assert took < 4, took
     left_out = {r.getMessage().split()[2] for r in caplog.records if "left out" in r.getMessage()}
@@ -177,3 +181,28 @@ def test_a_backends_refusal_is_the_answer_before_any_byte(front) -> None:
     assert gone.status_code == 503 and gone.json()["error"]["message"].startswith("Cannot reach backend `gone`")
     status = httpx.get(front.url + "/v1/status", timeout=30).json()
     assert all(b["in_flight"] == 0 for b in status["backends"])
+
+
+def in_flight(front: Daemon, backend: str) -> int:
+    status = httpx.get(front.url + "/v1/status", timeout=30).json()
+    return next(b["in_flight"] for b in status["backends"] if b["name"] == backend)
+
+
+def test_a_stalled_backend_is_cut_at_its_idle_timeout_and_the_exchange_ends(front) -> None:
+    """Silent for longer than ``timeouts.idle`` (2 s) once its audio began:
+    the front breaks the answer off (the client sees a cut body, not a whole
+    one) and ends the exchange; a client that leaves mid-audio ends it too,
+    at once, not when the backend finishes."""
+    body = {"model": "stalled-speech", "input": "Hi.", "response_format": "pcm"}
+    started = time.monotonic()
+    with pytest.raises(httpx.RemoteProtocolError):
+        with httpx.stream("POST", front.url + "/v1/audio/speech", json=body, timeout=60) as response:
+            assert response.status_code == 200
+            b"".join(response.iter_raw())
+    assert 2 <= time.monotonic() - started < 10
+    wait_until(lambda: in_flight(front, "gate") == 0, timeout=5)
+    with httpx.stream("POST", front.url + "/v1/audio/speech", json=body, timeout=60) as response:
+        parts = response.iter_raw()  # held: a dropped iterator closes the connection
+        assert next(parts) == GatedBackend.FIRST
+        assert in_flight(front, "gate") == 1
+    wait_until(lambda: in_flight(front, "gate") == 0, timeout=1.5)
