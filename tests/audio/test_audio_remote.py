@@ -20,6 +20,8 @@ import httpx
 import openai
 import pytest
 
+from audio.conftest import RATE, sweep
+from mlxd.engine.audio_files import write_file
 from support.daemon import Daemon, daemon_in_thread, free_port, wait_until, write_registry
 
 pytestmark = pytest.mark.mlx
@@ -206,3 +208,11 @@ def test_a_stalled_backend_is_cut_at_its_idle_timeout_and_the_exchange_ends(fron
         assert next(parts) == GatedBackend.FIRST
         assert in_flight(front, "gate") == 1
     wait_until(lambda: in_flight(front, "gate") == 0, timeout=1.5)
+
+
+def test_word_timestamps_are_relayed_from_the_backend(front, audio_daemon) -> None:
+    clip = ("sweep.wav", write_file(sweep(), RATE, "wav"))
+    asked = {"response_format": "verbose_json", "temperature": 0.4, "timestamp_granularities": ["word"]}
+    direct = client(audio_daemon).audio.transcriptions.create(model="whisper", file=clip, **asked)
+    relayed = client(front).audio.transcriptions.create(model="far-whisper", file=clip, **asked)
+    assert direct.words and relayed.words == direct.words
