@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -31,7 +31,7 @@ from mlxd.errors import (
     UpstreamRejected,
     describe_exception,
 )
-from mlxd.registry.model import ModelSpec
+from mlxd.registry.model import BackendSpec, ModelSpec
 from mlxd.remote.backends import BackendLink, BackendPool, read_bounded
 from mlxd.remote.answer import MAX_EVENT_BYTES, StreamReader, whole_answer
 from mlxd.remote.refusals import MAX_ERROR_BODY_BYTES, RETRY_BROKEN_S, broken, redirected, upstream_error
@@ -50,6 +50,8 @@ READ_SLICE_BYTES = 1024 * 1024
 # foresee or a bug here: either way the client gets a 502, the log the detail.
 # Embeddings come back whole: 2048 inputs of 4096 float32 values in base64 is ~45 MB.
 MAX_JSON_ANSWER_BYTES = 64 << 20
+# What a relayed stream's answer keeps of the backend's headers.
+PASSED_HEADERS = ("x-sample-rate",)
 _UNREADABLE = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError)
 
 
@@ -91,10 +93,7 @@ class RemoteEngine(GenerationEngine):
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         link = self._pool.link(self.backend)
-        key = next(self._ids)
-        self._open[key] = None
-        link.stats.in_flight += 1
-        link.stats.requests += 1
+        key = self._begin(link)
         try:
             try:
                 async for chunk in self._exchange(link, request, key):
@@ -117,14 +116,7 @@ class RemoteEngine(GenerationEngine):
                     describe_exception(exc), f" (the backend said: {detail})" if detail else "")
             raise
         finally:
-            link.stats.in_flight -= 1
-            response = self._open.pop(key, None)
-            self._aborted.discard(key)
-            if response is not None:
-                # A finished answer's connection goes back to the pool; an
-                # unfinished one's is closed, which is what tells the
-                # backend to stop.
-                response.release()
+            self._end(link, key)
 
     async def _exchange(self, link: BackendLink, request: GenerationRequest, key: int) -> AsyncIterator[GenerationChunk]:
         spec = link.spec
@@ -157,7 +149,7 @@ class RemoteEngine(GenerationEngine):
             raise BackendFailed(f"The request to {where} failed: {_reason(exc)}", retry_after=RETRY_UNREACHABLE_S) from None
         self._open[key] = response
         if response.status >= 300:
-            await self._refused(spec.name, response)
+            await _refused(spec.name, response)
         if response.headers.get("content-type", "").startswith("application/json"):
             # A server that answers a stream request with the whole message.
             try:
@@ -253,58 +245,75 @@ class RemoteEngine(GenerationEngine):
         cannot read, or one past ``MAX_JSON_ANSWER_BYTES``)."""
         link = self._pool.link(self.backend)
         spec = link.spec
-        where = f"backend `{spec.name}`"
-        key = next(self._ids)
-        self._open[key] = None
-        link.stats.in_flight += 1
-        link.stats.requests += 1
+        key = self._begin(link)
         try:
             async with asyncio.timeout(spec.first_byte_timeout_s):
-                response = await link.client.post(spec.url + path, json=json, data=data,
-                                                  headers=link.headers(self._pool.environ),
-                                                  timeout=link.timeout(), allow_redirects=False)
-                self._open[key] = response
-                if response.status >= 300:
-                    await self._refused(spec.name, response)
+                response = await self._sent(link, key, path, json=json, data=data)
                 body, cut = await read_bounded(response, MAX_JSON_ANSWER_BYTES)
             if cut:
                 raise broken(spec.name, f"sent an answer larger than {MAX_JSON_ANSWER_BYTES >> 20} MiB")
             return (parse(body) if parse is not None else body), response.headers.get("content-type", "")
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            error: MlxdError = BackendUnavailable(f"Cannot reach {where}: {_reason(exc)}",
-                                                  retry_after=RETRY_UNREACHABLE_S)
-        except TimeoutError:
-            error = BackendTimeout(f"No answer from {where} within {spec.first_byte_timeout_s:g} s")
-        except aiohttp.ClientError as exc:
-            error = BackendFailed(f"The request to {where} failed: {_reason(exc)}", retry_after=RETRY_BROKEN_S)
+        except (aiohttp.ClientError, TimeoutError, MlxdError) as exc:
+            error: MlxdError = exchange_error(exc, spec)
         except ValueError:
             error = broken(spec.name, "sent an answer that is not JSON")
-        except MlxdError as exc:
-            error = exc
         finally:
-            link.stats.in_flight -= 1
-            response_left = self._open.pop(key, None)
-            if response_left is not None:
-                response_left.release()
-        self._pool.failed(self.backend, error)
-        log.warning("backend %s (%s), %s: %s", spec.name, spec.url, self.name, describe_exception(error))
-        raise error
+            self._end(link, key)
+        raise self._failed(link, error)
 
-    async def _refused(self, backend: str, response: aiohttp.ClientResponse) -> None:
-        """Raise the error for an answer with a redirect or error status,
-        after reading at most ``MAX_ERROR_BODY_BYTES`` of its body."""
-        if response.status < 400:
-            response.close()
-            raise redirected(backend, response.status)
-        body, cut = b"", True
+    async def post_stream(self, path: str, *, json: Any) -> StreamedAnswer:
+        """An exchange whose answer is relayed as it arrives (synthesised
+        audio): its head once the backend said yes within ``first_byte``,
+        then its body read by read, each read within ``idle``; the typed
+        error for a refusal, a timeout or a broken connection."""
+        link = self._pool.link(self.backend)
+        spec = link.spec
+        key = self._begin(link)
+
+        def finish(error: MlxdError | None) -> None:
+            self._end(link, key)
+            if error is not None:
+                self._failed(link, error)
+
         try:
-            async with asyncio.timeout(ERROR_BODY_TIMEOUT_S):
-                body, cut = await read_bounded(response, MAX_ERROR_BODY_BYTES)
-        except (TimeoutError, aiohttp.ClientError):
-            pass
-        if cut:
-            response.close()  # the rest is not worth reading
-        raise upstream_error(backend, response.status, body, response.headers.get("retry-after"))
+            async with asyncio.timeout(spec.first_byte_timeout_s):
+                # Audio gains nothing from compression; the bytes go on as read.
+                response = await self._sent(link, key, path, json=json, headers={"Accept-Encoding": "identity"})
+        except (aiohttp.ClientError, TimeoutError, MlxdError) as exc:
+            error = exchange_error(exc, spec)
+            finish(error)
+            raise error from None
+        return StreamedAnswer(response, _body(response, spec), finish)
+
+    def _begin(self, link: BackendLink) -> int:
+        """An exchange starts: counted, and open for ``abort_all`` to cut."""
+        key = next(self._ids)
+        self._open[key] = None
+        link.stats.in_flight += 1
+        link.stats.requests += 1
+        return key
+
+    def _end(self, link: BackendLink, key: int) -> None:
+        if key not in self._open:
+            return  # ended already
+        link.stats.in_flight -= 1
+        self._aborted.discard(key)
+        response = self._open.pop(key)
+        if response is not None:
+            # A finished answer's connection goes back to the pool; an
+            # unfinished one's is closed, which is what tells the backend
+            # to stop.
+            response.release()
+
+    async def _sent(self, link: BackendLink, key: int, path: str, *, json: Any = None, data: Any = None,
+                    headers: dict[str, str] | None = None) -> aiohttp.ClientResponse:
+        return await send(link, self._pool.environ, "POST", path, json=json, data=data, headers=headers,
+                          opened=lambda r: self._open.__setitem__(key, r))
+
+    def _failed(self, link: BackendLink, error: MlxdError) -> MlxdError:
+        self._pool.failed(self.backend, error)
+        log.warning("backend %s (%s), %s: %s", link.spec.name, link.spec.url, self.name, describe_exception(error))
+        return error
 
     async def abort_all(self, reason: str) -> int:
         keys = list(self._open)
@@ -327,6 +336,111 @@ class RemoteEngine(GenerationEngine):
 
     def stats(self) -> dict[str, Any]:
         return {"backend": self.backend, "remote_model": self.remote_model, "in_flight": len(self._open)}
+
+
+class StreamedAnswer:
+    """A backend's answer as it arrives: its content type and the headers
+    passed on, then ``chunks``; ``aclose`` ends the exchange (at once, or
+    after the last chunk: either way once)."""
+
+    def __init__(self, response: aiohttp.ClientResponse, chunks: AsyncIterator[bytes],
+                 finish: Callable[[MlxdError | None], None]) -> None:
+        self.content_type = response.headers.get("content-type", "")
+        self.headers = {name: response.headers[name] for name in PASSED_HEADERS if name in response.headers}
+        self._chunks = chunks
+        self._finish = finish
+        self._done = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        error: MlxdError | None = None
+        try:
+            async for data in self._chunks:
+                yield data
+        except MlxdError as exc:
+            error = exc
+            raise
+        finally:
+            await self._chunks.aclose()  # type: ignore[attr-defined]
+            self._close(error)
+
+    async def aclose(self) -> None:
+        await self._chunks.aclose()  # type: ignore[attr-defined]
+        self._close(None)
+
+    def _close(self, error: MlxdError | None) -> None:
+        if not self._done:
+            self._done = True
+            self._finish(error)
+
+
+async def _body(response: aiohttp.ClientResponse, spec: BackendSpec) -> AsyncIterator[bytes]:
+    """The body read by read, each within the backend's idle timeout (a
+    timer per read: an audio answer is a few large reads, not a token each)."""
+    where = f"backend `{spec.name}`"
+    while True:
+        try:
+            async with asyncio.timeout(spec.idle_timeout_s):
+                data = await response.content.readany()
+        except TimeoutError:
+            raise BackendTimeout(f"{where} sent nothing for {spec.idle_timeout_s:g} s") from None
+        except aiohttp.ClientError as exc:
+            raise BackendFailed(f"{where} broke off the answer: {_reason(exc)}", retry_after=RETRY_BROKEN_S) from None
+        if not data:
+            return
+        yield data
+
+
+async def send(link: BackendLink, environ: Mapping[str, str], method: str, path: str, *,
+               json: Any = None, data: Any = None, params: dict[str, str] | None = None,
+               headers: dict[str, str] | None = None,
+               opened: Callable[[aiohttp.ClientResponse], None] | None = None) -> aiohttp.ClientResponse:
+    """One request to the backend, its answer once its status says yes; a
+    redirect or an error status raises its typed error (the body read to at
+    most ``MAX_ERROR_BODY_BYTES``). The caller bounds the wait and releases
+    the answer; ``opened`` is told of it as soon as it exists."""
+    spec = link.spec
+    response = await link.client.request(method, spec.url + path, json=json, data=data, params=params,
+                                         headers={**link.headers(environ), **(headers or {})},
+                                         timeout=link.timeout(), allow_redirects=False)
+    if opened is not None:
+        opened(response)
+    if response.status >= 300:
+        try:
+            await _refused(spec.name, response)
+        finally:
+            response.release()
+    return response
+
+
+def exchange_error(exc: BaseException, spec: BackendSpec) -> MlxdError:
+    """What a failed exchange with ``spec``'s backend is to the client."""
+    where = f"backend `{spec.name}`"
+    if isinstance(exc, MlxdError):
+        return exc
+    # A connect timeout is also a TimeoutError: it is caught first, as the
+    # backend being unreachable rather than slow to answer.
+    if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)):
+        return BackendUnavailable(f"Cannot reach {where}: {_reason(exc)}", retry_after=RETRY_UNREACHABLE_S)
+    if isinstance(exc, TimeoutError):
+        return BackendTimeout(f"No answer from {where} within {spec.first_byte_timeout_s:g} s")
+    return BackendFailed(f"The request to {where} failed: {_reason(exc)}", retry_after=RETRY_BROKEN_S)
+
+
+async def _refused(backend: str, response: aiohttp.ClientResponse) -> None:
+    """Raise the error for an answer with a redirect or error status,
+    after reading at most ``MAX_ERROR_BODY_BYTES`` of its body."""
+    if response.status < 400:
+        response.close()
+        raise redirected(backend, response.status)
+    body, cut = b"", True
+    try:
+        async with asyncio.timeout(ERROR_BODY_TIMEOUT_S):
+            body, cut = await read_bounded(response, MAX_ERROR_BODY_BYTES)
+    except (TimeoutError, aiohttp.ClientError):
+        pass
+    if cut:
+        response.close()  # the rest is not worth reading
+    raise upstream_error(backend, response.status, body, response.headers.get("retry-after"))
 
 
 async def _fed(reader: StreamReader, data: bytes) -> GenerationChunk | None:

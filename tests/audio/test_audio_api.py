@@ -43,8 +43,7 @@ def sweep_files(tmp_path_factory) -> dict[str, bytes]:
 def test_transcripts_are_what_mlx_audio_writes_for_the_same_file(audio_daemon, direct_whisper, sweep_files,
                                                                   tmp_path) -> None:
     """verbose_json against mlx-audio's defaults on the file itself (the
-    temperature set, so one decode per window). Word timestamps (mlx-audio's
-    DTW, ~8 s a call here) are left to bench/audio.py's check."""
+    temperature set, so one decode per window)."""
     path = tmp_path / "sweep.flac"
     path.write_bytes(sweep_files["flac"])
     mx.random.seed(0)
@@ -59,6 +58,43 @@ def test_transcripts_are_what_mlx_audio_writes_for_the_same_file(audio_daemon, d
                                                          for s in expected.segments]
     assert [list(s.tokens) for s in got.segments] == [list(s["tokens"]) for s in expected.segments]
     assert got.language == "english" and got.duration == 2.0
+
+
+def test_word_timestamps_are_mlx_audios_own(audio_daemon, direct_whisper, sweep_files, tmp_path) -> None:
+    """``timestamp_granularities[]=word``: mlx-audio's word timestamps (its
+    cross-attention DTW) as OpenAI writes them, the words stripped of their
+    leading space; asked with segments too, both lists come back."""
+    path = tmp_path / "sweep.wav"
+    path.write_bytes(sweep_files["wav"])
+    mx.random.seed(0)
+    expected = direct_whisper.generate(str(path), temperature=0.4, word_timestamps=True)
+    words = [(w["word"].strip(), round(w["start"], 3), round(w["end"], 3))
+             for s in expected.segments for w in s.get("words") or ()]
+    assert words
+    api = client(audio_daemon)
+    only = api.audio.transcriptions.create(model="whisper", file=("sweep.wav", sweep_files["wav"]),
+                                           response_format="verbose_json", temperature=0.4,
+                                           timestamp_granularities=["word"])
+    assert [(w.word, w.start, w.end) for w in only.words] == words
+    assert only.segments is None and only.text == expected.text.strip()
+    both = api.audio.transcriptions.create(model="whisper", file=("sweep.wav", sweep_files["wav"]),
+                                           response_format="verbose_json", temperature=0.4,
+                                           timestamp_granularities=["word", "segment"])
+    assert [(w.word, w.start, w.end) for w in both.words] == words
+    assert [s.text for s in both.segments] == [s["text"] for s in expected.segments]
+
+
+def test_word_timestamps_need_verbose_json(audio_daemon) -> None:
+    """OpenAI's rule: words come only in verbose_json; any other format is a
+    400 naming the parameter, before the upload is decoded or a model loaded."""
+    api = client(audio_daemon)
+    for fmt in ("json", "text", "srt", "vtt"):
+        with pytest.raises(openai.BadRequestError) as refused:
+            api.audio.transcriptions.create(model="whisper", file=("a.wav", write_file(sweep(0.5), RATE, "wav")),
+                                            response_format=fmt, timestamp_granularities=["word"])
+        error = refused.value.body
+        assert error["param"] == "timestamp_granularities[]" and error["type"] == "invalid_request_error"
+        assert "verbose_json" in error["message"]
 
 
 def test_every_response_format_through_the_openai_client(audio_daemon, direct_whisper, sweep_files,

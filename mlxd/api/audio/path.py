@@ -47,7 +47,7 @@ def _local(ctx: DaemonContext, request: Request, name: str, route: str) -> Model
     """The entry ``name`` as the caller may use it (its app's scope applies)."""
     spec = entry_for(ctx, name, route, caller_of(request))
     if spec.is_remote:
-        raise BadRequest(f"`{name}` is served by a backend; its voices are not listed here", param="model")
+        raise BadRequest(f"`{name}` is served by a backend", param="model")
     return spec
 
 
@@ -76,15 +76,40 @@ async def relay_transcription(ctx: DaemonContext, request: Request, ask: Transcr
             route, fields, (ask.filename, ask.file))), ctx.settings.server.request_timeout_s)
 
 
-async def relay_speech(ctx: DaemonContext, request: Request, body: SpeechBody) -> tuple[bytes, str] | None:
-    """A remote entry's speech: the body sent on, the audio returned whole."""
+@dataclass(frozen=True)
+class RelayedAudio:
+    """A backend's synthesised audio, relayed as it arrives: the headers it
+    answered with (its content type, its sample rate) and the bytes."""
+
+    content_type: str
+    headers: dict[str, str]
+    chunks: AsyncIterator[bytes]
+
+
+async def relay_speech(ctx: DaemonContext, request: Request, body: SpeechBody) -> RelayedAudio | None:
+    """A remote entry's speech: the body sent on, the audio passed through
+    read by read under the entry's lease, which the stream gives back when
+    it ends (the backend's refusal, before any byte, is an error answer);
+    None for a local entry."""
     spec = entry_for(ctx, body.model, SPEAK, caller_of(request))
     if not spec.is_remote:
         return None
     ask = body.model_dump(exclude_none=True, exclude={"model"})
-    async with _accounted(ctx, request, body.model, "speech", float(len(body.input))):
-        return await guarded(request, _leased(ctx, request, spec, lambda engine: engine.post(
-            "/audio/speech", json={**ask, "model": engine.remote_model})), ctx.settings.server.request_timeout_s)
+    heads: list[Any] = []
+
+    async def relayed(engine: Any) -> AsyncIterator[bytes]:
+        answer = await engine.post_stream("/audio/speech", json={**ask, "model": engine.remote_model})
+        heads.append(answer)
+        try:
+            yield b""  # the backend said yes: the front answers 200 now
+            async for data in answer.chunks():
+                yield data
+        finally:
+            await answer.aclose()
+
+    chunks = await _streamed(ctx, request, spec, body.model, "speech", float(len(body.input)), relayed,
+                             lambda data: 0.0)
+    return RelayedAudio(heads[0].content_type, heads[0].headers, chunks)
 
 
 async def read_audio(ctx: DaemonContext, data: bytes) -> np.ndarray:
@@ -164,16 +189,40 @@ async def speech(ctx: DaemonContext, request: Request, body: SpeechBody) -> tupl
     return rate[0], chunks
 
 
-def voices(ctx: DaemonContext, request: Request, name: str | None) -> list[tuple[str, list[str]]]:
-    """Each speech model's voices (read from its folder: no lease)."""
+async def voices(ctx: DaemonContext, request: Request, name: str | None) -> list[tuple[str, list[str]]]:
+    """Each speech model's voices, no lease taken: a local model's read from
+    its folder, a remote one's asked of its backend (all at once, each
+    within a bounded time); a backend that fails is left out."""
+    caller = caller_of(request)
+    if name is not None:
+        named = [(name, entry_for(ctx, name, SPEAK, caller))]
+    else:
+        named = [(s.name, s) for s in ctx.registry.models
+                 if _speaks(ctx, s) and caller.may_use(s.name)]
+    found = await asyncio.gather(*(_voices_of(ctx, spec) for _, spec in named))
+    return [(shown, names) for (shown, _), names in zip(named, found) if names is not None]
+
+
+def _speaks(ctx: DaemonContext, spec: ModelSpec) -> bool:
+    """Whether ``spec`` is a speech model (a remote entry: by the kind it declares)."""
+    kind = ctx.registry.kinds.get(spec.kind)
+    return kind is not None and SPEAK in kind.routes
+
+
+async def _voices_of(ctx: DaemonContext, spec: ModelSpec) -> list[str] | None:
+    """``spec``'s voices; None (and a warning) for a backend that failed."""
     from mlxd.engine.audio import folder_voices
 
-    if name is not None:
-        spec = _local(ctx, request, name, SPEAK)
-        return [(name, folder_voices(spec.path))]
-    caller = caller_of(request)
-    return [(s.name, folder_voices(s.path)) for s in ctx.registry.models
-            if not s.is_remote and SPEAK in ctx.registry.kind_of(s).routes and caller.may_use(s.name)]
+    if not spec.is_remote:
+        return folder_voices(spec.path)
+    from mlxd.remote.voices import backend_voices  # aiohttp: only where there are backends
+
+    try:
+        return await backend_voices(ctx.backends, spec)
+    except MlxdError as exc:
+        log.warning("voices of %s left out: backend %s did not list them: %s", spec.name, spec.backend,
+                    exc.message)
+        return None
 
 
 # --- leases ------------------------------------------------------------------------

@@ -51,7 +51,8 @@ def router() -> APIRouter:
     async def speech(body: SpeechBody, request: Request) -> Response:
         relayed = await path.relay_speech(_ctx(request), request, body)
         if relayed is not None:
-            return Response(relayed[0], media_type=relayed[1] or MEDIA_TYPES[body.response_format])
+            return StreamingResponse(_nonempty(relayed.chunks), headers=relayed.headers,
+                                     media_type=relayed.content_type or MEDIA_TYPES[body.response_format])
         rate, chunks = await path.speech(_ctx(request), request, body)
         return StreamingResponse(_encoded(chunks, body.response_format, rate),
                                  media_type=MEDIA_TYPES[body.response_format],
@@ -59,7 +60,7 @@ def router() -> APIRouter:
 
     @api.get(PREFIX + "/voices")
     async def voices(request: Request, model: str | None = None) -> Response:
-        found = path.voices(_ctx(request), request, model)
+        found = await path.voices(_ctx(request), request, model)
         return JSONResponse({"object": "list", "data": [
             {"id": voice, "name": voice, "model": name} for name, names in found for voice in names]})
 
@@ -80,6 +81,12 @@ async def _transcript_events(windows: AsyncIterator[path.Window]) -> AsyncIterat
         yield answers.error_event(exc.body())
         return
     yield answers.done_event("".join(texts).strip(), end)
+
+
+async def _nonempty(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    async for data in chunks:
+        if data:
+            yield data
 
 
 async def _encoded(chunks: AsyncIterator[np.ndarray], fmt: str, rate: int) -> AsyncIterator[bytes]:
