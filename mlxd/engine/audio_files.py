@@ -202,6 +202,11 @@ class _Sink(io.RawIOBase):
         return out
 
 
+# A chunk of up to this many samples (20 s at 24 kHz) is cast to PCM on the
+# event loop: well under a millisecond.
+INLINE_SAMPLES = 480_000
+
+
 class StreamEncoder:
     """Sample chunks in, the bytes of ``fmt`` out as soon as each chunk is
     encoded (WAV's header first, its length unknown)."""
@@ -214,6 +219,12 @@ class StreamEncoder:
         self._sink: _Sink | None = None
         self._file: Any = None
         self._started = False
+
+    def cheap(self, samples: int) -> bool:
+        """Whether encoding ``samples`` costs less than a hand-off to a thread
+        and back: PCM and WAV are a clip and a cast (about 10 µs per second of
+        audio here), up to INLINE_SAMPLES; FLAC's and MP3's encoders are not."""
+        return self.fmt in ("pcm", "wav") and samples <= INLINE_SAMPLES
 
     def feed(self, samples: np.ndarray) -> bytes:
         head = b""

@@ -90,12 +90,13 @@ async def _nonempty(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 
 
 async def _encoded(chunks: AsyncIterator[np.ndarray], fmt: str, rate: int) -> AsyncIterator[bytes]:
-    """Each chunk encoded off the event loop as soon as the model made it."""
+    """Each chunk encoded as soon as the model made it: off the event loop
+    unless that is a cast (``StreamEncoder.cheap``)."""
     encoder = StreamEncoder(fmt, rate)
     async for chunk in chunks:
-        data = await asyncio.to_thread(encoder.feed, chunk)
+        data = encoder.feed(chunk) if encoder.cheap(chunk.size) else await asyncio.to_thread(encoder.feed, chunk)
         if data:
             yield data
-    tail = await asyncio.to_thread(encoder.close)
+    tail = encoder.close() if encoder.cheap(0) else await asyncio.to_thread(encoder.close)
     if tail:
         yield tail
