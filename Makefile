@@ -9,7 +9,7 @@ demo: setup
 
 test:
 	@scripts/setup.sh --tests
-	.venv/bin/python -m pytest -n auto --dist loadfile
+	.venv/bin/python scripts/with_openblas.py -m pytest -n auto --dist loadfile
 
 bench: setup
 	.venv/bin/python bench/run_all.py
