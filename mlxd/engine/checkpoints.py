@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mlxd.engine.prompt import flatten_message, render
+from mlxd.engine.prompt import common_prefix, flatten_message, render
 from mlxd.engine.types import GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -56,12 +56,12 @@ def boundaries(tokenizer: Any, request: GenerationRequest, tokens: Sequence[int]
     try:
         flat = [flatten_message(m) for m in messages]
         tools = request.tools or None
-        shared = _common(_render(tokenizer, [*flat, *_NEXT_TURN], tools), tokens)
+        shared = common_prefix(_render(tokenizer, [*flat, *_NEXT_TURN], tools), tokens)
         out.append(Boundary(shared, "prompt") if 0 < shared < len(tokens) else end)
         system = _leading_system(flat)
         if system and len(system) < len(flat):
             rendered = _render(tokenizer, [*system, {"role": "user", "content": ""}], tools)
-            shared = _common(rendered, tokens)
+            shared = common_prefix(rendered, tokens)
             if 0 < shared < len(tokens):
                 out.append(Boundary(shared, "system"))
     except Exception as exc:  # noqa: BLE001 - a template that refuses the probe only costs reuse
@@ -102,11 +102,3 @@ def _leading_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any) -> list[int]:
     return render(tokenizer, messages, tools, None, generation=False)
-
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n

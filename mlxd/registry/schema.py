@@ -119,6 +119,9 @@ class PrefixCacheSection(_Section):
     max_bytes: ByteSize | None = None
     disk_max_bytes: ByteSize | None = None
     persist: bool | None = None
+    # Prefill the next turn's known part between turns (docs/prefix-cache.md):
+    # auto (when the template moves the prompt), true or false.
+    next_turn: Literal["auto"] | bool | None = None
 
 
 class ManagerSection(_Section):
