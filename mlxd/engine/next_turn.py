@@ -105,9 +105,10 @@ def worth(setting: Any, prompt: Sequence[int], following: Sequence[int]) -> bool
     """Per answer: whether prefilling ``following`` (the next prompt's known
     part) gains anything. Under ``auto`` it must move the prompt by at least
     ``MIN_LOST`` tokens (a request without tools, on Mistral, moves nothing);
-    under ``true`` anything the answer's own entry does not hold."""
-    lost = len(prompt) - common_prefix(prompt, following)
-    return lost >= MIN_LOST if setting == AUTO else len(following) > len(prompt) or lost > 0
+    under ``true`` it must go beyond the prompt's own prefix (the answer's
+    entry holds that one)."""
+    shared = common_prefix(prompt, following)
+    return len(prompt) - shared >= MIN_LOST if setting == AUTO else shared < len(following)
 
 
 def next_prompt(tokenizer: Any, request: GenerationRequest, answer: Answer) -> list[int]:
