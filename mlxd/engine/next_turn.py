@@ -46,6 +46,14 @@ SENTINELS = ("Xq7 mlxd next turn 7c1f", "Jk4 mlxd next turn 7c1f")
 # drops a think block it opened loses a few tokens: not worth a prefill).
 MIN_LOST = 64
 
+# A template may render the prompt apart when the next user message repeats
+# an earlier one (Mistral's writes the tool list before every user message
+# equal to the last): the next prompt for this many of the most recent
+# distinct user messages, repeated, is prefilled too where it differs.
+MAX_REPEATS = 2
+# ... when it costs at most this many times the new message's own prefill.
+REPEAT_COST = 2
+
 # The probe ``auto`` renders once per model: a short conversation with tools.
 _PROBE_TOOLS = [{"type": "function", "function": {
     "name": "read_file", "description": "Read a file of the project and return its text.",
@@ -120,6 +128,30 @@ def next_prompt(tokenizer: Any, request: GenerationRequest, answer: Answer) -> l
     renderings = [chat_tokens(tokenizer, [*messages, {"role": "user", "content": sentinel}], request.tools,
                               request.chat_template_kwargs) for sentinel in SENTINELS]
     return renderings[0][: common_prefix(*renderings)]
+
+
+def repeated_prompt(tokenizer: Any, request: GenerationRequest, answer: Answer, following: Sequence[int],
+                    text: str) -> list[int] | None:
+    """The whole next prompt if its user message repeats ``text`` (one of
+    ``recent_user_texts``), when its rendering gives up part of
+    ``following`` (the new message's known part); None on a template that
+    renders a repeat as any other message."""
+    messages = [*(request.messages or []), answer.message(), {"role": "user", "content": text}]
+    tokens = chat_tokens(tokenizer, messages, request.tools, request.chat_template_kwargs)
+    return tokens if len(following) - common_prefix(following, tokens) >= MIN_LOST else None
+
+
+def recent_user_texts(messages: Sequence[dict[str, Any]], limit: int) -> list[str]:
+    """The last ``limit`` distinct texts of user messages, most recent first
+    (only messages whose content is a string)."""
+    out: list[str] = []
+    for m in reversed(messages):
+        text = m.get("content") if isinstance(m, dict) and m.get("role") == "user" else None
+        if isinstance(text, str) and text not in out:
+            out.append(text)
+            if len(out) == limit:
+                break
+    return out
 
 
 def probe_loss(tokenizer: Any) -> int | None:

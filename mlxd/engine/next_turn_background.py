@@ -67,7 +67,7 @@ class NextTurnPrefill:
         engine = self._engine
         why = next_turn.skip_reason(request, finish_reason, setting=self.setting,
                                     cache_on=engine.prefix_cache is not None)
-        if why is not None or self._wanted is False or control.prompt_ids is None:
+        if why is not None or self._wanted is False or control.prompt_ids is None or engine.closed:
             return
         answer = split_answer(engine.tool_format, text, request.tools, engine.reasoning_format,
                               opens=control.opens_reasoning)
@@ -81,40 +81,72 @@ class NextTurnPrefill:
     async def _run(self, request: GenerationRequest, prompt: list[int], answer: next_turn.Answer,
                    latest: object) -> None:
         engine = self._engine
-        model = engine.model
         try:
-            if self._wanted is None:
-                lost = await model.with_tokenizer(next_turn.probe_loss)
-                self._wanted = next_turn.wanted(self.setting, lost)
-                log.info("%s: between-turn prefill %s (its template's next turn gives up %s tokens of a prompt)",
-                         engine.name, "on" if self._wanted else "off", lost)
-            if not self._wanted:
-                return
-            tokens = await model.with_tokenizer(lambda tokenizer: next_turn.next_prompt(tokenizer, request, answer))
-            if not next_turn.worth(self.setting, prompt, tokens) or len(tokens) > model.max_context:
-                return
+            # Not while a user request runs (the one that answered included):
+            # it would wait behind these renders on the tokenizing thread.
             await engine.wait_idle()
             if latest is not self._latest:
                 return  # a newer answer's next turn replaced it
             with engine.yielding(f"next-turn-{request.request_id}") as control:
-                async for _ in self._worker.stream(lambda: self._prefill(tokens, control)):
-                    pass
+                sequences = await self._sequences(request, prompt, answer, control)
+                if sequences and control.abort_reason is None:
+                    async for _ in self._worker.stream(lambda: self._prefill(sequences, control)):
+                        pass
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a prefill nobody asked for must never fail anything
             log.debug("%s: no between-turn prefill: %s", engine.name, exc)
 
-    def _prefill(self, tokens: list[int], control: GenerationControl) -> Iterator[Any]:
-        """Worker thread: prefill ``tokens`` from their longest cached prefix,
-        one chunk per step, and keep the cache (what is done of it when a
-        user pushed it aside)."""
+    async def _sequences(self, request: GenerationRequest, prompt: list[int], answer: next_turn.Answer,
+                         control: GenerationControl) -> list[list[int]]:
+        """What to prefill: the next prompt's known part, then the whole
+        prompts of repeated messages (``next_turn.repeated_prompt``), one
+        piece at a time on the tokenizing thread and none once a user request
+        came: its tokenizing waits for one piece at most (the known part's
+        two renders, or one repeat's)."""
+        model = self._engine.model
+        if self._wanted is None:
+            lost = await model.with_tokenizer(next_turn.probe_loss)
+            self._wanted = next_turn.wanted(self.setting, lost)
+            log.info("%s: between-turn prefill %s (its template's next turn gives up %s tokens of a prompt)",
+                     self._engine.name, "on" if self._wanted else "off", lost)
+        if not self._wanted or control.abort_reason is not None:
+            return []
+        tokens = await model.with_tokenizer(lambda tokenizer: next_turn.next_prompt(tokenizer, request, answer))
+        if not next_turn.worth(self.setting, prompt, tokens) or len(tokens) > model.max_context:
+            return []
+        out = [tokens]
+        for text in next_turn.recent_user_texts(request.messages or [], next_turn.MAX_REPEATS):
+            if control.abort_reason is not None:
+                break
+            repeat = await model.with_tokenizer(
+                lambda tokenizer, text=text: next_turn.repeated_prompt(tokenizer, request, answer, tokens, text))
+            if repeat is not None and len(repeat) <= model.max_context:
+                out.append(repeat)
+        return out
+
+    def _prefill(self, sequences: list[list[int]], control: GenerationControl) -> Iterator[Any]:
+        """Worker thread: the new message's known part, then the repeats
+        that cost at most ``REPEAT_COST`` times as much."""
+        budget: int | None = None
+        for tokens in sequences:
+            done = yield from self._one(tokens, control, budget)
+            if budget is None:
+                budget = next_turn.REPEAT_COST * max(1, done)
+
+    def _one(self, tokens: list[int], control: GenerationControl, budget: int | None) -> Iterator[Any]:
+        """Prefill ``tokens`` from their longest cached prefix, one chunk per
+        step, unless more than ``budget`` are left, and keep the cache (what
+        is done of it when a user pushed it aside). Returns the tokens it prefilled."""
         import mlx.core as mx
 
         engine = self._engine
         prefix = engine.prefix_cache
         if control.abort_reason is not None or prefix is None or prefix.holds(tokens):
-            return
+            return 0
         model, _ = engine.model.get()
+        if budget is not None and len(tokens) - prefix.longest(tokens) > budget:
+            return 0
         cache, reused = prefix.fetch(tokens, 1, count=False)
         if cache is None:
             from mlx_lm.models.cache import make_prompt_cache
@@ -136,6 +168,7 @@ class NextTurnPrefill:
             prefix.keep(tokens[:done], cache, engine.name, "prompt")
             self.prefills += 1
             self.tokens += done - reused
+        return done - reused
 
     async def wait(self) -> None:
         """Until the prefills started so far have ended (tests, benchmarks)."""
@@ -150,3 +183,4 @@ class NextTurnPrefill:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+

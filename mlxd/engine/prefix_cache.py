@@ -129,6 +129,12 @@ class PrefixCache:
             self.tokens_reused += reused
         return cache, reused
 
+    def longest(self, tokens: Sequence[int]) -> int:
+        """How many tokens of ``tokens`` a ``fetch`` would give (at most all
+        but one), without copying anything or counting a lookup."""
+        found = self._nearest(tokens, len(tokens) - 1)
+        return found[1] if found is not None else 0
+
     def holds(self, tokens: Sequence[int]) -> bool:
         """Whether an entry for exactly ``tokens`` is kept (it is then marked used)."""
         entry = self._entries.get(tuple(tokens))

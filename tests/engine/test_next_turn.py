@@ -82,3 +82,28 @@ def test_the_cut_is_a_prefix_of_the_real_next_prompt(family, moves):
     prompt = prompt_tokens(tokenizer, request)
     assert worth(AUTO, prompt, following) is moves
     assert wanted(AUTO, next_turn.probe_loss(tokenizer)) is moves
+
+
+def test_recent_user_texts_are_distinct_and_newest_first():
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "x"},
+                {"role": "user", "content": "b"}, {"role": "user", "content": [{"type": "text", "text": "c"}]},
+                {"role": "user", "content": "a"}]
+    assert next_turn.recent_user_texts(messages, 2) == ["a", "b"]
+    assert next_turn.recent_user_texts(messages, 5) == ["a", "b"]
+
+
+@pytest.mark.parametrize("family, repeats", [("mistral3", 1), ("qwen3", 0)])
+def test_only_a_template_that_renders_a_repeat_apart_gets_repeated_prompts(family, repeats):
+    from mlx_lm.utils import load_tokenizer
+
+    tokenizer = load_tokenizer(zoo_model(family))
+    request = chat(tools=TOOLS)
+    answer = Answer("The configuration sets the port.")
+    following = next_turn.next_prompt(tokenizer, request, answer)
+    texts = next_turn.recent_user_texts(request.messages, next_turn.MAX_REPEATS)
+    found = [t for t in (next_turn.repeated_prompt(tokenizer, request, answer, following, x) for x in texts) if t]
+    assert len(found) == repeats
+    for tokens in found:
+        real = prompt_tokens(tokenizer, GenerationRequest(request_id="n", max_tokens=8, tools=TOOLS, messages=[
+            *HISTORY, answer.message(), {"role": "user", "content": HISTORY[-1]["content"]}]))
+        assert tokens == real

@@ -63,7 +63,8 @@ def test_mistral3_turn_2_reuses_the_tools_and_answers_as_cold(worker, batched):
         try:
             first, first_last, last, second = await conversation(engine)
             stats = engine.stats()
-            assert stats["prefix_cache"]["next_turn_prefills"] == 1
+            # The new message's known part, and the whole next prompt were it to repeat FIRST.
+            assert stats["prefix_cache"]["next_turn_prefills"] == 2
             assert stats["prefix_cache"]["next_turn_tokens"] > 0
             assert last.cached_tokens >= 0.95 * last.prompt_tokens, (last.cached_tokens, last.prompt_tokens)
             # Its tokens are not the requests': counted are turn 2's lookup and the two prompts.
@@ -73,6 +74,28 @@ def test_mistral3_turn_2_reuses_the_tools_and_answers_as_cold(worker, batched):
             cold, cold_last = await ask(engine, turn([first]))
             assert cold_last.cached_tokens == 0
             assert second == cold
+        finally:
+            await engine.close()
+
+    run(go())
+
+
+def test_mistral3_a_repeated_message_finds_its_whole_prompt(worker):
+    """Mistral's template writes the tools before every user message equal
+    to the last: a next turn that repeats one moves them again, to a place
+    the new message's known part does not have; that prompt is prefilled too."""
+
+    async def go() -> None:
+        engine = await open_engine(worker, spec("mistral3"))
+        try:
+            first, _ = await ask(engine, turn([]))
+            await engine.next_turn.wait()
+            again = turn([first])
+            again.messages[-1] = {"role": "user", "content": FIRST}
+            text, last = await ask(engine, again)
+            assert last.cached_tokens == last.prompt_tokens - 1
+            assert await engine.clear_prefix_cache()
+            assert (await ask(engine, again))[0] == text
         finally:
             await engine.close()
 
