@@ -107,3 +107,19 @@ def test_only_a_template_that_renders_a_repeat_apart_gets_repeated_prompts(famil
         real = prompt_tokens(tokenizer, GenerationRequest(request_id="n", max_tokens=8, tools=TOOLS, messages=[
             *HISTORY, answer.message(), {"role": "user", "content": HISTORY[-1]["content"]}]))
         assert tokens == real
+
+
+def test_n_choices_are_marked_so_none_gets_a_next_turn(tmp_path):
+    from pathlib import Path
+
+    from mlxd.api.openai.bodies import choices
+    from mlxd.api.plan import Plan
+    from mlxd.registry.model import ModelSpec
+
+    plan = Plan(kind="chat", spec=ModelSpec(name="m", path=Path(tmp_path), source=str(tmp_path)),
+                requested_name="m", requests=[chat()], stream=False, timeout=1.0)
+    choices(plan, 1)
+    assert plan.requests[0].choices == 1
+    choices(plan, 3)
+    assert [r.choices for r in plan.requests] == [3, 3, 3]
+    assert all(skip_reason(r, "stop", setting=True, cache_on=True) for r in plan.requests)
