@@ -129,10 +129,17 @@ class NextTurnPrefill:
         """Worker thread: the new message's known part, then the repeats
         that cost at most ``REPEAT_COST`` times as much."""
         budget: int | None = None
-        for tokens in sequences:
-            done = yield from self._one(tokens, control, budget)
-            if budget is None:
-                budget = next_turn.REPEAT_COST * max(1, done)
+        # From the first step to the last (close() waits while it is set).
+        self.running = True
+        try:
+            for i, tokens in enumerate(sequences):
+                if i:
+                    yield SKIP  # each sequence starts a step of its own
+                done = yield from self._one(tokens, control, budget)
+                if budget is None:
+                    budget = next_turn.REPEAT_COST * max(1, done)
+        finally:
+            self.running = False
 
     def _one(self, tokens: list[int], control: GenerationControl, budget: int | None) -> Iterator[Any]:
         """Prefill ``tokens`` from their longest cached prefix, one chunk per
@@ -154,16 +161,12 @@ class NextTurnPrefill:
             cache = make_prompt_cache(model)
         prompt = mx.array(tokens)
         done = reused
-        self.running = True
-        try:
-            while done < len(tokens) and control.abort_reason is None:
-                upto = min(done + self._chunk, len(tokens))
-                feed(model, prompt[done:upto], cache, engine.spec.kv_bits)
-                done = upto
-                if done < len(tokens):
-                    yield SKIP
-        finally:
-            self.running = False
+        while done < len(tokens) and control.abort_reason is None:
+            upto = min(done + self._chunk, len(tokens))
+            feed(model, prompt[done:upto], cache, engine.spec.kv_bits)
+            done = upto
+            if done < len(tokens):
+                yield SKIP
         if done > reused:
             prefix.keep(tokens[:done], cache, engine.name, "prompt")
             self.prefills += 1

@@ -161,3 +161,16 @@ def test_a_user_request_pushes_the_prefill_aside_and_both_end_right(worker):
             await engine.close()
 
     run(go())
+
+
+def test_closing_the_engine_during_the_prefill_stops_it_and_frees_the_model(worker):
+    async def go() -> None:
+        engine = await open_engine(worker, spec("mistral3"), prefill_chunk=1)
+        await ask(engine, turn([]))
+        while not engine.next_turn.running:
+            await asyncio.sleep(0.001)
+        await asyncio.wait_for(engine.close(), 60)
+        assert not engine.next_turn.running and engine.prefix_cache.entries == 0
+        await engine.next_turn.wait()
+
+    run(go())
