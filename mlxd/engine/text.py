@@ -16,7 +16,10 @@ The prefix cache (``engine/prefix_cache.py``): a request starts from a copy
 of the longest cached prefix of its prompt and prefills only the rest; when
 it finishes normally, its cache (prompt plus reply) is kept for the next
 turn. An aborted, cancelled or failed generation never inserts anything: its
-cache may be half-built.
+cache may be half-built. Where the chat template moves part of the prompt
+with each new user turn (Mistral's tool list), the next prompt's known part is
+prefilled in the background after a chat answer and kept too
+(``engine/next_turn_background.py``).
 
 A model with ``max_concurrency`` above 1 serves its requests through one
 continuous batch instead (``engine/batch.py``). ``max_concurrency: 1`` and
@@ -42,8 +45,8 @@ from mlxd.engine.cache_explain import CacheExplainer
 from mlxd.engine.contract import AnswerFormats, GenerationEngine
 from mlxd.engine.lifecycle import EngineBase, GenerationControl, relay
 from mlxd.engine.local_output import LocalOutput
-from mlxd.engine.next_turn_background import NextTurnPrefill
 from mlxd.engine.logprobs import token_logprob
+from mlxd.engine.next_turn_background import NextTurnPrefill
 from mlxd.engine.prefix_cache import PrefixCache
 from mlxd.engine.speculation import Speculation
 from mlxd.engine.text_model import PENALTY_CONTEXT, LoadedText, Prepared, TextModel, feed
