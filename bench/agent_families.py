@@ -13,6 +13,7 @@ the same architecture, cache type and prompt.
     python bench/agent_families.py                         # all families, 4 turns
     python bench/agent_families.py --families qwen3_next gpt_oss --turns 6
     python bench/agent_families.py --mlxd-tree /work/main  # mlxd from another checkout
+    python bench/agent_families.py --pause-s 0             # each turn sent the moment the answer ends
 
 vllm-mlx (`bash bench/setup_vllm_mlx.sh`, its own venv) reports no cached
 tokens; its column shows time to first token only. Timing only: nothing
@@ -82,11 +83,15 @@ def stream_chat(url: str, model: str, messages: list[dict[str, Any]], max_tokens
             "cached_tokens": cached, "text": "".join(text)}
 
 
-def conversation(url: str, model: str, turns: int, max_tokens: int) -> list[dict[str, Any]]:
+def conversation(url: str, model: str, turns: int, max_tokens: int, pause_s: float = 0.0) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt()},
                                       {"role": "user", "content": USER_TURNS[0]}]
     rows = []
     for turn in range(turns):
+        if turn:
+            # The tool runs, or the user reads and types: mlxd's between-turn
+            # prefill (docs/prefix-cache.md) has this long before the next turn.
+            time.sleep(pause_s)
         row = stream_chat(url, model, messages, max_tokens)
         prompt, cached = row["prompt_tokens"], row["cached_tokens"]
         row["share"] = cached / prompt if prompt and cached is not None else None
@@ -129,7 +134,7 @@ def server(name: str, model_path: Path, logs: Path, mlxd_tree: Path, vllm: Path,
 
 
 def run(families: list[str], servers: list[str], turns: int, max_tokens: int, mlxd_tree: Path,
-        vllm: Path) -> dict[str, Any]:
+        vllm: Path, pause_s: float = 0.0) -> dict[str, Any]:
     from mlxd.factory.zoo import FAMILIES
     from mlxd.factory.zoo_build import build_family
 
@@ -144,7 +149,7 @@ def run(families: list[str], servers: list[str], turns: int, max_tokens: int, ml
                     with server(name, path, Path(tmp), mlxd_tree, vllm, parser) as (url, model):
                         # Kernels compile on first use: warm on another conversation.
                         stream_chat(url, model, [{"role": "user", "content": "warm up"}], 4)
-                        results[family][name] = conversation(url, model, turns, max_tokens)
+                        results[family][name] = conversation(url, model, turns, max_tokens, pause_s)
                         if name == "mlxd":
                             results[family]["mlxd memory"] = cache_memory(url)
                 except (RuntimeError, httpx.HTTPError) as exc:
@@ -209,6 +214,8 @@ def main() -> None:
     parser.add_argument("--servers", nargs="+", default=list(SERVERS), choices=list(SERVERS))
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--pause-s", type=float, default=2.0,
+                        help="seconds between an answer and the next turn (the tool's or the user's time)")
     parser.add_argument("--mlxd-tree", type=Path, default=ROOT, help="the checkout whose mlxd serves")
     parser.add_argument("--vllm-mlx", type=Path, default=VLLM_MLX, help="the vllm-mlx command")
     args = parser.parse_args()
@@ -218,9 +225,10 @@ def main() -> None:
         print(f"(no vllm-mlx at {args.vllm_mlx}: `bash bench/setup_vllm_mlx.sh` installs it; left out)")
         servers.remove("vllm-mlx")
     load = os.getloadavg()[0]
-    results = run(args.families, servers, args.turns, args.max_tokens, args.mlxd_tree.resolve(), args.vllm_mlx)
-    print(f"\n{args.turns}-turn agent conversation (Claude Code's shape, chat completions), tiny models; "
-          f"mlxd from {args.mlxd_tree}; load {load:.1f} -> {os.getloadavg()[0]:.1f}")
+    results = run(args.families, servers, args.turns, args.max_tokens, args.mlxd_tree.resolve(), args.vllm_mlx,
+                  args.pause_s)
+    print(f"\n{args.turns}-turn agent conversation (Claude Code's shape, chat completions), tiny models, "
+          f"{args.pause_s:g} s between turns; mlxd from {args.mlxd_tree}; load {load:.1f} -> {os.getloadavg()[0]:.1f}")
     report(results, servers)
     path = save("agent_families", "tiny", {"environment": environment(), "mlxd_tree": str(args.mlxd_tree),
                                            "servers": servers, "families": results})

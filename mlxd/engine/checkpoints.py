@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mlxd.engine.prompt import flatten_message, render
+from mlxd.engine.prompt import chat_tokens, common_prefix, flatten_message
 from mlxd.engine.types import GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -55,13 +55,12 @@ def boundaries(tokenizer: Any, request: GenerationRequest, tokens: Sequence[int]
     out = []
     try:
         flat = [flatten_message(m) for m in messages]
-        tools = request.tools or None
-        shared = _common(_render(tokenizer, [*flat, *_NEXT_TURN], tools), tokens)
+        shared = common_prefix(_render(tokenizer, [*flat, *_NEXT_TURN], request), tokens)
         out.append(Boundary(shared, "prompt") if 0 < shared < len(tokens) else end)
         system = _leading_system(flat)
         if system and len(system) < len(flat):
-            rendered = _render(tokenizer, [*system, {"role": "user", "content": ""}], tools)
-            shared = _common(rendered, tokens)
+            rendered = _render(tokenizer, [*system, {"role": "user", "content": ""}], request)
+            shared = common_prefix(rendered, tokens)
             if 0 < shared < len(tokens):
                 out.append(Boundary(shared, "system"))
     except Exception as exc:  # noqa: BLE001 - a template that refuses the probe only costs reuse
@@ -100,13 +99,8 @@ def _leading_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any) -> list[int]:
-    return render(tokenizer, messages, tools, None, generation=False)
-
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+def _render(tokenizer: Any, messages: list[dict[str, Any]], request: GenerationRequest) -> list[int]:
+    # As the request's own prompt is rendered (its template variables, tools
+    # written into the text where the template has no place for them): a
+    # probe rendered otherwise diverged from the prompt at the tools.
+    return chat_tokens(tokenizer, messages, request.tools, request.chat_template_kwargs)

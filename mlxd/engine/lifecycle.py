@@ -165,6 +165,9 @@ class EngineBase:
         self._users = 0
         self._no_users = asyncio.Event()
         self._no_users.set()
+        # Background work on the model that gives way to users as a warm-up
+        # does (``yielding``): not requests, so not in flight.
+        self._background: set[GenerationControl] = set()
         self._closed = False
         self.counts = GenerationCounts()
 
@@ -175,6 +178,21 @@ class EngineBase:
     async def wait_idle(self) -> None:
         """Until no user request is in flight (event loop)."""
         await self._no_users.wait()
+
+    @contextlib.contextmanager
+    def yielding(self, name: str) -> Iterator[GenerationControl]:
+        """Event loop: a control for background work on the model that gives
+        way to users as a warm-up request does: its ``abort_reason`` is set
+        when a user request arrives (at once if one is in flight) and when
+        the engine closes; the work checks it before each step."""
+        control = GenerationControl(name, warmup=True)
+        if self._users or self._closed:
+            control.abort_reason = PREEMPTED
+        self._background.add(control)
+        try:
+            yield control
+        finally:
+            self._background.discard(control)
 
     @property
     def measured_bytes(self) -> int:
@@ -288,7 +306,7 @@ class EngineBase:
             return
         self._users += 1
         self._no_users.clear()
-        for other in self._in_flight:
+        for other in (*self._in_flight, *self._background):
             if other.warmup and other.abort_reason is None:
                 other.abort_reason = PREEMPTED
 
@@ -300,6 +318,8 @@ class EngineBase:
             self._no_users.set()
 
     async def abort_all(self, reason: str) -> int:
+        for control in self._background:
+            control.abort_reason = control.abort_reason or reason
         aborted = 0
         for control in list(self._in_flight):
             if control.abort_reason is None:

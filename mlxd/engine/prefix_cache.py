@@ -101,13 +101,15 @@ class PrefixCache:
         self.tokens_reused = 0
 
     # ------------------------------------------------------------- lookup
-    def fetch(self, tokens: Sequence[int], keep: int = 1) -> tuple[list[Any] | None, int]:
+    def fetch(self, tokens: Sequence[int], keep: int = 1, *, count: bool = True) -> tuple[list[Any] | None, int]:
         """A private copy of the cache for the longest cached prefix of
         ``tokens`` and how many tokens it covers, leaving at least ``keep``
-        tokens to prefill; ``(None, 0)`` on a miss."""
+        tokens to prefill; ``(None, 0)`` on a miss. ``count=False``: the
+        engine's own lookup (a between-turn prefill), left out of the hits,
+        misses and tokens reused, which describe requests."""
         found = self._nearest(tokens, len(tokens) - max(1, keep))
         if found is None:
-            self.misses += 1
+            self.misses += count
             return None, 0
         entry, reused = found
         cache = copy.deepcopy(entry.cache)
@@ -119,12 +121,19 @@ class PrefixCache:
                         len(entry.tokens), cache_layers.positions(entry.cache))
             self._remove(entry)
             self._count()
-            self.misses += 1
+            self.misses += count
             return None, 0
         self._touch(entry)
-        self.hits += 1
-        self.tokens_reused += reused
+        if count:
+            self.hits += 1
+            self.tokens_reused += reused
         return cache, reused
+
+    def longest(self, tokens: Sequence[int]) -> int:
+        """How many tokens of ``tokens`` a ``fetch`` would give (at most all
+        but one), without copying anything or counting a lookup."""
+        found = self._nearest(tokens, len(tokens) - 1)
+        return found[1] if found is not None else 0
 
     def holds(self, tokens: Sequence[int]) -> bool:
         """Whether an entry for exactly ``tokens`` is kept (it is then marked used)."""

@@ -19,6 +19,7 @@ already starts with one. What a client got wrong is a ``BadRequest``.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from mlxd.engine.types import GenerationRequest
@@ -172,3 +173,12 @@ def check_context(n_prompt: int, request: GenerationRequest, limit: int) -> None
             param=param,
             code="context_length_exceeded",
         )
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

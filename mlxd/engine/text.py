@@ -16,7 +16,10 @@ The prefix cache (``engine/prefix_cache.py``): a request starts from a copy
 of the longest cached prefix of its prompt and prefills only the rest; when
 it finishes normally, its cache (prompt plus reply) is kept for the next
 turn. An aborted, cancelled or failed generation never inserts anything: its
-cache may be half-built.
+cache may be half-built. Where the chat template moves part of the prompt
+with each new user turn (Mistral's tool list), the next prompt's known part is
+prefilled in the background after a chat answer and kept too
+(``engine/next_turn_background.py``).
 
 A model with ``max_concurrency`` above 1 serves its requests through one
 continuous batch instead (``engine/batch.py``). ``max_concurrency: 1`` and
@@ -43,9 +46,10 @@ from mlxd.engine.contract import AnswerFormats, GenerationEngine
 from mlxd.engine.lifecycle import EngineBase, GenerationControl, relay
 from mlxd.engine.local_output import LocalOutput
 from mlxd.engine.logprobs import token_logprob
+from mlxd.engine.next_turn_background import NextTurnPrefill
 from mlxd.engine.prefix_cache import PrefixCache
 from mlxd.engine.speculation import Speculation
-from mlxd.engine.text_model import PENALTY_CONTEXT, LoadedText, Prepared, TextModel
+from mlxd.engine.text_model import PENALTY_CONTEXT, LoadedText, Prepared, TextModel, feed
 from mlxd.engine.types import GenerationChunk, GenerationRequest, PromptCapture, SavedCache
 from mlxd.engine.worker import SKIP, MlxWorker
 from mlxd.registry.model import ModelSpec
@@ -58,9 +62,6 @@ if TYPE_CHECKING:
     from mlxd.engine.warmup_background import BackgroundWarmup
 
 log = logging.getLogger(__name__)
-
-# mlx-lm's default group size for a quantised KV cache (stream_generate's too).
-_KV_GROUP_SIZE = 64
 
 
 class TextEngine(EngineBase, GenerationEngine):
@@ -104,6 +105,8 @@ class TextEngine(EngineBase, GenerationEngine):
         self.warmup: WarmupReport | None = None
         # Set by the loader when the warm-up runs after the hand-over.
         self.background_warmup: BackgroundWarmup | None = None
+        # Between-turn prefills (engine/next_turn_background.py).
+        self.next_turn = NextTurnPrefill(self, worker, spec.prefix_cache.next_turn, prefill_chunk=self._prefill_chunk)
         self._batch: BatchScheduler | None = None
         # Speculative decoding runs in the batch, a batch of one included.
         self.speculation: Speculation | None = None
@@ -128,11 +131,32 @@ class TextEngine(EngineBase, GenerationEngine):
 
     def _open(self, request: GenerationRequest, control: GenerationControl) -> AsyncIterator[Any]:
         if self._batch is not None:
-            return self._batch.generate(request, control)
-        return super()._open(request, control)
+            source = self._batch.generate(request, control)
+        else:
+            source = super()._open(request, control)
+        return self._then_next_turn(source, request, control)
+
+    async def _then_next_turn(
+        self, source: AsyncIterator[Any], request: GenerationRequest, control: GenerationControl
+    ) -> AsyncIterator[Any]:
+        """``source``'s chunks; the answer's text, once it has ended, starts
+        the next turn's prefill (before the last chunk goes out: a consumer
+        may close us as soon as it has it)."""
+        text: list[str] = []
+        try:
+            async for chunk in source:
+                text.append(chunk.text)
+                if chunk.finish_reason is not None:
+                    self.next_turn.after(request, control, "".join(text), chunk.finish_reason)
+                yield chunk
+        finally:
+            closer = getattr(source, "aclose", None)
+            if closer is not None:
+                await closer()
 
     async def close(self) -> None:
         try:
+            await self.next_turn.cancel()
             if self.background_warmup is not None:
                 await self.background_warmup.cancel()
             await super().close()
@@ -181,7 +205,8 @@ class TextEngine(EngineBase, GenerationEngine):
         capture.prompt(text, len(tokens), decision)
 
     def _busy(self) -> bool:
-        return self.counts.running > 0 or (self._batch is not None and self._batch.alive)
+        return (self.counts.running > 0 or (self._batch is not None and self._batch.alive)
+                or self.next_turn.running)
 
     def stats(self) -> dict[str, Any]:
         batch = self._batch
@@ -213,6 +238,9 @@ class TextEngine(EngineBase, GenerationEngine):
             "hits": cache.hits if cache else 0,
             "misses": cache.misses if cache else 0,
             "tokens_reused": cache.tokens_reused if cache else 0,
+            # Between-turn prefills that kept an entry, and the tokens they prefilled.
+            "next_turn_prefills": self.next_turn.prefills,
+            "next_turn_tokens": self.next_turn.tokens,
             "restored_entries": saved.restored_entries if saved else 0,
             "recompute_entries": saved.recompute_entries if saved else 0,
             "last_save_seconds": saved.last_save_seconds if saved else None,
@@ -250,7 +278,7 @@ class TextEngine(EngineBase, GenerationEngine):
         self, model: Any, tokenizer: Any, prepared: Prepared, control: GenerationControl
     ) -> Iterator[Any]:
         import mlx.core as mx
-        from mlx_lm.generate import generation_stream, maybe_quantize_kv_cache, stream_generate
+        from mlx_lm.generate import stream_generate
         from mlx_lm.models.cache import make_prompt_cache
 
         n_prompt = len(prepared.tokens)
@@ -296,10 +324,7 @@ class TextEngine(EngineBase, GenerationEngine):
                 yield chunk("", "abort")
                 return
             upto = min(done + step, marks[0].position) if marks else done + step
-            with mx.stream(generation_stream):
-                model(prompt[done:upto][None], cache=cache)
-                maybe_quantize_kv_cache(cache, 0, _KV_GROUP_SIZE, kv_bits)
-                mx.eval([c.state for c in cache])
+            feed(model, prompt[done:upto], cache, kv_bits)
             done = upto
             if marks and marks[0].position == done:
                 checkpoint(prefix, prepared.tokens[:done], cache, marks.popleft().kind, self.name)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from mlxd.engine import sampling
 from mlxd.engine.checkpoints import Boundary, boundaries
@@ -32,6 +33,8 @@ from mlxd.tools import reasoning as reasoning_formats
 # mlx-lm's repetition and presence penalties look back 20 tokens, and they only
 # see the tokens stream_generate itself processed.
 PENALTY_CONTEXT = 32
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -137,13 +140,18 @@ class TextModel:
         """``prompt_tokens`` (and their checkpoint boundaries) on this
         model's tokenizing thread, checked against the context length.
         Raises ``ModelUnloaded`` once dropped."""
-        try:
-            future = self._tokenize_thread.submit(self._tokens_and_boundaries, request)
-        except RuntimeError:  # shut down by drop()
-            raise ModelUnloaded(self.name) from None
-        tokens, marks = await asyncio.wrap_future(future)
+        tokens, marks = await self.with_tokenizer(lambda _: self._tokens_and_boundaries(request))
         self.check_context(len(tokens), request)
         return tokens, marks
+
+    async def with_tokenizer(self, fn: Callable[[Any], T]) -> T:
+        """``fn(tokenizer)`` on this model's tokenizing thread (see
+        ``__init__``). Raises ``ModelUnloaded`` once dropped."""
+        try:
+            future = self._tokenize_thread.submit(lambda: fn(self.get()[1]))
+        except RuntimeError:  # shut down by drop()
+            raise ModelUnloaded(self.name) from None
+        return await asyncio.wrap_future(future)
 
     def opens_reasoning(self, request: GenerationRequest, tokens: list[int]) -> bool:
         """Whether this chat prompt ends inside a reasoning block its template opened."""
@@ -213,6 +221,22 @@ class TextModel:
         # ends) or the grammar alone.
         processors += [phase] if phase is not None else grammar
         return processors, phase
+
+
+# mlx-lm's default group size for a quantised KV cache (stream_generate's too).
+KV_GROUP_SIZE = 64
+
+
+def feed(model: Any, tokens: Any, cache: list[Any], kv_bits: int | None) -> None:
+    """Worker thread: prefill ``tokens`` (an ``mx.array``) into ``cache``,
+    quantised from the first token with ``kv_bits``, and evaluate it."""
+    import mlx.core as mx
+    from mlx_lm.generate import generation_stream, maybe_quantize_kv_cache
+
+    with mx.stream(generation_stream):
+        model(tokens[None], cache=cache)
+        maybe_quantize_kv_cache(cache, 0, KV_GROUP_SIZE, kv_bits)
+        mx.eval([c.state for c in cache])
 
 
 def _vocab_size(model: Any, tokenizer: Any) -> int:

@@ -114,6 +114,10 @@ class GenerationRequest:
     # reads nor fills the prefix cache, is not counted in the engine's
     # figures and gives way to any user request. Never set from a client.
     warmup: bool = False
+    # How many answers the client asked for this prompt (OpenAI's ``n``):
+    # one of several is not known to be the one a conversation goes on with,
+    # so none gets a between-turn prefill (``mlxd.engine.next_turn``).
+    choices: int = 1
 
 
 @dataclass(frozen=True)

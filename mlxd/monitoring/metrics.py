@@ -269,6 +269,10 @@ class Metrics:
             self.evictions.labels(model).inc()
 
 
+# The prefix cache's between-turn figures (``stats()["prefix_cache"]``), as counters.
+NEXT_TURN_FIGURES = ("next_turn_prefills", "next_turn_tokens")
+
+
 class _SnapshotGauges:
     """Gauges read from a fresh snapshot when Prometheus scrapes."""
 
@@ -291,6 +295,11 @@ class _SnapshotGauges:
             by_name["mlxd_model_active_leases"].add_metric([name], m.active)
             by_name["mlxd_model_queued_requests"].add_metric([name], m.queued)
             by_name["mlxd_model_recent_tokens_per_second"].add_metric([name], snap.recent_rate(name))
+            prefix = m.engine.get("prefix_cache") if isinstance(m.engine, dict) else None
+            if isinstance(prefix, dict):
+                for figure in NEXT_TURN_FIGURES:
+                    if prefix.get(figure) is not None:
+                        by_name[f"mlxd_prefix_cache_{figure}"].add_metric([name], float(prefix[figure]))
             speculative = m.engine.get("speculative") if isinstance(m.engine, dict) else None
             if isinstance(speculative, dict):
                 by_name["mlxd_speculative_active"].add_metric([name], 1.0 if speculative.get("active") else 0.0)
@@ -338,6 +347,11 @@ class _SnapshotGauges:
             GaugeMetricFamily("mlxd_model_queued_requests", "Requests waiting for the model", labels=model),
             GaugeMetricFamily("mlxd_model_recent_tokens_per_second",
                               "Output tokens per second averaged over the last 60 s", labels=model),
+            # Since the model was loaded (status: prefix_cache.next_turn_*).
+            CounterMetricFamily("mlxd_prefix_cache_next_turn_prefills",
+                                "Between-turn prefills that kept a prefix cache entry", labels=model),
+            CounterMetricFamily("mlxd_prefix_cache_next_turn_tokens",
+                                "Tokens prefilled between turns, not counted as prompt tokens", labels=model),
             GaugeMetricFamily("mlxd_speculative_active", "1 while the model decodes speculatively", labels=model),
             GaugeMetricFamily("mlxd_speculative_acceptance_rate", "Drafted tokens kept, of those verified",
                               labels=model),

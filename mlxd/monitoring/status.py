@@ -42,6 +42,8 @@ PREFIX_CACHE_FIELDS = (
     "hits",
     "misses",
     "tokens_reused",
+    "next_turn_prefills",
+    "next_turn_tokens",
     "restored_entries",
     "recompute_entries",
     "last_save_seconds",

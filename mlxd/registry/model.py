@@ -50,6 +50,8 @@ class PrefixCacheSpec:
     max_bytes: int
     disk_max_bytes: int
     persist: bool = True
+    # Between-turn prefill (mlxd.engine.next_turn): "auto", True or False.
+    next_turn: bool | str = "auto"
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,15 @@ def _one_or_many(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
 
+def _next_turn(value: Any) -> Any:
+    # One message for every wrong value (a plain union would report one per member).
+    if value is None or value is True or value is False or value == "auto":
+        return value
+    raise ValueError(f"next_turn is auto, true or false, not {value!r}")
+
+
 ByteSize = Annotated[int, BeforeValidator(parse_bytes)]
+NextTurn = Annotated[bool | Literal["auto"], BeforeValidator(_next_turn)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 Names = Annotated[list[str], BeforeValidator(_one_or_many)]
@@ -119,6 +127,9 @@ class PrefixCacheSection(_Section):
     max_bytes: ByteSize | None = None
     disk_max_bytes: ByteSize | None = None
     persist: bool | None = None
+    # Prefill the next turn's known part between turns (docs/prefix-cache.md):
+    # auto (when the template moves the prompt), true or false.
+    next_turn: NextTurn | None = None
 
 
 class ManagerSection(_Section):

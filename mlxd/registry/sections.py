@@ -139,7 +139,7 @@ class Sections:
 
     def prefix_cache(self, entry: ModelEntry) -> PrefixCacheSpec:
         fields: dict[str, Any] = {}
-        for name in ("max_bytes", "disk_max_bytes", "persist"):
+        for name in ("max_bytes", "disk_max_bytes", "persist", "next_turn"):
             for section in (entry.prefix_cache, self.parsed.manager.prefix_cache):
                 value = getattr(section, name)
                 if value is not None:

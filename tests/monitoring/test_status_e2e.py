@@ -120,6 +120,9 @@ def test_using_a_model_counts_requests_tokens_and_recent_throughput(daemon):
     assert sample(metrics, "mlxd_model_recent_tokens_per_second", model="llama") == pytest.approx(
         llama["recent_output_tokens"] / 60, abs=0.05
     )
+    # Between-turn prefills, as /v1/status has them (none: its template moves nothing).
+    for figure in ("next_turn_prefills", "next_turn_tokens"):
+        assert sample(metrics, f"mlxd_prefix_cache_{figure}_total", model="llama") == llama["prefix_cache"][figure] == 0
 
 
 def test_a_lease_in_use_shows_as_active_and_pauses_the_idle_countdown(daemon):

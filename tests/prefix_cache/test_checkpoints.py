@@ -169,3 +169,28 @@ def test_superseded_checkpoints_are_bounded_and_evicted_first(worker):
         return kept
 
     assert run(worker.call(scenario))
+
+
+@pytest.mark.parametrize("name", ["gemma3_text", "qwen3_next"])
+def test_boundaries_render_the_tools_where_the_prompt_has_them(name):
+    """Gemma 3's template has no place for tools, so mlxd writes them into the
+    turns' text (mlxd.tools.fallback): the probe that finds where the next
+    turn leaves the prompt must render them the same way, or it diverges at
+    the tools and the checkpoint goes back to the system prompt (turns 3+ of
+    a tools conversation then reused only turn 1)."""
+    from mlx_lm.utils import load_tokenizer
+
+    from mlxd.engine.checkpoints import boundaries
+    from mlxd.engine.prompt import prompt_tokens
+    from mlxd.engine.types import GenerationRequest
+
+    tools = [{"type": "function", "function": {"name": "read_file", "description": "Read a file.",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    tokenizer = load_tokenizer(build_family(name))
+    request = GenerationRequest(request_id="r", max_tokens=4, tools=tools, messages=[
+        {"role": "system", "content": SYSTEM}, {"role": "user", "content": "Read the configuration file"}])
+    tokens = prompt_tokens(tokenizer, request)
+    marks = {b.kind: b.position for b in boundaries(tokenizer, request, tokens)}
+    # The next turn keeps (nearly) the whole prompt; the system part ends after the system prompt.
+    assert marks["prompt"] >= len(tokens) - 8, (marks, len(tokens))
+    assert marks["system"] > len(tokenizer.encode(SYSTEM)) // 2

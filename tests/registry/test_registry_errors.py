@@ -281,6 +281,19 @@ BAD_FILES = [
         "cannot read '12 parsecs' as a size",
     ),
     (
+        "next_turn is auto, true or false",
+        """\
+        models:
+          - name: a
+            path: {model}
+            prefix_cache:
+              next_turn: sometimes
+        """,
+        5,
+        "models[0].prefix_cache.next_turn",
+        "next_turn is auto, true or false, not 'sometimes'",
+    ),
+    (
         "tiny integer budget",
         """\
         manager:

@@ -113,6 +113,7 @@ def test_every_key_is_read(tmp_path, make_model, llama_like):
             max_bytes: 32MB
             disk_max_bytes: 2GB
             persist: false
+            next_turn: false
         models:
           - name: a
             path: m
@@ -137,6 +138,7 @@ def test_every_key_is_read(tmp_path, make_model, llama_like):
               seed: 42
             prefix_cache:
               disk_max_bytes: 10MB
+              next_turn: auto
             trust_remote_code: true
             local_image_dir: imgs
             allow_remote_images: true
@@ -166,7 +168,7 @@ def test_every_key_is_read(tmp_path, make_model, llama_like):
     assert (d.repetition_penalty, d.presence_penalty, d.max_tokens, d.seed) == (1.1, -0.5, 50, 42)
     # The model's prefix_cache overrides the manager's key by key.
     assert spec.prefix_cache == PrefixCacheSpec(
-        max_bytes=32 * MIB, disk_max_bytes=10 * MIB, persist=False
+        max_bytes=32 * MIB, disk_max_bytes=10 * MIB, persist=False, next_turn="auto"
     )
     assert spec.trust_remote_code and spec.allow_remote_images
     assert spec.local_image_dir == (tmp_path / "imgs").resolve()

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from support.daemon import Daemon, daemon_process
+from support.daemon import Daemon, daemon_process, wait_until
 from zoo.zoo_support import FAMILIES, TEXT_FAMILIES, answer_text, batch_name, zoo_model
 
 pytestmark = pytest.mark.mlx
@@ -142,6 +142,39 @@ def test_turns_2_on_reuse_the_prompt_single_and_batched(served, answers, name):
     if FAMILIES[name].caches != ("KVCache",):
         # Caches that cannot always be trimmed keep checkpoints, counted in memory.
         assert 0 < figures["checkpoint_bytes"] <= figures["memory_bytes"]
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": name, "description": f"{name.replace('_', ' ').capitalize()} in the project and return what it finds.",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
+    for name in ("read_file", "grep", "list_dir", "run_tests")]
+
+
+def test_mistral3_with_tools_reuses_turn_2_after_its_between_turn_prefill(served):
+    """Mistral's template writes the tools before the last user message, so
+    exact reuse alone stops before them; the daemon prefills the next turn's
+    known part after an answer (prefix_cache.next_turn: auto), and turn 2
+    reuses >= 95 % with the cold answer."""
+    d = served.daemon
+    name = "mistral3"
+
+    def chat(model: str, history: list[str]) -> tuple[str, int, int]:
+        messages = turn(history, len(history))
+        r = httpx.post(f"{d.url}/v1/chat/completions", timeout=300, json={
+            "model": model, "messages": messages, "tools": TOOLS, "max_tokens": 12, "temperature": 0})
+        assert r.status_code == 200, r.text
+        usage = r.json()["usage"]
+        return (answer_text(r.json()["choices"][0]["message"]), usage["prompt_tokens"],
+                (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
+
+    first, _, _ = chat(cold_name(name), [])
+    before = d.model(name)["prefix_cache"]["next_turn_prefills"] or 0
+    assert chat(name, [])[0] == first
+    wait_until(lambda: (d.model(name)["prefix_cache"]["next_turn_prefills"] or 0) > before, timeout=120)
+    text, prompt, cached = chat(name, [first])
+    assert share(prompt, cached) >= 0.95, f"{cached}/{prompt}"
+    assert text == chat(cold_name(name), [first])[0]
+    assert d.model(name)["prefix_cache"]["next_turn_tokens"] > 0
 
 
 @pytest.mark.parametrize("name", TEXT_FAMILIES)

@@ -368,6 +368,7 @@ def choices(plan: Plan, n: int) -> None:
             request_id=f"{first.request_id}-{i}",
             sampling=replace(first.sampling, seed=None if seed is None else seed + i),
             stop=list(first.stop),
+            choices=n,
         )
         for i in range(n)
     ]
