@@ -85,6 +85,18 @@ def _bare_mlx_lm() -> None:
     sys.modules["mlx_lm"] = package
 
 
+def always_trimmable(model: Any) -> bool:
+    """Whether every cache this model makes can be trimmed at any length,
+    which lets the daemon copy and cut a longer entry for a shorter prompt.
+    A fresh cache says too little: a sliding-window layer trims until its
+    window wraps, and an SSM layer's state never does."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxd.engine.cache_layers import may_outgrow_trimming
+
+    return not may_outgrow_trimming(make_prompt_cache(model))
+
+
 def _load(path: str, mode: str, group: Any) -> Any:
     """The model with only this rank's shard of the weights evaluated."""
     import mlx.core as mx
@@ -345,10 +357,8 @@ def main() -> int:
     except Exception as exc:  # the daemon names this rank and why
         report.send("failed", phase="load", error=f"{type(exc).__name__}: {exc}"[:500])
         return 1
-    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
-
     report.send("ready", memory_bytes=int(mx.get_active_memory()), size=group.size(),
-                trimmable=bool(can_trim_prompt_cache(make_prompt_cache(model))))
+                trimmable=always_trimmable(model))
     eos = {int(t) for t in json.loads(os.environ.get("MLXD_GANG_EOS", "[]"))}
     inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
     cancels: set[str] = set()

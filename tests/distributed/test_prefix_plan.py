@@ -4,6 +4,8 @@ do exactly what these say, so they stay alike."""
 
 from __future__ import annotations
 
+import pytest
+
 from mlxd.distributed.prefix_plan import GangPrefixPlan
 
 SYSTEM = list(range(100, 140))
@@ -74,3 +76,22 @@ def test_an_entry_whose_contents_are_unknown_is_dropped_on_every_rank():
     assert plan.kept(plan.plan([9, 9]), [], 0) != []  # nothing held: nothing kept
     _turn(plan, [5, 6], [7])
     assert len(plan.clear()) == 1 and plan.entries == 0
+
+
+@pytest.mark.mlx
+@pytest.mark.parametrize("family, trimmable", [("qwen3", True), ("gemma3_text", False), ("qwen3_next", False)])
+def test_a_rank_reports_a_model_whose_cache_can_stop_trimming_as_untrimmable(family, trimmable):
+    # What a rank tells the daemon at "ready", from the family's real model:
+    # a fresh sliding-window cache trims (its window has not wrapped yet), so
+    # asking the fresh cache let the plan cut gemma 3 entries it cannot cut.
+    from mlx_lm import load
+
+    from mlxd.distributed.rank import always_trimmable
+    from zoo.zoo_support import zoo_model
+
+    model, _ = load(str(zoo_model(family)))
+    assert always_trimmable(model) is trimmable
+    plan = GangPrefixPlan(max_bytes=1000, trimmable=always_trimmable(model))
+    first, _ = _turn(plan, SYSTEM + [1, 2], [7, 8])
+    other = plan.plan(SYSTEM + [5, 6])  # shares the system prompt only: needs a cut copy
+    assert (other.source == first.keep_as) is trimmable
