@@ -9,6 +9,9 @@ Cases (texts/s and tokens/s, median of --rounds):
   figure, the same texts sent one at a time.
 
 Targets (issue 26): mlxd >= 0.9 of direct at batch 32; 8 clients >= 3x serial.
+The same three cases against vllm-mlx's /v1/embeddings (``vllm-mlx serve
+TEXT --embedding-model FOLDER``), in the same run, when
+``bash bench/setup_vllm_mlx.sh`` has installed it.
 
     python bench/embeddings.py --texts 256 --rounds 3
 
@@ -24,11 +27,13 @@ Prints a table and merges the figures into bench/results/embeddings.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
+import tempfile
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
 
-from bench.common import daemon, environment, reexec_with_openblas, save, table  # noqa: E402
+from bench.common import daemon, environment, free_port, reexec_with_openblas, save, table  # noqa: E402
+from bench.servers import VLLM_MLX, process_server  # noqa: E402
 
 
 def corpus(n: int) -> list[str]:
@@ -82,6 +88,21 @@ def direct(folder: Path, texts: list[str], batch: int, rounds: int) -> float:
     return median_rate(once, rounds)
 
 
+@contextlib.contextmanager
+def vllm_mlx_embeddings(command: Path, folder: Path) -> Iterator[tuple[str, str]]:
+    """``vllm-mlx serve`` with ``folder`` as its --embedding-model (it needs a
+    text model beside it: the factory's tiny one, never asked). Yields its
+    URL and the model name its /v1/embeddings takes (the folder, as given)."""
+    from mlxd.factory import ModelRecipe, build_model
+
+    text_model = build_model(ModelRecipe("qwen2", "tiny", dtype="float32"))
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="mlxd-bench-vllm-") as logs:
+        with process_server("vllm-mlx", [str(command), "serve", str(text_model), "--port", str(port), "--offline",
+                                         "--embedding-model", str(folder)], port, str(folder), Path(logs)):
+            yield f"http://127.0.0.1:{port}", str(folder)
+
+
 def model_folder(name: str) -> Path:
     if name == "tiny":
         from mlxd.factory.encoders import EncoderRecipe, build_encoder
@@ -92,12 +113,12 @@ def model_folder(name: str) -> Path:
     return minilm_dir()
 
 
-def served(url: str, texts: list[str], batch: int, rounds: int) -> float:
+def served(url: str, texts: list[str], batch: int, rounds: int, model: str = "minilm") -> float:
     with httpx.Client(base_url=url, timeout=300) as client:
         def once() -> float:
             started = time.perf_counter()
             for i in range(0, len(texts), batch):
-                answer = client.post("/v1/embeddings", json={"model": "minilm", "input": texts[i:i + batch],
+                answer = client.post("/v1/embeddings", json={"model": model, "input": texts[i:i + batch],
                                                              "encoding_format": "base64"})
                 answer.raise_for_status()
             return time.perf_counter() - started
@@ -106,7 +127,7 @@ def served(url: str, texts: list[str], batch: int, rounds: int) -> float:
         return median_rate(once, rounds)
 
 
-def served_clients(url: str, texts: list[str], clients: int, rounds: int) -> float:
+def served_clients(url: str, texts: list[str], clients: int, rounds: int, model: str = "minilm") -> float:
     """``clients`` threads, each sending its share of ``texts`` one per request."""
     shares = [texts[i::clients] for i in range(clients)]
 
@@ -114,7 +135,7 @@ def served_clients(url: str, texts: list[str], clients: int, rounds: int) -> flo
         try:
             with httpx.Client(base_url=url, timeout=300) as client:
                 for text in share:
-                    client.post("/v1/embeddings", json={"model": "minilm", "input": text,
+                    client.post("/v1/embeddings", json={"model": model, "input": text,
                                                         "encoding_format": "base64"}).raise_for_status()
         except BaseException as exc:  # noqa: BLE001 - reported after the join
             failures.append(exc)
@@ -148,6 +169,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--model", choices=("minilm", "tiny"), default="minilm")
     parser.add_argument("--baseline", type=Path, help="also run mlxd from this checkout (before/after)")
+    parser.add_argument("--vllm-mlx", type=Path, default=VLLM_MLX, help="the vllm-mlx command")
     args = parser.parse_args()
     reexec_with_openblas()
     folder = model_folder(args.model)
@@ -166,6 +188,13 @@ def main() -> None:
             seconds[f"{label} batch 32"] = served(url, texts, 32, args.rounds)
             seconds[f"{label} {args.clients} clients"] = served_clients(url, texts, args.clients, args.rounds)
             figures[label] = batch_figures(url)
+    if args.vllm_mlx.exists():
+        with vllm_mlx_embeddings(args.vllm_mlx, folder) as (url, name):
+            seconds["vllm-mlx batch 1"] = served(url, texts, 1, args.rounds, name)
+            seconds["vllm-mlx batch 32"] = served(url, texts, 32, args.rounds, name)
+            seconds[f"vllm-mlx {args.clients} clients"] = served_clients(url, texts, args.clients, args.rounds, name)
+    else:
+        print(f"(no vllm-mlx at {args.vllm_mlx}: `bash bench/setup_vllm_mlx.sh` installs it; left out)")
     rows = []
     result: dict[str, Any] = {"model": args.model, "texts": len(texts), "tokens": tokens, "rounds": args.rounds,
                               "environment": environment(), "engine": figures["mlxd"], "cases": {}}
@@ -183,6 +212,11 @@ def main() -> None:
         result[f"{key}clients_over_serial"] = speedup
         print(f"\n{label}: / direct at batch 1: {ratio1:.2f}; at batch 32: {ratio32:.2f} (target >= 0.9); "
               f"{args.clients} clients / serial: {speedup:.2f}x (target >= 3x); engine: {figures[label]}")
+    if "vllm-mlx batch 1" in seconds:
+        peer = {case: seconds[f"vllm-mlx {case}"] / seconds[f"mlxd {case}"]
+                for case in ("batch 1", "batch 32", f"{args.clients} clients")}
+        result["mlxd_over_vllm_mlx"] = peer
+        print("mlxd / vllm-mlx (texts/s): " + ", ".join(f"{case} {ratio:.2f}" for case, ratio in peer.items()))
     print(f"load average {result['environment']['load_average']}")
     print(f"-> {save('embeddings', args.model, result)}")
 
