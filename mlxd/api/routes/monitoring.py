@@ -80,7 +80,10 @@ def _names(ctx: DaemonContext) -> Callable[[str], tuple[str, ...]]:
 def router() -> APIRouter:
     api = APIRouter()
 
-    @api.api_route("/health", methods=["GET", "HEAD"])
+    # HEAD as a route of its own, left out of the schema: one route with
+    # both methods gave both the same operation id (FastAPI warned).
+    @api.head("/health", include_in_schema=False)
+    @api.get("/health")
     async def health(request: Request) -> Response:
         response = JSONResponse(health_document(request.app.state.ctx.snapshot()), headers=NO_STORE)
         if request.method == "HEAD":
