@@ -7,8 +7,8 @@ calls beside them), and MLX's Linux CPU wheel brings the reference BLAS:
 float32 matrix products there are 5-20x slower, and the suite took twice as
 long. ``LD_PRELOAD`` only works at process start, so this sets it and
 executes the interpreter again with the same arguments; pytest-xdist's
-workers inherit it. Where there is nothing to preload (macOS, CUDA-less
-machines without libopenblas0, ``MLXD_BLAS=bundled``) it runs the command as
+workers inherit it. Where there is nothing to preload (macOS, a Linux
+machine without libopenblas0, ``MLXD_BLAS=bundled``) it runs the command as
 it is. One BLAS thread per process: the parallelism is xdist's workers.
 """
 
