@@ -21,18 +21,12 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mlxd.engine.prompt import common_prefix
+
 # Tokens shown either side of the point where the prompt and the entry part.
 CONTEXT_TOKENS = 12
 # A stretch of chat-template markup: <|im_start|>, <start_of_turn>, [INST], <think>...
 MARKUP = re.compile(r"<\|[^|>]{1,40}\|>|<[/a-z_]{2,30}>|\[/?[A-Z_]{2,20}\]")
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def _nearest(prompt: Sequence[int], entries: Sequence[Sequence[int]]) -> tuple[int, int]:
