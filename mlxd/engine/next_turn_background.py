@@ -60,6 +60,13 @@ class NextTurnPrefill:
         # Written on the worker: a prefill step holds the model.
         self.running = False
 
+    def watches(self, request: GenerationRequest) -> bool:
+        """Whether ``request``'s answer could start a prefill, as far as is
+        known before it ends: when not, its stream is not watched at all (the
+        setting off, ``auto`` probed off, no prefix cache, n > 1, a warm-up)."""
+        return self._wanted is not False and next_turn.skip_reason(
+            request, "stop", setting=self.setting, cache_on=self._engine.prefix_cache is not None) is None
+
     def after(self, request: GenerationRequest, control: GenerationControl, text: str,
               finish_reason: str | None) -> None:
         """Event loop, before an answer's last chunk goes out: start the

@@ -134,6 +134,8 @@ class TextEngine(EngineBase, GenerationEngine):
             source = self._batch.generate(request, control)
         else:
             source = super()._open(request, control)
+        if not self.next_turn.watches(request):
+            return source
         return self._then_next_turn(source, request, control)
 
     async def _then_next_turn(
