@@ -7,6 +7,16 @@ pass, and each keeps a different number of them. Two kinds of layers:
   ``trim``, and one row's last n by mlx-lm's own right-padding step (the
   row's positions move right by n and its left padding grows by n, as after
   a right-padded prefill), which masks them from then on;
+- ``BatchRotatingKVCache`` (sliding-window attention: Gemma 3/4, gpt-oss)
+  verifies its block through mlx-lm's concatenating update, which leaves the
+  buffer in temporal order holding the window's last ``max_size - 1``
+  positions and the whole block. A row that keeps ``k`` of the block still
+  has ``max_size - 1 + k`` positions, at least a full window, so dropping the
+  rest is exact however far the window has wrapped: the dropped positions
+  are cut from the buffer's end (mlx-lm's ``trim`` only moves its counters,
+  and the next one-token step's front trim would keep them as the newest
+  context) and one row's are rolled to its front and masked, as for
+  ``BatchKVCache``;
 - state layers (``ArraysCache``: linear attention, SSMs) hold no positions:
   their state after the kept tokens is not in the cache at all. They are
   snapshotted before the block; a row that did not keep its whole block
@@ -25,7 +35,7 @@ from typing import Any
 from mlxd.engine.speculative_core import Rollback
 
 # Layer classes of make_prompt_cache a speculative batch can roll back.
-SUPPORTED = frozenset({"KVCache", "ArraysCache"})
+SUPPORTED = frozenset({"KVCache", "RotatingKVCache", "ArraysCache"})
 
 
 def unsupported_layers(cache: Sequence[Any]) -> set[str]:
@@ -52,14 +62,31 @@ def roll_back(cache: Sequence[Any], plan: Rollback) -> None:
 
     if plan.trim:
         for layer in cache:
-            layer.trim(plan.trim)
+            _drop_last(layer, plan.trim)
     if plan.uniform:
         return
     for layer in cache:
-        if type(layer).__name__ == "BatchKVCache":
+        kind = type(layer).__name__
+        if kind == "BatchKVCache":
             layer.prepare(right_padding=list(plan.roll))
             layer.finalize()
+        elif kind == "BatchRotatingKVCache":
+            # Its prepare counts ``lengths`` from the row's offset now: the
+            # row's real end is ``roll`` positions before it.
+            layer.prepare(lengths=[-r for r in plan.roll], right_padding=list(plan.roll))
+            layer.finalize()
     mx.eval([layer.state for layer in cache])
+
+
+def _drop_last(layer: Any, n: int) -> None:
+    """The last ``n`` positions of every row out of an attention layer."""
+    layer.trim(n)
+    if type(layer).__name__ == "BatchRotatingKVCache":
+        if layer.rotated:
+            # Only a one-token step rotates the buffer, and a block of one drops nothing.
+            raise RuntimeError("a rotated sliding-window cache cannot drop positions from its end")
+        layer.keys = layer.keys[..., : layer._idx, :]
+        layer.values = layer.values[..., : layer._idx, :]
 
 
 def replay(model: Any, cache: Sequence[Any], saved: list[Any], block: Any, kept: Sequence[int]) -> None:
@@ -71,7 +98,7 @@ def replay(model: Any, cache: Sequence[Any], saved: list[Any], block: Any, kept:
     width = int(block.shape[1])
     for layer, state in zip(cache, saved):
         if state is None:
-            layer.trim(width)
+            _drop_last(layer, width)
         else:
             layer.cache, layer.lengths, layer.left_padding = list(state[0]), state[1], state[2]
     longest = max(kept)

@@ -1,7 +1,9 @@
 """Speculative decoding gives the same greedy text as decoding without it,
 alone and in a batch of four, under a grammar, with stop strings,
 penalties, logit_bias and logprobs, across a prefix-cache hit, on a dense
-(qwen3) and a hybrid (qwen3_next: linear-attention state + KV) zoo model.
+(qwen3), a hybrid (qwen3_next: linear-attention state + KV) and two
+sliding-window zoo models (gemma3_text, gpt_oss: a 32-token window, which
+every prompt here outgrows, so rows roll back after the window wrapped).
 
 The prompts are built so that drafts get accepted: a prompt, the model's own
 answer to it and the prompt again (as a coding agent's edit repeats the file
@@ -33,10 +35,16 @@ SEEDS = [
 TOKENS = 32
 
 
+# gpt_oss's random weights never repeat what they wrote, so no draft of
+# theirs is kept: every block is dropped whole (after the window wrapped),
+# and the rows' different roll-backs are gemma3_text's to show.
+REPEATS = {"qwen3": True, "qwen3_next": True, "gemma3_text": True, "gpt_oss": False}
+
+
 class Models:
-    def __init__(self, plain: TextEngine, lookup: TextEngine, draft: TextEngine, prompts: list[str],
+    def __init__(self, family: str, plain: TextEngine, lookup: TextEngine, draft: TextEngine, prompts: list[str],
                  reference: list[str]) -> None:
-        self.plain, self.lookup, self.draft = plain, lookup, draft
+        self.family, self.plain, self.lookup, self.draft = family, plain, lookup, draft
         self.prompts, self.reference = prompts, reference
 
 
@@ -47,7 +55,7 @@ def worker() -> Iterator[MlxWorker]:
     run(w.shutdown())
 
 
-@pytest.fixture(scope="module", params=["qwen3", "qwen3_next"])
+@pytest.fixture(scope="module", params=list(REPEATS))
 def models(request: pytest.FixtureRequest, worker: MlxWorker) -> Iterator[Models]:
     from mlxd.factory.zoo_build import build_family
 
@@ -63,7 +71,7 @@ def models(request: pytest.FixtureRequest, worker: MlxWorker) -> Iterator[Models
         first = await asyncio.gather(*[collect(plain, greedy(f"s{i}", TOKENS, prompt=p)) for i, p in enumerate(SEEDS)])
         prompts = [p + text_of(o) + "\n" + p for p, o in zip(SEEDS, first)]
         reference = [text_of(await collect(plain, greedy("ref", TOKENS, prompt=p))) for p in prompts]
-        return Models(plain, lookup, draft, prompts, reference)
+        return Models(request.param, plain, lookup, draft, prompts, reference)
 
     loaded = run(load())
     yield loaded
@@ -72,14 +80,16 @@ def models(request: pytest.FixtureRequest, worker: MlxWorker) -> Iterator[Models
 
 
 def _engines(m: Models) -> list[TextEngine]:
-    """The speculating engines: a hybrid cannot be a draft (its state cannot
-    roll back in the draft's batch), which its status says."""
+    """The speculating engines: a hybrid or sliding-window model cannot be a
+    draft (the draft's one-token steps leave a state or a rotated window that
+    cannot roll back), which its status says."""
     usable = [m.lookup]
     status = m.draft.stats()["speculative"]
     if status["unsupported"] is None:
         usable.append(m.draft)
     else:
-        assert "ArraysCache" in status["unsupported"] and not status["active"]
+        assert "a draft needs plain KV caches" in status["unsupported"] and not status["active"], status
+    assert m.lookup.stats()["speculative"]["unsupported"] is None
     return usable
 
 
@@ -89,11 +99,13 @@ async def _batch(engine: TextEngine, requests: list[Any]) -> list[Any]:
 
 def test_a_batch_of_four_is_byte_identical_and_keeps_drafts(models: Models) -> None:
     for engine in _engines(models):
-        before = engine.stats()["speculative"]["accepted_tokens"]
+        before = engine.stats()["speculative"]
         outs = run(_batch(engine, [greedy(f"b{i}", TOKENS, prompt=p) for i, p in enumerate(models.prompts)]))
         assert [text_of(o) for o in outs] == models.reference, engine.spec.name
         status = engine.stats()["speculative"]
-        assert status["accepted_tokens"] > before, status
+        assert status["drafted_tokens"] > before["drafted_tokens"], status
+        if REPEATS[models.family]:
+            assert status["accepted_tokens"] > before["accepted_tokens"], status
         assert set(status) >= {"method", "tokens", "acceptance_rate", "accepted_per_step", "speedup", "active"}
 
 
@@ -137,9 +149,12 @@ def test_penalties_logit_bias_logprobs_and_seeded_sampling_match(models: Models)
     for engine in _engines(models):
         outs = run(_batch(engine, asks))
         assert [text_of(o) for o in outs] == [text_of(w) for w in want]
-        got = [(e.token, round(e.logprob, 3)) for c in outs[0] for e in c.logprobs or ()]
-        assert got == [(e.token, round(e.logprob, 3)) for c in want[0] for e in c.logprobs or ()]
-        assert len(got) == sum(1 for c in want[0] for _ in c.logprobs or ())
+        got = [(e.token, e.logprob) for c in outs[0] for e in c.logprobs or ()]
+        expected = [(e.token, e.logprob) for c in want[0] for e in c.logprobs or ()]
+        assert [t for t, _ in got] == [t for t, _ in expected]
+        # A verify pass computes the block's positions in one product, a plain
+        # step one: float32 rounds them a few ulps apart.
+        assert [lp for _, lp in got] == pytest.approx([lp for _, lp in expected], abs=2e-3)
 
 
 def test_the_same_text_across_a_prefix_cache_hit(models: Models) -> None:
