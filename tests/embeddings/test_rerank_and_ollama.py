@@ -70,9 +70,12 @@ def test_ollama_embed_is_the_same_vector_as_v1_embeddings(encoders_daemon) -> No
     openai_shape = post(encoders_daemon, "/v1/embeddings", {"model": "minilm", "input": texts}).json()
     assert body["embeddings"] == [d["embedding"] for d in openai_shape["data"]]
     one = post(encoders_daemon, "/api/embed", {"model": "minilm", "input": texts[0]}).json()
-    assert one["embeddings"] == body["embeddings"][:1]
+    # Alone, the text is not padded to its neighbour's length: the pass has
+    # other shapes, and float32 rounds its last bits otherwise.
+    assert len(one["embeddings"]) == 1
+    np.testing.assert_allclose(one["embeddings"][0], body["embeddings"][0], rtol=0, atol=1e-6)
     legacy = post(encoders_daemon, "/api/embeddings", {"model": "minilm", "prompt": texts[0]}).json()
-    assert legacy["embedding"] == body["embeddings"][0]
+    assert legacy["embedding"] == one["embeddings"][0]
     assert np.linalg.norm(legacy["embedding"]) == pytest.approx(1.0, abs=1e-5)
 
 
