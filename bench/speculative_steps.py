@@ -70,14 +70,17 @@ def prefilled(model: Any, tokens: list[int], rows: int) -> list[list[Any]]:
     return out
 
 
-def decode(generator: Any, model: Any, tokens: list[int], rows: int, limit: int) -> dict[str, Any]:
+def decode(generator: Any, model: Any, tokens: list[int] | list[list[int]], rows: int, limit: int) -> dict[str, Any]:
+    """``tokens``: one prompt for every row, or one per row (``--distinct``)."""
     from mlx_lm.generate import StopSequences
     from mlx_lm.sample_utils import greedy_sampler
 
-    caches = prefilled(model, tokens, rows)
+    prompts = tokens if tokens and isinstance(tokens[0], list) else [tokens] * rows
+    caches = prefilled(model, prompts[0], rows) if len({tuple(p) for p in prompts}) == 1 else [
+        prefilled(model, p, 1)[0] for p in prompts]
     generator.insert(
-        [[tokens[-1]] for _ in range(rows)], max_tokens=[limit] * rows, caches=caches,
-        all_tokens=[list(tokens[:-1]) for _ in range(rows)], samplers=[greedy_sampler] * rows,
+        [[p[-1]] for p in prompts], max_tokens=[limit] * rows, caches=caches,
+        all_tokens=[list(p[:-1]) for p in prompts], samplers=[greedy_sampler] * rows,
         logits_processors=[[] for _ in range(rows)], stop_sequences=[StopSequences() for _ in range(rows)],
     )
     out: list[list[int]] = [[] for _ in range(rows)]
@@ -118,6 +121,10 @@ def main() -> None:
     parser.add_argument("--workload", default="code_edit", choices=["code_edit", "free_chat"])
     parser.add_argument("--only", nargs="*", default=None, help="configurations to run (default: all)")
     parser.add_argument("--repeats", type=int, default=1, help="run the configurations this many times, interleaved")
+    parser.add_argument("--distinct", action="store_true",
+                        help="each row asks for another function renamed (code_edit), so rows keep different "
+                             "numbers of drafts and give back different numbers of positions, as real streams do; "
+                             "by default every row is the same request")
     add_dtype_option(parser)
     args = parser.parse_args()
     reexec_with_openblas()
@@ -139,8 +146,16 @@ def main() -> None:
     model, tokenizer = load(str(path))
     messages = requests(args.lines)[args.workload]
     tokens = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+
+    def prompts(rows: int) -> Any:
+        if not args.distinct:
+            return tokens
+        return [list(tokenizer.apply_chat_template(
+            [{**m, "content": m["content"].replace("check_item_0", f"check_item_{i}")} for m in messages],
+            add_generation_prompt=True)) for i in range(rows)]
     load_avg = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    print(f"SmolLM2 ({dtype}), {args.workload}, {args.lines} lines ({len(tokens)} prompt tokens), "
+    print(f"SmolLM2 ({dtype}), {args.workload}{', distinct rows' if args.distinct else ''}, "
+          f"{args.lines} lines ({len(tokens)} prompt tokens), "
           f"{args.tokens} tokens, K={args.k}; load: {load_avg}", flush=True)
 
     def spec(governor: Any) -> tuple[Any, SpecStats]:
@@ -162,7 +177,7 @@ def main() -> None:
             if args.only and not any(o in name for o in args.only):
                 continue
             generator, stats = make()
-            r = decode(generator, model, tokens, rows, args.tokens)
+            r = decode(generator, model, prompts(rows), rows, args.tokens)
             if stats is not None:
                 r["acceptance_rate"] = stats.acceptance_rate
                 r["accepted_per_step"] = stats.accepted_per_step
@@ -181,7 +196,7 @@ def main() -> None:
             print(" ", rows_out[-1], flush=True)
     print(table(["rows", "configuration", "tok/s", "vs first", "cpu ms/token", "vs first (cpu)", "ms/step", "tokens/step", "acceptance",
                  "per row step", "same text"], rows_out))
-    key = f"{args.workload}-{args.lines}-lines-{args.tokens}-tokens"
+    key = f"{args.workload}-{args.lines}-lines-{args.tokens}-tokens" + ("-distinct" if args.distinct else "")
     print(f"wrote {save('speculative_steps', key, {'environment': environment(), 'uptime': load_avg, 'runs': results})}")
 
 

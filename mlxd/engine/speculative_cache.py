@@ -1,12 +1,12 @@
 """A batch's KV cache rolled back per sequence after a verified block.
 
 Every row of a batch verifies its block of K + 1 positions in one forward
-pass, and each keeps a different number of them. Two kinds of layers:
+pass, and each keeps a different number of them. Three kinds of layers:
 
-- ``BatchKVCache`` (full attention) can drop positions: all rows together by
-  ``trim``, and one row's last n by mlx-lm's own right-padding step (the
-  row's positions move right by n and its left padding grows by n, as after
-  a right-padded prefill), which masks them from then on;
+- full-attention layers can drop positions: all rows together by ``trim``,
+  and one row's last n as holes (``HoledKVCache``, mlx-lm's ``BatchKVCache``
+  whose right-padding step masks them where they are, rather than rolling
+  the whole cache right to make them left padding);
 - ``BatchRotatingKVCache`` (sliding-window attention: Gemma 3/4, gpt-oss)
   verifies its block through mlx-lm's concatenating update, which leaves the
   buffer in temporal order holding the window's last ``max_size - 1``
@@ -15,8 +15,8 @@ pass, and each keeps a different number of them. Two kinds of layers:
   rest is exact however far the window has wrapped: the dropped positions
   are cut from the buffer's end (mlx-lm's ``trim`` only moves its counters,
   and the next one-token step's front trim would keep them as the newest
-  context) and one row's are rolled to its front and masked, as for
-  ``BatchKVCache``;
+  context) and one row's are rolled to its front as left padding (mlx-lm's
+  right-padding step: a copy of the window, which bounds it);
 - state layers (``ArraysCache``: linear attention, SSMs) hold no positions:
   their state after the kept tokens is not in the cache at all. They are
   snapshotted before the block; a row that did not keep its whole block
@@ -67,7 +67,7 @@ def roll_back(cache: Sequence[Any], plan: Rollback) -> None:
         return
     for layer in cache:
         kind = type(layer).__name__
-        if kind == "BatchKVCache":
+        if kind in ("HoledKVCache", "BatchKVCache"):  # holes, or mlx-lm's roll
             layer.prepare(right_padding=list(plan.roll))
             layer.finalize()
         elif kind == "BatchRotatingKVCache":
@@ -114,8 +114,12 @@ def replay(model: Any, cache: Sequence[Any], saved: list[Any], block: Any, kept:
 
 
 def merge(caches: Sequence[Sequence[Any]]) -> list[Any]:
-    """Single-sequence caches as one batch cache, layer by layer."""
-    return [caches[0][i].merge([c[i] for c in caches]) for i in range(len(caches[0]))]
+    """Single-sequence caches as one batch cache, layer by layer (full
+    attention as ``HoledKVCache``)."""
+    from mlxd.engine.holed_kv_cache import HoledKVCache
+
+    merged = [caches[0][i].merge([c[i] for c in caches]) for i in range(len(caches[0]))]
+    return [HoledKVCache.adopt(m) if type(m).__name__ == "BatchKVCache" else m for m in merged]
 
 
 def extend(batch: list[Any] | None, more: list[Any]) -> list[Any]:
