@@ -101,12 +101,19 @@ def prime(port: int, model: str, messages: list[dict[str, str]]) -> None:
             raise
 
 
+def variant(messages: list[dict[str, str]], i: int) -> list[dict[str, str]]:
+    """Stream ``i``'s request: the code edit renames another function (free
+    chat is the same request). Streams of one request keep the same drafts
+    and give back the same positions every step, which real streams do not."""
+    return [{**m, "content": m["content"].replace("check_item_0", f"check_item_{i}")} for m in messages]
+
+
 def streams(port: int, model: str, messages: list[dict[str, str]], tokens: int, n: int) -> dict[str, Any]:
     runs: list[Run | BaseException] = [RuntimeError("not run")] * n
 
     def go(i: int) -> None:
         try:
-            runs[i] = one(port, model, messages, tokens)
+            runs[i] = one(port, model, variant(messages, i), tokens)
         except BaseException as exc:  # noqa: BLE001 - reported below
             runs[i] = exc
 
@@ -148,9 +155,10 @@ def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int]) 
             for n in counts:
                 # Interleaved per stream count, so drift hits every configuration alike.
                 for name in ("plain", "lookup", "selfdraft"):
-                    # The prompt prefilled once into the prefix cache: the streams
+                    # Each stream's prompt prefilled once into the prefix cache: the streams
                     # then start decoding together, and decode is what is compared.
-                    prime(port, name, messages)
+                    for i in range(n):
+                        prime(port, name, variant(messages, i))
                     out[f"{workload}/{n}/{name}"] = streams(port, name, messages, tokens, n)
                     print(f"  {workload:9} {n} streams {name:9} "
                           f"{out[f'{workload}/{n}/{name}']['aggregate_tok_s']:.2f} tok/s", flush=True)
