@@ -25,7 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import add_dtype_option, environment, model_dtype, reexec_with_openblas, save, table  # noqa: E402
-from bench.speculative import requests  # noqa: E402
+from bench.speculative import requests, variant  # noqa: E402
 
 
 class Forced:
@@ -150,9 +150,8 @@ def main() -> None:
     def prompts(rows: int) -> Any:
         if not args.distinct:
             return tokens
-        return [list(tokenizer.apply_chat_template(
-            [{**m, "content": m["content"].replace("check_item_0", f"check_item_{i}")} for m in messages],
-            add_generation_prompt=True)) for i in range(rows)]
+        return [list(tokenizer.apply_chat_template(variant(messages, i), add_generation_prompt=True))
+                for i in range(rows)]
     load_avg = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"SmolLM2 ({dtype}), {args.workload}{', distinct rows' if args.distinct else ''}, "
           f"{args.lines} lines ({len(tokens)} prompt tokens), "
