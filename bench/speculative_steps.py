@@ -46,6 +46,44 @@ class Forced:
         pass
 
 
+class StepParts:
+    """``--profile``: where a speculative step's time goes. Wraps the model,
+    the cache's roll-back (which evaluates itself) and the drafter so that
+    each is evaluated and timed where it is called (the syncs make the whole
+    step slower; the parts are the point)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def timed(self, part: str, call: Any) -> Any:
+        import mlx.core as mx
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            mx.eval([])  # what was queued before is not this part's
+            started = time.perf_counter()
+            out = call(*args, **kwargs)
+            if isinstance(out, mx.array):
+                mx.eval(out)
+            self.seconds[part] = self.seconds.get(part, 0.0) + time.perf_counter() - started
+            return out
+        return run
+
+    def model(self, model: Any) -> Any:
+        parts = self
+
+        class Timed:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(model, name)
+
+            def __call__(self, inputs: Any, cache: Any = None) -> Any:
+                width = inputs.shape[1]
+                return parts.timed("forward, 1 position" if width == 1 else "forward, block", model)(inputs, cache=cache)
+        return Timed()
+
+    def report(self, steps: int) -> str:
+        return ", ".join(f"{part} {1000 * s / steps:.1f}" for part, s in sorted(self.seconds.items()))
+
+
 _PREFILLED: dict[tuple[int, ...], list[Any]] = {}
 
 
@@ -125,9 +163,17 @@ def main() -> None:
                         help="each row asks for another function renamed (code_edit), so rows keep different "
                              "numbers of drafts and give back different numbers of positions, as real streams do; "
                              "by default every row is the same request")
+    parser.add_argument("--profile", action="store_true",
+                        help="also time each part of a speculating step (the verify forward, the roll-back, the "
+                             "drafter), each evaluated where it is called, and the rest of the step")
     add_dtype_option(parser)
     args = parser.parse_args()
     reexec_with_openblas()
+    # The daemon's attention kernels (engine/cuda_attention.py): with cuDNN's,
+    # every verified block (more than one query row) has a new key length and
+    # builds its own execution plan, which mlxd serve never does.
+    from mlxd.engine.cuda_attention import prefer_mlx_attention_kernels
+    prefer_mlx_attention_kernels()
     from mlx_lm import load
     from mlx_lm.generate import BatchGenerator
 
@@ -167,6 +213,23 @@ def main() -> None:
         "spec batch, speculating": lambda: spec(Forced(True)),
         "spec batch, governor": lambda: spec(Governor()),
     }
+    if args.profile:
+        configs["spec batch, speculating, profiled"] = lambda: profiled(spec(Forced(True)))
+    parts = StepParts()
+
+    def profiled(made: tuple[Any, SpecStats]) -> tuple[Any, SpecStats]:
+        from mlxd.engine import speculative_cache
+
+        generator, stats = made
+        parts.seconds.clear()
+        generator.model = parts.model(model)
+        generator.drafter.propose = parts.timed("drafter", generator.drafter.propose)
+        generator.drafter.commit = parts.timed("drafter", generator.drafter.commit)
+        speculative_cache.roll_back = parts.timed("roll-back", original_roll_back)
+        return generator, stats
+
+    from mlxd.engine import speculative_cache
+    original_roll_back = speculative_cache.roll_back
     decode(BatchGenerator(model), model, tokens[:64], 1, 4)  # warm-up: JIT-compiled kernels
     results: dict[str, Any] = {}
     rows_out = []
@@ -177,6 +240,12 @@ def main() -> None:
                 continue
             generator, stats = make()
             r = decode(generator, model, prompts(rows), rows, args.tokens)
+            if "profiled" in name:
+                speculative_cache.roll_back = original_roll_back
+                step_ms = r["ms_per_step"]
+                # The parts' seconds cover every step; the table's ms/step leaves out the first.
+                print(f"  {rows} rows, ms per step ({step_ms:.1f} in all): {parts.report(r['steps'])}", flush=True)
+                r["parts_ms_per_step"] = {k: 1000 * v / r["steps"] for k, v in parts.seconds.items()}
             if stats is not None:
                 r["acceptance_rate"] = stats.acceptance_rate
                 r["accepted_per_step"] = stats.accepted_per_step
