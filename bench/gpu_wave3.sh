@@ -39,7 +39,7 @@ for name in "$@"; do
     speech) step speech 200 "$PY" bench/speech_breakdown.py --size bench --rounds 5 ;;
     speculative) step speculative 330 "$PY" bench/speculative.py ;;
     rollback) step rollback 200 "$PY" bench/speculative_rollback.py --contexts 2048 8192 32768 --rows 4 8 ;;
-    spec-steps) step spec-steps 240 "$PY" bench/speculative_steps.py --rows 4 8 --distinct --only plain speculating ;;
+    spec-steps) step spec-steps 240 "$PY" bench/speculative_steps.py --rows 4 8 --distinct --only plain speculating --profile ;;
     distributed) step distributed 170 "$PY" bench/distributed.py --size bench --transport ring --tokens 64 --repeats 3 ;;
     apps) step apps 150 "$PY" bench/app_priority.py --size bench --seconds 20 ;;
     apps5) step apps5 150 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 ;;

@@ -22,12 +22,19 @@ streams and one-shot calls (loads, unloads, cache saves) run in between:
    and the prompts waiting are taken by their callers' priority class
    (``prefill_order``): an interactive request's prompt goes before the
    bulk prompts queued ahead of it, which go on where they stopped;
-4. join: a request whose prompt is in its cache but for the last token is
-   inserted into the batch with that cache (``insert(..., caches=)``);
-5. one ``BatchGenerator.next()``: a decode step for every sequence (and the
-   first step of those that just joined). Each token is detokenized with the
-   request's own detokenizer and matched against its own stop strings, and
-   the chunks go to the requests' consumers, one hand-over per event loop.
+4. first token and join: a request whose prompt is in its cache but for
+   the last token has that token run through the model on its own cache and
+   its first token drawn (its processors and sampler, as the single path
+   does), and that token is handed out at once, before the batch's step:
+   mlx-lm's ``BatchGenerator`` would give it out only after two batched
+   steps, each decoding every other row, which an interactive request
+   joining a busy batch waited for. The request then joins the batch with
+   its cache holding the whole prompt and the first token as its input
+   (``insert(..., caches=)``);
+5. one ``BatchGenerator.next()``: a decode step for every sequence. Each
+   token is detokenized with the request's own detokenizer and matched
+   against its own stop strings, and the chunks go to the requests'
+   consumers, one hand-over per event loop.
 
 What is per request: sampler (temperature, top_p, top_k, min_p, seed),
 logits processors (repetition/presence penalty, ``ignore_eos``), the token
@@ -232,6 +239,8 @@ class BatchScheduler:
                 self._admit_arrivals()
                 self._drop_leavers()
                 self._prefill()
+                # First tokens go out before the batch's step (which takes a while).
+                self._flush()
                 if self._decoding:
                     self._decode_step()
                 self._flush()
@@ -330,7 +339,7 @@ class BatchScheduler:
             return
         model, _ = self._model.get()
         budget = self._prefill_chunk
-        ready: list[_Sequence] = []
+        ready: list[tuple[_Sequence, int]] = []
         while self._prefilling:
             seq = self._prefilling[0]
             left = seq.prompt.size - 1 - seq.done
@@ -349,25 +358,60 @@ class BatchScheduler:
                     checkpoint(self._prefix, seq.prepared.tokens[: seq.done], seq.cache,
                                seq.marks.popleft().kind, self._name)
             if left == 0:
-                ready.append(self._prefilling.popleft())
+                seq = self._prefilling.popleft()
+                first = self._first_token(seq)
+                if first is not None:
+                    ready.append((seq, first))
         if ready:
             self._join(ready)
 
-    def _join(self, ready: list[_Sequence]) -> None:
-        """Insert prefilled requests into the batch: their cache holds all
-        but the last prompt token, which the batch feeds as its first step."""
-        prepared = [s.prepared for s in ready]
+    def _first_token(self, seq: _Sequence) -> int | None:
+        """The prompt's last token through the model on the request's own
+        cache and the first token drawn from its logits, as the single path
+        (mlx-lm's ``generate_step``) does; taken as the batch takes a token.
+        Returns it when the request goes on into the batch, None when it ended."""
+        import mlx.core as mx
+        from mlx_lm.generate import generation_stream
+
+        model, _ = self._model.get()
+        prepared = seq.prepared
+        assert prepared is not None
+        with mx.stream(generation_stream):
+            logits = model(seq.prompt[-1:][None], cache=seq.cache)[:, -1, :]
+            for processor in prepared.processors:
+                logits = processor(seq.prompt, logits)
+            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            token = self._sampler(seq)(logprobs)
+            mx.eval(token, logprobs, [c.state for c in seq.cache])
+        first = int(token.item())
+        # As mlx-lm's GenerationBatch decides: the length, then an end token.
+        reason = "length" if prepared.max_tokens <= 1 else None
+        if (self._no_stops if seq.request.ignore_eos else self._eos_stops).matcher().advance(first):
+            reason = "stop"
+        # The cache holds the prompt; the first token is not in it yet.
+        tokens = list(prepared.tokens)
+        text = self._take(seq, first, logprobs[0], reason, seq.cache, tokens)
+        if text is not None:
+            self._finish(seq, text, "stop", seq.cache, tokens)
+            return None
+        return first if reason is None else None
+
+    def _join(self, ready: list[tuple[_Sequence, int]]) -> None:
+        """Insert requests into the batch that have their first token: their
+        cache holds the whole prompt, and the batch feeds the first token as
+        their input."""
+        prepared = [s.prepared for s, _ in ready]
         assert all(p is not None for p in prepared)
         uids = self._generator.insert(
-            [[p.tokens[-1]] for p in prepared],
-            max_tokens=[p.max_tokens for p in prepared],
-            caches=[s.cache for s in ready],
-            all_tokens=[list(p.tokens[:-1]) for p in prepared],
-            samplers=[self._sampler(s) for s in ready],
+            [[first] for _, first in ready],
+            max_tokens=[p.max_tokens - 1 for p in prepared],
+            caches=[s.cache for s, _ in ready],
+            all_tokens=[list(p.tokens) for p in prepared],
+            samplers=[self._sampler(s) for s, _ in ready],
             logits_processors=[p.processors for p in prepared],
-            stop_sequences=[self._no_stops if s.request.ignore_eos else self._eos_stops for s in ready],
+            stop_sequences=[self._no_stops if s.request.ignore_eos else self._eos_stops for s, _ in ready],
         )
-        for seq, uid in zip(ready, uids):
+        for (seq, _), uid in zip(ready, uids):
             seq.uid = uid
             seq.cache = seq.prompt = None  # the batch owns a merged copy now
             self._decoding[uid] = seq
@@ -383,31 +427,11 @@ class BatchScheduler:
             seq = self._decoding.get(response.uid)
             if seq is None or response.uid in stopped:
                 continue
-            assert seq.prepared is not None
-            seq.control.completion_tokens += 1
-            if seq.prepared.logprobs is not None and response.finish_reason != "stop":
-                _, tokenizer = self._model.get()
-                seq.scored.append(token_logprob(tokenizer, response.token, response.logprobs, seq.prepared.logprobs))
-            detokenizer = seq.detokenizer
-            # "stop" from the batch is the end-of-sequence token: no text of its own.
-            if response.finish_reason != "stop":
-                detokenizer.add_token(response.token)
-            if response.finish_reason is not None:
-                detokenizer.finalize()
-            stops = seq.prepared.stops
-            text, hit = stops.feed(detokenizer.last_segment)
-            if hit and response.finish_reason is None:
+            text = self._take(seq, response.token, response.logprobs, response.finish_reason,
+                              response.prompt_cache, response.all_tokens)
+            if text is not None:
                 text_stops.append((seq, text))
                 stopped.add(response.uid)
-            elif hit:
-                self._finish(seq, text, "stop", response.prompt_cache, response.all_tokens)
-            elif response.finish_reason is not None:
-                self._finish(
-                    seq, text + stops.flush(), response.finish_reason,
-                    response.prompt_cache, response.all_tokens,
-                )
-            elif text:
-                self._post(seq, self._chunk(seq, text))
         if text_stops:
             # A stop string ended these: take them out of the batch, with their caches.
             caches = self._generator.remove([s.uid for s, _ in text_stops], return_prompt_caches=True)
@@ -416,12 +440,46 @@ class BatchScheduler:
                 self._finish(seq, text, "stop", cache, tokens)
         self.size = len(self._decoding)
 
+    def _take(
+        self, seq: _Sequence, token: int, logprobs: Any, reason: str | None,
+        cache: list[Any] | None, tokens: list[int] | None,
+    ) -> str | None:
+        """One generated token: counted, scored, detokenized and matched
+        against the stop strings; the request ends here when ``reason`` (the
+        batch's: "length", or "stop" for an end token) or a stop string says
+        so (``cache``, holding ``tokens``, goes to the prefix cache). A stop
+        string met while the sequence would go on is the caller's to end, with
+        the cache it takes out of the batch: the text before it is returned."""
+        assert seq.prepared is not None
+        seq.control.completion_tokens += 1
+        if seq.prepared.logprobs is not None and reason != "stop":
+            _, tokenizer = self._model.get()
+            seq.scored.append(token_logprob(tokenizer, token, logprobs, seq.prepared.logprobs))
+        detokenizer = seq.detokenizer
+        # "stop" from the batch is the end-of-sequence token: no text of its own.
+        if reason != "stop":
+            detokenizer.add_token(token)
+        if reason is not None:
+            detokenizer.finalize()
+        stops = seq.prepared.stops
+        text, hit = stops.feed(detokenizer.last_segment)
+        if hit and reason is None:
+            return text
+        if hit:
+            self._finish(seq, text, "stop", cache, tokens)
+        elif reason is not None:
+            self._finish(seq, text + stops.flush(), reason, cache, tokens)
+        elif text:
+            self._post(seq, self._chunk(seq, text))
+        return None
+
     def _finish(
         self, seq: _Sequence, text: str, reason: str, cache: list[Any] | None, tokens: list[int] | None
     ) -> None:
         """A request that ended normally: keep its cache for the next turn
         before its last chunk is handed over, then let it go."""
-        del self._decoding[seq.uid]
+        if seq.uid is not None:  # it may end at its first token, before joining
+            del self._decoding[seq.uid]
         if cache is not None and tokens and self._prefix is not None and not seq.control.warmup:
             self._prefix.keep(list(tokens), cache, self._name)
         if self._peak_others is not None:

@@ -164,7 +164,9 @@ def _cpu_plan(room: int, max_concurrency: int, batching: bool) -> tuple[WarmupRu
     checks that a client's first one compiles nothing after the warm-up. It
     passes with prompts of a few tokens and one token each, sampled after
     the prefill: decode steps compile nothing new. The two run side by side,
-    so a batching model's batch runs them too. Then the timed short prompt
+    so a batching model's batch prefills them and draws their one token (it
+    runs no step for them; its steps compile nothing new either, which that
+    test checks on a batching model). Then the timed short prompt
     (the prefill speed the restore-or-recompute decision needs), last, when
     nothing is left to compile in it. Before (a greedy batched pair, 16-token
     sampled prompts of 3 steps): bench/cold_breakdown.py. The grammar

@@ -479,3 +479,21 @@ def test_an_interactive_prompt_is_prefilled_before_the_long_bulk_prompts_queued_
             await batch.close()
 
     assert run(main()) == ["editor", "bulk0", "bulk1"]
+
+
+@pytest.mark.parametrize("max_tokens", [1, 6])
+def test_the_first_token_comes_from_the_prefill_not_from_batched_steps(batched, single, max_tokens):
+    """A request's first token is drawn where its prompt is prefilled, as on
+    the single path, and handed out before the batch's next step: mlx-lm's
+    batch gave it out two steps after the request joined, and on a busy batch
+    each of those steps decodes every other row first. So a one-token answer
+    takes no batched step; a longer one takes one per token, since the batch
+    computes a step ahead and its first step only feeds the prefill's token."""
+    request = varied(2, max_tokens=max_tokens, ignore_eos=True)
+    expected = text_of(run(collect(single, request)))
+    before = batched.stats()["batched_steps"]
+    chunks = run(collect(batched, request))
+    assert text_of(chunks) == expected
+    assert chunks[-1].completion_tokens == max_tokens
+    steps = batched.stats()["batched_steps"] - before
+    assert steps == (0 if max_tokens == 1 else max_tokens)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -70,26 +71,38 @@ def cpu_kernels(tmp: Path) -> set[str]:
     return {p.name for p in tmp.rglob("*.so")}
 
 
-def test_after_the_warmup_new_sampling_values_compile_no_kernel(tmp_path):
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_after_the_warmup_new_sampling_values_compile_no_kernel(tmp_path, concurrency):
     """A client's first request at a temperature, top_p or min_p nobody used
     before answers without the backend compiling anything (on this CPU a
-    compile took ~0.5 s a kernel, 3.2 s for the first sampled request)."""
+    compile took ~0.5 s a kernel, 3.2 s for the first sampled request); on a
+    batching model too, with the requests decoding side by side in its batch
+    (whose steps the CPU warm-up does not run: its requests end at their
+    first token, drawn where the prompt is prefilled)."""
     kernels = tmp_path / "tmp"
     kernels.mkdir()
-    registry = write_registry(tmp_path, [{"name": "qwen", "model": "qwen"}])
+    registry = write_registry(tmp_path, [{"name": "qwen", "model": "qwen", "max_concurrency": concurrency}])
     env = {"TMPDIR": str(kernels), "MLX_PTX_CACHE_DIR": str(kernels / "ptx")}
+    samplings = [
+        {"temperature": 0.31, "top_p": 0.77},
+        {"temperature": 1.37, "min_p": 0.13, "top_k": 9},
+        {"temperature": 0.93, "top_p": 0.61, "seed": 5},
+    ]
     with daemon_process(registry, tmp_path, "--no-watch", env=env) as d:
         assert httpx.post(f"{d.url}/v1/models/qwen/load", json={}, timeout=120).status_code == 200
         warm = cpu_kernels(kernels)
         assert warm, "the warm-up compiled the sampling kernels under TMPDIR"
-        for number, sampling in enumerate([
-            {"temperature": 0.31, "top_p": 0.77},
-            {"temperature": 1.37, "min_p": 0.13, "top_k": 9},
-            {"temperature": 0.93, "top_p": 0.61, "seed": 5},
-        ]):
+
+        def ask(number: int) -> dict:
             reply = httpx.post(f"{d.url}/v1/chat/completions", timeout=120, json={
                 "model": "qwen", "messages": [{"role": "user", "content": f"Say something {number}"}],
-                "max_tokens": 4, **sampling})
+                "max_tokens": 4, **samplings[number]})
             assert reply.status_code == 200, reply.text
-            assert reply.json()["usage"]["completion_tokens"] > 0
+            return reply.json()
+
+        with ThreadPoolExecutor(concurrency) as pool:
+            replies = list(pool.map(ask, range(len(samplings))))
+        assert all(r["usage"]["completion_tokens"] > 0 for r in replies)
+        if concurrency > 1:
+            assert d.model("qwen")["engine"]["batched_steps"] > 0, "the requests decoded in the batch"
         assert cpu_kernels(kernels) - warm == set()

@@ -66,7 +66,8 @@ def test_the_loader_returns_a_warm_engine_with_nothing_left_of_the_warmup(worker
         wide, alone = (0, 3) if on_cpu else (4, 5)  # the CPU: the sampled pair (batched when batching), timed
         assert report.requests == (alone + wide if concurrency == 4 else alone)
         assert stats["batching"] is (concurrency > 1)
-        if concurrency > 1:
+        if concurrency > 1 and not on_cpu:
+            # The CPU's one-token pair ends at the token its prefill draws.
             assert stats["batched_steps"] > 0
         assert report.seconds > 0 and report.prefill_tokens_per_s > 0
         assert stats["warmup"] == report.as_dict()
