@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from audio.conftest import RATE, sweep
+from support.daemon import wait_until
 from mlxd.engine.audio_files import probe, decode, write_file
 
 pytestmark = pytest.mark.mlx
@@ -166,6 +167,29 @@ def test_speech_is_mlx_audios_samples_streamed_as_made(audio_daemon, direct_sopr
         encoded = api.audio.speech.create(model="soprano", voice="alloy", input=text, response_format=fmt).content
         decoded = decode(encoded, probe(encoded), 32000)
         assert abs(decoded.size - expected.size) < 3000
+
+
+def test_a_client_that_leaves_a_speech_stream_is_counted_as_gone_and_frees_the_model(audio_daemon) -> None:
+    """A player that stops listening mid-way is a 499 in the metrics and the
+    request log (not a 500: nothing failed), and its lease goes back: the
+    model unloads at once."""
+    def counted(status: str) -> float:
+        for line in httpx.get(audio_daemon.url + "/metrics").text.splitlines():
+            if line.startswith(f'mlxd_requests_total{{model="soprano",status="{status}"}}'):
+                return float(line.split()[-1])
+        return 0.0
+
+    before = counted("499"), counted("500")
+    text = " ".join(f"Sentence number {i} is spoken here, one after the other." for i in range(30))
+    with httpx.Client(base_url=audio_daemon.url, timeout=120) as http:
+        with http.stream("POST", "/v1/audio/speech", json={"model": "soprano", "voice": "default", "input": text,
+                                                           "response_format": "pcm"}) as response:
+            assert response.status_code == 200
+            assert next(response.iter_raw())  # the first sentence, then the client hangs up
+        wait_until(lambda: counted("499") == before[0] + 1, timeout=60)
+        assert counted("500") == before[1]
+        assert http.post("/v1/models/soprano/unload", json={}).status_code == 200
+        assert audio_daemon.model("soprano")["state"] == "unloaded"
 
 
 def test_synthesised_speech_in_mp3_transcribes(audio_daemon) -> None:

@@ -284,6 +284,9 @@ async def _streamed(ctx: DaemonContext, request: Request, spec: ModelSpec, name:
                 async for item in stream:
                     made, tokens = made + seconds_of(item), tokens + tokens_of(item)
                     yield item
+        except (GeneratorExit, asyncio.CancelledError):
+            status = 499  # the client went away mid-stream: not a failure of ours
+            raise
         except BaseException as exc:
             status, error = exc.status_code if isinstance(exc, MlxdError) else 500, _error_of(exc)
             raise
