@@ -230,13 +230,17 @@ class RemoteEngine(GenerationEngine):
                         file: tuple[str, bytes]) -> tuple[bytes, str]:
         """A multipart exchange (an audio upload), the backend's model named
         in it: the answer's bytes as sent and their content type."""
+        return await self.post(path, data=self.form(fields, file))
+
+    def form(self, fields: dict[str, str | list[str]], file: tuple[str, bytes]) -> aiohttp.FormData:
+        """An upload's multipart body as the backend takes it: its model's name, the fields, the file."""
         form = aiohttp.FormData()
         form.add_field("model", self.remote_model)
         for name, value in fields.items():
             for one in value if isinstance(value, list) else [value]:
                 form.add_field(name, one)
         form.add_field("file", file[1], filename=file[0] or "audio")
-        return await self.post(path, data=form)
+        return form
 
     async def post(self, path: str, *, json: Any = None, data: Any = None,
                    parse: Any = None) -> tuple[Any, str]:
@@ -261,9 +265,9 @@ class RemoteEngine(GenerationEngine):
             self._end(link, key)
         raise self._failed(link, error)
 
-    async def post_stream(self, path: str, *, json: Any) -> StreamedAnswer:
+    async def post_stream(self, path: str, *, json: Any = None, data: Any = None) -> StreamedAnswer:
         """An exchange whose answer is relayed as it arrives (synthesised
-        audio): its head once the backend said yes within ``first_byte``,
+        audio, a streamed transcript's events): its head once the backend said yes within ``first_byte``,
         then its body read by read, each read within ``idle``; the typed
         error for a refusal, a timeout or a broken connection."""
         link = self._pool.link(self.backend)
@@ -278,7 +282,8 @@ class RemoteEngine(GenerationEngine):
         try:
             async with asyncio.timeout(spec.first_byte_timeout_s):
                 # Audio gains nothing from compression; the bytes go on as read.
-                response = await self._sent(link, key, path, json=json, headers={"Accept-Encoding": "identity"})
+                response = await self._sent(link, key, path, json=json, data=data,
+                                            headers={"Accept-Encoding": "identity"})
         except (aiohttp.ClientError, TimeoutError, MlxdError) as exc:
             error = exchange_error(exc, spec)
             finish(error)

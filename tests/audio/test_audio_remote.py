@@ -35,9 +35,15 @@ class GatedBackend:
     ``GET /v1/audio/voices``: two voices; for model ``hang``, nothing for 30 s."""
 
     FIRST, REST = b"first part of the audio|", b"the rest of it"
+    # ``POST /v1/audio/transcriptions`` (streamed): a first delta event, then
+    # (once ``release_transcript`` is set, or after 20 s) the done event.
+    DELTA = b'data: {"type": "transcript.text.delta", "delta": "Hello"}\n\n'
+    DONE = b'data: {"type": "transcript.text.done", "text": "Hello"}\n\n'
 
     def __init__(self) -> None:
         self.release = threading.Event()
+        self.release_transcript = threading.Event()
+        self.transcript_released_in_time: bool | None = None
         self.released_in_time: bool | None = None
         backend = self
 
@@ -60,6 +66,9 @@ class GatedBackend:
                 self.wfile.write(body)
 
             def do_POST(self) -> None:
+                if self.path.endswith("/audio/transcriptions"):
+                    self._transcript()
+                    return
                 model = json.loads(self.rfile.read(int(self.headers.get("content-length", "0"))))["model"]
                 self.send_response(200)
                 self.send_header("content-type", "audio/pcm")
@@ -72,6 +81,18 @@ class GatedBackend:
                     return
                 backend.released_in_time = backend.release.wait(20)
                 self._chunk(backend.REST)
+                self._chunk(b"")
+
+            def _transcript(self) -> None:
+                upload = self.rfile.read(int(self.headers.get("content-length", "0")))
+                assert b'name="stream"' in upload and b"gated" in upload
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                self._chunk(backend.DELTA)
+                backend.transcript_released_in_time = backend.release_transcript.wait(20)
+                self._chunk(backend.DONE)
                 self._chunk(b"")
 
             def _chunk(self, data: bytes) -> None:
@@ -107,6 +128,7 @@ def front(tmp_path_factory: pytest.TempPathFactory, audio_daemon: Daemon, gated:
         {"name": "far-soprano", "backend": "up", "remote_model": "soprano", "kind": "speech"},
         {"name": "far-whisper", "backend": "up", "remote_model": "whisper", "kind": "transcription"},
         {"name": "gated-speech", "backend": "gate", "remote_model": "gated", "kind": "speech"},
+        {"name": "gated-whisper", "backend": "gate", "remote_model": "gated", "kind": "transcription"},
         {"name": "slow-speech", "backend": "gate", "remote_model": "hang", "kind": "speech"},
         {"name": "stalled-speech", "backend": "gate", "remote_model": "stall", "kind": "speech"},
         {"name": "gone-speech", "backend": "gone", "remote_model": "soprano", "kind": "speech"},
@@ -216,3 +238,32 @@ def test_word_timestamps_are_relayed_from_the_backend(front, audio_daemon) -> No
     direct = client(audio_daemon).audio.transcriptions.create(model="whisper", file=clip, **asked)
     relayed = client(front).audio.transcriptions.create(model="far-whisper", file=clip, **asked)
     assert direct.words and relayed.words == direct.words
+
+
+def test_a_streamed_transcript_is_the_backends_events(front, audio_daemon) -> None:
+    clip = {"file": ("sweep.wav", write_file(sweep(), RATE, "wav"), "audio/wav")}
+    bodies = []
+    for url, model in ((audio_daemon.url, "whisper"), (front.url, "far-whisper")):
+        answer = httpx.post(url + "/v1/audio/transcriptions", files=clip, timeout=120,
+                            data={"model": model, "stream": "true"})
+        assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
+        bodies.append(answer.content)
+    assert bodies[1] == bodies[0] and b"transcript.text.done" in bodies[0]
+
+
+def test_a_streamed_transcript_is_relayed_event_by_event(front, gated) -> None:
+    """The gated backend holds its done event until the test has read the
+    first delta through the front: a front that relayed the answer whole would wait."""
+    clip = {"file": ("sweep.wav", write_file(sweep(), RATE, "wav"), "audio/wav")}
+    with httpx.stream("POST", front.url + "/v1/audio/transcriptions", files=clip, timeout=60,
+                      data={"model": "gated-whisper", "stream": "true"}) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        parts = response.iter_raw()
+        first = next(parts)
+        assert not gated.release_transcript.is_set()
+        gated.release_transcript.set()
+        body = first + b"".join(parts)
+    assert first == GatedBackend.DELTA and body == GatedBackend.DELTA + GatedBackend.DONE
+    assert gated.transcript_released_in_time is True
+    wait_until(lambda: in_flight(front, "gate") == 0, timeout=5)

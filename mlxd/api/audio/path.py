@@ -55,10 +55,11 @@ def _local(ctx: DaemonContext, request: Request, name: str, route: str) -> Model
 
 
 async def relay_transcription(ctx: DaemonContext, request: Request, ask: TranscribeAsk,
-                              task: str) -> tuple[bytes, str] | None:
+                              task: str) -> tuple[bytes, str] | RelayedStream | None:
     """A remote entry's transcription: the upload sent on as it came (the
-    backend bounds and decodes it) and its answer returned as sent, whole
-    (a ``stream=true`` answer's events arrive together); None for a local entry."""
+    backend bounds and decodes it) and its answer returned as sent, whole,
+    or for ``stream=true`` its events passed through as they arrive; None
+    for a local entry."""
     spec = entry_for(ctx, ask.model, TRANSCRIBE, caller_of(request))
     if not spec.is_remote:
         return None
@@ -68,37 +69,48 @@ async def relay_transcription(ctx: DaemonContext, request: Request, ask: Transcr
             fields[name] = str(value)
     if ask.granularities:
         fields["timestamp_granularities[]"] = list(ask.granularities)
+    route = "/audio/transcriptions" if task == "transcribe" else "/audio/translations"
+    upload = (ask.filename, ask.file)
     if ask.stream:
         fields["stream"] = "true"
-    route = "/audio/transcriptions" if task == "transcribe" else "/audio/translations"
+        return await _relayed(ctx, request, spec, ask.model, task, 0.0,
+                              lambda engine: engine.post_stream(route, data=engine.form(fields, upload)))
     async with _accounted(ctx, request, ask.model, task, 0.0):
         return await guarded(request, _leased(ctx, request, spec, lambda engine: engine.post_form(
-            route, fields, (ask.filename, ask.file))), ctx.settings.server.request_timeout_s)
+            route, fields, upload)), ctx.settings.server.request_timeout_s)
 
 
 @dataclass(frozen=True)
-class RelayedAudio:
-    """A backend's synthesised audio, relayed as it arrives: the headers it
-    answered with (its content type, its sample rate) and the bytes."""
+class RelayedStream:
+    """A backend's answer relayed as it arrives (synthesised audio, a
+    transcript's events): the headers it answered with (its content type,
+    an audio's sample rate) and the bytes."""
 
     content_type: str
     headers: dict[str, str]
     chunks: AsyncIterator[bytes]
 
 
-async def relay_speech(ctx: DaemonContext, request: Request, body: SpeechBody) -> RelayedAudio | None:
+async def relay_speech(ctx: DaemonContext, request: Request, body: SpeechBody) -> RelayedStream | None:
     """A remote entry's speech: the body sent on, the audio passed through
-    read by read under the entry's lease, which the stream gives back when
-    it ends (the backend's refusal, before any byte, is an error answer);
-    None for a local entry."""
+    as it arrives; None for a local entry."""
     spec = entry_for(ctx, body.model, SPEAK, caller_of(request))
     if not spec.is_remote:
         return None
     ask = body.model_dump(exclude_none=True, exclude={"model"})
+    return await _relayed(ctx, request, spec, body.model, "speech", float(len(body.input)),
+                          lambda engine: engine.post_stream("/audio/speech", json={**ask, "model": engine.remote_model}))
+
+
+async def _relayed(ctx: DaemonContext, request: Request, spec: ModelSpec, name: str, what: str, amount: float,
+                   send: Callable[[Any], Any]) -> RelayedStream:
+    """The backend's answer to ``send``, passed through read by read under
+    the entry's lease, which the stream gives back when it ends or its
+    client leaves (the backend's refusal, before any byte, is an error answer)."""
     heads: list[Any] = []
 
     async def relayed(engine: Any) -> AsyncIterator[bytes]:
-        answer = await engine.post_stream("/audio/speech", json={**ask, "model": engine.remote_model})
+        answer = await send(engine)
         heads.append(answer)
         try:
             yield b""  # the backend said yes: the front answers 200 now
@@ -107,9 +119,8 @@ async def relay_speech(ctx: DaemonContext, request: Request, body: SpeechBody) -
         finally:
             await answer.aclose()
 
-    chunks = await _streamed(ctx, request, spec, body.model, "speech", float(len(body.input)), relayed,
-                             lambda data: 0.0)
-    return RelayedAudio(heads[0].content_type, heads[0].headers, chunks)
+    chunks = await _streamed(ctx, request, spec, name, what, amount, relayed, lambda data: 0.0)
+    return RelayedStream(heads[0].content_type, heads[0].headers, chunks)
 
 
 async def read_audio(ctx: DaemonContext, data: bytes) -> np.ndarray:

@@ -30,6 +30,9 @@ def router() -> APIRouter:
         ctx = _ctx(request)
         ask = await transcribe_ask(request, ctx.settings.server.max_audio_bytes)
         relayed = await path.relay_transcription(ctx, request, ask, task)
+        if isinstance(relayed, path.RelayedStream):
+            return StreamingResponse(_nonempty(relayed.chunks), headers=relayed.headers,
+                                     media_type=relayed.content_type or "text/event-stream")
         if relayed is not None:
             return Response(relayed[0], media_type=relayed[1] or None)
         if ask.stream:
