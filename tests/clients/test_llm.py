@@ -1,17 +1,23 @@
 """The `llm` CLI: models from extra-openai-models.yaml, a streamed answer
-(the same as the whole one) and --schema output valid against its schema."""
+(the same as the whole one), --schema output valid against its schema, and
+a `--functions` tool that llm parses out of mlxd's call and runs (the
+forcing proxy makes the random model call it: llm cannot force a call)."""
 
 from __future__ import annotations
 
 import pytest
 from clients.clients_support import drive
+from clients.forcing_proxy import MARKER, ForcingProxy, assert_client_ran_the_call
 
 # Plain answers come from SmolLM2: seconds on an idle CPU, minutes on a loaded one.
 pytestmark = [pytest.mark.mlx, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def test_llm_cli_runs_against_the_demo(demo):
-    got = drive("llm", "llm_cli.py", demo.url)
+def test_llm_cli_runs_against_the_demo(demo, workdir):
+    note = str(workdir / "note.txt")
+    with ForcingProxy(demo.url, "read_note", note) as proxy:
+        got = drive("llm", "llm_cli.py", proxy.url, NOTE=note)
+    assert_client_ran_the_call(proxy, MARKER)
     assert got["streamed"].strip() and got["streamed"] == got["whole"]
     assert set(got["schema"]) == {"ok", "level"}, got
     assert got["schema"]["level"] in ("low", "high") and isinstance(got["schema"]["ok"], bool)

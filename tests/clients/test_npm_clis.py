@@ -11,6 +11,11 @@ prefills an agent's ~8k-token prompt in minutes on a loaded CPU. Qwen
 Code's own system prompt and tools come to ~23k tokens, past the tiny
 model's 16k window (mlxd answers 400 and says so), so its run replaces the
 system prompt and keeps two core tools (`--bare`), as the Claude Code test does.
+
+Each run also makes the model call the client's file-reading tool once, and
+checks that the client parsed mlxd's streamed call, ran it and answered with
+its result: pi through its extension hook, the others (which have no
+setting for ``tool_choice``) through ``forcing_proxy.py``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from clients.forcing_proxy import MARKER, ForcingProxy, assert_client_ran_the_call
 
 pytestmark = [pytest.mark.mlx, pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -103,33 +109,41 @@ def assert_tools_went_through(daemon, seen: int, capped: bool = True) -> None:
     assert not capped or tokens_out <= 64, turns
 
 
-def test_opencode_runs_a_turn(demo, tmp_path):
+def test_opencode_runs_a_turn_and_a_parsed_tool_call(demo, workdir):
     opencode = cli("opencode")
-    config = json.loads(small_window(doc_block("json", "@ai-sdk/openai-compatible", demo.url)))
-    assert config["provider"]["mlxd"]["models"][MODEL]["limit"]["output"] == 64
-    (tmp_path / "opencode.json").write_text(json.dumps(config))
-    seen = len(demo.log())
-    run_cli(tmp_path, [opencode, "run", "--model", f"mlxd/{MODEL}", PROMPT])
+    with ForcingProxy(demo.url, "read", str(workdir / "note.txt")) as proxy:
+        config = json.loads(small_window(doc_block("json", "@ai-sdk/openai-compatible", proxy.url)))
+        assert config["provider"]["mlxd"]["models"][MODEL]["limit"]["output"] == 64
+        (workdir / "opencode.json").write_text(json.dumps(config))
+        cold_cache(demo)
+        seen = len(demo.log())
+        run_cli(workdir, [opencode, "run", "--model", f"mlxd/{MODEL}", PROMPT])
+    assert_client_ran_the_call(proxy, MARKER)
     assert_tools_went_through(demo, seen)
 
 
-def test_qwen_code_runs_a_turn(demo, tmp_path):
+def test_qwen_code_runs_a_turn_and_a_parsed_tool_call(demo, workdir):
     qwen = cli("qwen")
-    block = doc_block("sh", "--auth-type openai", demo.url)
-    exports = dict(word.split("=", 1) for word in block.split("\n")[0].removeprefix("export ").split())
-    assert shlex.split(block.split("\n")[1]) == ["qwen", "--auth-type", "openai", "-p", PROMPT]
-    assert exports["OPENAI_MODEL"] == DOC_MODEL
-    exports["OPENAI_MODEL"] = MODEL
-    cold_cache(demo)  # uncapped (below): a long answer under load outlasted the 300 s limit in a full run
-    seen = len(demo.log())
-    run_cli(
-        tmp_path,
-        [qwen, "--auth-type", "openai", "--bare", "--system-prompt", "You are a terse assistant.",
-         "--core-tools", "read_file", "--core-tools", "run_shell_command", "-p", PROMPT],
-        **exports,
-    )
-    # --bare (which keeps the prompt to the tools asked for) reads no settings.json, so no answer cap.
-    assert_tools_went_through(demo, seen, capped=False)
+    # --bare (which keeps the prompt to the tools asked for) reads no settings.json, so
+    # Qwen Code asks for 32,768 tokens, more than the window: the proxy cuts that to the
+    # others' 64 (a random model's greedy answer after the tool result ran to 2,421
+    # tokens, and an uncapped one under load outlasted the 300 s limit in a full run).
+    with ForcingProxy(demo.url, "read_file", str(workdir / "note.txt"), cap=64) as proxy:
+        block = doc_block("sh", "--auth-type openai", proxy.url)
+        exports = dict(word.split("=", 1) for word in block.split("\n")[0].removeprefix("export ").split())
+        assert shlex.split(block.split("\n")[1]) == ["qwen", "--auth-type", "openai", "-p", PROMPT]
+        assert exports["OPENAI_MODEL"] == DOC_MODEL
+        exports["OPENAI_MODEL"] = MODEL
+        cold_cache(demo)
+        seen = len(demo.log())
+        run_cli(
+            workdir,
+            [qwen, "--auth-type", "openai", "--bare", "--system-prompt", "You are a terse assistant.",
+             "--core-tools", "read_file", "--core-tools", "run_shell_command", "-p", PROMPT],
+            says_something=False, **exports,
+        )
+    assert_client_ran_the_call(proxy, MARKER)
+    assert_tools_went_through(demo, seen)
 
 
 # pi's own request log: an extension of the test's, loaded after the docs' one, sees the payload as sent.
@@ -202,11 +216,14 @@ def test_pi_runs_a_forced_tool_call_and_answers(demo, tmp_path):
     assert all(o <= 256 for i, o in turns_since(demo, seen) if i > 1500), turns_since(demo, seen)
 
 
-def test_continue_cli_runs_a_turn(demo, tmp_path):
+def test_continue_cli_runs_a_turn_and_a_parsed_tool_call(demo, workdir):
     cn = cli("cn")
-    config = tmp_path / "config.yaml"
-    config.write_text(small_window(doc_block("yaml", "apiBase", demo.url)))
-    assert f"model: {MODEL}\n" in config.read_text() and "maxTokens: 64" in config.read_text()
-    seen = len(demo.log())
-    run_cli(tmp_path, [cn, "-p", "--config", str(config), PROMPT])
+    with ForcingProxy(demo.url, "Read", str(workdir / "note.txt")) as proxy:
+        config = workdir / "config.yaml"
+        config.write_text(small_window(doc_block("yaml", "apiBase", proxy.url)))
+        assert f"model: {MODEL}\n" in config.read_text() and "maxTokens: 64" in config.read_text()
+        cold_cache(demo)
+        seen = len(demo.log())
+        run_cli(workdir, [cn, "-p", "--config", str(config), PROMPT], says_something=False)
+    assert_client_ran_the_call(proxy, MARKER)
     assert_tools_went_through(demo, seen)
