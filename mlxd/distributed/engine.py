@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlxd.distributed import saved_cache
 from mlxd.distributed.gang import LOCAL, Gang, GangPlan
 from mlxd.distributed.liveness import Deadlines, Failure
 from mlxd.distributed.prefix_plan import GangPrefixPlan, Reuse
@@ -84,6 +85,9 @@ class GangEngine(GenerationEngine):
         self.prefix = GangPrefixPlan(share, trimmable=gang.trimmable)
         # The last request, until its ranks' end event says what its cache holds.
         self._unsettled: _Request | None = None
+        # Where the ranks save their entries when the gang goes (None: they do not).
+        self.saved_folder: Path | None = None
+        self._asks = itertools.count(1)
 
     # --- the contract ---------------------------------------------------------------
 
@@ -247,7 +251,59 @@ class GangEngine(GenerationEngine):
         return 1
 
     async def before_unload(self) -> None:
+        """Every rank saves its shard of the kept entries; the manifest lists
+        those that all of them wrote (a gang that failed saves nothing: its
+        ranks are gone)."""
+        folder = self.saved_folder
+        if folder is None or self._closed or self.gang.failed.done():
+            return None
+        async with self._turn:
+            await self.gang.idle.wait()
+            await self._settle()
+            entries = _within(self.prefix.saved(), self.spec.prefix_cache.disk_max_bytes // max(1, len(self.gang.plan.hosts)))
+            if self.gang.failed.done():
+                return None
+            answers = await self.gang.ask_all(
+                {"op": "save", "id": f"save-{next(self._asks)}", "ids": [i for i, _, _ in entries]},
+                self.spec.parallel.load_timeout_s if self.spec.parallel else 60.0)
+            if answers is None:
+                log.warning("prefix cache of %s not saved: a rank did not answer", self.name)
+                return None
+            written = set.intersection(*(set(a.get("ids") or ()) for a in answers)) if answers else set()
+            kept = [e for e in entries if e[0] in written]
+            try:
+                await asyncio.to_thread(saved_cache.write_manifest, folder, kept)
+            except OSError as exc:
+                log.warning("prefix cache of %s not saved: %s", self.name, exc)
+                return None
+            log.info("prefix cache of %s saved: %d of %d entries on every rank", self.name, len(kept), len(entries))
         return None
+
+    async def restore_saved(self) -> int:
+        """The entries the last gang saved, read back by every rank; those
+        that all of them restored are kept (the others dropped where they
+        were read). Returns how many."""
+        folder = self.saved_folder
+        saved = await asyncio.to_thread(saved_cache.read_manifest, folder) if folder is not None else []
+        if not saved:
+            return 0
+        answers = await self.gang.ask_all(
+            {"op": "restore", "id": f"restore-{next(self._asks)}",
+             "counts": {str(e["id"]): len(e["tokens"]) for e in saved}},
+            self.spec.parallel.load_timeout_s if self.spec.parallel else 60.0)
+        if answers is None:
+            return 0
+        read = [{int(k): int(v) for k, v in (a.get("bytes") or {}).items()} for a in answers]
+        everywhere = set.intersection(*(set(r) for r in read))
+        partial = sorted(set().union(*read) - everywhere)
+        if partial:
+            await self.gang.send_all({"op": "evict", "ids": partial})
+        leader = next((r for a, r in zip(answers, read) if a.get("rank") == 0), read[0])
+        for entry in saved:
+            if entry["id"] in everywhere:
+                self.prefix.adopt(entry["id"], entry["tokens"], leader[entry["id"]])
+        log.info("prefix cache of %s restored: %d of %d saved entries", self.name, len(everywhere), len(saved))
+        return len(everywhere)
 
     async def clear_prefix_cache(self) -> bool:
         async with self._turn:
@@ -256,6 +312,8 @@ class GangEngine(GenerationEngine):
             drop = self.prefix.clear()
             if drop and not self.gang.failed.done():
                 await self.gang.send_all({"op": "evict", "ids": drop})
+            if self.saved_folder is not None:
+                await asyncio.to_thread(saved_cache.forget, self.saved_folder)
         return True
 
     async def close(self) -> None:
@@ -304,6 +362,18 @@ class _Request:
             self.end = event
 
 
+def _within(entries: list[tuple[int, tuple[int, ...], int]], share: int) -> list[tuple[int, tuple[int, ...], int]]:
+    """The most recently used entries whose rank-0 bytes fit ``share`` (the
+    disk bound over the ranks), in their order."""
+    kept, total = [], 0
+    for entry in reversed(entries):
+        if total + entry[2] > share:
+            break
+        kept.append(entry)
+        total += entry[2]
+    return kept[::-1]
+
+
 def _constraint(request: GenerationRequest) -> dict[str, str] | None:
     c = request.constraint
     return {"kind": c.kind, "text": c.text} if c is not None else None
@@ -341,7 +411,15 @@ async def load_gang_engine(spec: ModelSpec, worker: Any = None, *, cache_dir: Pa
         transport=parallel.transport, eos=tuple(sorted(tokenizer.eos_token_ids)),
         deadlines=Deadlines(parallel.load_timeout_s, parallel.prefill_timeout_s, parallel.step_timeout_s),
         remotes={name: (url, os.environ.get(key_env) if key_env else None) for name, url, key_env in parallel.remotes},
+        cache_folder=await saved_cache.gang_folder(spec, cache_dir),
     )
     gang = Gang(plan)
     await gang.start()
-    return GangEngine(spec, gang, tokenizer, vocab, time.monotonic() - started)
+    engine = GangEngine(spec, gang, tokenizer, vocab, time.monotonic() - started)
+    engine.saved_folder = plan.cache_folder
+    try:
+        await engine.restore_saved()
+    except BaseException:
+        await engine.close()
+        raise
+    return engine

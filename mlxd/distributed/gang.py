@@ -61,6 +61,8 @@ class GangPlan:
     deadlines: Deadlines
     eos: tuple[int, ...]
     remotes: Mapping[str, tuple[str, str | None]] = field(default_factory=dict)
+    # Where this machine's ranks save their kept KV caches (None: memory only).
+    cache_folder: Path | None = None
 
 
 def free_port() -> int:
@@ -170,6 +172,8 @@ class Gang:
             "MLXD_GANG_BACKEND": self.plan.transport,
             "MLXD_GANG_EOS": json.dumps(list(self.plan.eos)),
         }
+        if self.plan.cache_folder is not None:
+            base["MLXD_GANG_CACHE_DIR"] = str(self.plan.cache_folder)
         for rank in range(size):
             if rank in remote:
                 handle: RankHandle = remote[rank]
@@ -200,6 +204,27 @@ class Gang:
             self.liveness.work_sent(self._clock())
         for handle in self._ranks:
             await handle.send(line)
+
+    async def ask_all(self, message: dict[str, Any], timeout: float) -> list[dict[str, Any]] | None:
+        """Every rank's answer to ``message`` (one event each, under the
+        message's ``id``), sent while the gang is idle; None when the gang
+        fails or a rank does not answer within ``timeout`` seconds."""
+        rid = str(message["id"])
+        inbox = self.subscribe(rid)
+        answers: list[dict[str, Any]] = []
+        try:
+            await self.send_all(message)
+            async with asyncio.timeout(timeout):
+                while len(answers) < len(self._ranks):
+                    event = await inbox.get()
+                    if isinstance(event, Failure):
+                        return None
+                    answers.append(event)
+        except TimeoutError:
+            return None
+        finally:
+            self.unsubscribe(rid)
+        return answers
 
     async def send_leader(self, message: dict[str, Any]) -> None:
         """A message only rank 0 reads (a cancel: the followers learn of it
@@ -256,6 +281,8 @@ class Gang:
                 live.work_done(now)
                 self._deliver(message)
                 self.idle.set()
+        elif kind in ("saved", "restored"):
+            self._deliver(message)  # every rank's answer to ask_all
         elif kind == "failed":
             why = f"failed while {message.get('phase', 'running')}: {message.get('error', '?')}"
             live.suspect(rank, why, now)

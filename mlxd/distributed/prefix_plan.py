@@ -16,6 +16,9 @@ Caches that cannot be trimmed (linear attention) serve only prompts that
 extend them whole. Entries beyond ``max_bytes`` (rank 0's share, as its
 ranks report it) or ``max_entries`` go least recently used first.
 
+The entries outlive the gang as a manifest (``saved``, ``adopt``): the
+token ids here, each rank's shard of the KV in its own files.
+
 Pure: token ids and byte counts in, decisions out.
 """
 
@@ -107,6 +110,16 @@ class GangPrefixPlan:
         """Under status's names for a prefix cache's figures."""
         return {"memory_entries": self.entries, "memory_bytes": self.nbytes, "hits": self.hits,
                 "misses": self.misses, "tokens_reused": self.tokens_reused}
+
+    def saved(self) -> list[tuple[int, tuple[int, ...], int]]:
+        """Each entry as a manifest records it: id, tokens, rank 0's bytes
+        (least recently used first, the order ``adopt`` takes them back in)."""
+        return [(entry_id, e.tokens, e.nbytes) for entry_id, e in self._entries.items()]
+
+    def adopt(self, entry_id: int, tokens: Sequence[int], nbytes: int) -> None:
+        """An entry the ranks restored from disk under ``entry_id``."""
+        self._entries[entry_id] = _Entry(tuple(tokens), nbytes)
+        self._next_id = max(self._next_id, entry_id + 1)
 
     def clear(self) -> list[int]:
         dropped = list(self._entries)

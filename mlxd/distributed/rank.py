@@ -277,6 +277,57 @@ class Runner:
         for entry_id in ids:
             self.entries.pop(int(entry_id), None)
 
+    def save(self, folder: str | None, ids: list[int]) -> list[int]:
+        """This rank's shard of the kept entries ``ids``, written under
+        ``folder`` (the daemon's prefix cache dir for this gang; None on a
+        host that gave none) in mlx-lm's prompt-cache files, in place of
+        what was saved before; the ids written."""
+        from mlx_lm.models.cache import save_prompt_cache
+
+        if folder is None:
+            return []
+        out = Path(folder) / f"rank{self.rank}"
+        out.mkdir(parents=True, exist_ok=True)
+        for old in out.glob("*.safetensors"):
+            old.unlink()
+        saved = []
+        for entry_id in ids:
+            cache = self.entries.get(int(entry_id))
+            if cache is None:
+                continue
+            part = out / f"{int(entry_id)}.part.safetensors"
+            save_prompt_cache(str(part), cache, {"entry": str(int(entry_id))})
+            part.replace(out / f"{int(entry_id)}.safetensors")
+            saved.append(int(entry_id))
+        return saved
+
+    def restore(self, folder: str | None, counts: dict[str, int]) -> dict[str, int]:
+        """The saved entries (id: the tokens the daemon's manifest says each
+        holds) read back as kept entries; each one restored, with its bytes.
+        A file that is missing, unreadable or of another length is left out:
+        the daemon keeps only the entries every rank restored."""
+        import mlx.core as mx
+        from mlx_lm.models.cache import load_prompt_cache, make_prompt_cache
+
+        from mlxd.engine import cache_layers
+
+        if folder is None:
+            return {}
+        layers = len(make_prompt_cache(self.model))
+        restored = {}
+        for key, count in counts.items():
+            path = Path(folder) / f"rank{self.rank}" / f"{int(key)}.safetensors"
+            try:
+                cache = load_prompt_cache(str(path))
+                mx.eval(cache_layers.arrays_of(cache))
+            except Exception:  # noqa: BLE001 (any unreadable file is one entry less)
+                continue
+            if len(cache) != layers or cache_layers.positions(cache) not in (None, int(count)):
+                continue
+            self.entries[int(key)] = cache
+            restored[str(int(key))] = sum(c.nbytes for c in cache)
+        return restored
+
     def _memory(self) -> dict[str, int]:
         import mlx.core as mx
 
@@ -368,9 +419,22 @@ def main() -> int:
         message = inbox.get()
         if message is None or message.get("op") == "exit":
             return 0
-        if message.get("op") == "evict":
+        op = message.get("op")
+        if op == "evict":
             runner.evict(list(message.get("ids") or []))
-        elif message.get("op") == "generate":
+        elif op in ("save", "restore"):
+            # Between requests, so no collective is in flight: a rank that
+            # cannot write or read its files answers with fewer entries.
+            folder = os.environ.get("MLXD_GANG_CACHE_DIR")
+            try:
+                if op == "save":
+                    report.send("saved", id=message.get("id"), ids=runner.save(folder, list(message.get("ids") or [])))
+                else:
+                    report.send("restored", id=message.get("id"), bytes=runner.restore(folder, message.get("counts") or {}))
+            except Exception as exc:  # noqa: BLE001
+                report.send("saved" if op == "save" else "restored", id=message.get("id"),
+                            error=f"{type(exc).__name__}: {exc}"[:300])
+        elif op == "generate":
             try:
                 runner.run(message)
             except Exception as exc:  # a rank that cannot follow takes the gang down

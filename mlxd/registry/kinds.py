@@ -66,6 +66,9 @@ class ModelKind:
     # request measures (the footprint every engine keeps); it runs one
     # request at a time unless its entry says otherwise.
     audio: bool = False
+    # "module:function" removing an unloaded model's saved prefix cache (an
+    # operator's clear reaches the disk copy too); read for prefix_cache kinds.
+    clears_saved: str = "mlxd.engine.loader:clear_saved_prefix_cache"
 
     @property
     def generates(self) -> bool:
@@ -128,7 +131,8 @@ REMOTE = ModelKind(name="remote", engine=None, takes_images=True)
 # entry, a placement: its row is picked by ``Registry.kind_of``. The daemon
 # keeps only its tokenizer; rank 0 decodes under the grammars; the ranks
 # keep the KV caches of past requests, within prefix_cache.max_bytes over
-# all of them (distributed/prefix_plan.py; in memory only, not saved).
+# all of them (distributed/prefix_plan.py), saved by each local rank when
+# the gang goes and restored when it loads (distributed/saved_cache.py).
 PARALLEL = ModelKind(
     name="parallel",
     engine="mlxd.distributed.engine:load_gang_engine",
@@ -136,6 +140,7 @@ PARALLEL = ModelKind(
     token_counter="mlxd.engine.token_count:text_counter",
     grammars=True,
     prefix_cache=True,
+    clears_saved="mlxd.distributed.saved_cache:clear_saved_gang_cache",
 )
 
 KINDS: Mapping[str, ModelKind] = MappingProxyType(

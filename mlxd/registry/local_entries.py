@@ -110,9 +110,6 @@ class LocalEntries:
             # An engine that keeps no prefix cache (vision): reserving memory
             # for one would only crowd other models out.
             prefix_cache = PrefixCacheSpec(max_bytes=0, disk_max_bytes=0, persist=False)
-        elif row is PARALLEL:
-            # A gang's ranks keep their caches in memory only (not saved yet).
-            prefix_cache = PrefixCacheSpec(max_bytes=prefix_cache.max_bytes, disk_max_bytes=0, persist=False)
         kv = 0  # estimated_memory_gb stands in for what cannot be computed
         if broken is None and row.encodes:
             kv = encoder_activation_bytes(config, entry.batch_tokens or ModelSpec.batch_tokens)

@@ -38,7 +38,8 @@ def daemon(tmp_path_factory):
         [
             {"name": "solo", "model": "qwen"},
             {"name": "gang", "model": "qwen",
-             "parallel": {"mode": "tensor", "ranks": 2, "transport": TRANSPORT, "step_timeout_s": 3}},
+             "parallel": {"mode": "tensor", "ranks": 2, "transport": TRANSPORT, "step_timeout_s": 3},
+             "prefix_cache": {"persist": True, "disk_max_bytes": "256MB"}},
             {"name": "piped", "model": "qwen", "parallel": {"mode": "pipeline", "ranks": 2, "transport": TRANSPORT},
              "idle_unload_seconds": 1},
         ],
@@ -94,8 +95,9 @@ def test_overlapping_and_abandoned_requests_leave_the_ranks_in_step(client, solo
     assert answers == [solo_text, solo_text]
 
 
-def test_the_next_turn_reuses_the_ranks_cache_and_answers_as_one_process(client):
-    first = client.chat.completions.create(model="gang", messages=CHAT, max_tokens=8, temperature=0)
+def _next_turn_answered_as_one_process(client, first) -> dict:
+    """The conversation's next turn: the gang answers it as one process does,
+    its prompt starting from the ranks' cache of ``first``; the request asked."""
     turn = [*CHAT, {"role": "assistant", "content": first.choices[0].message.content},
             {"role": "user", "content": "Now list the files it reads"}]
     ask = dict(messages=turn, max_tokens=TOKENS, temperature=0)
@@ -103,6 +105,12 @@ def test_the_next_turn_reuses_the_ranks_cache_and_answers_as_one_process(client)
     solo = client.chat.completions.create(model="solo", **ask)
     assert gang.choices[0].message.content == solo.choices[0].message.content
     assert gang.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+    return ask
+
+
+def test_the_next_turn_reuses_the_ranks_cache_and_answers_as_one_process(client):
+    first = client.chat.completions.create(model="gang", messages=CHAT, max_tokens=8, temperature=0)
+    _next_turn_answered_as_one_process(client, first)
 
 
 def test_two_conversations_taking_turns_each_keep_their_cache_on_the_ranks(client, daemon):
@@ -129,6 +137,30 @@ def test_two_conversations_taking_turns_each_keep_their_cache_on_the_ranks(clien
     again = client.chat.completions.create(model="gang", messages=a2, **ask)
     assert again.choices[0].message.content == solo.choices[0].message.content
     assert again.usage.prompt_tokens_details is None or not again.usage.prompt_tokens_details.cached_tokens
+
+
+def test_the_ranks_cache_is_saved_when_the_gang_goes_and_restored_when_it_loads(client, daemon, tmp_path):
+    """A conversation's next turn after the gang was unloaded and loaded
+    again (new rank processes) still prefills only the new messages, and
+    answers as one process does; a clear reaches the saved copy too."""
+    first = client.chat.completions.create(model="gang", messages=CHAT, max_tokens=8, temperature=0)
+    with daemon.client() as http:
+        assert http.post("/v1/models/gang/unload", json={}).status_code == 200
+    wait_until(lambda: daemon.model("gang")["state"] == "unloaded")
+    manifests = list((daemon.ctx.registry.manager.cache_dir / "gang-prefix").glob("*-tensor-2/manifest.json"))
+    assert len(manifests) == 1 and json.loads(manifests[0].read_text())["entries"], manifests
+    ask = _next_turn_answered_as_one_process(client, first)
+    assert daemon.model("gang")["prefix_cache"]["hits"] >= 1
+    # Cleared while unloaded: the next load starts cold.
+    with daemon.client() as http:
+        assert http.post("/v1/models/gang/unload", json={}).status_code == 200
+        wait_until(lambda: daemon.model("gang")["state"] == "unloaded")
+        cleared = http.delete("/v1/cache/prefix", params={"model": "gang"}).json()
+    assert cleared["models"][0]["status"] == "cleared"
+    assert not manifests[0].exists()
+    cold = client.chat.completions.create(model="gang", **ask)
+    assert cold.choices[0].message.content == client.chat.completions.create(model="solo", **ask).choices[0].message.content
+    assert cold.usage.prompt_tokens_details is None or not cold.usage.prompt_tokens_details.cached_tokens
 
 
 def test_logprobs_and_logit_bias_are_served_by_rank_0_as_by_one_process(client):

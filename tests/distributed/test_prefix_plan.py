@@ -95,3 +95,21 @@ def test_a_rank_reports_a_model_whose_cache_can_stop_trimming_as_untrimmable(fam
     first, _ = _turn(plan, SYSTEM + [1, 2], [7, 8])
     other = plan.plan(SYSTEM + [5, 6])  # shares the system prompt only: needs a cut copy
     assert (other.source == first.keep_as) is trimmable
+
+
+def test_saved_entries_adopted_by_a_new_gang_serve_as_before_and_keep_new_ids_apart():
+    """What a manifest records (``saved``) and a new gang's plan takes back
+    (``adopt``): the same prompts hit the same entries, least recently used
+    still goes first, and a new request's id never reuses a restored one's."""
+    old = GangPrefixPlan(max_bytes=1000)
+    a, _ = _turn(old, SYSTEM + [1], [7])
+    b, _ = _turn(old, SYSTEM + [2], [8])
+    new = GangPrefixPlan(max_bytes=25)
+    for entry_id, tokens, nbytes in old.saved():
+        new.adopt(entry_id, tokens, nbytes)
+    assert [e[0] for e in new.saved()] == [a.keep_as, b.keep_as]
+    reuse = new.plan(SYSTEM + [1, 7, 5])
+    assert reuse.source == a.keep_as and reuse.shared == len(SYSTEM) + 2
+    assert reuse.keep_as > max(a.keep_as, b.keep_as)
+    assert new.kept(reuse, SYSTEM + [1, 7, 5, 9], 10) == []
+    assert new.kept(new.plan([3, 4, 5]), [3, 4, 5, 6], 10) == [b.keep_as]  # the least recent goes

@@ -39,8 +39,9 @@ def test_two_local_ranks_over_the_default_transport(tmp_path, make_model):
     assert (spec.parallel.mode, spec.parallel.hosts) == ("tensor", ("local", "local"))
     assert spec.parallel.transport in ("ring", "nccl")  # resolved for this device from `any`
     assert registry.kind_of(spec) is PARALLEL
-    # The ranks keep past requests' caches in memory, within the entry's bound; nothing is saved.
-    assert spec.prefix_cache.max_bytes == 256 << 20 and not spec.prefix_cache.persist
+    # The ranks keep past requests' caches within the entry's bounds, saved as any model's are.
+    assert spec.prefix_cache.max_bytes == 256 << 20 and spec.prefix_cache.persist
+    assert spec.prefix_cache.disk_max_bytes == 1 << 30
     assert spec.footprint.prefix_cache == spec.prefix_cache.max_bytes
 
 

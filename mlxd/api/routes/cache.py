@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, Request
 from mlxd.api.auth import require_admin
 from mlxd.api.context import DaemonContext
 from mlxd.engine import memory
-from mlxd.engine.loader import clear_saved_prefix_cache
+from mlxd.engine.kinds import named_function
 from mlxd.errors import ModelNotFound
 from mlxd.residency.shell import ModelView
 
@@ -57,8 +57,8 @@ async def _clear_prefix(ctx: DaemonContext, views: list[ModelView]) -> list[dict
         engine = ctx.manager.engine(view.name)
         if engine is not None:
             status = "cleared" if await engine.clear_prefix_cache() else "not_supported"
-        elif ctx.registry.kind_of(view.spec).prefix_cache:
-            saved = await clear_saved_prefix_cache(view.spec, ctx.registry.manager.cache_dir)
+        elif (kind := ctx.registry.kind_of(view.spec)).prefix_cache:
+            saved = await named_function(kind.clears_saved)(view.spec, ctx.registry.manager.cache_dir)
             status = "cleared" if saved else "no_engine"
         else:
             status = "no_engine"
