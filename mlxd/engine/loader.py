@@ -201,9 +201,9 @@ def _unspeculative(spec: ModelSpec, model: Any, draft: Any) -> str | None:
     if odd:
         return f"its cache has {', '.join(sorted(odd))} layers, which a speculative batch cannot roll back"
     if draft is not None:
-        odd = {type(c).__name__ for c in make_prompt_cache(draft)} - {"KVCache"}
+        odd = unsupported_layers(make_prompt_cache(draft))
         if odd:
-            return f"the draft model's cache has {', '.join(sorted(odd))} layers; a draft needs plain KV caches"
+            return f"the draft model's cache has {', '.join(sorted(odd))} layers, which a draft cannot give back"
     return None
 
 

@@ -113,6 +113,43 @@ def replay(model: Any, cache: Sequence[Any], saved: list[Any], block: Any, kept:
     mx.eval([layer.state for layer in cache])
 
 
+# What a BatchRotatingKVCache is, besides its arrays' contents: saved and put back whole.
+_ROTATING_FIELDS = ("keys", "values", "offset", "left_padding", "_idx", "_offset", "rotated", "_lengths")
+
+
+def save_unrollable(cache: Sequence[Any]) -> list[Any] | None:
+    """A draft's sliding-window and state layers as they are now, before
+    one-token steps that cannot be given back (a rotating buffer is written
+    in place, so its arrays are copied; a state layer's are rebound, so
+    holding them is a copy); None for a cache of full-attention layers only."""
+    import mlx.core as mx
+
+    saved: list[Any] = []
+    for layer in cache:
+        kind = type(layer).__name__
+        if kind == "BatchRotatingKVCache":
+            saved.append({name: mx.array(v) if isinstance(v, mx.array) else v
+                          for name in _ROTATING_FIELDS for v in [getattr(layer, name)]})
+        elif kind == "ArraysCache":
+            saved.append((list(layer.cache), layer.lengths, layer.left_padding))
+        else:
+            saved.append(None)
+    return saved if any(s is not None for s in saved) else None
+
+
+def put_back(cache: Sequence[Any], saved: list[Any], steps: int) -> None:
+    """``save_unrollable``'s layers restored, and ``steps`` one-token steps
+    trimmed from every full-attention layer."""
+    for layer, state in zip(cache, saved):
+        if state is None:
+            _drop_last(layer, steps)
+        elif isinstance(state, dict):
+            for name, value in state.items():
+                setattr(layer, name, value)
+        else:
+            layer.cache, layer.lengths, layer.left_padding = list(state[0]), state[1], state[2]
+
+
 def merge(caches: Sequence[Sequence[Any]]) -> list[Any]:
     """Single-sequence caches as one batch cache, layer by layer (full
     attention as ``HoledKVCache``)."""

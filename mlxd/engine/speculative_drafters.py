@@ -12,7 +12,14 @@ and how many drafts it had), ``filter`` (rows that stay), ``close``.
   by the row's ``pending`` tokens (the target's tokens it has not seen: one
   after a rejection, two when the whole block was kept, more after plain
   steps), which the next draft feeds first, right-padded. It starts from the
-  last ``DRAFT_CONTEXT`` tokens of the prompt, not all of it.
+  last ``DRAFT_CONTEXT`` tokens of the prompt, not all of it. A draft whose
+  cache has sliding-window or state layers (Gemma 3's, Qwen3.5's small
+  models) cannot give back its one-token steps: a rotated window has
+  overwritten its oldest positions, a state has absorbed the drafts. Those
+  layers are saved before the one-token steps and put back after the
+  verification, the full-attention ones trimmed by all the drafts, and
+  every token the row emitted is pending: the next draft replays the kept
+  drafts in its first block, through the layers' block update.
 
 Worker thread (MLX, for the draft model).
 """
@@ -61,6 +68,9 @@ class DraftModel:
         self._cache: list[Any] | None = None
         self._pending: list[list[int]] = []
         self._proposed = 0
+        # The sliding-window and state layers as they were before the last
+        # draft's one-token steps (None: a plain KV draft, rolled back instead).
+        self._saved: list[Any] | None = None
 
     def join(self, histories: list[list[int]], _caches: Any = None) -> None:
         import mlx.core as mx
@@ -88,7 +98,7 @@ class DraftModel:
         block = mx.array([p + [p[-1]] * (longest - len(p)) for p in self._pending])
         if any(padding):
             for layer in cache:
-                layer.prepare(right_padding=padding)
+                layer.prepare(lengths=lengths, right_padding=padding)
         logits = self.model(block, cache=cache)
         if any(padding):
             for layer in cache:
@@ -96,6 +106,7 @@ class DraftModel:
         ends = mx.array([n - 1 for n in lengths])[:, None, None]
         token = mx.argmax(mx.take_along_axis(logits, ends, axis=1)[:, 0, :], axis=-1)
         drafts = [token]
+        self._saved = caches.save_unrollable(cache) if k > 1 else None
         for _ in range(k - 1):
             token = mx.argmax(self.model(token[:, None], cache=cache)[:, -1, :], axis=-1)
             drafts.append(token)
@@ -111,6 +122,13 @@ class DraftModel:
             for pending, tokens in zip(self._pending, emitted):
                 pending += tokens
             return
+        assert self._cache is not None
+        if self._saved is not None:
+            # Back to the pending tokens alone; all a row emitted is pending.
+            caches.put_back(self._cache, self._saved, k - 1)
+            self._saved = None
+            self._pending = [list(tokens) for tokens in emitted]
+            return
         # The cache holds each row's pending tokens and k - 1 drafts; a row
         # keeps the drafts it accepted, and what it emitted after them is pending.
         kept = []
@@ -118,7 +136,6 @@ class DraftModel:
             accepted = min(len(tokens) - 1, drafted[i], k - 1)
             kept.append(accepted)
             self._pending[i] = tokens[accepted:]
-        assert self._cache is not None
         caches.roll_back(self._cache, rollback(k - 1, kept))
 
     def filter(self, keep: list[int]) -> None:
@@ -132,3 +149,4 @@ class DraftModel:
     def close(self) -> None:
         self._cache = None
         self._pending = []
+        self._saved = None
