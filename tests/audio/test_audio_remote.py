@@ -240,17 +240,6 @@ def test_word_timestamps_are_relayed_from_the_backend(front, audio_daemon) -> No
     assert direct.words and relayed.words == direct.words
 
 
-def test_a_streamed_transcript_is_the_backends_events(front, audio_daemon) -> None:
-    clip = {"file": ("sweep.wav", write_file(sweep(), RATE, "wav"), "audio/wav")}
-    bodies = []
-    for url, model in ((audio_daemon.url, "whisper"), (front.url, "far-whisper")):
-        answer = httpx.post(url + "/v1/audio/transcriptions", files=clip, timeout=120,
-                            data={"model": model, "stream": "true"})
-        assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
-        bodies.append(answer.content)
-    assert bodies[1] == bodies[0] and b"transcript.text.done" in bodies[0]
-
-
 def test_a_streamed_transcript_is_relayed_event_by_event(front, gated) -> None:
     """The gated backend holds its done event until the test has read the
     first delta through the front: a front that relayed the answer whole would wait."""
