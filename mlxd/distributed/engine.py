@@ -85,8 +85,6 @@ class GangEngine(GenerationEngine):
         self.prefix = GangPrefixPlan(share, trimmable=gang.trimmable)
         # The last request, until its ranks' end event says what its cache holds.
         self._unsettled: _Request | None = None
-        # Where the ranks save their entries when the gang goes (None: they do not).
-        self.saved_folder: Path | None = None
         self._asks = itertools.count(1)
 
     # --- the contract ---------------------------------------------------------------
@@ -250,6 +248,16 @@ class GangEngine(GenerationEngine):
         await self.gang.send_leader({"op": "cancel", "id": rid})
         return 1
 
+    @property
+    def saved_folder(self) -> Path | None:
+        """Where the ranks save their entries when the gang goes (None: they do not)."""
+        return self.gang.plan.cache_folder
+
+    @property
+    def _ask_timeout(self) -> float:
+        """How long every rank may take to save or restore: as long as a load."""
+        return self.spec.parallel.load_timeout_s if self.spec.parallel else 60.0
+
     async def before_unload(self) -> None:
         """Every rank saves its shard of the kept entries; the manifest lists
         those that all of them wrote (a gang that failed saves nothing: its
@@ -265,7 +273,7 @@ class GangEngine(GenerationEngine):
                 return None
             answers = await self.gang.ask_all(
                 {"op": "save", "id": f"save-{next(self._asks)}", "ids": [i for i, _, _ in entries]},
-                self.spec.parallel.load_timeout_s if self.spec.parallel else 60.0)
+                self._ask_timeout)
             if answers is None:
                 log.warning("prefix cache of %s not saved: a rank did not answer", self.name)
                 return None
@@ -290,7 +298,7 @@ class GangEngine(GenerationEngine):
         answers = await self.gang.ask_all(
             {"op": "restore", "id": f"restore-{next(self._asks)}",
              "counts": {str(e["id"]): len(e["tokens"]) for e in saved}},
-            self.spec.parallel.load_timeout_s if self.spec.parallel else 60.0)
+            self._ask_timeout)
         if answers is None:
             return 0
         read = [{int(k): int(v) for k, v in (a.get("bytes") or {}).items()} for a in answers]
@@ -416,7 +424,6 @@ async def load_gang_engine(spec: ModelSpec, worker: Any = None, *, cache_dir: Pa
     gang = Gang(plan)
     await gang.start()
     engine = GangEngine(spec, gang, tokenizer, vocab, time.monotonic() - started)
-    engine.saved_folder = plan.cache_folder
     try:
         await engine.restore_saved()
     except BaseException:

@@ -32,15 +32,10 @@ log = logging.getLogger("mlxd.distributed")
 MANIFEST = "manifest.json"
 
 
-def persists(spec: ModelSpec) -> bool:
-    cache = spec.prefix_cache
-    return cache.persist and cache.max_bytes > 0 and cache.disk_max_bytes > 0
-
-
 async def gang_folder(spec: ModelSpec, cache_dir: Path | None) -> Path | None:
     """Where ``spec``'s gang saves its entries (None: it does not)."""
     parallel = spec.parallel
-    if cache_dir is None or parallel is None or not persists(spec):
+    if cache_dir is None or parallel is None or not spec.prefix_cache.saves:
         return None
     if any(host != LOCAL for host in parallel.hosts):
         return None

@@ -58,7 +58,7 @@ async def load_text_engine(
     ``warmup`` ("load" or "background") says where the warm-up runs; None
     decides (``decide_mode``, ``$MLXD_WARMUP``).
     """
-    fingerprint = await _fingerprint(spec) if cache_dir is not None and _persists(spec) else None
+    fingerprint = await _fingerprint(spec) if cache_dir is not None and spec.prefix_cache.saves else None
     store = None
     if fingerprint is not None and cache_dir is not None:
         store = CacheStore(Path(cache_dir) / "prefix", fingerprint, spec.prefix_cache.disk_max_bytes)
@@ -148,15 +148,10 @@ async def clear_saved_prefix_cache(spec: ModelSpec, cache_dir: Path) -> int:
     """An unloaded model's saved prefix cache, removed (an operator's clear
     reaches it too, or its next load would bring the entries back). Returns
     how many entries were removed."""
-    fingerprint = await _fingerprint(spec) if _persists(spec) else None
+    fingerprint = await _fingerprint(spec) if spec.prefix_cache.saves else None
     if fingerprint is None:
         return 0
     return await forget_saved(CacheStore(Path(cache_dir) / "prefix", fingerprint, spec.prefix_cache.disk_max_bytes))
-
-
-def _persists(spec: ModelSpec) -> bool:
-    cache = spec.prefix_cache
-    return cache.persist and cache.max_bytes > 0 and cache.disk_max_bytes > 0
 
 
 async def _fingerprint(spec: ModelSpec) -> str | None:

@@ -53,6 +53,11 @@ class PrefixCacheSpec:
     # Between-turn prefill (mlxd.engine.next_turn): "auto", True or False.
     next_turn: bool | str = "auto"
 
+    @property
+    def saves(self) -> bool:
+        """Whether the cache is saved to disk and restored: it persists and both bounds leave room."""
+        return self.persist and self.max_bytes > 0 and self.disk_max_bytes > 0
+
 
 @dataclass(frozen=True)
 class Footprint:
