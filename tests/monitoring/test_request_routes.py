@@ -227,14 +227,14 @@ def test_pinning_holds_a_model_until_unpinned(daemon):
 
 
 def test_a_cancelled_anthropic_stream_ends_with_its_stop_and_usage(daemon):
-    # From a cold prompt cache the random model's answer runs for 678 tokens.
-    # Earlier tests cancel requests at points that vary with the load, and the
-    # entries they leave can change this prompt's cached prefix, and so its
-    # answer: most likely why one full run's cancel found the request ended.
+    # Greedy from a cold prompt cache, so the random model's answer is always the
+    # same long one. Sampled (Messages' default is the 0.7 fallback, unseeded) it
+    # could reach its end-of-turn token before the cancel, which then found no
+    # request: a full CI run's 404.
     cleared = httpx.delete(f"{daemon.url}/v1/cache/prefix", params={"model": "llama"}, headers=AS_ADMIN, timeout=30)
     assert cleared.status_code == 200, cleared.text
     events: list[str] = []
-    body = {"model": "llama", "max_tokens": 3000, "stream": True,
+    body = {"model": "llama", "max_tokens": 3000, "stream": True, "temperature": 0,
             "messages": [{"role": "user", "content": "Read the configuration file and report the errors"}]}
 
     def read() -> None:
