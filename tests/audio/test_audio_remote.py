@@ -36,7 +36,8 @@ class GatedBackend:
 
     FIRST, REST = b"first part of the audio|", b"the rest of it"
     # ``POST /v1/audio/transcriptions`` (streamed): a first delta event, then
-    # (once ``release_transcript`` is set, or after 20 s) the done event.
+    # (once ``release_transcript`` is set, or after 20 s) the done event; for
+    # model ``stall``, the first bytes of an event and nothing more for 20 s.
     DELTA = b'data: {"type": "transcript.text.delta", "delta": "Hello"}\n\n'
     DONE = b'data: {"type": "transcript.text.done", "text": "Hello"}\n\n'
 
@@ -85,12 +86,16 @@ class GatedBackend:
 
             def _transcript(self) -> None:
                 upload = self.rfile.read(int(self.headers.get("content-length", "0")))
-                assert b'name="stream"' in upload and b"gated" in upload
+                assert b'name="stream"' in upload and (b"gated" in upload or b"stall" in upload)
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("transfer-encoding", "chunked")
                 self.end_headers()
                 self._chunk(backend.DELTA)
+                if b"stall" in upload:
+                    self._chunk(backend.DONE[:20])  # an event begun, then silence
+                    time.sleep(20)
+                    return
                 backend.transcript_released_in_time = backend.release_transcript.wait(20)
                 self._chunk(backend.DONE)
                 self._chunk(b"")
@@ -131,6 +136,7 @@ def front(tmp_path_factory: pytest.TempPathFactory, audio_daemon: Daemon, gated:
         {"name": "gated-whisper", "backend": "gate", "remote_model": "gated", "kind": "transcription"},
         {"name": "slow-speech", "backend": "gate", "remote_model": "hang", "kind": "speech"},
         {"name": "stalled-speech", "backend": "gate", "remote_model": "stall", "kind": "speech"},
+        {"name": "stalled-whisper", "backend": "gate", "remote_model": "stall", "kind": "transcription"},
         {"name": "gone-speech", "backend": "gone", "remote_model": "soprano", "kind": "speech"},
     ], backends={
         "up": {"url": audio_daemon.url + "/v1", "kind": "mlxd"},
@@ -255,4 +261,20 @@ def test_a_streamed_transcript_is_relayed_event_by_event(front, gated) -> None:
         body = first + b"".join(parts)
     assert first == GatedBackend.DELTA and body == GatedBackend.DELTA + GatedBackend.DONE
     assert gated.transcript_released_in_time is True
+    wait_until(lambda: in_flight(front, "gate") == 0, timeout=5)
+
+
+def test_a_transcript_the_backend_breaks_off_ends_with_an_error_event(front) -> None:
+    """Silent past ``timeouts.idle`` (2 s) halfway through an event: the
+    client gets the whole events before it, then an error event, and a
+    stream that ends cleanly; not the half event, nor a cut body."""
+    clip = {"file": ("sweep.wav", write_file(sweep(), RATE, "wav"), "audio/wav")}
+    with httpx.stream("POST", front.url + "/v1/audio/transcriptions", files=clip, timeout=60,
+                      data={"model": "stalled-whisper", "stream": "true"}) as response:
+        assert response.status_code == 200
+        body = response.read()
+    events = [json.loads(part[6:]) for part in body.decode().split("\n\n") if part]
+    assert events[0] == json.loads(GatedBackend.DELTA[6:])
+    assert [e["type"] for e in events] == ["transcript.text.delta", "error"]
+    assert "gate" in events[1]["error"]["message"]
     wait_until(lambda: in_flight(front, "gate") == 0, timeout=5)

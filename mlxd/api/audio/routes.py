@@ -31,7 +31,7 @@ def router() -> APIRouter:
         ask = await transcribe_ask(request, ctx.settings.server.max_audio_bytes)
         relayed = await path.relay_transcription(ctx, request, ask, task)
         if isinstance(relayed, path.RelayedStream):
-            return StreamingResponse(_nonempty(relayed.chunks), headers=relayed.headers,
+            return StreamingResponse(_relayed_events(relayed.chunks), headers=relayed.headers,
                                      media_type=relayed.content_type or "text/event-stream")
         if relayed is not None:
             return Response(relayed[0], media_type=relayed[1] or None)
@@ -84,6 +84,27 @@ async def _transcript_events(windows: AsyncIterator[path.Window]) -> AsyncIterat
         yield answers.error_event(exc.body())
         return
     yield answers.done_event("".join(texts).strip(), end)
+
+
+async def _relayed_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A backend's transcript events passed on whole, each as soon as its
+    last byte came; a backend that breaks off mid-way (a dropped connection,
+    its idle timeout) ends the stream with an error event, as a local
+    transcript's failure does, instead of a cut body the client cannot tell
+    from a finished one. Its partial event, if any, is not passed on."""
+    held = b""
+    try:
+        async for data in chunks:
+            held += data
+            end = held.rfind(b"\n\n") + 2
+            if end >= 2:
+                yield held[:end]
+                held = held[end:]
+    except MlxdError as exc:
+        yield answers.error_event(exc.body())
+        return
+    if held:
+        yield held
 
 
 async def _nonempty(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
