@@ -15,6 +15,7 @@ from mlxd.api.audio.bodies import SpeechBody, transcribe_ask
 from mlxd.api.context import DaemonContext
 from mlxd.engine.audio_files import MEDIA_TYPES, StreamEncoder
 from mlxd.errors import MlxdError
+from mlxd.remote.answer import MAX_EVENT_BYTES
 
 PREFIX = "/v1/audio"
 
@@ -91,13 +92,15 @@ async def _relayed_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     last byte came; a backend that breaks off mid-way (a dropped connection,
     its idle timeout) ends the stream with an error event, as a local
     transcript's failure does, instead of a cut body the client cannot tell
-    from a finished one. Its partial event, if any, is not passed on."""
+    from a finished one. Its partial event, if any, is not passed on. Bytes
+    that end no event within the chat relay's event bound go on as they are,
+    so nothing held grows past it."""
     held = b""
     try:
         async for data in chunks:
             held += data
-            end = held.rfind(b"\n\n") + 2
-            if end >= 2:
+            end = _events_end(held) if len(held) <= MAX_EVENT_BYTES else len(held)
+            if end:
                 yield held[:end]
                 held = held[end:]
     except MlxdError as exc:
@@ -105,6 +108,13 @@ async def _relayed_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         return
     if held:
         yield held
+
+
+def _events_end(data: bytes) -> int:
+    """Where the last complete event in ``data`` ends (0: none), whichever
+    of the line ends SSE allows (LF, CRLF, CR) the backend writes."""
+    return max(data.rfind(blank) + len(blank) if blank in data else 0
+               for blank in (b"\n\n", b"\r\n\r\n", b"\r\r"))
 
 
 async def _nonempty(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
