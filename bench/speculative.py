@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +151,8 @@ def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int]) 
     with daemon(entries) as url, httpx.Client(base_url=url, timeout=1800) as http:
         port = int(url.rsplit(":", 1)[1])
         for name in ("plain", "lookup", "selfdraft"):
-            one(port, name, [{"role": "user", "content": "Hi"}], 4)  # warm-up
+            one(port, name, [{"role": "user", "content": "Hi"}], 4)  # loads it
+        wait_warm(http, ("plain", "lookup", "selfdraft"))
         for workload, messages in work.items():
             for n in counts:
                 # Interleaved per stream count, so drift hits every configuration alike.
@@ -164,6 +166,19 @@ def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int]) 
                           f"{out[f'{workload}/{n}/{name}']['aggregate_tok_s']:.2f} tok/s", flush=True)
         status = {m["name"]: m.get("speculative") for m in http.get("/v1/status").json()["models"]}
     return out, status
+
+
+def wait_warm(http: httpx.Client, names: tuple[str, ...], limit_s: float = 600) -> None:
+    """Until each model's warm-up is done: on a machine whose kernel cache
+    does not know the models it runs in the background, behind the first
+    requests, and the bench would time its kernel compiles."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        models = {m["name"]: m for m in http.get("/v1/status").json()["models"]}
+        if all(models.get(n, {}).get("warmup_done") is not False for n in names):
+            return
+        time.sleep(0.5)
+    print(f"warm-up not done after {limit_s:.0f}s; timing anyway", flush=True)
 
 
 def peer_runs(path: Path, work: dict[str, Any], tokens: int) -> dict[str, Any]:

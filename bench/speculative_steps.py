@@ -108,8 +108,10 @@ def prefilled(model: Any, tokens: list[int], rows: int) -> list[list[Any]]:
     return out
 
 
-def decode(generator: Any, model: Any, tokens: list[int] | list[list[int]], rows: int, limit: int) -> dict[str, Any]:
-    """``tokens``: one prompt for every row, or one per row (``--distinct``)."""
+def decode(generator: Any, model: Any, tokens: list[int] | list[list[int]], rows: int, limit: int,
+           warmup: bool = False) -> dict[str, Any]:
+    """``tokens``: one prompt for every row, or one per row (``--distinct``);
+    ``warmup``: the rows are the daemon's warm-up rows (every block width)."""
     from mlx_lm.generate import StopSequences
     from mlx_lm.sample_utils import greedy_sampler
 
@@ -120,6 +122,7 @@ def decode(generator: Any, model: Any, tokens: list[int] | list[list[int]], rows
         [[p[-1]] for p in prompts], max_tokens=[limit] * rows, caches=caches,
         all_tokens=[list(p[:-1]) for p in prompts], samplers=[greedy_sampler] * rows,
         logits_processors=[[] for _ in range(rows)], stop_sequences=[StopSequences() for _ in range(rows)],
+        **({"warmups": [True] * rows} if warmup else {}),
     )
     out: list[list[int]] = [[] for _ in range(rows)]
     steps: list[tuple[float, int]] = []
@@ -166,6 +169,9 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="also time each part of a speculating step (the verify forward, the roll-back, the "
                              "drafter), each evaluated where it is called, and the rest of the step")
+    parser.add_argument("--warm", action="store_true",
+                        help="before each row count, verify every block width at it as the daemon's warm-up does "
+                             "(mlxd.engine.warmup.speculative_runs), so no configuration pays first uses of shapes")
     add_dtype_option(parser)
     args = parser.parse_args()
     reexec_with_openblas()
@@ -233,8 +239,14 @@ def main() -> None:
     decode(BatchGenerator(model), model, tokens[:64], 1, 4)  # warm-up: JIT-compiled kernels
     results: dict[str, Any] = {}
     rows_out = []
+    warmed: set[int] = set()
     for rows, repeat in [(r, i) for r in args.rows for i in range(args.repeats)]:
         base = None
+        if args.warm and rows not in warmed:
+            from mlxd.engine.warmup import speculative_runs
+            warmed.add(rows)
+            for n in range(1, rows + 1):
+                decode(spec(Governor())[0], model, prompts(n), n, speculative_runs(16, args.k, n)[-1].max_tokens, warmup=True)
         for name, make in configs.items():
             if args.only and not any(o in name for o in args.only):
                 continue

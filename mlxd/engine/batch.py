@@ -402,6 +402,8 @@ class BatchScheduler:
         their input."""
         prepared = [s.prepared for s, _ in ready]
         assert all(p is not None for p in prepared)
+        # The speculative batch verifies warm-up rows at every block width (speculative_batch.py).
+        warmups = {"warmups": [s.control.warmup for s, _ in ready]} if self._speculation is not None else {}
         uids = self._generator.insert(
             [[first] for _, first in ready],
             max_tokens=[p.max_tokens - 1 for p in prepared],
@@ -410,6 +412,7 @@ class BatchScheduler:
             samplers=[self._sampler(s) for s, _ in ready],
             logits_processors=[p.processors for p in prepared],
             stop_sequences=[self._no_stops if s.request.ignore_eos else self._eos_stops for s, _ in ready],
+            **warmups,
         )
         for (seq, _), uid in zip(ready, uids):
             seq.uid = uid

@@ -99,8 +99,10 @@ async def _warm(
 ) -> BackgroundWarmup | None:
     """Warm now, or return the background warm-up to start once the engine is ready."""
     device = await worker.call(current_device)
+    speculates = engine.speculation is not None and engine.speculation.usable
     runs = plan_warmup(max_context=spec.max_context, prefill_chunk=chunk, max_concurrency=spec.max_concurrency,
-                       batching=engine.batching, device=device.kind)
+                       batching=engine.batching, device=device.kind,
+                       speculative_tokens=engine.speculation.tokens if speculates else 0)
     marker = await _marker(engine, spec, worker, device.kind, device.name, runs)
     known = marker is not None and await asyncio.to_thread(marker.known)
     mode, why = decide_mode(device=device.kind, known_compiled=known, forced=forced or os.environ.get(WARMUP_ENV))

@@ -23,6 +23,15 @@ matcher, the reasoning budget) sees the same calls. The governor
 speculation does not pay for this mix of sequences; a plain step is the same
 code with blocks of one token.
 
+Rows of the engine's warm-up (``insert(warmups=)``) compile what a verify
+step runs before users do: on a device that compiles kernels for the shapes
+it meets (CUDA), the first two steps of each pair of batch size and block
+width ran 2-5 times slower than the third (bench/verify_shapes.py), and the
+governor would have timed them as speculation's cost. While a warm-up row is
+in the batch every step speculates, each row's drafts padded to a width that
+cycles from K + 1 down to 1 (a plain step), and nothing is counted: neither
+the governor nor the figures status shows see warm-up steps.
+
 Worker thread (MLX).
 """
 
@@ -63,6 +72,7 @@ class _Row:
     drafts: list[int] = field(default_factory=list)
     # Drafts it asks for next step (speculative_core.next_draft_length).
     want: int = 1
+    warmup: bool = False
 
 
 class SpeculativeGenerator:
@@ -79,25 +89,29 @@ class SpeculativeGenerator:
         # responses settled between steps, for the next call to hand out.
         self._ahead: tuple[Any, Any] | None = None
         self._queued: list[Response] = []
+        # Steps run while warm-up rows were in the batch: what width the next one verifies.
+        self._warm_steps = 0
 
     # ------------------------------------------------ BatchGenerator's calls
     def insert(
         self, prompts: list[list[int]], *, max_tokens: list[int], caches: list[list[Any]],
         all_tokens: list[list[int]], samplers: list[Any], logits_processors: list[list[Any]],
-        stop_sequences: list[Any],
+        stop_sequences: list[Any], warmups: list[bool] | None = None,
     ) -> list[int]:
         """Sequences whose cache holds ``all_tokens`` and whose next input is
-        ``prompts[i][-1]``: they join the batch at once."""
+        ``prompts[i][-1]``: they join the batch at once. ``warmups[i]``: the
+        sequence is the engine's warm-up (see the module's docstring)."""
         from mlx_lm.sample_utils import greedy_sampler
 
         if self._ahead is not None:
             self._queued += self._settle()
         rows = []
-        for prompt, limit, before, sampler, processors, stops in zip(
-            prompts, max_tokens, all_tokens, samplers, logits_processors, stop_sequences
+        for prompt, limit, before, sampler, processors, stops, warmup in zip(
+            prompts, max_tokens, all_tokens, samplers, logits_processors, stop_sequences,
+            warmups or [False] * len(prompts),
         ):
             rows.append(_Row(self._next_uid, prompt[-1], list(before), limit, sampler, list(processors or ()),
-                             stops.matcher(), greedy=sampler is greedy_sampler, want=self.k))
+                             stops.matcher(), greedy=sampler is greedy_sampler, want=self.k, warmup=warmup))
             self._next_uid += 1
         self._cache = caches_extend(self._cache, caches)
         self.drafter.join([r.tokens + [r.last] for r in rows], caches)
@@ -126,7 +140,13 @@ class SpeculativeGenerator:
         out, self._queued = self._queued, []
         if not self._rows:
             return None, out
-        speculate = self.governor.choose(len(self._rows))
+        warming = any(r.warmup for r in self._rows)
+        if warming:
+            width = self.k + 1 - self._warm_steps % (self.k + 1)
+            self._warm_steps += 1
+            speculate = width > 1
+        else:
+            speculate = self.governor.choose(len(self._rows))
         if not speculate and all(r.greedy and not r.processors for r in self._rows):
             return None, out + self._plain_ahead()
         if self._ahead is not None:
@@ -139,14 +159,19 @@ class SpeculativeGenerator:
         for row in rows:
             row.drafts = []
         if speculate:
-            proposed = self.drafter.propose(max(r.want for r in rows))
+            proposed = self.drafter.propose(max(width - 1 if r.warmup else r.want for r in rows))
             for row, drafts in zip(rows, proposed):
-                row.drafts = drafts[: max(0, min(row.want, row.max_tokens - row.made - 1))]
+                want = row.want
+                if row.warmup:
+                    # Padded with the row's last token: verification keeps what matches, as for any draft.
+                    want, drafts = width - 1, (drafts + [row.last] * width)[: width - 1]
+                row.drafts = drafts[: max(0, min(want, row.max_tokens - row.made - 1))]
         drafted = [len(r.drafts) for r in rows]
         emitted, responses = self._verify(rows)
         self.drafter.commit(emitted, drafted)
-        # A step where no row had drafts was a plain one, whatever was chosen.
-        self.governor.record(any(drafted), sum(len(e) for e in emitted), time.perf_counter() - started)
+        if not warming:
+            # A step where no row had drafts was a plain one, whatever was chosen.
+            self.governor.record(any(drafted), sum(len(e) for e in emitted), time.perf_counter() - started)
         self._retire(responses)
         return None, out + [r for per_row in responses for r in per_row]
 
@@ -190,8 +215,10 @@ class SpeculativeGenerator:
         tokens, logprobs = self._ahead
         self._ahead = self._forward_ahead(tokens)
         mx.async_eval(*self._ahead)
+        warming = any(r.warmup for r in rows)
         responses = self._emit_ahead(tokens.tolist(), logprobs, in_cache=True)
-        self.governor.record(False, len(rows), time.perf_counter() - started)
+        if not warming:
+            self.governor.record(False, len(rows), time.perf_counter() - started)
         return responses
 
     def _settle(self) -> list[Response]:
@@ -238,7 +265,7 @@ class SpeculativeGenerator:
             tokens, per = self._emit(row, out)
             emitted.append(tokens)
             responses.append(per)
-            if row.drafts:
+            if row.drafts and not row.warmup:
                 # Every emitted token but the last was a kept draft.
                 self.stats.add(len(row.drafts), len(tokens) - 1)
                 row.want = next_draft_length(row.want, len(row.drafts), len(tokens) - 1, self.k)

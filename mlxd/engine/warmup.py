@@ -59,6 +59,8 @@ SHORT_PROMPT_TOKENS = 16
 # Tokens kept free under max_context for the reply and the chat template.
 CONTEXT_MARGIN = 16
 MAX_WARM_BATCH = 4
+# Batch sizes a speculative model's verify shapes are warmed at: 1 to this.
+MAX_SPECULATIVE_WARM_BATCH = 8
 # The passage warm-up prompts repeat, in characters.
 SAMPLE_CHARS = 1200
 # Source code takes 3-4 characters a token with real tokenizers; erring long
@@ -129,7 +131,8 @@ def decide_mode(*, device: str, known_compiled: bool, forced: str | None = None)
 
 
 def plan_warmup(
-    *, max_context: int, prefill_chunk: int, max_concurrency: int, batching: bool, device: str = "gpu"
+    *, max_context: int, prefill_chunk: int, max_concurrency: int, batching: bool, device: str = "gpu",
+    speculative_tokens: int = 0,
 ) -> tuple[WarmupRun, ...]:
     """The requests that compile the kernels traffic will use, in order.
 
@@ -138,7 +141,11 @@ def plan_warmup(
     are not the first chunk's (a first 2k-token request on an H200 took
     0.97 s after a one-chunk warm-up, the next one 0.35 s; 0.26 and 0.25 s
     after two). ``device == "cpu"`` gets only ``_cpu_plan``'s short sampled
-    pair and timed prompt."""
+    pair and timed prompt.
+
+    A model that speculates (``speculative_tokens``: its K) on a GPU then
+    verifies blocks of every width, 1 to K + 1, at every batch size it may
+    run, 1 to ``MAX_SPECULATIVE_WARM_BATCH`` (``speculative_runs``)."""
     room = max(1, max_context - DECODE_STEPS - CONTEXT_MARGIN)
     if device == "cpu":
         return _cpu_plan(room, max_concurrency, batching)
@@ -150,7 +157,21 @@ def plan_warmup(
     runs.append(WarmupRun(short, DECODE_STEPS, 2, kind="sampled"))
     runs.append(WarmupRun(min(prefill_chunk, room), 1, timed=True))
     runs.append(WarmupRun(short, DECODE_STEPS, kind="constrained"))
+    if speculative_tokens > 0:
+        runs += speculative_runs(short, speculative_tokens, max_concurrency if batching else 1)
     return tuple(runs)
+
+
+def speculative_runs(prompt_tokens: int, k: int, max_concurrency: int) -> list[WarmupRun]:
+    """Warm-up rows verify a block a step, its width cycling from K + 1 down
+    to 1 (``engine/speculative_batch.py``): tokens for one whole cycle when
+    every draft is kept, and one more step of each width (some three cycles
+    when every draft is rejected). On an H200 the first two steps of each pair of
+    batch size and width were 2-5 times slower than the next, for batch sizes
+    between the powers of two too (bench/verify_shapes.py), so every batch
+    size is warmed."""
+    steps = (k + 1) * (k + 2) // 2 + k + 1
+    return [WarmupRun(prompt_tokens, steps, rows) for rows in range(1, min(max_concurrency, MAX_SPECULATIVE_WARM_BATCH) + 1)]
 
 
 def _cpu_plan(room: int, max_concurrency: int, batching: bool) -> tuple[WarmupRun, ...]:
