@@ -9,7 +9,8 @@
 # synthesis's time goes, bench/speech_breakdown.py), speculative (bench/speculative.py: SmolLM2, code edit and free chat,
 # 1/4/8 streams, mlx_lm.server --draft-model beside it), rollback (bench/speculative_rollback.py: a
 # speculative step's cache work, mlx-lm's roll against the holes), spec-steps (bench/speculative_steps.py
-# with distinct rows, which keep different numbers of drafts), distributed
+# with distinct rows, which keep different numbers of drafts), spec-warm (the same, free chat and code
+# edit, the verify shapes warmed first as the daemon's warm-up does), distributed
 # (bench/distributed.py: bench-size model over 2 ranks, ring), apps
 # (bench/app_priority.py; apps5 with a fifth slot, so that 4 bulk clients
 # and the interactive one each have one), embeddings (bench/embeddings.py). SmolLM2's GGUF and
@@ -40,6 +41,8 @@ for name in "$@"; do
     speculative) step speculative 330 "$PY" bench/speculative.py ;;
     rollback) step rollback 200 "$PY" bench/speculative_rollback.py --contexts 2048 8192 32768 --rows 4 8 ;;
     spec-steps) step spec-steps 240 "$PY" bench/speculative_steps.py --rows 4 8 --distinct --only plain speculating --profile ;;
+    spec-warm) step spec-warm-free 200 "$PY" bench/speculative_steps.py --workload free_chat --rows 1 8 --tokens 160 --repeats 2 --warm
+               step spec-warm-code 200 "$PY" bench/speculative_steps.py --workload code_edit --distinct --rows 1 4 8 --tokens 160 --warm ;;
     distributed) step distributed 170 "$PY" bench/distributed.py --size bench --transport ring --tokens 64 --repeats 3 ;;
     apps) step apps 150 "$PY" bench/app_priority.py --size bench --seconds 20 ;;
     apps5) step apps5 150 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 ;;

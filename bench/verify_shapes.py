@@ -41,6 +41,9 @@ class RepeatDrafter:
     def propose(self, k: int) -> list[list[int]]:
         return [[t] * k for t in self.last]
 
+    def would_draft(self) -> bool:
+        return True
+
     def commit(self, emitted: list[list[int]], _drafted: list[int]) -> None:
         self.last = [e[-1] if e else t for e, t in zip(emitted, self.last)]
 

@@ -63,6 +63,14 @@ class NgramIndex:
                 return history[start : start + k]
         return []
 
+    def would_draft(self, then: int | None = None) -> bool:
+        """Whether ``draft`` finds something, with ``then`` appended first
+        (not kept). Approximate in one case only: a suffix whose latest
+        occurrence ends at the last token, which ``then`` itself follows."""
+        history = self.tokens if then is None else [*self.tokens[-self.max_n :], then]
+        return any(tuple(history[len(history) - n :]) in self._next
+                   for n in range(min(self.max_n, len(history)), self.min_n - 1, -1))
+
 
 def accept(drafts: Sequence[int], sampled: Sequence[int]) -> int:
     """How many drafts to keep: ``sampled[j]`` is the token drawn at the

@@ -49,6 +49,14 @@ class PromptLookup:
     def propose(self, k: int) -> list[list[int]]:
         return [index.draft(k) for index in self._rows]
 
+    def would_draft(self, then: list[int] | None = None) -> bool:
+        """Whether some row would draft now, or once it has emitted
+        ``then[i]`` too (a batch running one ahead asks before it commits
+        them); drafting nothing, a step is plain and may run one ahead."""
+        if then is None:
+            return any(index.would_draft() for index in self._rows)
+        return any(index.would_draft(token) for index, token in zip(self._rows, then))
+
     def commit(self, emitted: list[list[int]], _drafted: list[int]) -> None:
         for index, tokens in zip(self._rows, emitted):
             index.extend(tokens)
@@ -86,6 +94,10 @@ class DraftModel:
             fresh.append(cache)
         self._cache = caches.extend(self._cache, caches.merge(fresh))
         self._pending += [[history[-1]] for history in histories]
+
+    def would_draft(self, then: list[int] | None = None) -> bool:
+        """A draft model drafts for every row, every step."""
+        return bool(self._pending)
 
     def propose(self, k: int) -> list[list[int]]:
         import mlx.core as mx

@@ -23,6 +23,17 @@ def test_prompt_lookup_drafts_what_followed_the_latest_longest_match() -> None:
     assert NgramIndex([4, 6, 9, 4], min_n=1).draft(2) == [6, 9]
 
 
+def test_whether_a_row_would_draft_now_or_after_the_token_on_its_way() -> None:
+    # What a batch running one ahead asks before it commits the token it computed.
+    index = NgramIndex([5, 1, 2, 9, 7, 1])
+    assert not index.would_draft()  # "7 1" never occurred before
+    assert index.would_draft(2)  # "7 1 2" neither, but "1 2" did
+    assert not index.would_draft(4)
+    assert index.tokens == [5, 1, 2, 9, 7, 1]  # asking keeps nothing
+    for then, history in [(2, [5, 1, 2, 9, 7, 1, 2]), (4, [5, 1, 2, 9, 7, 1, 4])]:
+        assert index.would_draft(then) == bool(NgramIndex(history).draft(1))
+
+
 def test_a_row_drafts_less_after_misses_and_doubles_back_while_it_copies() -> None:
     assert next_draft_length(4, 4, 1, most=4) == 2
     assert next_draft_length(2, 2, 0, most=4) == 1
