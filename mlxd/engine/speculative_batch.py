@@ -160,7 +160,7 @@ class SpeculativeGenerator:
             if not self.drafter.would_draft(known):
                 return None, out + self._plain_ahead(known, started)
         if not speculate and ahead_able:
-            return None, out + self._plain_ahead()
+            return None, out + self._plain_ahead(timed=not warming)
         if self._ahead is not None:
             # The step computed ahead is emitted first; the rows then carry on from it.
             out += self._settle()
@@ -215,8 +215,10 @@ class SpeculativeGenerator:
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         return mx.argmax(logprobs, axis=-1), logprobs
 
-    def _plain_ahead(self, known: list[int] | None = None, started: float | None = None) -> list[Response]:
-        """``known``: the tokens computed ahead, already read back."""
+    def _plain_ahead(self, known: list[int] | None = None, started: float | None = None,
+                     timed: bool = True) -> list[Response]:
+        """``known``: the tokens computed ahead, already read back; ``timed``:
+        the governor times the step (not a warm-up's)."""
         import mlx.core as mx
 
         started = time.perf_counter() if started is None else started
@@ -228,9 +230,8 @@ class SpeculativeGenerator:
         tokens, logprobs = self._ahead
         self._ahead = self._forward_ahead(tokens)
         mx.async_eval(*self._ahead)
-        warming = any(r.warmup for r in rows)
         responses = self._emit_ahead(tokens.tolist() if known is None else known, logprobs, in_cache=True)
-        if not warming:
+        if timed:
             self.governor.record(False, len(rows), time.perf_counter() - started)
         return responses
 

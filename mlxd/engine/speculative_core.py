@@ -54,22 +54,26 @@ class NgramIndex:
     def draft(self, k: int) -> list[int]:
         """Up to ``k`` tokens that followed the latest earlier occurrence of
         the longest matching suffix; [] when nothing matches."""
-        history = self.tokens
         if k <= 0:
             return []
-        for n in range(min(self.max_n, len(history)), self.min_n - 1, -1):
-            start = self._next.get(tuple(history[len(history) - n :]))
-            if start is not None:
-                return history[start : start + k]
-        return []
+        start = self._continuation(self.tokens)
+        return [] if start is None else self.tokens[start : start + k]
 
     def would_draft(self, then: int | None = None) -> bool:
         """Whether ``draft`` finds something, with ``then`` appended first
         (not kept). Approximate in one case only: a suffix whose latest
         occurrence ends at the last token, which ``then`` itself follows."""
         history = self.tokens if then is None else [*self.tokens[-self.max_n :], then]
-        return any(tuple(history[len(history) - n :]) in self._next
-                   for n in range(min(self.max_n, len(history)), self.min_n - 1, -1))
+        return self._continuation(history) is not None
+
+    def _continuation(self, history: Sequence[int]) -> int | None:
+        """Where what followed the latest occurrence of ``history``'s longest
+        known suffix starts; None when no suffix matches."""
+        for n in range(min(self.max_n, len(history)), self.min_n - 1, -1):
+            start = self._next.get(tuple(history[len(history) - n :]))
+            if start is not None:
+                return start
+        return None
 
 
 def accept(drafts: Sequence[int], sampled: Sequence[int]) -> int:
