@@ -57,16 +57,31 @@ def model_view(daemon: Daemon, name: str) -> dict:
 
 @contextlib.contextmanager
 def model_held(daemon: Daemon, name: str) -> Iterator[None]:
-    """A long generation holds ``name``'s only slot while the block runs."""
+    """A streamed generation holds ``name``'s only slot while the block runs;
+    leaving the block hangs up, which frees the slot.
+
+    A fixed-length holder was a race: on a quiet machine the tiny model's
+    1,200 tokens could finish inside a test's wait for the slot."""
     import openai
 
     client = openai.OpenAI(base_url=f"{daemon.url}/v1", api_key=KEY, max_retries=0)
-    holder = threading.Thread(target=lambda: client.chat.completions.create(
-        model=name, messages=[{"role": "user", "content": PROMPT}], max_tokens=1200, extra_body={"ignore_eos": True}
-    ))
+    done = threading.Event()
+
+    def hold() -> None:
+        with client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": PROMPT}], max_tokens=30000, stream=True,
+            extra_body={"ignore_eos": True},
+        ) as stream:
+            for _ in stream:
+                if done.is_set():
+                    return
+
+    holder = threading.Thread(target=hold)
     holder.start()
     try:
         wait_until(lambda: model_view(daemon, name)["active_leases"] >= 1, timeout=30)
         yield
     finally:
+        done.set()
         holder.join()
+        wait_until(lambda: model_view(daemon, name)["active_leases"] == 0, timeout=30)
