@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,9 @@ class EncoderFigures:
     tokens: int = 0
     padded_tokens: int = 0
     truncated: int = 0
+    # The forward passes' time on the MLX worker: set against a request's
+    # whole time (mlxd_request_seconds), what the path adds around the model.
+    pass_seconds: float = 0.0
 
 
 class EncoderEngine(EngineBase):
@@ -200,18 +204,22 @@ class EncoderEngine(EngineBase):
         """One batch as one turn in the worker's ring."""
         self._forwarding = True
         try:
-            return await self._worker.turn(lambda: self._step(batch))
+            outputs, seconds = await self._worker.turn(lambda: self._step(batch))
         finally:
             self._forwarding = False
+        self.figures.pass_seconds += seconds
+        return outputs
 
-    def _step(self, batch: Batch) -> list[Any]:
-        """Worker thread: the forward pass, measured the first time."""
+    def _step(self, batch: Batch) -> tuple[list[Any], float]:
+        """Worker thread: the forward pass (its memory peak measured the
+        first time) and how long it took."""
         encoder = self.encoder
         if encoder is None:
             raise ModelUnloaded(self.name)
+        started = time.perf_counter()
         with self.peak.measure():
             out = encoder.embed(batch) if self.kind == "embedding" else encoder.score(batch)
-        return list(out)
+        return list(out), time.perf_counter() - started
 
     # --- residency's side ------------------------------------------------------
 
@@ -226,6 +234,7 @@ class EncoderEngine(EngineBase):
             "prompt_tokens": f.tokens,
             "padded_tokens": f.padded_tokens,
             "truncated_inputs": f.truncated,
+            "pass_seconds": round(f.pass_seconds, 6),
             "dimensions": self.dimensions,
             "max_length": self.max_length,
         }

@@ -71,6 +71,9 @@ def test_a_small_batch_bound_splits_the_work_and_keeps_the_answers(tiny_embedder
         vectors = run(go())
         assert small.figures.batches >= 3
         assert small.figures.padded_tokens <= small.figures.batches * 16 + 32
+        # Each pass's time on the worker is counted: an operator sets it
+        # against the requests' whole time.
+        assert 0 < small.stats()["pass_seconds"] == round(small.figures.pass_seconds, 6)
         assert [v.shape for v in vectors] == [(64,)] * len(TEXTS)
     finally:
         run(small.close())
