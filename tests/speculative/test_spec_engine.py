@@ -215,3 +215,24 @@ def test_status_shows_it_off_under_a_mix_where_it_loses(contrary: tuple[TextEngi
     assert status["active"] is False and status["speedup"] < 1.0, repr(status)
     assert [text_of(o) for o in outs] == want
 
+
+
+@pytest.mark.parametrize("method, k", [("prompt_lookup", 8), ("draft", 8), ("prompt_lookup", 16)])
+def test_long_drafts_are_byte_identical_in_a_batch(models: Models, worker: MlxWorker, method: str, k: int) -> None:
+    """K = 8 and the registry's largest K (16): blocks of 9 and 17 positions,
+    rows giving back anything from none to all of them in one step."""
+    path = Path(models.plain.spec.path)
+    spec = SpeculativeSpec(method, k, "self", path) if method == "draft" else SpeculativeSpec(method, k)
+    engine = run(load_text_engine(spec_for(path, f"k{k}", max_concurrency=4, speculative=spec), worker))
+    try:
+        assert engine.stats()["speculative"]["tokens"] == k
+        outs = run(_batch(engine, [greedy(f"k{i}", TOKENS, prompt=p) for i, p in enumerate(models.prompts)]))
+        assert [text_of(o) for o in outs] == models.reference
+        status = engine.stats()["speculative"]
+        assert status["drafted_tokens"] > 0, status
+        if method == "draft":
+            # Its own weights keep nearly every draft: steps emit more tokens
+            # than a K = 4 block could (5), so the long blocks are used.
+            assert status["accepted_per_step"] > 5, status
+    finally:
+        run(engine.close())
