@@ -10,10 +10,11 @@ Workloads (chat, greedy, streamed through /v1/chat/completions):
   one change (what a coding agent's edit is); prompt lookup drafts from it;
 - free chat: a question whose answer is not in the prompt.
 
-mlxd runs one daemon with three entries of the same folder: `plain` (no
+mlxd runs one daemon with entries of the same folder: `plain` (no
 speculation), `lookup` (prompt_lookup, K=4) and `selfdraft` (SmolLM2 as its
 own draft, K=4: every draft is right, so it measures what the mechanism
-costs against what full acceptance can give). Each configuration serves 1, 4
+costs against what full acceptance can give); `--k 4 8` adds `lookup-k8`
+and `selfdraft-k8` beside them (the same methods drafting 8 tokens a step). Each configuration serves 1, 4
 and 8 concurrent streams of the same request; decode tok/s excludes each
 stream's first token; the aggregate is all streams' tokens over the span from
 the first stream's first token to the last one's last. mlx_lm.server (which
@@ -50,7 +51,6 @@ from bench.common import (  # noqa: E402
 )
 from bench.servers import Run, parse_stream, process_server, stream  # noqa: E402
 
-K = 4
 VLLM_MLX = [Path(os.environ.get("VLLM_MLX_VENV", Path.home() / ".cache" / "mlxd-bench" / "vllm-mlx")),
             Path("/tmp/vllm-mlx")]
 
@@ -137,26 +137,34 @@ def streams(port: int, model: str, messages: list[dict[str, str]], tokens: int, 
     }
 
 
-def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int]) -> tuple[dict[str, Any], Any]:
+def entry_name(method: str, k: int, ks: list[int]) -> str:
+    """``lookup`` / ``selfdraft`` for the first K, ``lookup-k8`` ... for the others."""
+    return method if k == ks[0] else f"{method}-k{k}"
+
+
+def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int],
+              ks: list[int]) -> tuple[dict[str, Any], Any]:
     # Loaded by the warm-up request: preloading three models can outlast the start-up wait.
     common = {"path": str(path), "preload": False, "max_context": 8192, "max_concurrency": max(counts),
               "idle_unload_seconds": 0, "prefix_cache": {"max_bytes": "512MB", "persist": False}}
-    entries = [
-        {"name": "plain", **common},
-        {"name": "lookup", **common, "speculative": {"method": "prompt_lookup", "tokens": K}},
-        {"name": "smol-draft", **common},
-        {"name": "selfdraft", **common, "speculative": {"method": "draft", "tokens": K, "draft_model": "smol-draft"}},
-    ]
+    entries = [{"name": "plain", **common}, {"name": "smol-draft", **common}]
+    for k in ks:
+        entries += [
+            {"name": entry_name("lookup", k, ks), **common, "speculative": {"method": "prompt_lookup", "tokens": k}},
+            {"name": entry_name("selfdraft", k, ks), **common,
+             "speculative": {"method": "draft", "tokens": k, "draft_model": "smol-draft"}},
+        ]
+    names = tuple(e["name"] for e in entries if e["name"] != "smol-draft")
     out: dict[str, Any] = {}
     with daemon(entries) as url, httpx.Client(base_url=url, timeout=1800) as http:
         port = int(url.rsplit(":", 1)[1])
-        for name in ("plain", "lookup", "selfdraft"):
+        for name in names:
             one(port, name, [{"role": "user", "content": "Hi"}], 4)  # loads it
-        wait_warm(http, ("plain", "lookup", "selfdraft"))
+        wait_warm(http, names)
         for workload, messages in work.items():
             for n in counts:
                 # Interleaved per stream count, so drift hits every configuration alike.
-                for name in ("plain", "lookup", "selfdraft"):
+                for name in names:
                     # Each stream's prompt prefilled once into the prefix cache: the streams
                     # then start decoding together, and decode is what is compared.
                     for i in range(n):
@@ -181,12 +189,12 @@ def wait_warm(http: httpx.Client, names: tuple[str, ...], limit_s: float = 600) 
     print(f"warm-up not done after {limit_s:.0f}s; timing anyway", flush=True)
 
 
-def peer_runs(path: Path, work: dict[str, Any], tokens: int) -> dict[str, Any]:
+def peer_runs(path: Path, work: dict[str, Any], tokens: int, k: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="spec-bench-") as tmp:
         port = free_port()
         argv = [sys.executable, "-m", "mlx_lm.server", "--model", str(path), "--draft-model", str(path),
-                "--num-draft-tokens", str(K), "--port", str(port)]
+                "--num-draft-tokens", str(k), "--port", str(port)]
         with process_server("mlx_lm.server", argv, port, str(path), Path(tmp)) as server:
             one(server.port, server.model, [{"role": "user", "content": "Hi"}], 4)
             for workload, messages in work.items():
@@ -213,6 +221,8 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=None)
     parser.add_argument("--tokens", type=int, default=None)
     parser.add_argument("--streams", type=int, nargs="*", default=None)
+    parser.add_argument("--k", type=int, nargs="+", default=[4],
+                        help="drafted tokens a step; more than one adds entries per K (the first is the peers')")
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--q4", action="store_true", help="keep the GGUF's 4-bit weights (slow on a CPU)")
     add_dtype_option(parser)
@@ -230,10 +240,10 @@ def main() -> None:
     counts = args.streams or ([1, 4] if args.quick else [1, 4, 8])
     work = requests(lines)
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    print(f"SmolLM2-135M-Instruct ({'Q4_1' if args.q4 else dtype}), {lines}-line file, {tokens} tokens, K={K}; load: {load}", flush=True)
-    runs, status = mlxd_runs(path, work, tokens, counts)
+    print(f"SmolLM2-135M-Instruct ({'Q4_1' if args.q4 else dtype}), {lines}-line file, {tokens} tokens, K={'/'.join(map(str, args.k))}; load: {load}", flush=True)
+    runs, status = mlxd_runs(path, work, tokens, counts, args.k)
     if not args.no_peers:
-        runs.update(peer_runs(path, work, tokens))
+        runs.update(peer_runs(path, work, tokens, args.k[0]))
     rows = []
     for key, r in runs.items():
         workload, n, name = key.split("/")
@@ -245,10 +255,10 @@ def main() -> None:
     print(table(["workload", "streams", "server", "decode tok/s/stream", "aggregate tok/s", "vs plain",
                  "same text"], rows))
     print("mlxd status:", json.dumps(status, indent=None))
-    result = {"environment": environment(), "uptime": load, "dtype": "q4_1" if args.q4 else dtype, "lines": lines, "tokens": tokens, "k": K,
+    result = {"environment": environment(), "uptime": load, "dtype": "q4_1" if args.q4 else dtype, "lines": lines, "tokens": tokens, "k": args.k,
               "runs": {k: {kk: vv for kk, vv in v.items() if kk != "text"} for k, v in runs.items()},
               "speculative_status": status}
-    key = "quick" if args.quick else f"{lines}-lines-{tokens}-tokens"
+    key = ("quick" if args.quick else f"{lines}-lines-{tokens}-tokens") + ("" if args.k == [4] else f"-k{'-'.join(map(str, args.k))}")
     print(f"wrote {save('speculative', key, result)}")
 
 
