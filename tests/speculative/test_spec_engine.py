@@ -216,7 +216,6 @@ def test_status_shows_it_off_under_a_mix_where_it_loses(contrary: tuple[TextEngi
     assert [text_of(o) for o in outs] == want
 
 
-
 @pytest.mark.parametrize("method, k", [("prompt_lookup", 8), ("draft", 8), ("prompt_lookup", 16)])
 def test_long_drafts_are_byte_identical_in_a_batch(models: Models, worker: MlxWorker, method: str, k: int) -> None:
     """K = 8 and the registry's largest K (16): blocks of 9 and 17 positions,
