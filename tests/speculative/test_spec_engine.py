@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine.engine_support import collect, greedy, run, spec_for, text_of
+from engine.engine_support import after_acceptance, collect, greedy, run, spec_for, text_of
 
 from mlxd.engine.loader import load_text_engine
 from mlxd.engine.text import TextEngine
@@ -114,6 +114,36 @@ def test_a_batch_of_four_is_byte_identical_and_keeps_drafts(models: Models) -> N
             kept = status["accepted_tokens"] - before["accepted_tokens"]
             assert kept > 0.8 * (status["drafted_tokens"] - before["drafted_tokens"]), status
         assert set(status) >= {"method", "tokens", "acceptance_rate", "accepted_per_step", "speedup", "active"}
+
+
+async def _first_text_then_rest(engine: TextEngine, request: Any, started: asyncio.Event) -> list[Any]:
+    chunks = []
+    async for chunk in engine.generate(request):
+        chunks.append(chunk)
+        if chunk.text:
+            started.set()
+    return after_acceptance(chunks)
+
+
+def test_rows_joining_a_running_batch_are_byte_identical(models: Models) -> None:
+    """Two rows decode, then two more join between their steps: a draft
+    model prefills the joined rows' draft caches in the next draft it makes
+    (the first two keep theirs), prompt lookup indexes them, and every text
+    is the one decoding without speculation gives."""
+
+    async def staggered(engine: TextEngine) -> list[Any]:
+        events = [asyncio.Event(), asyncio.Event()]
+        first = [asyncio.ensure_future(_first_text_then_rest(engine, greedy(f"j{i}", TOKENS, prompt=p), e))
+                 for i, (p, e) in enumerate(zip(models.prompts[:2], events))]
+        await asyncio.gather(*(e.wait() for e in events))
+        later = [collect(engine, greedy(f"j{i + 2}", TOKENS, prompt=p)) for i, p in enumerate(models.prompts[2:])]
+        return list(await asyncio.gather(*first, *later))
+
+    for engine in _engines(models):
+        before = engine.stats()["speculative"]["drafted_tokens"]
+        outs = run(staggered(engine))
+        assert [text_of(o) for o in outs] == models.reference, engine.spec.name
+        assert engine.stats()["speculative"]["drafted_tokens"] > before, engine.spec.name
 
 
 def test_a_single_stream_is_byte_identical(models: Models) -> None:
