@@ -7,7 +7,8 @@
 # Steps: audio (bench/audio.py: real-time factor through mlxd / mlx-audio
 # direct; audio-bench with models of the real ones' size; speech: where a
 # synthesis's time goes, bench/speech_breakdown.py), speculative (bench/speculative.py: SmolLM2, code edit and free chat,
-# 1/4/8 streams, mlx_lm.server --draft-model beside it), rollback (bench/speculative_rollback.py: a
+# 1/4/8 streams, mlx_lm.server --draft-model beside it), spec-k (the same at K = 4 and 8,
+# 1 and 4 streams, each figure the median of 2 runs), rollback (bench/speculative_rollback.py: a
 # speculative step's cache work, mlx-lm's roll against the holes), spec-steps (bench/speculative_steps.py
 # with distinct rows, which keep different numbers of drafts), spec-warm (the same, free chat and code
 # edit, the verify shapes warmed first as the daemon's warm-up does), distributed
@@ -39,6 +40,7 @@ for name in "$@"; do
     audio-bench) step audio-bench 240 "$PY" bench/audio.py --size bench --rounds 3 ;;
     speech) step speech 200 "$PY" bench/speech_breakdown.py --size bench --rounds 5 ;;
     speculative) step speculative 330 "$PY" bench/speculative.py ;;
+    spec-k) step spec-k 480 "$PY" bench/speculative.py --k 4 8 --streams 1 4 --repeats 2 ;;
     rollback) step rollback 200 "$PY" bench/speculative_rollback.py --contexts 2048 8192 32768 --rows 4 8 ;;
     spec-steps) step spec-steps 240 "$PY" bench/speculative_steps.py --rows 4 8 --distinct --only plain speculating --profile ;;
     spec-warm) step spec-warm-free 200 "$PY" bench/speculative_steps.py --workload free_chat --rows 1 8 --tokens 160 --repeats 2 --warm

@@ -4,6 +4,7 @@ to mlx_lm.server with its own --draft-model (and vllm-mlx when its venv exists).
 
     python bench/speculative.py --quick      # short: a 40-line file, few tokens (offline, minutes)
     python bench/speculative.py              # the issue's figures: a 200-line file, 1, 4 and 8 streams
+    python bench/speculative.py --repeats 3  # each mlxd figure the median of 3 runs (all kept in the JSON)
 
 Workloads (chat, greedy, streamed through /v1/chat/completions):
 - code edit: the prompt holds a Python file and asks for it back whole with
@@ -142,8 +143,15 @@ def entry_name(method: str, k: int, ks: list[int]) -> str:
     return method if k == ks[0] else f"{method}-k{k}"
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median aggregate speed, with every run's figure beside it:
+    one run alone can be an outlier (a shape's first compile, a busy moment)."""
+    ordered = sorted(runs, key=lambda r: r["aggregate_tok_s"])
+    return {**ordered[(len(ordered) - 1) // 2], "aggregate_runs": [r["aggregate_tok_s"] for r in runs]}
+
+
 def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int],
-              ks: list[int]) -> tuple[dict[str, Any], Any]:
+              ks: list[int], repeats: int = 1) -> tuple[dict[str, Any], Any]:
     # Loaded by the warm-up request: preloading three models can outlast the start-up wait.
     common = {"path": str(path), "preload": False, "max_context": 8192, "max_concurrency": max(counts),
               "idle_unload_seconds": 0, "prefix_cache": {"max_bytes": "512MB", "persist": False}}
@@ -163,15 +171,19 @@ def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int],
         wait_warm(http, names)
         for workload, messages in work.items():
             for n in counts:
-                # Interleaved per stream count, so drift hits every configuration alike.
+                done: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+                # Interleaved per stream count and repeat, so drift hits every configuration alike.
+                for repeat in range(repeats):
+                    for name in names:
+                        # Each stream's prompt prefilled once into the prefix cache: the streams
+                        # then start decoding together, and decode is what is compared.
+                        for i in range(n):
+                            prime(port, name, variant(messages, i))
+                        done[name].append(streams(port, name, messages, tokens, n))
+                        print(f"  {workload:9} {n} streams {name:9} run {repeat + 1}: "
+                              f"{done[name][-1]['aggregate_tok_s']:.2f} tok/s", flush=True)
                 for name in names:
-                    # Each stream's prompt prefilled once into the prefix cache: the streams
-                    # then start decoding together, and decode is what is compared.
-                    for i in range(n):
-                        prime(port, name, variant(messages, i))
-                    out[f"{workload}/{n}/{name}"] = streams(port, name, messages, tokens, n)
-                    print(f"  {workload:9} {n} streams {name:9} "
-                          f"{out[f'{workload}/{n}/{name}']['aggregate_tok_s']:.2f} tok/s", flush=True)
+                    out[f"{workload}/{n}/{name}"] = median_run(done[name])
         status = {m["name"]: m.get("speculative") for m in http.get("/v1/status").json()["models"]}
     return out, status
 
@@ -223,6 +235,8 @@ def main() -> None:
     parser.add_argument("--streams", type=int, nargs="*", default=None)
     parser.add_argument("--k", type=int, nargs="+", default=[4],
                         help="drafted tokens a step; more than one adds entries per K (the first is the peers')")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of each mlxd configuration; the table shows the median run's figures")
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--q4", action="store_true", help="keep the GGUF's 4-bit weights (slow on a CPU)")
     add_dtype_option(parser)
@@ -241,7 +255,7 @@ def main() -> None:
     work = requests(lines)
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"SmolLM2-135M-Instruct ({'Q4_1' if args.q4 else dtype}), {lines}-line file, {tokens} tokens, K={'/'.join(map(str, args.k))}; load: {load}", flush=True)
-    runs, status = mlxd_runs(path, work, tokens, counts, args.k)
+    runs, status = mlxd_runs(path, work, tokens, counts, args.k, max(1, args.repeats))
     if not args.no_peers:
         runs.update(peer_runs(path, work, tokens, args.k[0]))
     rows = []
@@ -256,6 +270,7 @@ def main() -> None:
                  "same text"], rows))
     print("mlxd status:", json.dumps(status, indent=None))
     result = {"environment": environment(), "uptime": load, "dtype": "q4_1" if args.q4 else dtype, "lines": lines, "tokens": tokens, "k": args.k,
+              "repeats": max(1, args.repeats),
               "runs": {k: {kk: vv for kk, vv in v.items() if kk != "text"} for k, v in runs.items()},
               "speculative_status": status}
     key = ("quick" if args.quick else f"{lines}-lines-{tokens}-tokens") + ("" if args.k == [4] else f"-k{'-'.join(map(str, args.k))}")
