@@ -236,7 +236,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, nargs="+", default=[4],
                         help="drafted tokens a step; more than one adds entries per K (the first is the peers')")
     parser.add_argument("--repeats", type=int, default=1,
-                        help="runs of each mlxd configuration; the table shows the median run's figures")
+                        help="runs of each mlxd configuration; the table shows the median run (the slower middle one of an even count)")
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--q4", action="store_true", help="keep the GGUF's 4-bit weights (slow on a CPU)")
     add_dtype_option(parser)
