@@ -21,7 +21,11 @@ log = logging.getLogger("mlxd")
 def run_daemon(settings: DaemonSettings, registry_path: Path) -> int:
     """Serve until a signal drains the daemon. Raises ConfigError for bad
     input (the CLI exits 2); returns 0 after a clean drain."""
-    configure_logging(settings.log_format, settings.log_level)
+    with configure_logging(settings.log_format, settings.log_level):
+        return _run(settings, registry_path)
+
+
+def _run(settings: DaemonSettings, registry_path: Path) -> int:
     registry = load_registry(registry_path)
     eff = effective(settings, registry.server)
     # Both before any model work: a taken port or an unusable state dir is a
