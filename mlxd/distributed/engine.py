@@ -7,10 +7,12 @@ ids to every rank, and turns rank 0's tokens back into text with mlx-lm's
 streaming detokenizer and mlxd's stop strings. So every surface, the fair queue, status and metrics see an
 engine like any other.
 
-Requests reach the gang one at a time: ranks in a collective must all run
-the same step, and two requests interleaved differently on two ranks is how
-tensor-parallel ranks deadlock (omlx#3039). The queue in front of the model
-(``max_concurrency``) holds the others.
+Up to ``max_concurrency`` requests decode side by side as one continuous
+batch on the ranks. Ranks in a collective must all run the same step, and
+two requests interleaved differently on two ranks is how tensor-parallel
+ranks deadlock (omlx#3039), so the daemon sends every rank the same
+messages in one order (``_turn``) and rank 0 decides, step by step, when
+the others take them (``distributed/rank.py``).
 
 When the gang fails (a rank exits or stops making progress), every request
 in flight ends with ``ModelFailed`` (an error event on streams) and
@@ -54,8 +56,7 @@ log = logging.getLogger("mlxd.distributed")
 
 class GangEngine(GenerationEngine):
     kind = "gang"
-    # One request at a time (see above); a parallel model is a text model.
-    batching = False
+    batching = False  # set per entry in __init__
     wants_image_urls = False
 
     def __init__(self, spec: ModelSpec, gang: Gang, tokenizer: Any, vocab_size: int, load_seconds: float) -> None:
@@ -72,9 +73,13 @@ class GangEngine(GenerationEngine):
         # Output is settled as a text engine settles it.
         self.output = LocalOutput(self.tool_format, self.reasoning_format, self.grammars, vocab_size)
         self.load_seconds = load_seconds
+        # Requests decode side by side on the ranks (a continuous batch of
+        # up to max_concurrency rows), when the model's caches can merge.
+        self.batching = spec.max_concurrency > 1
+        # Orders what goes to the ranks (see _generate) and keeps save,
+        # restore and clear between requests.
         self._turn = asyncio.Lock()
         self._ids = itertools.count(1)
-        self._current: str | None = None
         self._closed = False
         self.generations = 0
         self.tokens_generated = 0
@@ -83,8 +88,8 @@ class GangEngine(GenerationEngine):
         # share bounded so that all ranks together hold about max_bytes.
         share = spec.prefix_cache.max_bytes // max(1, len(gang.plan.hosts))
         self.prefix = GangPrefixPlan(share, trimmable=gang.trimmable)
-        # The last request, until its ranks' end event says what its cache holds.
-        self._unsettled: _Request | None = None
+        # The requests sent, until their ranks' end events say what their caches hold.
+        self._sent: dict[str, _Request] = {}
         self._asks = itertools.count(1)
 
     # --- the contract ---------------------------------------------------------------
@@ -118,57 +123,79 @@ class GangEngine(GenerationEngine):
         check_context(len(tokens), request, self.spec.max_context)
         yield GenerationChunk(text="", prompt_tokens=len(tokens))
         max_tokens = min(request.max_tokens, max(1, self.spec.max_context - len(tokens)))
-        async with self._turn:
-            # The previous request's last step may still be running on the ranks.
-            await self.gang.idle.wait()
-            self._raise_if_failed()
-            await self._settle()
-            rid = f"{request.request_id}-{next(self._ids)}"
-            sent = _Request(rid, self.gang.subscribe(rid), self.prefix.plan(tokens), tokens)
-            self._unsettled = sent
-            self._current = rid
-            try:
-                await self.gang.send_all({
+        sent: _Request | None = None
+        try:
+            async with self._turn:
+                # The plan and the send in one order for every rank: what a
+                # prompt starts from, and what the ranks evict, must reach
+                # them all in the order it was decided.
+                self._raise_if_failed()
+                await self._settle(self._ended())
+                rid = f"{request.request_id}-{next(self._ids)}"
+                sent = _Request(rid, self.gang.subscribe(rid), self.prefix.plan(tokens), tokens)
+                self._sent[rid] = sent
+                await asyncio.shield(self.gang.send_all({
                     "op": "generate", "id": rid, "tokens": tokens, "max_tokens": max_tokens,
                     "vocab_size": self.vocab_size, "sampling": _sampling(request),
                     "ignore_eos": request.ignore_eos, "logprobs": request.logprobs,
                     "logit_bias": {str(k): v for k, v in (request.logit_bias or {}).items()},
                     "constraint": _constraint(request), "reuse": sent.reuse.message(),
-                })
+                }))
                 self.generations += 1
-                async for chunk in self._relay(sent, len(tokens), request.stop, request.logprobs is not None):
-                    yield chunk
-            finally:
-                self._current = None
+            async for chunk in self._relay(sent, len(tokens), request.stop, request.logprobs is not None):
+                yield chunk
+        finally:
+            if sent is not None:
+                sent.relayed = True
                 if sent.end is None and not self.gang.failed.done():
                     # A stop string matched, or the client left: the ranks
-                    # stop at their next step (the end event settles it then).
-                    await self.gang.send_leader({"op": "cancel", "id": rid})
+                    # end its row at their next step (its end event settles
+                    # it then).
+                    await self.gang.send_leader({"op": "cancel", "id": sent.rid})
                 elif sent.end is not None:
-                    await self._settle()
+                    async with self._turn:
+                        await self._settle(self._ended())
 
-    async def _settle(self) -> None:
-        """Keep the last request's cache as the ranks kept it (or have them
+    def _ended(self) -> list[_Request]:
+        """The requests whose answers are over and whose end event is in:
+        their caches can be settled now."""
+        ended = []
+        for sent in list(self._sent.values()):
+            if not sent.relayed:
+                continue  # its relay still reads its events
+            while sent.end is None and not sent.inbox.empty():
+                event = sent.inbox.get_nowait()
+                if isinstance(event, dict):
+                    sent.note(event)
+            if sent.end is not None or self.gang.failed.done():
+                ended.append(sent)
+        return ended
+
+    async def _settle(self, ended: list[_Request]) -> None:
+        """Keep each ended request's cache as the ranks kept it (or have them
         drop it when its contents are unknown), then drop what the bounds
-        leave no room for. Its end event is in by now when the gang is idle."""
-        sent, self._unsettled = self._unsettled, None
-        if sent is None:
-            return
-        self.gang.unsubscribe(sent.rid)
-        while sent.end is None and not sent.inbox.empty():
-            event = sent.inbox.get_nowait()
-            if isinstance(event, dict):
-                sent.note(event)
-        if self.gang.failed.done():
-            return
-        if sent.end is None or "cached" not in sent.end:
-            drop = self.prefix.forget(sent.reuse)
-        else:
-            held = int(sent.end["cached"])
-            fed = [*sent.prompt, *sent.decided][:held]
-            drop = self.prefix.kept(sent.reuse, fed, int(sent.end.get("entry_bytes") or 0))
-        if drop:
+        leave no room for. Under ``_turn``."""
+        drop: list[int] = []
+        for sent in ended:
+            self._sent.pop(sent.rid, None)
+            self.gang.unsubscribe(sent.rid)
+            if self.gang.failed.done():
+                continue
+            if sent.end is None or "cached" not in sent.end:
+                drop += self.prefix.forget(sent.reuse)
+            else:
+                held = int(sent.end["cached"])
+                fed = [*sent.prompt, *sent.decided][:held]
+                drop += self.prefix.kept(sent.reuse, fed, int(sent.end.get("entry_bytes") or 0))
+        if drop and not self.gang.failed.done():
             await self.gang.send_all({"op": "evict", "ids": drop})
+
+    async def _quiet(self) -> None:
+        """Under ``_turn``: wait until no request is on the ranks, and settle
+        those whose answers are over (save, restore and clear need the ranks
+        between requests; an answer still being read settles itself)."""
+        await self.gang.idle.wait()
+        await self._settle(self._ended())
 
     async def _relay(
         self, sent: _Request, n_prompt: int, stop: list[str], scoring: bool = False,
@@ -242,11 +269,10 @@ class GangEngine(GenerationEngine):
             raise ModelUnloaded(self.name)
 
     async def abort_all(self, reason: str) -> int:
-        rid = self._current
-        if rid is None:
-            return 0
-        await self.gang.send_leader({"op": "cancel", "id": rid})
-        return 1
+        running = [sent.rid for sent in self._sent.values() if not sent.relayed]
+        for rid in running:
+            await self.gang.send_leader({"op": "cancel", "id": rid})
+        return len(running)
 
     @property
     def saved_folder(self) -> Path | None:
@@ -266,8 +292,7 @@ class GangEngine(GenerationEngine):
         if folder is None or self._closed or self.gang.failed.done():
             return None
         async with self._turn:
-            await self.gang.idle.wait()
-            await self._settle()
+            await self._quiet()
             entries = _within(self.prefix.saved(), self.spec.prefix_cache.disk_max_bytes // max(1, len(self.gang.plan.hosts)))
             if self.gang.failed.done():
                 return None
@@ -315,8 +340,7 @@ class GangEngine(GenerationEngine):
 
     async def clear_prefix_cache(self) -> bool:
         async with self._turn:
-            await self.gang.idle.wait()
-            await self._settle()
+            await self._quiet()
             drop = self.prefix.clear()
             if drop and not self.gang.failed.done():
                 await self.gang.send_all({"op": "evict", "ids": drop})
@@ -341,7 +365,7 @@ class GangEngine(GenerationEngine):
             "ranks": gang.liveness.rows(time.monotonic()),
             "failed_rank": failure.rank if failure else None,
             "failure": failure.sentence() if failure else None,
-            "in_flight": 1 if self._current else 0,
+            "in_flight": sum(1 for sent in self._sent.values() if not sent.relayed),
             "generations": self.generations,
             "tokens_generated": self.tokens_generated,
             "aborted": self.aborted,
@@ -362,6 +386,7 @@ class _Request:
     prompt: list[int]
     decided: list[int] = field(default_factory=list)
     end: dict[str, Any] | None = None
+    relayed: bool = False  # its answer is over (its end event may still be on its way)
 
     def note(self, event: dict[str, Any]) -> None:
         if event.get("ev") == "token":
@@ -420,6 +445,7 @@ async def load_gang_engine(spec: ModelSpec, worker: Any = None, *, cache_dir: Pa
         deadlines=Deadlines(parallel.load_timeout_s, parallel.prefill_timeout_s, parallel.step_timeout_s),
         remotes={name: (url, os.environ.get(key_env) if key_env else None) for name, url, key_env in parallel.remotes},
         cache_folder=await saved_cache.gang_folder(spec, cache_dir),
+        max_batch=spec.max_concurrency,
     )
     gang = Gang(plan)
     await gang.start()

@@ -63,6 +63,8 @@ class GangPlan:
     remotes: Mapping[str, tuple[str, str | None]] = field(default_factory=dict)
     # Where this machine's ranks save their kept KV caches (None: memory only).
     cache_folder: Path | None = None
+    # The most requests the ranks decode side by side (the entry's max_concurrency).
+    max_batch: int = 1
 
 
 def free_port() -> int:
@@ -114,6 +116,7 @@ class Gang:
         self.failed: asyncio.Future[Failure] = asyncio.get_running_loop().create_future()
         self.idle = asyncio.Event()
         self.idle.set()
+        self.in_flight = 0  # requests sent whose end rank 0 has not reported
         self._dir = Path(tempfile.mkdtemp(prefix="mlxd-gang-"))
         self._stopping = False
         # Ranks other hosts reserved for this gang, started or not.
@@ -171,6 +174,8 @@ class Gang:
             "MLXD_GANG_MODE": self.plan.mode,
             "MLXD_GANG_BACKEND": self.plan.transport,
             "MLXD_GANG_EOS": json.dumps(list(self.plan.eos)),
+            # Read by rank 0 alone: it decides when the others take a request.
+            "MLXD_GANG_MAX_BATCH": str(self.plan.max_batch),
         }
         if self.plan.cache_folder is not None:
             base["MLXD_GANG_CACHE_DIR"] = str(self.plan.cache_folder)
@@ -200,6 +205,7 @@ class Gang:
     async def send_all(self, message: dict[str, Any]) -> None:
         line = wire.encode(message).encode()
         if message.get("op") == "generate":
+            self.in_flight += 1
             self.idle.clear()
             self.liveness.work_sent(self._clock())
         for handle in self._ranks:
@@ -276,11 +282,14 @@ class Gang:
             r = live.ranks[rank]
             if isinstance(peak, int) and peak > (r.memory_bytes or 0):
                 r.memory_bytes = peak
-            live.progress(rank, Phase.READY, now)
+            # A rank with rows still decoding owes the next step.
+            live.progress(rank, Phase.DECODE if message.get("busy") else Phase.READY, now)
             if rank == 0:
-                live.work_done(now)
                 self._deliver(message)
-                self.idle.set()
+                self.in_flight = max(0, self.in_flight - 1)
+                if self.in_flight == 0:
+                    live.work_done(now)
+                    self.idle.set()
         elif kind in ("saved", "restored"):
             self._deliver(message)  # every rank's answer to ask_all
         elif kind == "failed":

@@ -3,16 +3,19 @@ daemon (``distributed/gang.py``) with ``MLX_RANK``, ``MLX_HOSTFILE`` and the
 spec in ``MLXD_GANG_*`` variables; never by ``mlx.launch``.
 
 It joins the group, loads its shard, passes the load barrier, then runs
-what the daemon sends on stdin (JSON lines, ``distributed/wire.py``), one
-request at a time, and reports on its own event channel (the original
-stdout; fd 1 is pointed at stderr so that no library's print can corrupt it).
+what the daemon sends on stdin (JSON lines, ``distributed/wire.py``) as a
+continuous batch of up to ``MLXD_GANG_MAX_BATCH`` requests, and reports on
+its own event channel (the original stdout; fd 1 is pointed at stderr so
+that no library's print can corrupt it).
 
-Every rank runs the same step program, so every collective inside the model
-meets its peers. Rank 0 leads: it samples each token and decides whether to
-go on (end token, max_tokens, a cancel from the daemon), and one ``all_sum``
-of ``[token, stop]`` per step hands that decision to the followers. A
-follower never reads a cancel itself: two ranks that stop at different steps
-would leave one waiting in a collective forever.
+Every rank runs the same step program over the same rows, so every
+collective inside the model meets its peers. Rank 0 leads: after each step
+it samples every row's token, decides which rows end (end token,
+max_tokens, a cancel from the daemon) and how many of the waiting messages
+every rank takes before the next step, and one ``all_sum`` hands all of
+that to the followers. A follower never reads a cancel or its queue's
+length itself: two ranks that stop, or admit, at different steps would
+leave one waiting in a collective forever.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mlxd.distributed import wire
+from mlxd.distributed.rank_batch import Row, RowBatch, mergeable
 
 # How long a rank whose daemon went away may take to finish by itself.
 ORPHAN_GRACE_S = 5.0
@@ -161,17 +165,18 @@ def _barrier(group: Any, backend: str) -> None:
 
 
 class Runner:
-    """The step program of one request, the same on every rank."""
+    """The step program, the same on every rank: requests join a continuous
+    batch (``distributed/rank_batch.py``), every step decodes all its rows."""
 
     def __init__(self, model: Any, group: Any, report: Reporter, cancels: set[str], eos: set[int],
-                 backend: str = "ring") -> None:
+                 backend: str = "ring", max_batch: int = 1) -> None:
         self.model = model
         self.group = group
         self.rank = group.rank()
         self.report = report
         self.cancels = cancels
         self.eos = eos
-        self.peak_reported = False
+        self.peak_reported = 0  # the peak last reported (a bigger batch holds more)
         # The KV caches kept after requests, by the ids the daemon gave them:
         # the daemon decides for every rank which one a prompt starts from
         # and which go (distributed/prefix_plan.py), so the ranks stay alike.
@@ -184,22 +189,57 @@ class Runner:
         # itself is not imported: it would pull transformers in).
         self.stream = mx.new_stream(mx.default_device())
         self.collectives = collective_stream(backend)
+        self.batch = RowBatch()
+        self.max_batch = max(1, max_batch)
+        from mlx_lm.models.cache import make_prompt_cache
 
-    def run(self, message: dict[str, Any]) -> None:
+        self.batchable = mergeable(make_prompt_cache(model))
+        # Each row's scores from the last decision (rank 0, for logprobs).
+        self.scored: list[dict[str, Any]] = []
+
+    # --- the step program ----------------------------------------------------------
+
+    def serve(self, inbox: queue.Queue[dict[str, Any] | None], other: Any) -> None:
+        """Runs what the daemon sends until it says exit (or goes away).
+
+        Every rank takes the same messages at the same points of the step
+        program: with no row decoding, each takes the next message in order;
+        while rows decode, rank 0's decision after each batched step says how
+        many of the waiting messages every rank takes before the next step
+        (the followers wait for theirs: the daemon sent every rank the same
+        ones). ``other`` runs a message that is not a generation."""
+        agreed = 0
+        while True:
+            if not self.batch and agreed == 0:
+                agreed = 1
+            while agreed:
+                agreed -= 1
+                message = inbox.get()
+                if message is None or message.get("op") == "exit":
+                    return
+                if message.get("op") == "generate":
+                    self.start(message)
+                else:
+                    other(message)
+            if self.batch:
+                agreed = self.step(inbox)
+
+    def start(self, message: dict[str, Any]) -> None:
+        """A request's prefill on its own cache and its first token; then it
+        joins the rows decoding (or ends, if that token ends it)."""
         import mlx.core as mx
-
-        generation_stream = self.stream
 
         rid = str(message["id"])
         tokens: list[int] = list(message["tokens"])
-        max_tokens = int(message["max_tokens"])
         chunk = max(1, int(message.get("prefill_step", 512)))
-        leader = self.rank == 0
-        sampler, processors = self._sampling(message, self.eos) if leader else (None, [])
-        if leader and message.get("constraint"):
-            processors.append(self._grammar(message))
-        top = message.get("logprobs")
-        cache, done = self._reuse(message.get("reuse"))
+        reuse = message.get("reuse")
+        row = Row(rid, len(tokens), int(message["max_tokens"]), int(reuse["keep_as"]) if reuse else None,
+                  top=message.get("logprobs"))
+        if self.rank == 0:
+            row.sampler, row.processors = self._sampling(message, self.eos)
+            if message.get("constraint"):
+                row.processors.append(self._grammar(message))
+        cache, done = self._reuse(reuse)
         prompt = mx.array(tokens)
         self.report.send("phase", id=rid, phase="prefill", reused=done)
         # mlx-lm's generate_step order: all but the last prompt token in
@@ -207,54 +247,113 @@ class Runner:
         # logits (and greedy tokens) are those of one process.
         while len(tokens) - done > 1:
             n = min(chunk, len(tokens) - done - 1)
-            with mx.stream(generation_stream):
+            with mx.stream(self.stream):
                 self.model(prompt[done:done + n][None], cache=cache)
                 mx.eval([c.state for c in cache])
             done += n
             self.report.send("progress", id=rid, phase="prefill", done=done)
-        y = prompt[done:]
-        history = prompt
-        fed = list(tokens)  # what the cache holds once this step has run
-        step = 0
-        reason = "length"
-        while True:
-            with mx.stream(generation_stream):
-                logits = self.model(y[None], cache=cache)[:, -1, :]
-                if leader:
-                    for processor in processors:
-                        logits = processor(history, logits)
-                    logprobs = logits - mx.logsumexp(logits, keepdims=True)
-                    token = int(sampler(logprobs).item())
-                    scored = _scored(logprobs, token, top) if top is not None else {}
-                    stop = token in self.eos or step + 1 >= max_tokens or rid in self.cancels
-                    decision = mx.array([float(token), 1.0 if stop else 0.0])
-                else:
-                    mx.eval(logits)
-                    decision = mx.zeros((2,))
-                decision = mx.distributed.all_sum(decision, group=self.group, stream=self.collectives)
-                token_f, stop_f = decision.tolist()
-            token, stop = int(token_f), stop_f > 0.5
-            step += 1
-            if leader:
-                if token in self.eos:
-                    reason = "stop"
-                elif rid in self.cancels:
-                    reason = "abort"
-                self.report.send("token", id=rid, t=token, **scored)
+        row.history = prompt
+        with mx.stream(self.stream):
+            logits = self.model(prompt[done:][None], cache=cache)[:, -1, :]
+        _, (token,), (stop,) = self._decide([row], logits, None)
+        self._advance([row], [token], [stop])
+        if stop:
+            self._end(row, cache, token)
+        else:
+            self.batch.join(row, cache)
+
+    def step(self, inbox: queue.Queue[dict[str, Any] | None]) -> int:
+        """One decode step of every row; the rows that ended leave. Returns
+        how many waiting messages every rank takes next."""
+        import mlx.core as mx
+
+        rows = list(self.batch.rows)
+        with mx.stream(self.stream):
+            logits = self.model(self.batch.inputs(), cache=self.batch.cache)[:, -1, :]
+        admit, tokens, stops = self._decide(rows, logits, inbox)
+        self._advance(rows, tokens, stops)
+        leaving = {i for i, stop in enumerate(stops) if stop}
+        caches = self.batch.leave(leaving)
+        for i in sorted(leaving):
+            self._end(rows[i], caches[i], tokens[i])
+        return admit
+
+    def _decide(self, rows: list[Row], logits: Any, inbox: queue.Queue[dict[str, Any] | None] | None
+                ) -> tuple[int, list[int], list[bool]]:
+        """Rank 0 draws each row's token and says whether the row ends (an
+        end token, max_tokens, a cancel) and how many waiting messages every
+        rank takes next (none when ``inbox`` is None); one ``all_sum`` hands
+        all of it to the followers."""
+        import mlx.core as mx
+
+        self.scored = [{} for _ in rows]
+        with mx.stream(self.stream):
+            if self.rank == 0:
+                drawn = []
+                for i, row in enumerate(rows):
+                    row_logits = logits[i:i + 1]
+                    for processor in row.processors:
+                        row_logits = processor(row.history, row_logits)
+                    logprobs = row_logits - mx.logsumexp(row_logits, keepdims=True)
+                    drawn.append((row.sampler(logprobs).reshape(-1), logprobs))
+                picked = mx.concatenate([t for t, _ in drawn]).tolist()
+                stops = []
+                for i, (row, token) in enumerate(zip(rows, picked)):
+                    if row.top is not None:
+                        self.scored[i] = _scored(drawn[i][1], int(token), row.top)
+                    stops.append(token in self.eos or row.step + 1 >= row.max_tokens or row.rid in self.cancels)
+                admit = self._admissible(inbox, len(rows) - sum(stops)) if inbox is not None else 0
+                decision = mx.array([float(admit), *map(float, picked), *(1.0 if s else 0.0 for s in stops)])
             else:
-                self.report.send("progress", id=rid, phase="decode", step=step)
-            if stop:
-                break
-            y = mx.array([token])
-            fed.append(token)
-            if processors:  # only they read the tokens so far (penalties, the grammar)
-                history = mx.concatenate([history, y])
+                mx.eval(logits)
+                decision = mx.zeros((1 + 2 * len(rows),))
+            decision = mx.distributed.all_sum(decision, group=self.group, stream=self.collectives)
+            values = decision.tolist()
+        n = len(rows)
+        return int(values[0]), [int(v) for v in values[1:1 + n]], [v > 0.5 for v in values[1 + n:]]
+
+    def _admissible(self, inbox: queue.Queue[dict[str, Any] | None], staying: int) -> int:
+        """Rank 0: how many of the messages waiting, in order, every rank
+        takes before the next step: up to the first request the batch has no
+        room for (one row at a time for a model whose caches cannot merge)."""
+        room = (self.max_batch if self.batchable else 1) - staying
+        with inbox.mutex:
+            waiting = list(inbox.queue)
+        taken = 0
+        for message in waiting:
+            if message is not None and message.get("op") == "generate":
+                if room <= 0:
+                    break
+                room -= 1
+            taken += 1
+        return taken
+
+    def _advance(self, rows: list[Row], tokens: list[int], stops: list[bool]) -> None:
+        """Every row's decided token: rank 0 reports it (with its scores),
+        a follower reports its step; the token is each row's next input."""
+        import mlx.core as mx
+
+        for i, (row, token, stop) in enumerate(zip(rows, tokens, stops)):
+            row.step += 1
+            row.token = token
+            if self.rank == 0:
+                self.report.send("token", id=row.rid, t=token, **self.scored[i])
+                if not stop and row.processors:  # only they read the tokens so far
+                    row.history = mx.concatenate([row.history, mx.array([token])])
+        if self.rank != 0:
+            self.report.send("progress", phase="decode", rows=len(rows))
+
+    def _end(self, row: Row, cache: list[Any], token: int) -> None:
+        """The row is done: its cache kept under the daemon's id, and its end
+        reported with what the cache holds and how many rows go on."""
+        reason = "stop" if token in self.eos else "abort" if row.rid in self.cancels else "length"
         kept: dict[str, Any] = {}
-        if reuse := message.get("reuse"):
-            self.entries[int(reuse["keep_as"])] = cache
-            kept = {"cached": len(fed), "entry_bytes": sum(c.nbytes for c in cache)}
-        self.cancels.discard(rid)
-        self.report.send("end", id=rid, reason=reason, steps=step, **kept, **self._memory())
+        if row.keep_as is not None:
+            self.entries[row.keep_as] = cache
+            kept = {"cached": row.cached, "entry_bytes": sum(c.nbytes for c in cache)}
+        self.cancels.discard(row.rid)
+        self.report.send("end", id=row.rid, reason=reason, steps=row.step, busy=len(self.batch), **kept,
+                         **self._memory())
 
     def _reuse(self, reuse: dict[str, Any] | None) -> tuple[list[Any], int]:
         """The cache the daemon chose for this prompt and how many of its
@@ -331,10 +430,11 @@ class Runner:
     def _memory(self) -> dict[str, int]:
         import mlx.core as mx
 
-        if self.peak_reported:
+        peak = int(mx.get_peak_memory())
+        if peak <= self.peak_reported:
             return {}
-        self.peak_reported = True
-        return {"peak_bytes": int(mx.get_peak_memory())}
+        self.peak_reported = peak
+        return {"peak_bytes": peak}
 
     def _grammar(self, message: dict[str, Any]) -> Any:
         """The request's grammar as the text engine applies it, last of the
@@ -414,17 +514,17 @@ def main() -> int:
     inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
     cancels: set[str] = set()
     threading.Thread(target=_read_commands, args=(sys.stdin, inbox, cancels), daemon=True).start()
-    runner = Runner(model, group, report, cancels, eos, backend)
-    while True:
-        message = inbox.get()
-        if message is None or message.get("op") == "exit":
-            return 0
+    runner = Runner(model, group, report, cancels, eos, backend,
+                    max_batch=int(os.environ.get("MLXD_GANG_MAX_BATCH", "1")))
+
+    def other(message: dict[str, Any]) -> None:
         op = message.get("op")
         if op == "evict":
             runner.evict(list(message.get("ids") or []))
         elif op in ("save", "restore"):
-            # Between requests, so no collective is in flight: a rank that
-            # cannot write or read its files answers with fewer entries.
+            # The daemon asks only while no request is in flight, so no
+            # collective is: a rank that cannot write or read its files
+            # answers with fewer entries.
             folder = os.environ.get("MLXD_GANG_CACHE_DIR")
             try:
                 if op == "save":
@@ -434,12 +534,13 @@ def main() -> int:
             except Exception as exc:  # noqa: BLE001
                 report.send("saved" if op == "save" else "restored", id=message.get("id"),
                             error=f"{type(exc).__name__}: {exc}"[:300])
-        elif op == "generate":
-            try:
-                runner.run(message)
-            except Exception as exc:  # a rank that cannot follow takes the gang down
-                report.send("failed", phase="decode", error=f"{type(exc).__name__}: {exc}"[:500])
-                return 1
+
+    try:
+        runner.serve(inbox, other)
+    except Exception as exc:  # a rank that cannot follow takes the gang down
+        report.send("failed", phase="decode", error=f"{type(exc).__name__}: {exc}"[:500])
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -168,7 +168,7 @@ class LocalEntries:
 
     def _parallel(self, i: int, entry: ModelEntry, kind: str) -> ParallelSpec:
         """``parallel:`` checked where it can be without the model's files:
-        a text model, one request at a time, every rank placeable."""
+        a text model, every rank placeable."""
         assert entry.parallel is not None
         at: Loc = ("models", i, "parallel")
         if kind != "text":
@@ -176,12 +176,6 @@ class LocalEntries:
         if entry.speculative is not None:
             raise self.s.doc.error(("models", i, "speculative"),
                                    "speculative decoding does not run on a parallel model's ranks yet")
-        if entry.max_concurrency > 1:
-            raise self.s.doc.error(
-                ("models", i, "max_concurrency"),
-                "a parallel model serves one request at a time (its ranks step together); "
-                "the others wait in its queue (max_queue)",
-            )
         from mlxd.registry.device import current_device
 
         backends = self.s.parsed.backends

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -37,7 +38,7 @@ def daemon(tmp_path_factory):
         tmp,
         [
             {"name": "solo", "model": "qwen"},
-            {"name": "gang", "model": "qwen",
+            {"name": "gang", "model": "qwen", "max_concurrency": 8,
              "parallel": {"mode": "tensor", "ranks": 2, "transport": TRANSPORT, "step_timeout_s": 3},
              "prefix_cache": {"persist": True, "disk_max_bytes": "256MB"}},
             {"name": "piped", "model": "qwen", "parallel": {"mode": "pipeline", "ranks": 2, "transport": TRANSPORT},
@@ -93,6 +94,54 @@ def test_overlapping_and_abandoned_requests_leave_the_ranks_in_step(client, solo
     with ThreadPoolExecutor(2) as pool:
         answers = list(pool.map(lambda _: _gang_text(client), range(2)))
     assert answers == [solo_text, solo_text]
+
+
+QUESTIONS = ["Read the configuration file and report the errors", "List every target the build makes",
+             "Explain what the cache directory holds", "Which tests fail, and why?"]
+
+
+def test_concurrent_requests_decode_together_each_as_one_process(client, daemon):
+    """Four requests at once, of different prompts and lengths, share the
+    ranks' steps as one continuous batch (their streams overlap), and each
+    answers exactly what one process answers it alone; one client leaving
+    mid-stream takes only its own row out."""
+    asks = [dict(messages=[{"role": "user", "content": q}], max_tokens=n, temperature=0,
+                 extra_body={"ignore_eos": True}) for q, n in zip(QUESTIONS, (96, 64, 128, 80))]
+    alone = [client.chat.completions.create(model="solo", **ask).choices[0].message.content for ask in asks]
+    start = threading.Barrier(len(asks) + 1)
+    spans: list[tuple[float, float]] = [(0.0, 0.0)] * len(asks)
+
+    def stream(i: int) -> str:
+        start.wait()
+        text, first = "", None
+        for chunk in client.chat.completions.create(model="gang", stream=True, **asks[i]):
+            piece = chunk.choices[0].delta.content if chunk.choices else None
+            if piece:
+                first = first or time.monotonic()
+                text += piece
+        spans[i] = (first or 0.0, time.monotonic())
+        return text
+
+    def leaver() -> int:
+        start.wait()
+        got = 0
+        with client.chat.completions.create(model="gang", stream=True, messages=CHAT, max_tokens=4000,
+                                            temperature=0, extra_body={"ignore_eos": True}) as leaving:
+            for chunk in leaving:
+                got += 1
+                if got == 6:
+                    break
+        return got
+
+    with ThreadPoolExecutor(len(asks) + 1) as pool:
+        answers = [pool.submit(stream, i) for i in range(len(asks))]
+        left = pool.submit(leaver)
+        assert [a.result(timeout=240) for a in answers] == alone
+        assert left.result(timeout=240) == 6
+    # Side by side, not one after the other: every answer began before any ended.
+    assert max(first for first, _ in spans) < min(end for _, end in spans)
+    model = daemon.model("gang")
+    assert model["state"] == "loaded" and all(r["state"] == "ready" for r in model["ranks"])
 
 
 def _next_turn_answered_as_one_process(client, first) -> dict:

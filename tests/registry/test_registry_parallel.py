@@ -96,14 +96,10 @@ def test_bad_parallel_names_file_line_and_key(tmp_path, make_model, parallel, li
     assert fragment in error.detail
 
 
-@pytest.mark.parametrize(("extra", "key"), [
-    ("    max_concurrency: 4\n", "models[0].max_concurrency"),
-    ("    speculative: {method: prompt_lookup}\n", "models[0].speculative"),
-])
-def test_what_the_ranks_do_not_run_is_refused_at_its_key(tmp_path, make_model, extra, key):
+def test_speculation_which_the_ranks_do_not_run_is_refused_at_its_key(tmp_path, make_model):
     with pytest.raises(ConfigError) as caught:
-        _load(tmp_path, make_model, "{ranks: 2}", extra)
-    assert caught.value.key == key
+        _load(tmp_path, make_model, "{ranks: 2}", "    speculative: {method: prompt_lookup}\n")
+    assert caught.value.key == "models[0].speculative"
 
 
 def test_a_rank_on_an_mlxd_backend_is_placed_there_over_the_ring(tmp_path, make_model):
@@ -120,3 +116,9 @@ def test_a_rank_on_an_mlxd_backend_is_placed_there_over_the_ring(tmp_path, make_
     _, both_here = _load(tmp_path / "here", make_model, "{ranks: 2}")
     here, split = both_here.models[0].footprint, registry.models[0].footprint
     assert (split.weights, split.kv_cache) == (here.weights // 2, here.kv_cache // 2)
+
+
+def test_a_parallel_entry_may_batch_up_to_its_max_concurrency(tmp_path, make_model):
+    _, registry = _load(tmp_path, make_model, "{ranks: 2}", "    max_concurrency: 4\n")
+    spec = registry.models[0]
+    assert spec.broken is None and spec.max_concurrency == 4
