@@ -9,6 +9,8 @@ one run.
     python bench/distributed.py --size bench --transport nccl   # one CUDA host, 2 GPUs
 
 Each side runs its rounds after a warm-up round; medians are reported. The
+gang then serves ``--streams`` requests at once (one continuous batch on its
+ranks; mlx-lm's distributed generate has no batching) for its aggregate rate. The
 same model in one process (one GPU) is run too, for what the split buys. Tokens/s is measured from the request to the last token (the same
 prompt's prefill on both sides); CPU seconds per token are summed over every
 process of each side (the ranks, and mlxd's daemon), which a loaded machine
@@ -119,12 +121,14 @@ def cpu_of(pids: list[int]) -> float:
     return total
 
 
-def run_gang(url: str, tokens: int) -> tuple[float, float]:
+def run_gang(url: str, tokens: int, cpu: bool = True) -> tuple[float, float]:
     """(tokens/s seen by the client, CPU seconds per token over the daemon and every rank)."""
-    status = httpx.get(f"{url}/v1/status", timeout=30).json()
-    ranks = next((m.get("ranks") or [] for m in status["models"] if m["name"] == "gang"), [])
-    pids = [status["daemon"]["pid"], *(r["pid"] for r in ranks)]
-    cpu = cpu_of(pids) if ranks else None
+    pids: list[int] = []
+    if cpu:
+        status = httpx.get(f"{url}/v1/status", timeout=30).json()
+        ranks = next((m.get("ranks") or [] for m in status["models"] if m["name"] == "gang"), [])
+        pids = [status["daemon"]["pid"], *(r["pid"] for r in ranks)] if ranks else []
+    before = cpu_of(pids) if pids else None
     times = [time.perf_counter()]
     body = {"model": "gang", "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True,
             "ignore_eos": True}
@@ -135,8 +139,19 @@ def run_gang(url: str, tokens: int) -> tuple[float, float]:
                 choices = json.loads(line[6:]).get("choices") or []
                 if choices and choices[0].get("text"):
                     times.append(time.perf_counter())
-    per_token = (cpu_of(pids) - cpu) / tokens if cpu is not None else float("nan")
+    per_token = (cpu_of(pids) - before) / tokens if before is not None else float("nan")
     return rate(times, tokens), per_token
+
+
+def run_streams(url: str, tokens: int, streams: int) -> float:
+    """Aggregate tokens/s of ``streams`` requests sent at once (the gang's
+    continuous batch), from the first request to the last token."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(streams) as pool:
+        list(pool.map(lambda _: run_gang(url, tokens, cpu=False), range(streams)))
+    return streams * tokens / (time.perf_counter() - started)
 
 
 def main() -> None:
@@ -147,6 +162,8 @@ def main() -> None:
     parser.add_argument("--transport", default="any", choices=["any", "ring", "nccl"])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--streams", type=int, default=4,
+                        help="concurrent streams for the batched case (the gang's max_concurrency); 0 skips it")
     parser.add_argument("--quick", action="store_true", help="tiny model, 32 tokens, 2 rounds: a smoke run")
     add_dtype_option(parser)
     args = parser.parse_args()
@@ -167,10 +184,14 @@ def main() -> None:
     peer = run_peer(path, args, transport, rounds)[1:]
     gang: list[tuple[float, float]] = []
     parallel = {"mode": args.mode, "ranks": args.ranks, "transport": transport}
-    with daemon([{"name": "gang", "path": str(path), "parallel": parallel, "max_context": 4096}]) as url:
+    batched: list[float] = []
+    with daemon([{"name": "gang", "path": str(path), "parallel": parallel, "max_context": 4096,
+                  "max_concurrency": max(1, args.streams)}]) as url:
         for _ in range(rounds):
             gang.append(run_gang(url, args.tokens))
-    gang = gang[1:]
+        for _ in range(rounds if args.streams > 1 else 0):
+            batched.append(run_streams(url, args.tokens, args.streams))
+    gang, batched = gang[1:], batched[1:]
     single_rate, peer_rate, gang_rate = (statistics.median(r for r, _ in side) for side in (single, peer, gang))
     single_cpu, peer_cpu, gang_cpu = (statistics.median(c for _, c in side) for side in (single, peer, gang))
     print(table(
@@ -185,13 +206,18 @@ def main() -> None:
           f"{args.size}, {args.mode} over {args.ranks} ranks by {transport}, {args.tokens} tokens, "
           f"load {os.getloadavg()[0]:.2f}")
     print(f"mlxd gang over {args.ranks} ranks / one process: {gang_rate / single_rate:.3f} by wall time")
+    batched_rate = statistics.median(batched) if batched else None
+    if batched_rate is not None:
+        print(f"mlxd gang, {args.streams} concurrent streams (one continuous batch): {batched_rate:.1f} tok/s "
+              f"in all, {batched_rate / gang_rate:.2f}x one stream")
     key = f"{args.size}-{args.mode}-{args.ranks}-{transport}"
     result = {"environment": environment(), "tokens": args.tokens,
               "peer_tok_s": [r for r, _ in peer], "gang_tok_s": [r for r, _ in gang],
               "peer_cpu_s_per_token": [c for _, c in peer], "gang_cpu_s_per_token": [c for _, c in gang],
               "single_tok_s": [r for r, _ in single], "single_cpu_s_per_token": [c for _, c in single],
               "single_median": single_rate, "peer_median": peer_rate, "gang_median": gang_rate, "ratio": ratio,
-              "cpu_ratio": cpu_ratio, "gang_over_single": gang_rate / single_rate}
+              "cpu_ratio": cpu_ratio, "gang_over_single": gang_rate / single_rate,
+              "streams": args.streams, "batched_tok_s": batched, "batched_median": batched_rate}
     print(f"wrote {save('distributed', key, result)}")
 
 

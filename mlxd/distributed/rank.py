@@ -20,6 +20,7 @@ leave one waiting in a collective forever.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import queue
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mlxd.distributed import wire
-from mlxd.distributed.rank_batch import Row, RowBatch, mergeable
+from mlxd.distributed.rank_batch import Prefill, Row, RowBatch, mergeable
 
 # How long a rank whose daemon went away may take to finish by itself.
 ORPHAN_GRACE_S = 5.0
@@ -190,6 +191,7 @@ class Runner:
         self.stream = mx.new_stream(mx.default_device())
         self.collectives = collective_stream(backend)
         self.batch = RowBatch()
+        self.prefilling: collections.deque[Prefill] = collections.deque()  # admitted, not yet decoding
         self.max_batch = max(1, max_batch)
         from mlx_lm.models.cache import make_prompt_cache
 
@@ -203,14 +205,17 @@ class Runner:
         """Runs what the daemon sends until it says exit (or goes away).
 
         Every rank takes the same messages at the same points of the step
-        program: with no row decoding, each takes the next message in order;
+        program: with nothing to do, each takes the next message in order;
         while rows decode, rank 0's decision after each batched step says how
         many of the waiting messages every rank takes before the next step
         (the followers wait for theirs: the daemon sent every rank the same
-        ones). ``other`` runs a message that is not a generation."""
+        ones). A new request's prompt is prefilled a chunk at a time between
+        the batch's steps, so a long prompt never holds the other rows for
+        more than one chunk. ``other`` runs a message that is not a
+        generation."""
         agreed = 0
         while True:
-            if not self.batch and agreed == 0:
+            if not self.batch and not self.prefilling and agreed == 0:
                 agreed = 1
             while agreed:
                 agreed -= 1
@@ -218,20 +223,19 @@ class Runner:
                 if message is None or message.get("op") == "exit":
                     return
                 if message.get("op") == "generate":
-                    self.start(message)
+                    self.admit(message)
                 else:
                     other(message)
+            if self.prefilling:
+                self.prefill()
             if self.batch:
                 agreed = self.step(inbox)
 
-    def start(self, message: dict[str, Any]) -> None:
-        """A request's prefill on its own cache and its first token; then it
-        joins the rows decoding (or ends, if that token ends it)."""
-        import mlx.core as mx
-
+    def admit(self, message: dict[str, Any]) -> None:
+        """A request's row, and its prompt queued for prefill on its own
+        cache (a kept entry's, when the daemon chose one)."""
         rid = str(message["id"])
         tokens: list[int] = list(message["tokens"])
-        chunk = max(1, int(message.get("prefill_step", 512)))
         reuse = message.get("reuse")
         row = Row(rid, len(tokens), int(message["max_tokens"]), int(reuse["keep_as"]) if reuse else None,
                   top=message.get("logprobs"))
@@ -240,21 +244,32 @@ class Runner:
             if message.get("constraint"):
                 row.processors.append(self._grammar(message))
         cache, done = self._reuse(reuse)
-        prompt = mx.array(tokens)
         self.report.send("phase", id=rid, phase="prefill", reused=done)
-        # mlx-lm's generate_step order: all but the last prompt token in
-        # chunks, then the last one as the first decode step, so that the
-        # logits (and greedy tokens) are those of one process.
-        while len(tokens) - done > 1:
-            n = min(chunk, len(tokens) - done - 1)
+        self.prefilling.append(Prefill(row, cache, tokens, done, max(1, int(message.get("prefill_step", 512)))))
+
+    def prefill(self) -> None:
+        """One chunk of the first prompt waiting; once only its last token is
+        left, that token runs as the row's first decode step and the row
+        joins the batch (or ends, if its first token ends it). mlx-lm's
+        generate_step order, so the logits (and greedy tokens) are those of
+        one process."""
+        import mlx.core as mx
+
+        head = self.prefilling[0]
+        row, cache, tokens = head.row, head.cache, head.tokens
+        prompt = mx.array(tokens)
+        if len(tokens) - head.done > 1:
+            n = min(head.chunk, len(tokens) - head.done - 1)
             with mx.stream(self.stream):
-                self.model(prompt[done:done + n][None], cache=cache)
+                self.model(prompt[head.done:head.done + n][None], cache=cache)
                 mx.eval([c.state for c in cache])
-            done += n
-            self.report.send("progress", id=rid, phase="prefill", done=done)
+            head.done += n
+            self.report.send("progress", id=row.rid, phase="prefill", done=head.done)
+            return
+        self.prefilling.popleft()
         row.history = prompt
         with mx.stream(self.stream):
-            logits = self.model(prompt[done:][None], cache=cache)[:, -1, :]
+            logits = self.model(prompt[head.done:][None], cache=cache)[:, -1, :]
         _, (token,), (stop,) = self._decide([row], logits, None)
         self._advance([row], [token], [stop])
         if stop:
@@ -316,7 +331,7 @@ class Runner:
         """Rank 0: how many of the messages waiting, in order, every rank
         takes before the next step: up to the first request the batch has no
         room for (one row at a time for a model whose caches cannot merge)."""
-        room = (self.max_batch if self.batchable else 1) - staying
+        room = (self.max_batch if self.batchable else 1) - staying - len(self.prefilling)
         with inbox.mutex:
             waiting = list(inbox.queue)
         taken = 0

@@ -43,6 +43,17 @@ class Row:
         return self.prompt_tokens + max(0, self.step - 1)
 
 
+@dataclass(eq=False)
+class Prefill:
+    """A row whose prompt is still being read into its own cache."""
+
+    row: Row
+    cache: list[Any]
+    tokens: list[int]
+    done: int  # prompt tokens the cache holds
+    chunk: int  # prompt tokens per prefill step
+
+
 def mergeable(cache: list[Any]) -> bool:
     """Whether every layer of this cache can join a batch (what mlx-lm's
     server asks before batching a model)."""
