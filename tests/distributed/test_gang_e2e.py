@@ -41,7 +41,8 @@ def daemon(tmp_path_factory):
             {"name": "gang", "model": "qwen", "max_concurrency": 8,
              "parallel": {"mode": "tensor", "ranks": 2, "transport": TRANSPORT, "step_timeout_s": 3},
              "prefix_cache": {"persist": True, "disk_max_bytes": "256MB"}},
-            {"name": "piped", "model": "qwen", "parallel": {"mode": "pipeline", "ranks": 2, "transport": TRANSPORT},
+            {"name": "piped", "model": "qwen", "max_concurrency": 2,
+             "parallel": {"mode": "pipeline", "ranks": 2, "transport": TRANSPORT},
              "idle_unload_seconds": 1},
         ],
         manager={"load_retry_backoff_s": 1, "load_retry_backoff_max_s": 1},
@@ -239,6 +240,13 @@ def test_structured_output_decodes_under_the_same_grammar_as_one_process(client)
 def test_a_pipeline_split_answers_the_same_and_its_idle_gang_unloads_whole(client, daemon, solo_text):
     reply = client.chat.completions.create(model="piped", messages=CHAT, max_tokens=TOKENS, temperature=0)
     assert reply.choices[0].message.content == solo_text
+    # Two at once share the pipeline's steps and each answers as alone.
+    asks = [dict(messages=[{"role": "user", "content": q}], max_tokens=n, temperature=0)
+            for q, n in zip(QUESTIONS, (40, 24))]
+    with ThreadPoolExecutor(2) as pool:
+        piped = list(pool.map(lambda ask: client.chat.completions.create(model="piped", **ask), asks))
+    assert [r.choices[0].message.content for r in piped] == [
+        client.chat.completions.create(model="solo", **ask).choices[0].message.content for ask in asks]
     pids = [r["pid"] for r in daemon.model("piped")["ranks"]]
     assert len(pids) == 2
     # idle_unload_seconds: 1 — the whole gang goes, not one rank of it.
@@ -267,8 +275,21 @@ def test_status_shows_every_rank_of_the_resident_gang(daemon):
     assert f"rank 1 local    pid {ranks[1]['pid']}  ready" in drawn
 
 
+def _beside(client) -> str:
+    """A second stream in the same batch: the gang's failure must end it too."""
+    try:
+        for _ in client.chat.completions.create(model="gang", messages=CHAT, max_tokens=4000, temperature=0,
+                                                stream=True, extra_body={"ignore_eos": True}):
+            pass
+    except openai.APIError as exc:
+        return str(exc)
+    return "ended without an error"
+
+
 def _fails_and_recovers(client, daemon, solo_text, sig: signal.Signals, within: float) -> None:
     pids = _rank_pids(daemon)
+    other = ThreadPoolExecutor(1)
+    beside = other.submit(_beside, client)
     stream = client.chat.completions.create(model="gang", messages=CHAT, max_tokens=4000, temperature=0,
                                             stream=True, extra_body={"ignore_eos": True})
     got = ""
@@ -282,6 +303,8 @@ def _fails_and_recovers(client, daemon, solo_text, sig: signal.Signals, within: 
     assert started is not None, "the stream ended before the rank was signalled"
     assert time.monotonic() - started < within
     assert "rank 1" in str(raised.value)
+    assert "rank 1" in beside.result(timeout=within)
+    other.shutdown()
     model = wait_until(lambda: (m := daemon.model("gang"))["state"] == "failed" and m)
     assert "rank 1" in model["last_error"]
     # Every rank of that gang is gone (its process groups were killed), not just the one signalled.
