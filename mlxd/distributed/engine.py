@@ -446,6 +446,7 @@ async def load_gang_engine(spec: ModelSpec, worker: Any = None, *, cache_dir: Pa
         remotes={name: (url, os.environ.get(key_env) if key_env else None) for name, url, key_env in parallel.remotes},
         cache_folder=await saved_cache.gang_folder(spec, cache_dir),
         max_batch=spec.max_concurrency,
+        rdma_devices=parallel.rdma_devices,
     )
     gang = Gang(plan)
     await gang.start()

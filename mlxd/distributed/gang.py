@@ -65,6 +65,8 @@ class GangPlan:
     cache_folder: Path | None = None
     # The most requests the ranks decode side by side (the entry's max_concurrency).
     max_batch: int = 1
+    # jaccl: the RDMA device joining rank i's host to rank j's.
+    rdma_devices: tuple[tuple[str | None, ...], ...] | None = None
 
 
 def free_port() -> int:
@@ -73,12 +75,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def rank_env(transport: str, rank: int, size: int, ports: list[int], hostfile: Path) -> dict[str, str]:
+def rank_env(transport: str, rank: int, size: int, ports: list[int], hostfile: Path,
+             coordinator: str = "") -> dict[str, str]:
     """The variables MLX's transport reads for one local rank (what
-    ``mlx.launch`` would set), pure but for the hostfile's path."""
+    ``mlx.launch`` would set), pure but for the hostfile's path: for jaccl,
+    the file of RDMA device names, and rank 0's address, where the others
+    meet it."""
     env = {"MLX_RANK": str(rank), "MLX_WORLD_SIZE": str(size)}
     if transport == "nccl":
         env |= {"NCCL_HOST_IP": "127.0.0.1", "NCCL_PORT": str(ports[0]), "CUDA_VISIBLE_DEVICES": str(rank)}
+    elif transport == "jaccl":
+        # The CPU drives RDMA; without the fast GPU-CPU sync every step waits on it.
+        env |= {"MLX_IBV_DEVICES": str(hostfile), "MLX_JACCL_COORDINATOR": coordinator,
+                "MLX_METAL_FAST_SYNCH": "1"}
     else:
         env["MLX_HOSTFILE"] = str(hostfile)
     return env
@@ -168,6 +177,12 @@ class Gang:
         hosts = [[remote[r].address] if r in remote else [f"{local_ip}:{ports[r]}"] for r in range(size)]
         hostfile = self._dir / "hosts.json"
         hostfile.write_text(json.dumps(hosts))
+        jaccl: dict[str, Any] = {}
+        if self.plan.transport == "jaccl":
+            # Rank 0 (here) is the coordinator; the device names are each host's own.
+            jaccl = {"coordinator": f"{local_ip}:{free_port()}", "devices": self.plan.rdma_devices}
+            hostfile = self._dir / "devices.json"
+            hostfile.write_text(json.dumps(jaccl["devices"]))
         base = {
             **os.environ,
             "MLXD_GANG_PATH": str(self.plan.path),
@@ -183,9 +198,9 @@ class Gang:
             if rank in remote:
                 handle: RankHandle = remote[rank]
                 self._ranks.append(handle)
-                await remote[rank].start(hosts)
+                await remote[rank].start(hosts, jaccl)
             else:
-                env = base | rank_env(self.plan.transport, rank, size, ports, hostfile)
+                env = base | rank_env(self.plan.transport, rank, size, ports, hostfile, jaccl.get("coordinator", ""))
                 handle = await LocalRank.spawn(env, f"{self.plan.name} rank {rank}")
                 self._ranks.append(handle)
             self.liveness.spawned(rank, handle.pid or 0, self._clock())

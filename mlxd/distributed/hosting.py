@@ -56,8 +56,8 @@ class RankHosting:
         budget has free beside its own models and the ranks it hosts."""
         rank, size = int(body.get("rank", -1)), int(body.get("size", 0))
         transport = str(body.get("transport", "ring"))
-        if not 0 < rank < size or transport != "ring":
-            raise BadRequest("a hosted rank is rank 1 or later of a gang over `ring`", param="rank")
+        if not 0 < rank < size or transport not in ("ring", "jaccl"):
+            raise BadRequest("a hosted rank is rank 1 or later of a gang over `ring` or `jaccl`", param="rank")
         share = model_bytes // size
         if free_bytes is not None and share > free_bytes - self.held_bytes:
             free = max(0, free_bytes - self.held_bytes)
@@ -82,7 +82,11 @@ class RankHosting:
             raise RequestNotFound(f"No hosted rank `{rank_id}`.")
         return hosted
 
-    async def start(self, rank_id: str, hosts: list[list[str]]) -> dict[str, Any]:
+    async def start(self, rank_id: str, hosts: list[list[str]], coordinator: str = "",
+                    devices: list[list[str | None]] | None = None) -> dict[str, Any]:
+        """Start the rank with every rank's address; over jaccl, with rank
+        0's address (``coordinator``) and the RDMA device names (``devices``,
+        one row per rank) instead."""
         hosted = self._get(rank_id)
         if hosted.process is not None:
             raise BadRequest("this rank has started already", param="hosts")
@@ -90,7 +94,15 @@ class RankHosting:
             raise BadRequest(f"a gang of {hosted.size} ranks needs {hosted.size} hosts", param="hosts")
         hostfile = hosted.folder / "hosts.json"
         hostfile.write_text(json.dumps(hosts))
-        env = {**os.environ, **hosted.env, **rank_env(hosted.transport, hosted.rank, hosted.size, [], hostfile)}
+        if hosted.transport == "jaccl":
+            n = hosted.size
+            if not coordinator or not isinstance(devices, list) or len(devices) != n or any(
+                    not isinstance(row, list) or len(row) != n for row in devices):
+                raise BadRequest(f"a jaccl rank needs `coordinator` and `devices` ({n} rows of {n})", param="devices")
+            hostfile = hosted.folder / "devices.json"
+            hostfile.write_text(json.dumps(devices))
+        env = {**os.environ, **hosted.env,
+               **rank_env(hosted.transport, hosted.rank, hosted.size, [], hostfile, coordinator)}
         hosted.process = await LocalRank.spawn(env, f"hosted rank {hosted.rank}")
         return {"pid": hosted.process.pid}
 

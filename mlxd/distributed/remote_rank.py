@@ -50,8 +50,10 @@ class RemoteRank:
             await client.aclose()
             raise
 
-    async def start(self, hosts: list[list[str]]) -> None:
-        answer = await self._client.post(f"/gang/ranks/{self.id}/start", json={"hosts": hosts})
+    async def start(self, hosts: list[list[str]], jaccl: dict[str, Any] | None = None) -> None:
+        """Start it with every rank's address (and, over jaccl, the
+        coordinator's and the RDMA device names)."""
+        answer = await self._client.post(f"/gang/ranks/{self.id}/start", json={"hosts": hosts, **(jaccl or {})})
         answer.raise_for_status()
         self.pid = int(answer.json()["pid"])
         self._stream = asyncio.ensure_future(self._follow())

@@ -101,15 +101,21 @@ class ParallelSpec:
     # The hosts of ranks on other machines: (backend name, its /v1 root, the
     # variable holding its key), each an mlxd that starts its rank itself.
     remotes: tuple[tuple[str, str, str | None], ...] = ()
+    # jaccl: the RDMA device joining rank i's host to rank j's (None on the diagonal).
+    rdma_devices: tuple[tuple[str | None, ...], ...] | None = None
 
     @property
     def size(self) -> int:
         return len(self.hosts)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "ranks": list(self.hosts), "transport": self.transport,
-                "load_timeout_s": self.load_timeout_s, "prefill_timeout_s": self.prefill_timeout_s,
-                "step_timeout_s": self.step_timeout_s}
+        shown: dict[str, Any] = {
+            "mode": self.mode, "ranks": list(self.hosts), "transport": self.transport,
+            "load_timeout_s": self.load_timeout_s, "prefill_timeout_s": self.prefill_timeout_s,
+            "step_timeout_s": self.step_timeout_s}
+        if self.rdma_devices is not None:
+            shown["rdma_devices"] = [list(row) for row in self.rdma_devices]
+        return shown
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ def parallel_spec(section: ParallelSection, device_kind: str,
         mode=section.mode, hosts=hosts, transport=transport,
         load_timeout_s=section.load_timeout_s, prefill_timeout_s=section.prefill_timeout_s,
         step_timeout_s=section.step_timeout_s, remotes=remotes,
+        rdma_devices=tuple(tuple(row) for row in section.rdma_devices) if section.rdma_devices else None,
     )
 
 
@@ -140,9 +141,15 @@ def placement_problem(spec: ParallelSpec, backends: Mapping[str, str]) -> tuple[
             return i, f"`{host}` is neither `local` nor a backend under `backends:`"
         if backends[host] != "mlxd":
             return i, f"backend `{host}` is not an mlxd (`kind: mlxd`): only an mlxd starts ranks"
-        if spec.transport != "ring":
-            return "transport", (f"ranks on other hosts run over `ring` here, not `{spec.transport}` "
-                       "(mlxd does not start jaccl or nccl ranks on other hosts yet)")
-    if spec.transport == "jaccl" and all(h == LOCAL for h in spec.hosts):
-        return "transport", "jaccl connects machines over Thunderbolt; ranks on this machine use `ring`"
+        if spec.transport not in ("ring", "jaccl"):
+            return "transport", (f"ranks on other hosts run over `ring` or `jaccl`, not `{spec.transport}` "
+                                 "(mlxd starts NCCL ranks on this host's GPUs only)")
+    if spec.transport == "jaccl":
+        if all(h == LOCAL for h in spec.hosts):
+            return "transport", "jaccl connects machines over Thunderbolt; ranks on this machine use `ring`"
+        if len(set(spec.hosts)) != len(spec.hosts):
+            return "transport", "jaccl runs one rank per machine: name each host once"
+        if spec.rdma_devices is None:
+            return "transport", ("jaccl needs `rdma_devices`: the RDMA device joining each pair of hosts, "
+                                 "as `mlx.distributed_config --backend jaccl` finds them")
     return None

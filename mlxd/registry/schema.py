@@ -221,6 +221,10 @@ class ParallelSection(_Section):
     # A count of local ranks, or one host per rank: ``local`` or a backend's name.
     ranks: int | list[str]
     transport: Literal["ring", "jaccl", "nccl", "any"] = "any"
+    # jaccl: the RDMA device that joins each rank's host to each other's
+    # (row i, column j; null on the diagonal), as `mlx.distributed_config
+    # --backend jaccl` writes them into its hostfile's `rdma` lists.
+    rdma_devices: list[list[str | None]] | None = None
     # Liveness by progress: how long a rank may go without it in each phase.
     load_timeout_s: PositiveFloat = 120.0
     prefill_timeout_s: PositiveFloat = 60.0
@@ -237,6 +241,21 @@ class ParallelSection(_Section):
             count = len(value)
         if not 2 <= count <= 64:
             raise ValueError(f"a gang has 2 to 64 ranks, got {count}")
+        return value
+
+    @field_validator("rdma_devices")
+    @classmethod
+    def _rdma_devices(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            return value
+        ranks = info.data.get("ranks")
+        n = ranks if isinstance(ranks, int) else len(ranks or [])
+        square = len(value) == n and all(len(row) == n for row in value)
+        named = all((device is None) == (i == j) and (device is None or device.strip())
+                    for i, row in enumerate(value) for j, device in enumerate(row))
+        if not (square and named):
+            raise ValueError(f"one row per rank, {n} rows of {n}: null where a rank meets itself, "
+                             "else the RDMA device (e.g. `rdma_en5`) that joins the two hosts")
         return value
 
 

@@ -4,9 +4,12 @@ admin key), the weights read from that daemon's own entry for the model."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+from pathlib import Path
 
+import mlx.core as mx
 import openai
 import psutil
 import pytest
@@ -24,7 +27,8 @@ def daemons(tmp_path_factory):
     mp.setenv("MLXD_TEST_PEER_KEY", KEY)
     peer_dir, main_dir = tmp_path_factory.mktemp("peer"), tmp_path_factory.mktemp("main")
     peer_registry = write_registry(
-        peer_dir, [{"name": "split", "model": "qwen"}, {"name": "elsewhere", "path": str(peer_dir / "no-such-model")},
+        peer_dir, [{"name": "split", "model": "qwen"}, {"name": "thunder", "model": "qwen"},
+                   {"name": "elsewhere", "path": str(peer_dir / "no-such-model")},
                    {"name": "huge", "model": "qwen", "estimated_memory_gb": 0.9}],
         manager={"memory_budget": "1GB"}, server={"api_keys": [KEY]},
     )
@@ -34,7 +38,11 @@ def daemons(tmp_path_factory):
             [{"name": "solo", "model": "qwen"},
              {"name": "split", "model": "qwen", "parallel": {"ranks": ["local", "peer"], "step_timeout_s": 3}},
              # Here its weights are found; on the other host they are not.
-             {"name": "elsewhere", "model": "qwen", "parallel": {"ranks": ["local", "peer"]}}],
+             {"name": "elsewhere", "model": "qwen", "parallel": {"ranks": ["local", "peer"]}},
+             # Thunderbolt RDMA between the two hosts (which this Linux machine's MLX lacks).
+             {"name": "thunder", "model": "qwen",
+              "parallel": {"ranks": ["local", "peer"], "transport": "jaccl",
+                           "rdma_devices": [[None, "rdma_en5"], ["rdma_en4", None]]}}],
             backends={"peer": {"url": f"{peer.url}/v1", "kind": "mlxd", "api_key_env": "MLXD_TEST_PEER_KEY"}},
         )
         with daemon_in_thread(registry, main_dir) as main:
@@ -77,15 +85,20 @@ def test_the_hosting_routes_need_the_hosts_admin_key_and_room_in_its_budget(daem
         assert peer.ctx.hosting.rows() == [] and peer.ctx.hosting.held_bytes == 0
 
 
-def test_a_host_without_the_weights_fails_the_load_naming_the_rank_and_host(daemons):
-    main, _ = daemons
+def _failed_load(main, name: str) -> str:
+    """Asks for ``name``, whose gang cannot start: a 503, and the model's error."""
     client = openai.OpenAI(base_url=f"{main.url}/v1", api_key="unused", max_retries=0)
     with pytest.raises(openai.APIStatusError) as refused:
-        client.chat.completions.create(model="elsewhere", messages=CHAT, max_tokens=4)
+        client.chat.completions.create(model=name, messages=CHAT, max_tokens=4)
     assert refused.value.status_code == 503
-    model = main.model("elsewhere")
-    assert model["state"] == "failed" and "rank 1" in model["last_error"] and "`peer`" in model["last_error"]
-    assert "no-such-model" in model["last_error"]
+    model = main.model(name)
+    assert model["state"] == "failed"
+    return model["last_error"]
+
+
+def test_a_host_without_the_weights_fails_the_load_naming_the_rank_and_host(daemons):
+    error = _failed_load(daemons[0], "elsewhere")
+    assert "rank 1" in error and "`peer`" in error and "no-such-model" in error
 
 
 def test_a_rank_killed_on_the_other_host_takes_the_gang_down(daemons):
@@ -103,4 +116,38 @@ def test_a_rank_killed_on_the_other_host_takes_the_gang_down(daemons):
     wait_until(lambda: main.model("split")["state"] == "failed")
     wait_until(lambda: not psutil.pid_exists(ranks[0]["pid"])
                or psutil.Process(ranks[0]["pid"]).status() == psutil.STATUS_ZOMBIE, timeout=10)
+    wait_until(lambda: peer.ctx.hosting.rows() == [], timeout=10)
+
+
+def test_a_jaccl_rank_is_started_with_mlxs_jaccl_variables_by_the_other_host(daemons):
+    """What `mlx.launch --backend jaccl` would set, set by the hosting mlxd:
+    the rank, rank 0's address, and a file of the RDMA device names."""
+    _, peer = daemons
+    admin = {"Authorization": f"Bearer {KEY}"}
+    devices = [[None, "rdma_en5"], ["rdma_en4", None]]
+    with peer.client() as http:
+        reserved = http.post("/v1/gang/ranks", json={"model": "split", "rank": 1, "size": 2, "transport": "jaccl"},
+                             headers=admin)
+        assert reserved.status_code == 200
+        rank_id = reserved.json()["id"]
+        start = f"/v1/gang/ranks/{rank_id}/start"
+        hosts = [["127.0.0.1:1"], [reserved.json()["address"]]]
+        bad = http.post(start, json={"hosts": hosts, "coordinator": "127.0.0.1:9", "devices": [[None]]}, headers=admin)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "devices"
+        started = http.post(start, json={"hosts": hosts, "coordinator": "127.0.0.1:9", "devices": devices},
+                            headers=admin)
+        assert started.status_code == 200
+        env = psutil.Process(started.json()["pid"]).environ()
+        assert (env["MLX_RANK"], env["MLX_WORLD_SIZE"], env["MLX_JACCL_COORDINATOR"]) == ("1", "2", "127.0.0.1:9")
+        assert json.loads(Path(env["MLX_IBV_DEVICES"]).read_text()) == devices
+        assert env["MLXD_GANG_BACKEND"] == "jaccl"
+        assert http.delete(f"/v1/gang/ranks/{rank_id}", headers=admin).status_code == 200
+    assert peer.ctx.hosting.rows() == []
+
+
+@pytest.mark.skipif(mx.distributed.is_available(backend="jaccl"), reason="this machine has Thunderbolt RDMA")
+def test_a_jaccl_gang_on_a_machine_without_rdma_fails_its_load_naming_the_rank_and_why(daemons):
+    main, peer = daemons
+    error = _failed_load(main, "thunder")
+    assert "rank" in error and "Cannot initialize jaccl" in error
     wait_until(lambda: peer.ctx.hosting.rows() == [], timeout=10)

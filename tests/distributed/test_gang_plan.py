@@ -22,6 +22,13 @@ def test_nccl_ranks_get_the_coordinator_and_a_gpu_each():
     assert "MLX_HOSTFILE" not in env
 
 
+def test_jaccl_ranks_get_the_coordinator_and_the_device_names_file():
+    env = rank_env("jaccl", 1, 2, [], Path("/tmp/devices.json"), "10.0.0.1:40003")
+    assert env["MLX_RANK"] == "1" and env["MLX_WORLD_SIZE"] == "2"
+    assert env["MLX_JACCL_COORDINATOR"] == "10.0.0.1:40003" and env["MLX_IBV_DEVICES"] == "/tmp/devices.json"
+    assert "MLX_HOSTFILE" not in env and "NCCL_HOST_IP" not in env
+
+
 def test_an_exit_is_told_by_its_signal_or_its_status():
     assert describe_exit(-signal.SIGKILL) == "was killed by SIGKILL"
     assert describe_exit(3) == "exited with status 3"

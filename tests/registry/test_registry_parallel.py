@@ -77,7 +77,14 @@ def test_a_family_without_the_split_is_refused(tmp_path, make_model):
     [
         ("{ranks: 1}", 4, "models[0].parallel.ranks", "2 to 64 ranks, got 1"),
         ("{ranks: [local, mini]}", 4, "models[0].parallel.ranks[1]", "neither `local` nor a backend"),
-        ("{ranks: [local, studio2], transport: nccl}", 4, "models[0].parallel.transport", "over `ring`"),
+        ("{ranks: [local, studio2], transport: nccl}", 4, "models[0].parallel.transport", "over `ring` or `jaccl`"),
+        ("{ranks: [local, studio2], transport: jaccl}", 4, "models[0].parallel.transport", "needs `rdma_devices`"),
+        ("{ranks: [local, studio2], transport: jaccl, rdma_devices: [[null, en5], [en5]]}", 4,
+         "models[0].parallel.rdma_devices", "2 rows of 2"),
+        ("{ranks: [local, studio2], transport: jaccl, rdma_devices: [[en3, en5], [en5, null]]}", 4,
+         "models[0].parallel.rdma_devices", "null where a rank meets itself"),
+        ("{ranks: [local, studio2, studio2], transport: jaccl, rdma_devices: [[null, a, b], [a, null, c], [b, c, null]]}",
+         4, "models[0].parallel.transport", "one rank per machine"),
         ("{ranks: [local, studio]}", 4, "models[0].parallel.ranks[1]", "not an mlxd"),
         ("{ranks: [studio2, local]}", 4, "models[0].parallel.ranks[0]", "rank 0 runs here"),
         ("{ranks: 2, transport: jaccl}", 4, "models[0].parallel.transport", "Thunderbolt"),
@@ -122,3 +129,13 @@ def test_a_parallel_entry_may_batch_up_to_its_max_concurrency(tmp_path, make_mod
     _, registry = _load(tmp_path, make_model, "{ranks: 2}", "    max_concurrency: 4\n")
     spec = registry.models[0]
     assert spec.broken is None and spec.max_concurrency == 4
+
+
+def test_a_jaccl_gang_over_two_macs_keeps_the_rdma_devices_joining_them(tmp_path, make_model):
+    backends = "backends:\n  studio2: {url: 'http://studio2:8080/v1', kind: mlxd}\n"
+    _, registry = _load(tmp_path, make_model,
+                        "{ranks: [local, studio2], transport: jaccl, rdma_devices: [[null, rdma_en5], [rdma_en3, null]]}",
+                        backends)
+    parallel = registry.models[0].parallel
+    assert parallel is not None and parallel.transport == "jaccl"
+    assert parallel.rdma_devices == ((None, "rdma_en5"), ("rdma_en3", None))

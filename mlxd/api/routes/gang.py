@@ -48,7 +48,8 @@ def router() -> APIRouter:
         hosts = body.get("hosts")
         if not isinstance(hosts, list) or not all(isinstance(h, list) and h for h in hosts):
             raise BadRequest("`hosts` is one list of addresses per rank", param="hosts")
-        return await _ctx(request).hosting.start(rank_id, hosts)
+        return await _ctx(request).hosting.start(rank_id, hosts, str(body.get("coordinator") or ""),
+                                                 body.get("devices"))
 
     @api.get("/{rank_id}/events")
     async def events(rank_id: str, request: Request) -> StreamingResponse:
