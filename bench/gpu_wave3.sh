@@ -47,7 +47,7 @@ for name in "$@"; do
                step spec-warm-code 200 "$PY" bench/speculative_steps.py --workload code_edit --distinct --rows 1 4 8 --tokens 160 --warm ;;
     distributed) step distributed 170 "$PY" bench/distributed.py --size bench --transport ring --tokens 64 --repeats 3 ;;
     apps) step apps 150 "$PY" bench/app_priority.py --size bench --seconds 20 ;;
-    apps5) step apps5 150 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 ;;
+    apps5) step apps5 300 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 ;;
     embeddings) step embeddings 100 "$PY" bench/embeddings.py --texts 256 --rounds 3 ;;
     *) echo "unknown step $name" ;;
   esac
