@@ -297,7 +297,7 @@ class Gang:
             r = live.ranks[rank]
             if isinstance(peak, int) and peak > (r.memory_bytes or 0):
                 r.memory_bytes = peak
-            # A rank with rows still decoding owes the next step.
+            # A rank with rows still decoding (or prefilling) owes the next step.
             live.progress(rank, Phase.DECODE if message.get("busy") else Phase.READY, now)
             if rank == 0:
                 self._deliver(message)

@@ -367,8 +367,8 @@ class Runner:
             self.entries[row.keep_as] = cache
             kept = {"cached": row.cached, "entry_bytes": sum(c.nbytes for c in cache)}
         self.cancels.discard(row.rid)
-        self.report.send("end", id=row.rid, reason=reason, steps=row.step, busy=len(self.batch), **kept,
-                         **self._memory())
+        busy = len(self.batch) + len(self.prefilling)  # rows it still owes steps to
+        self.report.send("end", id=row.rid, reason=reason, steps=row.step, busy=busy, **kept, **self._memory())
 
     def _reuse(self, reuse: dict[str, Any] | None) -> tuple[list[Any], int]:
         """The cache the daemon chose for this prompt and how many of its
