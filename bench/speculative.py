@@ -12,9 +12,12 @@ Workloads (chat, greedy, streamed through /v1/chat/completions):
 - free chat: a question whose answer is not in the prompt.
 
 mlxd runs one daemon with entries of the same folder: `plain` (no
-speculation), `lookup` (prompt_lookup, K=4) and `selfdraft` (SmolLM2 as its
-own draft, K=4: every draft is right, so it measures what the mechanism
-costs against what full acceptance can give); `--k 4 8` adds `lookup-k8`
+speculation), `lookup` (prompt_lookup, K=4), `selfdraft` (SmolLM2 as its
+own draft, K=4: a draft the target's size can never pay, so mlxd leaves it
+off and this row is what that costs against plain) and
+`selfdraft-forced` (the same with `auto_off: false`: every draft is right,
+so it measures what the mechanism costs against what full acceptance can
+give); `--k 4 8` adds `lookup-k8`
 and `selfdraft-k8` beside them (the same methods drafting 8 tokens a step). Each configuration serves 1, 4
 and 8 concurrent streams of the same request; decode tok/s excludes each
 stream's first token; the aggregate is all streams' tokens over the span from
@@ -161,6 +164,8 @@ def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int],
             {"name": entry_name("lookup", k, ks), **common, "speculative": {"method": "prompt_lookup", "tokens": k}},
             {"name": entry_name("selfdraft", k, ks), **common,
              "speculative": {"method": "draft", "tokens": k, "draft_model": "smol-draft"}},
+            {"name": entry_name("selfdraft-forced", k, ks), **common,
+             "speculative": {"method": "draft", "tokens": k, "draft_model": "smol-draft", "auto_off": False}},
         ]
     names = tuple(e["name"] for e in entries if e["name"] != "smol-draft")
     out: dict[str, Any] = {}

@@ -172,7 +172,7 @@ def load_text_model(spec: ModelSpec) -> LoadedText:
         model, tokenizer = mlx_lm.load(str(spec.path), trust_remote_code=spec.trust_remote_code)
         draft = None
         s = spec.speculative
-        if s is not None and s.method == "draft" and s.draft_path is not None:
+        if s is not None and s.method == "draft" and s.draft_path is not None and not s.cannot_pay:
             # Loaded, measured and unloaded with the target: one footprint.
             draft, _ = mlx_lm.load(str(s.draft_path))
         return model, tokenizer, draft
@@ -194,6 +194,8 @@ def _unspeculative(spec: ModelSpec, model: Any, draft: Any) -> str | None:
 
     if spec.speculative is None:
         return None
+    if spec.speculative.cannot_pay:
+        return spec.speculative.cannot_pay
     odd = unsupported_layers(make_prompt_cache(model))
     if odd:
         return f"its cache has {', '.join(sorted(odd))} layers, which a speculative batch cannot roll back"

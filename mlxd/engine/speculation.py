@@ -21,7 +21,7 @@ class Speculation:
         self.method = spec.method
         self.tokens = spec.tokens
         self.draft_model = draft_model
-        self.governor = Governor()
+        self.governor = Governor(hold_on=not spec.auto_off)
         self.stats = SpecStats()
         self._chunk = prefill_chunk
         # Why this model cannot speculate (a cache it cannot roll back); None: it can.

@@ -23,7 +23,9 @@ in the same batch, at the same batch size, while it serves:
   back on once the last ``retry_samples`` probes pay together: a mix that
   wins again is back within ``max_retry + retry_samples * retry_every``
   steps. A request joining the batch is a new mix: the interval goes back to
-  ``retry_every``.
+  ``retry_every``;
+- ``hold_on``: every step speculates but the baseline's plain ones
+  (``auto_off: false``); the speed-up is measured and never acted on.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ class _Mix:
 
 class Governor:
     def __init__(self, window: int = 16, probe_every: int = 16, min_spec: int = 3, min_plain: int = 2,
-                 retry_every: int = 8, max_retry: int = 64, retry_samples: int = 2) -> None:
+                 retry_every: int = 8, max_retry: int = 64, retry_samples: int = 2,
+                 hold_on: bool = False) -> None:
         self.window = max(2, window)
         self.probe_every = max(2, probe_every)
         self.min_spec = max(1, min_spec)
@@ -64,6 +67,9 @@ class Governor:
         self.retry_every = max(2, retry_every)
         self.max_retry = max(self.retry_every, max_retry)
         self.retry_samples = max(1, retry_samples)
+        # ``auto_off: false``: speculate at every step; the speed-up is still
+        # measured (and shown), never acted on.
+        self.hold_on = hold_on
         self._mixes: dict[int, _Mix] = {}
         # The latest speed-up measured in any mix: what status shows while
         # the current one has none yet.
@@ -88,6 +94,11 @@ class Governor:
     def choose(self, batch: int) -> bool:
         """Whether the next step of a batch of ``batch`` sequences speculates."""
         now = self._now = self._mix(batch) if batch else self._now
+        if self.hold_on:
+            # Every step speculates but for a plain one now and then, the
+            # baseline that status's speed-up is measured against.
+            now.steps += 1
+            return not (len(now.plain) < self.min_plain or now.steps % self.probe_every == 0)
         if now.active and now.speedup is None and self._latest is not None and self._latest < 1.0:
             # A mix not decided yet starts where the last decision left off:
             # when speculation lost in another mix (a batch of four whose row
@@ -126,7 +137,7 @@ class Governor:
             if len(now.spec) < self.min_spec:
                 return
             now.speedup = self._latest = _rate(now.spec) / _rate(now.plain)
-            if now.speedup < 1.0:
+            if now.speedup < 1.0 and not self.hold_on:
                 now.active, now.steps, now.retry = False, 0, self.retry_every
                 # Off: what it measures from now on are the probes.
                 now.spec.clear()

@@ -46,6 +46,8 @@ def _speculative(spec: ModelSpec) -> str:
         "prompt_lookup": "prompt_lookup (n-gram drafts from the prompt and the output so far)",
         "draft": f"draft with `{s.draft_model}` (loaded and unloaded with this model, counted in its charge)",
     }.get(s.method, s.method)
+    if s.cannot_pay:
+        return f"off: {s.cannot_pay}"
     return (f"{how}, {s.tokens} drafted tokens a step verified in one pass, also in the batch; "
             "off by itself while it does not pay")
 

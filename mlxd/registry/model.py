@@ -84,6 +84,33 @@ class SpeculativeSpec:
     tokens: int = 4
     draft_model: str | None = None
     draft_path: Path | None = None
+    # ``draft``: the draft's weights over the target's (a decode step's cost
+    # is mostly reading them), None where unknown.
+    draft_ratio: float | None = None
+    # False: every step speculates, whatever the governor measures.
+    auto_off: bool = True
+
+    def best_speedup(self) -> float | None:
+        """The most a step can gain over plain decoding: every draft kept
+        (K + 1 tokens) for one verify pass, costing at least one plain step,
+        and K draft steps, each ``draft_ratio`` of one (None: not known, or
+        no draft model to pay for)."""
+        if self.method != "draft" or self.draft_ratio is None:
+            return None
+        return (self.tokens + 1) / (1 + self.tokens * self.draft_ratio)
+
+    @property
+    def cannot_pay(self) -> str | None:
+        """Why this draft can never pay for its steps (a draft about the
+        target's size: at best under 1.05x), so that speculation is off from
+        the start, the draft not even loaded; None where it may pay, or with
+        ``auto_off: false``, which speculates regardless."""
+        best = self.best_speedup()
+        if not self.auto_off or best is None or best >= 1.05:
+            return None
+        return (f"the draft weighs {self.draft_ratio:.2f} of this model, so even with every draft kept a step "
+                f"gains at most {best:.2f}x; a draft a fraction of its size pays (`auto_off: false` speculates "
+                "anyway, to measure)")
 
 
 @dataclass(frozen=True)

@@ -208,6 +208,9 @@ class SpeculativeSection(_Section):
     tokens: int = Field(4, ge=1, le=16)
     # ``method: draft``: the registry model that drafts (same tokenizer).
     draft_model: str | None = Field(None, min_length=1)
+    # false: speculate at every step, paying or not (to measure what the
+    # mechanism costs); the auto-off is for serving.
+    auto_off: bool = True
 
 
 # Where a model's files are: ``path`` is ours; vllm-mlx also accepts these.

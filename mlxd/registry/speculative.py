@@ -40,7 +40,8 @@ def entry_spec(doc: Document, i: int, entry: ModelEntry, kind: str, config: Mapp
                         "without another model")
     if section.method == "mtp":
         raise doc.error((*here, "method"), _no_mtp(entry.name, config))
-    return SpeculativeSpec(method=section.method, tokens=section.tokens, draft_model=section.draft_model)
+    return SpeculativeSpec(method=section.method, tokens=section.tokens, draft_model=section.draft_model,
+                           auto_off=section.auto_off)
 
 
 def _no_mtp(name: str, config: Mapping[str, Any]) -> str:
@@ -87,10 +88,14 @@ def resolve_drafts(
         if not same_tokenizer(spec.path, draft.path):
             raise doc.error(loc, f"the draft model `{draft.name}` has another tokenizer than `{spec.name}`; "
                             "a draft must share its target's token ids")
+        ratio = draft.footprint.weights / spec.footprint.weights if spec.footprint.weights > 0 else None
+        resolved_s = dataclasses.replace(s, draft_model=draft.name, draft_path=draft.path, draft_ratio=ratio)
         resolved = dataclasses.replace(
             spec,
-            speculative=dataclasses.replace(s, draft_model=draft.name, draft_path=draft.path),
-            footprint=dataclasses.replace(spec.footprint, draft=draft_bytes(spec, draft)),
+            speculative=resolved_s,
+            # A draft that cannot pay is never loaded, so it holds no memory.
+            footprint=dataclasses.replace(spec.footprint,
+                                          draft=0 if resolved_s.cannot_pay else draft_bytes(spec, draft)),
         )
         check_fits(("models", index[spec.name]), resolved)
         out.append(resolved)

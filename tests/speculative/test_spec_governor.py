@@ -118,3 +118,20 @@ def test_a_mix_not_decided_yet_starts_off_after_another_lost_and_its_probes_deci
     two_winning = Mix(2, 0.010, 0.012, 2.7)
     chosen = two_winning.drive(governor, 40)
     assert governor.active and chosen[-8:].count(True) >= 6
+
+
+def test_held_on_it_speculates_at_every_step_but_its_baseline_and_says_what_that_costs():
+    governor = Governor(hold_on=True)
+    chosen = LOSING.drive(governor, 100)
+    assert chosen.count(True) >= 90 and governor.active
+    assert governor.speedup is not None and governor.speedup < 1.0
+
+
+
+def test_auto_off_false_holds_the_governor_on():
+    from mlxd.engine.speculation import Speculation
+    from mlxd.registry.model import SpeculativeSpec
+
+    assert not Speculation(SpeculativeSpec("draft", 4, "d")).governor.hold_on
+    forced = Speculation(SpeculativeSpec("draft", 4, "d", auto_off=False)).governor
+    assert forced.active and LOSING.drive(forced, 40).count(True) >= 35 and forced.active

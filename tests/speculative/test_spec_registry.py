@@ -17,15 +17,16 @@ from registry.conftest import LLAMA_LIKE, make_model_dir
 GIB = 1024**3
 
 
-def _folder(tmp_path: Path, name: str, tokenizer: str = "A", config: dict | None = None) -> Path:
-    folder = make_model_dir(tmp_path / name, config=config or LLAMA_LIKE, weight_bytes=8192)
+def _folder(tmp_path: Path, name: str, tokenizer: str = "A", config: dict | None = None,
+            weight_bytes: int = 8192) -> Path:
+    folder = make_model_dir(tmp_path / name, config=config or LLAMA_LIKE, weight_bytes=weight_bytes)
     (folder / "tokenizer.json").write_text(json.dumps({"model": tokenizer}))
     return folder
 
 
 def _load(text: str, tmp_path: Path):
     big = _folder(tmp_path, "big")
-    small = _folder(tmp_path, "small")
+    small = _folder(tmp_path, "small", weight_bytes=2048)  # a quarter of big: a draft that may pay
     other = _folder(tmp_path, "other", tokenizer="B")
     hybrid = _folder(tmp_path, "hybrid", config={**LLAMA_LIKE, "model_type": "qwen3_next"})
     body = textwrap.dedent(text).format(big=big, small=small, other=other, hybrid=hybrid)
@@ -50,7 +51,7 @@ def test_each_method_resolves_and_check_says_what_each_model_gets(tmp_path: Path
     assert big.speculative.draft_path == small.path and big.speculative.tokens == 3
     # The draft's weights are in the target's charge: they load together.
     assert big.footprint.draft >= small.footprint.weights > 0
-    assert big.charge_bytes == small.charge_bytes + big.footprint.draft
+    assert big.charge_bytes - big.footprint.draft == small.charge_bytes + big.footprint.weights - small.footprint.weights
     assert lookup.speculative is not None and lookup.speculative.tokens == 4
     text = describe(registry)
     assert "draft with `small`" in text and "+ draft model" in text
@@ -97,3 +98,49 @@ def test_bad_speculative_settings_name_file_line_and_key(
     assert caught.value.line == line + 2, caught.value
     assert caught.value.key == key
     assert fragment in str(caught.value)
+
+
+def test_a_draft_about_the_targets_size_is_said_to_start_off_and_a_small_one_is_not(tmp_path: Path) -> None:
+    target = make_model_dir(tmp_path / "target", config=LLAMA_LIKE, weight_bytes=8192)
+    tiny = make_model_dir(tmp_path / "tiny", config=LLAMA_LIKE, weight_bytes=1024)
+    twin = make_model_dir(tmp_path / "twin", config=LLAMA_LIKE, weight_bytes=8192)
+    for folder in (target, tiny, twin):
+        (folder / "tokenizer.json").write_text(json.dumps({"model": "A"}))
+    registry = load_registry_text(textwrap.dedent(f"""\
+        manager:
+          memory_budget: 1GB
+        models:
+          - name: fast
+            path: {target}
+            speculative: {{method: draft, draft_model: tiny, tokens: 4}}
+          - name: slow
+            path: {target}
+            speculative: {{method: draft, draft_model: twin, tokens: 4}}
+          - name: tiny
+            path: {tiny}
+          - name: twin
+            path: {twin}
+        """), physical_memory=64 * GIB)
+    fast, slow = registry.find("fast"), registry.find("slow")
+    assert fast.speculative.draft_ratio == pytest.approx(1024 / 8192) and fast.speculative.cannot_pay is None
+    assert fast.footprint.draft >= 1024
+    # K + 1 tokens for a pass and K draft steps each as dear as a plain one: 5 / 5.
+    assert slow.speculative.best_speedup() == pytest.approx(1.0)
+    assert "gains at most 1.00x" in (slow.speculative.cannot_pay or "")
+    assert slow.footprint.draft == 0  # never loaded
+    text = describe(registry)
+    assert text.count("speculative decoding: off: the draft weighs 1.00 of this model") == 1
+
+
+def test_auto_off_false_speculates_with_a_draft_that_cannot_pay(tmp_path: Path) -> None:
+    registry = _load("""\
+        models:
+          - name: big
+            path: {big}
+            speculative: {{method: draft, draft_model: twin, auto_off: false}}
+          - name: twin
+            path: {big}
+        """, tmp_path)
+    big = registry.find("big")
+    assert big.speculative.auto_off is False and big.speculative.cannot_pay is None
+    assert big.footprint.draft > 0
