@@ -39,7 +39,7 @@ for name in "$@"; do
     audio) step audio 150 "$PY" bench/audio.py --rounds 3 ;;
     audio-bench) step audio-bench 240 "$PY" bench/audio.py --size bench --rounds 3 ;;
     speech) step speech 200 "$PY" bench/speech_breakdown.py --size bench --rounds 5 ;;
-    speculative) step speculative 330 "$PY" bench/speculative.py ;;
+    speculative) step speculative 440 "$PY" bench/speculative.py ;;
     spec-k) step spec-k 480 "$PY" bench/speculative.py --k 4 8 --streams 1 4 --repeats 2 ;;
     rollback) step rollback 200 "$PY" bench/speculative_rollback.py --contexts 2048 8192 32768 --rows 4 8 ;;
     spec-steps) step spec-steps 240 "$PY" bench/speculative_steps.py --rows 4 8 --distinct --only plain speculating --profile ;;

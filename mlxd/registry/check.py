@@ -48,8 +48,8 @@ def _speculative(spec: ModelSpec) -> str:
     }.get(s.method, s.method)
     if s.cannot_pay:
         return f"off: {s.cannot_pay}"
-    return (f"{how}, {s.tokens} drafted tokens a step verified in one pass, also in the batch; "
-            "off by itself while it does not pay")
+    when = "off by itself while it does not pay" if s.auto_off else "at every step, paying or not (auto_off: false)"
+    return f"{how}, {s.tokens} drafted tokens a step verified in one pass, also in the batch; {when}"
 
 
 def _charge(spec: ModelSpec) -> str:

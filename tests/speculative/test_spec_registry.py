@@ -144,3 +144,4 @@ def test_auto_off_false_speculates_with_a_draft_that_cannot_pay(tmp_path: Path) 
     big = registry.find("big")
     assert big.speculative.auto_off is False and big.speculative.cannot_pay is None
     assert big.footprint.draft > 0
+    assert "at every step, paying or not (auto_off: false)" in describe(registry)
