@@ -99,8 +99,9 @@ def test_claude_code_completes_a_turn(served):
     assert run.returncode == 0, f"stdout:\n{run.stdout[-2000:]}\nstderr:\n{run.stderr[-2000:]}"
     assert not [w for w in WARNINGS if w in run.stdout + run.stderr], run.stdout[-2000:] + run.stderr[-2000:]
     assert run.stdout.strip()
-    log = daemon.log()
-    turn = re.search(rf"messages model={MODEL} (?:caller=\S+ )?status=200 tokens_in=(\d+) .* stream=True", log)
+    pattern = re.compile(rf"messages model={MODEL} (?:caller=\S+ )?status=200 tokens_in=(\d+) .* stream=True")
+    log = daemon.log(until=pattern)
+    turn = pattern.search(log)
     assert turn, log[-3000:]
     # The two tools' schemas were written into the prompt (the same turn without tools is ~200 tokens).
     assert int(turn.group(1)) > 1500
@@ -124,7 +125,8 @@ def test_codex_completes_a_turn(served):
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-3000:]
     assert not [w for w in WARNINGS if w in output], output[-3000:]
-    turn = re.search(rf"responses model={MODEL} (?:caller=\S+ )?status=200 tokens_in=(\d+) .* stream=True", daemon.log())
+    pattern = re.compile(rf"responses model={MODEL} (?:caller=\S+ )?status=200 tokens_in=(\d+) .* stream=True")
+    turn = pattern.search(daemon.log(until=pattern))
     assert turn, daemon.log()[-3000:]
     # Its tools were written into the prompt, and mlxd's short base instructions replaced its own 17k characters.
     assert 1500 < int(turn.group(1)) < 8000

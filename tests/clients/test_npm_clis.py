@@ -92,10 +92,9 @@ def cold_cache(daemon) -> None:
 
 def turns_since(daemon, seen: int) -> list[tuple[int, int]]:
     """(tokens_in, tokens_out) of the chat requests for MODEL logged after the first ``seen`` characters."""
-    return [
-        (int(i), int(o))
-        for i, o in re.findall(rf"chat model={MODEL} status=200 tokens_in=(\d+) tokens_out=(\d+)", daemon.log()[seen:])
-    ]
+    pattern = re.compile(rf"chat model={MODEL} status=200 tokens_in=(\d+) tokens_out=(\d+)")
+    log = daemon.log(until=lambda text: pattern.search(text, seen))
+    return [(int(i), int(o)) for i, o in pattern.findall(log[seen:])]
 
 
 def assert_tools_went_through(daemon, seen: int, capped: bool = True) -> None:

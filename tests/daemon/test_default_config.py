@@ -64,4 +64,5 @@ def test_serve_without_config_or_default_file_serves_the_demo_registry(tmp_path)
     with daemon_process(None, tmp_path, env=_env(tmp_path, XDG_CACHE_HOME=str(tmp_path / "cache"))) as d:
         names = [m["id"] for m in httpx.get(f"{d.url}/v1/models", timeout=10).json()["data"]]
         assert names == ["demo-model"]
-        assert str(tmp_path / "xdg" / "mlxd" / "models.yaml") in d.log()  # says where it looked
+        looked = str(tmp_path / "xdg" / "mlxd" / "models.yaml")
+        assert looked in d.log(until=looked)  # says where it looked

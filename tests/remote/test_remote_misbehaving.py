@@ -193,4 +193,4 @@ def test_a_server_error_with_a_huge_body_is_a_generic_502(front):
     response = chat(front, "server_error")
     assert response.status_code == 502 and response.headers["retry-after"] == "5"
     assert no_internals(response) == "Backend `bad` failed (500)"
-    assert "CUDA out of memory" in front.log(), "the backend's own words are for the operator"
+    assert "CUDA out of memory" in front.log(until="CUDA out of memory"), "the backend's own words are for the operator"

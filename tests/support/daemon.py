@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -85,8 +86,31 @@ class Daemon:
     def model(self, name: str) -> dict[str, Any]:
         return next(m for m in self.status()["models"] if m["name"] == name)
 
-    def log(self) -> str:
-        return self.log_path.read_text() if self.log_path else ""
+    def log(self, until: Any = None, timeout: float = 10.0) -> str:
+        """The daemon's log so far. The daemon writes its log from a thread
+        of its own (mlxd/daemon/logs.py), so a line about a request may land
+        just after its answer: ``until`` (text, a compiled pattern, or a
+        test of the whole log) waits up to ``timeout`` s for it first, then
+        until the log has not grown for a moment (the lines queued behind)."""
+        if until is None:
+            return self.log_path.read_text() if self.log_path else ""
+        if isinstance(until, str):
+            found = until.__contains__
+        elif isinstance(until, re.Pattern):
+            found = until.search
+        else:
+            found = until
+        deadline = time.monotonic() + timeout
+        text = self.log()
+        while not found(text) and time.monotonic() < deadline:
+            time.sleep(0.02)
+            text = self.log()
+        while True:
+            time.sleep(0.1)
+            settled = self.log()
+            if settled == text:
+                return text
+            text = settled
 
 
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.02) -> Any:
