@@ -257,7 +257,9 @@ class Runner:
 
         head = self.prefilling[0]
         row, cache, tokens = head.row, head.cache, head.tokens
-        prompt = mx.array(tokens)
+        if head.prompt is None:
+            head.prompt = mx.array(tokens)
+        prompt = head.prompt
         if len(tokens) - head.done > 1:
             n = min(head.chunk, len(tokens) - head.done - 1)
             with mx.stream(self.stream):

@@ -52,6 +52,7 @@ class Prefill:
     tokens: list[int]
     done: int  # prompt tokens the cache holds
     chunk: int  # prompt tokens per prefill step
+    prompt: Any = None  # ``tokens`` as an mx.array, made once for all its chunks
 
 
 def mergeable(cache: list[Any]) -> bool:
