@@ -211,8 +211,8 @@ class Runner:
         (the followers wait for theirs: the daemon sent every rank the same
         ones). A new request's prompt is prefilled a chunk at a time between
         the batch's steps, so a long prompt never holds the other rows for
-        more than one chunk. ``other`` runs a message that is not a
-        generation."""
+        more than one chunk, the most urgent class's prompts first.
+        ``other`` runs a message that is not a generation."""
         agreed = 0
         while True:
             if not self.batch and not self.prefilling and agreed == 0:
@@ -245,17 +245,21 @@ class Runner:
                 row.processors.append(self._grammar(message))
         cache, done = self._reuse(reuse)
         self.report.send("phase", id=rid, phase="prefill", reused=done)
-        self.prefilling.append(Prefill(row, cache, tokens, done, max(1, int(message.get("prefill_step", 512)))))
+        self.prefilling.append(Prefill(row, cache, tokens, done, max(1, int(message.get("prefill_step", 512))),
+                                       urgency=int(message.get("urgency", 1))))
 
     def prefill(self) -> None:
-        """One chunk of the first prompt waiting; once only its last token is
+        """One chunk of the most urgent prompt waiting; once only its last token is
         left, that token runs as the row's first decode step and the row
         joins the batch (or ends, if its first token ends it). mlx-lm's
         generate_step order, so the logits (and greedy tokens) are those of
         one process."""
         import mlx.core as mx
 
-        head = self.prefilling[0]
+        # The most urgent class first, first come first served within one (a
+        # bulk prompt goes on where it stopped): every rank holds the same
+        # prompts, so every rank picks the same one.
+        head = min(self.prefilling, key=lambda waiting: waiting.urgency)
         row, cache, tokens = head.row, head.cache, head.tokens
         if head.prompt is None:
             head.prompt = mx.array(tokens)
@@ -268,7 +272,7 @@ class Runner:
             head.done += n
             self.report.send("progress", id=row.rid, phase="prefill", done=head.done)
             return
-        self.prefilling.popleft()
+        self.prefilling.remove(head)
         row.history = prompt
         with mx.stream(self.stream):
             logits = self.model(prompt[head.done:][None], cache=cache)[:, -1, :]

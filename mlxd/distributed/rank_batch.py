@@ -53,6 +53,7 @@ class Prefill:
     done: int  # prompt tokens the cache holds
     chunk: int  # prompt tokens per prefill step
     prompt: Any = None  # ``tokens`` as an mx.array, made once for all its chunks
+    urgency: int = 1  # its caller's priority class, 0 most urgent (mlxd.caller.PRIORITIES)
 
 
 def mergeable(cache: list[Any]) -> bool:

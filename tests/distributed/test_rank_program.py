@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import queue
-import threading
+from collections.abc import Callable
 
 import mlx.core as mx
 import pytest
@@ -26,11 +26,16 @@ class Events:
         self.lines: list[dict] = []
         self.inbox: queue.Queue | None = None
         self.want = 0
-        self._lock = threading.Lock()
+        # (event test, message): the message reaches the inbox once an event passes the test.
+        self.later: list[tuple[Callable[[dict], bool], dict]] = []
 
     def write(self, line: str) -> None:
         event = json.loads(line)
         self.lines.append(event)
+        for when, message in list(self.later):
+            if when(event):
+                self.later.remove((when, message))
+                self.inbox.put(message)
         if event["ev"] == "end" and sum(e["ev"] == "end" for e in self.lines) == self.want:
             self.inbox.put({"op": "exit"})
 
@@ -44,12 +49,14 @@ def model():
     return rank_program._load(str(path), "tensor", mx.distributed.init())
 
 
-def _run(model, messages: list[dict], max_batch: int = 8) -> Events:
+def _run(model, messages: list[dict], max_batch: int = 8, later: list | None = None) -> Events:
     events = Events()
+    events.later = list(later or [])
     runner = rank_program.Runner(model, mx.distributed.init(), rank_program.Reporter(events, 0), set(), set(),
                                  max_batch=max_batch)
     inbox: queue.Queue = queue.Queue()
-    events.inbox, events.want = inbox, sum(m["op"] == "generate" for m in messages)
+    events.inbox = inbox
+    events.want = sum(m["op"] == "generate" for m in [*messages, *(m for _, m in events.later)])
     for message in messages:
         inbox.put(message)
     runner.serve(inbox, lambda message: None)
@@ -101,3 +108,20 @@ def test_each_row_ends_with_what_its_cache_holds_for_the_prefix_cache(model):
     # The prompt and every token decided but the last, which was never fed.
     assert (ends["a"]["cached"], ends["b"]["cached"]) == (12 + 9, 25 + 2)
     assert ends["a"]["entry_bytes"] > 0 and ends["b"]["entry_bytes"] > 0
+
+
+def test_an_interactive_prompt_is_prefilled_before_a_bulk_prompt_that_came_first(model):
+    decoding = _ask("a", 20, 60)
+    bulk = _ask("b", 1200, 2, prefill_step=256, urgency=2)
+    interactive = _ask("i", 700, 2, prefill_step=256, urgency=0)
+    # The interactive request arrives once the bulk prompt's prefill has begun.
+    events = _run(model, [decoding, bulk], later=[(lambda e: e["ev"] == "progress" and e.get("id") == "b",
+                                                    interactive)])
+    bulk_chunks, interactive_chunks = _where(events, "progress", "b"), _where(events, "progress", "i")
+    assert len(bulk_chunks) == 5 and len(interactive_chunks) == 3
+    # Every chunk of the interactive prompt, and its first token, came between
+    # the bulk prompt's chunks: it went ahead, and the bulk prompt went on.
+    first_token = _where(events, "token", "i")[0]
+    assert bulk_chunks[0] < interactive_chunks[0] and first_token < bulk_chunks[-1]
+    for ask in (bulk, interactive):
+        assert _tokens(events, ask["id"]) == _tokens(_run(model, [ask]), ask["id"])
