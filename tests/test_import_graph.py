@@ -33,8 +33,9 @@ ALLOWED = {
     # Registry entries served by other servers: an engine over HTTP, which
     # forwards the output request (tools/output_request.py) as it was sent.
     "remote": {"errors", "waiting", "registry", "engine", "tools"},
-    # A parallel model: the engine contract over a gang of rank processes.
-    "distributed": {"errors", "registry", "engine", "grammar", "tools"},
+    # A parallel model: the engine contract over a gang of rank processes; its
+    # ranks prefill waiting prompts by the callers' priority classes.
+    "distributed": {"errors", "caller", "registry", "engine", "grammar", "tools"},
     "factory": {"errors", "files"},
     "service": {"errors", "registry", "settings"},
     # Constrained decoding and tool calls (engine side), GGUF import.
