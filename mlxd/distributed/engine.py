@@ -131,7 +131,7 @@ class GangEngine(GenerationEngine):
                 # prompt starts from, and what the ranks evict, must reach
                 # them all in the order it was decided.
                 self._raise_if_failed()
-                await self._settle(self._ended())
+                await self._settle()
                 rid = f"{request.request_id}-{next(self._ids)}"
                 sent = _Request(rid, self.gang.subscribe(rid), self.prefix.plan(tokens), tokens)
                 self._sent[rid] = sent
@@ -156,7 +156,7 @@ class GangEngine(GenerationEngine):
                     await self.gang.send_leader({"op": "cancel", "id": sent.rid})
                 elif sent.end is not None:
                     async with self._turn:
-                        await self._settle(self._ended())
+                        await self._settle()
 
     def _ended(self) -> list[_Request]:
         """The requests whose answers are over and whose end event is in:
@@ -173,12 +173,12 @@ class GangEngine(GenerationEngine):
                 ended.append(sent)
         return ended
 
-    async def _settle(self, ended: list[_Request]) -> None:
+    async def _settle(self) -> None:
         """Keep each ended request's cache as the ranks kept it (or have them
         drop it when its contents are unknown), then drop what the bounds
         leave no room for. Under ``_turn``."""
         drop: list[int] = []
-        for sent in ended:
+        for sent in self._ended():
             self._sent.pop(sent.rid, None)
             self.gang.unsubscribe(sent.rid)
             if self.gang.failed.done():
@@ -197,7 +197,7 @@ class GangEngine(GenerationEngine):
         those whose answers are over (save, restore and clear need the ranks
         between requests; an answer still being read settles itself)."""
         await self.gang.idle.wait()
-        await self._settle(self._ended())
+        await self._settle()
 
     async def _relay(
         self, sent: _Request, n_prompt: int, stop: list[str], scoring: bool = False,

@@ -175,14 +175,15 @@ class Gang:
         local_ip = route_ip(next(iter(remote.values())).address) if remote else "127.0.0.1"
         ports = [0 if rank in remote else free_port() for rank in range(size)]
         hosts = [[remote[r].address] if r in remote else [f"{local_ip}:{ports[r]}"] for r in range(size)]
-        hostfile = self._dir / "hosts.json"
-        hostfile.write_text(json.dumps(hosts))
         jaccl: dict[str, Any] = {}
         if self.plan.transport == "jaccl":
             # Rank 0 (here) is the coordinator; the device names are each host's own.
             jaccl = {"coordinator": f"{local_ip}:{free_port()}", "devices": self.plan.rdma_devices}
             hostfile = self._dir / "devices.json"
             hostfile.write_text(json.dumps(jaccl["devices"]))
+        else:
+            hostfile = self._dir / "hosts.json"
+            hostfile.write_text(json.dumps(hosts))
         base = {
             **os.environ,
             "MLXD_GANG_PATH": str(self.plan.path),

@@ -21,6 +21,7 @@ from typing import Any
 from mlxd.distributed.gang import TERM_GRACE_S, free_port, rank_env
 from mlxd.distributed.processes import LocalRank
 from mlxd.errors import BadRequest, CapacityUnavailable, RequestNotFound
+from mlxd.registry.schema import rdma_devices_problem
 
 GB = 1024**3
 
@@ -92,15 +93,16 @@ class RankHosting:
             raise BadRequest("this rank has started already", param="hosts")
         if len(hosts) != hosted.size:
             raise BadRequest(f"a gang of {hosted.size} ranks needs {hosted.size} hosts", param="hosts")
-        hostfile = hosted.folder / "hosts.json"
-        hostfile.write_text(json.dumps(hosts))
         if hosted.transport == "jaccl":
-            n = hosted.size
-            if not coordinator or not isinstance(devices, list) or len(devices) != n or any(
-                    not isinstance(row, list) or len(row) != n for row in devices):
-                raise BadRequest(f"a jaccl rank needs `coordinator` and `devices` ({n} rows of {n})", param="devices")
+            problem = rdma_devices_problem(devices, hosted.size)
+            if not coordinator or problem:
+                raise BadRequest(f"a jaccl rank needs `coordinator` and `devices`: {problem or 'no coordinator'}",
+                                 param="devices")
             hostfile = hosted.folder / "devices.json"
             hostfile.write_text(json.dumps(devices))
+        else:
+            hostfile = hosted.folder / "hosts.json"
+            hostfile.write_text(json.dumps(hosts))
         env = {**os.environ, **hosted.env,
                **rank_env(hosted.transport, hosted.rank, hosted.size, [], hostfile, coordinator)}
         hosted.process = await LocalRank.spawn(env, f"hosted rank {hosted.rank}")

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mlxd.distributed import wire
-from mlxd.distributed.rank_batch import Prefill, Row, RowBatch, mergeable
+from mlxd.distributed.rank_batch import Prefill, Row, RowBatch
+from mlxd.engine import cache_layers
 
 # How long a rank whose daemon went away may take to finish by itself.
 ORPHAN_GRACE_S = 5.0
@@ -97,9 +98,7 @@ def always_trimmable(model: Any) -> bool:
     window wraps, and an SSM layer's state never does."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlxd.engine.cache_layers import may_outgrow_trimming
-
-    return not may_outgrow_trimming(make_prompt_cache(model))
+    return not cache_layers.may_outgrow_trimming(make_prompt_cache(model))
 
 
 def _load(path: str, mode: str, group: Any) -> Any:
@@ -195,9 +194,7 @@ class Runner:
         self.max_batch = max(1, max_batch)
         from mlx_lm.models.cache import make_prompt_cache
 
-        self.batchable = mergeable(make_prompt_cache(model))
-        # Each row's scores from the last decision (rank 0, for logprobs).
-        self.scored: list[dict[str, Any]] = []
+        self.batchable = cache_layers.mergeable(make_prompt_cache(model))
 
     # --- the step program ----------------------------------------------------------
 
@@ -276,8 +273,8 @@ class Runner:
         row.history = prompt
         with mx.stream(self.stream):
             logits = self.model(prompt[head.done:][None], cache=cache)[:, -1, :]
-        _, (token,), (stop,) = self._decide([row], logits, None)
-        self._advance([row], [token], [stop])
+        _, (token,), (stop,), scored = self._decide([row], logits, None)
+        self._advance([row], [token], [stop], scored)
         if stop:
             self._end(row, cache, token)
         else:
@@ -291,8 +288,8 @@ class Runner:
         rows = list(self.batch.rows)
         with mx.stream(self.stream):
             logits = self.model(self.batch.inputs(), cache=self.batch.cache)[:, -1, :]
-        admit, tokens, stops = self._decide(rows, logits, inbox)
-        self._advance(rows, tokens, stops)
+        admit, tokens, stops, scored = self._decide(rows, logits, inbox)
+        self._advance(rows, tokens, stops, scored)
         leaving = {i for i, stop in enumerate(stops) if stop}
         caches = self.batch.leave(leaving)
         for i in sorted(leaving):
@@ -300,14 +297,15 @@ class Runner:
         return admit
 
     def _decide(self, rows: list[Row], logits: Any, inbox: queue.Queue[dict[str, Any] | None] | None
-                ) -> tuple[int, list[int], list[bool]]:
+                ) -> tuple[int, list[int], list[bool], list[dict[str, Any]]]:
         """Rank 0 draws each row's token and says whether the row ends (an
         end token, max_tokens, a cancel) and how many waiting messages every
         rank takes next (none when ``inbox`` is None); one ``all_sum`` hands
-        all of it to the followers."""
+        all of it to the followers. Last, each row's scores (rank 0, for
+        logprobs; empty elsewhere)."""
         import mlx.core as mx
 
-        self.scored = [{} for _ in rows]
+        scored: list[dict[str, Any]] = [{} for _ in rows]
         with mx.stream(self.stream):
             if self.rank == 0:
                 drawn = []
@@ -321,7 +319,7 @@ class Runner:
                 stops = []
                 for i, (row, token) in enumerate(zip(rows, picked)):
                     if row.top is not None:
-                        self.scored[i] = _scored(drawn[i][1], int(token), row.top)
+                        scored[i] = _scored(drawn[i][1], int(token), row.top)
                     stops.append(token in self.eos or row.step + 1 >= row.max_tokens or row.rid in self.cancels)
                 admit = self._admissible(inbox, len(rows) - sum(stops)) if inbox is not None else 0
                 decision = mx.array([float(admit), *map(float, picked), *(1.0 if s else 0.0 for s in stops)])
@@ -331,7 +329,7 @@ class Runner:
             decision = mx.distributed.all_sum(decision, group=self.group, stream=self.collectives)
             values = decision.tolist()
         n = len(rows)
-        return int(values[0]), [int(v) for v in values[1:1 + n]], [v > 0.5 for v in values[1 + n:]]
+        return int(values[0]), [int(v) for v in values[1:1 + n]], [v > 0.5 for v in values[1 + n:]], scored
 
     def _admissible(self, inbox: queue.Queue[dict[str, Any] | None], staying: int) -> int:
         """Rank 0: how many of the messages waiting, in order, every rank
@@ -349,7 +347,7 @@ class Runner:
             taken += 1
         return taken
 
-    def _advance(self, rows: list[Row], tokens: list[int], stops: list[bool]) -> None:
+    def _advance(self, rows: list[Row], tokens: list[int], stops: list[bool], scored: list[dict[str, Any]]) -> None:
         """Every row's decided token: rank 0 reports it (with its scores),
         a follower reports its step; the token is each row's next input."""
         import mlx.core as mx
@@ -358,7 +356,7 @@ class Runner:
             row.step += 1
             row.token = token
             if self.rank == 0:
-                self.report.send("token", id=row.rid, t=token, **self.scored[i])
+                self.report.send("token", id=row.rid, t=token, **scored[i])
                 if not stop and row.processors:  # only they read the tokens so far
                     row.history = mx.concatenate([row.history, mx.array([token])])
         if self.rank != 0:
@@ -371,7 +369,7 @@ class Runner:
         kept: dict[str, Any] = {}
         if row.keep_as is not None:
             self.entries[row.keep_as] = cache
-            kept = {"cached": row.cached, "entry_bytes": sum(c.nbytes for c in cache)}
+            kept = {"cached": row.cached, "entry_bytes": cache_layers.nbytes(cache)}
         self.cancels.discard(row.rid)
         busy = len(self.batch) + len(self.prefilling)  # rows it still owes steps to
         self.report.send("end", id=row.rid, reason=reason, steps=row.step, busy=busy, **kept, **self._memory())
@@ -429,8 +427,6 @@ class Runner:
         import mlx.core as mx
         from mlx_lm.models.cache import load_prompt_cache, make_prompt_cache
 
-        from mlxd.engine import cache_layers
-
         if folder is None:
             return {}
         layers = len(make_prompt_cache(self.model))
@@ -445,7 +441,7 @@ class Runner:
             if len(cache) != layers or cache_layers.positions(cache) not in (None, int(count)):
                 continue
             self.entries[int(key)] = cache
-            restored[str(int(key))] = sum(c.nbytes for c in cache)
+            restored[str(int(key))] = cache_layers.nbytes(cache)
         return restored
 
     def _memory(self) -> dict[str, int]:

@@ -56,12 +56,6 @@ class Prefill:
     urgency: int = 1  # its caller's priority class, 0 most urgent (mlxd.caller.PRIORITIES)
 
 
-def mergeable(cache: list[Any]) -> bool:
-    """Whether every layer of this cache can join a batch (what mlx-lm's
-    server asks before batching a model)."""
-    return bool(cache) and all(hasattr(layer, "merge") for layer in cache)
-
-
 class RowBatch:
     """The rows decoding on this rank, in the order every rank holds them."""
 

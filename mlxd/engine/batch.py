@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxd.caller import PRIORITIES, class_of
+from mlxd.engine.cache_layers import mergeable
 from mlxd.engine.checkpoints import checkpoint, plan
 from mlxd.engine.logprobs import token_logprob
 from mlxd.engine.lifecycle import FirstGenerationPeak, GenerationControl, GenerationCounts
@@ -98,7 +99,7 @@ def supports_batching(model: Any) -> bool:
         cache = make_prompt_cache(model)
     except Exception:  # noqa: BLE001 - an exotic model simply is not batched
         return False
-    return bool(cache) and all(hasattr(layer, "merge") for layer in cache)
+    return mergeable(cache)
 
 
 @dataclass(eq=False)

@@ -178,6 +178,12 @@ def nbytes(cache: Sequence[Any]) -> int:
     return sum(int(layer.nbytes) for layer in cache)
 
 
+def mergeable(cache: Sequence[Any]) -> bool:
+    """Whether every layer can join a batch (mlx-lm's batch caches: what its
+    server asks before batching a model)."""
+    return bool(cache) and all(hasattr(layer, "merge") for layer in cache)
+
+
 def persistable(cache: Sequence[Any]) -> bool:
     return bool(cache) and all(_layer_persistable(layer) for layer in cache)
 

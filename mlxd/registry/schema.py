@@ -252,14 +252,23 @@ class ParallelSection(_Section):
         if value is None:
             return value
         ranks = info.data.get("ranks")
-        n = ranks if isinstance(ranks, int) else len(ranks or [])
-        square = len(value) == n and all(len(row) == n for row in value)
-        named = all((device is None) == (i == j) and (device is None or device.strip())
-                    for i, row in enumerate(value) for j, device in enumerate(row))
-        if not (square and named):
-            raise ValueError(f"one row per rank, {n} rows of {n}: null where a rank meets itself, "
-                             "else the RDMA device (e.g. `rdma_en5`) that joins the two hosts")
+        problem = rdma_devices_problem(value, ranks if isinstance(ranks, int) else len(ranks or []))
+        if problem:
+            raise ValueError(problem)
         return value
+
+
+def rdma_devices_problem(devices: Any, n: int) -> str | None:
+    """Why ``devices`` is not jaccl's matrix for ``n`` ranks (None: it is):
+    the registry's check, and a hosting mlxd's of what a daemon sent it."""
+    square = isinstance(devices, list) and len(devices) == n and all(
+        isinstance(row, list) and len(row) == n for row in devices)
+    named = square and all(device is None if i == j else isinstance(device, str) and bool(device.strip())
+                           for i, row in enumerate(devices) for j, device in enumerate(row))
+    if named:
+        return None
+    return (f"one row per rank, {n} rows of {n}: null where a rank meets itself, "
+            "else the RDMA device (e.g. `rdma_en5`) that joins the two hosts")
 
 
 class ModelEntry(_Section):

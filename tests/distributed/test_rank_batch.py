@@ -12,7 +12,8 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 from zoo.zoo_support import zoo_model
 
-from mlxd.distributed.rank_batch import Row, RowBatch, mergeable
+from mlxd.distributed.rank_batch import Row, RowBatch
+from mlxd.engine.cache_layers import mergeable
 
 pytestmark = pytest.mark.mlx
 
