@@ -109,11 +109,16 @@ def contended(url: str, args: argparse.Namespace) -> dict[str, Any]:
     """4 bulk clients in a loop, one interactive client of short requests, for ``args.seconds``."""
     stop = threading.Event()
     bulk: list[float] = []
+    bulk_started: list[float] = []
     ttft: list[float] = []
+    ttft_started: list[float] = []
+    began = time.perf_counter()
 
     def bulk_client() -> None:
         while not stop.is_set():
+            started = time.perf_counter() - began
             bulk.append(stream(url, KEYS["bulk"], args.bulk_tokens, bulk_prompt(args))[1])
+            bulk_started.append(started)
 
     threads = [threading.Thread(target=bulk_client) for _ in range(args.bulk_clients)]
     for t in threads:
@@ -121,12 +126,16 @@ def contended(url: str, args: argparse.Namespace) -> dict[str, Any]:
     time.sleep(2.0)  # let the bulk clients fill the model first
     deadline = time.monotonic() + args.seconds
     while time.monotonic() < deadline:
+        ttft_started.append(time.perf_counter() - began)
         ttft.append(stream(url, KEYS["interactive"], args.interactive_tokens)[0])
         time.sleep(args.think)
     stop.set()
     for t in threads:
         t.join()
-    return {"interactive_ttft": ttft, "bulk_seconds": bulk}
+    # When each request began (s after the bulk clients started): whether the
+    # slow ones cluster at the start (first uses of batch shapes) or not.
+    return {"interactive_ttft": ttft, "interactive_started_s": ttft_started, "bulk_seconds": bulk,
+            "bulk_started_s": bulk_started}
 
 
 def run(model: Path, args: argparse.Namespace, priorities: bool) -> dict[str, Any]:
@@ -182,6 +191,12 @@ def main() -> None:
     print(table(["run", "idle p95 ms", "TTFT p50 ms", "TTFT p95 ms", "p95 vs idle", "n", "solo bulk s",
                  "bulk p50 s", "bulk max s", "max vs solo", "n"],
                 [summary(name, r) for name, r in runs.items()]))
+    for name, r in runs.items():
+        slow = sorted(zip(r["interactive_ttft"], r["interactive_started_s"]), reverse=True)[:4]
+        slow_bulk = sorted(zip(r["bulk_seconds"], r["bulk_started_s"]), reverse=True)[:4]
+        print(f"{name}: slowest first tokens (ms @ s): "
+              + ", ".join(f"{1000 * t:.0f} @ {at:.1f}" for t, at in slow)
+              + "; slowest bulk (s @ s): " + ", ".join(f"{t:.2f} @ {at:.1f}" for t, at in slow_bulk))
     for name, r in runs.items():
         ttft = p95(r["interactive_ttft"]) / p95(r["idle_ttft"])
         bulk = max(r["bulk_seconds"]) / statistics.median(r["solo_bulk_seconds"])

@@ -131,12 +131,17 @@ def streams(port: int, model: str, messages: list[dict[str, str]], tokens: int, 
     if bad:
         raise RuntimeError(f"{model}: {bad[0]}")
     done = [r for r in runs if isinstance(r, Run)]
-    span = max(r.cpu_s for r in done) - min(r.first_token_s for r in done)
+    span_start = min(r.first_token_s for r in done)
+    span = max(r.cpu_s for r in done) - span_start
     return {
         "streams": n,
         "per_stream_tok_s": statistics.median(r.decode_tok_s for r in done),
         "aggregate_tok_s": sum(r.tokens - 1 for r in done) / span if span > 0 else float("nan"),
         "tokens": [r.tokens for r in done],
+        # Each stream's first token and end after the earliest first token:
+        # a stream that starts late or stalls shows here, not in the median.
+        "first_token_at_s": [round(r.first_token_s - span_start, 3) for r in done],
+        "ended_at_s": [round(r.cpu_s - span_start, 3) for r in done],
         "text": done[0].text,
     }
 
@@ -153,8 +158,11 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {**ordered[(len(ordered) - 1) // 2], "aggregate_runs": [r["aggregate_tok_s"] for r in runs]}
 
 
+METHODS = ("plain", "lookup", "selfdraft", "selfdraft-forced")
+
+
 def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int],
-              ks: list[int], repeats: int = 1) -> tuple[dict[str, Any], Any]:
+              ks: list[int], repeats: int = 1, methods: tuple[str, ...] = METHODS) -> tuple[dict[str, Any], Any]:
     # Loaded by the warm-up request: preloading three models can outlast the start-up wait.
     common = {"path": str(path), "preload": False, "max_context": 8192, "max_concurrency": max(counts),
               "idle_unload_seconds": 0, "prefix_cache": {"max_bytes": "512MB", "persist": False}}
@@ -167,7 +175,8 @@ def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int],
             {"name": entry_name("selfdraft-forced", k, ks), **common,
              "speculative": {"method": "draft", "tokens": k, "draft_model": "smol-draft", "auto_off": False}},
         ]
-    names = tuple(e["name"] for e in entries if e["name"] != "smol-draft")
+    names = tuple(e["name"] for e in entries
+                  if e["name"] != "smol-draft" and e["name"].split("-k")[0] in methods)
     out: dict[str, Any] = {}
     with daemon(entries) as url, httpx.Client(base_url=url, timeout=1800) as http:
         port = int(url.rsplit(":", 1)[1])
@@ -186,7 +195,9 @@ def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int],
                             prime(port, name, variant(messages, i))
                         done[name].append(streams(port, name, messages, tokens, n))
                         print(f"  {workload:9} {n} streams {name:9} run {repeat + 1}: "
-                              f"{done[name][-1]['aggregate_tok_s']:.2f} tok/s", flush=True)
+                              f"{done[name][-1]['aggregate_tok_s']:.2f} tok/s; first tokens at "
+                              f"{done[name][-1]['first_token_at_s']} s, ends at {done[name][-1]['ended_at_s']} s",
+                              flush=True)
                 for name in names:
                     out[f"{workload}/{n}/{name}"] = median_run(done[name])
         status = {m["name"]: m.get("speculative") for m in http.get("/v1/status").json()["models"]}
@@ -243,6 +254,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1,
                         help="runs of each mlxd configuration; the table shows the median run (the slower middle one of an even count)")
     parser.add_argument("--no-peers", action="store_true")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
+                        help="mlxd configurations to run (a subset also leaves the peers out)")
+    parser.add_argument("--workloads", nargs="+", choices=["code_edit", "free_chat"], default=None)
     parser.add_argument("--q4", action="store_true", help="keep the GGUF's 4-bit weights (slow on a CPU)")
     add_dtype_option(parser)
     args = parser.parse_args()
@@ -257,11 +271,13 @@ def main() -> None:
     lines = args.lines or (40 if args.quick else 200)
     tokens = args.tokens or (24 if args.quick else 160)
     counts = args.streams or ([1, 4] if args.quick else [1, 4, 8])
-    work = requests(lines)
+    work = {w: m for w, m in requests(lines).items() if args.workloads is None or w in args.workloads}
+    methods = tuple(args.methods)
+    subset = methods != METHODS or args.workloads is not None
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"SmolLM2-135M-Instruct ({'Q4_1' if args.q4 else dtype}), {lines}-line file, {tokens} tokens, K={'/'.join(map(str, args.k))}; load: {load}", flush=True)
-    runs, status = mlxd_runs(path, work, tokens, counts, args.k, max(1, args.repeats))
-    if not args.no_peers:
+    runs, status = mlxd_runs(path, work, tokens, counts, args.k, max(1, args.repeats), methods)
+    if not args.no_peers and not subset:
         runs.update(peer_runs(path, work, tokens, args.k[0]))
     rows = []
     for key, r in runs.items():
@@ -279,6 +295,8 @@ def main() -> None:
               "runs": {k: {kk: vv for kk, vv in v.items() if kk != "text"} for k, v in runs.items()},
               "speculative_status": status}
     key = ("quick" if args.quick else f"{lines}-lines-{tokens}-tokens") + ("" if args.k == [4] else f"-k{'-'.join(map(str, args.k))}")
+    if subset:  # a partial run does not replace the full one's figures
+        key += "-" + "-".join(methods + tuple(work))
     print(f"wrote {save('speculative', key, result)}")
 
 
