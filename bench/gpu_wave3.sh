@@ -9,7 +9,10 @@
 # synthesis's time goes, bench/speech_breakdown.py), speculative (bench/speculative.py: SmolLM2, code edit and free chat,
 # 1/4/8 streams, mlx_lm.server --draft-model beside it), plain-sweep (the same without speculation
 # at 1, 2, 3, 4, 5 and 8 streams, twice each: which batch sizes are slow, and whether only at first use),
-# steps-sweep (the same batch sizes below the daemon: mlx-lm's BatchGenerator and mlxd's batch), spec-k (the same at K = 4 and 8,
+# steps-sweep (the same batch sizes below the daemon: mlx-lm's BatchGenerator and mlxd's batch),
+# batch-overhead (bench/batch_overhead.py: mlxd's batched decode against BatchGenerator in one process,
+# profiled with py-spy where it is on PATH), batch-switch (the same with the daemon's GIL switch interval
+# at 0.5 ms), spec-k (the same at K = 4 and 8,
 # 1 and 4 streams, each figure the median of 2 runs), rollback (bench/speculative_rollback.py: a
 # speculative step's cache work, mlx-lm's roll against the holes), spec-steps (bench/speculative_steps.py
 # with distinct rows, which keep different numbers of drafts), spec-warm (the same, free chat and code
@@ -44,6 +47,8 @@ for name in "$@"; do
     speculative) step speculative 440 "$PY" bench/speculative.py ;;
     plain-sweep) step plain-sweep 300 "$PY" bench/speculative.py --methods plain --streams 1 2 3 4 5 8 --repeats 2 ;;
     steps-sweep) step steps-sweep 200 "$PY" bench/speculative_steps.py --rows 1 2 3 4 5 8 --only BatchGenerator "spec batch, plain" --repeats 2 --distinct --tokens 160 ;;
+    batch-overhead) step batch-overhead 240 "$PY" bench/batch_overhead.py --size bench --rows 1 2 4 8 --profile ;;
+    batch-switch) step batch-switch 150 "$PY" bench/batch_overhead.py --size bench --rows 1 4 8 --switch-interval 0.0005 ;;
     spec-k) step spec-k 480 "$PY" bench/speculative.py --k 4 8 --streams 1 4 --repeats 2 ;;
     rollback) step rollback 200 "$PY" bench/speculative_rollback.py --contexts 2048 8192 32768 --rows 4 8 ;;
     spec-steps) step spec-steps 240 "$PY" bench/speculative_steps.py --rows 4 8 --distinct --only plain speculating --profile ;;

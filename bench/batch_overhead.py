@@ -1,0 +1,211 @@
+"""What the daemon adds to a batched decode step: mlx-lm's BatchGenerator
+driven in one process against the same model behind `mlxd serve`, at the
+same numbers of rows.
+
+    python bench/batch_overhead.py --size tiny --rows 1 4 8
+    python bench/batch_overhead.py --size bench --rows 1 2 4 8 --profile
+
+Both decode the same greedy prompt for ``--tokens`` tokens per row (end
+tokens ignored); tok/s are all rows' tokens after each row's first, over the
+span from the first token to the last. On an H100 (SmolLM2 bf16) the daemon
+matched BatchGenerator at one row but reached 0.53-0.60 of it at 4 and 8
+(bench/speculative.py's plain rows against bench/speculative_steps.py), so
+this bench puts the two side by side in one run.
+
+``--profile`` samples the daemon with py-spy (on ``$PATH`` or beside the
+Python) during its largest batch and prints, per thread, the share of
+samples in which it held the GIL and its busiest functions: whether the
+event loop's streaming and the worker's step wait on each other.
+
+Prints a table and merges the figures into bench/results/batch_overhead.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx  # noqa: E402
+
+from bench.common import PROMPT, daemon, environment, reexec_with_openblas, save, table  # noqa: E402
+
+
+def raw_tok_s(path: Path, rows: int, tokens: int) -> float:
+    """BatchGenerator alone: ``rows`` copies of the prompt, greedy."""
+    from mlx_lm.generate import BatchGenerator
+
+    model, tokenizer = _loaded(path)
+    ids = tokenizer.encode(PROMPT)
+    generator = BatchGenerator(model, stop_tokens=set(), completion_batch_size=64, prefill_batch_size=64)
+    generator.insert([ids] * rows, max_tokens=[tokens] * rows)
+    made, first = 0, None
+    try:
+        while True:
+            out = generator.next()
+            responses = out[1] if isinstance(out, tuple) else out
+            if not responses:
+                if first is not None:
+                    break
+                continue
+            if first is None:  # each row's first token: the prefill's, not a step's
+                first = time.perf_counter()
+                continue
+            made += len(responses)
+            if all(r.finish_reason for r in responses):
+                break
+    finally:
+        generator.close()
+    return made / (time.perf_counter() - first)
+
+
+_MODELS: dict[Path, Any] = {}
+
+
+def _loaded(path: Path) -> Any:
+    if path not in _MODELS:
+        from mlx_lm import load
+
+        _MODELS[path] = load(str(path))
+    return _MODELS[path]
+
+
+def daemon_tok_s(url: str, rows: int, tokens: int) -> float:
+    firsts: list[float] = []
+    ends: list[float] = []
+    counts: list[int] = []
+
+    def one() -> None:
+        body = {"model": "m", "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True,
+                "ignore_eos": True, "stream_options": {"include_usage": True}}
+        first, made = None, 0
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=900) as response:
+            response.raise_for_status()
+            for line in response.iter_lines():
+                if line.startswith("data: {") and '"usage"' in line and '"choices":[]' in line:
+                    made = int(line.split('"completion_tokens":')[1].split(",")[0].split("}")[0])
+                elif line.startswith("data: {") and first is None:
+                    first = time.perf_counter()
+        ends.append(time.perf_counter())
+        firsts.append(first or ends[-1])
+        counts.append(made)
+
+    threads = [threading.Thread(target=one) for _ in range(rows)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(c - 1 for c in counts) / (max(ends) - min(firsts))
+
+
+def py_spy() -> str | None:
+    beside = Path(sys.executable).with_name("py-spy")
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+def profile(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
+    binary = py_spy()
+    if binary is None:
+        print("py-spy not found: no profile")
+        return None
+    return subprocess.Popen([binary, "record", "--pid", str(pid), "--threads", "--gil", "--format", "raw",
+                             "-r", "500", "-d", f"{seconds:.0f}", "-o", str(out), "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+
+def summarize(raw: Path, seconds: float, rate: int = 500) -> str:
+    """Per thread: its share of the GIL (``--gil`` keeps only the holder's
+    samples) and its functions with the most samples, self and inclusive."""
+    threads: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    inclusive: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    totals: collections.Counter[str] = collections.Counter()
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        thread = next((f for f in frames if f.startswith("thread")), "thread ?")
+        body = [f for f in frames if not f.startswith(("process", "thread"))]
+        n = int(count)
+        totals[thread] += n
+        if body:
+            threads[thread][body[-1]] += n
+            for f in set(body):
+                inclusive[thread][f] += n
+    lines = []
+    expected = seconds * rate
+    for thread, n in totals.most_common():
+        lines.append(f"{thread}: holds the GIL in {100 * n / expected:.0f}% of the samples")
+        for f, m in threads[thread].most_common(6):
+            lines.append(f"    self {100 * m / n:5.1f}%  {f}")
+        for f, m in inclusive[thread].most_common(14):
+            lines.append(f"    incl {100 * m / n:5.1f}%  {f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", choices=["tiny", "small", "bench"], default="tiny")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--switch-interval", type=float, default=None,
+                        help="the daemon's sys.setswitchinterval (s), through a sitecustomize: does the GIL hand-off cost")
+    args = parser.parse_args()
+    reexec_with_openblas()
+    from mlxd.engine.cuda_attention import prefer_mlx_attention_kernels
+    from mlxd.factory import ModelRecipe, build_model
+
+    prefer_mlx_attention_kernels()
+    path = build_model(ModelRecipe("qwen2", args.size))
+    raw_tok_s(path, 1, 8)  # kernels compiled before timing
+    raw = {n: max(raw_tok_s(path, n, args.tokens) for _ in range(args.repeats)) for n in args.rows}
+    env: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="batch-overhead-") as tmp:
+        if args.switch_interval is not None:
+            Path(tmp, "sitecustomize.py").write_text(f"import sys\nsys.setswitchinterval({args.switch_interval})\n")
+            env["PYTHONPATH"] = os.pathsep.join([tmp, os.environ.get("PYTHONPATH", "")])
+        entry = {"name": "m", "path": str(path), "preload": True, "max_concurrency": max(args.rows),
+                 "idle_unload_seconds": 0}
+        served: dict[int, float] = {}
+        report = ""
+        with daemon([entry], env=env) as url:
+            for _ in range(2):
+                daemon_tok_s(url, max(args.rows), 16)
+            for n in args.rows:
+                served[n] = max(daemon_tok_s(url, n, args.tokens) for _ in range(args.repeats))
+            if args.profile:
+                pid = int(subprocess.run(["pgrep", "-n", "-f", "mlxd serve"], capture_output=True,
+                                         text=True).stdout.split()[0])
+                out = Path(tmp) / "profile.txt"
+                seconds = 6.0
+                spy = profile(pid, seconds, out)
+                if spy is not None:
+                    deadline = time.monotonic() + seconds + 1
+                    while time.monotonic() < deadline:
+                        daemon_tok_s(url, max(args.rows), args.tokens)
+                    spy.wait()
+                    report = summarize(out, seconds) if out.exists() else "py-spy wrote nothing"
+    rows = [[n, f"{raw[n]:.1f}", f"{served[n]:.1f}", f"{served[n] / raw[n]:.2f}",
+             f"{1000 * n / raw[n]:.2f}", f"{1000 * n / served[n]:.2f}"] for n in args.rows]
+    print(f"qwen2-{args.size}, {args.tokens} tokens a row, greedy, best of {args.repeats}"
+          + (f", daemon switch interval {args.switch_interval}s" if args.switch_interval is not None else ""))
+    print(table(["rows", "BatchGenerator tok/s", "mlxd tok/s", "mlxd / direct", "direct ms/step", "mlxd ms/step"],
+                rows))
+    if report:
+        print(report)
+    key = f"qwen2-{args.size}" + (f"-switch{args.switch_interval}" if args.switch_interval is not None else "")
+    print(f"wrote {save('batch_overhead', key, {'rows': {n: {'direct_tok_s': raw[n], 'mlxd_tok_s': served[n]} for n in args.rows}, 'tokens': args.tokens, **environment()})}")
+
+
+if __name__ == "__main__":
+    main()
