@@ -138,16 +138,27 @@ def contended(url: str, args: argparse.Namespace) -> dict[str, Any]:
             "bulk_started_s": bulk_started}
 
 
+def slow_turns(log: Path) -> dict[str, Any]:
+    """The batch loop's slow turns (debug log, engine/turn_clock.py): how
+    many, and the slowest few as logged."""
+    lines = [line.split(": ", 2)[-1] for line in log.read_text(errors="replace").splitlines() if "slow turn" in line]
+    slowest = sorted(lines, key=lambda line: -float(line.split()[2]))[:6]
+    return {"count": len(lines), "slowest": slowest}
+
+
 def run(model: Path, args: argparse.Namespace, priorities: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="mlxd-bench-apps-") as tmp:
         path = registry(Path(tmp), model, args.concurrency, priorities)
-        with serving(path, Path(tmp)) as url:
+        log = Path(tmp) / "daemon-copy.log"
+        env = {"MLXD_LOG_LEVEL": "debug"} if args.turns else None
+        with serving(path, Path(tmp), env=env, log_to=log if args.turns else None) as url:
             for _ in range(2):  # warm up
                 stream(url, KEYS["interactive"], args.interactive_tokens)
             idle = [stream(url, KEYS["interactive"], args.interactive_tokens)[0] for _ in range(args.idle_samples)]
             solo = [stream(url, KEYS["bulk"], args.bulk_tokens, bulk_prompt(args))[1] for _ in range(2)]
             load = contended(url, args)
-    return {"idle_ttft": idle, "solo_bulk_seconds": solo, **load}
+        turns = {"slow_turns": slow_turns(log)} if args.turns and log.exists() else {}
+    return {"idle_ttft": idle, "solo_bulk_seconds": solo, **load, **turns}
 
 
 def summary(name: str, r: dict[str, Any]) -> list[Any]:
@@ -172,6 +183,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4, help="the model's max_concurrency")
     parser.add_argument("--think", type=float, default=0.2, help="seconds between interactive requests")
     parser.add_argument("--idle-samples", type=int, default=10)
+    parser.add_argument("--turns", action="store_true",
+                        help="run the daemon at debug level and print its batch loop's slowest turns (where a tail comes from)")
     args = parser.parse_args()
 
     from mlxd.factory import ModelRecipe, build_model
@@ -197,6 +210,10 @@ def main() -> None:
         print(f"{name}: slowest first tokens (ms @ s): "
               + ", ".join(f"{1000 * t:.0f} @ {at:.1f}" for t, at in slow)
               + "; slowest bulk (s @ s): " + ", ".join(f"{t:.2f} @ {at:.1f}" for t, at in slow_bulk))
+        if "slow_turns" in r:
+            print(f"  {r['slow_turns']['count']} slow turns; the slowest:")
+            for line in r["slow_turns"]["slowest"]:
+                print(f"    {line}")
     for name, r in runs.items():
         ttft = p95(r["interactive_ttft"]) / p95(r["idle_ttft"])
         bulk = max(r["bulk_seconds"]) / statistics.median(r["solo_bulk_seconds"])

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -80,16 +81,21 @@ def _loaded(path: Path) -> Any:
     return _MODELS[path]
 
 
-def daemon_tok_s(url: str, rows: int, tokens: int) -> float:
+def daemon_tok_s(url: str, rows: int, tokens: int, chat: bool = False) -> float:
     firsts: list[float] = []
     ends: list[float] = []
     counts: list[int] = []
 
     def one() -> None:
-        body = {"model": "m", "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True,
-                "ignore_eos": True, "stream_options": {"include_usage": True}}
+        body: dict[str, Any] = {"model": "m", "max_tokens": tokens, "temperature": 0, "stream": True,
+                                "ignore_eos": True, "stream_options": {"include_usage": True}}
+        if chat:
+            body["messages"] = [{"role": "user", "content": PROMPT}]
+        else:
+            body["prompt"] = PROMPT
         first, made = None, 0
-        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=900) as response:
+        route = "/v1/chat/completions" if chat else "/v1/completions"
+        with httpx.stream("POST", f"{url}{route}", json=body, timeout=900) as response:
             response.raise_for_status()
             for line in response.iter_lines():
                 if line.startswith("data: {") and '"usage"' in line and '"choices":[]' in line:
@@ -108,6 +114,31 @@ def daemon_tok_s(url: str, rows: int, tokens: int) -> float:
     return sum(c - 1 for c in counts) / (max(ends) - min(firsts))
 
 
+def python_thread_names(pid: int) -> dict[str, str]:
+    """Native thread id -> Python thread name, from ``py-spy dump`` (Python
+    does not name its threads for the kernel); empty without py-spy."""
+    binary = py_spy()
+    if binary is None:
+        return {}
+    dump = subprocess.run([binary, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True, text=True).stdout
+    return dict(re.findall(r'^Thread (\d+) \(\w+\): "([^"]+)"', dump, re.M))
+
+
+def thread_cpu(pid: int, names: dict[str, str]) -> dict[str, float]:
+    """CPU seconds so far of each of the process's threads, by Python name
+    where known (the rest, MLX's and BLAS's threads, as "other") (Linux)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = collections.Counter()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = names.get(task.name, "other")
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[name] += (int(fields[11]) + int(fields[12])) / ticks
+    return out
+
+
 def py_spy() -> str | None:
     beside = Path(sys.executable).with_name("py-spy")
     return str(beside) if beside.exists() else shutil.which("py-spy")
@@ -118,7 +149,7 @@ def profile(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | No
     if binary is None:
         print("py-spy not found: no profile")
         return None
-    return subprocess.Popen([binary, "record", "--pid", str(pid), "--threads", "--gil", "--format", "raw",
+    return subprocess.Popen([binary, "record", "--pid", str(pid), "--threads", *([] if os.environ.get("BATCH_PROFILE_ALL") else ["--gil"]), "--format", "raw",
                              "-r", "500", "-d", f"{seconds:.0f}", "-o", str(out), "--nonblocking"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
@@ -153,11 +184,13 @@ def summarize(raw: Path, seconds: float, rate: int = 500) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--size", choices=["tiny", "small", "bench"], default="tiny")
+    parser.add_argument("--size", choices=["tiny", "small", "bench", "smollm2"], default="tiny",
+                        help="a random qwen2 of the factory's sizes, or the trained SmolLM2-135M-Instruct")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--chat", action="store_true", help="stream through /v1/chat/completions (default: /v1/completions)")
     parser.add_argument("--switch-interval", type=float, default=None,
                         help="the daemon's sys.setswitchinterval (s), through a sitecustomize: does the GIL hand-off cost")
     args = parser.parse_args()
@@ -166,7 +199,14 @@ def main() -> None:
     from mlxd.factory import ModelRecipe, build_model
 
     prefer_mlx_attention_kernels()
-    path = build_model(ModelRecipe("qwen2", args.size))
+    if args.size == "smollm2":
+        from mlxd.dtypes import device_dtype
+        from mlxd.factory.smollm2 import smollm2_gguf
+        from mlxd.gguf.cache import converted_dir
+
+        path = converted_dir(smollm2_gguf(), Path.home() / ".cache" / "mlxd", dtype=device_dtype("auto"))
+    else:
+        path = build_model(ModelRecipe("qwen2", args.size))
     raw_tok_s(path, 1, 8)  # kernels compiled before timing
     raw = {n: max(raw_tok_s(path, n, args.tokens) for _ in range(args.repeats)) for n in args.rows}
     env: dict[str, str] = {}
@@ -177,34 +217,46 @@ def main() -> None:
         entry = {"name": "m", "path": str(path), "preload": True, "max_concurrency": max(args.rows),
                  "idle_unload_seconds": 0}
         served: dict[int, float] = {}
+        cpu_per_token: dict[int, dict[str, float]] = {}
         report = ""
         with daemon([entry], env=env) as url:
+            pid = int(subprocess.run(["pgrep", "-n", "-f", "mlxd serve"], capture_output=True,
+                                     text=True).stdout.split()[0])
             for _ in range(2):
-                daemon_tok_s(url, max(args.rows), 16)
+                daemon_tok_s(url, max(args.rows), 16, args.chat)
+            names = python_thread_names(pid)
             for n in args.rows:
-                served[n] = max(daemon_tok_s(url, n, args.tokens) for _ in range(args.repeats))
+                before = thread_cpu(pid, names)
+                served[n] = max(daemon_tok_s(url, n, args.tokens, args.chat) for _ in range(args.repeats))
+                after = thread_cpu(pid, names)
+                made = n * (args.tokens - 1) * args.repeats
+                # The event loop's and the worker's CPU per token: what each
+                # row adds to a step, on whichever machine.
+                cpu_per_token[n] = {name: 1e6 * (after[name] - before.get(name, 0.0)) / made
+                                    for name in after if after[name] - before.get(name, 0.0) > 0.005}
             if args.profile:
-                pid = int(subprocess.run(["pgrep", "-n", "-f", "mlxd serve"], capture_output=True,
-                                         text=True).stdout.split()[0])
                 out = Path(tmp) / "profile.txt"
                 seconds = 6.0
                 spy = profile(pid, seconds, out)
                 if spy is not None:
                     deadline = time.monotonic() + seconds + 1
                     while time.monotonic() < deadline:
-                        daemon_tok_s(url, max(args.rows), args.tokens)
+                        daemon_tok_s(url, max(args.rows), args.tokens, args.chat)
                     spy.wait()
                     report = summarize(out, seconds) if out.exists() else "py-spy wrote nothing"
     rows = [[n, f"{raw[n]:.1f}", f"{served[n]:.1f}", f"{served[n] / raw[n]:.2f}",
              f"{1000 * n / raw[n]:.2f}", f"{1000 * n / served[n]:.2f}"] for n in args.rows]
-    print(f"qwen2-{args.size}, {args.tokens} tokens a row, greedy, best of {args.repeats}"
+    print(f"{args.size if args.size == 'smollm2' else 'qwen2-' + args.size}, {'chat' if args.chat else 'completions'}, {args.tokens} tokens a row, greedy, best of {args.repeats}"
           + (f", daemon switch interval {args.switch_interval}s" if args.switch_interval is not None else ""))
     print(table(["rows", "BatchGenerator tok/s", "mlxd tok/s", "mlxd / direct", "direct ms/step", "mlxd ms/step"],
                 rows))
+    for n, threads in cpu_per_token.items():
+        print(f"{n} rows, daemon CPU us per token by thread: "
+              + ", ".join(f"{name} {us:.0f}" for name, us in sorted(threads.items(), key=lambda kv: -kv[1])))
     if report:
         print(report)
-    key = f"qwen2-{args.size}" + (f"-switch{args.switch_interval}" if args.switch_interval is not None else "")
-    print(f"wrote {save('batch_overhead', key, {'rows': {n: {'direct_tok_s': raw[n], 'mlxd_tok_s': served[n]} for n in args.rows}, 'tokens': args.tokens, **environment()})}")
+    key = (args.size if args.size == "smollm2" else f"qwen2-{args.size}") + ("-chat" if args.chat else "") + (f"-switch{args.switch_interval}" if args.switch_interval is not None else "")
+    print(f"wrote {save('batch_overhead', key, {'rows': {n: {'direct_tok_s': raw[n], 'mlxd_tok_s': served[n], 'cpu_us_per_token': cpu_per_token[n]} for n in args.rows}, 'tokens': args.tokens, **environment()})}")
 
 
 if __name__ == "__main__":

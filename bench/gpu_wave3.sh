@@ -11,7 +11,8 @@
 # at 1, 2, 3, 4, 5 and 8 streams, twice each: which batch sizes are slow, and whether only at first use),
 # steps-sweep (the same batch sizes below the daemon: mlx-lm's BatchGenerator and mlxd's batch),
 # batch-overhead (bench/batch_overhead.py: mlxd's batched decode against BatchGenerator in one process,
-# profiled with py-spy where it is on PATH), batch-switch (the same with the daemon's GIL switch interval
+# profiled with py-spy where it is on PATH; batch-smol: SmolLM2 through chat, as bench/speculative.py
+# serves it), batch-switch (the same with the daemon's GIL switch interval
 # at 0.5 ms), spec-k (the same at K = 4 and 8,
 # 1 and 4 streams, each figure the median of 2 runs), rollback (bench/speculative_rollback.py: a
 # speculative step's cache work, mlx-lm's roll against the holes), spec-steps (bench/speculative_steps.py
@@ -56,7 +57,8 @@ for name in "$@"; do
                step spec-warm-code 200 "$PY" bench/speculative_steps.py --workload code_edit --distinct --rows 1 4 8 --tokens 160 --warm ;;
     distributed) step distributed 170 "$PY" bench/distributed.py --size bench --transport ring --tokens 64 --repeats 3 ;;
     apps) step apps 150 "$PY" bench/app_priority.py --size bench --seconds 20 ;;
-    apps5) step apps5 300 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 ;;
+    apps5) step apps5 300 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --turns ;;
+    batch-smol) step batch-smol 150 "$PY" bench/batch_overhead.py --size smollm2 --chat --rows 1 4 8 ;;
     embeddings) step embeddings 100 "$PY" bench/embeddings.py --texts 256 --rounds 3 ;;
     *) echo "unknown step $name" ;;
   esac

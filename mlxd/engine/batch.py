@@ -55,6 +55,7 @@ import asyncio
 import collections
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,6 +68,7 @@ from mlxd.engine.lifecycle import FirstGenerationPeak, GenerationControl, Genera
 from mlxd.engine.prefix_cache import PrefixCache
 from mlxd.engine.speculation import Speculation
 from mlxd.engine.text_model import Prepared, TextModel
+from mlxd.engine.turn_clock import TurnClock
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.engine.worker import SKIP, MlxWorker, WorkerStream
 from mlxd.errors import MlxdError, ShuttingDown
@@ -179,6 +181,8 @@ class BatchScheduler:
         # Read by stats(): sequences in the decode batch, batched decode steps.
         self.size = 0
         self.steps = 0
+        # Joins and ends of the current turn (for the slow-turn log).
+        self._joined = self._ended = 0
 
     @property
     def alive(self) -> bool:
@@ -235,16 +239,32 @@ class BatchScheduler:
     # -------------------------------------------------------- the batch loop
     def _turns(self) -> Iterator[Any]:
         """The batch loop (worker thread): one turn per worker step."""
+        # Slow turns are timed and logged at debug level only (turn_clock.py).
+        clock = TurnClock() if log.isEnabledFor(logging.DEBUG) else None
         try:
             while True:
-                self._admit_arrivals()
+                if clock is not None:
+                    clock.start(time.perf_counter())
+                    self._joined = self._ended = 0
+                arrivals = self._admit_arrivals()
                 self._drop_leavers()
+                if clock is not None:
+                    clock.mark("admit", time.perf_counter())
                 self._prefill()
                 # First tokens go out before the batch's step (which takes a while).
                 self._flush()
+                if clock is not None:
+                    clock.mark("prefill and join", time.perf_counter())
+                rows = len(self._decoding)
                 if self._decoding:
                     self._decode_step()
                 self._flush()
+                if clock is not None:
+                    clock.mark("step", time.perf_counter())
+                    slow = clock.end(time.perf_counter(), rows=rows, arrivals=arrivals, joined=self._joined,
+                                     ended=self._ended, prefilling=len(self._prefilling))
+                    if slow is not None:
+                        log.debug("%s: %s", self._name, slow)
                 if self._prefilling or self._decoding:
                     yield SKIP
                     continue
@@ -263,7 +283,8 @@ class BatchScheduler:
             name = self._name
             self._abandon(lambda: MlxdError(f"The model `{name}` failed while generating."))
 
-    def _admit_arrivals(self) -> None:
+    def _admit_arrivals(self) -> int:
+        """Takes the requests handed over since the last turn; how many."""
         with self._lock:
             arrivals = list(self._pending)
             self._pending.clear()
@@ -283,6 +304,7 @@ class BatchScheduler:
             except Exception as exc:  # noqa: BLE001 - this request's own failure (e.g. BadRequest)
                 counts.end(seq.control)
                 self._post(seq, exc)
+        return len(arrivals)
 
     def _start(self, seq: _Sequence) -> None:
         import mlx.core as mx
@@ -415,6 +437,7 @@ class BatchScheduler:
             stop_sequences=[self._no_stops if s.request.ignore_eos else self._eos_stops for s, _ in ready],
             **warmups,
         )
+        self._joined += len(ready)
         for (seq, _), uid in zip(ready, uids):
             seq.uid = uid
             seq.cache = seq.prompt = None  # the batch owns a merged copy now
@@ -482,6 +505,7 @@ class BatchScheduler:
     ) -> None:
         """A request that ended normally: keep its cache for the next turn
         before its last chunk is handed over, then let it go."""
+        self._ended += 1
         if seq.uid is not None:  # it may end at its first token, before joining
             del self._decoding[seq.uid]
         if cache is not None and tokens and self._prefix is not None and not seq.control.warmup:

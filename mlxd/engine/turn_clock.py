@@ -1,0 +1,57 @@
+"""Which turns of a batch loop ran long, and where their time went.
+
+A request's time to first token and a stream's gaps are set by the turns of
+its model's batch loop (``engine/batch.py``): one decode step for every row,
+and between steps the admissions, prefill chunks, joins and endings. A turn
+that takes several times the usual one is what a tail latency is made of,
+and which phase it spent its time in says why (a join's cache merge, an
+ending's cache hand-over, a prefill chunk). At debug level the batch logs
+each such turn with its phases; nothing is timed otherwise.
+
+Pure: the caller passes the clock's readings.
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+from dataclasses import dataclass, field
+
+# A turn is slow past this many times the median of the recent ones...
+SLOW_FACTOR = 2.0
+# ...and past this many seconds (a turn of a tiny model on an idle batch is
+# well under a millisecond; twice that is not worth a line).
+SLOW_FLOOR_S = 0.004
+WINDOW = 128
+
+
+@dataclass
+class TurnClock:
+    factor: float = SLOW_FACTOR
+    floor_s: float = SLOW_FLOOR_S
+    recent: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=WINDOW))
+    _started: float = 0.0
+    _last: float = 0.0
+    _phases: dict[str, float] = field(default_factory=dict)
+
+    def start(self, now: float) -> None:
+        self._started = self._last = now
+        self._phases = {}
+
+    def mark(self, phase: str, now: float) -> None:
+        """The time since the previous mark (or the start) was ``phase``'s."""
+        self._phases[phase] = self._phases.get(phase, 0.0) + now - self._last
+        self._last = now
+
+    def end(self, now: float, **counts: int) -> str | None:
+        """The turn's description when it was slow (its phases in ms, and
+        ``counts``: rows, arrivals, joins...), else None. Every turn counts
+        toward the median the next ones are held to."""
+        total = now - self._started
+        usual = statistics.median(self.recent) if len(self.recent) >= 8 else None
+        self.recent.append(total)
+        if usual is None or total < self.floor_s or total < self.factor * usual:
+            return None
+        phases = ", ".join(f"{name} {1000 * s:.1f}" for name, s in self._phases.items() if s >= 0.0005)
+        detail = ", ".join(f"{name} {n}" for name, n in counts.items() if n)
+        return f"slow turn {1000 * total:.1f} ms (usual {1000 * usual:.1f}): {phases}" + (f"; {detail}" if detail else "")
