@@ -177,3 +177,16 @@ def serving(registry: Path, tmp: Path, env: dict[str, str] | None = None,
         if log_to is not None:
             log_to.parent.mkdir(parents=True, exist_ok=True)
             log_to.write_text(log_path.read_text())
+
+
+def wait_warm(http: httpx.Client, names: tuple[str, ...], limit_s: float = 600) -> None:
+    """Until each model's warm-up is done: on a machine whose kernel cache
+    does not know the models it runs in the background, behind the first
+    requests, and the bench would time its kernel compiles."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        models = {m["name"]: m for m in http.get("/v1/status").json()["models"]}
+        if all(models.get(n, {}).get("warmup_done") is not False for n in names):
+            return
+        time.sleep(0.5)
+    print(f"warm-up not done after {limit_s:.0f}s; timing anyway", flush=True)

@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx  # noqa: E402
 
 from bench.common import (  # noqa: E402
-    add_dtype_option, daemon, environment, free_port, model_dtype, reexec_with_openblas, save, table,
+    add_dtype_option, daemon, environment, free_port, model_dtype, reexec_with_openblas, save, table, wait_warm,
 )
 from bench.servers import Run, parse_stream, process_server, stream  # noqa: E402
 
@@ -202,19 +202,6 @@ def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int],
                     out[f"{workload}/{n}/{name}"] = median_run(done[name])
         status = {m["name"]: m.get("speculative") for m in http.get("/v1/status").json()["models"]}
     return out, status
-
-
-def wait_warm(http: httpx.Client, names: tuple[str, ...], limit_s: float = 600) -> None:
-    """Until each model's warm-up is done: on a machine whose kernel cache
-    does not know the models it runs in the background, behind the first
-    requests, and the bench would time its kernel compiles."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        models = {m["name"]: m for m in http.get("/v1/status").json()["models"]}
-        if all(models.get(n, {}).get("warmup_done") is not False for n in names):
-            return
-        time.sleep(0.5)
-    print(f"warm-up not done after {limit_s:.0f}s; timing anyway", flush=True)
 
 
 def peer_runs(path: Path, work: dict[str, Any], tokens: int, k: int) -> dict[str, Any]:
