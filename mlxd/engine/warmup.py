@@ -58,7 +58,8 @@ DECODE_STEPS = 3
 SHORT_PROMPT_TOKENS = 16
 # Tokens kept free under max_context for the reply and the chat template.
 CONTEXT_MARGIN = 16
-MAX_WARM_BATCH = 4
+# Batch sizes a batching model is warmed at on a GPU: 2 to this.
+MAX_WARM_BATCH = 8
 # Batch sizes a speculative model's verify shapes are warmed at: 1 to this.
 MAX_SPECULATIVE_WARM_BATCH = 8
 # The passage warm-up prompts repeat, in characters.
@@ -84,7 +85,9 @@ class WarmupRun:
     concurrent: int = 1
     timed: bool = False  # measures prefill speed (runs after the kernels are compiled)
     # "greedy"; "sampled": every sampling filter on, the second request also
-    # seeded, with penalties and logprobs; "constrained": under a JSON grammar.
+    # seeded, with penalties and logprobs; "shared": every filter on, no seed,
+    # the same for every request (one sampler for the batch); "constrained":
+    # under a JSON grammar.
     kind: str = "greedy"
 
 
@@ -150,16 +153,35 @@ def plan_warmup(
     if device == "cpu":
         return _cpu_plan(room, max_concurrency, batching)
     long = min(2 * prefill_chunk + SHORT_PROMPT_TOKENS, room)
+    short = min(SHORT_PROMPT_TOKENS, room)
     runs = [WarmupRun(long, DECODE_STEPS)]
     if batching and max_concurrency > 1:
-        runs.append(WarmupRun(min(SHORT_PROMPT_TOKENS, room), DECODE_STEPS, min(max_concurrency, MAX_WARM_BATCH)))
-    short = min(SHORT_PROMPT_TOKENS, room)
+        runs += batch_runs(short, max_concurrency)
     runs.append(WarmupRun(short, DECODE_STEPS, 2, kind="sampled"))
     runs.append(WarmupRun(min(prefill_chunk, room), 1, timed=True))
     runs.append(WarmupRun(short, DECODE_STEPS, kind="constrained"))
     if speculative_tokens > 0:
         runs += speculative_runs(short, speculative_tokens, max_concurrency if batching else 1)
     return tuple(runs)
+
+
+def batch_runs(prompt_tokens: int, max_concurrency: int) -> list[WarmupRun]:
+    """Requests that arrive together, at every batch size from 2 to
+    ``max_concurrency`` (at most ``MAX_WARM_BATCH``), all with the same
+    sampling parameters and no seed, as an app's clients send them. They
+    join the batch together (mlx-lm merges, splits and extends their caches)
+    and the batch draws their tokens in one call of their shared sampler
+    (``BatchScheduler._sampler``), a kernel traced per batch size. On an
+    H100, with only a batch of 4 greedy requests warmed, the first
+    contended run of bench/app_priority.py (4 bulk clients at temperature
+    0.7 and an interactive one: batches of 5) gave one interactive request
+    its first token after 1.4-2.2 s and its first bulk requests 3.3-4x their
+    solo time; the next daemon on that machine, its kernels on disk, had
+    neither. Batch sizes 2 to 5 and several requests joining at once are
+    what that run met cold; whether these runs leave nothing of it is still
+    to be measured on a GPU (bench/gpu_wave3.sh apps5)."""
+    return [WarmupRun(prompt_tokens, DECODE_STEPS, rows, kind="shared")
+            for rows in range(2, min(max_concurrency, MAX_WARM_BATCH) + 1)]
 
 
 def speculative_runs(prompt_tokens: int, k: int, max_concurrency: int) -> list[WarmupRun]:
@@ -242,7 +264,9 @@ def warmup_request(run: WarmupRun, index: int, prompt: str, request_id: str, cha
     text: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
     extra: dict[str, Any] = {}
     sampling = GREEDY
-    if run.kind == "sampled":
+    if run.kind == "shared":
+        sampling = WARM_SAMPLING
+    elif run.kind == "sampled":
         sampling = WARM_SAMPLING
         if index % 2:
             sampling = dataclasses.replace(WARM_SAMPLING, seed=index, **WARM_PENALTIES)

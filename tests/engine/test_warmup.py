@@ -26,11 +26,17 @@ CONSTRAINED = WarmupRun(16, 3, kind="constrained")
         # One sequence on a GPU: two full prefill chunks plus a rest, sampling, a timed chunk, a grammar.
         (dict(max_context=4096, prefill_chunk=512, max_concurrency=1, batching=False),
          (WarmupRun(1040, 3), SAMPLED, WarmupRun(512, 1, timed=True), CONSTRAINED)),
-        # Batching adds short requests at once, as many as it will batch (at most 4).
+        # Batching adds short requests at once sharing one sampler, at every
+        # batch size it may run (2 to 8): a batch size's first use compiles.
         (dict(max_context=4096, prefill_chunk=512, max_concurrency=8, batching=True),
-         (WarmupRun(1040, 3), WarmupRun(16, 3, 4), SAMPLED, WarmupRun(512, 1, timed=True), CONSTRAINED)),
+         (WarmupRun(1040, 3), *(WarmupRun(16, 3, rows, kind="shared") for rows in range(2, 9)),
+          SAMPLED, WarmupRun(512, 1, timed=True), CONSTRAINED)),
+        (dict(max_context=4096, prefill_chunk=512, max_concurrency=16, batching=True),
+         (WarmupRun(1040, 3), *(WarmupRun(16, 3, rows, kind="shared") for rows in range(2, 9)),
+          SAMPLED, WarmupRun(512, 1, timed=True), CONSTRAINED)),
         (dict(max_context=4096, prefill_chunk=512, max_concurrency=2, batching=True),
-         (WarmupRun(1040, 3), WarmupRun(16, 3, 2), SAMPLED, WarmupRun(512, 1, timed=True), CONSTRAINED)),
+         (WarmupRun(1040, 3), WarmupRun(16, 3, 2, kind="shared"), SAMPLED, WarmupRun(512, 1, timed=True),
+          CONSTRAINED)),
         # max_concurrency > 1 on a model that cannot batch: no batched run.
         (dict(max_context=4096, prefill_chunk=512, max_concurrency=4, batching=False),
          (WarmupRun(1040, 3), SAMPLED, WarmupRun(512, 1, timed=True), CONSTRAINED)),
@@ -63,7 +69,8 @@ def test_the_loader_returns_a_warm_engine_with_nothing_left_of_the_warmup(worker
         assert report is not None and report.error is None
         # It really ran through the engine: the batched path too when batching.
         on_cpu = current_device().kind == "cpu"
-        wide, alone = (0, 3) if on_cpu else (4, 5)  # the CPU: the sampled pair (batched when batching), timed
+        # The CPU: the sampled pair (batched when batching), timed; GPUs add batches of 2, 3 and 4.
+        wide, alone = (0, 3) if on_cpu else (2 + 3 + 4, 5)
         assert report.requests == (alone + wide if concurrency == 4 else alone)
         assert stats["batching"] is (concurrency > 1)
         if concurrency > 1 and not on_cpu:
@@ -94,3 +101,17 @@ def test_status_says_loaded_only_once_the_warmup_is_done(tmp_path):
         # GPUs: long, 2 at once, 2 sampled, timed, a grammar; the CPU: 2 sampled, timed
         assert warmup["requests"] == (3 if current_device().kind == "cpu" else 7) and warmup["error"] is None and warmup["seconds"] > 0
         assert status["engine"]["generations"] == 0
+
+
+def test_a_shared_batch_sends_one_set_of_sampling_values_so_the_batch_draws_in_one_call():
+    """Every request of a "shared" run has the same values and no seed, so
+    the batch gives them one sampler (BatchScheduler._sampler) and its
+    kernels run at that batch size; a "sampled" pair differs (one seeded)."""
+    from mlxd.engine.warmup import warmup_request
+
+    run_ = WarmupRun(16, 3, 4, kind="shared")
+    shared = [warmup_request(run_, i, "text", f"w{i}", chat=False) for i in range(4)]
+    assert len({r.sampling for r in shared}) == 1
+    assert shared[0].sampling.seed is None and shared[0].sampling.temperature > 0
+    pair = [warmup_request(SAMPLED, i, "text", f"s{i}", chat=False) for i in range(2)]
+    assert pair[0].sampling != pair[1].sampling
