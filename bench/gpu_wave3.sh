@@ -22,8 +22,8 @@
 # (bench/distributed.py: bench-size model over 2 ranks, ring), apps
 # (bench/app_priority.py; apps5 with a fifth slot, so that 4 bulk clients
 # and the interactive one each have one), embeddings (bench/embeddings.py). SmolLM2's GGUF and
-# MiniLM's folder must be in $MLXD_WHEELS_DIR (shared/gpu/README.md: the device
-# has no network). Logs and bench/results go to $OUT (default ./gpu-out).
+# MiniLM's folder must be in $MLXD_WHEELS_DIR (the device has no network):
+# bench/gpu_models.sh packs them into parts for the device calls. Logs and bench/results go to $OUT (default ./gpu-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(pwd)/gpu-out}
