@@ -27,6 +27,7 @@ import argparse
 import hashlib
 import itertools
 import keyword
+import re
 import statistics
 import sys
 import tempfile
@@ -143,7 +144,11 @@ def slow_turns(log: Path) -> dict[str, Any]:
     many, and the slowest few as logged."""
     lines = [line.split(": ", 2)[-1] for line in log.read_text(errors="replace").splitlines() if "slow turn" in line]
     slowest = sorted(lines, key=lambda line: -float(line.split()[2]))[:6]
-    return {"count": len(lines), "slowest": slowest}
+    # The turns where several requests joined at once: the usual tail.
+    joins = [float(line.split()[2]) for line in lines
+             if (m := re.search(r"joined (\d+)", line)) and int(m.group(1)) >= 2]
+    return {"count": len(lines), "slowest": slowest, "joins_of_2_or_more": len(joins),
+            "join_turn_median_ms": statistics.median(joins) if joins else None}
 
 
 def run(model: Path, args: argparse.Namespace, priorities: bool) -> dict[str, Any]:
@@ -220,7 +225,10 @@ def main() -> None:
               + ", ".join(f"{1000 * t:.0f} @ {at:.1f}" for t, at in slow)
               + "; slowest bulk (s @ s): " + ", ".join(f"{t:.2f} @ {at:.1f}" for t, at in slow_bulk))
         if "slow_turns" in r:
-            print(f"  {r['slow_turns']['count']} slow turns; the slowest:")
+            turns = r["slow_turns"]
+            joined = (f", {turns['joins_of_2_or_more']} of them joins of 2 or more requests, median "
+                      f"{turns['join_turn_median_ms']:.1f} ms" if turns["join_turn_median_ms"] else "")
+            print(f"  {turns['count']} slow turns{joined}; the slowest:")
             for line in r["slow_turns"]["slowest"]:
                 print(f"    {line}")
     for name, r in runs.items():

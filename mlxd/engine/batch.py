@@ -30,7 +30,10 @@ streams and one-shot calls (loads, unloads, cache saves) run in between:
    steps, each decoding every other row, which an interactive request
    joining a busy batch waited for. The request then joins the batch with
    its cache holding the whole prompt and the first token as its input
-   (``insert(..., caches=)``);
+   (``insert(..., caches=)``). A bulk request joining a batch that is
+   decoding is the exception: it joins with its prompt's last token as its
+   input, and the batch draws its first token in its step, for all the
+   rows joining then at once (``_batch_draws_first``);
 5. one ``BatchGenerator.next()``: a decode step for every sequence. Each
    token is detokenized with the request's own detokenizer and matched
    against its own stop strings, and the chunks go to the requests'
@@ -382,11 +385,27 @@ class BatchScheduler:
                                seq.marks.popleft().kind, self._name)
             if left == 0:
                 seq = self._prefilling.popleft()
+                if self._batch_draws_first(seq):
+                    ready.append((seq, None))
+                    continue
                 first = self._first_token(seq)
                 if first is not None:
                     ready.append((seq, first))
         if ready:
             self._join(ready)
+
+    def _batch_draws_first(self, seq: _Sequence) -> bool:
+        """A bulk request joining a batch that is decoding leaves its last
+        prompt token to the batch, which draws its first token there: one
+        forward for all the rows joining in this turn instead of one each
+        before the step. On an H100 a request's own first token took 4.3 ms,
+        and three bulk requests joining together (clients whose answers end
+        in the same step) made turns of 48-75 ms against a usual 7-10 ms,
+        which interactive requests arriving then waited for
+        (bench/join_cost.py, docs/batching.md). Bulk work trades that
+        latency for the others'; every other class keeps its first token
+        before the batch's step."""
+        return bool(self._decoding) and class_of(seq.request.priority) == "bulk"
 
     def _first_token(self, seq: _Sequence) -> int | None:
         """The prompt's last token through the model on the request's own
@@ -419,19 +438,31 @@ class BatchScheduler:
             return None
         return first if reason is None else None
 
-    def _join(self, ready: list[tuple[_Sequence, int]]) -> None:
-        """Insert requests into the batch that have their first token: their
+    def _join(self, ready: list[tuple[_Sequence, int | None]]) -> None:
+        """Insert requests into the batch. One with its first token: its
         cache holds the whole prompt, and the batch feeds the first token as
-        their input."""
+        its input. One without (``_batch_draws_first``): its cache holds all
+        but the prompt's last token, which the batch feeds, drawing the first
+        token."""
         prepared = [s.prepared for s, _ in ready]
         assert all(p is not None for p in prepared)
         # The speculative batch verifies warm-up rows at every block width (speculative_batch.py).
         warmups = {"warmups": [s.control.warmup for s, _ in ready]} if self._speculation is not None else {}
+        inputs, limits, histories = [], [], []
+        for p, (_, first) in zip(prepared, ready):
+            if first is None:
+                inputs.append([p.tokens[-1]])
+                limits.append(p.max_tokens)
+                histories.append(list(p.tokens[:-1]))
+            else:
+                inputs.append([first])
+                limits.append(p.max_tokens - 1)
+                histories.append(list(p.tokens))
         uids = self._generator.insert(
-            [[first] for _, first in ready],
-            max_tokens=[p.max_tokens - 1 for p in prepared],
+            inputs,
+            max_tokens=limits,
             caches=[s.cache for s, _ in ready],
-            all_tokens=[list(p.tokens) for p in prepared],
+            all_tokens=histories,
             samplers=[self._sampler(s) for s, _ in ready],
             logits_processors=[p.processors for p in prepared],
             stop_sequences=[self._no_stops if s.request.ignore_eos else self._eos_stops for s, _ in ready],

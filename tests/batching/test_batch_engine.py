@@ -497,3 +497,47 @@ def test_the_first_token_comes_from_the_prefill_not_from_batched_steps(batched, 
     assert chunks[-1].completion_tokens == max_tokens
     steps = batched.stats()["batched_steps"] - before
     assert steps == (0 if max_tokens == 1 else max_tokens)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 30])
+def test_bulk_requests_joining_a_decoding_batch_let_it_draw_their_first_token_and_answer_as_alone(
+        batched, single, max_tokens):
+    """Bulk requests that join a batch already decoding leave their prompt's
+    last token to the batch, which draws their first token in its step (one
+    forward for all the joiners: engine/batch.py, _batch_draws_first). Their
+    answers are the single path's, to the token count, penalties included
+    (the batch sees the whole prompt as their context); a request of another
+    class joining beside them still gets its first token before the step."""
+    penalised = SamplingParams(temperature=0.0, repetition_penalty=1.5, presence_penalty=0.8)
+    runner = varied(0, max_tokens=200, ignore_eos=True)
+    bulk = [varied(i, max_tokens=max_tokens, priority="bulk", ignore_eos=True,
+                   **({"sampling": penalised} if i == 2 else {})) for i in (1, 2, 3)]
+    other = varied(5, max_tokens=max_tokens, ignore_eos=True)
+    expected = [text_of(c) for c in run(one_by_one(single, [*bulk, other]))]
+
+    async def answer(request):
+        """Its chunks, and the batch's step count when its first token came."""
+        chunks, step = [], None
+        async for chunk in batched.generate(request):
+            if is_acceptance(chunk):
+                continue
+            if step is None:
+                step = batched.stats()["batched_steps"]
+            chunks.append(chunk)
+        return chunks, step
+
+    async def main():
+        joined = None
+        async for chunk in batched.generate(runner):
+            if not is_acceptance(chunk) and joined is None:
+                # The runner decodes: the others join a busy batch, together.
+                joined = asyncio.gather(*(answer(r) for r in [*bulk, other]))
+        return await joined
+
+    results = run(main())
+    answers = [chunks for chunks, _ in results]
+    assert [text_of(c) for c in answers] == expected
+    assert all(c[-1].completion_tokens == max_tokens for c in answers)
+    # The other class's first token went out before the batch's step, the bulk ones' after it.
+    *bulk_steps, other_step = [step for _, step in results]
+    assert all(step > other_step for step in bulk_steps)
