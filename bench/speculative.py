@@ -87,8 +87,10 @@ def requests(lines: int) -> dict[str, list[dict[str, str]]]:
     }
 
 
-def one(port: int, model: str, messages: list[dict[str, str]], tokens: int) -> Run:
-    body = json.dumps({"model": model, "messages": messages, "max_tokens": tokens, "temperature": 0,
+def one(port: int, model: str, messages: list[dict[str, str]], tokens: int, temperature: float = 0.0) -> Run:
+    # Sampled answers run to their length (ignore_eos): their lengths would differ otherwise.
+    sampled = {"temperature": temperature, "ignore_eos": True} if temperature else {"temperature": 0}
+    body = json.dumps({"model": model, "messages": messages, "max_tokens": tokens, **sampled,
                        "stream": True, "stream_options": {"include_usage": True}}).encode()
     started, times, chunks = stream(port, "/v1/chat/completions", body)
     run = parse_stream(started, times, chunks)
@@ -113,12 +115,13 @@ def variant(messages: list[dict[str, str]], i: int) -> list[dict[str, str]]:
     return [{**m, "content": m["content"].replace("check_item_0", f"check_item_{i}")} for m in messages]
 
 
-def streams(port: int, model: str, messages: list[dict[str, str]], tokens: int, n: int) -> dict[str, Any]:
+def streams(port: int, model: str, messages: list[dict[str, str]], tokens: int, n: int,
+            temperature: float = 0.0) -> dict[str, Any]:
     runs: list[Run | BaseException] = [RuntimeError("not run")] * n
 
     def go(i: int) -> None:
         try:
-            runs[i] = one(port, model, variant(messages, i), tokens)
+            runs[i] = one(port, model, variant(messages, i), tokens, temperature)
         except BaseException as exc:  # noqa: BLE001 - reported below
             runs[i] = exc
 
@@ -162,7 +165,8 @@ METHODS = ("plain", "lookup", "selfdraft", "selfdraft-forced")
 
 
 def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int],
-              ks: list[int], repeats: int = 1, methods: tuple[str, ...] = METHODS) -> tuple[dict[str, Any], Any]:
+              ks: list[int], repeats: int = 1, methods: tuple[str, ...] = METHODS,
+              temperature: float = 0.0) -> tuple[dict[str, Any], Any]:
     # Loaded by the warm-up request: preloading three models can outlast the start-up wait.
     common = {"path": str(path), "preload": False, "max_context": 8192, "max_concurrency": max(counts),
               "idle_unload_seconds": 0, "prefix_cache": {"max_bytes": "512MB", "persist": False}}
@@ -193,7 +197,7 @@ def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int],
                         # then start decoding together, and decode is what is compared.
                         for i in range(n):
                             prime(port, name, variant(messages, i))
-                        done[name].append(streams(port, name, messages, tokens, n))
+                        done[name].append(streams(port, name, messages, tokens, n, temperature))
                         print(f"  {workload:9} {n} streams {name:9} run {repeat + 1}: "
                               f"{done[name][-1]['aggregate_tok_s']:.2f} tok/s; first tokens at "
                               f"{done[name][-1]['first_token_at_s']} s, ends at {done[name][-1]['ended_at_s']} s",
@@ -243,6 +247,8 @@ def main() -> None:
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
                         help="mlxd configurations to run (a subset also leaves the peers out)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sample every request at this temperature (end tokens ignored; default greedy)")
     parser.add_argument("--workloads", nargs="+", choices=["code_edit", "free_chat"], default=None)
     parser.add_argument("--q4", action="store_true", help="keep the GGUF's 4-bit weights (slow on a CPU)")
     add_dtype_option(parser)
@@ -260,10 +266,10 @@ def main() -> None:
     counts = args.streams or ([1, 4] if args.quick else [1, 4, 8])
     work = {w: m for w, m in requests(lines).items() if args.workloads is None or w in args.workloads}
     methods = tuple(args.methods)
-    subset = methods != METHODS or args.workloads is not None
+    subset = methods != METHODS or args.workloads is not None or args.temperature > 0
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"SmolLM2-135M-Instruct ({'Q4_1' if args.q4 else dtype}), {lines}-line file, {tokens} tokens, K={'/'.join(map(str, args.k))}; load: {load}", flush=True)
-    runs, status = mlxd_runs(path, work, tokens, counts, args.k, max(1, args.repeats), methods)
+    runs, status = mlxd_runs(path, work, tokens, counts, args.k, max(1, args.repeats), methods, args.temperature)
     if not args.no_peers and not subset:
         runs.update(peer_runs(path, work, tokens, args.k[0]))
     rows = []
@@ -283,7 +289,7 @@ def main() -> None:
               "speculative_status": status}
     key = ("quick" if args.quick else f"{lines}-lines-{tokens}-tokens") + ("" if args.k == [4] else f"-k{'-'.join(map(str, args.k))}")
     if subset:  # a partial run does not replace the full one's figures
-        key += "-" + "-".join(methods + tuple(work))
+        key += "-" + "-".join(methods + tuple(work)) + (f"-t{args.temperature}" if args.temperature else "")
     print(f"wrote {save('speculative', key, result)}")
 
 

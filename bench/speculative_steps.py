@@ -109,7 +109,7 @@ def prefilled(model: Any, tokens: list[int], rows: int) -> list[list[Any]]:
 
 
 def decode(generator: Any, model: Any, tokens: list[int] | list[list[int]], rows: int, limit: int,
-           warmup: bool = False) -> dict[str, Any]:
+           warmup: bool = False, sampler: Any = None) -> dict[str, Any]:
     """``tokens``: one prompt for every row, or one per row (``--distinct``);
     ``warmup``: the rows are the daemon's warm-up rows (every block width)."""
     from mlx_lm.generate import StopSequences
@@ -120,7 +120,7 @@ def decode(generator: Any, model: Any, tokens: list[int] | list[list[int]], rows
         prefilled(model, p, 1)[0] for p in prompts]
     generator.insert(
         [[p[-1]] for p in prompts], max_tokens=[limit] * rows, caches=caches,
-        all_tokens=[list(p[:-1]) for p in prompts], samplers=[greedy_sampler] * rows,
+        all_tokens=[list(p[:-1]) for p in prompts], samplers=[sampler or greedy_sampler] * rows,
         logits_processors=[[] for _ in range(rows)], stop_sequences=[StopSequences() for _ in range(rows)],
         **({"warmups": [True] * rows} if warmup else {}),
     )
@@ -172,6 +172,8 @@ def main() -> None:
     parser.add_argument("--warm", action="store_true",
                         help="before each row count, verify every block width at it as the daemon's warm-up does "
                              "(mlxd.engine.warmup.speculative_runs), so no configuration pays first uses of shapes")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="every row samples at this temperature with one shared sampler (default greedy)")
     add_dtype_option(parser)
     args = parser.parse_args()
     reexec_with_openblas()
@@ -193,6 +195,9 @@ def main() -> None:
     from mlxd.factory.smollm2 import smollm2_gguf
     from mlxd.gguf.cache import converted_dir
 
+    from mlx_lm.sample_utils import make_sampler
+
+    sampler = make_sampler(temp=args.temperature) if args.temperature else None
     dtype = model_dtype(args)
     path = converted_dir(smollm2_gguf(), Path.home() / ".cache" / "mlxd", dtype=dtype)
     model, tokenizer = load(str(path))
@@ -251,7 +256,7 @@ def main() -> None:
             if args.only and not any(o in name for o in args.only):
                 continue
             generator, stats = make()
-            r = decode(generator, model, prompts(rows), rows, args.tokens)
+            r = decode(generator, model, prompts(rows), rows, args.tokens, sampler=sampler)
             if "profiled" in name:
                 speculative_cache.roll_back = original_roll_back
                 step_ms = r["ms_per_step"]

@@ -147,7 +147,8 @@ class SpeculativeGenerator:
             speculate = width > 1
         else:
             speculate = self.governor.choose(len(self._rows))
-        ahead_able = all(r.greedy and not r.processors for r in self._rows)
+        # A row's processors need its last token on the host; its sampler does not.
+        ahead_able = not any(r.processors for r in self._rows)
         if speculate and not warming and ahead_able:
             # A step that finds no drafts is a plain one, and runs as one:
             # one ahead, not as a block of one position read back before the
@@ -199,10 +200,14 @@ class SpeculativeGenerator:
             self._filter([i for i in range(len(self._rows)) if i not in set(finished)])
 
     # ------------------------------------------- plain steps, one ahead
-    # While every step is plain and every row greedy without processors, the
+    # While every step is plain and no row has logits processors, the
     # forward pass of the next step is queued before this step's tokens are
     # read back (as mlx-lm's BatchGenerator does), so the accelerator works
-    # while Python hands the tokens out. Between such steps each row's
+    # while Python hands the tokens out. Sampled rows draw there too, one
+    # draw a token as on every other path, so a seeded row draws the same
+    # tokens: left to the verify path, every step of a batch with one
+    # sampled row was read back before the next was queued, 1.5 plain steps'
+    # time on an H200 (see next()), whether speculation was on or off. Between such steps each row's
     # ``tokens`` holds all it emitted, all of it in the cache, and
     # ``self._ahead`` its next token, computed or on its way, not emitted and
     # not in the cache. Any other step, a row joining and ``close`` first
@@ -213,7 +218,23 @@ class SpeculativeGenerator:
 
         logits = self.model(inputs[:, None], cache=self._cache)[:, -1, :]
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        return mx.argmax(logprobs, axis=-1), logprobs
+        return self._pick(logprobs), logprobs
+
+    def _pick(self, logprobs: Any) -> Any:
+        """Every row's next token: the argmax for greedy rows, one call for
+        the whole batch when it shares one sampler (as mlx-lm's batch does),
+        else each row's own sampler on its row."""
+        import mlx.core as mx
+
+        rows = self._rows
+        if all(r.greedy for r in rows):
+            return mx.argmax(logprobs, axis=-1)
+        if all(r.sampler is rows[0].sampler for r in rows):
+            return rows[0].sampler(logprobs).reshape(-1)
+        return mx.concatenate([
+            mx.argmax(logprobs[i : i + 1], axis=-1) if r.greedy else r.sampler(logprobs[i : i + 1]).reshape(-1)
+            for i, r in enumerate(rows)
+        ])
 
     def _plain_ahead(self, known: list[int] | None = None, started: float | None = None,
                      timed: bool = True) -> list[Response]:

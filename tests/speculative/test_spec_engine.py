@@ -265,3 +265,27 @@ def test_long_drafts_are_byte_identical_in_a_batch(models: Models, worker: MlxWo
             assert status["accepted_per_step"] > 5, status
     finally:
         run(engine.close())
+
+
+def test_sampled_rows_without_processors_draw_the_same_tokens_as_without_speculation(models: Models) -> None:
+    """A batch whose rows have no logits processors decodes its plain steps
+    one ahead, sampled rows included (they used to force every step of the
+    batch to be read back first); a seeded row makes one draw a token there
+    too, so it writes what the model without speculation writes, beside
+    greedy rows and rows of another seed."""
+    asks = [
+        greedy("seed-a", TOKENS, prompt=models.prompts[0], sampling=SamplingParams(temperature=0.8, seed=3)),
+        greedy("greedy", TOKENS, prompt=models.prompts[1]),
+        greedy("seed-b", TOKENS, prompt=models.prompts[2], sampling=SamplingParams(temperature=1.0, top_p=0.9, seed=5)),
+        greedy("seed-c", TOKENS, prompt=models.prompts[3], sampling=SamplingParams(temperature=0.8, seed=3)),
+    ]
+    want = [text_of(w) for w in run(_batch(models.plain, asks))]
+    assert want[0] != want[3] or models.prompts[0] == models.prompts[3]
+    for engine in _engines(models):
+        assert [text_of(o) for o in run(_batch(engine, asks))] == want
+    # Unseeded rows of the same values share one sampler: one draw for the batch a step.
+    shared = [greedy(f"s{i}", TOKENS, prompt=models.prompts[i], ignore_eos=True,
+                     sampling=SamplingParams(temperature=0.8)) for i in range(4)]
+    for engine in _engines(models):
+        outs = run(_batch(engine, shared))
+        assert [o[-1].completion_tokens for o in outs] == [TOKENS] * 4
