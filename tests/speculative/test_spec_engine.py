@@ -64,11 +64,16 @@ def models(request: pytest.FixtureRequest, worker: MlxWorker) -> Iterator[Models
 
     async def load() -> Models:
         plain = await load_text_engine(spec_for(path, "plain", max_concurrency=4), worker)
+        # auto_off: false: these tests are about what verification writes, so
+        # it must run whatever the governor would measure of these random
+        # weights' drafts on a loaded machine (its own tests are below).
         lookup = await load_text_engine(spec_for(path, "lookup", max_concurrency=4,
-                                                 speculative=SpeculativeSpec("prompt_lookup", 4)), worker)
+                                                 speculative=SpeculativeSpec("prompt_lookup", 4, auto_off=False)),
+                                        worker)
         # The model as its own draft: nearly every draft is kept.
         draft = await load_text_engine(spec_for(path, "draft", max_concurrency=4,
-                                                speculative=SpeculativeSpec("draft", 3, "self", path)), worker)
+                                                speculative=SpeculativeSpec("draft", 3, "self", path, auto_off=False)),
+                                       worker)
         first = await asyncio.gather(*[collect(plain, greedy(f"s{i}", TOKENS, prompt=p)) for i, p in enumerate(SEEDS)])
         prompts = [p + text_of(o) + "\n" + p for p, o in zip(SEEDS, first)]
         # Once more with the answer to the repeated prompt in the middle: the
@@ -251,7 +256,8 @@ def test_long_drafts_are_byte_identical_in_a_batch(models: Models, worker: MlxWo
     """K = 8 and the registry's largest K (16): blocks of 9 and 17 positions,
     rows giving back anything from none to all of them in one step."""
     path = Path(models.plain.spec.path)
-    spec = SpeculativeSpec(method, k, "self", path) if method == "draft" else SpeculativeSpec(method, k)
+    spec = (SpeculativeSpec(method, k, "self", path, auto_off=False) if method == "draft"
+            else SpeculativeSpec(method, k, auto_off=False))
     engine = run(load_text_engine(spec_for(path, f"k{k}", max_concurrency=4, speculative=spec), worker))
     try:
         assert engine.stats()["speculative"]["tokens"] == k

@@ -1,0 +1,95 @@
+"""What the speculative batch tells its governor about each step, on the
+zoo's qwen3: a step that asked the drafter and found nothing is counted as
+speculation's (asking read the step computed ahead back first, which a plain
+step does not), and only the steps the governor chose plain make its
+baseline. Counted as plain, the asking steps slowed the baseline down, and
+on a GPU speculation that lost looked as if it paid."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.mlx
+
+
+class Recorder:
+    """A governor that speculates when told to and records what it is told."""
+
+    def __init__(self, choices: list[bool]) -> None:
+        self.choices = choices
+        self.records: list[bool] = []
+        self.active = True
+        self.speedup = None
+
+    def choose(self, batch: int) -> bool:
+        return self.choices[len(self.records) % len(self.choices)]
+
+    def record(self, speculative: bool, tokens: int, seconds: float) -> None:
+        self.records.append(speculative)
+
+    def joined(self) -> None:
+        pass
+
+
+class NeverDrafts:
+    """A drafter that never finds anything (free chat for prompt lookup)."""
+
+    def join(self, histories: list[list[int]], caches: Any = None) -> None:
+        pass
+
+    def would_draft(self, then: list[int] | None = None) -> bool:
+        return False
+
+    def propose(self, k: int) -> list[list[int]]:
+        raise AssertionError("a drafter that would not draft is not asked for drafts")
+
+    def commit(self, emitted: list[list[int]], drafted: list[int]) -> None:
+        pass
+
+    def filter(self, keep: list[int]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def model() -> Any:
+    from mlx_lm import load
+
+    from mlxd.factory.zoo_build import build_family
+
+    loaded, _ = load(str(build_family("qwen3")))
+    return loaded
+
+
+def test_steps_that_asked_the_drafter_count_as_speculation_and_plain_ones_as_the_baseline(model: Any) -> None:
+    import mlx.core as mx
+    from mlx_lm.generate import StopSequences
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.sample_utils import greedy_sampler
+
+    from mlxd.engine.speculative_batch import SpeculativeGenerator
+    from mlxd.engine.speculative_core import SpecStats
+
+    prompts = [[5, 17, 33, 2, 91, 14, 8], [40, 41, 42, 43]]
+    caches = []
+    for prompt in prompts:
+        cache = make_prompt_cache(model)
+        model(mx.array(prompt[:-1])[None], cache=cache)
+        caches.append(cache)
+    # Plain, speculate, speculate, plain, ...: every "speculate" finds nothing.
+    governor = Recorder([False, True, True])
+    generator = SpeculativeGenerator(model, NeverDrafts(), 4, governor, SpecStats())
+    generator.insert([[p[-1]] for p in prompts], max_tokens=[30, 30], caches=caches,
+                     all_tokens=[p[:-1] for p in prompts], samplers=[greedy_sampler] * 2,
+                     logits_processors=[[], []], stop_sequences=[StopSequences(), StopSequences()])
+    for _ in range(12):
+        generator.next()
+    generator.close()
+    assert len(governor.records) == 12
+    # The governor chose before each record: the choice said which kind the step was.
+    chosen = [governor.choices[i % 3] for i in range(12)]
+    assert governor.records == chosen
