@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine.engine_support import after_acceptance, collect, greedy, run, spec_for, text_of
+from engine.engine_support import after_acceptance, collect, greedy, is_acceptance, run, spec_for, text_of
 
 from mlxd.engine.loader import load_text_engine
 from mlxd.engine.text import TextEngine
@@ -295,3 +295,22 @@ def test_sampled_rows_without_processors_draw_the_same_tokens_as_without_specula
     for engine in _engines(models):
         outs = run(_batch(engine, shared))
         assert [o[-1].completion_tokens for o in outs] == [TOKENS] * 4
+
+
+def test_bulk_requests_joining_a_busy_speculative_batch_write_what_they_write_alone(models: Models) -> None:
+    """A bulk request joining a batch that is decoding leaves its prompt's
+    last token to the batch (engine/batch.py, _batch_draws_first): in a
+    speculative batch that token is the row's first input, drafted from and
+    verified like any other."""
+    runner = greedy("runner", 4 * TOKENS, prompt=models.prompts[0], ignore_eos=True)
+    bulk = [greedy(f"bulk{i}", TOKENS, prompt=models.prompts[i], priority="bulk") for i in (1, 2, 3)]
+
+    async def main(engine: TextEngine) -> list[Any]:
+        joined = None
+        async for chunk in engine.generate(runner):
+            if not is_acceptance(chunk) and joined is None:
+                joined = asyncio.gather(*[collect(engine, r) for r in bulk])
+        return await joined
+
+    for engine in _engines(models):
+        assert [text_of(o) for o in run(main(engine))] == models.reference[1:]
