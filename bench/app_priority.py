@@ -170,6 +170,10 @@ def run(model: Path, args: argparse.Namespace, priorities: bool) -> dict[str, An
     return {"idle_ttft": idle, "solo_bulk_seconds": solo, **load, **turns}
 
 
+HEADERS = ["run", "idle p95 ms", "TTFT p50 ms", "TTFT p95 ms", "p95 vs idle", "n", "solo bulk s",
+           "bulk p50 s", "bulk max s", "max vs solo", "n"]
+
+
 def summary(name: str, r: dict[str, Any]) -> list[Any]:
     idle_p95, solo = p95(r["idle_ttft"]), statistics.median(r["solo_bulk_seconds"])
     ttft, bulk = r["interactive_ttft"], r["bulk_seconds"]
@@ -203,8 +207,7 @@ def main() -> None:
     for name, priorities in (("no priorities", False), ("priorities", True)):
         runs[name] = run(model, args, priorities=priorities)
         # As each run ends: a lent machine's time limit may cut the second one.
-        print(table(["run", "idle p95 ms", "TTFT p50 ms", "TTFT p95 ms", "p95 vs idle", "n", "solo bulk s",
-                     "bulk p50 s", "bulk max s", "max vs solo", "n"], [summary(name, runs[name])]), flush=True)
+        print(table(HEADERS, [summary(name, runs[name])]), flush=True)
     result = {
         "size": args.size, "bulk_clients": args.bulk_clients, "bulk_tokens": args.bulk_tokens,
         "interactive_tokens": args.interactive_tokens, "max_concurrency": args.concurrency,
@@ -215,9 +218,7 @@ def main() -> None:
     print(f"\nqwen2-{args.size}, max_concurrency {args.concurrency}: {args.bulk_clients} bulk clients x "
           f"{args.bulk_tokens} tokens{prompts}, 1 interactive client x {args.interactive_tokens} tokens, "
           f"{args.seconds:.0f} s; load average {result['load_average']}")
-    print(table(["run", "idle p95 ms", "TTFT p50 ms", "TTFT p95 ms", "p95 vs idle", "n", "solo bulk s",
-                 "bulk p50 s", "bulk max s", "max vs solo", "n"],
-                [summary(name, r) for name, r in runs.items()]))
+    print(table(HEADERS, [summary(name, r) for name, r in runs.items()]))
     for name, r in runs.items():
         slow = sorted(zip(r["interactive_ttft"], r["interactive_started_s"]), reverse=True)[:4]
         slow_bulk = sorted(zip(r["bulk_seconds"], r["bulk_started_s"]), reverse=True)[:4]

@@ -70,6 +70,11 @@ def class_of(priority: str) -> str:
     return priority if priority in WEIGHTS else "default"
 
 
+def urgency(priority: str) -> int:
+    """Where ``priority``'s class stands in PRIORITIES: 0 is the most urgent."""
+    return PRIORITIES.index(class_of(priority))
+
+
 @dataclass
 class Stride:
     """Turns between the priority classes of one queue (stride scheduling):

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlxd.caller import PRIORITIES, class_of
+from mlxd.caller import urgency
 from mlxd.distributed import saved_cache
 from mlxd.distributed.gang import LOCAL, Gang, GangPlan
 from mlxd.distributed.liveness import Deadlines, Failure
@@ -141,7 +141,7 @@ class GangEngine(GenerationEngine):
                     "ignore_eos": request.ignore_eos, "logprobs": request.logprobs,
                     "logit_bias": {str(k): v for k, v in (request.logit_bias or {}).items()},
                     "constraint": _constraint(request), "reuse": sent.reuse.message(),
-                    "urgency": PRIORITIES.index(class_of(request.priority)),
+                    "urgency": urgency(request.priority),
                 }))
                 self.generations += 1
             async for chunk in self._relay(sent, len(tokens), request.stop, request.logprobs is not None):

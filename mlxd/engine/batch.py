@@ -63,7 +63,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxd.caller import PRIORITIES, class_of
+from mlxd.caller import class_of, urgency
 from mlxd.engine.cache_layers import mergeable
 from mlxd.engine.checkpoints import checkpoint, plan
 from mlxd.engine.logprobs import token_logprob
@@ -92,7 +92,7 @@ def prefill_position(waiting: list[int], rank: int) -> int:
 
 
 def _rank(seq: _Sequence) -> int:
-    return PRIORITIES.index(class_of(seq.request.priority))
+    return urgency(seq.request.priority)
 
 
 def supports_batching(model: Any) -> bool:

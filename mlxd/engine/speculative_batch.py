@@ -211,11 +211,11 @@ class SpeculativeGenerator:
     # while Python hands the tokens out. Sampled rows draw there too, one
     # draw a token as on every other path, so a seeded row draws the same
     # tokens: left to the verify path, every step of a batch with one
-    # sampled row was read back before the next was queued, 1.5 plain steps'
-    # time on an H200 (see next()), whether speculation was on or off. Between such steps each row's
-    # ``tokens`` holds all it emitted, all of it in the cache, and
-    # ``self._ahead`` its next token, computed or on its way, not emitted and
-    # not in the cache. Any other step, a row joining and ``close`` first
+    # sampled row was read back before the next was queued, 1.5 plain
+    # steps' time on an H200 (see next()), whether speculation was on or
+    # off. Between such steps each row's ``tokens`` holds all it emitted,
+    # all of it in the cache, and ``self._ahead`` its next token, computed
+    # or on its way, not emitted and not in the cache. Any other step, a row joining and ``close`` first
     # emit that token (``_settle``), which restores the usual state: ``last``
     # emitted, not in the cache.
     def _forward_ahead(self, inputs: Any) -> tuple[Any, Any]:
@@ -226,20 +226,15 @@ class SpeculativeGenerator:
         return self._pick(logprobs), logprobs
 
     def _pick(self, logprobs: Any) -> Any:
-        """Every row's next token: the argmax for greedy rows, one call for
-        the whole batch when it shares one sampler (as mlx-lm's batch does),
-        else each row's own sampler on its row."""
+        """Every row's next token: one call for the whole batch when it
+        shares one sampler (greedy rows all share mlx-lm's; as its batch
+        does), else each row's own sampler on its row."""
         import mlx.core as mx
 
         rows = self._rows
-        if all(r.greedy for r in rows):
-            return mx.argmax(logprobs, axis=-1)
         if all(r.sampler is rows[0].sampler for r in rows):
             return rows[0].sampler(logprobs).reshape(-1)
-        return mx.concatenate([
-            mx.argmax(logprobs[i : i + 1], axis=-1) if r.greedy else r.sampler(logprobs[i : i + 1]).reshape(-1)
-            for i, r in enumerate(rows)
-        ])
+        return mx.concatenate([r.sampler(logprobs[i : i + 1]).reshape(-1) for i, r in enumerate(rows)])
 
     def _plain_ahead(self, known: list[int] | None = None, started: float | None = None,
                      timed: bool = True, speculating: bool = False) -> list[Response]:
