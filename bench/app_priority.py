@@ -8,7 +8,9 @@ Reported per run: the interactive client's time to first token (p50, p95) and
 the bulk requests' completion times, against the interactive client's idle
 TTFT and a bulk request's solo time, both measured first on the same daemon.
 Targets: interactive p95 TTFT within 1.5x idle, every bulk request within 2x
-its solo time.
+its solo time. Each bulk client is a process of its own, as an app is (until
+2026-12-06 they were threads of the bench, whose GIL the interactive client's
+timing shared).
 
     python bench/app_priority.py --size tiny --seconds 20
     python bench/app_priority.py --size small --bulk-tokens 128 --seconds 30
@@ -27,6 +29,8 @@ import argparse
 import hashlib
 import itertools
 import keyword
+import multiprocessing
+import queue
 import re
 import statistics
 import sys
@@ -66,7 +70,7 @@ def document(words: int, seed: int) -> str:
     return f"# document {seed}\n" + " ".join(f"{names[(i * 7 + seed) % len(names)]}_{seed}_{i}" for i in range(words))
 
 
-# One httpx client per client thread, as an app holds one: a new client per
+# One httpx client per client (thread or process), as an app holds one: a new client per
 # request builds an SSL context each time (~30 ms), which would sit in every
 # time to first token and flatter the ratios to the idle figure.
 _CLIENTS = threading.local()
@@ -106,37 +110,57 @@ def bulk_prompt(args: argparse.Namespace) -> str:
     return document(args.bulk_prompt_words, next(_SEEDS)) if args.bulk_prompt_words else PROMPT
 
 
+def _bulk_process(url: str, tokens: int, words: int, seed_base: int, began: float, stop: Any, done: Any) -> None:
+    """One bulk client, a process of its own as a separate app is: it asks
+    for bulk completions until ``stop`` is set and reports each one's start
+    (s after ``began``, CLOCK_MONOTONIC: one clock for the whole machine)
+    and length. Threads in the bench's process would share its GIL with the
+    interactive client, whose measured first tokens would then wait on the
+    bulk clients' stream parsing instead of on the daemon."""
+    seeds = itertools.count(seed_base)
+    try:
+        while not stop.is_set():
+            started = time.monotonic() - began
+            prompt = document(words, next(seeds)) if words else PROMPT
+            done.put((started, stream(url, KEYS["bulk"], tokens, prompt)[1]))
+    except BaseException as exc:  # noqa: BLE001 - reported by the parent
+        done.put(repr(exc))
+
+
 def contended(url: str, args: argparse.Namespace) -> dict[str, Any]:
     """4 bulk clients in a loop, one interactive client of short requests, for ``args.seconds``."""
-    stop = threading.Event()
-    bulk: list[float] = []
-    bulk_started: list[float] = []
+    spawn = multiprocessing.get_context("spawn")
+    stop, done = spawn.Event(), spawn.Queue()
     ttft: list[float] = []
     ttft_started: list[float] = []
-    began = time.perf_counter()
-
-    def bulk_client() -> None:
-        while not stop.is_set():
-            started = time.perf_counter() - began
-            bulk.append(stream(url, KEYS["bulk"], args.bulk_tokens, bulk_prompt(args))[1])
-            bulk_started.append(started)
-
-    threads = [threading.Thread(target=bulk_client) for _ in range(args.bulk_clients)]
-    for t in threads:
-        t.start()
+    began = time.monotonic()
+    clients = [spawn.Process(target=_bulk_process,
+                             args=(url, args.bulk_tokens, args.bulk_prompt_words, 1_000_000 * (i + 1), began, stop, done))
+               for i in range(args.bulk_clients)]
+    for c in clients:
+        c.start()
     time.sleep(2.0)  # let the bulk clients fill the model first
     deadline = time.monotonic() + args.seconds
     while time.monotonic() < deadline:
-        ttft_started.append(time.perf_counter() - began)
+        ttft_started.append(time.monotonic() - began)
         ttft.append(stream(url, KEYS["interactive"], args.interactive_tokens)[0])
         time.sleep(args.think)
     stop.set()
-    for t in threads:
-        t.join()
+    reports = []
+    while any(c.is_alive() for c in clients) or not done.empty():
+        try:
+            reports.append(done.get(timeout=1))
+        except queue.Empty:
+            pass
+    for c in clients:
+        c.join()
+    failed = [r for r in reports if isinstance(r, str)]
+    if failed:
+        raise RuntimeError(f"a bulk client failed: {failed[0]}")
     # When each request began (s after the bulk clients started): whether the
     # slow ones cluster at the start (first uses of batch shapes) or not.
-    return {"interactive_ttft": ttft, "interactive_started_s": ttft_started, "bulk_seconds": bulk,
-            "bulk_started_s": bulk_started}
+    return {"interactive_ttft": ttft, "interactive_started_s": ttft_started,
+            "bulk_seconds": [s for _, s in reports], "bulk_started_s": [at for at, _ in reports]}
 
 
 def slow_turns(log: Path) -> dict[str, Any]:

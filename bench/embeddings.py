@@ -6,7 +6,10 @@ Cases (texts/s and tokens/s, median of --rounds):
 - batch 32: 32 texts per call / per request;
 - 8 clients: 8 concurrent clients each sending one text per request (mlxd
   batches their inputs into shared forward passes); against mlxd's batch 1
-  figure, the same texts sent one at a time.
+  figure, the same texts sent one at a time. The clients are 8 processes, as
+  8 apps are; ``--client-threads`` adds the same as 8 threads of this one
+  process (the figure until 2026-12-06), whose shared GIL bounds how fast
+  they can ask.
 
 Targets (issue 26): mlxd >= 0.9 of direct at batch 32; 8 clients >= 3x serial.
 The same three cases against vllm-mlx's /v1/embeddings (``vllm-mlx serve
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import multiprocessing
 import statistics
 import tempfile
 import sys
@@ -127,11 +131,58 @@ def served(url: str, texts: list[str], batch: int, rounds: int, model: str = "mi
         return median_rate(once, rounds)
 
 
-def served_clients(url: str, texts: list[str], clients: int, rounds: int, model: str = "minilm") -> float:
-    """``clients`` threads, each sending its share of ``texts`` one per request."""
-    shares = [texts[i::clients] for i in range(clients)]
+def _client_process(url: str, model: str, share: list[str], ready: Any, go: Any, ends: Any) -> None:
+    """One client of ``served_clients(..., processes=True)``: its connection
+    opened and used once before the start, then its share sent one text a
+    request; it reports when it finished (CLOCK_MONOTONIC is one clock for
+    every process of the machine)."""
+    try:
+        with httpx.Client(base_url=url, timeout=300) as client:
+            client.post("/v1/embeddings", json={"model": model, "input": "warm", "encoding_format": "base64"})
+            ready.put(None)
+            go.wait()
+            for text in share:
+                client.post("/v1/embeddings", json={"model": model, "input": text,
+                                                    "encoding_format": "base64"}).raise_for_status()
+        ends.put(time.monotonic())
+    except BaseException as exc:  # noqa: BLE001 - reported by the parent
+        ready.put(None)
+        ends.put(repr(exc))
 
-    def client_run(share: list[str], failures: list[BaseException]) -> None:
+
+def served_clients(url: str, texts: list[str], clients: int, rounds: int, model: str = "minilm",
+                   processes: bool = True) -> float:
+    """``clients`` concurrent clients, each sending its share of ``texts``
+    one per request: separate processes by default, as separate apps are
+    (threads of one Python process share its GIL, which then bounds how
+    fast the clients ask rather than how fast the server answers)."""
+    shares = [texts[i::clients] for i in range(clients)]
+    _clients_once(url, model, shares, processes)
+    return median_rate(lambda: _clients_once(url, model, shares, processes), rounds)
+
+
+def _clients_once(url: str, model: str, shares: list[list[str]], processes: bool) -> float:
+    if processes:
+        spawn = multiprocessing.get_context("spawn")
+        ready, ends, go = spawn.Queue(), spawn.Queue(), spawn.Event()
+        workers = [spawn.Process(target=_client_process, args=(url, model, s, ready, go, ends)) for s in shares]
+        for w in workers:
+            w.start()
+        for _ in workers:
+            ready.get(timeout=120)
+        started = time.monotonic()
+        go.set()
+        finished = [ends.get(timeout=600) for _ in workers]
+        for w in workers:
+            w.join()
+        failed = [f for f in finished if isinstance(f, str)]
+        if failed:
+            raise RuntimeError(f"a client failed: {failed[0]}")
+        return max(finished) - started
+
+    failures: list[BaseException] = []
+
+    def client_run(share: list[str]) -> None:
         try:
             with httpx.Client(base_url=url, timeout=300) as client:
                 for text in share:
@@ -140,20 +191,15 @@ def served_clients(url: str, texts: list[str], clients: int, rounds: int, model:
         except BaseException as exc:  # noqa: BLE001 - reported after the join
             failures.append(exc)
 
-    def once() -> float:
-        failures: list[BaseException] = []
-        threads = [threading.Thread(target=client_run, args=(s, failures)) for s in shares]
-        started = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if failures:
-            raise failures[0]
-        return time.perf_counter() - started
-
-    once()
-    return median_rate(once, rounds)
+    threads = [threading.Thread(target=client_run, args=(s,)) for s in shares]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise failures[0]
+    return time.perf_counter() - started
 
 
 def batch_figures(url: str) -> dict[str, Any]:
@@ -167,6 +213,8 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--client-threads", action="store_true",
+                        help="also run the clients as threads of this process (the figure before 2026-12-06)")
     parser.add_argument("--model", choices=("minilm", "tiny"), default="minilm")
     parser.add_argument("--baseline", type=Path, help="also run mlxd from this checkout (before/after)")
     parser.add_argument("--vllm-mlx", type=Path, default=VLLM_MLX, help="the vllm-mlx command")
@@ -187,6 +235,9 @@ def main() -> None:
             seconds[f"{label} batch 1"] = served(url, texts, 1, args.rounds)
             seconds[f"{label} batch 32"] = served(url, texts, 32, args.rounds)
             seconds[f"{label} {args.clients} clients"] = served_clients(url, texts, args.clients, args.rounds)
+            if args.client_threads:
+                seconds[f"{label} {args.clients} client threads"] = served_clients(
+                    url, texts, args.clients, args.rounds, processes=False)
             figures[label] = batch_figures(url)
     if args.vllm_mlx.exists():
         with vllm_mlx_embeddings(args.vllm_mlx, folder) as (url, name):
@@ -210,6 +261,9 @@ def main() -> None:
         result[f"{key}mlxd_over_direct_batch_1"] = ratio1
         result[f"{key}mlxd_over_direct_batch_32"] = ratio32
         result[f"{key}clients_over_serial"] = speedup
+        threads = seconds.get(f"{label} {args.clients} client threads")
+        if threads is not None:
+            result[f"{key}client_threads_over_serial"] = seconds[f"{label} batch 1"] / threads
         print(f"\n{label}: / direct at batch 1: {ratio1:.2f}; at batch 32: {ratio32:.2f} (target >= 0.9); "
               f"{args.clients} clients / serial: {speedup:.2f}x (target >= 3x); engine: {figures[label]}")
     if "vllm-mlx batch 1" in seconds:

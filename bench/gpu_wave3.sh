@@ -13,7 +13,8 @@
 # batch-overhead (bench/batch_overhead.py: mlxd's batched decode against BatchGenerator in one process,
 # profiled with py-spy where it is on PATH; batch-smol: SmolLM2 through chat, as bench/speculative.py
 # serves it), join-cost (bench/join_cost.py: a request joining a decoding batch, part by part),
-# spec-lookup (bench/speculative.py, plain and prompt lookup only, 1 and 4 streams, twice), batch-switch (the same with the daemon's GIL switch interval
+# spec-lookup (bench/speculative.py, plain and prompt lookup only, 1 and 4 streams, twice; spec-free:
+# free chat only, 1/4/8 streams, greedy; spec-free-t: the same at temperature 0.7), batch-switch (the same with the daemon's GIL switch interval
 # at 0.5 ms), spec-k (the same at K = 4 and 8,
 # 1 and 4 streams, each figure the median of 2 runs), rollback (bench/speculative_rollback.py: a
 # speculative step's cache work, mlx-lm's roll against the holes), spec-steps (bench/speculative_steps.py
@@ -60,9 +61,11 @@ for name in "$@"; do
     apps) step apps 150 "$PY" bench/app_priority.py --size bench --seconds 20 ;;
     apps5) step apps5 300 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --turns ;;
     join-cost) step join-cost 120 "$PY" bench/join_cost.py --size bench --rows 4 --joining 1 3 ;;
+    spec-free) step spec-free 300 "$PY" bench/speculative.py --methods plain lookup --workloads free_chat --streams 1 4 8 --repeats 2 ;;
+    spec-free-t) step spec-free-t 300 "$PY" bench/speculative.py --methods plain lookup --workloads free_chat --streams 1 4 8 --repeats 2 --temperature 0.7 ;;
     spec-lookup) step spec-lookup 280 "$PY" bench/speculative.py --methods plain lookup --streams 1 4 --repeats 2 ;;
     batch-smol) step batch-smol 150 "$PY" bench/batch_overhead.py --size smollm2 --chat --rows 1 4 8 ;;
-    embeddings) step embeddings 100 "$PY" bench/embeddings.py --texts 256 --rounds 3 ;;
+    embeddings) step embeddings 150 "$PY" bench/embeddings.py --texts 256 --rounds 3 --client-threads ;;
     *) echo "unknown step $name" ;;
   esac
 done
