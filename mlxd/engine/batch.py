@@ -247,23 +247,27 @@ class BatchScheduler:
         try:
             while True:
                 if clock is not None:
-                    clock.start(time.perf_counter())
+                    clock.start(time.perf_counter(), time.thread_time())
                     self._joined = self._ended = 0
                 arrivals = self._admit_arrivals()
                 self._drop_leavers()
                 if clock is not None:
-                    clock.mark("admit", time.perf_counter())
+                    clock.mark("admit", time.perf_counter(), time.thread_time())
                 self._prefill()
                 # First tokens go out before the batch's step (which takes a while).
                 self._flush()
                 if clock is not None:
-                    clock.mark("prefill and join", time.perf_counter())
+                    clock.mark("prefill and join", time.perf_counter(), time.thread_time())
                 rows = len(self._decoding)
                 if self._decoding:
-                    self._decode_step()
+                    _, responses = self._generator.next()
+                    self.steps += 1
+                    if clock is not None:
+                        clock.mark("step", time.perf_counter(), time.thread_time())
+                    self._take_step(responses)
                 self._flush()
                 if clock is not None:
-                    clock.mark("step", time.perf_counter())
+                    clock.mark("outputs", time.perf_counter(), time.thread_time())
                     slow = clock.end(time.perf_counter(), rows=rows, arrivals=arrivals, joined=self._joined,
                                      ended=self._ended, prefilling=len(self._prefilling))
                     if slow is not None:
@@ -475,9 +479,8 @@ class BatchScheduler:
             self._decoding[uid] = seq
         self.size = len(self._decoding)
 
-    def _decode_step(self) -> None:
-        _, responses = self._generator.next()
-        self.steps += 1
+    def _take_step(self, responses: list[Any]) -> None:
+        """A decode step's tokens, handed to their requests."""
         text_stops: list[tuple[_Sequence, str]] = []
         # A speculative step gives several tokens per sequence: none after its stop string.
         stopped: set[int] = set()

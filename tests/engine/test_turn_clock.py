@@ -43,3 +43,13 @@ def test_ordinary_and_tiny_turns_are_not_reported():
 def test_no_verdict_before_there_is_a_median():
     clock = TurnClock()
     assert run_turn(clock, 0.0, {"step": 1.0}) is None
+
+
+def test_given_the_threads_cpu_time_each_phase_says_how_much_of_it_was_work():
+    clock = TurnClock()
+    at = usual_turns(clock)
+    clock.start(at, 100.0)
+    clock.mark("admit", at + 0.001, 100.001)
+    clock.mark("step", at + 0.051, 100.005)  # 50 ms, of which 4 ms of the thread's own work
+    slow = clock.end(at + 0.051, rows=4, joined=1)
+    assert slow == "slow turn 51.0 ms (usual 10.0): admit 1.0 (cpu 1.0), step 50.0 (cpu 4.0); rows 4, joined 1"
