@@ -16,6 +16,10 @@ timing shared).
     python bench/app_priority.py --size small --bulk-tokens 128 --seconds 30
     python bench/app_priority.py --size tiny --bulk-prompt-words 600   # a RAG indexer's long, distinct prompts
 
+``--baseline DIR`` runs the daemon of another checkout too (``git archive
+REV | tar -x -C DIR``), in turn with this one: before and after on one
+machine, in one run.
+
 With ``--bulk-prompt-words N`` every bulk request sends a prompt of its own of
 about N words (no prefix-cache hit), so its prefill takes many chunks, as an
 indexer's documents do; the interactive client's prompt stays the short one.
@@ -175,12 +179,12 @@ def slow_turns(log: Path) -> dict[str, Any]:
             "join_turn_median_ms": statistics.median(joins) if joins else None}
 
 
-def run(model: Path, args: argparse.Namespace, priorities: bool) -> dict[str, Any]:
+def run(model: Path, args: argparse.Namespace, priorities: bool, cwd: Path | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="mlxd-bench-apps-") as tmp:
         path = registry(Path(tmp), model, args.concurrency, priorities)
         log = Path(tmp) / "daemon-copy.log"
         env = {"MLXD_LOG_LEVEL": "debug"} if args.turns else None
-        with serving(path, Path(tmp), env=env, log_to=log if args.turns else None) as url:
+        with serving(path, Path(tmp), env=env, log_to=log if args.turns else None, cwd=cwd) as url:
             # A fresh GPU machine compiles the warm-up's kernels in the background, behind the
             # first requests: the figures are of a daemon that has been up a while.
             with httpx.Client(base_url=url, timeout=60, headers={"authorization": f"Bearer {KEYS['interactive']}"}) as http:
@@ -220,6 +224,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4, help="the model's max_concurrency")
     parser.add_argument("--think", type=float, default=0.2, help="seconds between interactive requests")
     parser.add_argument("--idle-samples", type=int, default=10)
+    parser.add_argument("--baseline", type=Path,
+                        help="also run the daemon of this checkout (`git archive REV | tar -x -C DIR`), in turn")
+    parser.add_argument("--priorities-only", action="store_true", help="only the run with priorities")
     parser.add_argument("--turns", action="store_true",
                         help="run the daemon at debug level and print its batch loop's slowest turns (where a tail comes from)")
     args = parser.parse_args()
@@ -228,10 +235,14 @@ def main() -> None:
 
     model = build_model(ModelRecipe("qwen2", args.size))
     runs = {}
-    for name, priorities in (("no priorities", False), ("priorities", True)):
-        runs[name] = run(model, args, priorities=priorities)
-        # As each run ends: a lent machine's time limit may cut the second one.
-        print(table(HEADERS, [summary(name, runs[name])]), flush=True)
+    modes = [("priorities", True)] if args.priorities_only else [("no priorities", False), ("priorities", True)]
+    trees = [("", None)] + ([("baseline, ", args.baseline.resolve())] if args.baseline else [])
+    # Before and after in turn, mode by mode: drift on the machine hits both alike.
+    for mode, priorities in modes:
+        for label, cwd in trees:
+            name = label + mode
+            runs[name] = run(model, args, priorities=priorities, cwd=cwd)
+            print(table(HEADERS, [summary(name, runs[name])]), flush=True)
     result = {
         "size": args.size, "bulk_clients": args.bulk_clients, "bulk_tokens": args.bulk_tokens,
         "interactive_tokens": args.interactive_tokens, "max_concurrency": args.concurrency,

@@ -118,7 +118,8 @@ def daemon_stt(client: httpx.Client, url: str, data: bytes, seconds: float) -> C
     def run() -> float:
         r = client.post(f"{url}/v1/audio/transcriptions", files={"file": ("sweep.wav", data)},
                        data={"model": "whisper", "temperature": str(TEMPERATURE)}, timeout=600)
-        r.raise_for_status()
+        if r.is_error:  # the daemon's answer says why (a 400 once was a missing multipart parser)
+            raise SystemExit(f"transcription through mlxd: {r.status_code} {r.text}")
         return seconds
 
     return run

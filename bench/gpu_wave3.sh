@@ -22,7 +22,9 @@
 # edit, the verify shapes warmed first as the daemon's warm-up does), distributed
 # (bench/distributed.py: bench-size model over 2 ranks, ring), apps
 # (bench/app_priority.py; apps5 with a fifth slot, so that 4 bulk clients
-# and the interactive one each have one), embeddings (bench/embeddings.py). SmolLM2's GGUF and
+# and the interactive one each have one; apps5-p: with priorities only; apps5-env: the same under MLX settings that
+# change what a batch of a new shape costs the worker's CPU: default, no cuDNN attention, no CUDA graphs; apps5-ab: with priorities, this tree and the checkout in
+# .gpu/baseline in turn), embeddings (bench/embeddings.py). SmolLM2's GGUF and
 # MiniLM's folder must be in $MLXD_WHEELS_DIR (the device has no network):
 # bench/gpu_models.sh packs them into parts for the device calls. Logs and bench/results go to $OUT (default ./gpu-out).
 set -uo pipefail
@@ -59,6 +61,11 @@ for name in "$@"; do
                step spec-warm-code 200 "$PY" bench/speculative_steps.py --workload code_edit --distinct --rows 1 4 8 --tokens 160 --warm ;;
     distributed) step distributed 170 "$PY" bench/distributed.py --size bench --transport ring --tokens 64 --repeats 3 ;;
     apps) step apps 150 "$PY" bench/app_priority.py --size bench --seconds 20 ;;
+    apps5-ab) step apps5-ab 300 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --turns --priorities-only --baseline .gpu/baseline ;;
+    apps5-p) step apps5-p 200 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --turns --priorities-only ;;
+    apps5-env) for v in MLXD_BENCH=default MLX_CUDA_USE_CUDNN_SDPA=0 MLX_USE_CUDA_GRAPHS=0; do
+        step "apps5-env-${v%%=*}" 150 env "$v" "$PY" bench/app_priority.py --size bench --seconds 15 --concurrency 5 --turns --priorities-only
+      done ;;
     apps5) step apps5 300 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --turns ;;
     join-cost) step join-cost 120 "$PY" bench/join_cost.py --size bench --rows 4 --joining 1 3 ;;
     spec-free) step spec-free 300 "$PY" bench/speculative.py --methods plain lookup --workloads free_chat --streams 1 4 8 --repeats 2 ;;
