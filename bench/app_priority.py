@@ -36,6 +36,8 @@ import keyword
 import multiprocessing
 import queue
 import re
+import shutil
+import subprocess
 import statistics
 import sys
 import tempfile
@@ -49,8 +51,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx  # noqa: E402
 import yaml  # noqa: E402
 
+from bench.batch_overhead import profile, summarize  # noqa: E402
 from bench.common import PROMPT, environment, save, serving, table, wait_warm  # noqa: E402
 
+# py-spy pauses the daemon for each native sample: few enough that it barely shows.
+PROFILE_RATE = 100
 KEYS = {"interactive": "sk-bench-interactive", "bulk": "sk-bench-bulk"}
 
 
@@ -131,8 +136,10 @@ def _bulk_process(url: str, tokens: int, words: int, seed_base: int, began: floa
         done.put(repr(exc))
 
 
-def contended(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    """4 bulk clients in a loop, one interactive client of short requests, for ``args.seconds``."""
+def contended(url: str, args: argparse.Namespace, profile_to: Path | None = None) -> dict[str, Any]:
+    """4 bulk clients in a loop, one interactive client of short requests, for
+    ``args.seconds``; ``profile_to``: py-spy samples the daemon meanwhile,
+    native frames included, into that file."""
     spawn = multiprocessing.get_context("spawn")
     stop, done = spawn.Event(), spawn.Queue()
     ttft: list[float] = []
@@ -144,12 +151,18 @@ def contended(url: str, args: argparse.Namespace) -> dict[str, Any]:
     for c in clients:
         c.start()
     time.sleep(2.0)  # let the bulk clients fill the model first
+    spy = None
+    if profile_to is not None:
+        pid = int(subprocess.run(["pgrep", "-n", "-f", "mlxd serve"], capture_output=True, text=True).stdout.split()[0])
+        spy = profile(pid, args.seconds, profile_to, gil=False, native=True, rate=PROFILE_RATE)
     deadline = time.monotonic() + args.seconds
     while time.monotonic() < deadline:
         ttft_started.append(time.monotonic() - began)
         ttft.append(stream(url, KEYS["interactive"], args.interactive_tokens)[0])
         time.sleep(args.think)
     stop.set()
+    if spy is not None:
+        spy.wait()
     reports = []
     while any(c.is_alive() for c in clients) or not done.empty():
         try:
@@ -193,8 +206,18 @@ def run(model: Path, args: argparse.Namespace, priorities: bool, cwd: Path | Non
                 stream(url, KEYS["interactive"], args.interactive_tokens)
             idle = [stream(url, KEYS["interactive"], args.interactive_tokens)[0] for _ in range(args.idle_samples)]
             solo = [stream(url, KEYS["bulk"], args.bulk_tokens, bulk_prompt(args))[1] for _ in range(2)]
-            load = contended(url, args)
+            profile_to = Path(tmp) / "profile.txt" if args.profile else None
+            load = contended(url, args, profile_to)
         turns = {"slow_turns": slow_turns(log)} if args.turns and log.exists() else {}
+        if profile_to is not None:
+            # The raw samples go with the results (bench/gpu_wave3.sh brings bench/results back).
+            kept = Path("bench/results") / f"app_priority-profile-{'priorities' if priorities else 'none'}.txt"
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            if profile_to.exists():
+                shutil.copy(profile_to, kept)
+                turns["profile"] = summarize(kept, args.seconds, rate=PROFILE_RATE, gil=False, top=40)
+            else:
+                turns["profile"] = "py-spy wrote nothing"
     return {"idle_ttft": idle, "solo_bulk_seconds": solo, **load, **turns}
 
 
@@ -227,6 +250,9 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path,
                         help="also run the daemon of this checkout (`git archive REV | tar -x -C DIR`), in turn")
     parser.add_argument("--priorities-only", action="store_true", help="only the run with priorities")
+    parser.add_argument("--profile", action="store_true",
+                        help="sample the daemon with py-spy (native frames) while it is under load; "
+                             "the busiest functions per thread are printed, the samples kept in bench/results")
     parser.add_argument("--turns", action="store_true",
                         help="run the daemon at debug level and print its batch loop's slowest turns (where a tail comes from)")
     args = parser.parse_args()
@@ -260,6 +286,9 @@ def main() -> None:
         print(f"{name}: slowest first tokens (ms @ s): "
               + ", ".join(f"{1000 * t:.0f} @ {at:.1f}" for t, at in slow)
               + "; slowest bulk (s @ s): " + ", ".join(f"{t:.2f} @ {at:.1f}" for t, at in slow_bulk))
+        if "profile" in r:
+            print(f"  the daemon under load, sampled by py-spy (native frames, {PROFILE_RATE} Hz):")
+            print("\n".join(f"    {line}" for line in r["profile"].splitlines()))
         if "slow_turns" in r:
             turns = r["slow_turns"]
             joined = (f", {turns['joins_of_2_or_more']} of them joins of 2 or more requests, median "

@@ -22,7 +22,8 @@
 # edit, the verify shapes warmed first as the daemon's warm-up does), distributed
 # (bench/distributed.py: bench-size model over 2 ranks, ring), apps
 # (bench/app_priority.py; apps5 with a fifth slot, so that 4 bulk clients
-# and the interactive one each have one; apps5-p: with priorities only; apps5-env: the same under MLX settings that
+# and the interactive one each have one; apps5-p: with priorities only; apps5-prof: the same,
+# the daemon sampled by py-spy with native frames (which library the slow steps' CPU is in); apps5-env: the same under MLX settings that
 # change what a batch of a new shape costs the worker's CPU: default, no cuDNN attention, no CUDA graphs; apps5-ab: with priorities, this tree and the checkout in
 # .gpu/baseline in turn), embeddings (bench/embeddings.py). SmolLM2's GGUF and
 # MiniLM's folder must be in $MLXD_WHEELS_DIR (the device has no network):
@@ -62,6 +63,7 @@ for name in "$@"; do
     distributed) step distributed 170 "$PY" bench/distributed.py --size bench --transport ring --tokens 64 --repeats 3 ;;
     apps) step apps 150 "$PY" bench/app_priority.py --size bench --seconds 20 ;;
     apps5-ab) step apps5-ab 300 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --turns --priorities-only --baseline .gpu/baseline ;;
+    apps5-prof) step apps5-prof 200 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --turns --priorities-only --profile ;;
     apps5-p) step apps5-p 200 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --turns --priorities-only ;;
     apps5-env) for v in MLXD_BENCH=default MLX_CUDA_USE_CUDNN_SDPA=0 MLX_USE_CUDA_GRAPHS=0; do
         step "apps5-env-${v%%=*}" 150 env "$v" "$PY" bench/app_priority.py --size bench --seconds 15 --concurrency 5 --turns --priorities-only
