@@ -14,7 +14,8 @@
 # profiled with py-spy where it is on PATH; batch-smol: SmolLM2 through chat, as bench/speculative.py
 # serves it), join-cost (bench/join_cost.py: a request joining a decoding batch, part by part),
 # spec-lookup (bench/speculative.py, plain and prompt lookup only, 1 and 4 streams, twice; spec-free:
-# free chat only, 1/4/8 streams, greedy; spec-free-t: the same at temperature 0.7), batch-switch (the same with the daemon's GIL switch interval
+# free chat only, 1/4/8 streams, greedy; spec-free-t: the same at temperature 0.7; spec-prof: 4 streams,
+# the daemon sampled by py-spy with native frames), batch-switch (the same with the daemon's GIL switch interval
 # at 0.5 ms), spec-k (the same at K = 4 and 8,
 # 1 and 4 streams, each figure the median of 2 runs), rollback (bench/speculative_rollback.py: a
 # speculative step's cache work, mlx-lm's roll against the holes), spec-steps (bench/speculative_steps.py
@@ -70,6 +71,7 @@ for name in "$@"; do
       done ;;
     apps5) step apps5 300 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --turns ;;
     join-cost) step join-cost 120 "$PY" bench/join_cost.py --size bench --rows 4 --joining 1 3 ;;
+    spec-prof) step spec-prof 300 "$PY" bench/speculative.py --methods plain lookup --streams 4 --repeats 2 --profile ;;
     spec-free) step spec-free 300 "$PY" bench/speculative.py --methods plain lookup --workloads free_chat --streams 1 4 8 --repeats 2 ;;
     spec-free-t) step spec-free-t 300 "$PY" bench/speculative.py --methods plain lookup --workloads free_chat --streams 1 4 8 --repeats 2 --temperature 0.7 ;;
     spec-lookup) step spec-lookup 280 "$PY" bench/speculative.py --methods plain lookup --streams 1 4 --repeats 2 ;;

@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -53,7 +54,11 @@ import httpx  # noqa: E402
 from bench.common import (  # noqa: E402
     add_dtype_option, daemon, environment, free_port, model_dtype, reexec_with_openblas, save, table, wait_warm,
 )
+from bench.batch_overhead import profile, summarize  # noqa: E402
 from bench.servers import Run, parse_stream, process_server, stream  # noqa: E402
+
+# py-spy pauses the daemon for each native sample: few enough that it barely shows.
+PROFILE_RATE = 100
 
 VLLM_MLX = [Path(os.environ.get("VLLM_MLX_VENV", Path.home() / ".cache" / "mlxd-bench" / "vllm-mlx")),
             Path("/tmp/vllm-mlx")]
@@ -166,7 +171,9 @@ METHODS = ("plain", "lookup", "selfdraft", "selfdraft-forced")
 
 def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int],
               ks: list[int], repeats: int = 1, methods: tuple[str, ...] = METHODS,
-              temperature: float = 0.0) -> tuple[dict[str, Any], Any]:
+              temperature: float = 0.0, profile_to: Path | None = None) -> tuple[dict[str, Any], Any]:
+    """``profile_to``: py-spy samples the daemon (native frames) through
+    every timed run into that file, and its summary is printed."""
     # Loaded by the warm-up request: preloading three models can outlast the start-up wait.
     common = {"path": str(path), "preload": False, "max_context": 8192, "max_concurrency": max(counts),
               "idle_unload_seconds": 0, "prefix_cache": {"max_bytes": "512MB", "persist": False}}
@@ -187,6 +194,11 @@ def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int],
         for name in names:
             one(port, name, [{"role": "user", "content": "Hi"}], 4)  # loads it
         wait_warm(http, names)
+        spy = None
+        if profile_to is not None:
+            pid = int(subprocess.run(["pgrep", "-n", "-f", "mlxd serve"], capture_output=True, text=True).stdout.split()[0])
+            spy = profile(pid, 24 * 3600, profile_to, gil=False, native=True, rate=PROFILE_RATE)
+            sampled_from = time.monotonic()
         for workload, messages in work.items():
             for n in counts:
                 done: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
@@ -204,6 +216,14 @@ def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int],
                               flush=True)
                 for name in names:
                     out[f"{workload}/{n}/{name}"] = median_run(done[name])
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes what it has and exits
+            spy.wait()
+            seconds = time.monotonic() - sampled_from
+            print(f"the daemon through the runs, sampled by py-spy (native frames, {PROFILE_RATE} Hz):")
+            report = (summarize(profile_to, seconds, rate=PROFILE_RATE, gil=False, top=40)
+                      if profile_to.exists() else "py-spy wrote nothing")
+            print("\n".join(f"  {line}" for line in report.splitlines()), flush=True)
         status = {m["name"]: m.get("speculative") for m in http.get("/v1/status").json()["models"]}
     return out, status
 
@@ -249,6 +269,9 @@ def main() -> None:
                         help="mlxd configurations to run (a subset also leaves the peers out)")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sample every request at this temperature (end tokens ignored; default greedy)")
+    parser.add_argument("--profile", action="store_true",
+                        help="sample the daemon with py-spy (native frames) through the runs; the raw "
+                             "samples go to bench/results/speculative-profile.txt")
     parser.add_argument("--workloads", nargs="+", choices=["code_edit", "free_chat"], default=None)
     parser.add_argument("--q4", action="store_true", help="keep the GGUF's 4-bit weights (slow on a CPU)")
     add_dtype_option(parser)
@@ -269,7 +292,11 @@ def main() -> None:
     subset = methods != METHODS or args.workloads is not None or args.temperature > 0
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"SmolLM2-135M-Instruct ({'Q4_1' if args.q4 else dtype}), {lines}-line file, {tokens} tokens, K={'/'.join(map(str, args.k))}; load: {load}", flush=True)
-    runs, status = mlxd_runs(path, work, tokens, counts, args.k, max(1, args.repeats), methods, args.temperature)
+    profile_to = Path("bench/results/speculative-profile.txt") if args.profile else None
+    if profile_to is not None:
+        profile_to.parent.mkdir(parents=True, exist_ok=True)
+    runs, status = mlxd_runs(path, work, tokens, counts, args.k, max(1, args.repeats), methods, args.temperature,
+                             profile_to)
     if not args.no_peers and not subset:
         runs.update(peer_runs(path, work, tokens, args.k[0]))
     rows = []
