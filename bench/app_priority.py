@@ -37,7 +37,6 @@ import multiprocessing
 import queue
 import re
 import shutil
-import subprocess
 import statistics
 import sys
 import tempfile
@@ -51,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx  # noqa: E402
 import yaml  # noqa: E402
 
-from bench.batch_overhead import profile, summarize  # noqa: E402
+from bench.batch_overhead import newest_daemon_pid, profile, summarize  # noqa: E402
 from bench.common import PROMPT, environment, save, serving, table, wait_warm  # noqa: E402
 
 # py-spy pauses the daemon for each native sample: few enough that it barely shows.
@@ -153,7 +152,7 @@ def contended(url: str, args: argparse.Namespace, profile_to: Path | None = None
     time.sleep(2.0)  # let the bulk clients fill the model first
     spy = None
     if profile_to is not None:
-        pid = int(subprocess.run(["pgrep", "-n", "-f", "mlxd serve"], capture_output=True, text=True).stdout.split()[0])
+        pid = newest_daemon_pid()
         spy = profile(pid, args.seconds, profile_to, gil=False, native=True, rate=PROFILE_RATE)
     deadline = time.monotonic() + args.seconds
     while time.monotonic() < deadline:

@@ -144,6 +144,11 @@ def py_spy() -> str | None:
     return str(beside) if beside.exists() else shutil.which("py-spy")
 
 
+def newest_daemon_pid() -> int:
+    """The ``mlxd serve`` started last on this machine (the bench's own)."""
+    return int(subprocess.run(["pgrep", "-n", "-f", "mlxd serve"], capture_output=True, text=True).stdout.split()[0])
+
+
 def profile(pid: int, seconds: float, out: Path, *, gil: bool = True, native: bool = False,
             rate: int = 500) -> subprocess.Popen[bytes] | None:
     """py-spy sampling ``pid`` for ``seconds`` into ``out`` (raw format).
@@ -235,8 +240,7 @@ def main() -> None:
         cpu_per_token: dict[int, dict[str, float]] = {}
         report = ""
         with daemon([entry], env=env) as url:
-            pid = int(subprocess.run(["pgrep", "-n", "-f", "mlxd serve"], capture_output=True,
-                                     text=True).stdout.split()[0])
+            pid = newest_daemon_pid()
             for _ in range(2):
                 daemon_tok_s(url, max(args.rows), 16, args.chat)
             names = python_thread_names(pid)

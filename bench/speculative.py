@@ -54,7 +54,7 @@ import httpx  # noqa: E402
 from bench.common import (  # noqa: E402
     add_dtype_option, daemon, environment, free_port, model_dtype, reexec_with_openblas, save, table, wait_warm,
 )
-from bench.batch_overhead import profile, summarize  # noqa: E402
+from bench.batch_overhead import newest_daemon_pid, profile, summarize  # noqa: E402
 from bench.servers import Run, parse_stream, process_server, stream  # noqa: E402
 
 # py-spy pauses the daemon for each native sample: few enough that it barely shows.
@@ -196,7 +196,7 @@ def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int],
         wait_warm(http, names)
         spy = None
         if profile_to is not None:
-            pid = int(subprocess.run(["pgrep", "-n", "-f", "mlxd serve"], capture_output=True, text=True).stdout.split()[0])
+            pid = newest_daemon_pid()
             spy = profile(pid, 24 * 3600, profile_to, gil=False, native=True, rate=PROFILE_RATE)
             sampled_from = time.monotonic()
         for workload, messages in work.items():
