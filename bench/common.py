@@ -179,6 +179,19 @@ def serving(registry: Path, tmp: Path, env: dict[str, str] | None = None,
             log_to.write_text(log_path.read_text())
 
 
+def gather_reports(done: Any, processes: list[Any], what: str, timeout: float = 600) -> list[Any]:
+    """One report from each client process on ``done`` (a string: the
+    client's failure), the processes joined; raises naming ``what`` when one
+    failed."""
+    reports = [done.get(timeout=timeout) for _ in processes]
+    for process in processes:
+        process.join()
+    failed = [r for r in reports if isinstance(r, str)]
+    if failed:
+        raise RuntimeError(f"{what} failed: {failed[0]}")
+    return reports
+
+
 def wait_warm(http: httpx.Client, names: tuple[str, ...], limit_s: float = 600) -> None:
     """Until each model's warm-up is done: on a machine whose kernel cache
     does not know the models it runs in the background, behind the first

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
 
-from bench.common import daemon, environment, free_port, reexec_with_openblas, save, table  # noqa: E402
+from bench.common import daemon, environment, free_port, gather_reports, reexec_with_openblas, save, table  # noqa: E402
 from bench.servers import VLLM_MLX, process_server  # noqa: E402
 
 
@@ -172,12 +172,7 @@ def _clients_once(url: str, model: str, shares: list[list[str]], processes: bool
             ready.get(timeout=120)
         started = time.monotonic()
         go.set()
-        finished = [ends.get(timeout=600) for _ in workers]
-        for w in workers:
-            w.join()
-        failed = [f for f in finished if isinstance(f, str)]
-        if failed:
-            raise RuntimeError(f"a client failed: {failed[0]}")
+        finished = gather_reports(ends, workers, "a client")
         return max(finished) - started
 
     failures: list[BaseException] = []
