@@ -166,25 +166,27 @@ class LoadedEncoder:
             return self.model(ids, attention_mask=mask, token_type_ids=types), mask
         return self.model(ids, attention_mask=mask), mask
 
-    def embed(self, batch: Batch) -> np.ndarray:
-        """Worker thread: one vector per row, float32, pooled as the folder says."""
+    def embed(self, batch: Batch) -> Any:
+        """Worker thread: one vector per row, float32, pooled as the folder
+        says; not evaluated yet (``to_numpy``)."""
         import mlx.core as mx
 
         out, mask = self._encode(batch)
         pooled = _pool(out, mask, self.recipe.pooling)
         if self.recipe.normalize or self.recipe.pooling == "model":
             pooled = pooled / mx.maximum(mx.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
-        return to_numpy(pooled.astype(mx.float32))
+        return pooled.astype(mx.float32)
 
-    def score(self, batch: Batch) -> np.ndarray:
-        """Worker thread: one relevance score per (query, document) row."""
+    def score(self, batch: Batch) -> Any:
+        """Worker thread: one relevance score per (query, document) row; not
+        evaluated yet (``to_numpy``)."""
         import mlx.core as mx
 
         out, _ = self._encode(batch)
         logits = self.head(out)[:, 0].astype(mx.float32)
         if self.activation == "sigmoid":
             logits = mx.sigmoid(logits)
-        return to_numpy(logits)
+        return logits
 
 
 def to_numpy(values: Any) -> np.ndarray:

@@ -117,6 +117,11 @@ class FirstGenerationPeak:
     def measured_bytes(self) -> int:
         return max(self.load_bytes, self.peak_bytes or 0)
 
+    @property
+    def pending(self) -> bool:
+        """Whether the first generation, whose peak is measured, is still to come."""
+        return self._pending
+
     def begin(self) -> int | None:
         """On the first generation: reset MLX's peak; return the bytes not ours."""
         if not self._pending:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from mlxd.engine.embedding_batch import Batch
-from mlxd.engine.embedding_model import Encoded, to_numpy
+from mlxd.engine.embedding_model import Encoded
 from mlxd.files import read_json_object
 from mlxd.registry.model import RERANK_INSTRUCTION
 
@@ -82,8 +82,9 @@ class LoadedLlmReranker:
         self.no_id = no_id
         self.pad_id = pad_id
 
-    def score(self, batch: Batch) -> np.ndarray:
-        """Worker thread: P(yes) against P(no) after each row's prompt."""
+    def score(self, batch: Batch) -> Any:
+        """Worker thread: P(yes) against P(no) after each row's prompt; not
+        evaluated yet (``embedding_model.to_numpy``)."""
         import mlx.core as mx
 
         lengths = [row.length for row in batch.rows]
@@ -92,7 +93,7 @@ class LoadedLlmReranker:
             ids[i, : row.length] = row.ids
         last = _last_logits(self.model, mx.array(ids), mx.array(np.array(lengths, dtype=np.int32) - 1))
         pair = last[:, mx.array([self.no_id, self.yes_id])].astype(mx.float32)
-        return to_numpy(mx.softmax(pair, axis=-1)[:, 1])
+        return mx.softmax(pair, axis=-1)[:, 1]
 
 
 def _last_logits(model: Any, ids: Any, last: Any) -> Any:

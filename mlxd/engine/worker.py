@@ -293,6 +293,9 @@ class MlxWorker:
         self.steps = 0
         self.calls = 0
         self.active_streams = 0
+        # Streams in the ring that step more than once (a decode loop, a
+        # synthesis), one-shot turns left out: whether anything is decoding.
+        self.open_streams = 0
 
     # ------------------------------------------------------------- lifecycle
     def start(self) -> MlxWorker:
@@ -392,7 +395,7 @@ class MlxWorker:
                         job.channel.close_iter()
                         if job.channel in ring:
                             ring.remove(job.channel)
-                        self.active_streams = len(ring)
+                        self._count(ring)
                     else:
                         ring.append(job)
                     # Not held while idle: a call's function may be an
@@ -407,18 +410,22 @@ class MlxWorker:
                     if channel.step():
                         ring.append(channel)
                     channel = None
-                    self.active_streams = len(ring)
+                    self._count(ring)
                     continue
-                self.active_streams = 0
+                self.active_streams = self.open_streams = 0
                 wakeup.clear()
                 if not inbox and not self._stopping:
                     wakeup.wait()
         finally:
             for channel in ring:
                 channel.abandon(ShuttingDown("The model worker shut down."))
-            self.active_streams = 0
+            self.active_streams = self.open_streams = 0
             self._stopped.set()
             self._fail_inbox()
+
+    def _count(self, ring: collections.deque[_Channel]) -> None:
+        self.active_streams = len(ring)
+        self.open_streams = sum(not c.once for c in ring)
 
     def _fail_inbox(self) -> None:
         while self._inbox:

@@ -15,6 +15,7 @@ import pytest
 from engine.engine_support import run, spec_for
 from mlxd.engine.embedding import EncoderEngine, load_encoder_engine
 from mlxd.engine.worker import MlxWorker
+from mlxd.errors import ModelUnloaded
 
 pytestmark = pytest.mark.mlx
 
@@ -91,3 +92,91 @@ def test_a_client_that_leaves_takes_its_waiting_inputs_out(embedder: EncoderEngi
         return len(embedder._queue)
 
     assert run(go()) == 0
+
+
+def _decoding(worker: MlxWorker, steps: list[int]) -> object:
+    """Another model decoding on the same worker: a stream that takes a turn
+    in the ring every cycle (recording the worker's step count) until dropped."""
+    from mlxd.engine.worker import SKIP
+
+    def forever() -> Iterator[object]:
+        while True:
+            steps.append(worker.steps)
+            yield SKIP
+
+    return worker.stream(forever)
+
+
+def test_beside_a_decoding_stream_each_pass_is_read_back_a_turn_later_with_the_same_vectors(
+        tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While another model decodes, a pass is queued on the device in one
+    turn and read back in the next (which queues the next batch), so the
+    decode steps run between them instead of after a pass waited for in
+    full. The vectors and their order are the ones computed alone; a
+    request still waits only for its own inputs."""
+    worker = MlxWorker().start()
+    engine = run(load_encoder_engine(replace(spec_for(tiny_embedder, "paced"), kind="embedding",
+                                             batch_tokens=32), worker))
+    exchanges: list[int] = []
+    original = EncoderEngine._exchange
+
+    def recorded(self: EncoderEngine, ahead: object, batch: object) -> object:
+        exchanges.append(worker.steps)
+        return original(self, ahead, batch)
+
+    monkeypatch.setattr(EncoderEngine, "_exchange", recorded)
+    others: list[int] = []
+    try:
+        async def go() -> tuple[list[np.ndarray], list[list[np.ndarray]]]:
+            alone = await engine.embed(await engine.encode(TEXTS, truncate=True))  # the peak's pass: waited for
+            assert exchanges == []
+            stream = _decoding(worker, others)
+            await asyncio.sleep(0.05)
+            encoded = [await engine.encode(TEXTS[i:] + TEXTS[:i], truncate=True) for i in range(len(TEXTS))]
+            beside = await asyncio.gather(*(engine.embed(e) for e in encoded))
+            await stream.aclose()
+            return alone, beside
+
+        alone, beside = run(go())
+        for i, vectors in enumerate(beside):
+            for got, want in zip(vectors, alone[i:] + alone[:i]):
+                np.testing.assert_allclose(got, want, atol=1e-5)
+        # Several batches (32 padded tokens each), each queued in one turn and read back in the next...
+        assert len(exchanges) >= 3
+        # ...with the decoding stream's step between every two of them.
+        for before, after in zip(exchanges, exchanges[1:]):
+            assert any(before < step < after for step in others), (exchanges, others)
+        assert not engine._busy()
+    finally:
+        run(engine.close())
+        run(worker.shutdown())
+
+
+def test_closing_while_a_pass_is_on_the_device_waits_for_it_and_answers_every_request(tiny_embedder: Path) -> None:
+    """An unload that comes while a pass is queued on the device and not read
+    back waits for it before it releases the model; every request then has
+    its answer (the unload's error, as for a batch waited for in its turn)
+    and none hangs."""
+    worker = MlxWorker().start()
+    engine = run(load_encoder_engine(replace(spec_for(tiny_embedder, "closing"), kind="embedding",
+                                             batch_tokens=32), worker))
+    others: list[int] = []
+
+    async def go() -> list[object]:
+        await engine.embed(await engine.encode(["the peak's pass"], truncate=True))
+        stream = _decoding(worker, others)
+        await asyncio.sleep(0.05)
+        pending = [asyncio.ensure_future(engine.embed(await engine.encode(TEXTS, truncate=True))) for _ in range(3)]
+        while not engine._on_device:
+            await asyncio.sleep(0)
+        await engine.close()
+        outcomes = await asyncio.gather(*pending, return_exceptions=True)
+        await stream.aclose()
+        return outcomes
+
+    try:
+        outcomes = run(go())
+        assert engine.encoder is None and not engine._busy()
+        assert all(isinstance(o, ModelUnloaded) for o in outcomes), outcomes
+    finally:
+        run(worker.shutdown())

@@ -345,3 +345,26 @@ def test_shutdown_runs_queued_calls_and_ends_open_streams():
     run(main())
     assert ran == ["unload"]
     assert not worker.running
+
+
+def test_open_streams_counts_streams_that_decode_not_one_shot_turns(worker):
+    """What an encoder asks before it lets its pass run beside other work
+    (engine/embedding.py): a stream stepping in the ring counts, a turn
+    (one item, then gone) does not, and a closed stream stops counting."""
+    seen: list[int] = []
+
+    def decoding() -> Iterator[object]:
+        while True:
+            yield SKIP
+
+    async def go() -> None:
+        seen.append(await worker.turn(lambda: worker.open_streams))  # a turn alone: nothing decodes
+        stream = worker.stream(decoding)
+        await asyncio.sleep(0.02)
+        seen.append(await worker.turn(lambda: worker.open_streams))
+        await stream.aclose()
+        await asyncio.sleep(0.02)
+        seen.append(worker.open_streams)
+
+    run(go())
+    assert seen == [0, 1, 0]
