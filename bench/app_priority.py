@@ -35,8 +35,8 @@ import itertools
 import keyword
 import multiprocessing
 import queue
+import contextlib
 import re
-import shutil
 import statistics
 import sys
 import tempfile
@@ -50,11 +50,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx  # noqa: E402
 import yaml  # noqa: E402
 
-from bench.batch_overhead import newest_daemon_pid, profile, summarize  # noqa: E402
 from bench.common import PROMPT, environment, save, serving, table, wait_warm  # noqa: E402
+from bench.profiling import NATIVE_RATE, Sampling, sampled  # noqa: E402
 
-# py-spy pauses the daemon for each native sample: few enough that it barely shows.
-PROFILE_RATE = 100
 KEYS = {"interactive": "sk-bench-interactive", "bulk": "sk-bench-bulk"}
 
 
@@ -150,18 +148,13 @@ def contended(url: str, args: argparse.Namespace, profile_to: Path | None = None
     for c in clients:
         c.start()
     time.sleep(2.0)  # let the bulk clients fill the model first
-    spy = None
-    if profile_to is not None:
-        pid = newest_daemon_pid()
-        spy = profile(pid, args.seconds, profile_to, gil=False, native=True, rate=PROFILE_RATE)
-    deadline = time.monotonic() + args.seconds
-    while time.monotonic() < deadline:
-        ttft_started.append(time.monotonic() - began)
-        ttft.append(stream(url, KEYS["interactive"], args.interactive_tokens)[0])
-        time.sleep(args.think)
+    with sampled(profile_to) if profile_to is not None else contextlib.nullcontext(Sampling()) as sampling:
+        deadline = time.monotonic() + args.seconds
+        while time.monotonic() < deadline:
+            ttft_started.append(time.monotonic() - began)
+            ttft.append(stream(url, KEYS["interactive"], args.interactive_tokens)[0])
+            time.sleep(args.think)
     stop.set()
-    if spy is not None:
-        spy.wait()
     reports = []
     while any(c.is_alive() for c in clients) or not done.empty():
         try:
@@ -176,7 +169,8 @@ def contended(url: str, args: argparse.Namespace, profile_to: Path | None = None
     # When each request began (s after the bulk clients started): whether the
     # slow ones cluster at the start (first uses of batch shapes) or not.
     return {"interactive_ttft": ttft, "interactive_started_s": ttft_started,
-            "bulk_seconds": [s for _, s in reports], "bulk_started_s": [at for at, _ in reports]}
+            "bulk_seconds": [s for _, s in reports], "bulk_started_s": [at for at, _ in reports],
+            **({"profile": sampling.report} if profile_to is not None else {})}
 
 
 def slow_turns(log: Path) -> dict[str, Any]:
@@ -205,18 +199,11 @@ def run(model: Path, args: argparse.Namespace, priorities: bool, cwd: Path | Non
                 stream(url, KEYS["interactive"], args.interactive_tokens)
             idle = [stream(url, KEYS["interactive"], args.interactive_tokens)[0] for _ in range(args.idle_samples)]
             solo = [stream(url, KEYS["bulk"], args.bulk_tokens, bulk_prompt(args))[1] for _ in range(2)]
-            profile_to = Path(tmp) / "profile.txt" if args.profile else None
+            # The raw samples go with the results (bench/gpu_wave3.sh brings bench/results back).
+            profile_to = (Path("bench/results") / f"app_priority-profile-{'priorities' if priorities else 'none'}.txt"
+                          if args.profile else None)
             load = contended(url, args, profile_to)
         turns = {"slow_turns": slow_turns(log)} if args.turns and log.exists() else {}
-        if profile_to is not None:
-            # The raw samples go with the results (bench/gpu_wave3.sh brings bench/results back).
-            kept = Path("bench/results") / f"app_priority-profile-{'priorities' if priorities else 'none'}.txt"
-            kept.parent.mkdir(parents=True, exist_ok=True)
-            if profile_to.exists():
-                shutil.copy(profile_to, kept)
-                turns["profile"] = summarize(kept, args.seconds, rate=PROFILE_RATE, gil=False, top=40)
-            else:
-                turns["profile"] = "py-spy wrote nothing"
     return {"idle_ttft": idle, "solo_bulk_seconds": solo, **load, **turns}
 
 
@@ -289,7 +276,7 @@ def main() -> None:
               + ", ".join(f"{1000 * t:.0f} @ {at:.1f}" for t, at in slow)
               + "; slowest bulk (s @ s): " + ", ".join(f"{t:.2f} @ {at:.1f}" for t, at in slow_bulk))
         if "profile" in r:
-            print(f"  the daemon under load, sampled by py-spy (native frames, {PROFILE_RATE} Hz):")
+            print(f"  the daemon under load, sampled by py-spy (native frames, {NATIVE_RATE} Hz):")
             print("\n".join(f"    {line}" for line in r["profile"].splitlines()))
         if "slow_turns" in r:
             turns = r["slow_turns"]

@@ -6,7 +6,8 @@
 #
 # Steps: audio (bench/audio.py: real-time factor through mlxd / mlx-audio
 # direct; audio-bench with models of the real ones' size; speech: where a
-# synthesis's time goes, bench/speech_breakdown.py), speculative (bench/speculative.py: SmolLM2, code edit and free chat,
+# synthesis's time goes, bench/speech_breakdown.py; speech-prof: the same, then 60 requests with the daemon
+# sampled by py-spy), speculative (bench/speculative.py: SmolLM2, code edit and free chat,
 # 1/4/8 streams, mlx_lm.server --draft-model beside it), plain-sweep (the same without speculation
 # at 1, 2, 3, 4, 5 and 8 streams, twice each: which batch sizes are slow, and whether only at first use),
 # steps-sweep (the same batch sizes below the daemon: mlx-lm's BatchGenerator and mlxd's batch),
@@ -52,6 +53,7 @@ for name in "$@"; do
     audio) step audio 150 "$PY" bench/audio.py --rounds 3 ;;
     audio-bench) step audio-bench 240 "$PY" bench/audio.py --size bench --rounds 3 ;;
     speech) step speech 200 "$PY" bench/speech_breakdown.py --size bench --rounds 5 ;;
+    speech-prof) step speech-prof 200 "$PY" bench/speech_breakdown.py --size bench --rounds 3 --profile 60 ;;
     speculative) step speculative 440 "$PY" bench/speculative.py ;;
     plain-sweep) step plain-sweep 300 "$PY" bench/speculative.py --methods plain --streams 1 2 3 4 5 8 --repeats 2 ;;
     steps-sweep) step steps-sweep 200 "$PY" bench/speculative_steps.py --rows 1 2 3 4 5 8 --only BatchGenerator "spec batch, plain" --repeats 2 --distinct --tokens 160 ;;

@@ -35,15 +35,14 @@ within one run are what to read.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -54,11 +53,8 @@ import httpx  # noqa: E402
 from bench.common import (  # noqa: E402
     add_dtype_option, daemon, environment, free_port, model_dtype, reexec_with_openblas, save, table, wait_warm,
 )
-from bench.batch_overhead import newest_daemon_pid, profile, summarize  # noqa: E402
+from bench.profiling import NATIVE_RATE, sampled  # noqa: E402
 from bench.servers import Run, parse_stream, process_server, stream  # noqa: E402
-
-# py-spy pauses the daemon for each native sample: few enough that it barely shows.
-PROFILE_RATE = 100
 
 VLLM_MLX = [Path(os.environ.get("VLLM_MLX_VENV", Path.home() / ".cache" / "mlxd-bench" / "vllm-mlx")),
             Path("/tmp/vllm-mlx")]
@@ -194,11 +190,8 @@ def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int],
         for name in names:
             one(port, name, [{"role": "user", "content": "Hi"}], 4)  # loads it
         wait_warm(http, names)
-        spy = None
-        if profile_to is not None:
-            pid = newest_daemon_pid()
-            spy = profile(pid, 24 * 3600, profile_to, gil=False, native=True, rate=PROFILE_RATE)
-            sampled_from = time.monotonic()
+        sampling = contextlib.ExitStack()
+        profiled = sampling.enter_context(sampled(profile_to)) if profile_to is not None else None
         for workload, messages in work.items():
             for n in counts:
                 done: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
@@ -216,14 +209,10 @@ def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int],
                               flush=True)
                 for name in names:
                     out[f"{workload}/{n}/{name}"] = median_run(done[name])
-        if spy is not None:
-            spy.send_signal(signal.SIGINT)  # py-spy writes what it has and exits
-            spy.wait()
-            seconds = time.monotonic() - sampled_from
-            print(f"the daemon through the runs, sampled by py-spy (native frames, {PROFILE_RATE} Hz):")
-            report = (summarize(profile_to, seconds, rate=PROFILE_RATE, gil=False, top=40)
-                      if profile_to.exists() else "py-spy wrote nothing")
-            print("\n".join(f"  {line}" for line in report.splitlines()), flush=True)
+        sampling.close()
+        if profiled is not None:
+            print(f"the daemon through the runs, sampled by py-spy (native frames, {NATIVE_RATE} Hz):")
+            print("\n".join(f"  {line}" for line in profiled.report.splitlines()), flush=True)
         status = {m["name"]: m.get("speculative") for m in http.get("/v1/status").json()["models"]}
     return out, status
 

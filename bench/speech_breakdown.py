@@ -41,6 +41,7 @@ import numpy as np  # noqa: E402
 
 from bench.audio import SIZES, TEXT, audio_models, daemon_tts  # noqa: E402
 from bench.common import daemon, environment, reexec_with_openblas, save, table  # noqa: E402
+from bench.profiling import sampled  # noqa: E402
 
 
 def timed(run: Callable[[], int]) -> tuple[float, int]:
@@ -106,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny",
                         help="the factory model's size, when no folder is given")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="then N more requests through HTTP with the daemon sampled by py-spy "
+                             "(where a request's time beyond the synthesis goes)")
     args = parser.parse_args(argv)
     reexec_with_openblas()
 
@@ -126,6 +130,13 @@ def main(argv: list[str] | None = None) -> int:
                 seconds, made = timed(calls[name])
                 runs.setdefault(name, []).append(seconds)
                 samples[name] = made
+        if args.profile:
+            # The daemon's side of the http layer: where its time beyond the synthesis goes.
+            with sampled(Path("bench/results/speech-profile.txt"), native=False, rate=400) as sampling:
+                for _ in range(args.profile):
+                    calls["http"]()
+            print(f"the daemon through {args.profile} requests, sampled by py-spy (400 Hz):")
+            print("\n".join(f"  {line}" for line in sampling.report.splitlines()), flush=True)
     base = statistics.median(runs["direct"])
     rows, figures = [], {}
     for name in names:
