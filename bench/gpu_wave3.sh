@@ -30,13 +30,16 @@
 # .gpu/baseline in turn), embeddings (bench/embeddings.py), chat-embed (bench/chat_beside_embeddings.py: a
 # pinned chat stream's pace while 8 clients embed; chat-embed-ab: this tree and .gpu/baseline in turn, twice). SmolLM2's GGUF and
 # MiniLM's folder must be in $MLXD_WHEELS_DIR (the device has no network):
-# bench/gpu_models.sh packs them into parts for the device calls. Logs and bench/results go to $OUT (default ./gpu-out).
+# bench/gpu_models.sh packs them into parts for the device calls; bench/gpu_extra.sh the packages
+# the kit leaves out (carry .gpu/extra with every call). Logs and bench/results go to $OUT (default ./gpu-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(pwd)/gpu-out}
 mkdir -p "$OUT" bench/results
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
+# mlx-embeddings, mlx-vlm and python-multipart, which the kit leaves out (bench/gpu_extra.sh).
+if [ -d .gpu/extra/site ]; then export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$(pwd)/.gpu/extra/site; fi
 
 step() {
   local name=$1 limit=$2; shift 2
