@@ -20,7 +20,6 @@ first batch's peak), ``close`` that waits for the batch in flight,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time

@@ -282,12 +282,14 @@ def test_status_shows_every_rank_of_the_resident_gang(daemon):
     assert f"rank 1 local    pid {ranks[1]['pid']}  ready" in drawn
 
 
-def _beside(client) -> str:
-    """A second stream in the same batch: the gang's failure must end it too."""
+def _beside(client, decoding: threading.Event) -> str:
+    """A second stream in the same batch: the gang's failure must end it too.
+    ``decoding`` is set once its text flows."""
     try:
-        for _ in client.chat.completions.create(model="gang", messages=CHAT, max_tokens=4000, temperature=0,
-                                                stream=True, extra_body={"ignore_eos": True}):
-            pass
+        for chunk in client.chat.completions.create(model="gang", messages=CHAT, max_tokens=4000, temperature=0,
+                                                    stream=True, extra_body={"ignore_eos": True}):
+            if chunk.choices and chunk.choices[0].delta.content:
+                decoding.set()
     except openai.APIError as exc:
         return str(exc)
     return "ended without an error"
@@ -296,7 +298,8 @@ def _beside(client) -> str:
 def _fails_and_recovers(client, daemon, solo_text, sig: signal.Signals, within: float) -> None:
     pids = _rank_pids(daemon)
     other = ThreadPoolExecutor(1)
-    beside = other.submit(_beside, client)
+    beside_decoding = threading.Event()
+    beside = other.submit(_beside, client, beside_decoding)
     stream = client.chat.completions.create(model="gang", messages=CHAT, max_tokens=4000, temperature=0,
                                             stream=True, extra_body={"ignore_eos": True})
     got = ""
@@ -304,7 +307,9 @@ def _fails_and_recovers(client, daemon, solo_text, sig: signal.Signals, within: 
     with pytest.raises(openai.APIError) as raised:
         for chunk in stream:
             got += (chunk.choices[0].delta.content or "") if chunk.choices else ""
-            if started is None and len(got) > 4:
+            # Both rows decoding: a rank stopped while the other's prompt is
+            # still being prefilled is judged by the prefill deadline (60 s).
+            if started is None and len(got) > 4 and beside_decoding.is_set():
                 os.kill(pids[1], sig)
                 started = time.monotonic()
     assert started is not None, "the stream ended before the rank was signalled"
