@@ -35,7 +35,6 @@ import itertools
 import keyword
 import multiprocessing
 import queue
-import contextlib
 import re
 import statistics
 import sys
@@ -51,7 +50,7 @@ import httpx  # noqa: E402
 import yaml  # noqa: E402
 
 from bench.common import PROMPT, environment, save, serving, table, wait_warm  # noqa: E402
-from bench.profiling import NATIVE_RATE, Sampling, sampled  # noqa: E402
+from bench.profiling import NATIVE_RATE, sampled  # noqa: E402
 
 KEYS = {"interactive": "sk-bench-interactive", "bulk": "sk-bench-bulk"}
 
@@ -148,7 +147,7 @@ def contended(url: str, args: argparse.Namespace, profile_to: Path | None = None
     for c in clients:
         c.start()
     time.sleep(2.0)  # let the bulk clients fill the model first
-    with sampled(profile_to) if profile_to is not None else contextlib.nullcontext(Sampling()) as sampling:
+    with sampled(profile_to) as sampling:
         deadline = time.monotonic() + args.seconds
         while time.monotonic() < deadline:
             ttft_started.append(time.monotonic() - began)

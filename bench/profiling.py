@@ -92,12 +92,16 @@ class Sampling:
 
 
 @contextlib.contextmanager
-def sampled(out: Path, *, native: bool = True, rate: int = NATIVE_RATE, top: int = 40) -> Iterator[Sampling]:
+def sampled(out: Path | None, *, native: bool = True, rate: int = NATIVE_RATE, top: int = 40) -> Iterator[Sampling]:
     """py-spy on the bench's daemon (every thread, native frames unless told
     otherwise) for as long as the block runs; the raw samples go to ``out``
-    and their summary to the yielded ``Sampling.report``."""
-    out.parent.mkdir(parents=True, exist_ok=True)
+    and their summary to the yielded ``Sampling.report``. ``out`` None:
+    nothing is sampled (a bench run without ``--profile``)."""
     result = Sampling()
+    if out is None:
+        yield result
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
     spy = profile(newest_daemon_pid(), 24 * 3600, out, gil=False, native=native, rate=rate)
     started = time.monotonic()
     try:

@@ -35,7 +35,6 @@ within one run are what to read.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -190,27 +189,25 @@ def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int],
         for name in names:
             one(port, name, [{"role": "user", "content": "Hi"}], 4)  # loads it
         wait_warm(http, names)
-        sampling = contextlib.ExitStack()
-        profiled = sampling.enter_context(sampled(profile_to)) if profile_to is not None else None
-        for workload, messages in work.items():
-            for n in counts:
-                done: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-                # Interleaved per stream count and repeat, so drift hits every configuration alike.
-                for repeat in range(repeats):
+        with sampled(profile_to) as profiled:
+            for workload, messages in work.items():
+                for n in counts:
+                    done: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+                    # Interleaved per stream count and repeat, so drift hits every configuration alike.
+                    for repeat in range(repeats):
+                        for name in names:
+                            # Each stream's prompt prefilled once into the prefix cache: the streams
+                            # then start decoding together, and decode is what is compared.
+                            for i in range(n):
+                                prime(port, name, variant(messages, i))
+                            done[name].append(streams(port, name, messages, tokens, n, temperature))
+                            print(f"  {workload:9} {n} streams {name:9} run {repeat + 1}: "
+                                  f"{done[name][-1]['aggregate_tok_s']:.2f} tok/s; first tokens at "
+                                  f"{done[name][-1]['first_token_at_s']} s, ends at {done[name][-1]['ended_at_s']} s",
+                                  flush=True)
                     for name in names:
-                        # Each stream's prompt prefilled once into the prefix cache: the streams
-                        # then start decoding together, and decode is what is compared.
-                        for i in range(n):
-                            prime(port, name, variant(messages, i))
-                        done[name].append(streams(port, name, messages, tokens, n, temperature))
-                        print(f"  {workload:9} {n} streams {name:9} run {repeat + 1}: "
-                              f"{done[name][-1]['aggregate_tok_s']:.2f} tok/s; first tokens at "
-                              f"{done[name][-1]['first_token_at_s']} s, ends at {done[name][-1]['ended_at_s']} s",
-                              flush=True)
-                for name in names:
-                    out[f"{workload}/{n}/{name}"] = median_run(done[name])
-        sampling.close()
-        if profiled is not None:
+                        out[f"{workload}/{n}/{name}"] = median_run(done[name])
+        if profile_to is not None:
             print(f"the daemon through the runs, sampled by py-spy (native frames, {NATIVE_RATE} Hz):")
             print("\n".join(f"  {line}" for line in profiled.report.splitlines()), flush=True)
         status = {m["name"]: m.get("speculative") for m in http.get("/v1/status").json()["models"]}

@@ -81,8 +81,8 @@ class EncoderEngine(EngineBase):
         self._keys = itertools.count()
         self._pump: asyncio.Task[None] | None = None
         self._forwarding = False
-        # A pass queued on the device and not read back yet (``_pump_batches``).
-        self._on_device = False
+        # A pass queued on the device and not read back yet, with its batch (``_pump_batches``).
+        self._ahead: tuple[Batch, Any] | None = None
 
     # --- what a request asks ---------------------------------------------------
 
@@ -186,9 +186,8 @@ class EncoderEngine(EngineBase):
         decode step after it by its whole length; on this project's CPU a
         chat stream beside 8 embedding clients then ran at 0.79-0.83x its
         solo tokens/s (bench/chat_beside_embeddings.py)."""
-        ahead: tuple[Batch, Any] | None = None  # a pass on the device, not read back yet
         try:
-            while ahead is not None or len(self._queue):
+            while (ahead := self._ahead) is not None or len(self._queue):
                 batch = self._queue.take()
                 if batch is not None:
                     self.figures.batches += 1
@@ -206,8 +205,7 @@ class EncoderEngine(EngineBase):
                         queued = None
                 except Exception as exc:
                     failed = [b for b in (ahead[0] if ahead else None, batch) if b is not None]
-                    ahead = None
-                    self._on_device = False
+                    self._ahead = None
                     log.exception("a batch of %d inputs on %s failed", sum(len(b.rows) for b in failed), self.name)
                     failure = exc if isinstance(exc, MlxdError) else MlxdError(
                         f"The model `{self.name}` failed on this batch.")
@@ -221,11 +219,10 @@ class EncoderEngine(EngineBase):
                 if finished is not None:
                     for key, results in self._queue.deliver(finished, done):
                         self._settle(key, results)
-                ahead = (batch, queued) if beside and batch is not None else None
-                self._on_device = ahead is not None
+                self._ahead = (batch, queued) if beside and batch is not None else None
         finally:
             self._pump = None
-            self._on_device = False
+            self._ahead = None
 
     def _settle(self, key: int, value: Any) -> None:
         future = self._waiting.pop(key, None)
@@ -293,7 +290,7 @@ class EncoderEngine(EngineBase):
         return len(keys)
 
     def _busy(self) -> bool:
-        return self._forwarding or self._on_device
+        return self._forwarding or self._ahead is not None
 
     def _release(self) -> dict[str, Any]:
         self.encoder = None

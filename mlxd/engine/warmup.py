@@ -264,11 +264,9 @@ def warmup_request(run: WarmupRun, index: int, prompt: str, request_id: str, cha
     text: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
     extra: dict[str, Any] = {}
     sampling = GREEDY
-    if run.kind == "shared":
+    if run.kind in ("shared", "sampled"):
         sampling = WARM_SAMPLING
-    elif run.kind == "sampled":
-        sampling = WARM_SAMPLING
-        if index % 2:
+        if run.kind == "sampled" and index % 2:
             sampling = dataclasses.replace(WARM_SAMPLING, seed=index, **WARM_PENALTIES)
             extra["logprobs"] = WARM_LOGPROBS
     elif run.kind == "constrained":

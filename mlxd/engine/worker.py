@@ -295,6 +295,7 @@ class MlxWorker:
         self.active_streams = 0
         # Streams in the ring that step more than once (a decode loop, a
         # synthesis), one-shot turns left out: whether anything is decoding.
+        # Kept as channels enter and leave the ring, not counted each step.
         self.open_streams = 0
 
     # ------------------------------------------------------------- lifecycle
@@ -395,9 +396,11 @@ class MlxWorker:
                         job.channel.close_iter()
                         if job.channel in ring:
                             ring.remove(job.channel)
-                        self._count(ring)
+                            self.open_streams -= not job.channel.once
+                        self.active_streams = len(ring)
                     else:
                         ring.append(job)
+                        self.open_streams += not job.once
                     # Not held while idle: a call's function may be an
                     # engine's bound method (its release), and that engine
                     # must be collectable once unloaded.
@@ -409,8 +412,10 @@ class MlxWorker:
                     self.steps += 1
                     if channel.step():
                         ring.append(channel)
+                    else:
+                        self.open_streams -= not channel.once
                     channel = None
-                    self._count(ring)
+                    self.active_streams = len(ring)
                     continue
                 self.active_streams = self.open_streams = 0
                 wakeup.clear()
@@ -422,10 +427,6 @@ class MlxWorker:
             self.active_streams = self.open_streams = 0
             self._stopped.set()
             self._fail_inbox()
-
-    def _count(self, ring: collections.deque[_Channel]) -> None:
-        self.active_streams = len(ring)
-        self.open_streams = sum(not c.once for c in ring)
 
     def _fail_inbox(self) -> None:
         while self._inbox:

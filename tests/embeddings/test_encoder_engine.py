@@ -167,7 +167,7 @@ def test_closing_while_a_pass_is_on_the_device_waits_for_it_and_answers_every_re
         stream = _decoding(worker, others)
         await asyncio.sleep(0.05)
         pending = [asyncio.ensure_future(engine.embed(await engine.encode(TEXTS, truncate=True))) for _ in range(3)]
-        while not engine._on_device:
+        while engine._ahead is None:
             await asyncio.sleep(0)
         await engine.close()
         outcomes = await asyncio.gather(*pending, return_exceptions=True)
