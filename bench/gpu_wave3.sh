@@ -14,6 +14,8 @@
 # batch-overhead (bench/batch_overhead.py: mlxd's batched decode against BatchGenerator in one process,
 # profiled with py-spy where it is on PATH; batch-smol: SmolLM2 through chat, as bench/speculative.py
 # serves it), join-cost (bench/join_cost.py: a request joining a decoding batch, part by part),
+# composition (bench/composition_steps.py: the steps after rows join or leave a batch, as is and with the
+# batch settled first, at 4 and 8 rows),
 # spec-lookup (bench/speculative.py, plain and prompt lookup only, 1 and 4 streams, twice; spec-free:
 # free chat only, 1/4/8 streams, greedy; spec-free-t: the same at temperature 0.7; spec-prof: 4 streams,
 # the daemon sampled by py-spy with native frames), batch-switch (the same with the daemon's GIL switch interval
@@ -76,6 +78,8 @@ for name in "$@"; do
         step "apps5-env-${v%%=*}" 150 env "$v" "$PY" bench/app_priority.py --size bench --seconds 15 --concurrency 5 --turns --priorities-only
       done ;;
     apps5) step apps5 300 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --turns ;;
+    composition) step composition 200 "$PY" bench/composition_steps.py --size bench --rows 4 --changes 24 \
+      && step composition-8 200 "$PY" bench/composition_steps.py --size bench --rows 8 --changes 24 ;;
     join-cost) step join-cost 120 "$PY" bench/join_cost.py --size bench --rows 4 --joining 1 3 ;;
     spec-prof) step spec-prof 300 "$PY" bench/speculative.py --methods plain lookup --streams 4 --repeats 2 --profile ;;
     spec-free) step spec-free 300 "$PY" bench/speculative.py --methods plain lookup --workloads free_chat --streams 1 4 8 --repeats 2 ;;

@@ -50,6 +50,9 @@ class RepeatDrafter:
     def filter(self, keep: list[int]) -> None:
         self.last = [self.last[i] for i in keep]
 
+    def settle(self) -> None:
+        pass
+
     def close(self) -> None:
         self.last = []
 

@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxd.caller import class_of, urgency
+from mlxd.engine.batch_settle import settle
 from mlxd.engine.cache_layers import mergeable
 from mlxd.engine.checkpoints import checkpoint, plan
 from mlxd.engine.logprobs import token_logprob
@@ -248,7 +249,7 @@ class BatchScheduler:
             while True:
                 if clock is not None:
                     clock.start(time.perf_counter(), time.thread_time())
-                    self._joined = self._ended = 0
+                self._joined = self._ended = 0
                 arrivals = self._admit_arrivals()
                 self._drop_leavers()
                 if clock is not None:
@@ -260,11 +261,18 @@ class BatchScheduler:
                     clock.mark("prefill and join", time.perf_counter(), time.thread_time())
                 rows = len(self._decoding)
                 if self._decoding:
+                    # Rows that joined or left are rearranged in a call of their own (batch_settle.py).
+                    if self._joined or self._ended:
+                        settle(self._generator)
+                    ended = self._ended
                     _, responses = self._generator.next()
                     self.steps += 1
                     if clock is not None:
                         clock.mark("step", time.perf_counter(), time.thread_time())
                     self._take_step(responses)
+                    # mlx-lm moves joining rows in, and lets finished ones go, inside next().
+                    if self._joined or self._ended > ended:
+                        settle(self._generator)
                 self._flush()
                 if clock is not None:
                     clock.mark("outputs", time.perf_counter(), time.thread_time())
@@ -347,6 +355,7 @@ class BatchScheduler:
         if not leavers:
             return
         self._generator.remove([s.uid for s in leavers])
+        self._ended += len(leavers)
         for seq in leavers:
             del self._decoding[seq.uid]
             self._end_early(seq)

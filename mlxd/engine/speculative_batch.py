@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxd.engine import speculative_cache as caches
+from mlxd.engine.batch_settle import rearranged_arrays
 from mlxd.engine.speculative_core import SpecStats, accept, next_draft_length, rollback
 from mlxd.engine.speculative_governor import Governor
 
@@ -128,6 +129,16 @@ class SpeculativeGenerator:
                     kept[row.uid] = ([layer.extract(i) for layer in self._cache], list(row.tokens))
         self._filter([i for i, r in enumerate(self._rows) if r.uid not in gone])
         return kept
+
+    def settle(self) -> None:
+        """Rows joined or left: their rearranged caches are evaluated in a
+        call of their own, not at the front of the next step (batch_settle.py)."""
+        import mlx.core as mx
+
+        arrays = rearranged_arrays(self._cache, self._ahead)
+        if arrays:
+            mx.async_eval(arrays)
+        self.drafter.settle()
 
     def close(self) -> None:
         self._rows = []

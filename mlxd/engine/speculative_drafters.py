@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlxd.engine import speculative_cache as caches
+from mlxd.engine.batch_settle import rearranged_arrays
 from mlxd.engine.speculative_core import NgramIndex, rollback
 
 # Prompt tokens a draft model prefills when a sequence joins: its last ones
@@ -68,6 +69,9 @@ class PromptLookup:
 
     def filter(self, keep: list[int]) -> None:
         self._rows = [self._rows[i] for i in keep]
+
+    def settle(self) -> None:
+        """Nothing lazy to evaluate: the n-gram index lives on the host."""
 
     def close(self) -> None:
         self._rows = []
@@ -177,6 +181,15 @@ class DraftModel:
         elif self._cache is not None:
             for layer in self._cache:
                 layer.filter(cached)
+
+    def settle(self) -> None:
+        """The draft cache, rearranged as rows joined or left, evaluated
+        before the next draft step (batch_settle.py)."""
+        import mlx.core as mx
+
+        arrays = rearranged_arrays(self._cache)
+        if arrays:
+            mx.async_eval(arrays)
 
     def close(self) -> None:
         self._cache = None

@@ -51,6 +51,9 @@ class NeverDrafts:
     def filter(self, keep: list[int]) -> None:
         pass
 
+    def settle(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

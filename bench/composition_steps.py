@@ -1,0 +1,131 @@
+"""What the decode steps right after rows join or leave a batch cost.
+
+    python bench/composition_steps.py --size bench --rows 4 --changes 24
+
+On an H100 the daemon's slow-turn log (bench/app_priority.py --turns) showed
+a slow step of 35-60 ms, nearly all of it the worker's CPU, after every
+change of a batch's rows (joins and endings alike), against a usual 7-14 ms.
+This bench takes one process, mlx-lm's BatchGenerator on the factory's qwen2
+model of ``--size``: ``--rows`` rows decode; every few steps one row leaves
+and another joins, its prompt already in its own cache as the daemon hands
+it over. Each step (``next()``) is timed as the daemon's worker runs it, not
+synchronized: wall time and the thread's CPU time. Two ways, alternating in
+one run:
+
+- as is: the rearranged caches are evaluated with the next step;
+- settled: they are evaluated in a call of their own first
+  (``mlxd/engine/batch_settle.py``), so that the step's operations, and the
+  CUDA graphs MLX records for them, are those of any other step.
+
+Prints the steady steps' median and the first three steps after a change
+(median and max), wall and CPU, per way; merges the figures into
+bench/results/composition_steps.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import environment, reexec_with_openblas, save, table  # noqa: E402
+
+WAYS = ("as is", "settled")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", choices=["tiny", "small", "bench"], default="tiny")
+    parser.add_argument("--rows", type=int, default=4)
+    parser.add_argument("--context", type=int, default=300, help="tokens in each row's cache")
+    parser.add_argument("--changes", type=int, default=24, help="changes per way (after a warm-up of 4 each)")
+    parser.add_argument("--between", type=int, default=6, help="steps between two changes")
+    args = parser.parse_args()
+    reexec_with_openblas()
+    from mlxd.engine.cuda_attention import prefer_mlx_attention_kernels
+
+    prefer_mlx_attention_kernels()
+    import mlx.core as mx
+    from mlx_lm import load
+    from mlx_lm.generate import BatchGenerator
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.sample_utils import make_sampler
+
+    from mlxd.engine.batch_settle import settle
+    from mlxd.factory import ModelRecipe, build_model
+
+    path = build_model(ModelRecipe("qwen2", args.size))
+    model, _ = load(str(path))
+    sampler = make_sampler(temp=0.7)
+
+    def prefilled(length: int, seed: int) -> tuple[list[Any], list[int]]:
+        tokens = [(seed * 7 + i) % 1000 + 10 for i in range(length)]
+        cache = make_prompt_cache(model)
+        model(mx.array(tokens[:-1])[None], cache=cache)
+        mx.eval([c.state for c in cache])
+        return cache, tokens
+
+    generator = BatchGenerator(model, completion_batch_size=args.rows + 1, prefill_batch_size=args.rows + 1,
+                               prefill_step_size=512)
+    seeds = iter(range(10**6))
+
+    def join(count: int) -> list[int]:
+        arriving = [prefilled(args.context + next(seeds) % 40, next(seeds)) for _ in range(count)]
+        return generator.insert([[t[-1]] for _, t in arriving], max_tokens=[10**6] * count,
+                                caches=[c for c, _ in arriving], samplers=[sampler] * count)
+
+    def step(way: str) -> tuple[float, float]:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        generator.next()
+        if way == "settled":
+            settle(generator)
+        return time.perf_counter() - wall, time.thread_time() - cpu
+
+    uids = join(args.rows)
+    for _ in range(8):
+        step("as is")
+    steady: dict[str, list[tuple[float, float]]] = {w: [] for w in WAYS}
+    after: dict[str, list[list[tuple[float, float]]]] = {w: [] for w in WAYS}
+    for change in range(2 * (args.changes + 4)):
+        way = WAYS[change % 2]
+        # One leaves, one joins: the batch keeps its size, its rows change.
+        generator.remove([uids.pop(0)])
+        if way == "settled":
+            settle(generator)
+        uids += join(1)
+        # The joining row moves into the batch in the first step after it; that step and the next two.
+        first = [step(way) for _ in range(3)]
+        rest = [step(way) for _ in range(args.between)]
+        if change >= 8:
+            after[way].append(first)
+            steady[way] += rest[1:]
+        mx.synchronize()
+    generator.close()
+
+    rows, results = [], {}
+    for way in WAYS:
+        figures = {"steady_ms": 1000 * statistics.median(w for w, _ in steady[way]),
+                   "steady_cpu_ms": 1000 * statistics.median(c for _, c in steady[way])}
+        for i in range(3):
+            walls = [f[i][0] for f in after[way]]
+            cpus = [f[i][1] for f in after[way]]
+            figures[f"after_{i + 1}_ms"] = 1000 * statistics.median(walls)
+            figures[f"after_{i + 1}_max_ms"] = 1000 * max(walls)
+            figures[f"after_{i + 1}_cpu_ms"] = 1000 * statistics.median(cpus)
+        results[way] = figures
+        rows.append([way, f"{figures['steady_ms']:.1f} ({figures['steady_cpu_ms']:.1f})",
+                     *(f"{figures[f'after_{i}_ms']:.1f} / {figures[f'after_{i}_max_ms']:.1f} "
+                       f"({figures[f'after_{i}_cpu_ms']:.1f})" for i in (1, 2, 3))])
+    print(f"qwen2-{args.size}, {args.rows} rows, one leaves and one joins every {args.between + 3} steps, "
+          f"{args.changes} changes a way; ms: median / max (median CPU of the worker thread)")
+    print(table(["way", "steady step", "1st step after", "2nd", "3rd"], rows))
+    print(f"wrote {save('composition_steps', f'qwen2-{args.size}-rows{args.rows}', {**results, **environment()})}")
+
+
+if __name__ == "__main__":
+    main()

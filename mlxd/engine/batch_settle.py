@@ -1,0 +1,57 @@
+"""A batch whose rows changed is evaluated on its own before its next step.
+
+When rows leave a batch (``filter``) or join it (``extend``), mlx-lm and
+mlxd's speculative batch rearrange the batch's caches lazily: gathers, pads
+and concatenations that the next decode step's graph would evaluate first.
+On a CUDA device MLX records a step as CUDA graphs of a hundred operations
+each and reuses a recorded graph when the next step's operations have the
+same shape (``CommandEncoder::commit``: the key is the sequence of nodes and
+their edges). The rearranging operations shift every boundary of the step
+that follows, so none of its graphs is found and each is instantiated anew:
+on an H100, the steps after a row joined or left took 35-60 ms of the
+worker's CPU against a usual 7-14 ms (bench/composition_steps.py).
+Evaluating the rearranged state in its own call (queued, not waited for)
+gives the step the same operations as any other step of its batch size, so
+its graphs are found again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def rearranged_arrays(caches: list[Any] | None, *more: Any) -> list[Any]:
+    """The arrays of a batch's caches (any cache kind: its ``state``) and
+    of ``more`` (arrays or lists of them, None skipped)."""
+    import mlx.core as mx
+
+    found: list[Any] = []
+
+    def collect(value: Any) -> None:
+        if isinstance(value, mx.array):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                collect(item)
+
+    for cache in caches or ():
+        collect(cache.state)
+    for value in more:
+        collect(value)
+    return found
+
+
+def settle(generator: Any) -> None:
+    """Queues the evaluation of ``generator``'s batch state: mlx-lm's
+    ``BatchGenerator`` (its generation batch) or one with a ``settle``
+    method of its own (the speculative batch)."""
+    import mlx.core as mx
+
+    own = getattr(generator, "settle", None)
+    if own is not None:
+        own()
+        return
+    batch = generator._generation_batch
+    arrays = rearranged_arrays(batch.prompt_cache, batch._next_tokens, batch._next_logprobs)
+    if arrays:
+        mx.async_eval(arrays)
