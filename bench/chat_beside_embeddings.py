@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
 
+from bench.profiling import sampled  # noqa: E402
 from bench.common import (  # noqa: E402
     add_dtype_option, daemon, environment, gather_reports, model_dtype, reexec_with_openblas, save, table,
     wait_warm,
@@ -121,6 +122,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--profile", action="store_true",
+                        help="py-spy samples the daemon (Python frames) while the clients embed: which thread holds the GIL for what")
     parser.add_argument("--repeats", type=int, default=1, help="daemons per tree, in turn")
     parser.add_argument("--baseline", type=Path,
                         help="also run the daemon of this checkout (`git archive REV | tar -x -C DIR`), in turn")
@@ -145,6 +148,8 @@ def main() -> None:
             alone, shared = figures["solo_median"], figures["beside_median"]
             rows += [[label, name, f"{r['tok_s']:.1f}", f"{1000 * r['longest_gap_s']:.1f}", f"{1000 * r['p99_gap_s']:.1f}"]
                      for name, r in (("solo", alone), (f"beside {args.clients} embedding clients", shared))]
+            if "profile" in figures:
+                print(f"{label}: the daemon while the clients embed, sampled by py-spy:\n{figures['profile']}")
             ratios, met = figures["ratios"], figures["met"]
             print(f"{label}: tok/s beside / solo {ratios['tok_s']:.2f} (target >= 0.9: {'met' if met['tok_s'] else 'not met'}); "
                   f"longest gap beside / solo {ratios['longest_gap']:.2f} (target <= 1.1: "
@@ -170,7 +175,9 @@ def measure(entries: list[dict[str, Any]], args: argparse.Namespace, cwd: Path |
             c.start()
         for _ in clients:
             ready.get(timeout=300)
-        beside = rounds(url, args.tokens, args.rounds)
+        profile_to = Path("bench/results") / "chat_beside_embeddings-profile.txt" if args.profile else None
+        with sampled(profile_to, native=False, rate=400) as sampling:
+            beside = rounds(url, args.tokens, args.rounds)
         stop.set()
         reports = gather_reports(done, clients, "an embedding client")
         states = model_states(http)
@@ -178,7 +185,8 @@ def measure(entries: list[dict[str, Any]], args: argparse.Namespace, cwd: Path |
     alone, shared = median_of(solo), median_of(beside)
     ratios = {"tok_s": shared["tok_s"] / alone["tok_s"], "longest_gap": shared["longest_gap_s"] / alone["longest_gap_s"]}
     return {"solo": solo, "beside": beside, "solo_median": alone, "beside_median": shared,
-            "embedding_requests": sum(reports), "states": states, "unloads": unloaded, "ratios": ratios,
+            "embedding_requests": sum(reports), "states": states,
+            **({"profile": sampling.report} if args.profile else {}), "unloads": unloaded, "ratios": ratios,
             "met": {"tok_s": ratios["tok_s"] >= 0.9, "longest_gap": ratios["longest_gap"] <= 1.1,
                     "nothing_unloaded": unloaded == 0 and all(s == "loaded" for s in states.values())}}
 

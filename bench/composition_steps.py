@@ -15,7 +15,11 @@ one run:
 - as is: the rearranged caches are evaluated with the next step;
 - settled: they are evaluated in a call of their own first
   (``mlxd/engine/batch_settle.py``), so that the step's operations, and the
-  CUDA graphs MLX records for them, are those of any other step.
+  CUDA graphs MLX records for them, are those of any other step;
+- mlxd batch: mlxd's own batch (``engine/speculative_batch.py``) in plain
+  steps, settled too, which merges a joining row's cache into the batch's
+  instead of running mlx-lm's prompt batch, its copy and the joining rows'
+  own step.
 
 Prints the steady steps' median and the first three steps after a change
 (median and max), wall and CPU, per way; merges the figures into
@@ -35,7 +39,41 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import environment, reexec_with_openblas, save, table  # noqa: E402
 
-WAYS = ("as is", "settled")
+WAYS = ("as is", "settled", "mlxd batch")
+
+
+class Plain:
+    """The speculative batch's drafter and governor for a batch that never
+    speculates: mlxd's own batch (engine/speculative_batch.py) decoding plain
+    steps, which joins rows by merging their caches into the batch's, without
+    mlx-lm's prompt batch, its copy and the joining rows' own step."""
+
+    def join(self, histories: list[list[int]], caches: Any = None) -> None:
+        pass
+
+    def would_draft(self, then: list[int] | None = None) -> bool:
+        return False
+
+    def commit(self, emitted: list[list[int]], drafted: list[int]) -> None:
+        pass
+
+    def filter(self, keep: list[int]) -> None:
+        pass
+
+    def settle(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def choose(self, batch: int) -> bool:
+        return False
+
+    def record(self, speculative: bool, tokens: int, seconds: float) -> None:
+        pass
+
+    def joined(self) -> None:
+        pass
 
 
 def main() -> None:
@@ -52,11 +90,13 @@ def main() -> None:
     prefer_mlx_attention_kernels()
     import mlx.core as mx
     from mlx_lm import load
-    from mlx_lm.generate import BatchGenerator
+    from mlx_lm.generate import BatchGenerator, StopSequences
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.sample_utils import make_sampler
 
     from mlxd.engine.batch_settle import settle
+    from mlxd.engine.speculative_batch import SpeculativeGenerator
+    from mlxd.engine.speculative_core import SpecStats
     from mlxd.factory import ModelRecipe, build_model
 
     path = build_model(ModelRecipe("qwen2", args.size))
@@ -70,42 +110,61 @@ def main() -> None:
         mx.eval([c.state for c in cache])
         return cache, tokens
 
-    generator = BatchGenerator(model, completion_batch_size=args.rows + 1, prefill_batch_size=args.rows + 1,
-                               prefill_step_size=512)
     seeds = iter(range(10**6))
 
-    def join(count: int) -> list[int]:
-        arriving = [prefilled(args.context + next(seeds) % 40, next(seeds)) for _ in range(count)]
-        return generator.insert([[t[-1]] for _, t in arriving], max_tokens=[10**6] * count,
-                                caches=[c for c, _ in arriving], samplers=[sampler] * count)
+    def join(generator: Any, arriving: list[tuple[list[Any], list[int]]]) -> list[int]:
+        count = len(arriving)
+        caches = [c for c, _ in arriving]
+        if isinstance(generator, BatchGenerator):
+            return generator.insert([[t[-1]] for _, t in arriving], max_tokens=[10**6] * count,
+                                    caches=caches, samplers=[sampler] * count)
+        return generator.insert([[t[-1]] for _, t in arriving], max_tokens=[10**6] * count, caches=caches,
+                                all_tokens=[t[:-1] for _, t in arriving], samplers=[sampler] * count,
+                                logits_processors=[[]] * count, stop_sequences=[StopSequences()] * count)
 
-    def step(way: str) -> tuple[float, float]:
+    def step(generator: Any, way: str) -> tuple[float, float]:
         wall, cpu = time.perf_counter(), time.thread_time()
         generator.next()
-        if way == "settled":
+        if way != "as is":
             settle(generator)
         return time.perf_counter() - wall, time.thread_time() - cpu
 
-    uids = join(args.rows)
-    for _ in range(8):
-        step("as is")
     steady: dict[str, list[tuple[float, float]]] = {w: [] for w in WAYS}
     after: dict[str, list[list[tuple[float, float]]]] = {w: [] for w in WAYS}
-    for change in range(2 * (args.changes + 4)):
-        way = WAYS[change % 2]
+    generators: dict[str, Any] = {}
+    members: dict[str, list[int]] = {}
+    for way in WAYS:
+        if way == "mlxd batch":
+            plain = Plain()
+            generators[way] = SpeculativeGenerator(model, plain, 4, plain, SpecStats())  # type: ignore[arg-type]
+        else:
+            generators[way] = BatchGenerator(model, completion_batch_size=args.rows + 1,
+                                             prefill_batch_size=args.rows + 1, prefill_step_size=512)
+        members[way] = join(generators[way], [prefilled(args.context + i, next(seeds)) for i in range(args.rows)])
+        for _ in range(8):
+            step(generators[way], way)
+    for change in range(len(WAYS) * (args.changes + 4)):
+        way = WAYS[change % len(WAYS)]
+        generator, uids = generators[way], members[way]
+        arriving = prefilled(args.context + next(seeds) % 40, next(seeds))
         # One leaves, one joins: the batch keeps its size, its rows change.
+        # The change is timed with the first step after it: mlx-lm's insert
+        # only queues the row, which its next step moves in; mlxd's merges it.
+        wall, cpu = time.perf_counter(), time.thread_time()
         generator.remove([uids.pop(0)])
-        if way == "settled":
+        if way != "as is":
             settle(generator)
-        uids += join(1)
-        # The joining row moves into the batch in the first step after it; that step and the next two.
-        first = [step(way) for _ in range(3)]
-        rest = [step(way) for _ in range(args.between)]
-        if change >= 8:
+        uids += join(generator, [arriving])
+        changed = (time.perf_counter() - wall, time.thread_time() - cpu)
+        first = [step(generator, way) for _ in range(3)]
+        first[0] = (first[0][0] + changed[0], first[0][1] + changed[1])
+        rest = [step(generator, way) for _ in range(args.between)]
+        if change >= 4 * len(WAYS):
             after[way].append(first)
             steady[way] += rest[1:]
         mx.synchronize()
-    generator.close()
+    for generator in generators.values():
+        generator.close()
 
     rows, results = [], {}
     for way in WAYS:
@@ -123,7 +182,7 @@ def main() -> None:
                        f"({figures[f'after_{i}_cpu_ms']:.1f})" for i in (1, 2, 3))])
     print(f"qwen2-{args.size}, {args.rows} rows, one leaves and one joins every {args.between + 3} steps, "
           f"{args.changes} changes a way; ms: median / max (median CPU of the worker thread)")
-    print(table(["way", "steady step", "1st step after", "2nd", "3rd"], rows))
+    print(table(["way", "steady step", "change + 1st step", "2nd", "3rd"], rows))
     print(f"wrote {save('composition_steps', f'qwen2-{args.size}-rows{args.rows}', {**results, **environment()})}")
 
 
