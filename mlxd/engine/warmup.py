@@ -89,6 +89,9 @@ class WarmupRun:
     # the same for every request (one sampler for the batch); "constrained":
     # under a JSON grammar.
     kind: str = "greedy"
+    # Request i asks for ``max_tokens + i``: the rows leave the batch one at a
+    # time, so its filter (gathers of the caches and the tokens) is compiled.
+    staggered: bool = False
 
 
 # Where the warm-up runs (``decide_mode``): before the engine is handed over,
@@ -178,9 +181,18 @@ def batch_runs(prompt_tokens: int, max_concurrency: int) -> list[WarmupRun]:
     its first token after 1.4-2.2 s and its first bulk requests 3.3-4x their
     solo time; the next daemon on that machine, its kernels on disk, had
     neither. Batch sizes 2 to 5 and several requests joining at once are
-    what that run met cold; whether these runs leave nothing of it is still
-    to be measured on a GPU (bench/gpu_wave3.sh apps5)."""
-    return [WarmupRun(prompt_tokens, DECODE_STEPS, rows, kind="shared")
+    what that run met cold.
+
+    The rows end one step apart (``staggered``): rows ending together empty
+    the batch, which gathers nothing, while a row leaving a batch that goes
+    on gathers the others' caches and next tokens, and MLX's CUDA backend
+    compiles a gather module (every rank, through NVRTC) for each dtype
+    pair on first use. A py-spy profile of the daemon through two
+    prompt-lookup runs at 4 streams on an H100 (bench/gpu_wave3.sh
+    spec-prof) found a fifth of the worker's samples compiling gathers under
+    the batch's filter, and that run's first code-edit run at 24 tok/s
+    against 104 for the second."""
+    return [WarmupRun(prompt_tokens, DECODE_STEPS, rows, kind="shared", staggered=True)
             for rows in range(2, min(max_concurrency, MAX_WARM_BATCH) + 1)]
 
 
@@ -193,7 +205,9 @@ def speculative_runs(prompt_tokens: int, k: int, max_concurrency: int) -> list[W
     between the powers of two too (bench/verify_shapes.py), so every batch
     size is warmed."""
     steps = (k + 1) * (k + 2) // 2 + k + 1
-    return [WarmupRun(prompt_tokens, steps, rows) for rows in range(1, min(max_concurrency, MAX_SPECULATIVE_WARM_BATCH) + 1)]
+    # Rows leaving one at a time compile the batch's gathers (``batch_runs``).
+    return [WarmupRun(prompt_tokens, steps, rows, staggered=rows > 1)
+            for rows in range(1, min(max_concurrency, MAX_SPECULATIVE_WARM_BATCH) + 1)]
 
 
 def _cpu_plan(room: int, max_concurrency: int, batching: bool) -> tuple[WarmupRun, ...]:
@@ -273,8 +287,8 @@ def warmup_request(run: WarmupRun, index: int, prompt: str, request_id: str, cha
         # The grammar decides when to end; suppressing the end would leave no token allowed.
         return GenerationRequest(request_id=request_id, max_tokens=run.max_tokens, sampling=GREEDY,
                                  constraint=Constraint("json_schema", WARM_SCHEMA), warmup=True, **text)
-    return GenerationRequest(request_id=request_id, max_tokens=run.max_tokens, sampling=sampling,
-                             ignore_eos=True, warmup=True, **text, **extra)
+    return GenerationRequest(request_id=request_id, max_tokens=run.max_tokens + (index if run.staggered else 0),
+                             sampling=sampling, ignore_eos=True, warmup=True, **text, **extra)
 
 
 async def _one(engine: Any, request: GenerationRequest) -> tuple[float, bool]:

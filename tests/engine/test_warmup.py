@@ -29,13 +29,13 @@ CONSTRAINED = WarmupRun(16, 3, kind="constrained")
         # Batching adds short requests at once sharing one sampler, at every
         # batch size it may run (2 to 8): a batch size's first use compiles.
         (dict(max_context=4096, prefill_chunk=512, max_concurrency=8, batching=True),
-         (WarmupRun(1040, 3), *(WarmupRun(16, 3, rows, kind="shared") for rows in range(2, 9)),
+         (WarmupRun(1040, 3), *(WarmupRun(16, 3, rows, kind="shared", staggered=True) for rows in range(2, 9)),
           SAMPLED, WarmupRun(512, 1, timed=True), CONSTRAINED)),
         (dict(max_context=4096, prefill_chunk=512, max_concurrency=16, batching=True),
-         (WarmupRun(1040, 3), *(WarmupRun(16, 3, rows, kind="shared") for rows in range(2, 9)),
+         (WarmupRun(1040, 3), *(WarmupRun(16, 3, rows, kind="shared", staggered=True) for rows in range(2, 9)),
           SAMPLED, WarmupRun(512, 1, timed=True), CONSTRAINED)),
         (dict(max_context=4096, prefill_chunk=512, max_concurrency=2, batching=True),
-         (WarmupRun(1040, 3), WarmupRun(16, 3, 2, kind="shared"), SAMPLED, WarmupRun(512, 1, timed=True),
+         (WarmupRun(1040, 3), WarmupRun(16, 3, 2, kind="shared", staggered=True), SAMPLED, WarmupRun(512, 1, timed=True),
           CONSTRAINED)),
         # max_concurrency > 1 on a model that cannot batch: no batched run.
         (dict(max_context=4096, prefill_chunk=512, max_concurrency=4, batching=False),
@@ -107,11 +107,14 @@ def test_a_shared_batch_sends_one_set_of_sampling_values_so_the_batch_draws_in_o
     """Every request of a "shared" run has the same values and no seed, so
     the batch gives them one sampler (BatchScheduler._sampler) and its
     kernels run at that batch size; a "sampled" pair differs (one seeded)."""
-    from mlxd.engine.warmup import warmup_request
+    from mlxd.engine.warmup import batch_runs, warmup_request
 
-    run_ = WarmupRun(16, 3, 4, kind="shared")
+    run_ = batch_runs(16, 4)[-1]
     shared = [warmup_request(run_, i, "text", f"w{i}", chat=False) for i in range(4)]
     assert len({r.sampling for r in shared}) == 1
     assert shared[0].sampling.seed is None and shared[0].sampling.temperature > 0
     pair = [warmup_request(SAMPLED, i, "text", f"s{i}", chat=False) for i in range(2)]
     assert pair[0].sampling != pair[1].sampling
+    # The batch's rows end one step apart: each leaves a batch that goes on (its filter's gathers compile).
+    assert [r.max_tokens for r in shared] == [3, 4, 5, 6]
+    assert [r.max_tokens for r in pair] == [3, 3]
