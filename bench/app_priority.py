@@ -19,6 +19,10 @@ timing shared).
 ``--baseline DIR`` runs the daemon of another checkout too (``git archive
 REV | tar -x -C DIR``), in turn with this one: before and after on one
 machine, in one run.
+``--repeats N`` runs every case on N daemons, in turn with the baseline's,
+and adds a row per case with the N runs' samples pooled: on one H100 the
+same daemon's interactive p95 read 1.55x and 2.57x its idle figure in two
+runs, so one run of each does not tell a change of that size.
 
 With ``--bulk-prompt-words N`` every bulk request sends a prompt of its own of
 about N words (no prefix-cache hit), so its prefill takes many chunks, as an
@@ -220,6 +224,16 @@ def summary(name: str, r: dict[str, Any]) -> list[Any]:
     ]
 
 
+POOLED = ("idle_ttft", "solo_bulk_seconds", "interactive_ttft", "interactive_started_s", "bulk_seconds",
+          "bulk_started_s")
+
+
+def pooled(repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    """The samples of several daemons' runs of one case taken together: the
+    p95s and the slowest bulk request over all of them."""
+    return {key: [x for r in repeats for x in r[key]] for key in POOLED}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=["tiny", "small", "bench"], default="tiny")
@@ -238,6 +252,9 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path,
                         help="also run the daemon of this checkout (`git archive REV | tar -x -C DIR`), in turn")
     parser.add_argument("--priorities-only", action="store_true", help="only the run with priorities")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="daemons per case, in turn with the baseline's; with more than one, each case's "
+                             "samples are also pooled (its row ', pooled')")
     parser.add_argument("--profile", action="store_true",
                         help="sample the daemon with py-spy (native frames) while it is under load; "
                              "the busiest functions per thread are printed, the samples kept in bench/results")
@@ -252,11 +269,18 @@ def main() -> None:
     modes = [("priorities", True)] if args.priorities_only else [("no priorities", False), ("priorities", True)]
     trees = [("", None)] + ([("baseline, ", args.baseline.resolve())] if args.baseline else [])
     # Before and after in turn, mode by mode: drift on the machine hits both alike.
-    for mode, priorities in modes:
-        for label, cwd in trees:
-            name = label + mode
-            runs[name] = run(model, args, priorities=priorities, cwd=cwd)
-            print(table(HEADERS, [summary(name, runs[name])]), flush=True)
+    for repeat in range(args.repeats):
+        for mode, priorities in modes:
+            for label, cwd in trees:
+                name = label + mode + (f" ({repeat + 1})" if args.repeats > 1 else "")
+                runs[name] = run(model, args, priorities=priorities, cwd=cwd)
+                print(table(HEADERS, [summary(name, runs[name])]), flush=True)
+    if args.repeats > 1:
+        # One H100 gave an unchanged daemon 1.55x and 2.57x in two runs: single runs do not settle small effects.
+        for mode, _ in modes:
+            for label, _ in trees:
+                name = label + mode
+                runs[f"{name}, pooled"] = pooled([runs[f"{name} ({k + 1})"] for k in range(args.repeats)])
     result = {
         "size": args.size, "bulk_clients": args.bulk_clients, "bulk_tokens": args.bulk_tokens,
         "interactive_tokens": args.interactive_tokens, "max_concurrency": args.concurrency,

@@ -29,7 +29,7 @@
 # and the interactive one each have one; apps5-p: with priorities only; apps5-prof: the same,
 # the daemon sampled by py-spy with native frames (which library the slow steps' CPU is in); apps5-env: the same under MLX settings that
 # change what a batch of a new shape costs the worker's CPU: default, no cuDNN attention, no CUDA graphs; apps5-ab: with priorities, this tree and the checkout in
-# .gpu/baseline in turn), embeddings (bench/embeddings.py), chat-embed (bench/chat_beside_embeddings.py: a
+# .gpu/baseline in turn; apps5-ab3: the same three times each, samples pooled), embeddings (bench/embeddings.py), chat-embed (bench/chat_beside_embeddings.py: a
 # pinned chat stream's pace while 8 clients embed; chat-embed-ab: this tree and .gpu/baseline in turn, twice). SmolLM2's GGUF and
 # MiniLM's folder must be in $MLXD_WHEELS_DIR (the device has no network):
 # bench/gpu_models.sh packs them into parts for the device calls; bench/gpu_extra.sh the packages
@@ -72,6 +72,7 @@ for name in "$@"; do
     distributed) step distributed 170 "$PY" bench/distributed.py --size bench --transport ring --tokens 64 --repeats 3 ;;
     apps) step apps 150 "$PY" bench/app_priority.py --size bench --seconds 20 ;;
     apps5-ab) step apps5-ab 300 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --turns --priorities-only --baseline .gpu/baseline ;;
+    apps5-ab3) step apps5-ab3 580 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --priorities-only --baseline .gpu/baseline --repeats 3 ;;
     apps5-prof) step apps5-prof 200 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --turns --priorities-only --profile ;;
     apps5-p) step apps5-p 200 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --turns --priorities-only ;;
     apps5-env) for v in MLXD_BENCH=default MLX_CUDA_USE_CUDNN_SDPA=0 MLX_USE_CUDA_GRAPHS=0; do
