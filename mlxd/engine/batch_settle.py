@@ -51,7 +51,12 @@ def settle(generator: Any) -> None:
     if own is not None:
         own()
         return
-    batch = generator._generation_batch
-    arrays = rearranged_arrays(batch.prompt_cache, batch._next_tokens, batch._next_logprobs)
+    # mlx-lm's generation batch is private: read defensively, so that a
+    # release that renames it costs this optimisation, never a generation.
+    batch = getattr(generator, "_generation_batch", None)
+    if batch is None:
+        return
+    arrays = rearranged_arrays(getattr(batch, "prompt_cache", None), getattr(batch, "_next_tokens", None),
+                               getattr(batch, "_next_logprobs", None))
     if arrays:
         mx.async_eval(arrays)
