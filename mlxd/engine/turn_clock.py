@@ -9,7 +9,10 @@ ending's cache hand-over, a prefill chunk). At debug level the batch logs
 each such turn with its phases; nothing is timed otherwise. Given the
 thread's CPU time too, each phase says how much of it the thread worked
 (``step 52.0 (cpu 4.1)``: it mostly waited, for the accelerator or for the
-GIL, which the event loop holds while it serves requests).
+GIL, which the event loop holds while it serves requests). The converse
+does not hold on CUDA: with one context on a many-core host the CUDA
+runtime waits for the device by spinning, so a wait counts as CPU time
+(every step timed on an H100 had CPU equal to wall, steady ones included).
 
 Pure: the caller passes the clock's readings.
 """
