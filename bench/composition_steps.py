@@ -19,7 +19,15 @@ one run:
 - mlxd batch: mlxd's own batch (``engine/speculative_batch.py``) in plain
   steps, settled too, which merges a joining row's cache into the batch's
   instead of running mlx-lm's prompt batch, its copy and the joining rows'
-  own step.
+  own step;
+- ends in next(): settled, the leaving row ending inside mlx-lm's step (its
+  max_tokens reached, as the daemon's rows end), not removed between steps:
+  mlx-lm filters it out after queueing the next step, and the filter reads
+  the padding back, which waits for that step.
+
+The last column, the window, is the step before the change, the change and
+the three steps after it: the same four steps in every way, wherever the
+row leaves.
 
 Prints the steady steps' median and the first three steps after a change
 (median and max), wall and CPU, per way; merges the figures into
@@ -39,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import environment, reexec_with_openblas, save, table  # noqa: E402
 
-WAYS = ("as is", "settled", "mlxd batch")
+WAYS = ("as is", "settled", "mlxd batch", "ends in next()")
 
 
 class Plain:
@@ -143,25 +151,39 @@ def main() -> None:
         members[way] = join(generators[way], [prefilled(args.context + i, next(seeds)) for i in range(args.rows)])
         for _ in range(8):
             step(generators[way], way)
+    windows: dict[str, list[float]] = {w: [] for w in WAYS}
+    before: dict[str, tuple[float, float]] = {}
     for change in range(len(WAYS) * (args.changes + 4)):
         way = WAYS[change % len(WAYS)]
         generator, uids = generators[way], members[way]
         arriving = prefilled(args.context + next(seeds) % 40, next(seeds))
+        leaving = uids.pop(0)
+        if way == "ends in next()":
+            # The row's limit is reached in the next step, which lets it go inside mlx-lm.
+            batch = generator._generation_batch
+            row = batch.uids.index(leaving)
+            batch.max_tokens[row] = batch._num_tokens[row] + 1
+            before[way] = step(generator, way)
         # One leaves, one joins: the batch keeps its size, its rows change.
         # The change is timed with the first step after it: mlx-lm's insert
         # only queues the row, which its next step moves in; mlxd's merges it.
         wall, cpu = time.perf_counter(), time.thread_time()
-        generator.remove([uids.pop(0)])
-        if way != "as is":
-            settle(generator)
+        if way != "ends in next()":
+            generator.remove([leaving])
+            if way != "as is":
+                settle(generator)
         uids += join(generator, [arriving])
         changed = (time.perf_counter() - wall, time.thread_time() - cpu)
         first = [step(generator, way) for _ in range(3)]
         first[0] = (first[0][0] + changed[0], first[0][1] + changed[1])
+        window = before.get(way, (0.0, 0.0))[0] + sum(w for w, _ in first)
         rest = [step(generator, way) for _ in range(args.between)]
+        if way != "ends in next()":
+            before[way] = rest[-1]
         if change >= 4 * len(WAYS):
             after[way].append(first)
             steady[way] += rest[1:]
+            windows[way].append(window)
         mx.synchronize()
     for generator in generators.values():
         generator.close()
@@ -176,13 +198,16 @@ def main() -> None:
             figures[f"after_{i + 1}_ms"] = 1000 * statistics.median(walls)
             figures[f"after_{i + 1}_max_ms"] = 1000 * max(walls)
             figures[f"after_{i + 1}_cpu_ms"] = 1000 * statistics.median(cpus)
+        figures["window_ms"] = 1000 * statistics.median(windows[way])
+        figures["window_max_ms"] = 1000 * max(windows[way])
         results[way] = figures
         rows.append([way, f"{figures['steady_ms']:.1f} ({figures['steady_cpu_ms']:.1f})",
                      *(f"{figures[f'after_{i}_ms']:.1f} / {figures[f'after_{i}_max_ms']:.1f} "
-                       f"({figures[f'after_{i}_cpu_ms']:.1f})" for i in (1, 2, 3))])
+                       f"({figures[f'after_{i}_cpu_ms']:.1f})" for i in (1, 2, 3)),
+                     f"{figures['window_ms']:.1f} / {figures['window_max_ms']:.1f}"])
     print(f"qwen2-{args.size}, {args.rows} rows, one leaves and one joins every {args.between + 3} steps, "
           f"{args.changes} changes a way; ms: median / max (median CPU of the worker thread)")
-    print(table(["way", "steady step", "change + 1st step", "2nd", "3rd"], rows))
+    print(table(["way", "steady step", "change + 1st step", "2nd", "3rd", "window"], rows))
     print(f"wrote {save('composition_steps', f'qwen2-{args.size}-rows{args.rows}', {**results, **environment()})}")
 
 
