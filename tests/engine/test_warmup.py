@@ -118,3 +118,31 @@ def test_a_shared_batch_sends_one_set_of_sampling_values_so_the_batch_draws_in_o
     # The batch's rows end one step apart: each leaves a batch that goes on (its filter's gathers compile).
     assert [r.max_tokens for r in shared] == [3, 4, 5, 6]
     assert [r.max_tokens for r in pair] == [3, 3]
+
+
+@pytest.mark.mlx
+def test_a_batched_warm_up_lets_rows_leave_a_batch_that_goes_on(worker, qwen_tiny, monkeypatch):
+    """A GPU's batched warm-up compiles what a row leaving a running batch
+    costs (the filter's gathers: NVRTC on first use), so its rows end one
+    step apart: every batch it runs shrinks through every size to one, and
+    does not only end whole."""
+    from mlx_lm.generate import GenerationBatch
+
+    from mlxd.engine.warmup import batch_runs, warm_up
+
+    engine = run(load_text_engine(spec_for(qwen_tiny, "stagger", max_concurrency=4), worker))
+    kept: list[int] = []
+    original = GenerationBatch.filter
+
+    def recording(self, keep):
+        kept.append(len(keep))
+        return original(self, keep)
+
+    monkeypatch.setattr(GenerationBatch, "filter", recording)
+    try:
+        report = run(warm_up(engine, batch_runs(16, 4), max_chars=4000))
+        assert report.error is None and report.requests == 2 + 3 + 4
+        # Batches of 2, 3 and 4 rows: each row but the last leaves one that goes on.
+        assert sorted(k for k in kept if k) == sorted([1] + [2, 1] + [3, 2, 1])
+    finally:
+        run(engine.close())
