@@ -43,12 +43,19 @@ def rearranged_arrays(caches: list[Any] | None, *more: Any) -> list[Any]:
     return found
 
 
+def evaluate_soon(caches: list[Any] | None, *more: Any) -> None:
+    """Queues the evaluation of ``rearranged_arrays(caches, *more)``, not waited for."""
+    import mlx.core as mx
+
+    arrays = rearranged_arrays(caches, *more)
+    if arrays:
+        mx.async_eval(arrays)
+
+
 def settle(generator: Any) -> None:
     """Queues the evaluation of ``generator``'s batch state: mlx-lm's
     ``BatchGenerator`` (its generation batch) or one with a ``settle``
     method of its own (the speculative batch)."""
-    import mlx.core as mx
-
     own = getattr(generator, "settle", None)
     if own is not None:
         own()
@@ -58,7 +65,5 @@ def settle(generator: Any) -> None:
     batch = getattr(generator, "_generation_batch", None)
     if batch is None:
         return
-    arrays = rearranged_arrays(getattr(batch, "prompt_cache", None), getattr(batch, "_next_tokens", None),
-                               getattr(batch, "_next_logprobs", None))
-    if arrays:
-        mx.async_eval(arrays)
+    evaluate_soon(getattr(batch, "prompt_cache", None), getattr(batch, "_next_tokens", None),
+                  getattr(batch, "_next_logprobs", None))

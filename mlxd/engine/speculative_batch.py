@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxd.engine import speculative_cache as caches
-from mlxd.engine.batch_settle import rearranged_arrays
+from mlxd.engine.batch_settle import evaluate_soon
 from mlxd.engine.speculative_core import SpecStats, accept, next_draft_length, rollback
 from mlxd.engine.speculative_governor import Governor
 
@@ -133,11 +133,7 @@ class SpeculativeGenerator:
     def settle(self) -> None:
         """Rows joined or left: their rearranged caches are evaluated in a
         call of their own, not at the front of the next step (batch_settle.py)."""
-        import mlx.core as mx
-
-        arrays = rearranged_arrays(self._cache, self._ahead)
-        if arrays:
-            mx.async_eval(arrays)
+        evaluate_soon(self._cache, self._ahead)
         self.drafter.settle()
 
     def close(self) -> None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlxd.engine import speculative_cache as caches
-from mlxd.engine.batch_settle import rearranged_arrays
+from mlxd.engine.batch_settle import evaluate_soon
 from mlxd.engine.speculative_core import NgramIndex, rollback
 
 # Prompt tokens a draft model prefills when a sequence joins: its last ones
@@ -185,11 +185,7 @@ class DraftModel:
     def settle(self) -> None:
         """The draft cache, rearranged as rows joined or left, evaluated
         before the next draft step (batch_settle.py)."""
-        import mlx.core as mx
-
-        arrays = rearranged_arrays(self._cache)
-        if arrays:
-            mx.async_eval(arrays)
+        evaluate_soon(self._cache)
 
     def close(self) -> None:
         self._cache = None
