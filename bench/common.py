@@ -192,6 +192,20 @@ def gather_reports(done: Any, processes: list[Any], what: str, timeout: float = 
     return reports
 
 
+def prefilled_row(model: Any, length: int, seed: int) -> tuple[list[Any], list[int]]:
+    """A request as the daemon hands it to a batch: ``length`` synthetic
+    tokens (``seed`` tells them apart), all but the last already in a cache
+    of its own."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    tokens = [(seed * 7 + i) % 1000 + 10 for i in range(length)]
+    cache = make_prompt_cache(model)
+    model(mx.array(tokens[:-1])[None], cache=cache)
+    mx.eval([c.state for c in cache])
+    return cache, tokens
+
+
 def wait_warm(http: httpx.Client, names: tuple[str, ...], limit_s: float = 600) -> None:
     """Until each model's warm-up is done: on a machine whose kernel cache
     does not know the models it runs in the background, behind the first

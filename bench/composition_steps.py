@@ -45,7 +45,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import environment, reexec_with_openblas, save, table  # noqa: E402
+from bench.common import environment, prefilled_row, reexec_with_openblas, save, table  # noqa: E402
 
 WAYS = ("as is", "settled", "mlxd batch", "ends in next()")
 
@@ -99,7 +99,6 @@ def main() -> None:
     import mlx.core as mx
     from mlx_lm import load
     from mlx_lm.generate import BatchGenerator, StopSequences
-    from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.sample_utils import make_sampler
 
     from mlxd.engine.batch_settle import settle
@@ -110,13 +109,6 @@ def main() -> None:
     path = build_model(ModelRecipe("qwen2", args.size))
     model, _ = load(str(path))
     sampler = make_sampler(temp=0.7)
-
-    def prefilled(length: int, seed: int) -> tuple[list[Any], list[int]]:
-        tokens = [(seed * 7 + i) % 1000 + 10 for i in range(length)]
-        cache = make_prompt_cache(model)
-        model(mx.array(tokens[:-1])[None], cache=cache)
-        mx.eval([c.state for c in cache])
-        return cache, tokens
 
     seeds = iter(range(10**6))
 
@@ -148,22 +140,21 @@ def main() -> None:
         else:
             generators[way] = BatchGenerator(model, completion_batch_size=args.rows + 1,
                                              prefill_batch_size=args.rows + 1, prefill_step_size=512)
-        members[way] = join(generators[way], [prefilled(args.context + i, next(seeds)) for i in range(args.rows)])
+        members[way] = join(generators[way], [prefilled_row(model, args.context + i, next(seeds)) for i in range(args.rows)])
         for _ in range(8):
             step(generators[way], way)
     windows: dict[str, list[float]] = {w: [] for w in WAYS}
-    before: dict[str, tuple[float, float]] = {}
     for change in range(len(WAYS) * (args.changes + 4)):
         way = WAYS[change % len(WAYS)]
         generator, uids = generators[way], members[way]
-        arriving = prefilled(args.context + next(seeds) % 40, next(seeds))
+        arriving = prefilled_row(model, args.context + next(seeds) % 40, next(seeds))
         leaving = uids.pop(0)
         if way == "ends in next()":
             # The row's limit is reached in the next step, which lets it go inside mlx-lm.
             batch = generator._generation_batch
             row = batch.uids.index(leaving)
             batch.max_tokens[row] = batch._num_tokens[row] + 1
-            before[way] = step(generator, way)
+        before = step(generator, way)
         # One leaves, one joins: the batch keeps its size, its rows change.
         # The change is timed with the first step after it: mlx-lm's insert
         # only queues the row, which its next step moves in; mlxd's merges it.
@@ -176,10 +167,8 @@ def main() -> None:
         changed = (time.perf_counter() - wall, time.thread_time() - cpu)
         first = [step(generator, way) for _ in range(3)]
         first[0] = (first[0][0] + changed[0], first[0][1] + changed[1])
-        window = before.get(way, (0.0, 0.0))[0] + sum(w for w, _ in first)
+        window = before[0] + sum(w for w, _ in first)
         rest = [step(generator, way) for _ in range(args.between)]
-        if way != "ends in next()":
-            before[way] = rest[-1]
         if change >= 4 * len(WAYS):
             after[way].append(first)
             steady[way] += rest[1:]
@@ -205,7 +194,7 @@ def main() -> None:
                      *(f"{figures[f'after_{i}_ms']:.1f} / {figures[f'after_{i}_max_ms']:.1f} "
                        f"({figures[f'after_{i}_cpu_ms']:.1f})" for i in (1, 2, 3)),
                      f"{figures['window_ms']:.1f} / {figures['window_max_ms']:.1f}"])
-    print(f"qwen2-{args.size}, {args.rows} rows, one leaves and one joins every {args.between + 3} steps, "
+    print(f"qwen2-{args.size}, {args.rows} rows, one leaves and one joins every {args.between + 4} steps, "
           f"{args.changes} changes a way; ms: median / max (median CPU of the worker thread)")
     print(table(["way", "steady step", "change + 1st step", "2nd", "3rd", "window"], rows))
     print(f"wrote {save('composition_steps', f'qwen2-{args.size}-rows{args.rows}', {**results, **environment()})}")

@@ -39,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import environment, reexec_with_openblas, save, table  # noqa: E402
+from bench.common import environment, prefilled_row, reexec_with_openblas, save, table  # noqa: E402
 
 PARTS = ("first tokens", "merge", "split", "new rows' step", "extend", "batch step")
 
@@ -81,7 +81,6 @@ def main() -> None:
     import mlx.core as mx
     from mlx_lm import load
     from mlx_lm.generate import BatchGenerator
-    from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.sample_utils import make_sampler
 
     from mlxd.factory import ModelRecipe, build_model
@@ -100,13 +99,6 @@ def main() -> None:
     generation_batch.extend = parts.timed("extend", generation_batch.extend)
     generation_batch.next = parts.timed("batch step", generation_batch.next)
 
-    def prefilled(length: int, seed: int) -> tuple[list[Any], list[int]]:
-        tokens = [(seed * 7 + i) % 1000 + 10 for i in range(length)]
-        cache = make_prompt_cache(model)
-        model(mx.array(tokens[:-1])[None], cache=cache)
-        mx.eval([c.state for c in cache])
-        return cache, tokens
-
     def first_token(cache: list[Any], tokens: list[int]) -> int:
         logits = model(mx.array(tokens[-1:])[None], cache=cache)[:, -1, :]
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
@@ -119,7 +111,7 @@ def main() -> None:
     for joining in args.joining:
         generator = BatchGenerator(model, completion_batch_size=args.rows + joining,
                                    prefill_batch_size=args.rows + joining, prefill_step_size=512)
-        base = [prefilled(args.context + i, i) for i in range(args.rows)]
+        base = [prefilled_row(model, args.context + i, i) for i in range(args.rows)]
         generator.insert([[t[-1]] for _, t in base], max_tokens=[10**6] * args.rows, caches=[c for c, _ in base],
                          samplers=[sampler] * args.rows)
         for _ in range(8):
@@ -133,7 +125,7 @@ def main() -> None:
                 generator.next()
                 mx.synchronize()
                 plain.append(time.perf_counter() - started)
-            arriving = [prefilled(args.context // 2 + 3 * join + i, 100 + join * 10 + i) for i in range(joining)]
+            arriving = [prefilled_row(model, args.context // 2 + 3 * join + i, 100 + join * 10 + i) for i in range(joining)]
             parts.seconds.clear()
             parts.on = True
             mx.synchronize()
