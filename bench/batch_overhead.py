@@ -38,7 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
 
-from bench.common import PROMPT, daemon, environment, reexec_with_openblas, save, table  # noqa: E402
+from bench.common import (  # noqa: E402
+    PROMPT, daemon, environment, reexec_with_openblas, save, switch_interval_env, table,
+)
 from bench.profiling import newest_daemon_pid, profile, py_spy, summarize  # noqa: E402
 
 
@@ -166,11 +168,7 @@ def main() -> None:
         path = build_model(ModelRecipe("qwen2", args.size))
     raw_tok_s(path, 1, 8)  # kernels compiled before timing
     raw = {n: max(raw_tok_s(path, n, args.tokens) for _ in range(args.repeats)) for n in args.rows}
-    env: dict[str, str] = {}
-    with tempfile.TemporaryDirectory(prefix="batch-overhead-") as tmp:
-        if args.switch_interval is not None:
-            Path(tmp, "sitecustomize.py").write_text(f"import sys\nsys.setswitchinterval({args.switch_interval})\n")
-            env["PYTHONPATH"] = os.pathsep.join([tmp, os.environ.get("PYTHONPATH", "")])
+    with switch_interval_env(args.switch_interval) as env, tempfile.TemporaryDirectory(prefix="batch-overhead-") as tmp:
         entry = {"name": "m", "path": str(path), "preload": True, "max_concurrency": max(args.rows),
                  "idle_unload_seconds": 0}
         served: dict[int, float] = {}

@@ -35,8 +35,8 @@ import httpx  # noqa: E402
 
 from bench.profiling import sampled  # noqa: E402
 from bench.common import (  # noqa: E402
-    add_dtype_option, daemon, environment, gather_reports, model_dtype, reexec_with_openblas, save, table,
-    wait_warm,
+    add_dtype_option, daemon, environment, gather_reports, model_dtype, reexec_with_openblas, save, switch_interval_env,
+    table, wait_warm,
 )
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
@@ -127,6 +127,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="daemons per tree, in turn")
     parser.add_argument("--baseline", type=Path,
                         help="also run the daemon of this checkout (`git archive REV | tar -x -C DIR`), in turn")
+    parser.add_argument("--switch-intervals", type=float, nargs="+", metavar="S",
+                        help="also run this tree's daemon with each of these GIL switch intervals (s), in turn: "
+                             "does the worker wait for the GIL while the event loop serves the clients")
     add_dtype_option(parser)
     args = parser.parse_args()
     reexec_with_openblas()
@@ -137,13 +140,15 @@ def main() -> None:
          "max_context": 2048},
         {"name": "minilm", "path": str(minilm_dir()), "kind": "embedding", "preload": True},
     ]
-    trees = [("mlxd", None)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
+    trees: list[tuple[str, Path | None, float | None]] = [("mlxd", None, None)]
+    trees += [(f"mlxd, switch interval {1000 * s:g} ms", None, s) for s in args.switch_intervals or ()]
+    trees += [("baseline", args.baseline.resolve(), None)] if args.baseline else []
     result: dict[str, Any] = {"chat": args.chat, "tokens": args.tokens, "rounds": args.rounds,
                               "clients": args.clients, "environment": environment(), "trees": {}}
     rows = []
     for _ in range(args.repeats):
-        for label, cwd in trees:
-            figures = measure(entries, args, cwd)
+        for label, cwd, interval in trees:
+            figures = measure(entries, args, cwd, interval)
             result["trees"].setdefault(label, []).append(figures)
             alone, shared = figures["solo_median"], figures["beside_median"]
             rows += [[label, name, f"{r['tok_s']:.1f}", f"{1000 * r['longest_gap_s']:.1f}", f"{1000 * r['p99_gap_s']:.1f}"]
@@ -161,9 +166,12 @@ def main() -> None:
     print(f"-> {save('chat_beside_embeddings', f'{args.chat}-{args.tokens}', result)}")
 
 
-def measure(entries: list[dict[str, Any]], args: argparse.Namespace, cwd: Path | None) -> dict[str, Any]:
-    """Solo and beside the embedding clients, on one daemon (of the checkout in ``cwd``)."""
-    with daemon(entries, cwd=cwd) as url, httpx.Client(base_url=url, timeout=60) as http:
+def measure(entries: list[dict[str, Any]], args: argparse.Namespace, cwd: Path | None,
+            switch_interval: float | None) -> dict[str, Any]:
+    """Solo and beside the embedding clients, on one daemon (of the checkout in
+    ``cwd``, with that GIL switch interval)."""
+    with switch_interval_env(switch_interval) as env, daemon(entries, env=env, cwd=cwd) as url, \
+            httpx.Client(base_url=url, timeout=60) as http:
         wait_warm(http, ("chat",))
         rounds(url, args.tokens, 1)  # the first stream pays what a first one pays
         unloaded_before = unloads(http)

@@ -179,6 +179,19 @@ def serving(registry: Path, tmp: Path, env: dict[str, str] | None = None,
             log_to.write_text(log_path.read_text())
 
 
+@contextlib.contextmanager
+def switch_interval_env(seconds: float | None) -> Iterator[dict[str, str]]:
+    """Environment for a daemon whose GIL switch interval is ``seconds``
+    (``sys.setswitchinterval`` through a sitecustomize on its PYTHONPATH);
+    empty for Python's default (None)."""
+    if seconds is None:
+        yield {}
+        return
+    with tempfile.TemporaryDirectory(prefix="mlxd-switch-") as tmp:
+        Path(tmp, "sitecustomize.py").write_text(f"import sys\nsys.setswitchinterval({seconds})\n")
+        yield {"PYTHONPATH": os.pathsep.join(p for p in (tmp, os.environ.get("PYTHONPATH", "")) if p)}
+
+
 def gather_reports(done: Any, processes: list[Any], what: str, timeout: float = 600) -> list[Any]:
     """One report from each client process on ``done`` (a string: the
     client's failure), the processes joined; raises naming ``what`` when one
