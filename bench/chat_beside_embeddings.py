@@ -119,6 +119,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chat", choices=["smollm2", "tiny", "small", "bench"], default="smollm2",
                         help="the chat model: SmolLM2-135M-Instruct, or a random qwen2 of the factory's sizes")
+    parser.add_argument("--embedder", choices=["minilm", "tiny"], default="minilm",
+                        help="the embedding model: MiniLM, or the factory's tiny random encoder, whose pass is short "
+                             "on a CPU too, so that the clients' cost is the daemon's request path as on a GPU")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=8)
@@ -133,17 +136,17 @@ def main() -> None:
     add_dtype_option(parser)
     args = parser.parse_args()
     reexec_with_openblas()
-    from mlxd.factory.minilm import minilm_dir
+    from bench.embeddings import model_folder
 
     entries = [
         {"name": "chat", "path": str(chat_model(args.chat, model_dtype(args))), "pinned": True, "preload": True,
          "max_context": 2048},
-        {"name": "minilm", "path": str(minilm_dir()), "kind": "embedding", "preload": True},
+        {"name": "minilm", "path": str(model_folder(args.embedder)), "kind": "embedding", "preload": True},
     ]
     trees: list[tuple[str, Path | None, float | None]] = [("mlxd", None, None)]
     trees += [(f"mlxd, switch interval {1000 * s:g} ms", None, s) for s in args.switch_intervals or ()]
     trees += [("baseline", args.baseline.resolve(), None)] if args.baseline else []
-    result: dict[str, Any] = {"chat": args.chat, "tokens": args.tokens, "rounds": args.rounds,
+    result: dict[str, Any] = {"chat": args.chat, "embedder": args.embedder, "tokens": args.tokens, "rounds": args.rounds,
                               "clients": args.clients, "environment": environment(), "trees": {}}
     rows = []
     for _ in range(args.repeats):
@@ -162,8 +165,9 @@ def main() -> None:
                   f"{'yes' if met['nothing_unloaded'] else 'no'}; embedding requests served meanwhile "
                   f"{figures['embedding_requests']}", flush=True)
     print(table(["tree", "case", "chat tok/s", "longest gap ms", "p99 gap ms"], rows))
-    print(f"\nchat {args.chat}, {args.tokens} tokens, median of {args.rounds} streams a case")
-    print(f"-> {save('chat_beside_embeddings', f'{args.chat}-{args.tokens}', result)}")
+    print(f"\nchat {args.chat}, embedder {args.embedder}, {args.tokens} tokens, median of {args.rounds} streams a case")
+    key = f"{args.chat}-{args.tokens}" + ("" if args.embedder == "minilm" else f"-{args.embedder}")
+    print(f"-> {save('chat_beside_embeddings', key, result)}")
 
 
 def measure(entries: list[dict[str, Any]], args: argparse.Namespace, cwd: Path | None,
