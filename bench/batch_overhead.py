@@ -23,10 +23,6 @@ Prints a table and merges the figures into bench/results/batch_overhead.json.
 from __future__ import annotations
 
 import argparse
-import collections
-import os
-import re
-import subprocess
 import sys
 import tempfile
 import threading
@@ -41,7 +37,7 @@ import httpx  # noqa: E402
 from bench.common import (  # noqa: E402
     PROMPT, daemon, environment, reexec_with_openblas, save, switch_interval_env, table,
 )
-from bench.profiling import newest_daemon_pid, profile, py_spy, summarize  # noqa: E402
+from bench.profiling import newest_daemon_pid, profile, python_thread_names, summarize, thread_cpu  # noqa: E402
 
 
 def raw_tok_s(path: Path, rows: int, tokens: int) -> float:
@@ -114,31 +110,6 @@ def daemon_tok_s(url: str, rows: int, tokens: int, chat: bool = False) -> float:
     for t in threads:
         t.join()
     return sum(c - 1 for c in counts) / (max(ends) - min(firsts))
-
-
-def python_thread_names(pid: int) -> dict[str, str]:
-    """Native thread id -> Python thread name, from ``py-spy dump`` (Python
-    does not name its threads for the kernel); empty without py-spy."""
-    binary = py_spy()
-    if binary is None:
-        return {}
-    dump = subprocess.run([binary, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True, text=True).stdout
-    return dict(re.findall(r'^Thread (\d+) \(\w+\): "([^"]+)"', dump, re.M))
-
-
-def thread_cpu(pid: int, names: dict[str, str]) -> dict[str, float]:
-    """CPU seconds so far of each of the process's threads, by Python name
-    where known (the rest, MLX's and BLAS's threads, as "other") (Linux)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = collections.Counter()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            name = names.get(task.name, "other")
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[name] += (int(fields[11]) + int(fields[12])) / ticks
-    return out
 
 
 def main() -> None:

@@ -21,11 +21,13 @@ table and merges the figures into bench/results/chat_beside_embeddings.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
 
-from bench.profiling import sampled  # noqa: E402
+from bench.profiling import newest_daemon_pid, python_thread_names, sampled, thread_cpu  # noqa: E402
 from bench.common import (  # noqa: E402
     add_dtype_option, daemon, environment, gather_reports, model_dtype, reexec_with_openblas, save, switch_interval_env,
     table, wait_warm,
@@ -101,6 +103,26 @@ def rounds(url: str, tokens: int, n: int) -> list[dict[str, float]]:
     return [stream_chat(url, tokens) for _ in range(n)]
 
 
+class ThreadShares:
+    """The daemon's named threads' CPU time over a stretch, as a share of
+    its wall time. On a CUDA machine the MLX worker spins while it waits for
+    the device, so its share stays near 1 while it steps; what it loses
+    beside the clients is time off the CPU: waiting for the GIL, which the
+    event loop holds while it serves them (Linux; names need py-spy)."""
+
+    def __init__(self) -> None:
+        self.pid = newest_daemon_pid()
+        self.names = python_thread_names(self.pid)
+
+    @contextlib.contextmanager
+    def over(self, into: dict[str, float]) -> Iterator[None]:
+        before, started = thread_cpu(self.pid, self.names), time.perf_counter()
+        yield
+        after, wall = thread_cpu(self.pid, self.names), time.perf_counter() - started
+        into.update({name: round((after[name] - before.get(name, 0.0)) / wall, 3)
+                     for name in ("MainThread", "mlx-worker") if name in after})
+
+
 def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
 
@@ -158,6 +180,10 @@ def main() -> None:
                      for name, r in (("solo", alone), (f"beside {args.clients} embedding clients", shared))]
             if "profile" in figures:
                 print(f"{label}: the daemon while the clients embed, sampled by py-spy:\n{figures['profile']}")
+            shares = figures["thread_cpu_share"]
+            if shares["beside"]:
+                print(f"{label}: CPU time / wall time of the daemon's threads, solo -> beside: " + ", ".join(
+                    f"{name} {shares['solo'].get(name, 0):.2f} -> {shares['beside'][name]:.2f}" for name in shares["beside"]))
             ratios, met = figures["ratios"], figures["met"]
             print(f"{label}: tok/s beside / solo {ratios['tok_s']:.2f} (target >= 0.9: {'met' if met['tok_s'] else 'not met'}); "
                   f"longest gap beside / solo {ratios['longest_gap']:.2f} (target <= 1.1: "
@@ -179,7 +205,11 @@ def measure(entries: list[dict[str, Any]], args: argparse.Namespace, cwd: Path |
         wait_warm(http, ("chat",))
         rounds(url, args.tokens, 1)  # the first stream pays what a first one pays
         unloaded_before = unloads(http)
-        solo = rounds(url, args.tokens, args.rounds)
+        shares = ThreadShares()
+        cpu_solo: dict[str, float] = {}
+        cpu_beside: dict[str, float] = {}
+        with shares.over(cpu_solo):
+            solo = rounds(url, args.tokens, args.rounds)
         spawn = multiprocessing.get_context("spawn")
         ready, stop, done = spawn.Queue(), spawn.Event(), spawn.Queue()
         clients = [spawn.Process(target=_embedder, args=(url, i, ready, stop, done)) for i in range(args.clients)]
@@ -188,7 +218,7 @@ def measure(entries: list[dict[str, Any]], args: argparse.Namespace, cwd: Path |
         for _ in clients:
             ready.get(timeout=300)
         profile_to = Path("bench/results") / "chat_beside_embeddings-profile.txt" if args.profile else None
-        with sampled(profile_to, native=False, rate=400) as sampling:
+        with sampled(profile_to, native=False, rate=400) as sampling, shares.over(cpu_beside):
             beside = rounds(url, args.tokens, args.rounds)
         stop.set()
         reports = gather_reports(done, clients, "an embedding client")
@@ -198,6 +228,7 @@ def measure(entries: list[dict[str, Any]], args: argparse.Namespace, cwd: Path |
     ratios = {"tok_s": shared["tok_s"] / alone["tok_s"], "longest_gap": shared["longest_gap_s"] / alone["longest_gap_s"]}
     return {"solo": solo, "beside": beside, "solo_median": alone, "beside_median": shared,
             "embedding_requests": sum(reports), "states": states,
+            "thread_cpu_share": {"solo": cpu_solo, "beside": cpu_beside},
             **({"profile": sampling.report} if args.profile else {}), "unloads": unloaded, "ratios": ratios,
             "met": {"tok_s": ratios["tok_s"] >= 0.9, "longest_gap": ratios["longest_gap"] <= 1.1,
                     "nothing_unloaded": unloaded == 0 and all(s == "loaded" for s in states.values())}}

@@ -32,6 +32,31 @@ def newest_daemon_pid() -> int:
     return int(subprocess.run(["pgrep", "-n", "-f", "mlxd serve"], capture_output=True, text=True).stdout.split()[0])
 
 
+def python_thread_names(pid: int) -> dict[str, str]:
+    """Native thread id -> Python thread name, from ``py-spy dump`` (Python
+    does not name its threads for the kernel); empty without py-spy."""
+    binary = py_spy()
+    if binary is None:
+        return {}
+    dump = subprocess.run([binary, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True, text=True).stdout
+    return dict(re.findall(r'^Thread (\d+) \(\w+\): "([^"]+)"', dump, re.M))
+
+
+def thread_cpu(pid: int, names: dict[str, str]) -> dict[str, float]:
+    """CPU seconds so far of each of the process's threads, by Python name
+    where known (the rest, MLX's and BLAS's threads, as "other") (Linux)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = collections.Counter()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = names.get(task.name, "other")
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[name] += (int(fields[11]) + int(fields[12])) / ticks
+    return out
+
+
 def profile(pid: int, seconds: float, out: Path, *, gil: bool = True, native: bool = False,
             rate: int = 500) -> subprocess.Popen[bytes] | None:
     """py-spy sampling ``pid`` for ``seconds`` into ``out`` (raw format).
