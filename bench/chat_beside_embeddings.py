@@ -88,8 +88,10 @@ def _embedder(url: str, index: int, ready: Any, stop: Any, done: Any) -> None:
         with httpx.Client(base_url=url, timeout=300) as client:
             while not stop.is_set():
                 text = TEXTS[(index + served) % len(TEXTS)]
-                client.post("/v1/embeddings", json={"model": "minilm", "input": text,
-                                                    "encoding_format": "base64"}).raise_for_status()
+                answer = client.post("/v1/embeddings", json={"model": "minilm", "input": text,
+                                                             "encoding_format": "base64"})
+                if answer.is_error:  # what the daemon said, not only its status
+                    raise RuntimeError(f"{answer.status_code} after {served} requests: {answer.text[:300]}")
                 served += 1
                 if served == 1:
                     ready.put(None)
