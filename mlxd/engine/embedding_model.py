@@ -130,62 +130,29 @@ class TextTokenizer:
         return Encoded([list(a[: self.max_length]) for a in arrays], None, cut)
 
 
-def padded_shape(rows: int, width: int, max_length: int) -> tuple[int, int]:
-    """Pure: the (rows, width) a batch of ``rows`` inputs, the longest
-    ``width`` tokens, runs at where its shape is bucketed: rows up to a power
-    of two up to 8, then to a multiple of 8; width up to a multiple of 8, but
-    never past the model's longest input (or the batch's own width, if that
-    is longer: an input is cut before it gets here)."""
-    padded_rows = 1 << (rows - 1).bit_length() if rows <= 8 else -(-rows // 8) * 8
-    padded_width = max(width, min(-(-width // 8) * 8, max_length))
-    return padded_rows, padded_width
-
-
-def buckets_shapes() -> bool:
-    """Whether this machine's passes run at bucketed shapes: on CUDA, where
-    MLX records each pass into a CUDA graph and can update an instantiated
-    one in place only where the pass records the same kernels (cuBLAS picks
-    its kernels by shape); otherwise it instantiates a new graph. With every
-    batch a new (rows, width), queueing a pass (``mx.async_eval``) took a
-    tenth of the worker's time beside a decoding chat stream on an H100
-    (bench/encoder_shapes.py, docs/embeddings.md). A CPU or Metal pass pays
-    for padding in arithmetic and has no graphs to reuse."""
-    import mlx.core as mx
-
-    return bool(mx.cuda.is_available())
-
-
 class LoadedEncoder:
     """The model on the worker: ``embed`` and ``score`` run one batch each.
 
-    ``model`` is dropped (set to None) on unload; nothing else holds it.
-    ``bucketed``: batches run at ``padded_shape`` (the padding rows attend
-    to one pad token and are dropped from the output)."""
+    ``model`` is dropped (set to None) on unload; nothing else holds it."""
 
     def __init__(self, model: Any, recipe: OutputRecipe, *, head: Any = None, activation: str = "sigmoid",
-                 pad_id: int = 0, dimensions: int = 0, bucketed: bool = False) -> None:
+                 pad_id: int = 0, dimensions: int = 0) -> None:
         self.model = model
         self.recipe = recipe
         self.head = head
         self.activation = activation
         self.pad_id = pad_id
         self.dimensions = dimensions
-        self.bucketed = bucketed
         params = inspect.signature(model.__call__).parameters
         self._takes_types = "token_type_ids" in params
 
     def _inputs(self, batch: Batch) -> tuple[Any, Any, Any]:
         import mlx.core as mx
 
-        rows, width = len(batch.rows), batch.width
-        if self.bucketed:
-            rows, width = padded_shape(rows, width, self.recipe.max_length)
-        ids = np.full((rows, width), self.pad_id, dtype=np.int32)
-        mask = np.zeros((rows, width), dtype=np.float32)
-        # A padding row attends to one pad token: a row with nothing to
-        # attend to would be NaN (dropped anyway, but never computed as such).
-        mask[len(batch.rows):, 0] = 1.0
-        types = np.zeros((rows, width), dtype=np.int32)
+        width = batch.width
+        ids = np.full((len(batch.rows), width), self.pad_id, dtype=np.int32)
+        mask = np.zeros((len(batch.rows), width), dtype=np.float32)
+        types = np.zeros((len(batch.rows), width), dtype=np.int32)
         for i, row in enumerate(batch.rows):
             ids[i, : row.length] = row.ids
             mask[i, : row.length] = 1.0
@@ -208,7 +175,7 @@ class LoadedEncoder:
         pooled = _pool(out, mask, self.recipe.pooling)
         if self.recipe.normalize or self.recipe.pooling == "model":
             pooled = pooled / mx.maximum(mx.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
-        return pooled[: len(batch.rows)].astype(mx.float32)
+        return pooled.astype(mx.float32)
 
     def score(self, batch: Batch) -> Any:
         """Worker thread: one relevance score per (query, document) row; not
@@ -216,7 +183,7 @@ class LoadedEncoder:
         import mlx.core as mx
 
         out, _ = self._encode(batch)
-        logits = self.head(out)[: len(batch.rows), 0].astype(mx.float32)
+        logits = self.head(out)[:, 0].astype(mx.float32)
         if self.activation == "sigmoid":
             logits = mx.sigmoid(logits)
         return logits
@@ -257,7 +224,7 @@ def load_embedder(folder: Path) -> tuple[LoadedEncoder, TextTokenizer]:
     model = load_model(folder)
     tokenizer = TextTokenizer(folder, recipe.max_length)
     dims = int(config.get("hidden_size") or 0)
-    return LoadedEncoder(model, recipe, pad_id=tokenizer.pad_id, dimensions=dims, bucketed=buckets_shapes()), tokenizer
+    return LoadedEncoder(model, recipe, pad_id=tokenizer.pad_id, dimensions=dims), tokenizer
 
 
 # The classification architectures a cross-encoder may be, and the prefix
@@ -312,8 +279,7 @@ def load_cross_encoder(folder: Path) -> tuple[LoadedEncoder, TextTokenizer]:
     recipe = output_recipe(folder, config)
     tokenizer = TextTokenizer(folder, recipe.max_length)
     activation = _activation(config)
-    return LoadedEncoder(encoder, recipe, head=head, activation=activation, pad_id=tokenizer.pad_id,
-                         bucketed=buckets_shapes()), tokenizer
+    return LoadedEncoder(encoder, recipe, head=head, activation=activation, pad_id=tokenizer.pad_id), tokenizer
 
 
 def _activation(config: dict[str, Any]) -> str:
