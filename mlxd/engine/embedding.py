@@ -10,7 +10,8 @@ and generation share the machine in turns, and a long queue of embeddings
 never holds a chat stream back for more than one batch (bounded by
 ``batch_tokens``). While another model decodes, a pass is not even waited
 for in its turn: it is queued on the device, and read back in the pump's
-next turn, which queues the next one (``_pump_batches``).
+next turn, which queues the next one (``_pump_batches``). On CUDA the passes
+after the first run on a thread of their own instead (``passes_on_own_thread``).
 
 Residency sees an ordinary engine: a footprint (the load, raised to the
 first batch's peak), ``close`` that waits for the batch in flight,
@@ -70,8 +71,12 @@ class EncoderEngine(EngineBase):
 
     def __init__(self, spec: ModelSpec, worker: MlxWorker, encoder: LoadedEncoder | LoadedLlmReranker,
                  tokenizer: TextTokenizer | PromptTokenizer,
-                 *, load_bytes: int, load_seconds: float) -> None:
+                 *, load_bytes: int, load_seconds: float, pass_thread: bool = False) -> None:
         super().__init__(spec, worker, load_bytes=load_bytes, load_seconds=load_seconds)
+        # ``pass_thread``: the passes after the first run on a thread of
+        # their own (``passes_on_own_thread``); the load, the first pass
+        # (whose peak is measured) and the release stay on the worker.
+        self._pass_thread = MlxWorker(name=f"mlx-passes:{spec.name}").start() if pass_thread else None
         self.kind = spec.kind
         self.encoder: LoadedEncoder | LoadedLlmReranker | None = encoder
         self.tokenizer = tokenizer
@@ -193,11 +198,15 @@ class EncoderEngine(EngineBase):
                     self.figures.batches += 1
                     self.figures.padded_tokens += batch.padded_tokens
                 # The first pass is waited for: it measures the model's peak memory.
-                beside = ahead is not None or (not self.peak.pending and self._worker.open_streams > 0)
+                apart = self._pass_thread is not None and not self.peak.pending
+                beside = not apart and (ahead is not None or (not self.peak.pending and self._worker.open_streams > 0))
                 finished = ahead[0] if ahead is not None else (None if beside else batch)
                 self._forwarding = True
                 try:
-                    if beside:
+                    if apart:
+                        done, seconds = await self._pass_thread.turn(lambda b=batch: self._step(b))
+                        queued = None
+                    elif beside:
                         done, queued, seconds = await self._worker.turn(
                             lambda a=ahead, b=batch: self._exchange(a, b))
                     else:
@@ -277,6 +286,7 @@ class EncoderEngine(EngineBase):
             "pass_seconds": round(f.pass_seconds, 6),
             "dimensions": self.dimensions,
             "max_length": self.max_length,
+            "pass_thread": self._pass_thread is not None,
         }
 
     async def abort_all(self, reason: str) -> int:
@@ -291,6 +301,11 @@ class EncoderEngine(EngineBase):
 
     def _busy(self) -> bool:
         return self._forwarding or self._ahead is not None
+
+    async def close(self) -> None:
+        await super().close()
+        if self._pass_thread is not None:
+            await self._pass_thread.shutdown()
 
     def _release(self) -> dict[str, Any]:
         self.encoder = None
@@ -308,12 +323,34 @@ async def _off_loop(tokenize: Callable[..., Encoded], chars: int, *args: Any) ->
     return await asyncio.to_thread(tokenize, *args)
 
 
-async def load_encoder_engine(spec: ModelSpec, worker: MlxWorker, *, cache_dir: Path | None = None) -> EncoderEngine:
+def passes_on_own_thread() -> bool:
+    """Whether an encoder's passes run on a thread of their own, beside the
+    MLX worker: on CUDA. There the worker's time goes to host work, not to
+    waiting for the device: queueing a MiniLM pass (``mx.async_eval``,
+    launching its kernels) took 2.1 ms of it on an H100, building it 0.7,
+    against 3.7 ms for a whole decode step of SmolLM2, so a chat stream
+    beside 8 embedding clients lost up to a quarter of its pace to the
+    encoder's turns (docs/embeddings.md). ``mx.async_eval`` lets go of the
+    GIL, and MLX (0.31.2 on) evaluates each thread's streams on their own, so
+    on a second thread that work runs beside the decode steps'. On a CPU the
+    passes' arithmetic would take the decode steps' cores instead, and Metal
+    is not measured yet: both keep the passes on the worker."""
+    import mlx.core as mx
+
+    return bool(mx.cuda.is_available())
+
+
+async def load_encoder_engine(spec: ModelSpec, worker: MlxWorker, *, cache_dir: Path | None = None,
+                              pass_thread: bool | None = None) -> EncoderEngine:
     """Load ``spec`` (kind embedding or rerank) on the worker; ``cache_dir``
-    is the kinds table's common argument: an encoder keeps nothing on disk."""
+    is the kinds table's common argument: an encoder keeps nothing on disk.
+    ``pass_thread`` None: ``passes_on_own_thread()``."""
     loaded = await load_on_worker(worker, _load, spec, _discard)
     encoder, tokenizer, load_bytes, seconds = loaded
-    return EncoderEngine(spec, worker, encoder, tokenizer, load_bytes=load_bytes, load_seconds=seconds)
+    if pass_thread is None:
+        pass_thread = await worker.call(passes_on_own_thread)
+    return EncoderEngine(spec, worker, encoder, tokenizer, load_bytes=load_bytes, load_seconds=seconds,
+                         pass_thread=pass_thread)
 
 
 def _load(spec: ModelSpec) -> tuple[Any, Any, int, float]:

@@ -14,6 +14,7 @@ import pytest
 
 from engine.engine_support import run, spec_for
 from mlxd.engine.embedding import EncoderEngine, load_encoder_engine
+from mlxd.engine.embedding_model import Encoded
 from mlxd.engine.worker import MlxWorker
 from mlxd.errors import ModelUnloaded
 
@@ -180,3 +181,67 @@ def test_closing_while_a_pass_is_on_the_device_waits_for_it_and_answers_every_re
         assert all(isinstance(o, ModelUnloaded) for o in outcomes), outcomes
     finally:
         run(worker.shutdown())
+
+
+def test_on_a_thread_of_their_own_the_passes_give_the_same_vectors_while_another_model_decodes(
+        tiny_embedder: Path) -> None:
+    """On CUDA an encoder's passes after the first run on a thread of their
+    own (``passes_on_own_thread``), so queueing them does not take the MLX
+    worker's time from a decoding stream. Forced on here: the first pass
+    (whose peak is measured) still runs on the worker, the rest on the
+    engine's own thread, with the vectors and their order the worker gives,
+    while the worker goes on stepping another model; closing the engine
+    ends that thread."""
+    import threading
+
+    worker = MlxWorker().start()
+    spec = replace(spec_for(tiny_embedder, "apart"), kind="embedding", batch_tokens=32)
+    engine = run(load_encoder_engine(spec, worker, pass_thread=True))
+    on_worker = run(load_encoder_engine(replace(spec, name="together"), worker, pass_thread=False))
+    ran_on: list[str] = []
+    original = engine._step
+
+    def recorded(batch: object) -> object:
+        ran_on.append(threading.current_thread().name)
+        return original(batch)
+
+    engine._step = recorded  # type: ignore[method-assign]
+    others: list[int] = []
+    try:
+        async def go() -> tuple[list[np.ndarray], list[list[np.ndarray]]]:
+            await engine.embed(await engine.encode(["the peak's pass"], truncate=True))
+            alone = await on_worker.embed(await on_worker.encode(TEXTS, truncate=True))
+            stream = _decoding(worker, others)
+            await asyncio.sleep(0.05)
+            encoded = [await engine.encode(TEXTS[i:] + TEXTS[:i], truncate=True) for i in range(len(TEXTS))]
+            decoded_before = len(others)
+            apart = await asyncio.gather(*(engine.embed(e) for e in encoded))
+            assert len(others) > decoded_before  # the worker kept stepping the other model
+            await stream.aclose()
+            return alone, apart
+
+        alone, apart = run(go())
+        for i, vectors in enumerate(apart):
+            for got, want in zip(vectors, alone[i:] + alone[:i]):
+                np.testing.assert_allclose(got, want, atol=1e-5)
+        assert ran_on[0] == "mlx-worker"
+        assert len(ran_on) >= 4 and set(ran_on[1:]) == {"mlx-passes:apart"}
+        assert engine.stats()["pass_thread"] is True and on_worker.stats()["pass_thread"] is False
+        lane = engine._pass_thread
+        run(engine.close())
+        assert engine.encoder is None and not engine._busy()
+        assert lane is not None and not lane.running
+        with pytest.raises(ModelUnloaded):
+            run(engine.embed(Encoded([[5, 6, 7]], None, [])))
+    finally:
+        run(engine.close())
+        run(on_worker.close())
+        run(worker.shutdown())
+
+
+def test_this_machine_runs_passes_apart_only_on_cuda() -> None:
+    import mlx.core as mx
+
+    from mlxd.engine.embedding import passes_on_own_thread
+
+    assert passes_on_own_thread() is mx.cuda.is_available()
