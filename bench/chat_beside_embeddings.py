@@ -121,8 +121,9 @@ class ThreadShares:
         before, started = thread_cpu(self.pid, self.names), time.perf_counter()
         yield
         after, wall = thread_cpu(self.pid, self.names), time.perf_counter() - started
+        # The event loop, the MLX worker and an encoder's pass thread (on CUDA).
         into.update({name: round((after[name] - before.get(name, 0.0)) / wall, 3)
-                     for name in ("MainThread", "mlx-worker") if name in after})
+                     for name in after if name == "MainThread" or name.startswith("mlx-")})
 
 
 def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
