@@ -149,6 +149,20 @@ def streams(port: int, model: str, messages: list[dict[str, str]], tokens: int, 
     }
 
 
+def governor_state(http: httpx.Client, name: str) -> dict[str, Any] | None:
+    """The entry's speculative figures in /v1/status (None for a plain entry)."""
+    return next((m.get("speculative") for m in http.get("/v1/status").json()["models"] if m["name"] == name), None)
+
+
+def describe_governor(state: dict[str, Any] | None) -> str:
+    if not state:
+        return ""
+    speedup, acceptance = state.get("speedup"), state.get("acceptance_rate")
+    return (f"; speculating {'on' if state.get('active') else 'off'} at the end, speed-up "
+            f"{'-' if speedup is None else f'{speedup:.2f}'}, acceptance "
+            f"{'-' if acceptance is None else f'{acceptance:.2f}'}")
+
+
 def entry_name(method: str, k: int, ks: list[int]) -> str:
     """``lookup`` / ``selfdraft`` for the first K, ``lookup-k8`` ... for the others."""
     return method if k == ks[0] else f"{method}-k{k}"
@@ -200,11 +214,15 @@ def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int],
                             # then start decoding together, and decode is what is compared.
                             for i in range(n):
                                 prime(port, name, variant(messages, i))
-                            done[name].append(streams(port, name, messages, tokens, n, temperature))
+                            run = streams(port, name, messages, tokens, n, temperature)
+                            # Where the auto-off stood when the run ended: a first run that
+                            # speculated less than the next shows here as off, or a speed-up below 1.
+                            run["governor"] = governor_state(http, name)
+                            done[name].append(run)
                             print(f"  {workload:9} {n} streams {name:9} run {repeat + 1}: "
-                                  f"{done[name][-1]['aggregate_tok_s']:.2f} tok/s; first tokens at "
-                                  f"{done[name][-1]['first_token_at_s']} s, ends at {done[name][-1]['ended_at_s']} s",
-                                  flush=True)
+                                  f"{run['aggregate_tok_s']:.2f} tok/s; first tokens at "
+                                  f"{run['first_token_at_s']} s, ends at {run['ended_at_s']} s"
+                                  f"{describe_governor(run['governor'])}", flush=True)
                     for name in names:
                         out[f"{workload}/{n}/{name}"] = median_run(done[name])
         if profile_to is not None:
