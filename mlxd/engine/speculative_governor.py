@@ -13,10 +13,17 @@ in the same batch, at the same batch size, while it serves:
   drafter found nothing is a plain step and is measured as one (free chat
   gives the baseline for free);
 - while on, the baseline is measured first (``min_plain`` plain steps right
-  after the first speculative one, and as many more at steps 6, 10, ...), then
-  one step in ``probe_every`` stays plain so it stays current; speculation goes off as soon as ``min_spec``
-  speculative steps and the baseline say it is slower: a losing mix is off
-  after ``min_spec + min_plain`` steps (5 by default) when every row drafts;
+  after the first speculative one, and as many more in pairs at steps 6-7,
+  10-11, ...), then two plain steps in a row every ``2 * probe_every`` keep
+  it current (the batch times only plain steps that follow a plain one: the
+  first after speculating pays for leaving it); speculation goes off as soon
+  as ``min_spec`` speculative steps and the baseline say it is slower (six:
+  a code edit's answer often opens with a few steps of text the prompt does
+  not hold); a losing mix is off within ``min_spec + 2 * min_plain`` steps
+  when every row drafts;
+- speculative steps are measured by their tokens over their time together
+  (``_spec_rate``: a step keeps one token or five), plain ones by the median
+  step; the step that takes joining rows in is measured as neither;
 - while off, one step in ``retry`` speculates. A probe that pays brings the
   interval back to ``retry_every``; one that loses doubles it, up to
   ``max_retry``, so a mix that keeps losing costs ever less; speculation is
@@ -57,7 +64,7 @@ class _Mix:
 
 
 class Governor:
-    def __init__(self, window: int = 16, probe_every: int = 16, min_spec: int = 3, min_plain: int = 2,
+    def __init__(self, window: int = 16, probe_every: int = 16, min_spec: int = 6, min_plain: int = 2,
                  retry_every: int = 8, max_retry: int = 64, retry_samples: int = 2,
                  hold_on: bool = False) -> None:
         self.window = max(2, window)
@@ -75,6 +82,8 @@ class Governor:
         # the current one has none yet.
         self._latest: float | None = None
         self._now = self._mix(1)
+        # The next recorded step is the one that takes joining rows in (``joined``).
+        self._joining = False
 
     @property
     def active(self) -> bool:
@@ -95,10 +104,10 @@ class Governor:
         """Whether the next step of a batch of ``batch`` sequences speculates."""
         now = self._now = self._mix(batch) if batch else self._now
         if self.hold_on:
-            # Every step speculates but for a plain one now and then, the
+            # Every step speculates but for two plain ones now and then, the
             # baseline that status's speed-up is measured against.
             now.steps += 1
-            return not (len(now.plain) < self.min_plain or now.steps % self.probe_every == 0)
+            return not (len(now.plain) < self.min_plain or self._probes_plain(now.steps))
         if now.active and now.speedup is None and self._latest is not None and self._latest < 1.0:
             # A mix not decided yet starts where the last decision left off:
             # when speculation lost in another mix (a batch of four whose row
@@ -116,18 +125,36 @@ class Governor:
         # The first plain steps of a mix can be slow for reasons of their own
         # (a kernel's first compile): two more soon, so the median is a warm one.
         if len(now.plain) < 2 * self.min_plain:
-            return now.steps % 4 != 2
-        return now.steps % self.probe_every != 0
+            return now.steps % 4 not in (2, 3)
+        return not self._probes_plain(now.steps)
+
+    def _probes_plain(self, steps: int) -> bool:
+        """Whether this step is one of the two plain steps that keep the
+        baseline current (one step in ``probe_every`` in all). Two in a row:
+        the batch measures a plain step only when the one before was plain
+        too (``record``), since the first of a run also pays for leaving
+        speculation (the cache's rolled-back positions, the step queued
+        ahead), which is not what plain decoding costs."""
+        return steps % (2 * self.probe_every) in (0, 1)
 
     def joined(self) -> None:
-        """Requests joined the batch: the mix changed, so retry soon."""
+        """Requests joined the batch: the mix changed, so retry soon. The
+        next step also takes the new rows in (their caches merged, the step
+        computed ahead emitted first), which is not what speculation or
+        plain decoding cost: it is not measured."""
         for mix in self._mixes.values():
             mix.retry = self.retry_every
+        self._joining = True
 
     def record(self, speculative: bool, tokens: int, seconds: float) -> None:
         """What the step just chosen did: ``speculative`` if some row verified
-        drafts, the tokens all rows emitted and the seconds it took."""
+        drafts, the tokens all rows emitted and the seconds it took. The batch
+        leaves out a plain step that follows a speculative one (see
+        ``_probes_plain``)."""
         if seconds <= 0 or tokens <= 0:
+            return
+        if self._joining:
+            self._joining = False
             return
         now = self._now
         (now.spec if speculative else now.plain).append((tokens, seconds))
@@ -136,7 +163,7 @@ class Governor:
         if now.active:
             if len(now.spec) < self.min_spec:
                 return
-            now.speedup = self._latest = _rate(now.spec) / _rate(now.plain)
+            now.speedup = self._latest = _spec_rate(now.spec) / _rate(now.plain)
             if now.speedup < 1.0 and not self.hold_on:
                 now.active, now.steps, now.retry = False, 0, self.retry_every
                 # Off: what it measures from now on are the probes.
@@ -145,12 +172,12 @@ class Governor:
         if not speculative:
             return
         baseline = _rate(now.plain)
-        latest = _rate([now.spec[-1]]) / baseline
+        latest = _spec_rate([now.spec[-1]]) / baseline
         now.retry = self.retry_every if latest >= 1.0 else min(self.max_retry, now.retry * 2)
         if len(now.spec) < self.retry_samples:
             return
         recent = list(now.spec)[-self.retry_samples :]
-        now.speedup = self._latest = _rate(recent) / baseline
+        now.speedup = self._latest = _spec_rate(recent) / baseline
         if now.speedup >= 1.0:
             now.active, now.steps = True, 0
             now.spec.clear()
@@ -158,7 +185,23 @@ class Governor:
 
 
 def _rate(records: Iterable[tuple[int, float]]) -> float:
-    """Tokens a second, the median of the steps': a step that ran slow for
-    reasons of its own (the first use of a kernel shape, the machine busy)
-    must not decide alone."""
+    """Plain steps' tokens a second: the median of the steps', so that a step
+    that ran slow for reasons of its own (the first use of a kernel shape,
+    the machine busy) does not decide alone. A plain step emits one token a
+    row, so each step's rate is the batch's."""
     return statistics.median(t / s for t, s in records)
+
+
+def _spec_rate(records: Iterable[tuple[int, float]]) -> float:
+    """Speculative steps' tokens a second: all their tokens over all their
+    time, each step's time capped at twice the median step's (a slow one
+    does not decide alone either). Not the median of each step's rate: a
+    speculative step keeps one token or five, and three steps that kept 1,
+    3 and 1 tokens in about the same time made the median the one-token
+    rate, below plain decoding, where the three together beat it. A code
+    edit's first run turned speculation off so, on this project's CPU and on
+    an H100 (bench/speculative.py prints where the governor stood after each
+    run)."""
+    records = list(records)
+    cap = 2 * statistics.median(s for _, s in records)
+    return sum(t for t, _ in records) / sum(min(s, cap) for _, s in records)
