@@ -9,9 +9,10 @@ in the same batch, at the same batch size, while it serves:
   rows join and leave one at a time under continuous batching, and sizes 5
   to 8 cost alike, so they share one decision instead of each paying a trial
   of its own;
-- a step *speculated* only if some row verified drafts: a step where the
-  drafter found nothing is a plain step and is measured as one (free chat
-  gives the baseline for free);
+- a step *speculated* if some row verified drafts, or if asking the
+  drafter read back the step computed ahead (what asking costs there, though
+  it found nothing); a verify step where no row had drafts is measured as a
+  plain one;
 - while on, the baseline is measured first (``min_plain`` plain steps right
   after the first speculative one, and as many more in pairs at steps 6-7,
   10-11, ...), then two plain steps in a row every ``2 * probe_every`` keep
