@@ -117,7 +117,7 @@ def test_beside_a_decoding_stream_each_pass_is_read_back_a_turn_later_with_the_s
     request still waits only for its own inputs."""
     worker = MlxWorker().start()
     engine = run(load_encoder_engine(replace(spec_for(tiny_embedder, "paced"), kind="embedding",
-                                             batch_tokens=32), worker))
+                                             batch_tokens=32), worker, pass_thread=False))
     exchanges: list[int] = []
     original = EncoderEngine._exchange
 
@@ -160,7 +160,7 @@ def test_closing_while_a_pass_is_on_the_device_waits_for_it_and_answers_every_re
     and none hangs."""
     worker = MlxWorker().start()
     engine = run(load_encoder_engine(replace(spec_for(tiny_embedder, "closing"), kind="embedding",
-                                             batch_tokens=32), worker))
+                                             batch_tokens=32), worker, pass_thread=False))
     others: list[int] = []
 
     async def go() -> list[object]:

@@ -192,17 +192,18 @@ def daemon_process(
         yield Daemon(url=url, process=process, log_path=log_path)
 
 
-def holding_the_worker(daemon: Daemon, pool: Any) -> tuple[Any, threading.Event]:
-    """The daemon's shared MLX worker busy with a call (as during another
-    model's load) until the returned event is set; ``pool`` (a thread pool)
-    runs it, and the future it gives ends once the call has. Work leased
-    meanwhile waits on the worker, having sent nothing."""
+def holding_the_worker(daemon: Daemon, pool: Any, worker: Any = None) -> tuple[Any, threading.Event]:
+    """The daemon's shared MLX worker (or ``worker``: an encoder's pass
+    thread) busy with a call (as during another model's load) until the
+    returned event is set; ``pool`` (a thread pool) runs it, and the future
+    it gives ends once the call has. Work leased meanwhile waits on the
+    worker, having sent nothing."""
     gate, holding = threading.Event(), threading.Event()
 
     def hold() -> None:
         holding.set()
         gate.wait(60)
 
-    busy = pool.submit(asyncio.run, daemon.ctx.worker.call(hold))
+    busy = pool.submit(asyncio.run, (worker or daemon.ctx.worker).call(hold))
     assert holding.wait(30), "the worker runs the call that holds it"
     return busy, gate
