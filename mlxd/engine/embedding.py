@@ -197,20 +197,18 @@ class EncoderEngine(EngineBase):
                 if batch is not None:
                     self.figures.batches += 1
                     self.figures.padded_tokens += batch.padded_tokens
-                # The first pass is waited for: it measures the model's peak memory.
+                # The first pass is waited for, on the worker: it measures the model's peak memory.
                 apart = self._pass_thread is not None and not self.peak.pending
                 beside = not apart and (ahead is not None or (not self.peak.pending and self._worker.open_streams > 0))
                 finished = ahead[0] if ahead is not None else (None if beside else batch)
                 self._forwarding = True
                 try:
-                    if apart:
-                        done, seconds = await self._pass_thread.turn(lambda b=batch: self._step(b))
-                        queued = None
-                    elif beside:
+                    if beside:
                         done, queued, seconds = await self._worker.turn(
                             lambda a=ahead, b=batch: self._exchange(a, b))
                     else:
-                        done, seconds = await self._worker.turn(lambda b=batch: self._step(b))
+                        runner = self._pass_thread if apart else self._worker
+                        done, seconds = await runner.turn(lambda b=batch: self._step(b))
                         queued = None
                 except Exception as exc:
                     failed = [b for b in (ahead[0] if ahead else None, batch) if b is not None]

@@ -132,10 +132,11 @@ class Governor:
     def _probes_plain(self, steps: int) -> bool:
         """Whether this step is one of the two plain steps that keep the
         baseline current (one step in ``probe_every`` in all). Two in a row:
-        the batch measures a plain step only when the one before was plain
-        too (``record``), since the first of a run also pays for leaving
-        speculation (the cache's rolled-back positions, the step queued
-        ahead), which is not what plain decoding costs."""
+        the batch records a plain step only when the one before was plain
+        too (``SpeculativeGenerator._plain_ahead``), since the first of a run
+        also pays for leaving speculation (the cache's rolled-back
+        positions, the step queued ahead), which is not what plain decoding
+        costs."""
         return steps % (2 * self.probe_every) in (0, 1)
 
     def joined(self) -> None:
