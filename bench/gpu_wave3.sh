@@ -16,7 +16,8 @@
 # serves it), join-cost (bench/join_cost.py: a request joining a decoding batch, part by part),
 # composition (bench/composition_steps.py: the steps after rows join or leave a batch, as is and with the
 # batch settled first, at 4 and 8 rows),
-# spec-lookup (bench/speculative.py, plain and prompt lookup only, 1 and 4 streams, twice; spec-free:
+# spec-lookup (bench/speculative.py, plain and prompt lookup only, 1 and 4 streams, twice; spec-lookup8: the same
+# at 1, 4 and 8 streams, every target of issue 29's lookup in one daemon; spec-free:
 # free chat only, 1/4/8 streams, greedy; spec-free-t: the same at temperature 0.7; spec-prof: 4 streams,
 # the daemon sampled by py-spy with native frames), batch-switch (the same with the daemon's GIL switch interval
 # at 0.5 ms), spec-k (the same at K = 4 and 8,
@@ -85,6 +86,7 @@ for name in "$@"; do
     spec-prof) step spec-prof 300 "$PY" bench/speculative.py --methods plain lookup --streams 4 --repeats 2 --profile ;;
     spec-free) step spec-free 300 "$PY" bench/speculative.py --methods plain lookup --workloads free_chat --streams 1 4 8 --repeats 2 ;;
     spec-free-t) step spec-free-t 300 "$PY" bench/speculative.py --methods plain lookup --workloads free_chat --streams 1 4 8 --repeats 2 --temperature 0.7 ;;
+    spec-lookup8) step spec-lookup8 560 "$PY" bench/speculative.py --methods plain lookup --streams 1 4 8 --repeats 2 ;;
     spec-lookup) step spec-lookup 280 "$PY" bench/speculative.py --methods plain lookup --streams 1 4 --repeats 2 ;;
     batch-smol) step batch-smol 150 "$PY" bench/batch_overhead.py --size smollm2 --chat --rows 1 4 8 ;;
     chat-embed) step chat-embed 200 "$PY" bench/chat_beside_embeddings.py --tokens 256 --rounds 3 ;;
