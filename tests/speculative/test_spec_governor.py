@@ -39,7 +39,7 @@ def test_a_losing_mix_is_off_within_ten_steps_and_then_rarely_probed() -> None:
     assert not governor.active and governor.speedup < 1.0
     assert chosen.count(True) == governor.min_spec == 6
     later = LOSING.drive(governor, 400)
-    # Probes back off (8, 16, 32, 64 steps apart): a handful in 400 steps.
+    # Probes back off (8, 16, 32, 64, 128 steps apart): a handful in 400 steps.
     assert 4 <= later.count(True) <= 10 and not governor.active
     # Mixes of 5 to 8 rows share the decision.
     assert governor.choose(6) is False and not governor.active
@@ -125,6 +125,32 @@ def test_a_request_joining_makes_the_next_probe_come_soon() -> None:
     governor.joined()
     chosen = LOSING.drive(governor, governor.retry_every)
     assert True in chosen
+    # The step that takes the new rows in is not measured, so it never probes.
+    assert chosen[0] is False
+
+
+def test_requests_joining_all_the_time_cost_a_losing_mix_one_probe_each() -> None:
+    """Continuous batching: a request joins every 40 steps. Each gets its
+    probe; the losing probes' backoff is kept, where starting it over at
+    every join probed at 8, 16 and 32 steps after each."""
+    governor = Governor()
+    LOSING.drive(governor, 400)
+    probes = 0
+    for _ in range(10):
+        governor.joined()
+        chosen = LOSING.drive(governor, 40)
+        assert True in chosen[: governor.retry_every]
+        probes += chosen.count(True)
+    assert probes <= 12 and not governor.active
+
+
+def test_a_winning_request_joining_a_losing_batch_turns_it_back_on_soon() -> None:
+    governor = Governor()
+    LOSING.drive(governor, 400)
+    governor.joined()
+    winning_eight = Mix(8, 0.010, 0.016, 2.7)
+    chosen = winning_eight.drive(governor, 3 * governor.retry_every)
+    assert governor.active and chosen[-4:].count(True) >= 3
 
 
 def test_steps_without_drafts_measure_the_baseline_and_never_turn_it_off() -> None:
