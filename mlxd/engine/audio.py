@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from mlxd.engine import memory
+from mlxd.engine.host_arrays import to_numpy
 from mlxd.engine.lifecycle import EngineBase, GenerationControl, load_on_worker, measured_load
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.engine.worker import MlxWorker
@@ -283,7 +284,7 @@ class SpeechEngine(AudioEngine):
             yield from sentences(self.model, text)
             return
         for result in self.model.generate(text, **kwargs):
-            yield np.asarray(result.audio, dtype=np.float32).reshape(-1)
+            yield to_numpy(result.audio).astype(np.float32, copy=False).reshape(-1)
 
 
 async def load_transcription_engine(spec: ModelSpec, worker: MlxWorker, *,

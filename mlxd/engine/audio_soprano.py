@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from mlxd.engine.host_arrays import to_numpy
 from mlxd.engine.worker import SKIP
 
 # soprano.Model.generate's defaults.
@@ -56,5 +57,5 @@ def sentences(model: Any, text: str) -> Iterator[Any]:
             size = model.config.decoder_config.token_size
             length = len(hidden) * size - size
             audio = audio[0, -length:] if length > 0 else audio[0]
-            yield np.asarray(audio, dtype=np.float32).reshape(-1)
+            yield to_numpy(audio).astype(np.float32, copy=False).reshape(-1)
         mx.clear_cache()

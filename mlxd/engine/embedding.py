@@ -33,7 +33,8 @@ import numpy as np
 
 from mlxd.engine import memory
 from mlxd.engine.embedding_batch import Batch, BatchQueue
-from mlxd.engine.embedding_model import Encoded, LoadedEncoder, TextTokenizer, is_cross_encoder, to_numpy
+from mlxd.engine.embedding_model import Encoded, LoadedEncoder, TextTokenizer, is_cross_encoder
+from mlxd.engine.host_arrays import to_numpy
 from mlxd.engine.lifecycle import EngineBase, load_on_worker, measured_load
 from mlxd.engine.rerank_llm import LoadedLlmReranker, PromptTokenizer
 from mlxd.engine.types import GenerationChunk, GenerationRequest

@@ -168,7 +168,7 @@ class LoadedEncoder:
 
     def embed(self, batch: Batch) -> Any:
         """Worker thread: one vector per row, float32, pooled as the folder
-        says; not evaluated yet (``to_numpy``)."""
+        says; not evaluated yet (``host_arrays.to_numpy``)."""
         import mlx.core as mx
 
         out, mask = self._encode(batch)
@@ -179,7 +179,7 @@ class LoadedEncoder:
 
     def score(self, batch: Batch) -> Any:
         """Worker thread: one relevance score per (query, document) row; not
-        evaluated yet (``to_numpy``)."""
+        evaluated yet (``host_arrays.to_numpy``)."""
         import mlx.core as mx
 
         out, _ = self._encode(batch)
@@ -187,15 +187,6 @@ class LoadedEncoder:
         if self.activation == "sigmoid":
             logits = mx.sigmoid(logits)
         return logits
-
-
-def to_numpy(values: Any) -> np.ndarray:
-    """Evaluated by ``mx.eval``, which lets go of the GIL while the pass runs
-    (the event loop goes on serving requests), then copied out."""
-    import mlx.core as mx
-
-    mx.eval(values)
-    return np.array(values)
 
 
 def _pool(out: Any, mask: Any, mode: str) -> Any:

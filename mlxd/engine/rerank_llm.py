@@ -84,7 +84,7 @@ class LoadedLlmReranker:
 
     def score(self, batch: Batch) -> Any:
         """Worker thread: P(yes) against P(no) after each row's prompt; not
-        evaluated yet (``embedding_model.to_numpy``)."""
+        evaluated yet (``host_arrays.to_numpy``)."""
         import mlx.core as mx
 
         lengths = [row.length for row in batch.rows]
