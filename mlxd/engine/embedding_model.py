@@ -25,7 +25,8 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,29 +131,82 @@ class TextTokenizer:
         return Encoded([list(a[: self.max_length]) for a in arrays], None, cut)
 
 
+# A compiled pass (``LoadedEncoder(compiled=True)``) runs at bucketed shapes:
+# ``mx.compile`` traces once per input shape, and dynamic batching gives
+# nearly every pass a (rows, width) of its own. Rows are padded up to a power
+# of two, the width to a multiple of 8 up to 64 and to a quarter of its octave
+# above (at most a quarter of it padding), so a few tens of traces cover
+# short texts. A bucket over this many padded tokens runs uncompiled at its
+# own shape instead: a pass that large is the device's arithmetic, not the
+# host's launching, and padding it up would add arithmetic.
+COMPILED_MAX_TOKENS = 8192
+
+
+def bucket_rows(rows: int) -> int:
+    return 1 << (rows - 1).bit_length()
+
+
+def bucket_width(width: int) -> int:
+    if width <= 64:
+        return -(-width // 8) * 8
+    step = 1 << (width.bit_length() - 3)
+    return -(-width // step) * step
+
+
 class LoadedEncoder:
     """The model on the worker: ``embed`` and ``score`` run one batch each.
 
-    ``model`` is dropped (set to None) on unload; nothing else holds it."""
+    ``model`` is dropped (set to None) on unload; nothing else holds it.
+
+    ``compiled``: each pass runs through ``mx.compile`` of the whole forward
+    (encoder, pooling, normalization or head), at a bucketed shape
+    (``bucket_rows``, ``bucket_width``). The padding rows are all padding
+    (mask 0) and their outputs are sliced off. A traced pass replays its
+    graph from MLX's cache instead of running the modules' Python, and fuses
+    the elementwise work into fewer kernels, which is what bounds a small
+    encoder's pace on CUDA: building and launching the pass, not running it."""
 
     def __init__(self, model: Any, recipe: OutputRecipe, *, head: Any = None, activation: str = "sigmoid",
-                 pad_id: int = 0, dimensions: int = 0) -> None:
-        self.model = model
+                 pad_id: int = 0, dimensions: int = 0, compiled: bool = False) -> None:
+        self._model = model
         self.recipe = recipe
         self.head = head
         self.activation = activation
         self.pad_id = pad_id
         self.dimensions = dimensions
+        self.compiled = compiled
         params = inspect.signature(model.__call__).parameters
         self._takes_types = "token_type_ids" in params
+        # A compiled function per thread that runs passes, and per forward:
+        # (thread id, "_embed" or "_score") -> function. MLX keeps compiled
+        # traces in a cache per thread, and a compiled function's destructor
+        # empties only the cache of the thread that last called it: one
+        # function called from two threads (the first pass on the worker,
+        # the rest on the pass thread on CUDA) would leave the other
+        # thread's traces, with the weights they hold, behind after an
+        # unload.
+        self._compiled: dict[tuple[int, str], Callable[..., Any]] = {}
 
-    def _inputs(self, batch: Batch) -> tuple[Any, Any, Any]:
+    @property
+    def model(self) -> Any:
+        return self._model
+
+    @model.setter
+    def model(self, model: Any) -> None:
+        # Unload: the compiled traces hold the weights as constants; dropping
+        # the functions erases them from MLX's caches.
+        self._model = model
+        self._compiled.clear()
+
+    def _inputs(self, batch: Batch, rows: int = 0, width: int = 0) -> tuple[Any, Any, Any]:
+        """The batch as ids, mask and token types, padded to ``rows`` x ``width``
+        (at least the batch's own)."""
         import mlx.core as mx
 
-        width = batch.width
-        ids = np.full((len(batch.rows), width), self.pad_id, dtype=np.int32)
-        mask = np.zeros((len(batch.rows), width), dtype=np.float32)
-        types = np.zeros((len(batch.rows), width), dtype=np.int32)
+        rows, width = max(rows, len(batch.rows)), max(width, batch.width)
+        ids = np.full((rows, width), self.pad_id, dtype=np.int32)
+        mask = np.zeros((rows, width), dtype=np.float32)
+        types = np.zeros((rows, width), dtype=np.int32)
         for i, row in enumerate(batch.rows):
             ids[i, : row.length] = row.ids
             mask[i, : row.length] = 1.0
@@ -160,30 +214,50 @@ class LoadedEncoder:
                 types[i, : row.length] = row.types
         return mx.array(ids), mx.array(mask), mx.array(types)
 
-    def _encode(self, batch: Batch) -> Any:
-        ids, mask, types = self._inputs(batch)
+    def _run(self, batch: Batch, forward: Callable[[Any, Any, Any], Any]) -> Any:
+        """``forward`` over the batch: compiled at the batch's bucket when the
+        encoder is, the padding rows' outputs sliced off."""
+        rows = bucket_rows(len(batch.rows))
+        width = min(bucket_width(batch.width), max(self.recipe.max_length, batch.width))
+        if not self.compiled or rows * width > COMPILED_MAX_TOKENS:
+            return forward(*self._inputs(batch))
+        key = (threading.get_ident(), forward.__name__)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            import mlx.core as mx
+
+            compiled = self._compiled[key] = mx.compile(forward)
+        return compiled(*self._inputs(batch, rows, width))[: len(batch.rows)]
+
+    def _encode(self, ids: Any, mask: Any, types: Any) -> Any:
         if self._takes_types:
-            return self.model(ids, attention_mask=mask, token_type_ids=types), mask
-        return self.model(ids, attention_mask=mask), mask
+            return self._model(ids, attention_mask=mask, token_type_ids=types)
+        return self._model(ids, attention_mask=mask)
 
     def embed(self, batch: Batch) -> Any:
         """Worker thread: one vector per row, float32, pooled as the folder
         says; not evaluated yet (``host_arrays.to_numpy``)."""
+        return self._run(batch, self._embed)
+
+    def _embed(self, ids: Any, mask: Any, types: Any) -> Any:
         import mlx.core as mx
 
-        out, mask = self._encode(batch)
-        pooled = _pool(out, mask, self.recipe.pooling)
+        pooled = _pool(self._encode(ids, mask, types), mask, self.recipe.pooling)
         if self.recipe.normalize or self.recipe.pooling == "model":
+            # An all-padding row pools to zeros (its mask sums to 0): the
+            # floor keeps it at zeros, not NaN.
             pooled = pooled / mx.maximum(mx.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
         return pooled.astype(mx.float32)
 
     def score(self, batch: Batch) -> Any:
         """Worker thread: one relevance score per (query, document) row; not
         evaluated yet (``host_arrays.to_numpy``)."""
+        return self._run(batch, self._score)
+
+    def _score(self, ids: Any, mask: Any, types: Any) -> Any:
         import mlx.core as mx
 
-        out, _ = self._encode(batch)
-        logits = self.head(out)[:, 0].astype(mx.float32)
+        logits = self.head(self._encode(ids, mask, types))[:, 0].astype(mx.float32)
         if self.activation == "sigmoid":
             logits = mx.sigmoid(logits)
         return logits

@@ -245,3 +245,27 @@ def test_this_machine_runs_passes_apart_only_on_cuda() -> None:
     from mlxd.engine.embedding import passes_on_own_thread
 
     assert passes_on_own_thread() is mx.cuda.is_available()
+
+
+def test_a_compiled_encoder_gives_the_same_vectors_and_scores_and_drops_its_padding_rows(
+        tiny_embedder: Path, tiny_reranker: Path) -> None:
+    from mlxd.engine.embedding_batch import Batch, Row
+    from mlxd.engine.embedding_model import LoadedEncoder, load_cross_encoder, load_embedder
+    from mlxd.engine.host_arrays import to_numpy
+
+    # 3 rows of up to 11 tokens run at the bucket 4 x 16: a padding row, and
+    # padding columns, that change nothing.
+    batch = Batch(tuple(Row(0, i, tuple(range(5, 5 + n)), (0, 0) + (1,) * (n - 2))
+                        for i, n in enumerate((3, 7, 11))))
+    for load, run_pass in ((load_embedder, "embed"), (load_cross_encoder, "score")):
+        plain, _ = load(tiny_embedder if run_pass == "embed" else tiny_reranker)
+        compiled = LoadedEncoder(plain.model, plain.recipe, head=plain.head, activation=plain.activation,
+                                 pad_id=plain.pad_id, dimensions=plain.dimensions, compiled=True)
+        want = to_numpy(getattr(plain, run_pass)(batch))
+        for _ in range(2):  # traced, then replayed
+            got = to_numpy(getattr(compiled, run_pass)(batch))
+            assert got.shape == want.shape and np.isfinite(got).all()
+            np.testing.assert_allclose(got, want, atol=1e-5)
+        assert len(compiled._compiled) == 1
+        compiled.model = None  # unloaded: the traces go with the functions
+        assert not compiled._compiled
