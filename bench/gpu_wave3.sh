@@ -93,6 +93,7 @@ for name in "$@"; do
     encoder-shapes) step encoder-shapes 150 "$PY" bench/encoder_shapes.py --passes 400 ;;
     chat-embed-si) step chat-embed-si 420 "$PY" bench/chat_beside_embeddings.py --tokens 256 --rounds 3 --switch-intervals 0.001 0.00025 ;;
     chat-embed-ab) step chat-embed-ab 400 "$PY" bench/chat_beside_embeddings.py --tokens 256 --rounds 3 --repeats 2 --baseline .gpu/baseline ;;
+    embeddings-ab) step embeddings-ab 420 "$PY" bench/embeddings.py --texts 256 --rounds 3 --baseline .gpu/baseline ;;
     embeddings) step embeddings 150 "$PY" bench/embeddings.py --texts 256 --rounds 3 --client-threads ;;
     *) echo "unknown step $name" ;;
   esac
