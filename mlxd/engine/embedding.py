@@ -286,7 +286,6 @@ class EncoderEngine(EngineBase):
             "dimensions": self.dimensions,
             "max_length": self.max_length,
             "pass_thread": self._pass_thread is not None,
-            "compiled": bool(getattr(self.encoder, "compiled", False)),
         }
 
     async def abort_all(self, reason: str) -> int:
@@ -340,19 +339,6 @@ def passes_on_own_thread() -> bool:
     return bool(mx.cuda.is_available())
 
 
-def compiles_passes() -> bool:
-    """Whether an encoder's passes run compiled, at bucketed shapes
-    (``LoadedEncoder(compiled=True)``): on CUDA, where building and launching
-    a small encoder's pass is what bounds it, not the arithmetic, and a
-    compiled pass replays one traced graph of fewer, fused kernels (MiniLM's
-    graph: 350 nodes against 562). On a CPU the bucket's padding is
-    arithmetic the cores pay for (32-text requests 2-6 % slower on this
-    project's CPU), and Metal is not measured yet."""
-    import mlx.core as mx
-
-    return bool(mx.cuda.is_available())
-
-
 async def load_encoder_engine(spec: ModelSpec, worker: MlxWorker, *, cache_dir: Path | None = None,
                               pass_thread: bool | None = None) -> EncoderEngine:
     """Load ``spec`` (kind embedding or rerank) on the worker; ``cache_dir``
@@ -385,8 +371,6 @@ def _load(spec: ModelSpec) -> tuple[Any, Any, int, float]:
 
     done = measured_load(spec, load, memory.release_memory)
     encoder, tokenizer = done.result
-    if isinstance(encoder, LoadedEncoder):
-        encoder.compiled = compiles_passes()
     return encoder, tokenizer, done.load_bytes, done.load_seconds
 
 

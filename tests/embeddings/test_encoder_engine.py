@@ -247,14 +247,6 @@ def test_this_machine_runs_passes_apart_only_on_cuda() -> None:
     assert passes_on_own_thread() is mx.cuda.is_available()
 
 
-def test_a_loaded_encoder_compiles_its_passes_only_on_cuda(embedder: EncoderEngine) -> None:
-    import mlx.core as mx
-
-    assert embedder.stats()["compiled"] is mx.cuda.is_available()
-    vectors = run(embedder.embed(run(embedder.encode(TEXTS, truncate=True))))
-    assert len(vectors) == len(TEXTS) and all(np.isfinite(v).all() for v in vectors)
-
-
 def test_a_compiled_encoder_gives_the_same_vectors_and_scores_and_drops_its_padding_rows(
         tiny_embedder: Path, tiny_reranker: Path) -> None:
     from mlxd.engine.embedding_batch import Batch, Row
