@@ -163,8 +163,10 @@ class LoadedEncoder:
     (``bucket_rows``, ``bucket_width``). The padding rows are all padding
     (mask 0) and their outputs are sliced off. A traced pass replays its
     graph from MLX's cache instead of running the modules' Python, and fuses
-    the elementwise work into fewer kernels, which is what bounds a small
-    encoder's pace on CUDA: building and launching the pass, not running it."""
+    the elementwise work into fewer kernels. Opt-in: on an H100 it built a
+    MiniLM pass 0.2 ms sooner but queued it no faster, and its first pass
+    on a fresh machine spent 40 s compiling kernels (docs/embeddings.md), so
+    the loaders leave it off; bench/encoder_shapes.py measures it."""
 
     def __init__(self, model: Any, recipe: OutputRecipe, *, head: Any = None, activation: str = "sigmoid",
                  pad_id: int = 0, dimensions: int = 0, compiled: bool = False) -> None:
