@@ -74,7 +74,7 @@ class Plain:
     def close(self) -> None:
         pass
 
-    def choose(self, batch: int) -> bool:
+    def choose(self, batch: int, context: int = 0) -> bool:
         return False
 
     def record(self, speculative: bool, tokens: int, seconds: float) -> None:

@@ -36,7 +36,7 @@ class Forced:
         self.active = speculate
         self.speedup = None
 
-    def choose(self, batch: int) -> bool:
+    def choose(self, batch: int, context: int = 0) -> bool:
         return self.speculate
 
     def record(self, speculative: bool, tokens: int, seconds: float) -> None:

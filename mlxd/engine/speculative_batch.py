@@ -153,7 +153,7 @@ class SpeculativeGenerator:
             self._warm_steps += 1
             speculate = width > 1
         else:
-            speculate = self.governor.choose(len(self._rows))
+            speculate = self.governor.choose(len(self._rows), sum(len(r.tokens) for r in self._rows))
         # A row's processors need its last token on the host; its sampler does not.
         ahead_able = not any(r.processors for r in self._rows)
         if speculate and not warming and ahead_able:

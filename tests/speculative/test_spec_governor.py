@@ -4,20 +4,21 @@ it wins keeps it on, or turns it back on within a bounded number of steps."""
 
 from __future__ import annotations
 
-from mlxd.engine.speculative_governor import Governor, mix_of
+from mlxd.engine.speculative_governor import Governor, context_of, mix_of
 
 
 class Mix:
     """A batch of ``rows``: a plain step emits one token a row in
     ``plain_s``; a speculative one ``per_row`` tokens a row in ``spec_s``."""
 
-    def __init__(self, rows: int, plain_s: float, spec_s: float, per_row: float) -> None:
+    def __init__(self, rows: int, plain_s: float, spec_s: float, per_row: float, context: int = 0) -> None:
         self.rows, self.plain_s, self.spec_s, self.per_row = rows, plain_s, spec_s, per_row
+        self.context = context  # all rows' tokens together
 
     def drive(self, governor: Governor, steps: int) -> list[bool]:
         chosen = []
         for _ in range(steps):
-            speculate = governor.choose(self.rows)
+            speculate = governor.choose(self.rows, self.context)
             chosen.append(speculate)
             if speculate:
                 governor.record(True, round(self.rows * self.per_row), self.spec_s)
@@ -190,3 +191,20 @@ def test_auto_off_false_holds_the_governor_on():
     assert not Speculation(SpeculativeSpec("draft", 4, "d")).governor.hold_on
     forced = Speculation(SpeculativeSpec("draft", 4, "d", auto_off=False)).governor
     assert forced.active and LOSING.drive(forced, 40).count(True) >= 35 and forced.active
+
+
+def test_short_chats_after_long_code_edits_are_measured_against_their_own_plain_steps() -> None:
+    """A plain step over 2,500-token contexts costs more than one over 300:
+    free chat that loses (a verify step at 1.3 plain steps of its own for
+    1.1 tokens) measured against the code edit's slower plain steps read as
+    a win. Mixes of other context scales keep baselines of their own."""
+    governor = Governor()
+    code_edit = Mix(1, 0.014, 0.017, 2.7, context=2500)
+    chat = Mix(1, 0.010, 0.013, 1.1, context=300)
+    code_edit.drive(governor, 200)
+    assert governor.active and governor.speedup > 2.0
+    chat.drive(governor, 60)
+    assert not governor.active and governor.speedup < 1.0
+    # The code edit's own decision stands when it comes back.
+    assert code_edit.drive(governor, 8).count(True) >= 6
+    assert context_of(1, 2500) == 4096 and context_of(8, 8 * 300) == 512 and context_of(4, 0) == 0

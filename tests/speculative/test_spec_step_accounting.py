@@ -23,7 +23,7 @@ class Recorder:
         self.active = True
         self.speedup = None
 
-    def choose(self, batch: int) -> bool:
+    def choose(self, batch: int, context: int = 0) -> bool:
         return self.choices[len(self.records) % len(self.choices)]
 
     def record(self, speculative: bool, tokens: int, seconds: float) -> None:
@@ -127,7 +127,7 @@ class Scripted(Recorder):
         super().__init__(choices)
         self.calls = 0
 
-    def choose(self, batch: int) -> bool:
+    def choose(self, batch: int, context: int = 0) -> bool:
         self.calls += 1
         return self.choices[self.calls - 1]
 
