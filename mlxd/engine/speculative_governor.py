@@ -54,15 +54,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
+def _power_of_two_from(n: int) -> int:
+    """The smallest power of two at least ``n``."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 def mix_of(batch: int) -> int:
     """The batch size rounded up to a power of two."""
-    return 1 << max(0, batch - 1).bit_length()
+    return _power_of_two_from(batch)
 
 
 def context_of(batch: int, context: int) -> int:
     """The rows' mean context (their tokens, all rows together: ``context``)
     rounded up to a power of two; 0 where it is not known."""
-    return mix_of(-(-context // batch)) if batch and context else 0
+    return _power_of_two_from(-(-context // batch)) if batch and context else 0
 
 
 @dataclass
