@@ -24,6 +24,14 @@ TEXTS = ["a short one", "a somewhat longer sentence about the weather today",
          "x", "numbers 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20"]
 
 
+def _assert_rotations_match(alone: list[np.ndarray], rotated: list[list[np.ndarray]]) -> None:
+    """Request i embedded TEXTS rotated by i: its vectors are ``alone``'s,
+    rotated alike, whatever batches they shared."""
+    for i, vectors in enumerate(rotated):
+        for got, want in zip(vectors, alone[i:] + alone[:i]):
+            np.testing.assert_allclose(got, want, atol=1e-5)
+
+
 @pytest.fixture
 def embedder(tiny_embedder: Path) -> Iterator[EncoderEngine]:
     worker = MlxWorker().start()
@@ -139,9 +147,7 @@ def test_beside_a_decoding_stream_each_pass_is_read_back_a_turn_later_with_the_s
             return alone, beside
 
         alone, beside = run(go())
-        for i, vectors in enumerate(beside):
-            for got, want in zip(vectors, alone[i:] + alone[:i]):
-                np.testing.assert_allclose(got, want, atol=1e-5)
+        _assert_rotations_match(alone, beside)
         # Several batches (32 padded tokens each), each queued in one turn and read back in the next...
         assert len(exchanges) >= 3
         # ...with the decoding stream's step between every two of them.
@@ -221,9 +227,7 @@ def test_on_a_thread_of_their_own_the_passes_give_the_same_vectors_while_another
             return alone, apart
 
         alone, apart = run(go())
-        for i, vectors in enumerate(apart):
-            for got, want in zip(vectors, alone[i:] + alone[:i]):
-                np.testing.assert_allclose(got, want, atol=1e-5)
+        _assert_rotations_match(alone, apart)
         assert ran_on[0] == "mlx-worker"
         assert len(ran_on) >= 4 and set(ran_on[1:]) == {"mlx-passes:apart"}
         assert engine.stats()["pass_thread"] is True and on_worker.stats()["pass_thread"] is False
