@@ -219,9 +219,11 @@ class LoadedEncoder:
     def _run(self, batch: Batch, forward: Callable[[Any, Any, Any], Any]) -> Any:
         """``forward`` over the batch: compiled at the batch's bucket when the
         encoder is, the padding rows' outputs sliced off."""
+        if not self.compiled:
+            return forward(*self._inputs(batch))
         rows = bucket_rows(len(batch.rows))
         width = min(bucket_width(batch.width), max(self.recipe.max_length, batch.width))
-        if not self.compiled or rows * width > COMPILED_MAX_TOKENS:
+        if rows * width > COMPILED_MAX_TOKENS:
             return forward(*self._inputs(batch))
         key = (threading.get_ident(), forward.__name__)
         compiled = self._compiled.get(key)
