@@ -5,7 +5,7 @@
 #   bash bench/gpu_wave3.sh distributed apps embeddings  # the next one
 #
 # Steps: audio (bench/audio.py: real-time factor through mlxd / mlx-audio
-# direct; audio-bench with models of the real ones' size; speech: where a
+# direct; audio-bench with models of the real ones' size; audio-bench9: the same, 9 rounds, each case in a run of its own; speech: where a
 # synthesis's time goes, bench/speech_breakdown.py; speech-prof: the same, then 60 requests with the daemon
 # sampled by py-spy), speculative (bench/speculative.py: SmolLM2, code edit and free chat,
 # 1/4/8 streams, mlx_lm.server --draft-model beside it), plain-sweep (the same without speculation
@@ -58,6 +58,8 @@ for name in "$@"; do
   case $name in
     audio) step audio 150 "$PY" bench/audio.py --rounds 3 ;;
     audio-bench) step audio-bench 240 "$PY" bench/audio.py --size bench --rounds 3 ;;
+    audio-bench9) step audio-bench9-speech 300 "$PY" bench/audio.py --size bench --rounds 9 --cases speech
+                  step audio-bench9-transcription 300 "$PY" bench/audio.py --size bench --rounds 9 --cases transcription ;;
     speech) step speech 200 "$PY" bench/speech_breakdown.py --size bench --rounds 5 ;;
     speech-prof) step speech-prof 200 "$PY" bench/speech_breakdown.py --size bench --rounds 3 --profile 60 ;;
     speculative) step speculative 440 "$PY" bench/speculative.py ;;
