@@ -20,8 +20,10 @@ in the same batch, at the same batch size, while it serves:
 - while on, the baseline is measured first (``min_plain`` plain steps right
   after the first speculative one, and as many more in pairs at steps 6-7,
   10-11, ...), then two plain steps in a row every ``2 * probe_every`` keep
-  it current (the batch times only plain steps that follow a plain one: the
-  first after speculating pays for leaving it); speculation goes off as soon
+  it current (the batch times only plain steps that follow a plain one as
+  plain: the first after speculating pays for leaving it, and is timed as
+  speculation's, as is the wait for a plain step computed ahead that a
+  speculative step reads back first); speculation goes off as soon
   as ``min_spec`` speculative steps and the baseline say it is slower (six:
   a code edit's answer often opens with a few steps of text the prompt does
   not hold); a losing mix is off within ``min_spec + 2 * min_plain`` steps
@@ -104,8 +106,14 @@ class Governor:
         # the current one has none yet.
         self._latest: float | None = None
         self._now = self._mix(1, 0)
-        # The next recorded step is the one that takes joining rows in (``joined``).
+        # The next step chosen takes joining rows in (``joined``), and the
+        # step chosen last did (``_unmeasured``): its record, if the batch
+        # sends one, is dropped. Tied to the step, not to the next record:
+        # the batch does not time the first of a run of plain steps, and a
+        # flag waiting for the next record then dropped the run's second
+        # step, a real sample, in its place.
         self._joining = False
+        self._unmeasured = False
 
     @property
     def active(self) -> bool:
@@ -126,6 +134,7 @@ class Governor:
         """Whether the next step of a batch of ``batch`` sequences, holding
         ``context`` tokens together, speculates."""
         now = self._now = self._mix(batch, context) if batch else self._now
+        self._unmeasured, self._joining = self._joining, False
         if self.hold_on:
             # Every step speculates but for two plain ones now and then, the
             # baseline that status's speed-up is measured against.
@@ -139,7 +148,7 @@ class Governor:
             now.active, now.steps, now.retry = False, 0, self.retry_every
         now.steps += 1
         if not now.active:
-            if now.steps < now.retry or self._joining:
+            if now.steps < now.retry or self._unmeasured:
                 return False
             now.steps = 0
             return True
@@ -180,8 +189,8 @@ class Governor:
         ``_probes_plain``)."""
         if seconds <= 0 or tokens <= 0:
             return
-        if self._joining:
-            self._joining = False
+        if self._unmeasured:
+            self._unmeasured = False
             return
         now = self._now
         (now.spec if speculative else now.plain).append((tokens, seconds))

@@ -130,6 +130,23 @@ def test_a_request_joining_makes_the_next_probe_come_soon() -> None:
     assert chosen[0] is False
 
 
+def test_the_steps_after_an_unrecorded_join_step_are_measured() -> None:
+    """The batch does not time the first of a run of plain steps, the join
+    step among them. The join's mark belongs to that step: the run's second
+    step is a real sample and counts, so two plain samples and one
+    speculative step give a speed-up (a mark left for the next record
+    dropped the second step, and there was none yet)."""
+    governor = Governor(min_spec=1, min_plain=2)
+    governor.joined()
+    governor.choose(1)  # the join step, not recorded (the first of a plain run)
+    for _ in range(2):
+        assert governor.choose(1) is False
+        governor.record(False, 1, 0.010)
+    assert governor.choose(1) is True
+    governor.record(True, 3, 0.012)
+    assert governor.speedup == 3 / 0.012 / 100
+
+
 def test_requests_joining_all_the_time_cost_a_losing_mix_one_probe_each() -> None:
     """Continuous batching: a request joins every 40 steps. Each gets its
     probe; the losing probes' backoff is kept, where starting it over at
