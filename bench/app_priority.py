@@ -210,16 +210,21 @@ def run(model: Path, args: argparse.Namespace, priorities: bool, cwd: Path | Non
     return {"idle_ttft": idle, "solo_bulk_seconds": solo, **load, **turns}
 
 
-HEADERS = ["run", "idle p95 ms", "TTFT p50 ms", "TTFT p95 ms", "p95 vs idle", "n", "solo bulk s",
-           "bulk p50 s", "bulk max s", "max vs solo", "n"]
+HEADERS = ["run", "idle p50 ms", "idle p95 ms", "TTFT p50 ms", "TTFT p95 ms", "p95 vs idle", "p95 vs idle p50", "n",
+           "solo bulk s", "bulk p50 s", "bulk max s", "max vs solo", "n"]
 
 
 def summary(name: str, r: dict[str, Any]) -> list[Any]:
     idle_p95, solo = p95(r["idle_ttft"]), statistics.median(r["solo_bulk_seconds"])
+    # The target's ratio is to the idle p95, which two slow samples of 30 can
+    # set (32 ms where the other 28 were 11-16, on an H100): the ratio to the
+    # idle median says how far the loaded tail is from a typical idle request.
+    idle_p50 = statistics.median(r["idle_ttft"])
     ttft, bulk = r["interactive_ttft"], r["bulk_seconds"]
     return [
-        name, f"{1000 * idle_p95:.0f}", f"{1000 * statistics.median(ttft):.0f}", f"{1000 * p95(ttft):.0f}",
-        f"{p95(ttft) / idle_p95:.2f}x", len(ttft), f"{solo:.2f}", f"{statistics.median(bulk):.2f}",
+        name, f"{1000 * idle_p50:.0f}", f"{1000 * idle_p95:.0f}", f"{1000 * statistics.median(ttft):.0f}",
+        f"{1000 * p95(ttft):.0f}", f"{p95(ttft) / idle_p95:.2f}x", f"{p95(ttft) / idle_p50:.2f}x", len(ttft),
+        f"{solo:.2f}", f"{statistics.median(bulk):.2f}",
         f"{max(bulk):.2f}", f"{max(bulk) / solo:.2f}x", len(bulk),
     ]
 
@@ -312,6 +317,7 @@ def main() -> None:
         ttft = p95(r["interactive_ttft"]) / p95(r["idle_ttft"])
         bulk = max(r["bulk_seconds"]) / statistics.median(r["solo_bulk_seconds"])
         r["targets"] = {"interactive_p95_vs_idle": round(ttft, 2), "bulk_max_vs_solo": round(bulk, 2),
+                        "interactive_p95_vs_idle_p50": round(p95(r["interactive_ttft"]) / statistics.median(r["idle_ttft"]), 2),
                         "interactive_met": ttft <= 1.5, "bulk_met": bulk <= 2.0}
         print(f"{name}: interactive p95 within 1.5x idle: {'yes' if ttft <= 1.5 else 'no'} ({ttft:.2f}x); "
               f"every bulk request within 2x solo: {'yes' if bulk <= 2.0 else 'no'} ({bulk:.2f}x)")
