@@ -77,7 +77,7 @@ class Plain:
     def choose(self, batch: int, context: int = 0) -> bool:
         return False
 
-    def record(self, speculative: bool, tokens: int, seconds: float) -> None:
+    def record(self, speculative: bool, tokens: int, seconds: float, leaving: bool = False) -> None:
         pass
 
     def joined(self) -> None:

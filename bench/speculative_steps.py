@@ -39,7 +39,7 @@ class Forced:
     def choose(self, batch: int, context: int = 0) -> bool:
         return self.speculate
 
-    def record(self, speculative: bool, tokens: int, seconds: float) -> None:
+    def record(self, speculative: bool, tokens: int, seconds: float, leaving: bool = False) -> None:
         pass
 
     def joined(self) -> None:

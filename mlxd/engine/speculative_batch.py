@@ -285,7 +285,8 @@ class SpeculativeGenerator:
         mx.async_eval(*self._ahead)
         responses = self._emit_ahead(tokens.tolist() if known is None else known, logprobs, in_cache=True)
         if timed and (left_verify or not first_of_run):
-            self.governor.record(speculating or left_verify, len(rows), time.perf_counter() - started)
+            self.governor.record(speculating or left_verify, len(rows), time.perf_counter() - started,
+                                 leaving=left_verify)
         return responses
 
     def _settle(self) -> list[Response]:

@@ -31,7 +31,8 @@ in the same batch, at the same batch size, while it serves:
 - speculative steps are measured by their tokens over their time together
   (``_spec_rate``: a step keeps one token or five), plain ones by the median
   step; the step that takes joining rows in is measured as neither;
-- while off, one step in ``retry`` speculates. A probe that pays brings the
+- while off, one step in ``retry`` speculates; a probe is that step and
+  the plain step after it, which pays for leaving it. A probe that pays brings the
   interval back to ``retry_every``; one that loses doubles it, up to
   ``max_retry``, so a mix that keeps losing costs ever less; speculation is
   back on once the last ``retry_samples`` probes pay together: a mix that
@@ -81,6 +82,9 @@ class _Mix:
     plain: collections.deque[tuple[int, float]] = field(init=False)
     steps: int = 0  # since the decision last changed; while off, since the last probe
     speedup: float | None = None
+    # While off: the probe interval before the last probe, so that judging
+    # it again with its leaving step's cost starts from there.
+    retry_before_probe: int = 0
 
     def __post_init__(self) -> None:
         self.spec = collections.deque(maxlen=self.window)
@@ -114,6 +118,9 @@ class Governor:
         # step, a real sample, in its place.
         self._joining = False
         self._unmeasured = False
+        # The off mix whose last record was a probe, not judged yet: the
+        # next record is its leaving step, or it is judged alone.
+        self._probed: _Mix | None = None
 
     @property
     def active(self) -> bool:
@@ -182,17 +189,35 @@ class Governor:
                 mix.steps = max(mix.steps, mix.retry - self.retry_every)
         self._joining = True
 
-    def record(self, speculative: bool, tokens: int, seconds: float) -> None:
+    def record(self, speculative: bool, tokens: int, seconds: float, leaving: bool = False) -> None:
         """What the step just chosen did: ``speculative`` if some row verified
-        drafts, the tokens all rows emitted and the seconds it took. The batch
-        leaves out a plain step that follows a speculative one (see
-        ``_probes_plain``)."""
+        drafts, the tokens all rows emitted and the seconds it took.
+        ``leaving``: the first plain step after a verify step, which also
+        pays for leaving it (see ``_probes_plain``); the batch sends it as
+        speculative. While off, it is part of the probe it follows: a probe
+        is judged once the step after it is in, with that step's cost if it
+        is its leaving step. Judged apart, every leaving step read as a
+        losing probe of its own, and the last two samples that turn
+        speculation back on were one probe and its leaving step, so one
+        lucky probe did it."""
         if seconds <= 0 or tokens <= 0:
             return
         if self._unmeasured:
             self._unmeasured = False
             return
         now = self._now
+        probed, self._probed = self._probed, None
+        if probed is not None and not probed.active:
+            if leaving and probed is now and now.spec:
+                probe_tokens, probe_seconds = now.spec[-1]
+                now.spec[-1] = (probe_tokens + tokens, probe_seconds + seconds)
+                self._judge_probe(now)
+                return
+            self._judge_probe(probed)
+        if leaving and not now.active:
+            # Off, a leaving step that follows no probe leaves the verify
+            # step that turned speculation off: no probe's cost.
+            return
         (now.spec if speculative else now.plain).append((tokens, seconds))
         if len(now.plain) < self.min_plain or not now.spec:
             return
@@ -207,17 +232,30 @@ class Governor:
             return
         if not speculative:
             return
-        baseline = _rate(now.plain)
-        latest = _spec_rate([now.spec[-1]]) / baseline
-        now.retry = self.retry_every if latest >= 1.0 else min(self.max_retry, now.retry * 2)
-        if len(now.spec) < self.retry_samples:
+        # A probe: its interval to the next one now, whether it turns
+        # speculation back on when the next step is in.
+        now.retry_before_probe, self._probed = now.retry, now
+        now.retry = self._interval_after(now)
+
+    def _interval_after(self, mix: _Mix) -> int:
+        """A probe that pays brings the next within ``retry_every`` steps;
+        one that loses doubles the interval, up to ``max_retry``."""
+        latest = _spec_rate([mix.spec[-1]]) / _rate(mix.plain)
+        return self.retry_every if latest >= 1.0 else min(self.max_retry, mix.retry_before_probe * 2)
+
+    def _judge_probe(self, mix: _Mix) -> None:
+        """An off mix's last probe, with its leaving step if one came: the
+        interval to the next, and whether the last ``retry_samples`` probes
+        pay together (back on)."""
+        mix.retry = self._interval_after(mix)
+        if len(mix.spec) < self.retry_samples:
             return
-        recent = list(now.spec)[-self.retry_samples :]
-        now.speedup = self._latest = _spec_rate(recent) / baseline
-        if now.speedup >= 1.0:
-            now.active, now.steps = True, 0
-            now.spec.clear()
-            now.spec.extend(recent)
+        recent = list(mix.spec)[-self.retry_samples :]
+        mix.speedup = self._latest = _spec_rate(recent) / _rate(mix.plain)
+        if mix.speedup >= 1.0:
+            mix.active, mix.steps = True, 0
+            mix.spec.clear()
+            mix.spec.extend(recent)
 
 
 def _rate(records: Iterable[tuple[int, float]]) -> float:

@@ -27,6 +27,31 @@ class Mix:
         return chosen
 
 
+class Batch(Mix):
+    """As ``Mix``, and as the batch sends them: the first plain step after
+    a speculative one is sent as speculative and leaving, ``leave_s``
+    (it also pays for leaving the verify step)."""
+
+    def __init__(self, rows: int, plain_s: float, spec_s: float, per_row: float, leave_s: float) -> None:
+        super().__init__(rows, plain_s, spec_s, per_row)
+        self.leave_s = leave_s
+        self.last_speculated = False
+
+    def step(self, governor: Governor, spec_s: float | None = None, per_row: float | None = None) -> bool:
+        speculate = governor.choose(self.rows, self.context)
+        if speculate:
+            governor.record(True, round(self.rows * (per_row or self.per_row)), spec_s or self.spec_s)
+        elif self.last_speculated:
+            governor.record(True, self.rows, self.leave_s, leaving=True)
+        else:
+            governor.record(False, self.rows, self.plain_s)
+        self.last_speculated = speculate
+        return speculate
+
+    def drive(self, governor: Governor, steps: int) -> list[bool]:
+        return [self.step(governor) for _ in range(steps)]
+
+
 # Eight streams where a verify step costs twice a plain one and keeps 1.3
 # tokens a row: 0.65x (the H200's 8-stream figure).
 LOSING = Mix(8, 0.010, 0.020, 1.3)
@@ -225,3 +250,47 @@ def test_short_chats_after_long_code_edits_are_measured_against_their_own_plain_
     # The code edit's own decision stands when it comes back.
     assert code_edit.drive(governor, 8).count(True) >= 6
     assert context_of(1, 2500) == 4096 and context_of(8, 8 * 300) == 512 and context_of(4, 0) == 0
+
+
+def test_a_probe_is_judged_with_its_leaving_step_and_one_lucky_probe_does_not_turn_it_on() -> None:
+    """Off, each probe is a verify step and the plain step after it, which
+    pays for leaving it: the two are one probe. Counted apart, every
+    leaving step read as a losing probe of its own, and the last two
+    samples that turn speculation back on were one probe and its leaving
+    step, so a single lucky probe did it."""
+    governor = Governor()
+    losing = Batch(8, 0.010, 0.020, 1.3, leave_s=0.020)
+    losing.drive(governor, 400)
+    assert not governor.active
+    probes = 0
+    for _ in range(300):
+        lucky = probes == 0
+        if losing.step(governor, spec_s=0.016 if lucky else None, per_row=3.5 if lucky else None):
+            probes += 1
+        if probes == 1 and not losing.last_speculated:
+            # The lucky probe and its leaving step pay (36 tokens in 36 ms
+            # against 800 tok/s plain); with the losing probe before it they do not.
+            assert not governor.active
+    assert probes >= 2 and not governor.active
+
+
+def test_probes_that_pay_with_their_leaving_steps_turn_it_back_on() -> None:
+    governor = Governor()
+    Batch(8, 0.010, 0.020, 1.3, leave_s=0.020).drive(governor, 400)
+    assert not governor.active
+    # Now a verify step keeps 3.5 tokens a row: with its leaving step, 36
+    # tokens in 36 ms, 1.25x plain decoding. A probe that pays brings the
+    # next within 8 steps, and two together turn it on.
+    winning = Batch(8, 0.010, 0.016, 3.5, leave_s=0.020)
+    chosen = winning.drive(governor, governor.max_retry + 3 * governor.retry_every)
+    assert governor.active and chosen[-4:].count(True) >= 3
+
+
+def test_the_step_leaving_the_verify_step_that_turned_it_off_is_no_probe() -> None:
+    governor = Governor()
+    losing = Batch(8, 0.010, 0.020, 1.3, leave_s=0.020)
+    while governor.active:
+        losing.step(governor)
+    losing.step(governor)  # leaves the last verify step: not a probe
+    # So the first probe still comes within retry_every steps.
+    assert True in losing.drive(governor, governor.retry_every)

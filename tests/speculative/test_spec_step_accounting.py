@@ -21,15 +21,17 @@ class Recorder:
         self.choices = choices
         self.records: list[bool] = []
         self.tokens: list[int] = []
+        self.leaving: list[bool] = []
         self.active = True
         self.speedup = None
 
     def choose(self, batch: int, context: int = 0) -> bool:
         return self.choices[len(self.records) % len(self.choices)]
 
-    def record(self, speculative: bool, tokens: int, seconds: float) -> None:
+    def record(self, speculative: bool, tokens: int, seconds: float, leaving: bool = False) -> None:
         self.records.append(speculative)
         self.tokens.append(tokens)
+        self.leaving.append(leaving)
 
     def joined(self) -> None:
         pass
@@ -163,6 +165,8 @@ def test_leaving_speculation_is_timed_as_speculation_and_plain_runs_as_the_basel
     generator.close()
     # verify, leaving it, plain, plain, verify (after the step computed ahead), leaving it, plain.
     assert governor.records == [True, True, False, False, True, True, False]
+    # The leaving steps are marked as such: off, the governor adds each to the probe it follows.
+    assert governor.leaving == [False, True, False, False, False, True, False]
     # The second verify step emits the step computed ahead's token before its own.
     assert governor.tokens[4] >= 2 and governor.tokens[0] >= 1
     assert [governor.tokens[i] for i in (1, 2, 3, 5, 6)] == [1] * 5
