@@ -19,6 +19,7 @@ from mlxd.api.audio import routes as audio
 from mlxd.api.refusals import RefusalLog
 from mlxd.api.anthropic import routes as anthropic
 from mlxd.api.anthropic.error_shape import AnthropicErrors
+from mlxd.api.embeddings import paths as embedding_paths
 from mlxd.api.embeddings import routes as embeddings
 from mlxd.api.embeddings.error_shape import OllamaErrors
 from mlxd.api.openai import routes as openai
@@ -37,7 +38,7 @@ log = logging.getLogger("mlxd.http")
 # Routes that answer without a key and stay up while draining.
 OPEN_PATHS = ("/health",)
 # Where the API is, beyond /v1/: keys and draining apply there alike.
-API_PREFIXES = ("/v1/", embeddings.OLLAMA_PREFIX + "/", *embeddings.RERANK_PATHS)
+API_PREFIXES = ("/v1/", embedding_paths.OLLAMA_PREFIX + "/", *embedding_paths.RERANK_PATHS)
 # Keyed beside the API: the metrics, and the API schema (a map of every
 # route and field for whoever probes the daemon). /docs and /redoc are not
 # served at all.
@@ -158,7 +159,7 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
             return anthropic_errors
         if path == responses.PATH or path.startswith(responses.PATH + "/"):
             return responses_errors
-        if path.startswith(embeddings.OLLAMA_PREFIX + "/"):
+        if path.startswith(embedding_paths.OLLAMA_PREFIX + "/"):
             return ollama_errors
         return openai_errors
 

@@ -16,6 +16,7 @@ import secrets
 
 from fastapi import Request
 
+from mlxd.api.embeddings import paths as embedding_paths
 from mlxd.caller import ANONYMOUS, NOBODY, Caller, key_name
 from mlxd.errors import AuthenticationFailed, PermissionDenied
 from mlxd.registry.model import AppSpec, ServerSpec
@@ -24,7 +25,7 @@ MISSING = "API key required: send 'Authorization: Bearer <key>' or 'x-api-key: <
 
 # The route groups an app's ``routes:`` names, by path (docs/apps.md).
 _GENERATION = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
-_EMBEDDINGS = ("/v1/embeddings", "/v1/rerank", "/rerank", "/v2/rerank", "/api/embed")
+_EMBEDDINGS = embedding_paths.PATHS
 _AUDIO = ("/v1/audio/",)
 
 

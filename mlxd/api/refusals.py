@@ -22,6 +22,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from mlxd.api.embeddings import paths as embedding_paths
 from mlxd.api.request_ids import request_id_of
 from mlxd.monitoring.activity import NO_CALLER, ActivityLog, ActivityRow, Counted
 from mlxd.monitoring.usage import UsageBook, one_request
@@ -37,7 +38,7 @@ SURFACES = {
     "/v1/audio/speech": "speech",
 }
 # Requests counted in usage only (the activity log keeps generation requests).
-USAGE_ONLY = ("/v1/embeddings", "/v1/rerank", "/rerank", "/v2/rerank", "/api/embed", "/api/embeddings")
+USAGE_ONLY = embedding_paths.PATHS
 # Set in the scope's state by a request that will write its own row (and count its own usage).
 ACCOUNTED = "accounted"
 # Enough of an error body for its message; enough of a request body to parse.

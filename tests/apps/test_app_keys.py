@@ -20,7 +20,8 @@ from support.daemon import wait_until
 from support.echo_engine import echo_daemon
 
 EDITOR, INDEXER, OPS, BATCH = "sk-editor-5f1c", "sk-indexer-77ab", "sk-ops-0d9e", "sk-batch-91aa"
-KEYS = (EDITOR, INDEXER, OPS, BATCH)
+CHATTER = "sk-chatter-3c2e"
+KEYS = (EDITOR, INDEXER, OPS, BATCH, CHATTER)
 SECRETS = (*KEYS, *(hashlib.sha256(k.encode()).hexdigest() for k in KEYS))
 CHAT = {"messages": [{"role": "user", "content": "hello there"}]}
 
@@ -33,6 +34,7 @@ def apps(tmp: Any) -> list[dict[str, Any]]:
          "priority": "bulk"},
         {"name": "ops", "key_file": str(tmp / "ops.key"), "admin": True},
         {"name": "batch", "key_sha256": hashlib.sha256(BATCH.encode()).hexdigest(), "rpm": 3, "max_concurrency": 1},
+        {"name": "chatter", "key_sha256": hashlib.sha256(CHATTER.encode()).hexdigest(), "routes": ["generation"]},
     ]
 
 
@@ -111,6 +113,27 @@ def test_routes_scope_an_app_to_its_route_groups(daemon):
         refused = call(daemon, "POST", path, INDEXER, body("echo-a"))
         assert refused.status_code == 403, (path, refused.text)
         assert "may not call generation routes (its routes: embeddings)" in message(refused.json())
+
+
+# Every embedding and rerank route, with a body it takes.
+EMBEDDING_ROUTES = [
+    ("/v1/embeddings", {"model": "echo-a", "input": "x"}),
+    ("/v1/rerank", {"model": "echo-a", "query": "q", "documents": ["d"]}),
+    ("/rerank", {"model": "echo-a", "query": "q", "documents": ["d"]}),
+    ("/v2/rerank", {"model": "echo-a", "query": "q", "documents": ["d"]}),
+    ("/api/embed", {"model": "echo-a", "input": "x"}),
+    ("/api/embeddings", {"model": "echo-a", "prompt": "x"}),
+]
+
+
+def test_an_app_without_the_embeddings_group_is_refused_on_every_embedding_route(daemon):
+    """Ollama's older /api/embeddings was missing from the group, so an app
+    kept to generation could embed there, past its rpm and concurrency too."""
+    assert call(daemon, "POST", "/v1/chat/completions", CHATTER, {"model": "echo-a", **CHAT}).status_code == 200
+    for path, body in EMBEDDING_ROUTES:
+        refused = call(daemon, "POST", path, CHATTER, body)
+        assert refused.status_code == 403, (path, refused.text)
+        assert "may not call embeddings routes (its routes: generation)" in refused.text, path
 
 
 def test_a_missing_or_unknown_key_is_a_401_in_each_surfaces_shape(daemon):

@@ -12,9 +12,7 @@ from fastapi.responses import Response
 from mlxd.api.context import DaemonContext
 from mlxd.api.embeddings import answers, path
 from mlxd.api.embeddings.bodies import EmbeddingsBody, OllamaEmbedBody, OllamaEmbeddingsBody, RerankBody
-
-OLLAMA_PREFIX = "/api"
-RERANK_PATHS = ("/v1/rerank", "/rerank", "/v2/rerank")
+from mlxd.api.embeddings.paths import EMBEDDINGS, OLLAMA_EMBED, OLLAMA_EMBEDDINGS, RERANK_PATHS
 
 
 def _ctx(request: Request) -> DaemonContext:
@@ -24,7 +22,7 @@ def _ctx(request: Request) -> DaemonContext:
 def router() -> APIRouter:
     api = APIRouter()
 
-    @api.post("/v1/embeddings")
+    @api.post(EMBEDDINGS)
     async def embeddings(body: EmbeddingsBody, request: Request) -> Response:
         done = await path.embed(_ctx(request), request, body.model, body.inputs(), dimensions=body.dimensions)
         return answers.openai_embeddings(done, body.encoding_format)
@@ -37,14 +35,14 @@ def router() -> APIRouter:
     for route in RERANK_PATHS:
         api.add_api_route(route, rerank, methods=["POST"])
 
-    @api.post(OLLAMA_PREFIX + "/embed")
+    @api.post(OLLAMA_EMBED)
     async def ollama_embed(body: OllamaEmbedBody, request: Request) -> Response:
         started = time.monotonic()
         done = await path.embed(_ctx(request), request, body.model, body.inputs(), dimensions=body.dimensions,
                                 truncate=body.truncate)
         return answers.ollama_embed(done, started)
 
-    @api.post(OLLAMA_PREFIX + "/embeddings")
+    @api.post(OLLAMA_EMBEDDINGS)
     async def ollama_embeddings(body: OllamaEmbeddingsBody, request: Request) -> Response:
         done = await path.embed(_ctx(request), request, body.model, body.inputs())
         return answers.ollama_embedding(done)
