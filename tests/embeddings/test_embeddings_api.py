@@ -5,6 +5,7 @@ all-MiniLM-L6-v2's vectors against sentence-transformers' own."""
 from __future__ import annotations
 
 import base64
+import json
 
 import httpx
 import numpy as np
@@ -124,9 +125,14 @@ def test_truncation_follows_the_entry(encoders_daemon) -> None:
     ({"model": "embed", "input": "x", "dimensions": 65}, "dimensions"),
     ({"model": "chat", "input": "x"}, "model"),
     ({"model": "rerank", "input": "x"}, "model"),
+    # A lone surrogate is valid JSON and no tokenizer's text: it was a 500.
+    ({"model": "embed", "input": "a\ud800b"}, "input"),
+    ({"model": "embed", "input": ["fine", "\udc00"]}, "input"),
 ])
 def test_bad_requests_are_400s_naming_the_field(encoders_daemon, body, param) -> None:
-    answer = httpx.post(encoders_daemon.url + "/v1/embeddings", json=body, timeout=60)
+    # As json.dumps writes it (a lone surrogate escaped), which httpx's json= cannot send.
+    answer = httpx.post(encoders_daemon.url + "/v1/embeddings", content=json.dumps(body), timeout=60,
+                        headers={"content-type": "application/json"})
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["param"] == param
 

@@ -18,7 +18,9 @@ pytestmark = pytest.mark.mlx
 
 
 def post(daemon, path: str, body: dict) -> httpx.Response:
-    return httpx.post(daemon.url + path, json=body, timeout=60)
+    # As json.dumps writes it (a lone surrogate escaped), which httpx's json= cannot send.
+    return httpx.post(daemon.url + path, content=json.dumps(body), headers={"content-type": "application/json"},
+                      timeout=60)
 
 
 def test_a_query_and_ten_documents_come_back_in_the_reference_order(encoders_daemon, tiny_reranker) -> None:
@@ -53,6 +55,9 @@ def test_the_other_rerank_routes_top_n_and_document_objects(encoders_daemon, rou
     ({"model": "rerank", "query": "q", "documents": ["a"], "top_n": 0}, "top_n"),
     ({"model": "embed", "query": "q", "documents": ["a"]}, "model"),
     ({"model": "rerank", "documents": ["a"]}, "query"),
+    # Lone surrogates: valid JSON, no tokenizer's text (they were 500s).
+    ({"model": "rerank", "query": "a\ud800", "documents": ["a"]}, "query"),
+    ({"model": "rerank", "query": "q", "documents": ["a", {"text": "\udfff"}]}, "documents"),
 ])
 def test_bad_rerank_requests_are_400s(encoders_daemon, body, param) -> None:
     answer = post(encoders_daemon, "/v1/rerank", body)
@@ -88,3 +93,6 @@ def test_ollama_truncate_false_and_errors_in_ollamas_shape(encoders_daemon) -> N
     assert unknown.status_code == 404 and isinstance(unknown.json()["error"], str)
     malformed = post(encoders_daemon, "/api/embed", {"model": "embed"})
     assert malformed.status_code == 400 and "input" in malformed.json()["error"]
+    for path, field in (("/api/embed", "input"), ("/api/embeddings", "prompt")):
+        surrogate = post(encoders_daemon, path, {"model": "embed", field: "a\ud800"})
+        assert surrogate.status_code == 400 and "unpaired UTF-16 surrogate" in surrogate.json()["error"], path

@@ -8,6 +8,7 @@ from typing import Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mlxd.api.conversation import encodable
 from mlxd.errors import BadRequest
 
 # OpenAI's bound on one request's inputs.
@@ -38,17 +39,26 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
+def _texts(texts: tuple[str, ...], param: str) -> tuple[str, ...]:
+    """``texts``, refused as a 400 where JSON carried a lone surrogate
+    (``"\ud800"``), which the tokenizer cannot take: it failed there as a 500."""
+    if not encodable(list(texts)):
+        raise BadRequest(f"`{param}` contains an unpaired UTF-16 surrogate; it is not valid Unicode text",
+                         param=param)
+    return texts
+
+
 def _inputs(value: object, param: str) -> EmbedInputs:
     """OpenAI's ``input``: a string, strings, a token array or token arrays."""
     if isinstance(value, str):
-        return EmbedInputs(texts=(value,))
+        return EmbedInputs(texts=_texts((value,), param))
     assert isinstance(value, list)
     if not value:
         raise BadRequest(f"`{param}` must not be empty", param=param)
     if len(value) > MAX_INPUTS:
         raise BadRequest(f"`{param}` has {len(value)} inputs; at most {MAX_INPUTS} are taken", param=param)
     if all(isinstance(v, str) for v in value):
-        return EmbedInputs(texts=tuple(value))  # type: ignore[arg-type]
+        return EmbedInputs(texts=_texts(tuple(value), param))  # type: ignore[arg-type]
     if all(isinstance(v, int) for v in value):
         return EmbedInputs(arrays=(tuple(value),))  # type: ignore[arg-type]
     if all(isinstance(v, list) for v in value):
@@ -94,7 +104,8 @@ class RerankBody(_Body):
             raise BadRequest(f"`documents` has {len(self.documents)} entries; at most {MAX_DOCUMENTS} are taken",
                              param="documents")
         texts = tuple(d if isinstance(d, str) else d.text for d in self.documents)
-        return RerankAsk(self.query, texts, self.top_n, self.return_documents)
+        return RerankAsk(_texts((self.query,), "query")[0], _texts(texts, "documents"), self.top_n,
+                         self.return_documents)
 
 
 class OllamaEmbedBody(_Body):
@@ -116,4 +127,4 @@ class OllamaEmbeddingsBody(_Body):
     prompt: str
 
     def inputs(self) -> EmbedInputs:
-        return EmbedInputs(texts=(self.prompt,))
+        return EmbedInputs(texts=_texts((self.prompt,), "prompt"))
