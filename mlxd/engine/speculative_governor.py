@@ -119,7 +119,8 @@ class Governor:
         self._joining = False
         self._unmeasured = False
         # The off mix whose last record was a probe, not judged yet: the
-        # next record is its leaving step, or it is judged alone.
+        # next record is its leaving step, or it is judged alone. Only
+        # judging a probe turns a mix on, so it is still off then.
         self._probed: _Mix | None = None
 
     @property
@@ -207,7 +208,7 @@ class Governor:
             return
         now = self._now
         probed, self._probed = self._probed, None
-        if probed is not None and not probed.active:
+        if probed is not None:
             if leaving and probed is now and now.spec:
                 probe_tokens, probe_seconds = now.spec[-1]
                 now.spec[-1] = (probe_tokens + tokens, probe_seconds + seconds)
