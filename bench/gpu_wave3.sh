@@ -78,6 +78,7 @@ for name in "$@"; do
     apps5-ab3) step apps5-ab3 580 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --priorities-only --baseline .gpu/baseline --repeats 3 ;;
     apps5-prof) step apps5-prof 200 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --turns --priorities-only --profile ;;
     apps5-p) step apps5-p 200 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --turns --priorities-only ;;
+    apps5-p120) step apps5-p120 220 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --turns --priorities-only --idle-samples 120 ;;
     apps5-env) for v in MLXD_BENCH=default MLX_CUDA_USE_CUDNN_SDPA=0 MLX_USE_CUDA_GRAPHS=0; do
         step "apps5-env-${v%%=*}" 150 env "$v" "$PY" bench/app_priority.py --size bench --seconds 15 --concurrency 5 --turns --priorities-only
       done ;;
