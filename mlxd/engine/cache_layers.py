@@ -112,11 +112,16 @@ def may_outgrow_trimming(cache: Sequence[Any]) -> bool:
 
 def compact(cache: Sequence[Any]) -> list[Any]:
     """A private copy of ``cache`` for keeping: KV arrays cut to their
-    length, every array a new object, everything evaluated."""
+    length, every array a new object, queued for evaluation. Not waited
+    for: the copies queue behind the batch's step computed ahead, so waiting
+    here held the turn that ended a request for a whole step, with the
+    host work that would have overlapped it (an interactive request
+    arriving then waited for both). Once evaluated, the copies let go of the
+    batch's arrays."""
     import mlx.core as mx
 
     out = [_compact_layer(layer) for layer in cache]
-    mx.eval(arrays_of(out))
+    mx.async_eval(arrays_of(out))
     return out
 
 
