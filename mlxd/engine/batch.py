@@ -182,6 +182,8 @@ class BatchScheduler:
         self._decoding: dict[int, _Sequence] = {}
         self._outgoing: list[tuple[_Sequence, Any]] = []
         self._peak_others: int | None = None
+        # Prefill's own stream (``_prefill_stream``), made on the worker thread.
+        self._side: Any = None
         # Read by stats(): sequences in the decode batch, batched decode steps.
         self.size = 0
         self.steps = 0
@@ -372,7 +374,6 @@ class BatchScheduler:
     def _prefill(self) -> None:
         """Up to one chunk of prompt tokens, then move the prefilled requests into the batch."""
         import mlx.core as mx
-        from mlx_lm.generate import generation_stream
 
         if not self._prefilling:
             return
@@ -386,7 +387,7 @@ class BatchScheduler:
                 if budget <= 0:
                     break
                 take = min(left, budget, seq.marks[0].position - seq.done if seq.marks else left)
-                with mx.stream(generation_stream):
+                with mx.stream(self._prefill_stream()):
                     model(seq.prompt[seq.done : seq.done + take][None], cache=seq.cache)
                     mx.eval([c.state for c in seq.cache])
                 seq.done += take
@@ -407,6 +408,20 @@ class BatchScheduler:
         if ready:
             self._join(ready)
 
+    def _prefill_stream(self) -> Any:
+        """Worker thread: the stream prompts are prefilled on, beside the
+        batch's (mlx-lm's ``generation_stream``). A prompt shares nothing
+        with the batch until it joins, so on a stream of its own its forward
+        passes need not queue behind the step the batch computes ahead: a
+        request's first token then waits for its own prompt, not for the
+        decode step in flight as well. Every prefill is waited for here, so
+        nothing is left on this stream when the turn ends."""
+        import mlx.core as mx
+
+        if self._side is None:
+            self._side = mx.new_stream(mx.default_device())
+        return self._side
+
     def _batch_draws_first(self, seq: _Sequence) -> bool:
         """A bulk request joining a batch that is decoding leaves its last
         prompt token to the batch, which draws its first token there: one
@@ -426,12 +441,11 @@ class BatchScheduler:
         (mlx-lm's ``generate_step``) does; taken as the batch takes a token.
         Returns it when the request goes on into the batch, None when it ended."""
         import mlx.core as mx
-        from mlx_lm.generate import generation_stream
 
         model, _ = self._model.get()
         prepared = seq.prepared
         assert prepared is not None
-        with mx.stream(generation_stream):
+        with mx.stream(self._prefill_stream()):
             logits = model(seq.prompt[-1:][None], cache=seq.cache)[:, -1, :]
             for processor in prepared.processors:
                 logits = processor(seq.prompt, logits)
