@@ -27,7 +27,7 @@
 # edit, the verify shapes warmed first as the daemon's warm-up does), distributed
 # (bench/distributed.py: bench-size model over 2 ranks, ring), apps
 # (bench/app_priority.py; apps5 with a fifth slot, so that 4 bulk clients
-# and the interactive one each have one; apps5-p: with priorities only; apps5-prof: the same,
+# and the interactive one each have one; apps5-p: with priorities only; apps5-p120: the same with 120 idle samples; apps5-prof: the same,
 # the daemon sampled by py-spy with native frames (which library the slow steps' CPU is in); apps5-env: the same under MLX settings that
 # change what a batch of a new shape costs the worker's CPU: default, no cuDNN attention, no CUDA graphs; apps5-ab: with priorities, this tree and the checkout in
 # .gpu/baseline in turn; apps5-ab3: the same three times each, samples pooled), embeddings (bench/embeddings.py), chat-embed (bench/chat_beside_embeddings.py: a
