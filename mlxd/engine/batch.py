@@ -182,8 +182,6 @@ class BatchScheduler:
         self._decoding: dict[int, _Sequence] = {}
         self._outgoing: list[tuple[_Sequence, Any]] = []
         self._peak_others: int | None = None
-        # Prefill's own stream (``_prefill_stream``), made on the worker thread.
-        self._side: Any = None
         # Read by stats(): sequences in the decode batch, batched decode steps.
         self.size = 0
         self.steps = 0
@@ -415,12 +413,9 @@ class BatchScheduler:
         passes need not queue behind the step the batch computes ahead: a
         request's first token then waits for its own prompt, not for the
         decode step in flight as well. Every prefill is waited for here, so
-        nothing is left on this stream when the turn ends."""
-        import mlx.core as mx
-
-        if self._side is None:
-            self._side = mx.new_stream(mx.default_device())
-        return self._side
+        nothing is left on this stream when the turn ends, and the engines
+        on one worker can share it."""
+        return self._worker.side_stream()
 
     def _batch_draws_first(self, seq: _Sequence) -> bool:
         """A bulk request joining a batch that is decoding leaves its last

@@ -297,6 +297,21 @@ class MlxWorker:
         # synthesis), one-shot turns left out: whether anything is decoding.
         # Kept as channels enter and leave the ring, not counted each step.
         self.open_streams = 0
+        # ``side_stream``'s MLX stream, made once on this thread.
+        self._side_stream: Any = None
+
+    def side_stream(self) -> Any:
+        """Worker thread only: an MLX stream beside mlx-lm's generation
+        stream, for work that must not queue behind a model's step computed
+        ahead (a prompt's prefill, engine/batch.py). One per worker, not one
+        per engine: MLX never frees a stream (on Metal each is a command
+        queue), and a daemon loads and unloads engines for as long as it
+        runs."""
+        import mlx.core as mx
+
+        if self._side_stream is None:
+            self._side_stream = mx.new_stream(mx.default_device())
+        return self._side_stream
 
     # ------------------------------------------------------------- lifecycle
     def start(self) -> MlxWorker:
