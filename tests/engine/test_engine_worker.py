@@ -90,6 +90,29 @@ def test_mlx_runs_on_the_worker():
         run(worker.shutdown())
 
 
+def test_the_side_stream_is_made_once_per_worker_and_computes_there():
+    """MLX never frees a stream, so engines that come and go (a model
+    loaded and unloaded for weeks) must share the worker's one."""
+    import mlx.core as mx
+
+    worker = MlxWorker().start()
+
+    def on_the_side():
+        side = worker.side_stream()
+        with mx.stream(side):
+            total = (mx.arange(10) * 2).sum()
+        return side, total.item()
+
+    try:
+        first, total = run(worker.call(on_the_side))
+        again, _ = run(worker.call(on_the_side))
+        assert total == 90
+        assert again == first
+        assert first != mx.default_stream(mx.default_device())
+    finally:
+        run(worker.shutdown())
+
+
 def test_streams_are_stepped_round_robin_one_step_each(worker):
     go = threading.Event()
     log: list[str] = []
