@@ -29,7 +29,7 @@
 # (bench/app_priority.py; apps5 with a fifth slot, so that 4 bulk clients
 # and the interactive one each have one; apps5-p: with priorities only; apps5-p120: the same with 120 idle samples; apps5-prof: the same,
 # the daemon sampled by py-spy with native frames (which library the slow steps' CPU is in); apps5-env: the same under MLX settings that
-# change what a batch of a new shape costs the worker's CPU: default, no cuDNN attention, no CUDA graphs; apps5-ab: with priorities, this tree and the checkout in
+# change what a batch of a new shape costs the worker's CPU: default, no cuDNN attention, no CUDA graphs; apps5-ab: with priorities and 120 idle samples, this tree and the checkout in
 # .gpu/baseline in turn; apps5-ab3: the same three times each, samples pooled), embeddings (bench/embeddings.py), chat-embed (bench/chat_beside_embeddings.py: a
 # pinned chat stream's pace while 8 clients embed; chat-embed-si: the same with the daemon's GIL switch interval at 5 (Python's default), 1 and 0.25 ms; chat-embed-ab: this tree and .gpu/baseline in turn, twice; encoder-shapes: bench/encoder_shapes.py, what queueing an embedding pass costs the worker by how batch shapes vary). SmolLM2's GGUF and
 # MiniLM's folder must be in $MLXD_WHEELS_DIR (the device has no network):
@@ -74,8 +74,8 @@ for name in "$@"; do
                step spec-warm-code 200 "$PY" bench/speculative_steps.py --workload code_edit --distinct --rows 1 4 8 --tokens 160 --warm ;;
     distributed) step distributed 170 "$PY" bench/distributed.py --size bench --transport ring --tokens 64 --repeats 3 ;;
     apps) step apps 150 "$PY" bench/app_priority.py --size bench --seconds 20 ;;
-    apps5-ab) step apps5-ab 300 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --turns --priorities-only --baseline .gpu/baseline ;;
-    apps5-ab3) step apps5-ab3 580 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --priorities-only --baseline .gpu/baseline --repeats 3 ;;
+    apps5-ab) step apps5-ab 300 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --turns --priorities-only --idle-samples 120 --baseline .gpu/baseline ;;
+    apps5-ab3) step apps5-ab3 580 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --priorities-only --idle-samples 120 --baseline .gpu/baseline --repeats 3 ;;
     apps5-prof) step apps5-prof 200 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --turns --priorities-only --profile ;;
     apps5-p) step apps5-p 200 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --turns --priorities-only ;;
     apps5-p120) step apps5-p120 220 "$PY" bench/app_priority.py --size bench --seconds 20 --concurrency 5 --turns --priorities-only --idle-samples 120 ;;
