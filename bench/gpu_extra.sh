@@ -7,6 +7,12 @@
 # from this checkout's .venv, 18 MB, into .gpu/extra/site (ignored by git):
 #
 #   bash bench/gpu_extra.sh
+#   bash bench/gpu_extra.sh --min   # .gpu/extra-min: mlx-embeddings and python-multipart only
+#
+# The 0.5 MB of --min fit beside the kit's part 2 (42 MB) and .gpu/baseline
+# (6 MB) in one call, so a step that only generates (apps5-ab, spec-free with
+# the models sent first) can run in the call that installs the kit: on a
+# machine that may be taken back, one call fewer.
 #
 # Carry ".gpu/extra" with every device call that runs a benchmark (a path not
 # carried is removed there), after the kit's and the models' calls;
@@ -14,11 +20,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SITE=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-rm -rf .gpu/extra
-mkdir -p .gpu/extra/site
-for package in mlx_embeddings mlx_vlm python_multipart multipart; do
+DEST=.gpu/extra
+PACKAGES=(mlx_embeddings mlx_vlm python_multipart multipart)
+if [ "${1:-}" = --min ]; then
+  DEST=.gpu/extra-min
+  PACKAGES=(mlx_embeddings python_multipart multipart)
+fi
+rm -rf "$DEST"
+mkdir -p "$DEST/site"
+for package in "${PACKAGES[@]}"; do
   [ -d "$SITE/$package" ] || { echo "not in $SITE: $package (scripts/setup.sh --tests installs it)" >&2; exit 2; }
-  cp -r "$SITE/$package" .gpu/extra/site/
+  cp -r "$SITE/$package" "$DEST/site/"
 done
-find .gpu/extra -name __pycache__ -prune -exec rm -rf {} +
-echo "$(du -sh .gpu/extra | cut -f1) in .gpu/extra: carry [\".gpu/extra\"] with each benchmark call"
+find "$DEST" -name __pycache__ -prune -exec rm -rf {} +
+echo "$(du -sh "$DEST" | cut -f1) in $DEST: carry [\"$DEST\"] with each benchmark call"

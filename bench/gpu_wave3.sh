@@ -4,6 +4,17 @@
 #   bash bench/gpu_wave3.sh audio speculative          # one device call
 #   bash bench/gpu_wave3.sh distributed apps embeddings  # the next one
 #
+# The calls that ran apps5-ab, then spec-free, on one H100 (2026-12-07), after
+# ../shared/gpu/prepare.sh, bench/gpu_models.sh, bench/gpu_extra.sh --min and
+# `git archive REV | tar -x -C .gpu/baseline` here:
+#   1. carry [".gpu/part1"]: bash .gpu/part1/stage.sh
+#   2. carry [".gpu/part2", ".gpu/extra-min", ".gpu/baseline"]: bash .gpu/part2/stage.sh &&
+#      source /tmp/gpu-env.sh && OUT=$OUT bash bench/gpu_wave3.sh apps5-ab; tar -czf $OUT/results.tgz bench/results
+#   3-5. carry [".gpu/models-N"]: bash .gpu/models-N/receive.sh, for N = 1, 2, 3
+#   6. carry [".gpu/models-4", ".gpu/extra-min"]: bash .gpu/models-4/receive.sh && source /tmp/gpu-env.sh &&
+#      export MLXD_WHEELS_DIR=/tmp/mlxd-wheels && OUT=$OUT bash bench/gpu_wave3.sh spec-free; tar ...
+# A later call on the same warm machine carries only what it needs (what is not carried is removed).
+#
 # Steps: audio (bench/audio.py: real-time factor through mlxd / mlx-audio
 # direct; audio-bench with models of the real ones' size; audio-bench9: the same, 9 rounds, each case in a run of its own; speech: where a
 # synthesis's time goes, bench/speech_breakdown.py; speech-prof: the same, then 60 requests with the daemon
@@ -41,8 +52,11 @@ OUT=${OUT:-$(pwd)/gpu-out}
 mkdir -p "$OUT" bench/results
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-# mlx-embeddings, mlx-vlm and python-multipart, which the kit leaves out (bench/gpu_extra.sh).
-if [ -d .gpu/extra/site ]; then export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$(pwd)/.gpu/extra/site; fi
+# mlx-embeddings, mlx-vlm and python-multipart, which the kit leaves out (bench/gpu_extra.sh;
+# .gpu/extra-min, from its --min, has all but mlx-vlm).
+for extra in .gpu/extra .gpu/extra-min; do
+  if [ -d $extra/site ]; then export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$(pwd)/$extra/site; fi
+done
 
 step() {
   local name=$1 limit=$2; shift 2
