@@ -4,7 +4,8 @@ On this CPU MLX compiles a kernel per fused operation on first use (about
 0.5 s each) and keeps it on disk; the CPU warm-up runs no verify step (its
 kernels are per operation, not per shape: engine/warmup.py), so this checks
 that the verify path (drafts kept, drafts rejected, rows rolled back, alone
-and in a batch) needs none that plain decoding has not compiled."""
+and in a batch; by prompt lookup and by a draft model, whose own steps the
+warm-up does not run either) needs none that plain decoding has not compiled."""
 
 from __future__ import annotations
 
@@ -24,16 +25,25 @@ def cpu_kernels(tmp: Path) -> set[str]:
     return {p.name for p in tmp.rglob("*.so")}
 
 
-@pytest.mark.parametrize("concurrency", [1, 3])
-def test_prompt_lookup_compiles_no_kernel_after_the_warmup(tmp_path, concurrency):
+METHODS = {
+    "prompt_lookup": {"method": "prompt_lookup", "tokens": 4},
+    # The same weights as the draft: most drafts are kept, the rest rolled back in the draft's cache too.
+    "draft": {"method": "draft", "tokens": 3, "draft_model": "drafter"},
+}
+
+
+@pytest.mark.parametrize(("method", "concurrency"), [("prompt_lookup", 1), ("prompt_lookup", 3), ("draft", 3)])
+def test_a_speculating_model_compiles_no_kernel_after_the_warmup(tmp_path, method, concurrency):
     from mlxd.factory.zoo_build import build_family
 
     kernels = tmp_path / "tmp"
     kernels.mkdir()
-    registry = write_registry(tmp_path, [{
-        "name": "lookup", "path": str(build_family("qwen3")), "max_concurrency": concurrency,
-        # auto_off: false: random weights' drafts may not pay on a loaded machine; they must be verified.
-        "speculative": {"method": "prompt_lookup", "tokens": 4, "auto_off": False}}])
+    path = str(build_family("qwen3"))
+    registry = write_registry(tmp_path, [
+        {"name": "lookup", "path": path, "max_concurrency": concurrency,
+         # auto_off: false: random weights' drafts may not pay on a loaded machine; they must be verified.
+         "speculative": {**METHODS[method], "auto_off": False}},
+        {"name": "drafter", "path": path}])
     env = {"TMPDIR": str(kernels), "MLX_PTX_CACHE_DIR": str(kernels / "ptx")}
     with daemon_process(registry, tmp_path, "--no-watch", env=env) as d:
         assert httpx.post(f"{d.url}/v1/models/lookup/load", json={}, timeout=120).status_code == 200
