@@ -416,7 +416,8 @@ def warm_after_load(spec: ModelSpec, warm: Callable[[], Any]) -> None:
     """Worker thread: ``warm()``, a model's first pass on a tiny input right
     after its load, so that the kernels MLX compiles on first use (about
     0.5 s each on this CPU, with an empty kernel cache: after a boot on a
-    CPU, on a fresh CUDA machine, in every process on Metal) are the load's,
+    CPU, on a fresh CUDA machine; on Metal fused kernels are compiled in each
+    process, not measured) are the load's,
     not a user's first request's. Not a request: nothing is counted, and the
     first request still measures the model's peak. A failure is logged and
     the load stands (the model's first request reports its own error); what

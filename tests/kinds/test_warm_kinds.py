@@ -2,8 +2,8 @@
 loads, as a text model is: its first request compiles no kernel (a
 transcription's, none but the fallback temperatures').
 
-With an empty kernel cache (a fresh machine or boot on a CPU or CUDA, every
-process on Metal) MLX compiles a kernel per fused operation on first use,
+With an empty kernel cache (after a boot on a CPU, a fresh CUDA machine) MLX
+compiles a kernel per fused operation on first use,
 about 0.5 s each on this CPU; the first embedding request took 0.82 s
 against 0.02 s, the tiny speech model's 2.1 s against 0.1 s."""
 
