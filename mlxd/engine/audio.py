@@ -273,10 +273,7 @@ class SpeechEngine(AudioEngine):
                    request_id: str = "") -> AsyncIterator[np.ndarray]:
         """The audio, as float32 chunks in the order mlx-audio makes them."""
         kwargs = self.synthesis_kwargs(voice, speed)
-        return self._stepped(self._chunks(text, kwargs), request_id)
-
-    def _chunks(self, text: str, kwargs: dict[str, Any]) -> Iterator[Any]:
-        return speech_chunks(self.model, text, kwargs)
+        return self._stepped(speech_chunks(self.model, text, kwargs), request_id)
 
 
 def speech_chunks(model: Any, text: str, kwargs: dict[str, Any]) -> Iterator[Any]:

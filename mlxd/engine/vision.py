@@ -335,7 +335,7 @@ class VisionEngine(EngineBase, GenerationEngine):
 
         # The footprint estimate assumes a quantised KV cache from the first token.
         kv_options = {"kv_bits": self.spec.kv_bits, "quantized_kv_start": 0} if self.spec.kv_bits else {}
-        responses = _stream(model, processor, prepared.prompt, dict(prepared.inputs), prepared.max_tokens,
+        responses = _stream(model, processor, prepared.prompt, prepared.inputs, prepared.max_tokens,
                             prepared.sampler, prepared.processors, kv_options)
         yield from relay(responses, control, stops, chunk)
 

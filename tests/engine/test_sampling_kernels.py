@@ -3,14 +3,12 @@ sends without compiling a new kernel once the model is warm."""
 
 from __future__ import annotations
 
-import json
-import os
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
 from support.daemon import daemon_process, write_registry
+from support.kernel_cache import KernelCache
 
 pytestmark = pytest.mark.mlx
 
@@ -67,10 +65,6 @@ def test_a_seeded_draw_is_mlx_lms_draw(logprobs, temperature):
     assert ours.tolist() == theirs.tolist()
 
 
-def cpu_kernels(tmp: Path) -> set[str]:
-    return {p.name for p in tmp.rglob("*.so")}
-
-
 @pytest.mark.parametrize("concurrency", [1, 4])
 def test_after_the_warmup_new_sampling_values_compile_no_kernel(tmp_path, concurrency):
     """A client's first request at a temperature, top_p or min_p nobody used
@@ -79,18 +73,16 @@ def test_after_the_warmup_new_sampling_values_compile_no_kernel(tmp_path, concur
     batching model too, with the requests decoding side by side in its batch
     (whose steps the CPU warm-up does not run: its requests end at their
     first token, drawn where the prompt is prefilled)."""
-    kernels = tmp_path / "tmp"
-    kernels.mkdir()
+    kernels = KernelCache(tmp_path / "tmp")
     registry = write_registry(tmp_path, [{"name": "qwen", "model": "qwen", "max_concurrency": concurrency}])
-    env = {"TMPDIR": str(kernels), "MLX_PTX_CACHE_DIR": str(kernels / "ptx")}
     samplings = [
         {"temperature": 0.31, "top_p": 0.77},
         {"temperature": 1.37, "min_p": 0.13, "top_k": 9},
         {"temperature": 0.93, "top_p": 0.61, "seed": 5},
     ]
-    with daemon_process(registry, tmp_path, "--no-watch", env=env) as d:
+    with daemon_process(registry, tmp_path, "--no-watch", env=kernels.env) as d:
         assert httpx.post(f"{d.url}/v1/models/qwen/load", json={}, timeout=120).status_code == 200
-        warm = cpu_kernels(kernels)
+        warm = kernels.compiled()
         assert warm, "the warm-up compiled the sampling kernels under TMPDIR"
 
         def ask(number: int) -> dict:
@@ -105,4 +97,4 @@ def test_after_the_warmup_new_sampling_values_compile_no_kernel(tmp_path, concur
         assert all(r["usage"]["completion_tokens"] > 0 for r in replies)
         if concurrency > 1:
             assert d.model("qwen")["engine"]["batched_steps"] > 0, "the requests decoded in the batch"
-        assert cpu_kernels(kernels) - warm == set()
+        assert kernels.compiled() - warm == set()

@@ -9,11 +9,11 @@ against 0.02 s, the tiny speech model's 2.1 s against 0.1 s."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import httpx
 import pytest
 from support.daemon import daemon_process, write_registry
+from support.kernel_cache import KernelCache
 
 from mlxd.factory.audio import build_soprano, build_whisper
 from mlxd.factory.encoders import EncoderRecipe, build_encoder
@@ -21,37 +21,31 @@ from mlxd.factory.encoders import EncoderRecipe, build_encoder
 pytestmark = pytest.mark.mlx
 
 
-def cpu_kernels(tmp: Path) -> set[str]:
-    return {p.name for p in tmp.rglob("*.so")}
-
-
 def test_each_kinds_first_request_compiles_no_kernel_after_its_load(tmp_path):
-    kernels = tmp_path / "tmp"
-    kernels.mkdir()
+    kernels = KernelCache(tmp_path / "tmp")
     registry = write_registry(tmp_path, [
         {"name": "embed", "path": str(build_encoder(EncoderRecipe("embedding"))), "kind": "embedding"},
         {"name": "rerank", "path": str(build_encoder(EncoderRecipe("rerank"))), "kind": "rerank"},
         {"name": "whisper", "path": str(build_whisper()), "kind": "transcription"},
         {"name": "soprano", "path": str(build_soprano()), "kind": "speech"},
     ])
-    env = {"TMPDIR": str(kernels), "MLX_PTX_CACHE_DIR": str(kernels / "ptx")}
-    with daemon_process(registry, tmp_path, "--no-watch", env=env) as d:
+    with daemon_process(registry, tmp_path, "--no-watch", env=kernels.env) as d:
         def load(name: str) -> None:
             assert httpx.post(f"{d.url}/v1/models/{name}/load", json={}, timeout=300).status_code == 200
 
         for name in ("embed", "rerank", "soprano"):
             load(name)
-        warm = cpu_kernels(kernels)
+        warm = kernels.compiled()
         assert warm, "the loads' warm-ups compiled their kernels under TMPDIR"
         load("whisper")
         # Its warm-up decodes greedily; a request that falls back to the
         # ladder's temperatures compiles a kernel for each (mlx-audio bakes
         # the temperature into it), which this leaves to such a request.
-        assert cpu_kernels(kernels) - warm, "whisper's warm-up compiled its kernels at its load"
-        warm = cpu_kernels(kernels)
+        assert kernels.compiled() - warm, "whisper's warm-up compiled its kernels at its load"
+        warm = kernels.compiled()
 
         def new_kernels() -> set[str]:
-            return cpu_kernels(kernels) - warm
+            return kernels.compiled() - warm
 
         reply = httpx.post(f"{d.url}/v1/embeddings", timeout=120,
                            json={"model": "embed", "input": ["a short one", "and a somewhat longer text than that"]})

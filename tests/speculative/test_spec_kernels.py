@@ -10,19 +10,15 @@ warm-up does not run either) needs none that plain decoding has not compiled."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
 from support.daemon import daemon_process, write_registry
+from support.kernel_cache import KernelCache
 
 pytestmark = pytest.mark.mlx
 
 SEED = "def parse_arguments(argv):\n    parser = argparse.ArgumentParser("
-
-
-def cpu_kernels(tmp: Path) -> set[str]:
-    return {p.name for p in tmp.rglob("*.so")}
 
 
 METHODS = {
@@ -36,18 +32,16 @@ METHODS = {
 def test_a_speculating_model_compiles_no_kernel_after_the_warmup(tmp_path, method, concurrency):
     from mlxd.factory.zoo_build import build_family
 
-    kernels = tmp_path / "tmp"
-    kernels.mkdir()
+    kernels = KernelCache(tmp_path / "tmp")
     path = str(build_family("qwen3"))
     registry = write_registry(tmp_path, [
         {"name": "lookup", "path": path, "max_concurrency": concurrency,
          # auto_off: false: random weights' drafts may not pay on a loaded machine; they must be verified.
          "speculative": {**METHODS[method], "auto_off": False}},
         {"name": "drafter", "path": path}])
-    env = {"TMPDIR": str(kernels), "MLX_PTX_CACHE_DIR": str(kernels / "ptx")}
-    with daemon_process(registry, tmp_path, "--no-watch", env=env) as d:
+    with daemon_process(registry, tmp_path, "--no-watch", env=kernels.env) as d:
         assert httpx.post(f"{d.url}/v1/models/lookup/load", json={}, timeout=120).status_code == 200
-        warm = cpu_kernels(kernels)
+        warm = kernels.compiled()
         assert warm, "the warm-up compiled its kernels under TMPDIR"
 
         def complete(prompt: str, temperature: float = 0) -> str:
@@ -69,4 +63,4 @@ def test_a_speculating_model_compiles_no_kernel_after_the_warmup(tmp_path, metho
 
         speculative = d.model("lookup")["speculative"]
         assert 0 < speculative["acceptance_rate"] < 1, speculative
-        assert cpu_kernels(kernels) - warm == set()
+        assert kernels.compiled() - warm == set()

@@ -5,28 +5,22 @@ compiled in it)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import httpx
 import pytest
 from support.daemon import daemon_process, write_registry
+from support.kernel_cache import KernelCache
 from vision.vision_support import data_url, image_chat, noise_image
 
 pytestmark = pytest.mark.mlx
 
 
-def cpu_kernels(tmp: Path) -> set[str]:
-    return {p.name for p in tmp.rglob("*.so")}
-
-
 def test_a_vision_models_first_image_request_compiles_no_kernel(tmp_path, vision_tiny):
-    kernels = tmp_path / "tmp"
-    kernels.mkdir()
+    kernels = KernelCache(tmp_path / "tmp")
     registry = write_registry(tmp_path, [{"name": "eyes", "path": str(vision_tiny)}])
-    env = {"TMPDIR": str(kernels), "MLX_PTX_CACHE_DIR": str(kernels / "ptx")}
-    with daemon_process(registry, tmp_path, "--no-watch", env=env) as d:
+    with daemon_process(registry, tmp_path, "--no-watch", env=kernels.env) as d:
         assert httpx.post(f"{d.url}/v1/models/eyes/load", json={}, timeout=300).status_code == 200
-        warm = cpu_kernels(kernels)
+        warm = kernels.compiled()
         assert warm, "the warm-up compiled its kernels under TMPDIR"
         for body in ({"messages": image_chat(data_url(noise_image()))},
                      {"messages": image_chat(data_url(noise_image(2, (40, 90)))), "temperature": 0.9, "top_p": 0.8},
@@ -35,4 +29,4 @@ def test_a_vision_models_first_image_request_compiles_no_kernel(tmp_path, vision
                                json={"model": "eyes", "max_tokens": 4, **body})
             assert reply.status_code == 200, reply.text
             assert reply.json()["usage"]["completion_tokens"] > 0
-        assert cpu_kernels(kernels) - warm == set()
+        assert kernels.compiled() - warm == set()
