@@ -499,6 +499,28 @@ def test_the_first_token_comes_from_the_prefill_not_from_batched_steps(batched, 
     assert steps == (0 if max_tokens == 1 else max_tokens)
 
 
+@pytest.mark.parametrize("max_tokens", [2, 6])
+def test_a_first_token_without_text_is_followed_on_its_own_until_text_comes(batched, single, max_tokens):
+    """A first token may give no text yet (a byte of a longer character, or
+    the start of one of the request's stop strings): the request draws its
+    next token on its own before joining, so that its first text does not
+    wait for the batch's step after the join, a busy batch's slowest. Here
+    the first token's text begins a stop string, which holds it back: a
+    two-token answer then takes no batched step at all (it took one), a
+    six-token one five (six before), and the text is the single path's."""
+    plain = varied(2, max_tokens=max_tokens, ignore_eos=True)
+    first = run(collect(single, varied(2, max_tokens=1, ignore_eos=True)))
+    assert text_of(first), "the first token of this prompt has text of its own"
+    request = varied(2, max_tokens=max_tokens, ignore_eos=True, stop=[text_of(first) + "\u0000never"])
+    expected = run(collect(single, request))
+    assert text_of(expected) == text_of(run(collect(single, plain)))
+    before = batched.stats()["batched_steps"]
+    chunks = run(collect(batched, request))
+    assert text_of(chunks) == text_of(expected)
+    assert chunks[0].completion_tokens == 2, "the held-back text came out with the second token"
+    assert batched.stats()["batched_steps"] - before == (0 if max_tokens == 2 else max_tokens - 1)
+
+
 @pytest.mark.parametrize("max_tokens", [1, 2, 30])
 def test_bulk_requests_joining_a_decoding_batch_let_it_draw_their_first_token_and_answer_as_alone(
         batched, single, max_tokens):
