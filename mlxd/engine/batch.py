@@ -25,7 +25,9 @@ streams and one-shot calls (loads, unloads, cache saves) run in between:
 4. first token and join: a request whose prompt is in its cache but for
    the last token has that token run through the model on its own cache and
    its first token drawn (its processors and sampler, as the single path
-   does), and that token is handed out at once, before the batch's step:
+   does; and the next ones the same way while they give no text, up to
+   four: ``_first_token``), and that text is handed out at once, before
+   the batch's step:
    mlx-lm's ``BatchGenerator`` would give it out only after two batched
    steps, each decoding every other row, which an interactive request
    joining a busy batch waited for. The request then joins the batch with
