@@ -17,8 +17,27 @@
 # Carry ".gpu/extra" with every device call that runs a benchmark (a path not
 # carried is removed there), after the kit's and the models' calls;
 # bench/gpu_wave3.sh puts .gpu/extra/site on PYTHONPATH when it is there.
+#
+#   bash bench/gpu_extra.sh --audio # .gpu/extra-audio (19 MB): mlx-audio and what it needs
+#                                   # beyond the device image, wheels for CPython 3.12 from PyPI
+#                                   # (miniaudio needs cffi), and mlx-embeddings: carried
+#                                   # with the audio steps (beside part 2 it makes 61 MB of 64)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --audio ]; then
+  DEST=.gpu/extra-audio
+  rm -rf "$DEST"
+  mkdir -p "$DEST/site"
+  .venv/bin/pip install -q --target "$DEST/site" --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 --implementation cp \
+    'mlx-audio==0.6.2' miniaudio soundfile sounddevice python-multipart cffi pycparser
+  SITE=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  cp -r "$SITE/mlx_embeddings" "$DEST/site/"
+  rm -rf "$DEST/site/bin"
+  find "$DEST" -name __pycache__ -prune -exec rm -rf {} +
+  echo "$(du -sh "$DEST" | cut -f1) in $DEST: carry [\"$DEST\"] with the audio steps"
+  exit 0
+fi
 SITE=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 DEST=.gpu/extra
 PACKAGES=(mlx_embeddings mlx_vlm python_multipart multipart)

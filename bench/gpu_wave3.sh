@@ -13,6 +13,8 @@
 #   3-5. carry [".gpu/models-N"]: bash .gpu/models-N/receive.sh, for N = 1, 2, 3
 #   6. carry [".gpu/models-4", ".gpu/extra-min"]: bash .gpu/models-4/receive.sh && source /tmp/gpu-env.sh &&
 #      export MLXD_WHEELS_DIR=/tmp/mlxd-wheels && OUT=$OUT bash bench/gpu_wave3.sh spec-free; tar ...
+# The audio steps (2026-12-07), after calls 1 and 2, with bench/gpu_extra.sh --audio here:
+#   carry [".gpu/extra-audio"]: source /tmp/gpu-env.sh && OUT=$OUT bash bench/gpu_wave3.sh audio-bench9; tar ...
 # A later call on the same warm machine carries only what it needs (what is not carried is removed).
 #
 # Steps: audio (bench/audio.py: real-time factor through mlxd / mlx-audio
@@ -54,7 +56,7 @@ export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 # mlx-embeddings, mlx-vlm and python-multipart, which the kit leaves out (bench/gpu_extra.sh;
 # .gpu/extra-min, from its --min, has all but mlx-vlm).
-for extra in .gpu/extra .gpu/extra-min; do
+for extra in .gpu/extra .gpu/extra-min .gpu/extra-audio; do
   if [ -d $extra/site ]; then export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$(pwd)/$extra/site; fi
 done
 
