@@ -32,6 +32,7 @@ from mlxd.engine import memory
 from mlxd.engine.host_arrays import to_numpy
 from mlxd.engine.lifecycle import EngineBase, GenerationControl, load_on_worker, measured_load, warm_after_load
 from mlxd.engine.types import GenerationChunk, GenerationRequest
+from mlxd.engine.whisper_ladder import warm_ladder
 from mlxd.engine.worker import MlxWorker
 from mlxd.errors import BadRequest, ModelPreempted, ModelUnloaded
 from mlxd.registry.model import ModelSpec
@@ -316,9 +317,9 @@ def _loader(category: str) -> Any:
     return load
 
 
-# Whisper's warm-up: greedy (a request's first attempt; the fallback ladder's
-# temperatures compile a kernel each, which only a request that falls back
-# needs) and a few tokens, which random weights would otherwise run to the limit.
+# Whisper's warm-up: greedy (a request's first attempt) and a few tokens,
+# which random weights would otherwise run to the limit; then the fallback
+# ladder's temperatures, where the kernel cache lacks them (whisper_ladder.py).
 WARM_WHISPER = {"temperature": 0.0, "sample_len": 8}
 
 
@@ -329,8 +330,11 @@ def _warm_up(category: str, model: Any, spec: ModelSpec) -> None:
     Whisper's 10.0 s against 4.1 s."""
     def warm() -> None:
         if category == "stt":
-            kwargs = WARM_WHISPER if hasattr(model, "get_tokenizer") else {}
+            whisper = hasattr(model, "get_tokenizer")
+            kwargs = WARM_WHISPER if whisper else {}
             model.generate(np.zeros(SAMPLE_RATE // 2, dtype=np.float32), **_accepted(model.generate, kwargs))
+            if whisper:
+                warm_ladder(model, spec.name, Path(spec.path))
             return
         voices = folder_voices(spec.path)
         for _ in speech_chunks(model, "Hello.", {} if voices == ["default"] else {"voice": voices[0]}):

@@ -1,6 +1,6 @@
 """An embedding, rerank, transcription or speech model is warmed up as it
-loads, as a text model is: its first request compiles no kernel (a
-transcription's, none but the fallback temperatures').
+loads, as a text model is: its first request compiles no kernel, a
+transcription's fallback temperatures included.
 
 With an empty kernel cache (after a boot on a CPU, a fresh CUDA machine) MLX
 compiles a kernel per fused operation on first use,
@@ -38,9 +38,6 @@ def test_each_kinds_first_request_compiles_no_kernel_after_its_load(tmp_path):
         warm = kernels.compiled()
         assert warm, "the loads' warm-ups compiled their kernels under TMPDIR"
         load("whisper")
-        # Its warm-up decodes greedily; a request that falls back to the
-        # ladder's temperatures compiles a kernel for each (mlx-audio bakes
-        # the temperature into it), which this leaves to such a request.
         assert kernels.compiled() - warm, "whisper's warm-up compiled its kernels at its load"
         warm = kernels.compiled()
 
@@ -59,6 +56,41 @@ def test_each_kinds_first_request_compiles_no_kernel_after_its_load(tmp_path):
                            json={"model": "soprano", "input": "Hello there. How are you?"})
         assert reply.status_code == 200 and len(reply.content) > 1000
         assert new_kernels() == set(), "speech"
+        # Random weights decode badly, so every window falls back through
+        # the ladder's temperatures, each a kernel of its own (whisper_ladder.py).
+        reply = httpx.post(f"{d.url}/v1/audio/transcriptions", timeout=300, data={"model": "whisper"},
+                           files={"file": ("tone.wav", tone_wav(), "audio/wav")})
+        assert reply.status_code == 200, reply.text
+        assert new_kernels() == set(), "transcription"
+
+
+def tone_wav() -> bytes:
+    """Two seconds of a 440 Hz tone, 16 kHz mono WAV."""
+    import io
+
+    import numpy as np
+    import soundfile
+
+    out = io.BytesIO()
+    soundfile.write(out, 0.3 * np.sin(2 * np.pi * 440 * np.arange(32000) / 16000), 16000, format="WAV")
+    return out.getvalue()
+
+
+def test_whispers_ladder_is_warmed_once_per_kernel_cache(tmp_path, monkeypatch):
+    """The fallback temperatures are decoded at a load only while the kernel
+    cache holds no note that they were: a second load skips them (they cost
+    the tiny Whisper's load a second on this CPU, compiled or not)."""
+    from mlx_audio.stt.utils import load_model
+
+    from mlxd.engine.whisper_ladder import warm_ladder
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("MLX_PTX_CACHE_DIR", str(tmp_path / "ptx"))
+    path = build_whisper()
+    model = load_model(path)
+    assert warm_ladder(model, "whisper", path) is not None, "an empty cache: the ladder is decoded"
+    assert list(tmp_path.rglob("mlxd-warmed/*")), "and noted beside the kernels"
+    assert warm_ladder(model, "whisper", path) is None, "noted: not again"
 
 
 def test_a_failing_warm_up_is_logged_and_the_load_stands(tmp_path, caplog):
