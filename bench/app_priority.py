@@ -184,8 +184,13 @@ def slow_turns(log: Path) -> dict[str, Any]:
     # The turns where several requests joined at once: the usual tail.
     joins = [float(line.split()[2]) for line in lines
              if (m := re.search(r"joined (\d+)", line)) and int(m.group(1)) >= 2]
+    # The interactive requests' slow first texts (idle and loaded): where their time went.
+    firsts = [line.split(": ", 2)[-1] for line in log.read_text(errors="replace").splitlines()
+              if "slow first text" in line and ", interactive:" in line]
     return {"count": len(lines), "slowest": slowest, "joins_of_2_or_more": len(joins),
-            "join_turn_median_ms": statistics.median(joins) if joins else None}
+            "join_turn_median_ms": statistics.median(joins) if joins else None,
+            "slow_first_texts": len(firsts),
+            "slowest_first_texts": sorted(firsts, key=lambda line: -float(line.split()[3]))[:6]}
 
 
 def run(model: Path, args: argparse.Namespace, priorities: bool, cwd: Path | None = None) -> dict[str, Any]:
@@ -274,7 +279,8 @@ def main() -> None:
                         help="sample the daemon with py-spy (native frames) while it is under load; "
                              "the busiest functions per thread are printed, the samples kept in bench/results")
     parser.add_argument("--turns", action="store_true",
-                        help="run the daemon at debug level and print its batch loop's slowest turns (where a tail comes from)")
+                        help="run the daemon at debug level and print its batch loop's slowest turns and "
+                             "interactive first texts (where a tail comes from)")
     args = parser.parse_args()
 
     from mlxd.factory import ModelRecipe, build_model
@@ -322,6 +328,9 @@ def main() -> None:
                       f"{turns['join_turn_median_ms']:.1f} ms" if turns["join_turn_median_ms"] else "")
             print(f"  {turns['count']} slow turns{joined}; the slowest:")
             for line in r["slow_turns"]["slowest"]:
+                print(f"    {line}")
+            print(f"  {turns['slow_first_texts']} slow interactive first texts; the slowest:")
+            for line in turns["slowest_first_texts"]:
                 print(f"    {line}")
     for name, r in runs.items():
         of = ratios(r)

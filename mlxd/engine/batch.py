@@ -74,7 +74,7 @@ from mlxd.engine.lifecycle import FirstGenerationPeak, GenerationControl, Genera
 from mlxd.engine.prefix_cache import PrefixCache
 from mlxd.engine.speculation import Speculation
 from mlxd.engine.text_model import Prepared, TextModel
-from mlxd.engine.turn_clock import TurnClock
+from mlxd.engine.turn_clock import FirstTextClock, TurnClock
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.engine.worker import SKIP, MlxWorker, WorkerStream
 from mlxd.errors import MlxdError, ShuttingDown
@@ -138,6 +138,10 @@ class _Sequence:
     detokenizer: Any = None
     # Log-probabilities of the tokens since the last chunk (request.logprobs).
     scored: list[Any] = field(default_factory=list)
+    # At debug level: when it reached each step on its way to its first text
+    # (turn_clock.FIRST_TEXT_PHASES), and the turn it arrived during.
+    stamps: dict[str, float] | None = None
+    arrived_during: str = ""
 
     def leaving(self) -> bool:
         return self.cancelled or self.control.abort_reason is not None
@@ -194,6 +198,10 @@ class BatchScheduler:
         self.steps = 0
         # Joins and ends of the current turn (for the slow-turn log).
         self._joined = self._ended = 0
+        # At debug level: slow first texts, and the last turn, which the
+        # requests arriving meanwhile waited for.
+        self._first_text = FirstTextClock()
+        self._last_turn = ""
 
     @property
     def alive(self) -> bool:
@@ -207,6 +215,8 @@ class BatchScheduler:
         """The request's chunks. Leaving early (close, cancel, disconnect)
         removes the request from the batch at the loop's next turn."""
         seq = _Sequence(request, control, asyncio.get_running_loop())
+        if log.isEnabledFor(logging.DEBUG):
+            seq.stamps = {"submitted": time.perf_counter()}
         self._submit(seq)
         try:
             while True:
@@ -255,7 +265,8 @@ class BatchScheduler:
         try:
             while True:
                 if clock is not None:
-                    clock.start(time.perf_counter(), time.thread_time())
+                    began = time.perf_counter()
+                    clock.start(began, time.thread_time())
                 self._joined = self._ended = 0
                 arrivals = self._admit_arrivals()
                 self._drop_leavers()
@@ -287,6 +298,8 @@ class BatchScheduler:
                                      ended=self._ended, prefilling=len(self._prefilling))
                     if slow is not None:
                         log.debug("%s: %s", self._name, slow)
+                    self._last_turn = (f"{1000 * (time.perf_counter() - began):.1f} ms, rows {rows}, "
+                                       f"joined {self._joined}, ended {self._ended}")
                 if self._prefilling or self._decoding:
                     yield SKIP
                     continue
@@ -311,7 +324,11 @@ class BatchScheduler:
             arrivals = list(self._pending)
             self._pending.clear()
         counts = self._counts
+        now = time.perf_counter()
         for seq in arrivals:
+            if seq.stamps is not None:
+                seq.stamps["admitted"] = now
+                seq.arrived_during = self._last_turn
             if seq.cancelled:
                 continue
             if seq.control.abort_reason is not None:
@@ -352,6 +369,8 @@ class BatchScheduler:
         if prefix is not None:
             seq.marks = collections.deque(plan(prepared.boundaries, len(prepared.tokens), 1, reused))
         seq.detokenizer = tokenizer.detokenizer
+        if seq.stamps is not None:
+            seq.stamps["prepared"] = time.perf_counter()
         self._prefilling.insert(prefill_position([_rank(s) for s in self._prefilling], _rank(seq)), seq)
 
     def _drop_leavers(self) -> None:
@@ -404,10 +423,14 @@ class BatchScheduler:
                                seq.marks.popleft().kind, self._name)
             if left == 0:
                 seq = self._prefilling.popleft()
+                if seq.stamps is not None:
+                    seq.stamps["prefilled"] = time.perf_counter()
                 if self._batch_draws_first(seq):
                     ready.append((seq, None))
                     continue
                 first = self._first_token(seq)
+                if seq.stamps is not None:
+                    seq.stamps["drawn"] = time.perf_counter()
                 if first is not None:
                     ready.append((seq, first))
         if ready:
@@ -673,6 +696,19 @@ class BatchScheduler:
             ),
         )
 
+    def _first_text_out(self, seq: _Sequence, item: Any) -> None:
+        """Debug level: the request's first text (or its end) goes out now;
+        logged with where its time went if that was slow (turn_clock.py)."""
+        if not isinstance(item, GenerationChunk) or not (item.text or item.finish_reason):
+            return
+        assert seq.stamps is not None
+        seq.stamps["out"] = time.perf_counter()
+        detail = (f"{item.completion_tokens} tokens, {seq.reused} cached"
+                  + (f", arrived during a turn of {seq.arrived_during}" if seq.arrived_during else ""))
+        slow = self._first_text.end(seq.stamps, class_of(seq.request.priority), detail)
+        if slow is not None:
+            log.debug("%s: %s", self._name, slow)
+
     def _post(self, seq: _Sequence, item: Any) -> None:
         self._outgoing.append((seq, item))
 
@@ -682,6 +718,8 @@ class BatchScheduler:
             return
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Sequence, Any]]] = {}
         for seq, item in self._outgoing:
+            if seq.stamps is not None and "out" not in seq.stamps:
+                self._first_text_out(seq, item)
             by_loop.setdefault(seq.loop, []).append((seq, item))
         self._outgoing = []
         for loop, items in by_loop.items():

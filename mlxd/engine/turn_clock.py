@@ -31,6 +31,11 @@ SLOW_FLOOR_S = 0.004
 WINDOW = 128
 
 
+def _usual(recent: collections.deque[float]) -> float | None:
+    """The median of the recent figures, once there are enough to go on."""
+    return statistics.median(recent) if len(recent) >= 8 else None
+
+
 @dataclass
 class TurnClock:
     factor: float = SLOW_FACTOR
@@ -64,7 +69,7 @@ class TurnClock:
         ``counts``: rows, arrivals, joins...), else None. Every turn counts
         toward the median the next ones are held to."""
         total = now - self._started
-        usual = statistics.median(self.recent) if len(self.recent) >= 8 else None
+        usual = _usual(self.recent)
         self.recent.append(total)
         if usual is None or total < self.floor_s or total < self.factor * usual:
             return None
@@ -72,3 +77,48 @@ class TurnClock:
                            for name, s in self._phases.items() if s >= 0.0005)
         detail = ", ".join(f"{name} {n}" for name, n in counts.items() if n)
         return f"slow turn {1000 * total:.1f} ms (usual {1000 * usual:.1f}): {phases}" + (f"; {detail}" if detail else "")
+
+
+# A request's way to its first text, in the order the batch loop stamps it
+# (engine/batch.py): each phase is the time since the stamp before it.
+FIRST_TEXT_PHASES = (
+    ("admitted", "waited for the turn"),
+    ("prepared", "admit"),
+    ("prefilled", "prefill"),
+    ("drawn", "first tokens"),
+    ("out", "to the batch's step"),
+)
+
+
+@dataclass
+class FirstTextClock:
+    """Which requests' first text came late, and where their time went: the
+    wait for the turn in progress when they arrived (and which turn that
+    was), their admission (template, tokens, the prefix cache's copy), their
+    prompt's prefill, the tokens drawn on their own and, for a bulk request
+    joining a decoding batch or a first token without text, the batch's
+    step. Pure, as ``TurnClock``: the caller passes the stamps."""
+
+    factor: float = SLOW_FACTOR
+    floor_s: float = SLOW_FLOOR_S
+    recent: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=WINDOW))
+
+    def end(self, stamps: dict[str, float], label: str, detail: str = "") -> str | None:
+        """The request's description when its first text was slow (its
+        phases in ms, ``label`` and ``detail``), else None. ``stamps`` holds
+        ``submitted`` and ``out`` and the phases' stamps it passed through.
+        Only the engine's part: a client's time to first token adds HTTP and
+        the event loop's hand-over."""
+        total = stamps["out"] - stamps["submitted"]
+        usual = _usual(self.recent)
+        self.recent.append(total)
+        if usual is None or total < self.floor_s or total < self.factor * usual:
+            return None
+        parts, last = [], stamps["submitted"]
+        for stamp, phase in FIRST_TEXT_PHASES:
+            if stamp in stamps:
+                if stamps[stamp] - last >= 0.0005:
+                    parts.append(f"{phase} {1000 * (stamps[stamp] - last):.1f}")
+                last = stamps[stamp]
+        return (f"slow first text {1000 * total:.1f} ms (usual {1000 * usual:.1f}), {label}: "
+                + ", ".join(parts) + (f"; {detail}" if detail else ""))

@@ -11,6 +11,7 @@ OpenBLAS — so the tests compare whole texts.
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from typing import Any
 
@@ -563,3 +564,30 @@ def test_bulk_requests_joining_a_decoding_batch_let_it_draw_their_first_token_an
     # The other class's first token went out before the batch's step, the bulk ones' after it.
     *bulk_steps, other_step = [step for _, step in results]
     assert all(step > other_step for step in bulk_steps)
+
+
+def test_at_debug_level_a_first_text_held_up_by_the_worker_is_logged_with_the_wait(batched, single, worker, caplog):
+    """The slow-turn and slow-first-text logs (engine/turn_clock.py) run only
+    at debug level, so only there could they break a batch. Requests of three
+    classes answer as on the single path; then one arrives while the worker
+    is held for 0.3 s, and its line says it waited for the worker that long."""
+    requests = [varied(i, max_tokens=4, ignore_eos=True, priority=p)
+                for i, p in enumerate(["interactive", "default", "bulk", "bulk"] * 3)]
+    expected = [text_of(c) for c in run(one_by_one(single, requests))]
+
+    async def held_up():
+        gate = threading.Event()
+        held = asyncio.ensure_future(worker.call(gate.wait))
+        answer = asyncio.ensure_future(collect(batched, requests[0]))
+        await asyncio.sleep(0.3)
+        gate.set()
+        await held
+        return await answer
+
+    with caplog.at_level("DEBUG", logger="mlxd.engine.batch"):
+        assert [text_of(c) for c in run(one_by_one(batched, requests))] == expected
+        assert text_of(run(held_up())) == expected[0]
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    waits = [float(m.group(1)) for r in caplog.records
+             if (m := re.search(r"slow first text .*, interactive: waited for the turn ([0-9.]+)", r.getMessage()))]
+    assert any(wait >= 290 for wait in waits), waits

@@ -1,7 +1,7 @@
 """The slow-turn log's decision: a turn well past the recent median, with
 where its time went, and nothing for ordinary turns."""
 
-from mlxd.engine.turn_clock import TurnClock
+from mlxd.engine.turn_clock import FirstTextClock, TurnClock
 
 
 def run_turn(clock: TurnClock, at: float, phases: dict[str, float], **counts: int) -> str | None:
@@ -53,3 +53,22 @@ def test_given_the_threads_cpu_time_each_phase_says_how_much_of_it_was_work():
     clock.mark("step", at + 0.051, 100.005)  # 50 ms, of which 4 ms of the thread's own work
     slow = clock.end(at + 0.051, rows=4, joined=1)
     assert slow == "slow turn 51.0 ms (usual 10.0): admit 1.0 (cpu 1.0), step 50.0 (cpu 4.0); rows 4, joined 1"
+
+
+def first_text(clock: FirstTextClock, at: float, waited: float, first: float, detail: str = "") -> str | None:
+    stamps = {"submitted": at, "admitted": at + waited, "prepared": at + waited + 0.001,
+              "prefilled": at + waited + 0.001, "drawn": at + waited + 0.001 + first}
+    stamps["out"] = stamps["drawn"]
+    return clock.end(stamps, "interactive", detail)
+
+
+def test_a_slow_first_text_says_whether_it_waited_for_a_turn_or_for_its_own_tokens():
+    clock = FirstTextClock()
+    for i in range(8):
+        assert first_text(clock, i, 0.001, 0.003) is None  # 5 ms: the usual
+    waited = first_text(clock, 10, 0.040, 0.003, "1 tokens, 55 cached, arrived during a turn of 41.0 ms")
+    assert waited == ("slow first text 44.0 ms (usual 5.0), interactive: waited for the turn 40.0, admit 1.0, "
+                      "first tokens 3.0; 1 tokens, 55 cached, arrived during a turn of 41.0 ms")
+    own = first_text(clock, 11, 0.0002, 0.020)  # a wait under half a millisecond is left out
+    assert own == "slow first text 21.2 ms (usual 5.0), interactive: admit 1.0, first tokens 20.0"
+    assert first_text(clock, 12, 0.001, 0.006) is None  # 8 ms: under twice the usual
