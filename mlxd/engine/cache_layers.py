@@ -125,6 +125,58 @@ def compact(cache: Sequence[Any]) -> list[Any]:
     return out
 
 
+def prefix_copy(cache: Sequence[Any], length: int) -> list[Any] | None:
+    """A private copy of the first ``length`` positions of ``cache`` (and
+    room for the next few), made of those positions only, where every layer
+    is a plain or quantized KV cache and that is under half of it; None
+    otherwise (copy the whole and ``trim``). A short prompt found at the
+    start of a long entry (a system prompt, the first turns of a long
+    conversation) then copies what it reuses, not the whole entry: 256
+    positions of a 4,096-token entry of the factory's small qwen2 took 2.1
+    MB instead of 16.8, and the fetch and a first token 8.0 ms instead of
+    10.7 on this CPU. Reusing most of an entry gains nothing this way (the
+    whole is shared, then copied once by the first update). Not evaluated:
+    the request's prefill reads it."""
+    from mlx_lm.models import cache as mc
+
+    def layer_copy(layer: Any) -> Any:
+        children = _children(layer)
+        if children is not None:
+            parts = [layer_copy(c) for c in children]
+            return None if any(p is None for p in parts) else mc.CacheList(*parts)
+        kind = type(layer)
+        if kind is mc.KVCache:
+            fresh = mc.KVCache()
+        elif kind is mc.QuantizedKVCache:
+            fresh = mc.QuantizedKVCache(group_size=layer.group_size, bits=layer.bits)
+        else:
+            return None
+        if layer.keys is None or layer.offset < length:
+            return None
+        # Room for the next ``step`` positions as well, where the entry has
+        # them: an exact cut would be copied again (grown) by the prefill's
+        # first update, where a shared whole entry is copied once.
+        room = min(_keys_of(layer).shape[2], length + getattr(layer, "step", 256))
+        if 2 * room > _keys_of(layer).shape[2]:
+            return None  # most of it: the whole, shared, costs no more
+        if kind is mc.KVCache:
+            fresh.keys = _fresh(layer.keys[..., :room, :])
+            fresh.values = _fresh(layer.values[..., :room, :])
+        else:
+            fresh.keys = tuple(_fresh(x[..., :room, :]) for x in layer.keys)
+            fresh.values = tuple(_fresh(x[..., :room, :]) for x in layer.values)
+        fresh.offset = length
+        return fresh
+
+    out = [layer_copy(layer) for layer in cache]
+    return None if any(layer is None for layer in out) else out
+
+
+def _keys_of(layer: Any) -> Any:
+    """A KV layer's keys array (a quantized one's first part)."""
+    return layer.keys[0] if isinstance(layer.keys, tuple) else layer.keys
+
+
 def _fresh(x: Any) -> Any:
     import mlx.core as mx
 

@@ -112,10 +112,12 @@ class PrefixCache:
             self.misses += count
             return None, 0
         entry, reused = found
-        cache = copy.deepcopy(entry.cache)
         cut = len(entry.tokens) - reused
-        if cut:
-            cache_layers.trim(cache, cut)
+        cache = cache_layers.prefix_copy(entry.cache, reused) if cut else None
+        if cache is None:
+            cache = copy.deepcopy(entry.cache)
+            if cut:
+                cache_layers.trim(cache, cut)
         if cache_layers.positions(cache) not in (None, reused):
             log.warning("prefix cache entry of %d tokens holds %s positions; dropped",
                         len(entry.tokens), cache_layers.positions(entry.cache))

@@ -219,3 +219,35 @@ def test_lookup_leaves_tokens_to_prefill_and_entries_are_compacted(worker):
         return cache.hits, cache.misses
 
     assert run(worker.call(scenario)) == (3, 1)
+
+
+def test_a_short_prefix_of_a_long_entry_is_copied_alone_and_continues_as_cold(worker, qwen_tiny):
+    """A prompt that shares only its start with a long entry (a system
+    prompt, a conversation's first turns) gets a copy of that start and room
+    for the next positions, not of the whole entry (which its first update
+    then copied whole), and the model goes on from it as from a cold prefill
+    of the same tokens. Reusing most of an entry shares it as before."""
+    def scenario():
+        import mlx.core as mx
+        from mlx_lm import load
+        from mlx_lm.models.cache import make_prompt_cache
+
+        model, _ = load(str(qwen_tiny))
+        long = [(i * 7) % 500 + 10 for i in range(1200)]
+        full = make_prompt_cache(model)
+        for start in range(0, len(long), 400):
+            model(mx.array(long[start:start + 400])[None], cache=full)
+        cache = PrefixCache(max_bytes=1 << 30)
+        cache.insert(long, full)
+        prompt = long[:100] + [3, 4, 5]
+        hit, reused = cache.fetch(prompt)
+        assert reused == 100 and hit[0].offset == 100
+        assert hit[0].keys.shape[2] == 100 + 256, "the start and room for the next positions, not 1,200"
+        warm = model(mx.array(prompt[reused:])[None], cache=hit)
+        cold = model(mx.array(prompt)[None], cache=make_prompt_cache(model))[:, reused:]
+        assert mx.allclose(warm, cold, atol=1e-4).item()
+        most, reused = cache.fetch(long[:1100] + [3])
+        assert reused == 1100 and most[0].keys.shape[2] == 1200
+        return cache.snapshot()[0].cache[0].offset
+
+    assert run(worker.call(scenario)) == 1200, "the entry itself is untouched"
