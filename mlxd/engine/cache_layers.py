@@ -133,8 +133,8 @@ def prefix_copy(cache: Sequence[Any], length: int) -> list[Any] | None:
     start of a long entry (a system prompt, the first turns of a long
     conversation) then copies what it reuses, not the whole entry: 256
     positions of a 4,096-token entry of the factory's small qwen2 took 2.1
-    MB instead of 16.8, and the fetch and a first token 8.0 ms instead of
-    10.7 on this CPU. Reusing most of an entry gains nothing this way (the
+    MB at peak instead of 16.8, and the fetch and a first token 9.4 ms
+    instead of 12.4 on this CPU. Reusing most of an entry gains nothing this way (the
     whole is shared, then copied once by the first update). Not evaluated:
     the request's prefill reads it."""
     from mlx_lm.models import cache as mc

@@ -568,8 +568,9 @@ def test_bulk_requests_joining_a_decoding_batch_let_it_draw_their_first_token_an
 
 def test_at_debug_level_a_first_text_held_up_by_the_worker_is_logged_with_the_wait(batched, single, worker, caplog):
     """The slow-turn and slow-first-text logs (engine/turn_clock.py) run only
-    at debug level, so only there could they break a batch. Requests of three
-    classes answer as on the single path; then one arrives while the worker
+    at debug level, so only there could they break a batch. Twelve requests
+    of three classes arriving together answer as on the single path (bulk
+    ones joining a decoding batch among them); then one arrives while the worker
     is held for 0.3 s, and its line says it waited for the worker that long."""
     requests = [varied(i, max_tokens=4, ignore_eos=True, priority=p)
                 for i, p in enumerate(["interactive", "default", "bulk", "bulk"] * 3)]
@@ -584,8 +585,11 @@ def test_at_debug_level_a_first_text_held_up_by_the_worker_is_logged_with_the_wa
         await held
         return await answer
 
+    async def together():
+        return await asyncio.gather(*(collect(batched, r) for r in requests))
+
     with caplog.at_level("DEBUG", logger="mlxd.engine.batch"):
-        assert [text_of(c) for c in run(one_by_one(batched, requests))] == expected
+        assert [text_of(c) for c in run(together())] == expected
         assert text_of(run(held_up())) == expected[0]
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
     waits = [float(m.group(1)) for r in caplog.records
