@@ -32,6 +32,7 @@ from mlxd.engine import memory
 from mlxd.engine.host_arrays import to_numpy
 from mlxd.engine.lifecycle import EngineBase, GenerationControl, load_on_worker, measured_load, warm_after_load
 from mlxd.engine.types import GenerationChunk, GenerationRequest
+from mlxd.engine.warmup import WarmupReport
 from mlxd.engine.whisper_ladder import warm_ladder
 from mlxd.engine.worker import MlxWorker
 from mlxd.errors import BadRequest, ModelPreempted, ModelUnloaded
@@ -90,8 +91,8 @@ class AudioEngine(EngineBase):
     stream, figures, release."""
 
     def __init__(self, spec: ModelSpec, worker: MlxWorker, model: Any, *, load_bytes: int,
-                 load_seconds: float) -> None:
-        super().__init__(spec, worker, load_bytes=load_bytes, load_seconds=load_seconds)
+                 load_seconds: float, warmup: WarmupReport | None = None) -> None:
+        super().__init__(spec, worker, load_bytes=load_bytes, load_seconds=load_seconds, warmup=warmup)
         self.kind = spec.kind
         self.model: Any = model
         self.figures = AudioFigures()
@@ -291,18 +292,18 @@ def speech_chunks(model: Any, text: str, kwargs: dict[str, Any]) -> Iterator[Any
 
 async def load_transcription_engine(spec: ModelSpec, worker: MlxWorker, *,
                                     cache_dir: Path | None = None) -> TranscriptionEngine:
-    model, load_bytes, seconds = await load_on_worker(worker, _loader("stt"), spec, _discard)
-    return TranscriptionEngine(spec, worker, model, load_bytes=load_bytes, load_seconds=seconds)
+    model, load_bytes, seconds, warmup = await load_on_worker(worker, _loader("stt"), spec, _discard)
+    return TranscriptionEngine(spec, worker, model, load_bytes=load_bytes, load_seconds=seconds, warmup=warmup)
 
 
 async def load_speech_engine(spec: ModelSpec, worker: MlxWorker, *, cache_dir: Path | None = None) -> SpeechEngine:
-    model, load_bytes, seconds = await load_on_worker(worker, _loader("tts"), spec, _discard)
-    return SpeechEngine(spec, worker, model, load_bytes=load_bytes, load_seconds=seconds)
+    model, load_bytes, seconds, warmup = await load_on_worker(worker, _loader("tts"), spec, _discard)
+    return SpeechEngine(spec, worker, model, load_bytes=load_bytes, load_seconds=seconds, warmup=warmup)
 
 
 def _loader(category: str) -> Any:
-    def load(spec: ModelSpec) -> tuple[Any, int, float]:
-        """Worker thread: mlx-audio's own loader, measured."""
+    def load(spec: ModelSpec) -> tuple[Any, int, float, WarmupReport]:
+        """Worker thread: mlx-audio's own loader, measured, and the warm-up."""
         def run() -> Any:
             if category == "stt":
                 from mlx_audio.stt.utils import load_model
@@ -311,8 +312,8 @@ def _loader(category: str) -> Any:
             return load_model(Path(spec.path))
 
         done = measured_load(spec, run, memory.release_memory)
-        _warm_up(category, done.result, spec)
-        return done.result, done.load_bytes, done.load_seconds
+        warmup = _warm_up(category, done.result, spec)
+        return done.result, done.load_bytes, done.load_seconds, warmup
 
     return load
 
@@ -323,7 +324,7 @@ def _loader(category: str) -> Any:
 WARM_WHISPER = {"temperature": 0.0, "sample_len": 8}
 
 
-def _warm_up(category: str, model: Any, spec: ModelSpec) -> None:
+def _warm_up(category: str, model: Any, spec: ModelSpec) -> WarmupReport:
     """Worker thread: half a second of silence transcribed, or a word
     spoken (``warm_after_load``). With an empty kernel cache the tiny speech
     model's first request took 2.1 s against 0.1 s on this CPU, the tiny
@@ -340,9 +341,9 @@ def _warm_up(category: str, model: Any, spec: ModelSpec) -> None:
         for _ in speech_chunks(model, "Hello.", {} if voices == ["default"] else {"voice": voices[0]}):
             pass
 
-    warm_after_load(spec, warm)
+    return warm_after_load(spec, warm)
 
 
-def _discard(loaded: tuple[Any, int, float]) -> None:
+def _discard(loaded: tuple[Any, int, float, WarmupReport]) -> None:
     del loaded
     memory.release_memory()

@@ -36,6 +36,7 @@ from mlxd.engine.embedding_batch import Batch, BatchQueue
 from mlxd.engine.embedding_model import Encoded, LoadedEncoder, TextTokenizer, is_cross_encoder
 from mlxd.engine.host_arrays import to_numpy
 from mlxd.engine.lifecycle import EngineBase, load_on_worker, measured_load, warm_after_load
+from mlxd.engine.warmup import WarmupReport
 from mlxd.engine.rerank_llm import LoadedLlmReranker, PromptTokenizer
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.engine.worker import MlxWorker
@@ -72,8 +73,9 @@ class EncoderEngine(EngineBase):
 
     def __init__(self, spec: ModelSpec, worker: MlxWorker, encoder: LoadedEncoder | LoadedLlmReranker,
                  tokenizer: TextTokenizer | PromptTokenizer,
-                 *, load_bytes: int, load_seconds: float, pass_thread: bool = False) -> None:
-        super().__init__(spec, worker, load_bytes=load_bytes, load_seconds=load_seconds)
+                 *, load_bytes: int, load_seconds: float, pass_thread: bool = False,
+                 warmup: WarmupReport | None = None) -> None:
+        super().__init__(spec, worker, load_bytes=load_bytes, load_seconds=load_seconds, warmup=warmup)
         # ``pass_thread``: the passes after the first run on a thread of
         # their own (``passes_on_own_thread``); the load, the first pass
         # (whose peak is measured) and the release stay on the worker.
@@ -345,15 +347,15 @@ async def load_encoder_engine(spec: ModelSpec, worker: MlxWorker, *, cache_dir: 
     is the kinds table's common argument: an encoder keeps nothing on disk.
     ``pass_thread`` None: ``passes_on_own_thread()``."""
     loaded = await load_on_worker(worker, _load, spec, _discard)
-    encoder, tokenizer, load_bytes, seconds = loaded
+    encoder, tokenizer, load_bytes, seconds, warmup = loaded
     if pass_thread is None:
         pass_thread = await worker.call(passes_on_own_thread)
     return EncoderEngine(spec, worker, encoder, tokenizer, load_bytes=load_bytes, load_seconds=seconds,
-                         pass_thread=pass_thread)
+                         pass_thread=pass_thread, warmup=warmup)
 
 
-def _load(spec: ModelSpec) -> tuple[Any, Any, int, float]:
-    """Worker thread: the model and its tokenizer, and what loading them cost."""
+def _load(spec: ModelSpec) -> tuple[Any, Any, int, float, WarmupReport]:
+    """Worker thread: the model and its tokenizer, what loading them cost and their warm-up."""
     from mlxd.engine.embedding_model import load_cross_encoder, load_embedder
     from mlxd.engine.rerank_llm import load_llm_reranker
     from mlxd.registry.resolve import is_llm_reranker, read_model_config
@@ -371,15 +373,15 @@ def _load(spec: ModelSpec) -> tuple[Any, Any, int, float]:
 
     done = measured_load(spec, load, memory.release_memory)
     encoder, tokenizer = done.result
-    _warm_up(spec, encoder, tokenizer)
-    return encoder, tokenizer, done.load_bytes, done.load_seconds
+    warmup = _warm_up(spec, encoder, tokenizer)
+    return encoder, tokenizer, done.load_bytes, done.load_seconds, warmup
 
 
 # A warm-up pass's inputs: two lengths, so that the padding's mask is built too.
 WARM_TEXTS = ("Warm up.", "The kernels a forward pass needs are compiled before the first request.")
 
 
-def _warm_up(spec: ModelSpec, encoder: Any, tokenizer: Any) -> None:
+def _warm_up(spec: ModelSpec, encoder: Any, tokenizer: Any) -> WarmupReport:
     """Worker thread: one pass over two short inputs (``warm_after_load``):
     the kernels a fused GELU and the pooling's normalisation compile. With
     an empty kernel cache MiniLM's first request took 0.82 s against 0.02 s
@@ -395,9 +397,9 @@ def _warm_up(spec: ModelSpec, encoder: Any, tokenizer: Any) -> None:
         if batch is not None:
             to_numpy(encoder.embed(batch) if spec.kind == "embedding" else encoder.score(batch))
 
-    warm_after_load(spec, warm)
+    return warm_after_load(spec, warm)
 
 
-def _discard(loaded: tuple[Any, Any, int, float]) -> None:
+def _discard(loaded: tuple[Any, Any, int, float, WarmupReport]) -> None:
     loaded[0].model = None
     memory.release_memory()

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from mlxd.engine import memory
 from mlxd.engine.types import GenerationChunk, GenerationRequest, SavedCache
+from mlxd.engine.warmup import WarmupReport
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.worker import SKIP, MlxWorker
 from mlxd.errors import MlxdError, ModelLoadFailed, ModelUnloaded, ShuttingDown, describe_exception
@@ -156,12 +157,15 @@ class EngineBase:
     # where it checks what needs the model (a vision prompt's images).
     accepts_on_worker = False
 
-    def __init__(self, spec: ModelSpec, worker: MlxWorker, *, load_bytes: int, load_seconds: float) -> None:
+    def __init__(self, spec: ModelSpec, worker: MlxWorker, *, load_bytes: int, load_seconds: float,
+                 warmup: WarmupReport | None = None) -> None:
         self.name = spec.name
         self.spec = spec
         self._worker = worker
         self.load_bytes = load_bytes
         self.load_seconds = load_seconds
+        # The load's warm-up (``warm_after_load``; a text model's own, engine/warmup.py), for status.
+        self.warmup = warmup
         self.peak = FirstGenerationPeak(load_bytes)
         # Touched only on the event loop.
         self._in_flight: set[GenerationControl] = set()
@@ -223,6 +227,7 @@ class EngineBase:
             "measured_bytes": self.measured_bytes,
             "load_seconds": round(self.load_seconds, 3),
             "closed": self._closed,
+            "warmup": self.warmup.as_dict() if self.warmup is not None else None,
         }
 
     async def before_unload(self) -> SavedCache | None:
@@ -412,7 +417,7 @@ class MeasuredLoad:
     load_seconds: float
 
 
-def warm_after_load(spec: ModelSpec, warm: Callable[[], Any]) -> None:
+def warm_after_load(spec: ModelSpec, warm: Callable[[], Any]) -> WarmupReport:
     """Worker thread: ``warm()``, a model's first pass on a tiny input right
     after its load, so that the kernels MLX compiles on first use (about
     0.5 s each on this CPU, with an empty kernel cache: after a boot on a
@@ -421,13 +426,18 @@ def warm_after_load(spec: ModelSpec, warm: Callable[[], Any]) -> None:
     not a user's first request's. Not a request: nothing is counted, and the
     first request still measures the model's peak. A failure is logged and
     the load stands (the model's first request reports its own error); what
-    the pass left in MLX's cache is given back either way."""
+    the pass left in MLX's cache is given back either way. Returns what it
+    took, for status (``warmup_seconds``), as a text model's warm-up does."""
+    started, error = time.perf_counter(), None
     try:
         warm()
     except Exception as exc:  # noqa: BLE001 - see above
-        log.warning("warming up %s failed: %s", spec.name, describe_exception(exc))
+        error = describe_exception(exc)
+        log.warning("warming up %s failed: %s", spec.name, error)
     finally:
         memory.release_memory()
+    return WarmupReport(seconds=round(time.perf_counter() - started, 3), requests=1, prefill_tokens_per_s=None,
+                        error=error)
 
 
 def measured_load(spec: ModelSpec, load: Callable[[], Any], release: Callable[[], Any]) -> MeasuredLoad:

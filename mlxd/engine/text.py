@@ -58,7 +58,6 @@ from mlxd.tools.output_request import OutputRequest
 if TYPE_CHECKING:
     from mlxd.engine.cache_store.folder import CacheStore
     from mlxd.engine.cache_store.persistence import PrefixCachePersistence
-    from mlxd.engine.warmup import WarmupReport
     from mlxd.engine.warmup_background import BackgroundWarmup
 
 log = logging.getLogger(__name__)
@@ -101,8 +100,8 @@ class TextEngine(EngineBase, GenerationEngine):
         self.cache_store: CacheStore | None = None
         # Explains captured requests' prefix-cache decisions.
         self._explainer = CacheExplainer()
-        # Set by the loader: how the warm-up went (or, in the background, that it is under way).
-        self.warmup: WarmupReport | None = None
+        # ``warmup`` (EngineBase) is set by the loader: how the warm-up went
+        # (or, in the background, that it is under way).
         # Set by the loader when the warm-up runs after the hand-over.
         self.background_warmup: BackgroundWarmup | None = None
         # Between-turn prefills (engine/next_turn_background.py).
@@ -219,7 +218,6 @@ class TextEngine(EngineBase, GenerationEngine):
             "batching": self.batching,
             "batch_size": batch.size if batch else 0,
             "batched_steps": batch.steps if batch else 0,
-            "warmup": self.warmup.as_dict() if self.warmup is not None else None,
             "speculative": self.speculation.status() if self.speculation is not None else None,
             "prefix_cache": self.prefix_cache_stats(),
         }

@@ -33,6 +33,7 @@ from typing import Any
 from mlxd.engine import memory, sampling
 from mlxd.engine.contract import AnswerFormats, GenerationEngine
 from mlxd.engine.lifecycle import EngineBase, GenerationControl, load_on_worker, measured_load, relay, warm_after_load
+from mlxd.engine.warmup import WarmupReport
 from mlxd.engine.local_output import LocalOutput
 from mlxd.engine.reasoning_budget import ReasoningPhase, reasoning_phase
 from mlxd.engine.stops import StopMatcher
@@ -63,6 +64,7 @@ class LoadedVision:
     processor: Any
     load_bytes: int
     load_seconds: float
+    warmup: WarmupReport | None = None
 
 
 @dataclass
@@ -106,8 +108,8 @@ def load_vision_model(spec: ModelSpec) -> LoadedVision:
 
     done = measured_load(spec, load, _release_vlm_memory)
     model, processor = done.result
-    _warm_up(spec, model, processor)
-    return LoadedVision(model, processor, load_bytes=done.load_bytes, load_seconds=done.load_seconds)
+    warmup = _warm_up(spec, model, processor)
+    return LoadedVision(model, processor, load_bytes=done.load_bytes, load_seconds=done.load_seconds, warmup=warmup)
 
 
 # A warm-up's request: a question about one small image, two tokens, drawn
@@ -117,7 +119,7 @@ WARM_MESSAGES = [{"role": "user", "content": [{"type": "image"}, {"type": "text"
 WARM_TOKENS = 2
 
 
-def _warm_up(spec: ModelSpec, model: Any, processor: Any) -> None:
+def _warm_up(spec: ModelSpec, model: Any, processor: Any) -> WarmupReport:
     """Worker thread: one image question right after the load
     (``warm_after_load``), through the same preparation and mlx-vlm's
     ``stream_generate`` as a request. With an empty kernel cache the tiny
@@ -132,7 +134,7 @@ def _warm_up(spec: ModelSpec, model: Any, processor: Any) -> None:
         for _ in _stream(model, processor, prepared.prompt, prepared.inputs, WARM_TOKENS, sampler, [], {}):
             pass
 
-    warm_after_load(spec, warm)
+    return warm_after_load(spec, warm)
 
 
 def _stream(model: Any, processor: Any, prompt: Any, inputs: dict[str, Any], max_tokens: int, sampler: Any,
@@ -192,7 +194,8 @@ class VisionEngine(EngineBase, GenerationEngine):
     wants_image_urls = False
 
     def __init__(self, spec: ModelSpec, worker: MlxWorker, loaded: LoadedVision) -> None:
-        super().__init__(spec, worker, load_bytes=loaded.load_bytes, load_seconds=loaded.load_seconds)
+        super().__init__(spec, worker, load_bytes=loaded.load_bytes, load_seconds=loaded.load_seconds,
+                         warmup=loaded.warmup)
         self._model: Any = loaded.model
         self._processor: Any = loaded.processor
         self.vocab_size = _vocab_size(loaded.model)

@@ -40,6 +40,13 @@ def test_each_kinds_first_request_compiles_no_kernel_after_its_load(tmp_path):
         load("whisper")
         assert kernels.compiled() - warm, "whisper's warm-up compiled its kernels at its load"
         warm = kernels.compiled()
+        # Status tells the warm-ups as a text model's: in the load, done, how long.
+        models = {m["name"]: m for m in httpx.get(f"{d.url}/v1/status", timeout=30).json()["models"]}
+        for name in ("embed", "rerank", "whisper", "soprano"):
+            assert models[name]["warmup_mode"] == "load" and models[name]["warmup_done"] is True, name
+            assert models[name]["warmup_seconds"] > 0, name
+        # Whisper's includes its fallback temperatures, with an empty kernel cache a second or more.
+        assert models["whisper"]["warmup_seconds"] > models["rerank"]["warmup_seconds"]
 
         def new_kernels() -> set[str]:
             return kernels.compiled() - warm
@@ -101,5 +108,6 @@ def test_a_failing_warm_up_is_logged_and_the_load_stands(tmp_path, caplog):
         raise ValueError("this architecture has no such layer")
 
     with caplog.at_level("WARNING", logger="mlxd.engine.lifecycle"):
-        warm_after_load(ModelSpec(name="odd", path=tmp_path, source=str(tmp_path)), warm)
+        report = warm_after_load(ModelSpec(name="odd", path=tmp_path, source=str(tmp_path)), warm)
     assert "warming up odd failed" in caplog.text and "no such layer" in caplog.text
+    assert "no such layer" in report.error, "status says so too"

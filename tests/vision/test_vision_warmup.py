@@ -22,6 +22,8 @@ def test_a_vision_models_first_image_request_compiles_no_kernel(tmp_path, vision
         assert httpx.post(f"{d.url}/v1/models/eyes/load", json={}, timeout=300).status_code == 200
         warm = kernels.compiled()
         assert warm, "the warm-up compiled its kernels under TMPDIR"
+        eyes = next(m for m in httpx.get(f"{d.url}/v1/status", timeout=30).json()["models"] if m["name"] == "eyes")
+        assert eyes["warmup_mode"] == "load" and eyes["warmup_seconds"] > 0, "status tells the warm-up"
         for body in ({"messages": image_chat(data_url(noise_image()))},
                      {"messages": image_chat(data_url(noise_image(2, (40, 90)))), "temperature": 0.9, "top_p": 0.8},
                      {"messages": [{"role": "user", "content": "And without a picture?"}], "temperature": 0}):
