@@ -30,7 +30,10 @@ the three steps after it: the same four steps in every way, wherever the
 row leaves.
 
 Prints the steady steps' median and the first three steps after a change
-(median and max), wall and CPU, per way; merges the figures into
+(median and max), wall and CPU, per way, and the memory MLX took from the
+device anew over each change's window (its buffer cache had nothing of that
+size: on CUDA each new buffer is a ``cudaMallocManaged``, host time in the
+step that asks for it); merges the figures into
 bench/results/composition_steps.json.
 """
 
@@ -144,6 +147,7 @@ def main() -> None:
         for _ in range(8):
             step(generators[way], way)
     windows: dict[str, list[float]] = {w: [] for w in WAYS}
+    allocated: dict[str, list[int]] = {w: [] for w in WAYS}
     for change in range(len(WAYS) * (args.changes + 4)):
         way = WAYS[change % len(WAYS)]
         generator, uids = generators[way], members[way]
@@ -154,6 +158,7 @@ def main() -> None:
             batch = generator._generation_batch
             row = batch.uids.index(leaving)
             batch.max_tokens[row] = batch._num_tokens[row] + 1
+        held = mx.get_active_memory() + mx.get_cache_memory()
         before = step(generator, way)
         # One leaves, one joins: the batch keeps its size, its rows change.
         # The change is timed with the first step after it: mlx-lm's insert
@@ -169,10 +174,14 @@ def main() -> None:
         first[0] = (first[0][0] + changed[0], first[0][1] + changed[1])
         window = before[0] + sum(w for w, _ in first)
         rest = [step(generator, way) for _ in range(args.between)]
+        # What MLX took from the device anew (its buffer cache had no buffer
+        # of that size): on CUDA each such buffer is a cudaMallocManaged call.
+        grown = mx.get_active_memory() + mx.get_cache_memory() - held
         if change >= 4 * len(WAYS):
             after[way].append(first)
             steady[way] += rest[1:]
             windows[way].append(window)
+            allocated[way].append(max(0, grown))
         mx.synchronize()
     for generator in generators.values():
         generator.close()
@@ -187,16 +196,20 @@ def main() -> None:
             figures[f"after_{i + 1}_ms"] = 1000 * statistics.median(walls)
             figures[f"after_{i + 1}_max_ms"] = 1000 * max(walls)
             figures[f"after_{i + 1}_cpu_ms"] = 1000 * statistics.median(cpus)
+        figures["new_device_mb_per_change"] = statistics.mean(allocated[way]) / 1e6
+        figures["changes_allocating"] = sum(1 for a in allocated[way] if a > 0)
         figures["window_ms"] = 1000 * statistics.median(windows[way])
         figures["window_max_ms"] = 1000 * max(windows[way])
         results[way] = figures
         rows.append([way, f"{figures['steady_ms']:.1f} ({figures['steady_cpu_ms']:.1f})",
                      *(f"{figures[f'after_{i}_ms']:.1f} / {figures[f'after_{i}_max_ms']:.1f} "
                        f"({figures[f'after_{i}_cpu_ms']:.1f})" for i in (1, 2, 3)),
-                     f"{figures['window_ms']:.1f} / {figures['window_max_ms']:.1f}"])
+                     f"{figures['window_ms']:.1f} / {figures['window_max_ms']:.1f}",
+                     f"{figures['new_device_mb_per_change']:.2f} ({figures['changes_allocating']}/{len(allocated[way])})"])
     print(f"qwen2-{args.size}, {args.rows} rows, one leaves and one joins every {args.between + 4} steps, "
           f"{args.changes} changes a way; ms: median / max (median CPU of the worker thread)")
-    print(table(["way", "steady step", "change + 1st step", "2nd", "3rd", "window"], rows))
+    print(table(["way", "steady step", "change + 1st step", "2nd", "3rd", "window",
+                 "new device MB a change (changes that allocated)"], rows))
     print(f"wrote {save('composition_steps', f'qwen2-{args.size}-rows{args.rows}', {**results, **environment()})}")
 
 
