@@ -23,6 +23,7 @@ from mlxd.errors import MlxdError
 STATE_STYLES = {
     "loaded": "bold green",
     "loading": "bold cyan",
+    "warming": "cyan",
     "draining": "bold yellow",
     "unloading": "yellow",
     "unloaded": "dim",
@@ -199,7 +200,7 @@ def _models(doc: dict[str, Any]) -> Table:
             leases += f" +{model['queued']}"
         table.add_row(
             name,
-            Text(model["state"], style=STATE_STYLES.get(model["state"], "")),
+            Text(state := shown_state(model), style=STATE_STYLES.get(state, "")),
             _memory_cell(model),
             leases,
             idle_countdown(model),
@@ -207,6 +208,15 @@ def _models(doc: dict[str, Any]) -> Table:
             str(model["load_count"]) + (f" ✗{model['failures']}" if model["failures"] else ""),
         )
     return table
+
+
+def shown_state(model: dict[str, Any]) -> str:
+    """The model's state, but ``warming`` for a loaded model whose warm-up
+    still runs in the background (``warmup_done: false``): it serves, and its
+    first requests of a new shape compile kernels meanwhile (docs/performance.md)."""
+    if model["state"] == "loaded" and model.get("warmup_done") is False:
+        return "warming"
+    return str(model["state"])
 
 
 def _backends(doc: dict[str, Any]) -> Text:

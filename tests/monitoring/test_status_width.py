@@ -79,6 +79,8 @@ def test_every_state_and_the_widest_cells_fit_80_columns(daemon):
         "qwen2.5-coder-7b": {"state": "unloading", "idle_unload_in_seconds": 3 * 3600 + 59 * 60, "failures": 3},
         "llama-3.2-3b-instruct": {"state": "draining", "active_leases": 8, "max_concurrency": 8, "queued": 64},
         "smollm2-360m": {"state": "loading", "memory": {**doc["models"][2]["memory"], "reserved_bytes": 1023 * 1024**2}},
+        # Served, its warm-up still running in the background.
+        "mistral-7b-broken": {"state": "loaded", "warmup_done": False, "warmup_mode": "background"},
     }
     for model in busy["models"]:
         model.update(widest.get(model["name"], {}))
@@ -93,4 +95,5 @@ def test_every_state_and_the_widest_cells_fit_80_columns(daemon):
     assert "3h59m" in table["qwen2.5-coder-7b"] and "120 ✗3" in table["qwen2.5-coder-7b"]
     assert "8/8 +64" in table["llama-3.2-3b-instruct"]
     assert "1023 MB" in table["smollm2-360m"] and "1234" in table["smollm2-360m"]
+    assert table["mistral-7b-broken"].split()[1] == "warming"
     assert "…" not in "".join(table.values())
