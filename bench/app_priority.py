@@ -179,14 +179,14 @@ def contended(url: str, args: argparse.Namespace, profile_to: Path | None = None
 def slow_turns(log: Path) -> dict[str, Any]:
     """The batch loop's slow turns (debug log, engine/turn_clock.py): how
     many, and the slowest few as logged."""
-    lines = [line.split(": ", 2)[-1] for line in log.read_text(errors="replace").splitlines() if "slow turn" in line]
+    logged = [line.split(": ", 2)[-1] for line in log.read_text(errors="replace").splitlines()]
+    lines = [line for line in logged if line.startswith("slow turn")]
     slowest = sorted(lines, key=lambda line: -float(line.split()[2]))[:6]
     # The turns where several requests joined at once: the usual tail.
     joins = [float(line.split()[2]) for line in lines
              if (m := re.search(r"joined (\d+)", line)) and int(m.group(1)) >= 2]
     # The interactive requests' slow first texts (idle and loaded): where their time went.
-    firsts = [line.split(": ", 2)[-1] for line in log.read_text(errors="replace").splitlines()
-              if "slow first text" in line and ", interactive:" in line]
+    firsts = [line for line in logged if line.startswith("slow first text") and ", interactive:" in line]
     return {"count": len(lines), "slowest": slowest, "joins_of_2_or_more": len(joins),
             "join_turn_median_ms": statistics.median(joins) if joins else None,
             "slow_first_texts": len(firsts),

@@ -134,9 +134,9 @@ def prefix_copy(cache: Sequence[Any], length: int) -> list[Any] | None:
     conversation) then copies what it reuses, not the whole entry: 256
     positions of a 4,096-token entry of the factory's small qwen2 took 2.1
     MB at peak instead of 16.8, and the fetch and a first token 9.4 ms
-    instead of 12.4 on this CPU. Reusing most of an entry gains nothing this way (the
-    whole is shared, then copied once by the first update). Not evaluated:
-    the request's prefill reads it."""
+    instead of 12.4 on this CPU. Reusing most of an entry gains nothing
+    this way (the whole is shared, then copied once by the first update).
+    Not evaluated: the request's prefill reads it."""
     from mlx_lm.models import cache as mc
 
     def layer_copy(layer: Any) -> Any:
@@ -144,14 +144,7 @@ def prefix_copy(cache: Sequence[Any], length: int) -> list[Any] | None:
         if children is not None:
             parts = [layer_copy(c) for c in children]
             return None if any(p is None for p in parts) else mc.CacheList(*parts)
-        kind = type(layer)
-        if kind is mc.KVCache:
-            fresh = mc.KVCache()
-        elif kind is mc.QuantizedKVCache:
-            fresh = mc.QuantizedKVCache(group_size=layer.group_size, bits=layer.bits)
-        else:
-            return None
-        if layer.keys is None or layer.offset < length:
+        if type(layer) not in (mc.KVCache, mc.QuantizedKVCache) or layer.keys is None or layer.offset < length:
             return None
         # Room for the next ``step`` positions as well, where the entry has
         # them: an exact cut would be copied again (grown) by the prefill's
@@ -159,17 +152,29 @@ def prefix_copy(cache: Sequence[Any], length: int) -> list[Any] | None:
         room = min(_keys_of(layer).shape[2], length + getattr(layer, "step", 256))
         if 2 * room > _keys_of(layer).shape[2]:
             return None  # most of it: the whole, shared, costs no more
-        if kind is mc.KVCache:
-            fresh.keys = _fresh(layer.keys[..., :room, :])
-            fresh.values = _fresh(layer.values[..., :room, :])
-        else:
-            fresh.keys = tuple(_fresh(x[..., :room, :]) for x in layer.keys)
-            fresh.values = tuple(_fresh(x[..., :room, :]) for x in layer.values)
-        fresh.offset = length
-        return fresh
+        return _kv_head(layer, room, length)
 
     out = [layer_copy(layer) for layer in cache]
     return None if any(layer is None for layer in out) else out
+
+
+def _kv_head(layer: Any, end: int, offset: int) -> Any:
+    """A new plain or quantized KV layer holding copies of ``layer``'s first
+    ``end`` positions, ``offset`` of them in use."""
+    from mlx_lm.models import cache as mc
+
+    if type(layer) is mc.KVCache:
+        fresh = mc.KVCache()
+        if layer.keys is not None:
+            fresh.keys = _fresh(layer.keys[..., :end, :])
+            fresh.values = _fresh(layer.values[..., :end, :])
+    else:
+        fresh = mc.QuantizedKVCache(group_size=layer.group_size, bits=layer.bits)
+        if layer.keys is not None:
+            fresh.keys = tuple(_fresh(x[..., :end, :]) for x in layer.keys)
+            fresh.values = tuple(_fresh(x[..., :end, :]) for x in layer.values)
+    fresh.offset = offset
+    return fresh
 
 
 def _keys_of(layer: Any) -> Any:
@@ -190,20 +195,8 @@ def _compact_layer(layer: Any) -> Any:
     if children is not None:
         return mc.CacheList(*(_compact_layer(c) for c in children))
     kind = type(layer)
-    if kind is mc.KVCache:
-        fresh = mc.KVCache()
-        if layer.keys is not None:
-            fresh.keys = _fresh(layer.keys[..., : layer.offset, :])
-            fresh.values = _fresh(layer.values[..., : layer.offset, :])
-        fresh.offset = layer.offset
-        return fresh
-    if kind is mc.QuantizedKVCache:
-        fresh = mc.QuantizedKVCache(group_size=layer.group_size, bits=layer.bits)
-        if layer.keys is not None:
-            fresh.keys = tuple(_fresh(x[..., : layer.offset, :]) for x in layer.keys)
-            fresh.values = tuple(_fresh(x[..., : layer.offset, :]) for x in layer.values)
-        fresh.offset = layer.offset
-        return fresh
+    if kind in (mc.KVCache, mc.QuantizedKVCache):
+        return _kv_head(layer, layer.offset, layer.offset)
     if kind is mc.RotatingKVCache:
         fresh = mc.RotatingKVCache(max_size=layer.max_size, keep=layer.keep)
         fresh.offset, fresh._idx = layer.offset, layer._idx

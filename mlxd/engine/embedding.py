@@ -36,9 +36,9 @@ from mlxd.engine.embedding_batch import Batch, BatchQueue
 from mlxd.engine.embedding_model import Encoded, LoadedEncoder, TextTokenizer, is_cross_encoder
 from mlxd.engine.host_arrays import to_numpy
 from mlxd.engine.lifecycle import EngineBase, load_on_worker, measured_load, warm_after_load
-from mlxd.engine.warmup import WarmupReport
 from mlxd.engine.rerank_llm import LoadedLlmReranker, PromptTokenizer
 from mlxd.engine.types import GenerationChunk, GenerationRequest
+from mlxd.engine.warmup import WarmupReport
 from mlxd.engine.worker import MlxWorker
 from mlxd.errors import BadRequest, MlxdError, ModelPreempted, ModelUnloaded
 from mlxd.registry.model import ModelSpec

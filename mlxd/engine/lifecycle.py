@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 
 from mlxd.engine import memory
 from mlxd.engine.types import GenerationChunk, GenerationRequest, SavedCache
-from mlxd.engine.warmup import WarmupReport
 from mlxd.engine.stops import StopMatcher
+from mlxd.engine.warmup import WarmupReport
 from mlxd.engine.worker import SKIP, MlxWorker
 from mlxd.errors import MlxdError, ModelLoadFailed, ModelUnloaded, ShuttingDown, describe_exception
 from mlxd.registry.model import ModelSpec

@@ -28,10 +28,9 @@ from mlxd.engine.text import TextEngine
 from mlxd.engine.text_model import LoadedText
 from mlxd.engine.warmup import CONTEXT_MARGIN, LOAD, WarmupReport, decide_mode, plan_warmup, warm_up
 from mlxd.engine.warmup_background import BackgroundWarmup
-from mlxd.engine.warmup_marker import WarmupMarker, compiled_kernels_dir, warmup_key, weight_dtypes
+from mlxd.engine.warmup_marker import model_marker
 from mlxd.engine.worker import MlxWorker
 from mlxd.errors import describe_exception
-from mlxd.files import read_json_object
 from mlxd.registry.device import current_device
 from mlxd.registry.model import ModelSpec
 
@@ -103,7 +102,9 @@ async def _warm(
     runs = plan_warmup(max_context=spec.max_context, prefill_chunk=chunk, max_concurrency=spec.max_concurrency,
                        batching=engine.batching, device=device.kind,
                        speculative_tokens=engine.speculation.tokens if speculates else 0)
-    marker = await _marker(engine, spec, worker, device.kind, device.name, runs)
+    model, _ = engine.model.get()
+    marker = await worker.call(model_marker, model, Path(spec.path), device.kind, device.name,
+                               kv_bits=spec.kv_bits, batching=engine.batching, runs=runs)
     known = marker is not None and await asyncio.to_thread(marker.known)
     mode, why = decide_mode(device=device.kind, known_compiled=known, forced=forced or os.environ.get(WARMUP_ENV))
 
@@ -120,20 +121,6 @@ async def _warm(
              engine.warmup.seconds, why, engine.warmup.requests, engine.warmup.prefill_tokens_per_s)
     await note(engine.warmup)
     return None
-
-
-async def _marker(engine: TextEngine, spec: ModelSpec, worker: MlxWorker, device: str, device_name: str,
-                  runs: tuple[Any, ...]) -> WarmupMarker | None:
-    kernels = compiled_kernels_dir(device, os.environ)
-    if kernels is None:
-        return None
-    model, _ = engine.model.get()
-    dtypes = await worker.call(weight_dtypes, model)
-    # {} when it cannot be read: the key still holds the dtypes and the plan.
-    config = await asyncio.to_thread(read_json_object, Path(spec.path) / "config.json")
-    key = warmup_key(config=config, dtypes=dtypes, kv_bits=spec.kv_bits, batching=engine.batching,
-                     runs=runs, device=f"{device}:{device_name}")
-    return WarmupMarker(kernels, key)
 
 
 def _prefill_rate(engine: TextEngine) -> float | None:

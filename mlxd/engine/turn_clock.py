@@ -31,9 +31,15 @@ SLOW_FLOOR_S = 0.004
 WINDOW = 128
 
 
-def _usual(recent: collections.deque[float]) -> float | None:
-    """The median of the recent figures, once there are enough to go on."""
-    return statistics.median(recent) if len(recent) >= 8 else None
+def _slow(recent: collections.deque[float], total: float, factor: float, floor_s: float) -> float | None:
+    """The usual figure (the median of the recent ones) when ``total`` is
+    slow against it and past the floor, else None; ``total`` then joins
+    the recent ones. No verdict before there are enough to go on."""
+    usual = statistics.median(recent) if len(recent) >= 8 else None
+    recent.append(total)
+    if usual is None or total < floor_s or total < factor * usual:
+        return None
+    return usual
 
 
 @dataclass
@@ -69,9 +75,8 @@ class TurnClock:
         ``counts``: rows, arrivals, joins...), else None. Every turn counts
         toward the median the next ones are held to."""
         total = now - self._started
-        usual = _usual(self.recent)
-        self.recent.append(total)
-        if usual is None or total < self.floor_s or total < self.factor * usual:
+        usual = _slow(self.recent, total, self.factor, self.floor_s)
+        if usual is None:
             return None
         phases = ", ".join(f"{name} {1000 * s:.1f}" + (f" (cpu {1000 * self._cpu[name]:.1f})" if name in self._cpu else "")
                            for name, s in self._phases.items() if s >= 0.0005)
@@ -110,9 +115,8 @@ class FirstTextClock:
         Only the engine's part: a client's time to first token adds HTTP and
         the event loop's hand-over."""
         total = stamps["out"] - stamps["submitted"]
-        usual = _usual(self.recent)
-        self.recent.append(total)
-        if usual is None or total < self.floor_s or total < self.factor * usual:
+        usual = _slow(self.recent, total, self.factor, self.floor_s)
+        if usual is None:
             return None
         parts, last = [], stamps["submitted"]
         for stamp, phase in FIRST_TEXT_PHASES:

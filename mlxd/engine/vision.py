@@ -33,13 +33,12 @@ from typing import Any
 from mlxd.engine import memory, sampling
 from mlxd.engine.contract import AnswerFormats, GenerationEngine
 from mlxd.engine.lifecycle import EngineBase, GenerationControl, load_on_worker, measured_load, relay, warm_after_load
-from mlxd.engine.warmup import WarmupReport
 from mlxd.engine.local_output import LocalOutput
 from mlxd.engine.reasoning_budget import ReasoningPhase, reasoning_phase
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.engine.vision_inputs import prepare_vision_inputs
-from mlxd.engine.warmup import WARM_SAMPLING
+from mlxd.engine.warmup import WARM_SAMPLING, WarmupReport
 from mlxd.engine.worker import SKIP, MlxWorker
 from mlxd.errors import (
     BadRequest,

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxd.engine.kernel_cache import PTX_ENV, installed_mlx_version
+from mlxd.files import read_json_object
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,22 @@ def weight_dtypes(model: Any) -> list[str]:
     from mlx.utils import tree_flatten
 
     return sorted({str(a.dtype) for _, a in tree_flatten(model.parameters())})
+
+
+def model_marker(model: Any, folder: Path, device: str, device_name: str, *, kv_bits: int | None,
+                 batching: bool, runs: Sequence[Any], extra: Mapping[str, Any] | None = None) -> "WarmupMarker | None":
+    """Worker thread: the marker of a model's warm-up in this device's kernel
+    folder, or None where kernels are not compiled to disk (Metal). Its key
+    holds the model's ``config.json`` ({} when it cannot be read: the key
+    still holds the dtypes and the plan) and ``extra``, what else the
+    warm-up compiles (Whisper's fallback temperatures)."""
+    kernels = compiled_kernels_dir(device, os.environ)
+    if kernels is None:
+        return None
+    config = {**(extra or {}), **read_json_object(folder / "config.json")}
+    key = warmup_key(config=config, dtypes=weight_dtypes(model), kv_bits=kv_bits, batching=batching,
+                     runs=runs, device=f"{device}:{device_name}")
+    return WarmupMarker(kernels, key)
 
 
 class WarmupMarker:

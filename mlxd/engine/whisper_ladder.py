@@ -18,31 +18,17 @@ Metal compiles none of these on disk: nothing to do there.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
 
-from mlxd.engine.warmup_marker import WarmupMarker, compiled_kernels_dir, warmup_key, weight_dtypes
-from mlxd.files import read_json_object
+from mlxd.engine.warmup_marker import model_marker
 from mlxd.registry.device import current_device
 
 log = logging.getLogger(__name__)
 
 # mlx-audio's ``generate`` default after its greedy first try.
 LADDER = (0.2, 0.4, 0.6, 0.8, 1.0)
-
-
-def ladder_marker(model: Any, path: Path, device: str, device_name: str) -> WarmupMarker | None:
-    """Worker thread: the marker of this model's ladder in the kernel
-    cache, or None where kernels are not compiled to disk (Metal)."""
-    kernels = compiled_kernels_dir(device, os.environ)
-    if kernels is None:
-        return None
-    key = warmup_key(config={"whisper_ladder": LADDER, **read_json_object(path / "config.json")},
-                     dtypes=weight_dtypes(model), kv_bits=None, batching=False, runs=(),
-                     device=f"{device}:{device_name}")
-    return WarmupMarker(kernels, key)
 
 
 def warm_ladder(model: Any, name: str, path: Path) -> float | None:
@@ -53,7 +39,8 @@ def warm_ladder(model: Any, name: str, path: Path) -> float | None:
     from mlx_audio.stt.models.whisper.decoding import DecodingOptions
 
     device = current_device()
-    marker = ladder_marker(model, path, device.kind, device.name)
+    marker = model_marker(model, path, device.kind, device.name, kv_bits=None, batching=False, runs=(),
+                          extra={"whisper_ladder": LADDER})
     if marker is None or marker.known():
         return None
     started = time.perf_counter()
