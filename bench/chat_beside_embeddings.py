@@ -54,7 +54,8 @@ def chat_model(name: str, dtype: str) -> Path:
         return converted_dir(smollm2_gguf(), Path.home() / ".cache" / "mlxd", dtype=dtype)
     from mlxd.factory import ModelRecipe, build_model
 
-    return build_model(ModelRecipe("qwen2", name))
+    # The factory's sizes in the dtype asked for too: a "large" one in float32 would be 30 GB.
+    return build_model(ModelRecipe("qwen2", name, dtype=dtype))
 
 
 def stream_chat(url: str, tokens: int) -> dict[str, float]:
@@ -142,8 +143,9 @@ def unloads(http: httpx.Client) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--chat", choices=["smollm2", "tiny", "small", "bench"], default="smollm2",
-                        help="the chat model: SmolLM2-135M-Instruct, or a random qwen2 of the factory's sizes")
+    parser.add_argument("--chat", choices=["smollm2", "tiny", "small", "bench", "large"], default="smollm2",
+                        help="the chat model: SmolLM2-135M-Instruct, or a random qwen2 of the factory's sizes "
+                             "(large: Qwen2.5-7B's shapes, for a GPU)")
     parser.add_argument("--embedder", choices=["minilm", "tiny"], default="minilm",
                         help="the embedding model: MiniLM, or the factory's tiny random encoder, whose pass is short "
                              "on a CPU too, so that the clients' cost is the daemon's request path as on a GPU")

@@ -49,6 +49,11 @@ SIZES: dict[str, Shape] = {
     "small": Shape(512, 4, 1408, 8, 2, 8192, 8192, 3_000_000),
     # Qwen2.5-0.5B's layer shapes (vocabulary trimmed to what we train): for benchmarks.
     "bench": Shape(896, 24, 4864, 14, 2, 32768, 32768, 6_000_000),
+    # Qwen2.5-7B's layer shapes: a chat model of the size people pin, whose
+    # decode step on a GPU is bound by its weights' reads rather than by the
+    # host's Python, for benchmarks that ask what other work costs it (GPU only:
+    # 15 GB in bfloat16).
+    "large": Shape(3584, 28, 18944, 28, 4, 32768, 32768, 6_000_000),
 }
 
 ARCHITECTURES = ("llama", "qwen2")
