@@ -468,7 +468,7 @@ class BatchScheduler:
         A token may give no text yet (one byte of a character that takes
         several, or the start of what may be a stop string): such a request
         draws its next tokens the same way, up to ``_SOLO_FOR_TEXT``, until
-        some text is handed out (not into the speculative batch: below).
+        some text is handed out.
         Joining first would leave its first text to
         the batch's step after the join, which rearranges the batch and is
         its slowest (on an H100 30-69 ms against a usual 7-12); with the
@@ -508,11 +508,7 @@ class BatchScheduler:
                 return None
             if reason is not None:
                 return None
-            if len(self._outgoing) > posted or len(drawn) >= _SOLO_FOR_TEXT or self._speculation is not None:
-                # Not into the speculative batch: with rows joining it after
-                # a second token of their own, prompt lookup drafted nothing
-                # for a whole answer in about one run in ten of the zoo's
-                # gemma3_text batch test (never with one token); not found why.
+            if len(self._outgoing) > posted or len(drawn) >= _SOLO_FOR_TEXT:
                 return drawn
             step_input = token.reshape(1)
 

@@ -145,9 +145,13 @@ class Governor:
         self._unmeasured, self._joining = self._joining, False
         if self.hold_on:
             # Every step speculates but for two plain ones now and then, the
-            # baseline that status's speed-up is measured against.
+            # baseline that status's speed-up is measured against: at the end
+            # of each period, not as a mix opens. A mix opens whenever the
+            # batch's size or mean context crosses a power of two (a row
+            # ending is enough), and opening each with plain steps dropped the
+            # drafts that ``auto_off: false`` asks for there.
             now.steps += 1
-            return not (len(now.plain) < self.min_plain or self._probes_plain(now.steps))
+            return not self._probes_plain(now.steps + 2)
         if now.active and now.speedup is None and self._latest is not None and self._latest < 1.0:
             # A mix not decided yet starts where the last decision left off:
             # when speculation lost in another mix (a batch of four whose row

@@ -223,6 +223,9 @@ def test_held_on_it_speculates_at_every_step_but_its_baseline_and_says_what_that
     chosen = LOSING.drive(governor, 100)
     assert chosen.count(True) >= 90 and governor.active
     assert governor.speedup is not None and governor.speedup < 1.0
+    # A mix opens whenever a row ends or the context doubles: its first steps
+    # speculate too, not its baseline's (a short mix would otherwise never draft).
+    assert Mix(3, 0.010, 0.020, 1.3).drive(governor, 8) == [True] * 8
 
 
 
