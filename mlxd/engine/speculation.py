@@ -38,7 +38,7 @@ class Speculation:
                 raise RuntimeError("the draft model was released")
             drafter: Any = DraftModel(self.draft_model, self._chunk)
         else:
-            drafter = PromptLookup()
+            drafter = PromptLookup(self.tokens)
         return SpeculativeGenerator(model, drafter, self.tokens, self.governor, self.stats)
 
     def drop(self) -> None:

@@ -202,7 +202,7 @@ class SpeculativeGenerator:
                 row.drafts = drafts[: max(0, min(want, row.max_tokens - row.made - 1))]
         drafted = [len(r.drafts) for r in rows]
         emitted, responses = self._verify(rows)
-        self.drafter.commit(emitted, drafted)
+        self._commit(emitted, drafted)
         self._verified = not warming
         if not warming:
             # A step where no row had drafts was a plain one, whatever was
@@ -301,9 +301,17 @@ class SpeculativeGenerator:
             if in_cache:
                 row.tokens.append(token)
             row.last = token
-        self.drafter.commit([[t] for t in tokens], [0] * len(tokens))
+        self._commit([[t] for t in tokens], [0] * len(tokens))
         self._retire(responses)
         return [r for per_row in responses for r in per_row]
+
+    def _commit(self, emitted: list[list[int]], drafted: list[int]) -> None:
+        """The drafter learns what each row emitted; the governor, what its
+        drafts would have kept on plain steps, where it can tell."""
+        self.drafter.commit(emitted, drafted)
+        counts = self.drafter.shadow_counts()
+        if counts and counts[0] and not any(r.warmup for r in self._rows):
+            self.governor.shadow(*counts)
 
     # ------------------------------------------------------------ the step
     def _verify(self, rows: list[_Row]) -> tuple[list[list[int]], list[list[Response]]]:

@@ -76,6 +76,38 @@ class NgramIndex:
         return None
 
 
+class ShadowDraft:
+    """What prompt lookup would have kept on one row had it drafted, told
+    from the row's plain steps, where drafting costs no forward pass: the
+    draft it would have made, held against the tokens that came. Each
+    token is then a verify step's kept draft (``step`` says True) or a token
+    that step would have drawn itself: after a miss, a draft kept whole, or
+    no draft at all. ``T`` tokens of which ``K`` were kept would have taken
+    ``T - K`` verify steps a row."""
+
+    def __init__(self, k: int, index: NgramIndex | None = None) -> None:
+        self.k = max(1, k)
+        # The draft in hand: from the row's history as it joins, as a verify step then would.
+        self.pending: list[int] = index.draft(self.k) if index is not None else []
+
+    def step(self, index: NgramIndex, token: int) -> bool:
+        """``token`` came next; ``index`` is the row's history without it
+        (it is appended here). Whether the draft in hand had it."""
+        kept = bool(self.pending) and self.pending[0] == token
+        index.append(token)
+        if kept:
+            # Kept whole, none is left: the verify step's own token comes
+            # next, outside any draft, as after a row drafts nothing.
+            del self.pending[0]
+            return True
+        self.pending = index.draft(self.k)
+        return False
+
+    def forget(self) -> None:
+        """The row verified real drafts: what it would have drafted no longer follows."""
+        self.pending = []
+
+
 def accept(drafts: Sequence[int], sampled: Sequence[int]) -> int:
     """How many drafts to keep: ``sampled[j]`` is the token drawn at the
     position after ``drafts[j - 1]`` (after the last emitted token for j = 0);

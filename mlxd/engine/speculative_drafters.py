@@ -3,7 +3,9 @@
 Both keep one entry per row of the batch, in the batch's order:
 ``join`` (rows arrive with the tokens in their cache plus their next
 input), ``propose(k)`` (drafts per row), ``commit`` (what each row emitted
-and how many drafts it had), ``filter`` (rows that stay), ``close``.
+and how many drafts it had), ``shadow_counts`` (what drafts would have kept
+on the plain steps since it was last asked, or None where that costs a
+forward), ``filter`` (rows that stay), ``close``.
 
 - ``PromptLookup``: n-gram drafts from the row's own prompt and output
   (``speculative_core.NgramIndex``); no weights.
@@ -35,7 +37,7 @@ from typing import Any
 
 from mlxd.engine import speculative_cache as caches
 from mlxd.engine.batch_settle import evaluate_soon
-from mlxd.engine.speculative_core import NgramIndex, rollback
+from mlxd.engine.speculative_core import NgramIndex, ShadowDraft, rollback
 
 # Prompt tokens a draft model prefills when a sequence joins: its last ones
 # only. The draft's prefill runs on the worker in one go, and a coding agent's
@@ -46,11 +48,18 @@ DRAFT_CONTEXT = 512
 
 
 class PromptLookup:
-    def __init__(self) -> None:
+    def __init__(self, k: int = 4) -> None:
         self._rows: list[NgramIndex] = []
+        # What each row would have kept on its plain steps (``shadow_counts``).
+        self._shadows: list[ShadowDraft] = []
+        self._k = k
+        self._seen = self._kept = 0
 
     def join(self, histories: list[list[int]], _caches: Any = None) -> None:
-        self._rows += [NgramIndex(history) for history in histories]
+        for history in histories:
+            index = NgramIndex(history)
+            self._rows.append(index)
+            self._shadows.append(ShadowDraft(self._k, index))
 
     def propose(self, k: int) -> list[list[int]]:
         return [index.draft(k) for index in self._rows]
@@ -63,18 +72,34 @@ class PromptLookup:
             return any(index.would_draft() for index in self._rows)
         return any(index.would_draft(token) for index, token in zip(self._rows, then))
 
-    def commit(self, emitted: list[list[int]], _drafted: list[int]) -> None:
-        for index, tokens in zip(self._rows, emitted):
-            index.extend(tokens)
+    def commit(self, emitted: list[list[int]], drafted: list[int]) -> None:
+        plain = not any(drafted)
+        for index, shadow, tokens in zip(self._rows, self._shadows, emitted):
+            if not plain:
+                shadow.forget()
+                index.extend(tokens)
+                continue
+            for token in tokens:
+                self._kept += shadow.step(index, token)
+            self._seen += len(tokens)
+
+    def shadow_counts(self) -> tuple[int, int]:
+        """Tokens of plain steps since the last call, and how many of them
+        drafts would have kept: what the governor weighs before it spends a
+        verify step on finding out (``Governor.shadow``)."""
+        counts, self._seen, self._kept = (self._seen, self._kept), 0, 0
+        return counts
 
     def filter(self, keep: list[int]) -> None:
         self._rows = [self._rows[i] for i in keep]
+        self._shadows = [self._shadows[i] for i in keep]
 
     def settle(self) -> None:
         """Nothing lazy to evaluate: the n-gram index lives on the host."""
 
     def close(self) -> None:
         self._rows = []
+        self._shadows = []
 
 
 class DraftModel:
@@ -118,6 +143,10 @@ class DraftModel:
     def would_draft(self, then: list[int] | None = None) -> bool:
         """A draft model drafts for every row, every step."""
         return bool(self._pending)
+
+    def shadow_counts(self) -> None:
+        """What its drafts would have kept is not known without running it."""
+        return None
 
     def propose(self, k: int) -> list[list[int]]:
         import mlx.core as mx

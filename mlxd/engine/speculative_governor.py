@@ -45,6 +45,14 @@ in the same batch, at the same batch size, while it serves:
   (free chat at 4 and 8 streams on an H100: 0.91x and 0.89x of plain
   decoding with speculation off). The step that takes the new rows in never
   probes: it is not measured;
+- while off, a probe is skipped when the drafts would lose (``shadow``):
+  prompt lookup can tell at no cost what its drafts would have kept on the
+  plain steps since the last probe, and the mix's last measured speed-up
+  says what verifying cost against what it kept then; scaled by what it
+  would keep now, below ``probe_at`` the probe waits another interval.
+  Free chat on an H100 kept losing a few per cent of its pace to probes
+  that found what the plain steps already showed; a code edit arriving
+  shows in its first plain steps, and the next probe comes;
 - ``hold_on``: every step speculates but the baseline's plain ones
   (``auto_off: false``); the speed-up is measured and never acted on.
 """
@@ -85,6 +93,16 @@ class _Mix:
     # While off: the probe interval before the last probe, so that judging
     # it again with its leaving step's cost starts from there.
     retry_before_probe: int = 0
+    # The last speed-up measured with the tokens a row its verify steps
+    # emitted then: what scales the drafts' shadow into a prediction.
+    calibration: tuple[float, float] | None = None
+    verified_tokens: int = 0  # while on: the verify steps' tokens, and their rows
+    verified_rows: int = 0
+    probe_ratio: float = 0.0  # the last probe's tokens a row
+    # While off: plain tokens since the last probe (or join), and how many
+    # drafts would have kept.
+    shadow_seen: int = 0
+    shadow_kept: int = 0
 
     def __post_init__(self) -> None:
         self.spec = collections.deque(maxlen=self.window)
@@ -94,7 +112,7 @@ class _Mix:
 class Governor:
     def __init__(self, window: int = 16, probe_every: int = 16, min_spec: int = 6, min_plain: int = 2,
                  retry_every: int = 8, max_retry: int = 128, retry_samples: int = 2,
-                 hold_on: bool = False) -> None:
+                 hold_on: bool = False, probe_at: float = 0.9, min_shadow: int = 16) -> None:
         self.window = max(2, window)
         self.probe_every = max(2, probe_every)
         self.min_spec = max(1, min_spec)
@@ -105,6 +123,12 @@ class Governor:
         # ``auto_off: false``: speculate at every step; the speed-up is still
         # measured (and shown), never acted on.
         self.hold_on = hold_on
+        # A probe is skipped when the drafts' shadow predicts a speed-up
+        # below ``probe_at``, once it holds ``min_shadow`` tokens; below
+        # 1: the prediction is rough, and the probe is the measurement.
+        self.probe_at = probe_at
+        self.min_shadow = max(1, min_shadow)
+        self._rows = 1  # the batch the step chosen last serves
         self._mixes: dict[tuple[int, int], _Mix] = {}
         # The latest speed-up measured in any mix: what status shows while
         # the current one has none yet.
@@ -141,7 +165,9 @@ class Governor:
     def choose(self, batch: int, context: int = 0) -> bool:
         """Whether the next step of a batch of ``batch`` sequences, holding
         ``context`` tokens together, speculates."""
+        before = self._now
         now = self._now = self._mix(batch, context) if batch else self._now
+        self._rows = batch or self._rows
         self._unmeasured, self._joining = self._joining, False
         if self.hold_on:
             # Every step speculates but for two plain ones now and then, the
@@ -158,12 +184,13 @@ class Governor:
             # ended, leaving two), it goes off and its probes turn it on if it
             # pays, instead of a fresh trial that a short batch never ends.
             now.active, now.steps, now.retry = False, 0, self.retry_every
+            now.calibration = before.calibration
         now.steps += 1
         if not now.active:
             if now.steps < now.retry or self._unmeasured:
                 return False
             now.steps = 0
-            return True
+            return not self._drafts_would_lose(now)
         if now.spec and len(now.plain) < self.min_plain:
             return False
         # The first plain steps of a mix can be slow for reasons of their own
@@ -182,6 +209,28 @@ class Governor:
         costs."""
         return steps % (2 * self.probe_every) in (0, 1)
 
+    def _drafts_would_lose(self, mix: _Mix) -> bool:
+        """At an off mix's probe: whether the drafts' shadow since the last
+        probe says it would lose (``probe_at``). A verify step a row emitted
+        ``ratio`` tokens and speculation ran at ``speedup`` of plain then;
+        its cost a step being the same, it would run at ``speedup`` scaled
+        by what a verify step would emit now over ``ratio``. The shadow
+        starts again from here."""
+        seen, kept = mix.shadow_seen, mix.shadow_kept
+        mix.shadow_seen = mix.shadow_kept = 0
+        if mix.calibration is None or seen < self.min_shadow:
+            return False
+        speedup, ratio = mix.calibration
+        would_emit = seen / max(1, seen - kept)
+        return speedup * would_emit / ratio < self.probe_at
+
+    def shadow(self, seen: int, kept: int) -> None:
+        """The step just chosen was plain: ``seen`` tokens, of which the
+        drafts prompt lookup would have made had ``kept`` (``ShadowDraft``)."""
+        if not self._now.active:
+            self._now.shadow_seen += seen
+            self._now.shadow_kept += kept
+
     def joined(self) -> None:
         """Requests joined the batch: what pays may have changed, so an off
         mix probes within ``retry_every`` steps, once (not again if it
@@ -190,8 +239,11 @@ class Governor:
         emitted first), which is not what speculation or plain decoding
         cost: it is not measured, and never a probe."""
         for mix in self._mixes.values():
-            if not mix.active and mix.steps >= self.retry_every:
-                mix.steps = max(mix.steps, mix.retry - self.retry_every)
+            if not mix.active:
+                # The shadow is of the rows before: the probe weighs the new ones'.
+                mix.shadow_seen = mix.shadow_kept = 0
+                if mix.steps >= self.retry_every:
+                    mix.steps = max(mix.steps, mix.retry - self.retry_every)
         self._joining = True
 
     def record(self, speculative: bool, tokens: int, seconds: float, leaving: bool = False) -> None:
@@ -224,6 +276,12 @@ class Governor:
             # step that turned speculation off: no probe's cost.
             return
         (now.spec if speculative else now.plain).append((tokens, seconds))
+        if speculative and not leaving:
+            if now.active:
+                now.verified_tokens += tokens
+                now.verified_rows += self._rows
+            else:
+                now.probe_ratio = tokens / self._rows
         if len(now.plain) < self.min_plain or not now.spec:
             return
         if now.active:
@@ -232,6 +290,9 @@ class Governor:
             now.speedup = self._latest = _spec_rate(now.spec) / _rate(now.plain)
             if now.speedup < 1.0 and not self.hold_on:
                 now.active, now.steps, now.retry = False, 0, self.retry_every
+                if now.verified_rows:
+                    now.calibration = (now.speedup, now.verified_tokens / now.verified_rows)
+                now.verified_tokens = now.verified_rows = 0
                 # Off: what it measures from now on are the probes.
                 now.spec.clear()
             return
@@ -253,6 +314,8 @@ class Governor:
         interval to the next, and whether the last ``retry_samples`` probes
         pay together (back on)."""
         mix.retry = self._interval_after(mix)
+        if mix.probe_ratio:
+            mix.calibration = (_spec_rate([mix.spec[-1]]) / _rate(mix.plain), mix.probe_ratio)
         if len(mix.spec) < self.retry_samples:
             return
         recent = list(mix.spec)[-self.retry_samples :]

@@ -69,3 +69,23 @@ def test_figures_count_per_sequence_steps() -> None:
     stats.add(4, 0)
     assert stats.acceptance_rate == 0.5
     assert stats.accepted_per_step == 3.0
+
+
+def test_the_shadow_of_prompt_lookup_counts_what_its_drafts_would_have_kept_on_plain_steps():
+    from mlxd.engine.speculative_drafters import PromptLookup
+
+    lookup = PromptLookup(4)
+    # The history ends in 1, 2, which came before with 3 4 5 9 after it.
+    lookup.join([[1, 2, 3, 4, 5, 9, 1, 2]])
+    for token in (3, 4, 7):  # two drafts kept, then a miss: that verify step's own token
+        lookup.commit([[token]], [0])
+    assert lookup.shadow_counts() == (3, 2)
+    assert lookup.shadow_counts() == (0, 0)  # read once
+    # A step that verified real drafts is no plain step: not counted, and
+    # what was in hand before it no longer follows.
+    lookup.commit([[1, 2]], [2])
+    assert lookup.shadow_counts() == (0, 0)
+    # Free after the verify step; then the draft after its latest 2, 3 (4 7 1 2), kept for three.
+    for token in (3, 4, 7, 1):
+        lookup.commit([[token]], [0])
+    assert lookup.shadow_counts() == (4, 3)

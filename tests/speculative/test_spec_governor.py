@@ -297,3 +297,38 @@ def test_the_step_leaving_the_verify_step_that_turned_it_off_is_no_probe() -> No
     losing.step(governor)  # leaves the last verify step: not a probe
     # So the first probe still comes within retry_every steps.
     assert True in losing.drive(governor, governor.retry_every)
+
+
+def _drive_with_shadow(governor: Governor, mix: Mix, steps: int, kept_a_row: float) -> list[bool]:
+    """``mix``'s steps, each plain one followed by prompt lookup's shadow:
+    its drafts would have kept ``kept_a_row`` of each row's token."""
+    chosen = []
+    for _ in range(steps):
+        speculate = governor.choose(mix.rows, mix.context)
+        chosen.append(speculate)
+        if speculate:
+            governor.record(True, round(mix.rows * mix.per_row), mix.spec_s)
+        else:
+            governor.record(False, mix.rows, mix.plain_s)
+            governor.shadow(mix.rows, round(mix.rows * kept_a_row))
+    return chosen
+
+
+def test_off_it_skips_the_probes_its_drafts_shadow_says_would_lose_and_probes_when_they_would_pay():
+    """Free chat, off: plain steps where prompt lookup's drafts would have
+    kept nothing need no probe to say speculation still loses, and each
+    probe costs a verify step and its leaving step (a few per cent of an
+    H100's free-chat pace). When the drafts start to match (a code edit),
+    the next probe comes, and speculation is back on."""
+    with_shadow, without = Governor(), Governor()
+    LOSING.drive(with_shadow, 20)
+    LOSING.drive(without, 20)
+    assert not with_shadow.active and not without.active
+    assert _drive_with_shadow(with_shadow, LOSING, 300, kept_a_row=0.0).count(True) == 0
+    # A draft model has no shadow: it probes as before.
+    assert LOSING.drive(without, 300).count(True) >= 3
+    # Now the drafts would keep most of each row's tokens, and verifying pays.
+    editing = Mix(8, 0.010, 0.020, 4.0)
+    chosen = _drive_with_shadow(with_shadow, editing, 40, kept_a_row=0.75)
+    # Within two probe intervals (16 steps here): the first may still hold the free chat's shadow.
+    assert with_shadow.active and chosen[:32].count(True) >= 1, chosen

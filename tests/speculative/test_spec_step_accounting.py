@@ -52,6 +52,9 @@ class NeverDrafts:
     def commit(self, emitted: list[list[int]], drafted: list[int]) -> None:
         pass
 
+    def shadow_counts(self) -> None:
+        return None
+
     def filter(self, keep: list[int]) -> None:
         pass
 
