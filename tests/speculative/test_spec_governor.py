@@ -15,7 +15,9 @@ class Mix:
         self.rows, self.plain_s, self.spec_s, self.per_row = rows, plain_s, spec_s, per_row
         self.context = context  # all rows' tokens together
 
-    def drive(self, governor: Governor, steps: int) -> list[bool]:
+    def drive(self, governor: Governor, steps: int, kept_a_row: float | None = None) -> list[bool]:
+        """``kept_a_row``: each plain step is followed by prompt lookup's
+        shadow, its drafts having kept that much of each row's token."""
         chosen = []
         for _ in range(steps):
             speculate = governor.choose(self.rows, self.context)
@@ -24,6 +26,8 @@ class Mix:
                 governor.record(True, round(self.rows * self.per_row), self.spec_s)
             else:
                 governor.record(False, self.rows, self.plain_s)
+                if kept_a_row is not None:
+                    governor.shadow(self.rows, round(self.rows * kept_a_row))
         return chosen
 
 
@@ -299,21 +303,6 @@ def test_the_step_leaving_the_verify_step_that_turned_it_off_is_no_probe() -> No
     assert True in losing.drive(governor, governor.retry_every)
 
 
-def _drive_with_shadow(governor: Governor, mix: Mix, steps: int, kept_a_row: float) -> list[bool]:
-    """``mix``'s steps, each plain one followed by prompt lookup's shadow:
-    its drafts would have kept ``kept_a_row`` of each row's token."""
-    chosen = []
-    for _ in range(steps):
-        speculate = governor.choose(mix.rows, mix.context)
-        chosen.append(speculate)
-        if speculate:
-            governor.record(True, round(mix.rows * mix.per_row), mix.spec_s)
-        else:
-            governor.record(False, mix.rows, mix.plain_s)
-            governor.shadow(mix.rows, round(mix.rows * kept_a_row))
-    return chosen
-
-
 def test_off_it_skips_the_probes_its_drafts_shadow_says_would_lose_and_probes_when_they_would_pay():
     """Free chat, off: plain steps where prompt lookup's drafts would have
     kept nothing need no probe to say speculation still loses, and each
@@ -324,11 +313,11 @@ def test_off_it_skips_the_probes_its_drafts_shadow_says_would_lose_and_probes_wh
     LOSING.drive(with_shadow, 20)
     LOSING.drive(without, 20)
     assert not with_shadow.active and not without.active
-    assert _drive_with_shadow(with_shadow, LOSING, 300, kept_a_row=0.0).count(True) == 0
+    assert LOSING.drive(with_shadow, 300, kept_a_row=0.0).count(True) == 0
     # A draft model has no shadow: it probes as before.
     assert LOSING.drive(without, 300).count(True) >= 3
     # Now the drafts would keep most of each row's tokens, and verifying pays.
     editing = Mix(8, 0.010, 0.020, 4.0)
-    chosen = _drive_with_shadow(with_shadow, editing, 40, kept_a_row=0.75)
+    chosen = editing.drive(with_shadow, 40, kept_a_row=0.75)
     # Within two probe intervals (16 steps here): the first may still hold the free chat's shadow.
     assert with_shadow.active and chosen[:32].count(True) >= 1, chosen
