@@ -129,6 +129,7 @@ class Governor:
         # 1: the prediction is rough, and the probe is the measurement.
         self.probe_at = probe_at
         self.min_shadow = max(1, min_shadow)
+        self._shadowed = False  # the drafter tells its shadow (prompt lookup; a draft model does not)
         self._rows = 1  # the batch the step chosen last serves
         self._mixes: dict[tuple[int, int], _Mix] = {}
         # The latest speed-up measured in any mix: what status shows while
@@ -216,11 +217,17 @@ class Governor:
         ``ratio`` tokens and speculation ran at ``speedup`` of plain then;
         its cost a step being the same, it would run at ``speedup`` scaled
         by what a verify step would emit now over ``ratio``. The shadow
-        starts again from here."""
+        starts again from here, unless it holds too few tokens to tell:
+        then the next interval's check decides, on more of them (one row
+        sees 8 tokens in the first interval after turning off, and probed
+        blind there)."""
+        if mix.calibration is None or not self._shadowed:
+            mix.shadow_seen = mix.shadow_kept = 0
+            return False
+        if mix.shadow_seen < self.min_shadow:
+            return True
         seen, kept = mix.shadow_seen, mix.shadow_kept
         mix.shadow_seen = mix.shadow_kept = 0
-        if mix.calibration is None or seen < self.min_shadow:
-            return False
         speedup, ratio = mix.calibration
         would_emit = seen / max(1, seen - kept)
         return speedup * would_emit / ratio < self.probe_at
@@ -228,6 +235,7 @@ class Governor:
     def shadow(self, seen: int, kept: int) -> None:
         """The step just chosen was plain: ``seen`` tokens, of which the
         drafts prompt lookup would have made had ``kept`` (``ShadowDraft``)."""
+        self._shadowed = True
         if not self._now.active:
             self._now.shadow_seen += seen
             self._now.shadow_kept += kept

@@ -321,3 +321,13 @@ def test_off_it_skips_the_probes_its_drafts_shadow_says_would_lose_and_probes_wh
     chosen = editing.drive(with_shadow, 40, kept_a_row=0.75)
     # Within two probe intervals (16 steps here): the first may still hold the free chat's shadow.
     assert with_shadow.active and chosen[:32].count(True) >= 1, chosen
+
+
+def test_one_row_off_waits_for_enough_shadow_rather_than_probing_blind():
+    """One stream sees 8 tokens between two checks, under the 16 the shadow
+    needs: the first check waits for the next instead of probing."""
+    governor = Governor()
+    one_losing = Mix(1, 0.010, 0.0145, 1.0)  # a verify step at 1.45 plain ones that keeps nothing
+    one_losing.drive(governor, 20)
+    assert not governor.active
+    assert one_losing.drive(governor, 200, kept_a_row=0.0).count(True) == 0
