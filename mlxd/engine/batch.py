@@ -468,8 +468,7 @@ class BatchScheduler:
         A token may give no text yet (one byte of a character that takes
         several, or the start of what may be a stop string): such a request
         draws its next tokens the same way, up to ``_SOLO_FOR_TEXT``, until
-        some text is handed out.
-        Joining first would leave its first text to
+        some text is handed out. Joining first would leave its first text to
         the batch's step after the join, which rearranges the batch and is
         its slowest (on an H100 30-69 ms against a usual 7-12); with the
         factory's random weights a tenth of the first tokens were such bytes.
@@ -488,9 +487,11 @@ class BatchScheduler:
         while True:
             with mx.stream(self._prefill_stream()):
                 logits = model(step_input[None], cache=seq.cache)[:, -1, :]
-                context = mx.array([*tokens, drawn[-1]]) if drawn else seq.prompt
-                for processor in prepared.processors:
-                    logits = processor(context, logits)
+                if prepared.processors:
+                    # The whole history, built only for the processors that read it.
+                    context = mx.array([*tokens, drawn[-1]]) if drawn else seq.prompt
+                    for processor in prepared.processors:
+                        logits = processor(context, logits)
                 logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
                 token = self._sampler(seq)(logprobs)
                 mx.eval(token, logprobs, [c.state for c in seq.cache])

@@ -149,8 +149,9 @@ def prefix_copy(cache: Sequence[Any], length: int) -> list[Any] | None:
         # Room for the next ``step`` positions as well, where the entry has
         # them: an exact cut would be copied again (grown) by the prefill's
         # first update, where a shared whole entry is copied once.
-        room = min(_keys_of(layer).shape[2], length + getattr(layer, "step", 256))
-        if 2 * room > _keys_of(layer).shape[2]:
+        capacity = _keys_of(layer).shape[2]
+        room = min(capacity, length + getattr(layer, "step", 256))
+        if 2 * room > capacity:
             return None  # most of it: the whole, shared, costs no more
         return _kv_head(layer, room, length)
 

@@ -8,6 +8,7 @@ disconnect and the deadline, and the accounts kept once."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -348,16 +349,14 @@ def _account_soon(ctx: DaemonContext, request: Request, name: str, what: str, st
     there on a 2-core CPU, which the client waited for. The final write
     happens in the same task step, so a callback queued now runs after it,
     and before anything the client can send next."""
+    account = functools.partial(_account, ctx, request, name, what, status, seconds, amount, audio_seconds,
+                                stream=True, error=error, tokens_out=tokens_out)
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # finalised outside the loop: at once
-        loop = None
-    if loop is None or loop.is_closed():
-        _account(ctx, request, name, what, status, seconds, amount, audio_seconds, stream=True, error=error,
-                 tokens_out=tokens_out)
+        account()
         return
-    loop.call_soon(lambda: _account(ctx, request, name, what, status, seconds, amount, audio_seconds, stream=True,
-                                    error=error, tokens_out=tokens_out))
+    loop.call_soon(account)
 
 
 def _account(ctx: DaemonContext, request: Request, name: str, what: str, status: int, seconds: float,
