@@ -27,7 +27,9 @@ def get_weather(city: Literal["Paris", "Oslo"], days: Annotated[int, Field(ge=1,
 
 
 async def cut(stream: bool) -> dict:
-    agent = Agent(name="cut", model="qwen-tiny", model_settings=ModelSettings(max_tokens=8))
+    # Greedy: sampled at the default temperature, the random model draws an
+    # end token within 8 tokens now and then, and a whole answer is not cut.
+    agent = Agent(name="cut", model="qwen-tiny", model_settings=ModelSettings(max_tokens=8, temperature=0.0))
     try:
         if stream:
             run = Runner.run_streamed(agent, "Say hello")
