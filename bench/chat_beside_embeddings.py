@@ -111,7 +111,7 @@ class ThreadShares:
     its wall time. On a CUDA machine the MLX worker spins while it waits for
     the device, so its share stays near 1 while it steps; what it loses
     beside the clients is time off the CPU: waiting for the GIL, which the
-    event loop holds while it serves them (Linux; names need py-spy)."""
+    event loop holds while it serves them (Linux)."""
 
     def __init__(self) -> None:
         self.pid = newest_daemon_pid()

@@ -33,13 +33,30 @@ def newest_daemon_pid() -> int:
 
 
 def python_thread_names(pid: int) -> dict[str, str]:
-    """Native thread id -> Python thread name, from ``py-spy dump`` (Python
-    does not name its threads for the kernel); empty without py-spy."""
+    """Native thread id -> thread name. The daemon names the threads it
+    starts for the kernel (mlxd/thread_names.py: 15 bytes of the Python
+    name on Linux); py-spy's dump, where it is installed, gives the full
+    names. The main thread is the event loop; threads nobody named (MLX's,
+    BLAS's) are left out."""
+    names: dict[str, str] = {}
+    process = Path(f"/proc/{pid}/comm").read_text().strip()
+    # A thread inherits its creator's name: the BLAS and MLX threads the
+    # worker starts are "mlx-worker" too. The one named first (its id the
+    # lowest) is the daemon's.
+    for task in sorted(Path(f"/proc/{pid}/task").iterdir(), key=lambda task: int(task.name)):
+        try:
+            comm = (task / "comm").read_text().strip()
+        except OSError:
+            continue
+        if comm != process and comm not in names.values():
+            names[task.name] = comm
+    names[str(pid)] = "MainThread"
     binary = py_spy()
-    if binary is None:
-        return {}
-    dump = subprocess.run([binary, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True, text=True).stdout
-    return dict(re.findall(r'^Thread (\d+) \(\w+\): "([^"]+)"', dump, re.M))
+    if binary is not None:
+        dump = subprocess.run([binary, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True,
+                              text=True).stdout
+        names.update(re.findall(r'^Thread (\d+) \(\w+\): "([^"]+)"', dump, re.M))
+    return names
 
 
 def thread_cpu(pid: int, names: dict[str, str]) -> dict[str, float]:

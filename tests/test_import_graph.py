@@ -21,13 +21,15 @@ ALLOWED = {
     "caller": set(),
     # An event waited on with a time limit, cancellation kept (Python < 3.12).
     "waiting": set(),
+    # The kernel's name for a thread the daemon starts.
+    "thread_names": set(),
     # A .gguf path is converted once into the cache when the registry resolves it.
     "registry": {"errors", "gguf"},
     "settings": {"errors", "registry"},
     # The text engine decodes under grammars and splits tool calls; those two
     # import only the engine's contract (engine/types.py) back. An encoder's
     # batch queue takes turns between the callers' priority classes.
-    "engine": {"errors", "files", "caller", "registry", "grammar", "tools"},
+    "engine": {"errors", "files", "caller", "thread_names", "registry", "grammar", "tools"},
     # The shell holds engines by their contract (engine/types.py) only.
     "residency": {"errors", "caller", "waiting", "registry", "engine"},
     # Registry entries served by other servers: an engine over HTTP, which
@@ -44,7 +46,7 @@ ALLOWED = {
     "gguf": {"errors", "files", "dtypes"},
     # Failover entries: the order to try targets in, from residency and the backend poll.
     "failover": {"errors", "registry", "residency", "remote"},
-    "monitoring": {"mlxd", "errors", "registry", "engine", "residency", "remote", "failover"},
+    "monitoring": {"mlxd", "errors", "thread_names", "registry", "engine", "residency", "remote", "failover"},
     # The request path plans tools and splits tool calls for every surface.
     "api": {"mlxd", "errors", "caller", "registry", "settings", "engine", "grammar", "tools", "residency", "monitoring", "remote",
             "failover", "distributed"},

@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterable, Mapping
 
 from mlxd.registry.kinds import KINDS, ModelKind
+from mlxd.thread_names import name_this_thread
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ def modules_for(kinds: Iterable[str], table: Mapping[str, ModelKind] = KINDS) ->
 
 
 def _import_all(names: tuple[str, ...]) -> None:
+    name_this_thread()
     for name in names:
         started = time.perf_counter()
         try:

@@ -26,6 +26,7 @@ from mlxd.engine.types import GenerationRequest
 from mlxd.errors import BadRequest, ModelUnloaded
 from mlxd.grammar.compiler import GrammarCompiler
 from mlxd.grammar.processor import GrammarProcessor
+from mlxd.thread_names import name_this_thread
 from mlxd.tools import formats as tool_formats
 from mlxd.tools import reasoning as reasoning_formats
 
@@ -103,7 +104,8 @@ class TextModel:
         # tokenizer that encoded on a thread, freed only when that thread
         # exits. Tokenized on asyncio's long-lived pool threads, each load
         # left ~50 KB behind after its unload (measured, tokenizers 0.23).
-        self._tokenize_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tokenize-{name}")
+        self._tokenize_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tokenize-{name}",
+                                                   initializer=name_this_thread)
 
     def get(self) -> tuple[Any, Any]:
         """The model and tokenizer; raises ``ModelUnloaded`` once dropped."""

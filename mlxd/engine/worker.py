@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from mlxd.errors import ShuttingDown
+from mlxd.thread_names import name_this_thread
 
 T = TypeVar("T")
 
@@ -397,6 +398,7 @@ class MlxWorker:
 
     # ----------------------------------------------------------- the thread
     def _run(self) -> None:
+        name_this_thread()
         inbox = self._inbox
         ring: collections.deque[_Channel] = collections.deque()
         wakeup = self._wakeup

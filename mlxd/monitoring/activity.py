@@ -19,6 +19,8 @@ from dataclasses import astuple, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from mlxd.thread_names import name_this_thread
+
 log = logging.getLogger("mlxd.activity")
 
 FILE_NAME = "activity.sqlite3"
@@ -178,6 +180,7 @@ class ActivityLog:
         return db
 
     def _write(self, db: sqlite3.Connection) -> None:
+        name_this_thread()
         try:
             while True:
                 batch = [self._queue.get()]
