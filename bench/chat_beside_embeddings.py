@@ -135,6 +135,14 @@ def model_states(http: httpx.Client) -> dict[str, str]:
     return {m["name"]: m["state"] for m in http.get("/v1/status").json()["models"]}
 
 
+def encoder_pace(http: httpx.Client) -> dict[str, Any]:
+    """Where the encoder's passes stood against the chat's pace at the end
+    (engine/generation_pace.py), and how long they waited for it; none from
+    a daemon before it."""
+    engine = next((m.get("engine") or {} for m in http.get("/v1/status").json()["models"] if m["name"] == "minilm"), {})
+    return {"pace": engine.get("pace"), "paced_seconds": engine.get("paced_seconds")}
+
+
 def unloads(http: httpx.Client) -> float:
     """Unloads so far, evictions included (``mlxd_model_unloads`` in /metrics)."""
     return sum(float(line.rsplit(" ", 1)[1]) for line in http.get("/metrics").text.splitlines()
@@ -195,6 +203,8 @@ def main() -> None:
                   f"{'met' if met['longest_gap'] else 'not met'}); nothing unloaded: "
                   f"{'yes' if met['nothing_unloaded'] else 'no'}; embedding requests served meanwhile "
                   f"{figures['embedding_requests']}", flush=True)
+            if figures["encoder_pace"]["pace"] is not None:
+                print(f"{label}: the encoder's passes beside the chat at the end: {figures['encoder_pace']}", flush=True)
     print(table(["tree", "case", "chat tok/s", "longest gap ms", "p99 gap ms"], rows))
     print(f"\nchat {args.chat}, embedder {args.embedder}, {args.tokens} tokens, median of {args.rounds} streams a case")
     key = f"{args.chat}-{args.tokens}" + ("" if args.embedder == "minilm" else f"-{args.embedder}")
@@ -225,6 +235,7 @@ def measure(entries: list[dict[str, Any]], args: argparse.Namespace, cwd: Path |
         profile_to = Path("bench/results") / "chat_beside_embeddings-profile.txt" if args.profile else None
         with sampled(profile_to, native=False, rate=400) as sampling, shares.over(cpu_beside):
             beside = rounds(url, args.tokens, args.rounds)
+        pace = encoder_pace(http)
         stop.set()
         reports = gather_reports(done, clients, "an embedding client")
         states = model_states(http)
@@ -232,7 +243,7 @@ def measure(entries: list[dict[str, Any]], args: argparse.Namespace, cwd: Path |
     alone, shared = median_of(solo), median_of(beside)
     ratios = {"tok_s": shared["tok_s"] / alone["tok_s"], "longest_gap": shared["longest_gap_s"] / alone["longest_gap_s"]}
     return {"solo": solo, "beside": beside, "solo_median": alone, "beside_median": shared,
-            "embedding_requests": sum(reports), "states": states,
+            "embedding_requests": sum(reports), "states": states, "encoder_pace": pace,
             "thread_cpu_share": {"solo": cpu_solo, "beside": cpu_beside},
             **({"profile": sampling.report} if args.profile else {}), "unloads": unloaded, "ratios": ratios,
             "met": {"tok_s": ratios["tok_s"] >= 0.9, "longest_gap": ratios["longest_gap"] <= 1.1,

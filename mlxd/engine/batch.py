@@ -285,6 +285,9 @@ class BatchScheduler:
                     ended = self._ended
                     _, responses = self._generator.next()
                     self.steps += 1
+                    # A steady step's period is what the pace keeper holds encoder passes to.
+                    self._worker.pace.step(time.perf_counter(), rows, steady=not (
+                        arrivals or self._joined or self._ended or self._prefilling))
                     if clock is not None:
                         clock.mark("step", time.perf_counter(), time.thread_time())
                     self._take_step(responses)

@@ -66,6 +66,8 @@ class EncoderFigures:
     # The forward passes' time on the MLX worker: set against a request's
     # whole time (mlxd_request_seconds), what the path adds around the model.
     pass_seconds: float = 0.0
+    # What passes waited for a decoding model's pace (engine/generation_pace.py).
+    paced_seconds: float = 0.0
 
 
 class EncoderEngine(EngineBase):
@@ -173,6 +175,7 @@ class EncoderEngine(EngineBase):
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         self._waiting[key] = future
         self._queue.add(key, encoded.ids, encoded.types, priority=priority)
+        self._worker.pace.touched(time.perf_counter())
         self.figures.requests += 1
         self.figures.inputs += len(encoded.ids)
         self.figures.tokens += encoded.tokens
@@ -194,9 +197,21 @@ class EncoderEngine(EngineBase):
         decode step after it by its whole length; on this project's CPU a
         chat stream beside 8 embedding clients then ran at 0.79-0.83x its
         solo tokens/s (bench/chat_beside_embeddings.py)."""
+        pace = self._worker.pace
+        passing = False  # a pass of this engine run or on the device, told to the pace keeper
         try:
             while (ahead := self._ahead) is not None or len(self._queue):
-                batch = self._queue.take()
+                # Beside a decoding model, passes keep to its pace (interactive callers' do not).
+                wait = 0.0 if self._queue.interactive_waiting() else pace.wait_s(time.perf_counter())
+                if wait > 0 and ahead is None:
+                    self.figures.paced_seconds += wait
+                    await asyncio.sleep(wait)
+                    continue
+                # A pass on the device is read back even while held: a held pass starts no other.
+                batch = self._queue.take() if wait == 0 else None
+                if batch is not None and not passing:
+                    pace.began(time.perf_counter())
+                    passing = True
                 if batch is not None:
                     self.figures.batches += 1
                     self.figures.padded_tokens += batch.padded_tokens
@@ -216,6 +231,9 @@ class EncoderEngine(EngineBase):
                 except Exception as exc:
                     failed = [b for b in (ahead[0] if ahead else None, batch) if b is not None]
                     self._ahead = None
+                    if passing:
+                        pace.ended(time.perf_counter())
+                        passing = False
                     log.exception("a batch of %d inputs on %s failed", sum(len(b.rows) for b in failed), self.name)
                     failure = exc if isinstance(exc, MlxdError) else MlxdError(
                         f"The model `{self.name}` failed on this batch.")
@@ -230,7 +248,12 @@ class EncoderEngine(EngineBase):
                     for key, results in self._queue.deliver(finished, done):
                         self._settle(key, results)
                 self._ahead = (batch, queued) if beside and batch is not None else None
+                if self._ahead is None and passing:
+                    pace.ended(time.perf_counter())
+                    passing = False
         finally:
+            if passing:
+                pace.ended(time.perf_counter())
             self._pump = None
             self._ahead = None
 
@@ -285,6 +308,8 @@ class EncoderEngine(EngineBase):
             "padded_tokens": f.padded_tokens,
             "truncated_inputs": f.truncated,
             "pass_seconds": round(f.pass_seconds, 6),
+            "paced_seconds": round(f.paced_seconds, 6),
+            "pace": self._worker.pace.snapshot(time.perf_counter()),
             "dimensions": self.dimensions,
             "max_length": self.max_length,
             "pass_thread": self._pass_thread is not None,

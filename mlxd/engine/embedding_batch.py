@@ -109,6 +109,10 @@ class BatchQueue:
     def pending(self, request: Hashable) -> bool:
         return request in self._requests
 
+    def interactive_waiting(self) -> bool:
+        """Whether rows of the interactive class wait (they are not paced)."""
+        return bool(self._waiting.get("interactive"))
+
     def take(self) -> Batch | None:
         """The next batch, or None when nothing waits.
 

@@ -27,6 +27,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
+from mlxd.engine.generation_pace import GenerationPace
 from mlxd.errors import ShuttingDown
 from mlxd.thread_names import name_this_thread
 
@@ -300,6 +301,9 @@ class MlxWorker:
         self.open_streams = 0
         # ``side_stream``'s MLX stream, made once on this thread.
         self._side_stream: Any = None
+        # What decoding on this device keeps of its pace beside encoder
+        # passes: batch loops report their steps, encoders ask when to pass.
+        self.pace = GenerationPace()
 
     def side_stream(self) -> Any:
         """Worker thread only: an MLX stream beside mlx-lm's generation

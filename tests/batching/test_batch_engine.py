@@ -595,3 +595,12 @@ def test_at_debug_level_a_first_text_held_up_by_the_worker_is_logged_with_the_wa
     waits = [float(m.group(1)) for r in caplog.records
              if (m := re.search(r"slow first text .*, interactive: waited for the turn ([0-9.]+)", r.getMessage()))]
     assert any(wait >= 290 for wait in waits), waits
+
+
+def test_a_decoding_batch_tells_the_pace_keeper_its_steady_steps(batched, worker):
+    """What encoder passes beside it are held to (engine/generation_pace.py)."""
+    before = worker.pace.snapshot(0.0)["periods"]
+    run(collect(batched, varied(0, max_tokens=24, ignore_eos=True)))
+    # A step's period is measured from the step before: the first of a run, and the
+    # one that took the request in, are not.
+    assert worker.pace.snapshot(0.0)["periods"] - before >= 24 - 3
