@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from mlxd.engine import memory
+from mlxd.engine.generation_pace import GenerationPace
 from mlxd.engine.types import GenerationChunk, GenerationRequest, SavedCache
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.warmup import WarmupReport
@@ -368,12 +369,15 @@ def relay(
     *,
     on_token: Callable[[Any], None] | None = None,
     on_finish: Callable[[], None] | None = None,
+    pace: GenerationPace | None = None,
 ) -> Iterator[Any]:
     """Worker thread: turn an mlx-lm or mlx-vlm response stream into chunks,
     one per step. Ends on an abort, a stop string, the end token or
     max_tokens; ``on_finish`` runs only when the generation ended normally,
     before its last chunk goes out (a consumer may close us as soon as it has
-    that chunk)."""
+    that chunk). ``pace``: told each decode step, as a batch loop tells it
+    (engine/generation_pace.py); the step that drew the first token, after
+    the prefill, is not a steady one."""
 
     def finished(text: str, reason: str) -> GenerationChunk:
         responses.close()  # type: ignore[attr-defined]
@@ -394,6 +398,8 @@ def relay(
                 yield finished(stops.flush(), "stop")
                 return
             control.completion_tokens = response.generation_tokens
+            if pace is not None:
+                pace.step(time.perf_counter(), 1, steady=response.generation_tokens > 1)
             if on_token is not None:
                 on_token(response)
             text, stopped = stops.feed(response.text)

@@ -350,6 +350,7 @@ class TextEngine(EngineBase, GenerationEngine):
             responses, control, stops, chunk,
             on_token=on_token,
             on_finish=keep,
+            pace=self._worker.pace,
         )
 
 

@@ -339,7 +339,7 @@ class VisionEngine(EngineBase, GenerationEngine):
         kv_options = {"kv_bits": self.spec.kv_bits, "quantized_kv_start": 0} if self.spec.kv_bits else {}
         responses = _stream(model, processor, prepared.prompt, prepared.inputs, prepared.max_tokens,
                             prepared.sampler, prepared.processors, kv_options)
-        yield from relay(responses, control, stops, chunk)
+        yield from relay(responses, control, stops, chunk, pace=self._worker.pace)
 
 
 def _tool_format(tokenizer: Any, configured: str | None) -> tool_formats.ToolFormat | None:

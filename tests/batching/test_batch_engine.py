@@ -604,3 +604,9 @@ def test_a_decoding_batch_tells_the_pace_keeper_its_steady_steps(batched, worker
     # A step's period is measured from the step before: the first of a run, and the
     # one that took the request in, are not.
     assert worker.pace.snapshot(0.0)["periods"] - before >= 24 - 3
+
+
+def test_a_single_stream_tells_the_pace_keeper_its_steady_steps_too(single, worker):
+    before = worker.pace.snapshot(0.0)["periods"]
+    run(collect(single, varied(0, max_tokens=24, ignore_eos=True)))
+    assert worker.pace.snapshot(0.0)["periods"] - before >= 24 - 3
