@@ -65,7 +65,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxd.caller import class_of, urgency
+from mlxd.caller import PRIORITIES, class_of, urgency
 from mlxd.engine.batch_settle import settle
 from mlxd.engine.cache_layers import mergeable
 from mlxd.engine.checkpoints import checkpoint, plan
@@ -287,7 +287,8 @@ class BatchScheduler:
                     self.steps += 1
                     # A steady step's period is what the pace keeper holds encoder passes to.
                     self._worker.pace.step(time.perf_counter(), rows, steady=not (
-                        arrivals or self._joined or self._ended or self._prefilling))
+                        arrivals or self._joined or self._ended or self._prefilling),
+                        urgency=min(map(_rank, self._decoding.values()), default=len(PRIORITIES)))
                     if clock is not None:
                         clock.mark("step", time.perf_counter(), time.thread_time())
                     self._take_step(responses)

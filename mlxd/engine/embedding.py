@@ -202,7 +202,8 @@ class EncoderEngine(EngineBase):
         try:
             while (ahead := self._ahead) is not None or len(self._queue):
                 # Beside a decoding model, passes keep to its pace (interactive callers' do not).
-                wait = 0.0 if self._queue.interactive_waiting() else pace.wait_s(time.perf_counter())
+                waiting = self._queue.most_urgent()
+                wait = 0.0 if waiting == 0 else pace.wait_s(time.perf_counter(), waiting)
                 if wait > 0 and ahead is None:
                     self.figures.paced_seconds += wait
                     await asyncio.sleep(wait)

@@ -27,7 +27,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxd.caller import PRIORITIES, Stride, class_of
+from mlxd.caller import PRIORITIES, Stride, class_of, urgency
 
 
 @dataclass(frozen=True)
@@ -109,9 +109,10 @@ class BatchQueue:
     def pending(self, request: Hashable) -> bool:
         return request in self._requests
 
-    def interactive_waiting(self) -> bool:
-        """Whether rows of the interactive class wait (they are not paced)."""
-        return bool(self._waiting.get("interactive"))
+    def most_urgent(self) -> int:
+        """The most urgent class of the rows waiting (``urgency``; one past
+        the least urgent when none wait)."""
+        return next((urgency(c) for c in PRIORITIES if self._waiting.get(c)), len(PRIORITIES))
 
     def take(self) -> Batch | None:
         """The next batch, or None when nothing waits.

@@ -81,6 +81,7 @@ class PaceKeeper:
         self._mix = 0
         self._last_step: float | None = None  # the last steady step's end, if the chain holds
         self._last_seen = float("-inf")  # the last step of any kind
+        self._urgency = 1  # the last step's most urgent row's class
         self._steady = 0  # steady steps since the last hold began
         self._held = 0  # steps of the current hold still to come
         self._hold_began = 0.0
@@ -89,10 +90,12 @@ class PaceKeeper:
 
     # --- the decoding batch's side ---------------------------------------------
 
-    def step(self, now: float, rows: int, steady: bool) -> None:
+    def step(self, now: float, rows: int, steady: bool, urgency: int = 1) -> None:
         """A decode step of ``rows`` rows ended at ``now``; ``steady``: no
-        row joined, left or was prefilled since the step before."""
+        row joined, left or was prefilled since the step before;
+        ``urgency``: its most urgent row's class (mlxd.caller.urgency)."""
         self._last_seen = now
+        self._urgency = urgency
         mix = mix_of(max(1, rows))
         previous, self._last_step = self._last_step, now
         if not steady or previous is None or mix != self._mix:
@@ -138,9 +141,12 @@ class PaceKeeper:
     def decoding(self, now: float) -> bool:
         return now - self._last_seen < self.idle_s
 
-    def wait_s(self, now: float) -> float:
-        """How long the next pass should wait from ``now`` (0: go)."""
-        if not self.decoding(now):
+    def wait_s(self, now: float, urgency: int = 1) -> float:
+        """How long the next pass, for callers of class ``urgency``, should
+        wait from ``now`` (0: go). A pass is paced only for a batch holding
+        a row as urgent as its callers or more: embeddings of the default
+        class do not wait for bulk generations."""
+        if not self.decoding(now) or urgency < self._urgency:
             return 0.0
         periods = self._mixes.get(self._mix)
         step = statistics.median(periods.every) if periods is not None and periods.every else 0.0
@@ -194,13 +200,13 @@ class GenerationPace:
         self._keeper = keeper or PaceKeeper()
         self._lock = threading.Lock()
 
-    def step(self, now: float, rows: int, steady: bool) -> None:
+    def step(self, now: float, rows: int, steady: bool, urgency: int = 1) -> None:
         with self._lock:
-            self._keeper.step(now, rows, steady)
+            self._keeper.step(now, rows, steady, urgency)
 
-    def wait_s(self, now: float) -> float:
+    def wait_s(self, now: float, urgency: int = 1) -> float:
         with self._lock:
-            return self._keeper.wait_s(now)
+            return self._keeper.wait_s(now, urgency)
 
     def began(self, now: float) -> None:
         with self._lock:

@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from mlxd.caller import urgency
 from mlxd.engine import memory
 from mlxd.engine.generation_pace import GenerationPace
 from mlxd.engine.types import GenerationChunk, GenerationRequest, SavedCache
@@ -61,6 +62,8 @@ class GenerationControl:
     # The engine's own warm-up (``GenerationRequest.warmup``): not counted,
     # and it gives way to any user request.
     warmup: bool = False
+    # The caller's priority class: what encoder passes beside it are paced for.
+    priority: str = "default"
 
 
 @dataclass
@@ -272,7 +275,7 @@ class EngineBase:
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         if self._closed:
             raise ModelUnloaded(self.name)
-        control = GenerationControl(request.request_id, warmup=request.warmup)
+        control = GenerationControl(request.request_id, warmup=request.warmup, priority=request.priority)
         source: Any = None
         try:
             # Registered inside the try: starting the stream can raise
@@ -399,7 +402,8 @@ def relay(
                 return
             control.completion_tokens = response.generation_tokens
             if pace is not None:
-                pace.step(time.perf_counter(), 1, steady=response.generation_tokens > 1)
+                pace.step(time.perf_counter(), 1, steady=response.generation_tokens > 1,
+                          urgency=urgency(control.priority))
             if on_token is not None:
                 on_token(response)
             text, stopped = stops.feed(response.text)

@@ -113,3 +113,17 @@ def test_a_step_that_took_rows_in_or_out_measures_no_period():
     keeper.step(1.05, 2, steady=True)
     assert list(keeper._mixes[1].clean) == [pytest.approx(0.01)]
     assert list(keeper._mixes[2].clean) == [pytest.approx(0.03)]
+
+
+def test_a_pass_is_paced_only_for_a_batch_as_urgent_as_its_callers():
+    keeper = PaceKeeper()
+    now = 0.0
+    for _ in range(4):  # a bulk generation, being measured: passes held
+        now += 0.01
+        keeper.step(now, 1, steady=True, urgency=2)
+    assert keeper.wait_s(now, urgency=2) > 0  # bulk embeddings wait for a bulk generation
+    assert keeper.wait_s(now, urgency=1) == 0  # the default class does not
+    now += 0.01
+    keeper.step(now, 2, steady=False, urgency=1)  # a default-class request joins
+    keeper.step(now + 0.01, 2, steady=True, urgency=1)
+    assert keeper.wait_s(now + 0.01, urgency=1) > 0
