@@ -22,8 +22,8 @@ guessing it:
   steps, so the clean figure (their median) stays current: a batch's pace
   moves with its context;
 - the *slowdown* is the mean of the periods since the last decision, clean
-  and not, over the clean median, less one: what the streams' tokens/s
-  lose. Over ``tolerance`` the pause from the end of one pass to the start
+  and not, over the clean periods' mean (outliers left out), less one: what
+  the streams' tokens/s lose. Over ``tolerance`` the pause from the end of one pass to the start
   of the next doubles (from ``min_pause_s`` to ``max_pause_s``); within
   half of it, the pause halves, and below ``min_pause_s`` there is none. A
   decision waits for ``min_samples`` periods and for periods spanning two
@@ -125,7 +125,7 @@ class PaceKeeper:
     def _decide(self, periods: _Periods) -> None:
         if len(periods.clean) < self.min_samples:
             return
-        clean = statistics.median(periods.clean)
+        clean = _mean_without_outliers(periods.clean)
         recent = periods.recent
         if len(recent) < self.min_samples or sum(recent) < 2 * self.pause_s:
             return
@@ -190,6 +190,15 @@ class PaceKeeper:
             "held": self._held > 0,
             "periods": self.periods,
         }
+
+
+def _mean_without_outliers(values: Any) -> float:
+    """The mean of ``values`` but those over twice their median (a collection,
+    a page fault): set against the recent periods' mean, as a median was, it
+    read steps whose lengths vary (a CPU's) as slowed by about half their
+    spread, passes or not."""
+    median = statistics.median(values)
+    return statistics.fmean(v for v in values if v <= 2 * median)
 
 
 class GenerationPace:
