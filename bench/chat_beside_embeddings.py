@@ -113,8 +113,8 @@ class ThreadShares:
     beside the clients is time off the CPU: waiting for the GIL, which the
     event loop holds while it serves them (Linux)."""
 
-    def __init__(self) -> None:
-        self.pid = newest_daemon_pid()
+    def __init__(self, url: str) -> None:
+        self.pid = newest_daemon_pid(url)
         self.names = python_thread_names(self.pid)
 
     @contextlib.contextmanager
@@ -220,7 +220,7 @@ def measure(entries: list[dict[str, Any]], args: argparse.Namespace, cwd: Path |
         wait_warm(http, ("chat",))
         rounds(url, args.tokens, 1)  # the first stream pays what a first one pays
         unloaded_before = unloads(http)
-        shares = ThreadShares()
+        shares = ThreadShares(url)
         cpu_solo: dict[str, float] = {}
         cpu_beside: dict[str, float] = {}
         with shares.over(cpu_solo):

@@ -27,9 +27,12 @@ def py_spy() -> str | None:
     return str(beside) if beside.exists() else shutil.which("py-spy")
 
 
-def newest_daemon_pid() -> int:
-    """The ``mlxd serve`` started last on this machine (the bench's own)."""
-    return int(subprocess.run(["pgrep", "-n", "-f", "mlxd serve"], capture_output=True, text=True).stdout.split()[0])
+def newest_daemon_pid(url: str | None = None) -> int:
+    """The ``mlxd serve`` started last on this machine (the bench's own), or
+    the one serving ``url``: a test run beside the bench starts daemons too,
+    and a thread census of one that exited failed the bench."""
+    pattern = "mlxd serve" + (f" .*--port {url.rsplit(':', 1)[1]}( |$)" if url else "")
+    return int(subprocess.run(["pgrep", "-n", "-f", pattern], capture_output=True, text=True).stdout.split()[0])
 
 
 def python_thread_names(pid: int) -> dict[str, str]:
