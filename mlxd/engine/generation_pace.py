@@ -86,7 +86,8 @@ class PaceKeeper:
         self._held = 0  # steps of the current hold still to come
         self._hold_began = 0.0
         self._passing = 0  # passes begun and not ended
-        self._pass_seen = float("-inf")  # the last moment a pass was running
+        self._pass_seen = float("-inf")  # the last moment encoder work touched the steps
+        self._pass_ended = float("-inf")  # what the pause runs from
 
     # --- the decoding batch's side ---------------------------------------------
 
@@ -157,7 +158,7 @@ class PaceKeeper:
             return max(self.min_pause_s, min(step, self.max_pause_s))
         if self._passing:
             return 0.0  # another engine's pass: the pause runs from the end of the last one
-        return max(0.0, self._pass_seen + self.pause_s - now)
+        return max(0.0, self._pass_ended + self.pause_s - now)
 
     def began(self, now: float) -> None:
         """A pass starts (run or queued on the device)."""
@@ -167,12 +168,14 @@ class PaceKeeper:
     def ended(self, now: float) -> None:
         """A pass is over (read back)."""
         self._passing = max(0, self._passing - 1)
-        self._pass_seen = now
+        self._pass_seen = self._pass_ended = now
 
     def touched(self, now: float) -> None:
         """An encoder request arrived: the event loop's work on it (its
         body, its tokens, its answer) costs the steps too, so the period it
-        falls in is not clean, though no pass ran in it."""
+        falls in is not clean, though no pass ran in it. It does not move
+        the pause on: requests arriving more often than the pause would
+        hold every pass back."""
         self._pass_seen = max(self._pass_seen, now)
 
     def snapshot(self, now: float) -> dict[str, Any]:

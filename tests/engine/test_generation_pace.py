@@ -139,3 +139,21 @@ def test_a_pass_is_paced_only_for_a_batch_as_urgent_as_its_callers():
     keeper.step(now, 2, steady=False, urgency=1)  # a default-class request joins
     keeper.step(now + 0.01, 2, steady=True, urgency=1)
     assert keeper.wait_s(now + 0.01, urgency=1) > 0
+
+
+def test_requests_arriving_more_often_than_the_pause_do_not_hold_the_passes_back():
+    keeper = PaceKeeper(min_samples=2, hold_every=1000)
+    keeper.pause_s = 0.5
+    now = 0.0
+    for _ in range(4):  # the clean pace is known
+        now += 0.01
+        keeper.step(now, 1, steady=True)
+    keeper.began(now)
+    keeper.ended(now)
+    last_pass = now
+    while now < last_pass + 0.6:
+        now += 0.01
+        keeper.step(now, 1, steady=True)
+        if round(now * 100) % 10 == 0:
+            keeper.touched(now)  # a request every 0.1 s
+    assert keeper.wait_s(now) == 0.0
