@@ -75,7 +75,7 @@ class PaceKeeper:
         self.window = window
         self.min_samples = max(1, min_samples)
         self.pause_s = 0.0
-        self.slowdown: float | None = None  # the recent periods' mean over the clean median, less 1
+        self.slowdown: float | None = None  # the recent periods' mean over the clean ones', less 1
         self.periods = 0  # steady periods measured
         self._mixes: dict[int, _Periods] = {}
         self._mix = 0
