@@ -124,13 +124,10 @@ class PaceKeeper:
         self._decide(periods)
 
     def _decide(self, periods: _Periods) -> None:
-        if len(periods.clean) < self.min_samples:
-            return
-        clean = _mean_without_outliers(periods.clean)
         recent = periods.recent
-        if len(recent) < self.min_samples or sum(recent) < 2 * self.pause_s:
+        if len(periods.clean) < self.min_samples or len(recent) < self.min_samples or sum(recent) < 2 * self.pause_s:
             return
-        self.slowdown = statistics.fmean(recent) / clean - 1.0
+        self.slowdown = statistics.fmean(recent) / _mean_without_outliers(periods.clean) - 1.0
         recent.clear()
         if self.slowdown > self.tolerance:
             self.pause_s = min(self.max_pause_s, max(self.min_pause_s, 2 * self.pause_s))
