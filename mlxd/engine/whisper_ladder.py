@@ -9,10 +9,10 @@ Whisper's first transcription took 8.0 s on this project's CPU against 3.7
 s for the next (random weights always fall back; a trained Whisper on clear
 speech rarely does; with this, 3.9 s against 4.0 s). Two tokens at each
 temperature, decoded from audio features of zeros (no encoder pass),
-compile them; but that cost every
-load a second on this CPU, kernels compiled or not, so it runs only when
-the kernel cache is not known to hold them: a marker beside the kernels,
-as the text warm-up's (engine/warmup_marker.py), written once it ran.
+compile them; but that cost every load a second on this CPU, kernels
+compiled or not, so it runs only when the kernel cache is not known to
+hold them: a marker beside the kernels, as the text warm-up's
+(engine/warmup_marker.py), written once it ran.
 Metal compiles none of these on disk: nothing to do there.
 """
 
