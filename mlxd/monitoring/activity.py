@@ -109,6 +109,21 @@ class ActivityBounds:
     prune_every: int = 500
 
 
+def _storable(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``values`` with every string sqlite can store: a request's model
+    name is the client's text, and a lone surrogate in it (valid JSON,
+    ``"\\ud800"``) cannot be encoded as UTF-8; it is kept escaped."""
+    return tuple(_text(v) if isinstance(v, str) else v for v in values)
+
+
+def _text(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
+
+
 class ActivityLog:
     def __init__(self, state_dir: Path, bounds: ActivityBounds = ActivityBounds()) -> None:
         self.path = state_dir / FILE_NAME
@@ -201,18 +216,19 @@ class ActivityLog:
         try:
             if rows:
                 with db:
-                    db.executemany(_INSERT, [astuple(r) for r in rows if isinstance(r, ActivityRow)])
+                    db.executemany(_INSERT, [_storable(astuple(r)) for r in rows if isinstance(r, ActivityRow)])
                     # A request whose key was refused is nobody's usage ("-").
-                    db.executemany(_ADD_USAGE, [(r.key, r.model, int(r.status >= 400), r.tokens_in, r.tokens_cached,
-                                                 r.tokens_out) for r in rows if r.key != NO_CALLER])
+                    db.executemany(_ADD_USAGE, [_storable((r.key, r.model, int(r.status >= 400), r.tokens_in,
+                                                           r.tokens_cached, r.tokens_out))
+                                                for r in rows if r.key != NO_CALLER])
                     db.executemany("INSERT INTO counted VALUES (?, ?, ?)", [
-                        (r.time, r.key, r.tokens_in + r.tokens_out) for r in rows
+                        _storable((r.time, r.key, r.tokens_in + r.tokens_out)) for r in rows
                         if isinstance(r, Counted) and r.key != NO_CALLER and r.tokens_in + r.tokens_out])
                 before = self._written
                 self._written += len(rows)
                 if self._written // self.bounds.prune_every != before // self.bounds.prune_every:
                     self._prune(db)
-        except sqlite3.Error as exc:
+        except Exception as exc:  # noqa: BLE001 - one bad batch must not end the writer, and with it the log
             log.warning("activity log: %d rows not written: %s", len(rows), exc)
         finally:
             with self._committed:

@@ -68,6 +68,23 @@ def test_the_log_is_bounded_by_rows_and_by_age(tmp_path):
         log.stop()
 
 
+def test_a_model_name_sqlite_cannot_store_is_kept_escaped_and_the_writer_goes_on(tmp_path):
+    # Valid JSON ("\ud800") gives a lone surrogate, which UTF-8 cannot encode:
+    # it used to end the writer thread, and every later row with it.
+    log = ActivityLog(tmp_path)
+    log.start()
+    try:
+        log.add(_row("qwen-\ud800", status=400, request_id="odd"))
+        log.add(_row("qwen", request_id="after"))
+        assert log.flush()
+        assert [r["model"] for r in log.query()] == ["qwen", "qwen-\\ud800"]
+        log.add(_row("qwen", request_id="later"))
+        assert log.flush() and log.query()[0]["request_id"] == "later"
+        assert {(app, model) for app, model, *_ in log.usage_totals()} == {("local", "qwen"), ("local", "qwen-\\ud800")}
+    finally:
+        log.stop()
+
+
 def test_an_unusable_state_directory_is_reported_and_the_log_is_off(tmp_path):
     blocker = tmp_path / "state"
     blocker.write_text("a file where a directory should be")
@@ -160,6 +177,9 @@ def test_requests_refused_before_planning_are_rows_with_their_error(daemon):
                                headers={**AS_ADMIN, "X-Request-Id": "too-many"}),
         "messages": httpx.post(f"{daemon.url}/v1/messages", json={"model": "qwen", "max_tokens": 2, "messages": "x"},
                                headers={"x-api-key": READER, "X-Request-Id": "messages"}),
+        # A lone surrogate (valid JSON) in the model name: its row is written, and the rows after it.
+        "surrogate": httpx.post(url, content='{"model": "qwen-\\ud800", "messages": []}',
+                                headers={**AS_ADMIN, "X-Request-Id": "surrogate", "content-type": "application/json"}),
     }
     for rid, answer in refusals.items():
         assert answer.status_code >= 400, (rid, answer.text)
