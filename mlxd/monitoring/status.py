@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -258,6 +259,16 @@ def problems(snap: DaemonSnapshot) -> list[str]:
     return found
 
 
+def app_problems(snap: DaemonSnapshot, may_use: Callable[[str], bool]) -> list[str]:
+    """``problems`` as an app's non-admin key reads them: its own models'
+    failures in full, the rest as ``health_document`` says them (no other
+    model's name, no backend's address, no line of the configuration file,
+    which may hold what an operator pasted by mistake)."""
+    failed = [m for m in snap.manager.models if m.state is State.FAILED]
+    found = [f"model `{m.name}` failed to load: {m.last_error}" for m in failed if may_use(m.name)]
+    return found + _generic_reasons(snap, len(failed) - len(found), "other model(s)")
+
+
 def status_document(snap: DaemonSnapshot) -> dict[str, Any]:
     budget = snap.manager.budget
     committed = snap.manager.committed
@@ -314,18 +325,24 @@ def status_document(snap: DaemonSnapshot) -> dict[str, Any]:
     }
 
 
-def health_document(snap: DaemonSnapshot) -> dict[str, Any]:
-    """Open to anyone: counts and generic reasons, no names, paths or errors."""
-    states = [m.state for m in snap.manager.models]
-    failed = sum(1 for s in states if s is State.FAILED)
+def _generic_reasons(snap: DaemonSnapshot, failed: int, models: str = "model(s)") -> list[str]:
+    """Why the daemon is degraded, in counts: no names, paths or errors."""
     reasons = []
     if failed:
-        reasons.append(f"{failed} model(s) failed to load")
+        reasons.append(f"{failed} {models} failed to load")
     if snap.config.error is not None:
         reasons.append("the configuration file on disk is invalid")
     down = sum(1 for b in snap.backends if b.stats.reachable is False)
     if down:
         reasons.append(f"{down} backend(s) not reachable")
+    return reasons
+
+
+def health_document(snap: DaemonSnapshot) -> dict[str, Any]:
+    """Open to anyone: counts and generic reasons, no names, paths or errors."""
+    states = [m.state for m in snap.manager.models]
+    failed = sum(1 for s in states if s is State.FAILED)
+    reasons = _generic_reasons(snap, failed)
     return {
         "status": "degraded" if reasons else "ok",
         "reasons": reasons,

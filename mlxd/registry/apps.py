@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -15,6 +16,19 @@ from mlxd.registry.model import AppSpec
 from mlxd.registry.schema import AppEntry
 
 KEY_SOURCES = ("key", "key_env", "key_file", "key_sha256")
+# What an environment variable's name looks like. A key pasted where its
+# variable's name belongs (``key_env: sk-...``) is not: it is then not
+# repeated in the error, which goes to the log, `mlxd check` and status.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+def unset_variable(name: str, holds: str) -> str:
+    """The error for ``name`` (a ``*key_env`` value) not set in the
+    environment; ``holds`` says whose key it is."""
+    if _ENV_NAME.fullmatch(name):
+        return f"the environment variable `{name}` is not set (it holds {holds})"
+    return (f"this is not an environment variable's name (letters, digits and _), so it is not shown: is the key "
+            f"itself written here? Put the key in the environment and name the variable here (it holds {holds})")
 
 
 def build_apps(
@@ -60,8 +74,7 @@ def _key_digest(doc: Document, here: Loc, entry: AppEntry, base_dir: Path, envir
         assert entry.key_env is not None
         value = environ.get(entry.key_env, "").strip()
         if not value:
-            raise doc.error((*here, "key_env"),
-                            f"the environment variable `{entry.key_env}` is not set (it holds the key of app `{entry.name}`)")
+            raise doc.error((*here, "key_env"), unset_variable(entry.key_env, f"the key of app `{entry.name}`"))
         return _digest(value)
     assert entry.key_file is not None
     path = Path(entry.key_file).expanduser()
@@ -70,10 +83,20 @@ def _key_digest(doc: Document, here: Loc, entry: AppEntry, base_dir: Path, envir
         value = path.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
-        raise doc.error((*here, "key_file"), f"cannot read the key file {path}: {reason}") from None
+        raise doc.error((*here, "key_file"), f"cannot read the key file {_shown(entry.key_file, path)}: {reason}") from None
     if not value or any(ch.isspace() for ch in value):
-        raise doc.error((*here, "key_file"), f"the key file {path} must hold one key, with no spaces inside")
+        raise doc.error((*here, "key_file"),
+                        f"the key file {_shown(entry.key_file, path)} must hold one key, with no spaces inside")
     return _digest(value)
+
+
+def _shown(given: str, path: Path) -> str:
+    """The key file as an error names it: its path, unless what was written
+    looks like no path at all (no directory, no extension) but could be a
+    key pasted there, which is then not repeated."""
+    if "/" in given or "\\" in given or "." in given or given.startswith("~") or len(given) < 16:
+        return str(path)
+    return f"that key_file names (a bare name, not shown; relative to {path.parent})"
 
 
 def _digest(key: str) -> str:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from mlxd.registry.apps import unset_variable
 from mlxd.registry.document import Loc
 from mlxd.registry.model import BackendSpec, FailoverSpec, ModelSpec, PrefixCacheSpec, template_pairs
 from mlxd.registry.schema import FAILOVER_KEYS, REMOTE_KEYS, ModelEntry
@@ -30,10 +31,8 @@ class RemoteEntries:
         specs = []
         for name, b in self.s.parsed.backends.items():
             if b.api_key_env is not None and not env.get(b.api_key_env):
-                raise self.s.doc.error(
-                    ("backends", name, "api_key_env"),
-                    f"the environment variable `{b.api_key_env}` is not set (it holds the key for `{name}`)",
-                )
+                raise self.s.doc.error(("backends", name, "api_key_env"),
+                                       unset_variable(b.api_key_env, f"the key for `{name}`"))
             specs.append(
                 BackendSpec(
                     name=name,

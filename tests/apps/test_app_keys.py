@@ -205,6 +205,25 @@ def test_status_for_an_apps_key_shows_its_own_models_and_no_configuration(daemon
     assert everything["config"]["path"].endswith("models.yaml")
 
 
+def test_an_apps_key_reads_that_the_configuration_is_invalid_but_not_its_file_or_lines(daemon):
+    path = daemon.tmp / "models.yaml"
+    good = path.read_text()
+    doc = yaml.safe_load(good)
+    doc["apps"].append({"name": "pasted", "key_env": "sk-pasted-by-mistake-1234"})
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    try:
+        assert call(daemon, "POST", "/v1/admin/reload", OPS, {}).status_code >= 400
+        mine = call(daemon, "GET", "/v1/status", EDITOR).json()["health"]
+        assert mine == {"status": "degraded", "problems": ["the configuration file on disk is invalid"]}
+        full = call(daemon, "GET", "/v1/status", OPS).json()["health"]["problems"]
+        assert any("models.yaml" in p and "apps[5].key_env" in p for p in full), full
+        assert not [p for p in full if "sk-pasted" in p], "a key pasted as a variable's name is not repeated"
+    finally:
+        path.write_text(good)
+        assert call(daemon, "POST", "/v1/admin/reload", OPS, {}).status_code == 200
+    assert call(daemon, "GET", "/v1/status", EDITOR).json()["health"] == {"status": "ok", "problems": []}
+
+
 def test_requests_refused_before_planning_count_in_their_apps_usage_and_are_kept_like_the_others(daemon):
     def editor() -> dict[str, tuple[int, int]]:
         usage = call(daemon, "GET", "/v1/status", OPS).json()["usage"]

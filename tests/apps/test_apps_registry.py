@@ -77,6 +77,11 @@ BAD = [
      "`NOT_SET` is not set"),
     ("a missing key file", "apps:\n  - name: a\n    key_file: nowhere.key\n", 3, "apps[0].key_file",
      "cannot read the key file"),
+    # A key pasted where its variable's name or its file belongs is not repeated either.
+    ("a key as the variable", "apps:\n  - name: a\n    key_env: " + SECRET + "\n", 3, "apps[0].key_env",
+     "is the key itself written here?"),
+    ("a key as the file", "apps:\n  - name: a\n    key_file: " + SECRET + "\n", 3, "apps[0].key_file",
+     "a bare name, not shown"),
     ("a bad hash", "apps:\n  - name: a\n    key_sha256: " + SECRET + "\n", 3, "apps[0].key_sha256",
      "must be 64 hex digits"),
     ("a bad priority", "apps:\n  - name: a\n    key: none\n    priority: urgent\n", 4, "apps[0].priority",

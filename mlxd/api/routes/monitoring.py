@@ -22,7 +22,7 @@ from mlxd.api.app_scope import history_view, metrics_view, scoped
 from mlxd.api.auth import caller_of
 from mlxd.api.context import DaemonContext
 from mlxd.caller import Caller
-from mlxd.monitoring.status import health_document, status_document
+from mlxd.monitoring.status import app_problems, health_document, status_document
 from mlxd.errors import MlxdError
 
 NO_STORE = {"Cache-Control": "no-store"}
@@ -51,10 +51,12 @@ def _wants_html(request: Request) -> bool:
 _APP_SECTIONS = ("schema_version", "generated_at", "health", "daemon", "memory")
 
 
-def app_view(document: dict[str, Any], caller: Caller) -> dict[str, Any]:
+def app_view(document: dict[str, Any], caller: Caller, problems: list[str]) -> dict[str, Any]:
+    """``problems``: ``app_problems``, what the caller may read of why the daemon is degraded."""
     mine = [m for m in document["models"] if caller.may_use(m["name"], *m.get("aliases", ()))]
     names = {m["name"] for m in mine}
     out = {key: document[key] for key in _APP_SECTIONS}
+    out["health"] = {"status": document["health"]["status"], "problems": problems}
     out["config"] = {"generation": document["config"]["generation"]}
     out["backends"] = []
     out["app"] = {"name": caller.app, "admin": caller.admin, "priority": caller.priority,
@@ -100,7 +102,8 @@ def router() -> APIRouter:
         document = status_document(snapshot)
         caller = caller_of(request)
         if scoped(caller):
-            document = app_view(document, caller)
+            names_of = _names(request.app.state.ctx)
+            document = app_view(document, caller, app_problems(snapshot, lambda name: caller.may_use(*names_of(name))))
         body = json.dumps(document, separators=(",", ":"), allow_nan=False)
         return Response(body, media_type="application/json", headers=NO_STORE)
 
