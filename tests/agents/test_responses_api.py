@@ -143,6 +143,7 @@ def test_previous_response_id_continues_a_stored_response(client):
     with pytest.raises(openai.BadRequestError) as caught:
         client.responses.create(model="qwen", input="x", max_output_tokens=2, previous_response_id=unstored.id)
     assert caught.value.body["param"] == "previous_response_id"
+    assert caught.value.body["code"] == "previous_response_not_found"  # what clients act on
 
 
 def test_errors_come_in_openai_shape(client):

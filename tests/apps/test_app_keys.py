@@ -205,6 +205,17 @@ def test_status_for_an_apps_key_shows_its_own_models_and_no_configuration(daemon
     assert everything["config"]["path"].endswith("models.yaml")
 
 
+def test_only_the_app_that_stored_a_response_continues_it(daemon):
+    first = call(daemon, "POST", "/v1/responses", CHATTER, {"model": "echo-a", "input": "my secret is 4417"})
+    assert first.status_code == 200, first.text
+    follow = {"model": "echo-a", "input": "and then?", "previous_response_id": first.json()["id"]}
+    assert call(daemon, "POST", "/v1/responses", CHATTER, follow).status_code == 200
+    other = call(daemon, "POST", "/v1/responses", EDITOR, follow)
+    assert other.status_code == 400, other.text
+    assert other.json()["error"]["code"] == "previous_response_not_found"
+    assert "4417" not in other.text
+
+
 def test_an_apps_key_reads_that_the_configuration_is_invalid_but_not_its_file_or_lines(daemon):
     path = daemon.tmp / "models.yaml"
     good = path.read_text()

@@ -125,7 +125,7 @@ def _status(reason: str) -> str:
 
 def remember(store: ResponseStore, plan: Plan, body: ResponsesRequest, history: tuple[Message, ...], outcome: Outcome) -> None:
     if body.store:
-        store.put(plan.id, (*history, outcome.output_message()))
+        store.put(plan.id, plan.caller.name, (*history, outcome.output_message()))
 
 
 def complete_response(

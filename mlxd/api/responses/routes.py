@@ -33,19 +33,22 @@ def router(store: ResponseStore) -> APIRouter:
     @api.post(PATH)
     async def responses(body: ResponsesRequest, request: Request) -> Response:
         ctx: DaemonContext = request.app.state.ctx
+        caller = caller_of(request)
         earlier: tuple = ()
         if body.previous_response_id:
-            found = store.get(body.previous_response_id)
+            found = store.get(body.previous_response_id, caller.name)
             if found is None:
+                # OpenAI's status and code, which clients (Codex among them) act on.
                 raise BadRequest(
                     f"Previous response with id '{body.previous_response_id}' not found: mlxd keeps the last "
-                    f"responses in memory only (not across restarts); send the full input with store: false instead.",
-                    param="previous_response_id",
+                    f"responses in memory only (not across restarts), each for the app or key that made it; "
+                    f"send the full input with store: false instead.",
+                    param="previous_response_id", code="previous_response_not_found",
                 )
             earlier = found
         history = body.history(earlier)
         plan = plan_chat(ctx, body.requested(), body.conversation(history), kind="responses", id_prefix="resp_",
-                         caller=caller_of(request))
+                         caller=caller)
         return await respond(
             ctx, plan, request,
             framer=lambda: ResponsesFrames(plan, body, store, history),
