@@ -205,6 +205,15 @@ def test_status_for_an_apps_key_shows_its_own_models_and_no_configuration(daemon
     assert everything["config"]["path"].endswith("models.yaml")
 
 
+def test_an_apps_key_reads_only_its_own_models_prefix_caches(daemon):
+    mine = call(daemon, "GET", "/v1/cache/stats", EDITOR)
+    assert [m["model"] for m in mine.json()["models"]] == ["echo-a"], mine.text
+    assert call(daemon, "GET", "/v1/cache/stats?model=echo-b", EDITOR).status_code == 403
+    assert call(daemon, "GET", "/v1/cache/stats?model=echo-a", EDITOR).status_code == 200
+    every = call(daemon, "GET", "/v1/cache/stats", OPS).json()
+    assert [m["model"] for m in every["models"]] == ["echo-a", "echo-b"]
+
+
 def test_only_the_app_that_stored_a_response_continues_it(daemon):
     first = call(daemon, "POST", "/v1/responses", CHATTER, {"model": "echo-a", "input": "my secret is 4417"})
     assert first.status_code == 200, first.text

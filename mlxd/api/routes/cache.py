@@ -10,8 +10,10 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
-from mlxd.api.auth import require_admin
+from mlxd.api.auth import caller_of, require_admin
 from mlxd.api.context import DaemonContext
+from mlxd.api.plan import check_model
+from mlxd.caller import ANONYMOUS, Caller
 from mlxd.engine import memory
 from mlxd.engine.kinds import named_function
 from mlxd.errors import ModelNotFound
@@ -21,11 +23,15 @@ from mlxd.residency.shell import ModelView
 SUMMED = ("memory_entries", "memory_bytes", "max_bytes", "hits", "misses", "tokens_reused")
 
 
-def _views(ctx: DaemonContext, model: str | None) -> list[ModelView]:
-    views = list(ctx.manager.snapshot().models)
+def _views(ctx: DaemonContext, model: str | None, caller: Caller = ANONYMOUS) -> list[ModelView]:
+    """Every model's view, or ``model``'s; only those ``caller`` may use (an
+    app's key reads its own models' caches, as its status shows them)."""
+    views = [v for v in ctx.manager.snapshot().models if caller.may_use(*v.spec.names())]
     if model is None:
         return views
     spec = ctx.registry.lookup(model)
+    if spec is not None:
+        check_model(caller, model, spec.name)
     chosen = [v for v in views if spec is not None and v.name == spec.name]
     if not chosen:
         raise ModelNotFound(model, [v.name for v in views])
@@ -78,7 +84,7 @@ def router() -> APIRouter:
 
     @api.get("/v1/cache/stats")
     async def stats(request: Request, model: str | None = None) -> dict[str, Any]:
-        return cache_stats(_views(request.app.state.ctx, model))
+        return cache_stats(_views(request.app.state.ctx, model, caller_of(request)))
 
     @api.delete("/v1/cache/prefix", dependencies=[Depends(require_admin)])
     async def clear_prefix(request: Request, model: str | None = None) -> dict[str, Any]:
