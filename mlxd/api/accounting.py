@@ -7,6 +7,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from mlxd.caller import Caller
 from mlxd.monitoring.activity import ActivityRow
 from mlxd.monitoring.telemetry import Finished
 from mlxd.monitoring.usage import one_request
@@ -75,8 +76,7 @@ def record_request(
     if ctx.settings.log_prompts:
         extra = " prompt=" + repr([r.messages or r.prompt for r in plan.requests])[:2000]
     where = f" backend={backend}" if backend is not None else ""
-    if plan.caller.key is not None or plan.caller.app is not None:
-        where += f" caller={plan.caller.label}"
+    where += caller_field(plan.caller)
     if plan.failover is not None:
         ctx.failover.finished(model, plan.spec.name, status)
         metrics.failover_requests.labels(model, plan.spec.name, str(status)).inc()
@@ -85,3 +85,9 @@ def record_request(
         "%s model=%s%s status=%d tokens_in=%d tokens_out=%d seconds=%.3f stream=%s%s",
         plan.kind, model, where, status, tokens_in, tokens_out, seconds, plan.stream, extra,
     )
+
+
+def caller_field(caller: Caller) -> str:
+    """A request log line's ``caller=`` (the app, else the key's name), or
+    nothing where the daemon asks for no key: every surface's line names it."""
+    return f" caller={caller.label}" if caller.key is not None or caller.app is not None else ""

@@ -8,6 +8,7 @@ class reaches each kind's queue."""
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -121,6 +122,15 @@ def test_every_kind_counts_in_its_apps_requests_per_minute_token_day_and_usage(d
     assert usage[""]["errors"] >= 4
     daemon.now[0] += 60
     assert embed(daemon, RAG, ["x"]).status_code == 200, "the minute passed"
+
+
+def test_every_kinds_request_log_line_names_its_app(daemon, caplog):
+    caplog.set_level(logging.INFO, logger="mlxd.requests")
+    for ask, what in ((lambda: embed(daemon, EDITOR, ["x"]), "embeddings"), (lambda: rerank(daemon, EDITOR), "rerank"),
+                      (lambda: transcribe(daemon, EDITOR), "transcribe")):
+        assert ask().status_code == 200
+        lines = [r.getMessage() for r in caplog.records if r.name == "mlxd.requests"]
+        assert [line for line in lines if line.startswith(what + " ")][-1].endswith(" caller=editor"), lines
 
 
 def test_the_callers_priority_reaches_the_encoders_batch_queue_and_the_audio_models_queue(daemon):

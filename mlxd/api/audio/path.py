@@ -19,6 +19,7 @@ import numpy as np
 from starlette.requests import Request
 
 from mlxd.api.audio.bodies import SpeechBody, TranscribeAsk
+from mlxd.api.accounting import caller_field
 from mlxd.api.auth import caller_of
 from mlxd.api.context import DaemonContext
 from mlxd.api.embeddings.path import entry_for
@@ -377,4 +378,5 @@ def _account(ctx: DaemonContext, request: Request, name: str, what: str, status:
     if status == 200:
         ctx.metrics.audio_seconds.labels(name, what).inc(audio_seconds)
     unit = "chars" if what == "speech" else "audio_seconds"
-    log.info("%s model=%s status=%d %s=%.1f seconds=%.3f", what, name, status, unit, amount, seconds)
+    log.info("%s model=%s status=%d %s=%.1f seconds=%.3f%s", what, name, status, unit, amount, seconds,
+             caller_field(caller))

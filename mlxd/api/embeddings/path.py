@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 from starlette.requests import Request
 
+from mlxd.api.accounting import caller_field
 from mlxd.api.auth import caller_of
 from mlxd.api.context import DaemonContext
 from mlxd.api.embeddings.bodies import EmbedInputs, RerankAsk
@@ -180,5 +181,5 @@ def _account(ctx: DaemonContext, caller: Caller, name: str, spec: ModelSpec, wha
         metrics.throughput.add(name, tokens)
         ctx.manager.count_tokens(spec.name, tokens, 0)
         ctx.limits.spend(caller.app, tokens)
-    log.info("%s model=%s status=%d inputs=%d tokens_in=%d truncated=%d seconds=%.3f",
-             what, name, status, inputs, tokens, truncated, seconds)
+    log.info("%s model=%s status=%d inputs=%d tokens_in=%d truncated=%d seconds=%.3f%s",
+             what, name, status, inputs, tokens, truncated, seconds, caller_field(caller))
