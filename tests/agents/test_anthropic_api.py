@@ -393,3 +393,23 @@ def test_a_pattern_alias_claims_the_names_an_agent_asks_for(tmp_path):
     assert registry.lookup("claude-sonnet-4-5").name == "local"
     assert registry.lookup("claude-haiku-4-5").name == "claude-haiku-4-5"  # exact names before patterns
     assert registry.lookup("gpt-5") is None
+
+
+def test_a_document_block_is_read_as_its_text_and_a_pdf_as_a_note_saying_so(client):
+    note = "The secret code is 4417. It is kept in the vault under row nine."
+    document = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": note}}
+    ask = {"type": "text", "text": "What is the code?"}
+
+    def counted(*blocks):
+        return client.messages.count_tokens(model="counted", messages=[{"role": "user", "content": list(blocks)}]
+                                            ).input_tokens
+
+    alone = counted(ask)
+    # As many tokens as the same text sent as a text block: the model reads it (it was left out).
+    assert counted(document, ask) == counted({"type": "text", "text": note}, ask) > alone + 10
+    pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0x"}}
+    assert counted(pdf, ask) > alone + 10, "the note that a file could not be read is in the prompt"
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        counted({"text": "a block without a type"}, ask)
+    assert caught.value.body["error"]["type"] == "invalid_request_error"
+    assert "content[0]" in caught.value.body["error"]["message"]

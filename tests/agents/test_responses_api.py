@@ -3,6 +3,7 @@ the official openai client's responses.create."""
 
 from __future__ import annotations
 
+import base64
 import json
 
 import httpx
@@ -182,3 +183,16 @@ def test_a_websocket_on_the_responses_path_is_told_to_use_http(daemon):
     assert b"POST /v1/responses" in refused.value.response.body
     plain = httpx.get(f"{daemon.url}/v1/responses", headers={"authorization": f"Bearer {KEY}"})
     assert plain.status_code == 426 and plain.json()["error"]["code"] == "websocket_not_supported"
+
+
+def test_an_input_file_of_text_is_read_as_its_text(client):
+    note = "The secret code is 4417. It is kept in the vault under row nine."
+
+    def input_tokens(*parts):
+        return client.responses.create(model="qwen", max_output_tokens=1, store=False, input=[
+            {"role": "user", "content": [*parts, {"type": "input_text", "text": "What is the code?"}]}]
+        ).usage.input_tokens
+
+    data = "data:text/plain;base64," + base64.b64encode(note.encode()).decode()
+    as_file = input_tokens({"type": "input_file", "file_data": data})
+    assert as_file == input_tokens({"type": "input_text", "text": note}) > input_tokens() + 10

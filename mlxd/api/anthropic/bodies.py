@@ -4,7 +4,8 @@ Tolerant the way Claude Code needs a server to be: unknown top-level fields
 and unknown content block types are ignored (newer clients send fields older
 servers answered 422 to), an assistant's ``thinking`` blocks become its
 message's reasoning (for the template to render or drop), ``redacted_thinking``
-blocks are dropped, and a ``system`` role inside ``messages`` becomes a
+blocks are dropped, ``document`` and ``search_result`` blocks are read as
+text (``documents.py``), and a ``system`` role inside ``messages`` becomes a
 system message. ``thinking`` and ``output_config.effort`` say what a
 thinking model does (docs/thinking.md).
 Tools and tool_choice are parsed into the shared typed ``OutputRequest``,
@@ -20,14 +21,13 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from mlxd.api.anthropic import normalise
 from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
+from mlxd.api.documents import DOCUMENTS, anthropic_document
 from mlxd.api.plan import Requested
 from mlxd.api.reasoning import ReasoningRequest, combine, effort, template_kwargs
 from mlxd.errors import BadRequest
 from mlxd.registry.model import SamplingDefaults
 from mlxd.tools.output_request import OutputRequest
 from mlxd.tools.output_specs import ToolChoice, ToolSpec, not_an_object_schema, object_schema
-
-DROPPED_BLOCKS = ("redacted_thinking",)
 
 
 class AnthropicMessage(BaseModel):
@@ -209,11 +209,13 @@ def _image(block: dict[str, Any], param: str) -> ImagePart:
 
 
 def _result_text(content: Any) -> str:
+    """A tool result's content: its text, and any document or search result in it as text."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        return "\n".join(str(b.get("text", "")) for b in content if isinstance(b, dict) and b.get("type") == "text")
-    return ""
+    if not isinstance(content, list):
+        return ""
+    return "\n".join(str(b.get("text", "")) if b.get("type") == "text" else anthropic_document(b)
+                     for b in content if isinstance(b, dict) and b.get("type") in ("text", *DOCUMENTS))
 
 
 def _messages(message: AnthropicMessage, param: str) -> list[Message]:
@@ -230,14 +232,18 @@ def _messages(message: AnthropicMessage, param: str) -> list[Message]:
     results: list[Message] = []
     reasoning: list[str] = []
     for j, block in enumerate(message.content):
-        kind = block.get("type")
         where = f"{param}.content[{j}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if not isinstance(kind, str):
+            raise BadRequest(f"{where}: a content block is an object with a `type`.", param=where)
         if kind == "thinking" and message.role == "assistant":
             reasoning.append(str(block.get("thinking", "")))
         elif kind == "text":
             parts.append(TextPart(str(block.get("text", ""))))
         elif kind == "image":
             parts.append(_image(block, where))
+        elif kind in DOCUMENTS:
+            parts.append(TextPart(anthropic_document(block)))
         elif kind == "tool_use":
             arguments = block.get("input", {})
             if not isinstance(arguments, dict):
@@ -257,8 +263,8 @@ def _messages(message: AnthropicMessage, param: str) -> list[Message]:
             if block.get("is_error"):
                 text = f"Error: {text}"
             results.append(Message("tool", text, tool_call_id=str(block.get("tool_use_id", ""))))
-        # redacted_thinking, documents, server tool blocks, and block types
-        # newer than this adapter: tolerated and left out.
+        # redacted_thinking, server tool blocks, and block types newer than
+        # this adapter: tolerated and left out.
     out = list(results)
     if message.role == "system":
         text = normalise.without_billing_header("".join(p.text for p in parts if isinstance(p, TextPart)))

@@ -1,7 +1,8 @@
 """OpenAI Responses request bodies -> Requested and Conversation.
 
 ``input`` is a string or a list of items: messages (``input_text``,
-``input_image``, ``output_text`` parts), ``function_call``,
+``input_image``, ``output_text`` parts; ``input_file`` as its text,
+``documents.py``), ``function_call``,
 ``function_call_output`` and ``reasoning`` (an earlier answer's, for the
 template to render or drop). Item and tool types this adapter does not know
 (built-in tools Codex also declares) are tolerated and left out.
@@ -15,8 +16,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from mlxd.api.error_responses import FieldNames
 from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
+from mlxd.api.documents import input_file
+from mlxd.api.error_responses import FieldNames
 from mlxd.api.plan import Requested
 from mlxd.api.reasoning import ReasoningRequest, combine, reasoning_object, template_kwargs
 from mlxd.errors import BadRequest
@@ -188,7 +190,9 @@ def _content(content: Any, param: str) -> str | tuple[Part, ...]:
             if not isinstance(url, str) or not url.strip():
                 raise BadRequest(f"{where}.image_url must be the image's URL (a data: URL or a link).", param=where)
             parts.append(ImagePart(url=url, param=where))
-        # input_file, refusal, ...: left out.
+        elif kind == "input_file":
+            parts.append(TextPart(input_file(part)))
+        # refusal, ...: left out.
     return tuple(parts)
 
 
