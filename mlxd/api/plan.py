@@ -16,7 +16,7 @@ from mlxd.api.reasoning import ReasoningRequest, merged_template_kwargs
 from mlxd.caller import ANONYMOUS, Caller
 from mlxd.engine.types import GenerationRequest, SamplingParams
 from mlxd.errors import BadRequest, ModelNotFound, PermissionDenied
-from mlxd.registry.kinds import CHAT, COMPLETION, ModelKind
+from mlxd.registry.kinds import CHAT, COMPLETION, ROUTE_PATHS, ModelKind
 from mlxd.registry.model import FailoverSpec, ModelSpec, SamplingDefaults
 from mlxd.engine.contract import AnswerFormats
 from mlxd.tools.output_plan import check_output
@@ -106,8 +106,11 @@ def check_route(entry: Entry, name: str, route: str) -> None:
     """A model (or every target) of a kind that does not serve ``route``
     (an embedding model asked to chat) is the client's 400."""
     if not any(route in kind.routes for kind in entry.kinds):
-        kind = entry.kinds[0].name
-        raise BadRequest(f"Model `{name}` is a {kind} model and does not serve {route} requests.", param="model")
+        kind = entry.kinds[0]
+        article = "an" if kind.name[0] in "aeiou" else "a"
+        served = "; ".join(ROUTE_PATHS[r] for r in sorted(kind.routes) if r in ROUTE_PATHS)
+        raise BadRequest(f"Model `{name}` is {article} {kind.name} model, which this route does not serve; "
+                         f"it serves {served}.", param="model", code="model_not_supported")
 
 
 def merged_defaults(spec: ModelSpec, failover: FailoverSpec | None) -> SamplingDefaults:

@@ -35,6 +35,16 @@ RERANK = "rerank"
 # /v1/audio/transcriptions and /translations; /v1/audio/speech and /voices (docs/audio.md).
 TRANSCRIBE = "transcribe"
 SPEAK = "speak"
+# Where each is asked for: what a request that reached a model of the wrong
+# kind is told to use instead.
+ROUTE_PATHS = MappingProxyType({
+    CHAT: "POST /v1/chat/completions, /v1/messages or /v1/responses",
+    COMPLETION: "POST /v1/completions",
+    EMBED: "POST /v1/embeddings (or Ollama's /api/embed)",
+    RERANK: "POST /v1/rerank",
+    TRANSCRIBE: "POST /v1/audio/transcriptions or /v1/audio/translations",
+    SPEAK: "POST /v1/audio/speech",
+})
 
 
 @dataclass(frozen=True)

@@ -224,7 +224,9 @@ def test_audio_models_are_resident_like_any_model(audio_daemon) -> None:
         # A chat model asked to transcribe, and the other way round: 400s before any load.
         r = http.post("/v1/audio/transcriptions", files={"file": ("a.wav", write_file(sweep(0.5), RATE, "wav"))},
                       data={"model": "chat"})
-        assert r.status_code == 400 and "does not serve transcribe" in r.json()["error"]["message"]
+        assert r.status_code == 400 and "is a text model, which this route does not serve; it serves POST " \
+            "/v1/chat/completions" in r.json()["error"]["message"]
         r = http.post("/v1/chat/completions", json={"model": "whisper", "messages": [{"role": "user", "content": "hi"}]})
-        assert r.status_code == 400
+        assert r.status_code == 400 and "it serves POST /v1/audio/transcriptions" in r.json()["error"]["message"]
+        assert r.json()["error"]["code"] == "model_not_supported"
         assert audio_daemon.model("whisper")["state"] == "unloaded"
