@@ -73,6 +73,11 @@ def test_dimensions_on_a_model_not_trained_for_it_is_a_clear_400(encoders_daemon
     # Its own size is no change, and fine.
     same = client(encoders_daemon).embeddings.create(model="minilm", input="x", dimensions=384)
     assert len(same.data[0].embedding) == 384
+    # Refused before any input is embedded: 500 long inputs read nothing.
+    inputs_before = encoders_daemon.model("minilm")["engine"]["inputs"]
+    with pytest.raises(openai.BadRequestError):
+        client(encoders_daemon).embeddings.create(model="minilm", input=["a long input " * 50] * 500, dimensions=10)
+    assert encoders_daemon.model("minilm")["engine"]["inputs"] == inputs_before
 
 
 def test_langchain_openai_embeddings(encoders_daemon) -> None:
@@ -100,6 +105,9 @@ def test_token_arrays_are_the_models_own_ids(encoders_daemon, tiny_embedder) -> 
     single = api.embeddings.create(model="embed", input=ids, encoding_format="float")
     assert single.data[0].embedding == by_ids.data[0].embedding
     assert by_ids.usage.prompt_tokens == len(ids)
+    # One token array past 2048 ids is one input (cut to the model's length), not 2049 inputs.
+    long = api.embeddings.create(model="embed", input=(ids * 1100)[:2049], encoding_format="float")
+    assert len(long.data) == 1 and long.usage.prompt_tokens <= 128
 
 
 def test_truncation_follows_the_entry(encoders_daemon) -> None:

@@ -55,12 +55,13 @@ def _inputs(value: object, param: str) -> EmbedInputs:
     assert isinstance(value, list)
     if not value:
         raise BadRequest(f"`{param}` must not be empty", param=param)
+    # One token array is one input, however long (its length is the model's to cut or refuse).
+    if all(isinstance(v, int) for v in value):
+        return EmbedInputs(arrays=(tuple(value),))  # type: ignore[arg-type]
     if len(value) > MAX_INPUTS:
         raise BadRequest(f"`{param}` has {len(value)} inputs; at most {MAX_INPUTS} are taken", param=param)
     if all(isinstance(v, str) for v in value):
         return EmbedInputs(texts=_texts(tuple(value), param))  # type: ignore[arg-type]
-    if all(isinstance(v, int) for v in value):
-        return EmbedInputs(arrays=(tuple(value),))  # type: ignore[arg-type]
     if all(isinstance(v, list) for v in value):
         for i, ids in enumerate(value):
             if not ids:

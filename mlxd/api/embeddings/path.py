@@ -68,10 +68,13 @@ async def embed(ctx: DaemonContext, request: Request, name: str, inputs: EmbedIn
     async def work(engine: Any) -> tuple[Embedded, int]:
         if spec.is_remote:
             return await _remote_embed(engine, spec, name, inputs, dimensions), 0
+        if dimensions is not None:
+            # Refused before any input is read: it used to be after all of them were embedded.
+            check_dimensions(dimensions, engine.dimensions, spec)
         encoded = await engine.encode(inputs.texts, inputs.arrays, truncate=truncate and spec.truncate)
         vectors = await engine.embed(encoded, priority=caller_of(request).priority)
         if dimensions is not None:
-            vectors = shortened(vectors, dimensions, spec)
+            vectors = shortened(vectors, dimensions)
         return Embedded(name, vectors, encoded.tokens), len(encoded.truncated)
 
     return await _leased(ctx, request, spec, name, "embeddings", len(inputs), work)
@@ -113,19 +116,22 @@ async def _remote_rerank(engine: Any, spec: ModelSpec, name: str, ask: RerankAsk
     return Ranked(name, results[: ask.top_n], tokens)
 
 
-def shortened(vectors: list[np.ndarray], dimensions: int, spec: ModelSpec) -> list[np.ndarray]:
-    """Matryoshka: the first ``dimensions`` values, renormalised, for a model
-    trained to be read that way; a 400 for any other model."""
-    full = len(vectors[0]) if vectors else 0
-    if dimensions == full:
-        return vectors
+def check_dimensions(dimensions: int, full: int, spec: ModelSpec) -> None:
+    """A 400 for ``dimensions`` a model of ``full``-wide vectors cannot give:
+    more than it makes, or fewer where it was not trained to be read that way."""
     if dimensions > full:
         raise BadRequest(f"`dimensions` is {dimensions} but `{spec.name}` makes vectors of {full}",
                          param="dimensions")
-    if not spec.matryoshka:
+    if dimensions < full and not spec.matryoshka:
         raise BadRequest(
             f"`{spec.name}` was not trained for shorter embeddings (its entry has no `matryoshka: true`); "
             f"leave `dimensions` out or set it to {full}", param="dimensions")
+
+
+def shortened(vectors: list[np.ndarray], dimensions: int) -> list[np.ndarray]:
+    """Matryoshka (``check_dimensions`` passed): the first ``dimensions`` values, renormalised."""
+    if vectors and dimensions == len(vectors[0]):
+        return vectors
     out = []
     for v in vectors:
         cut = v[:dimensions]
