@@ -120,6 +120,13 @@ def invalid_body(errors: Sequence[Any]) -> Invalid:
     first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": "value_error"}
     if first.get("type") == "json_invalid":
         return Invalid("The request body is not valid JSON", None, "json")
+    if tuple(first.get("loc", ())) == ("body",):
+        # The whole body, not a field of it: form-encoded or plain text (no
+        # JSON content type), a JSON array, or nothing; pydantic's own words
+        # ("a valid dictionary or object to extract fields from") said none of it.
+        empty = first.get("type") == "missing"
+        return Invalid(f"The request body {'is empty' if empty else 'is not a JSON object'}: send a JSON object "
+                       "with Content-Type: application/json", None, "missing" if empty else "type")
     said = [first]
     loc = tuple(first.get("loc", ()))
     tag = next((i for i, part in enumerate(loc) if _union_member(part)), None)

@@ -292,3 +292,13 @@ async def test_anthropic_names_an_image_without_a_source_by_its_own_fields(tmp_p
     assert call.status == 400
     message = anthropic_error(call)["message"]
     assert "messages[0].content[0].source" in message and "image_url" not in message
+
+
+@pytest.mark.parametrize(("raw", "words"), [(b"[1, 2]", "is not a JSON object"), (b"", "is empty")])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/v1/responses", "/v1/embeddings"])
+async def test_a_body_that_is_no_json_object_says_so_in_the_surfaces_shape(tmp_path, path, raw, words):
+    # (Form-encoded or plain-text bodies land here too: pydantic's own words named neither.)
+    call = await answer(tmp_path, path, raw)  # type: ignore[arg-type]
+    assert call.status == 400
+    error = anthropic_error(call) if path == "/v1/messages" else openai_error(call)
+    assert error["message"] == f"The request body {words}: send a JSON object with Content-Type: application/json"
