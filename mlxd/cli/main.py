@@ -140,12 +140,19 @@ def check(
         None, envvar="MLXD_CONFIG", show_envvar=False,
         help="The models.yaml to validate (default: MLXD_CONFIG, then the default location).",
     ),
+    config_option: Optional[Path] = typer.Option(
+        None, "--config", "-c", help="The same, as serve and status take it.",
+    ),
 ) -> None:
     """Validate a registry file and show what the daemon would do with it."""
     from mlxd.settings import create_config_hint, default_config_path
     from mlxd.registry.check import describe
     from mlxd.registry.loader import load_registry
 
+    if config_option is not None:
+        if config is not None and config != config_option:
+            raise _fail(f"two registry files given ({config} and --config {config_option}); give one")
+        config = config_option
     if config is None:
         config = default_config_path()
         if not config.exists():

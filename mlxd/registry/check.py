@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fnmatch
+
 from mlxd.registry.model import RERANK_INSTRUCTION, ContentionSpec, FailoverSpec, ModelSpec, Registry
 from mlxd.registry.sizing import format_bytes
 
@@ -215,6 +217,10 @@ def describe(registry: Registry) -> str:
             key = "keyless loopback" if a.key_sha256 is None else "keyed"
             lines.append(f"  {a.name} [{a.priority}{', admin' if a.admin else ''}] {key}, models "
                          f"{', '.join(a.models)}, routes {', '.join(a.routes)}" + (f", {limits}" if limits else ""))
+            if not any(fnmatch.fnmatchcase(n, p) for n in registry.model_names() for p in a.models):
+                # Valid (a model may be added later), but likely a typo: say so before a client finds out.
+                lines.append(f"    warning: its models ({', '.join(a.models)}) match no model in this file; "
+                             "it can use none")
         lines.append("")
     if registry.backends:
         lines.append(f"Backends ({len(registry.backends)}):")

@@ -66,3 +66,16 @@ def test_serve_without_config_or_default_file_serves_the_demo_registry(tmp_path)
         assert names == ["demo-model"]
         looked = str(tmp_path / "xdg" / "mlxd" / "models.yaml")
         assert looked in d.log(until=looked)  # says where it looked
+
+
+def test_check_takes_config_as_serve_does_and_warns_of_an_app_that_can_use_nothing(tmp_path):
+    chosen = write_registry(tmp_path, [{"name": "chat", "model": "qwen"}])
+    chosen.write_text(chosen.read_text() + "apps:\n  - {name: typo, key: none, models: [caht]}\n"
+                      "  - {name: fine, key_sha256: " + "a" * 64 + ", models: [ch*]}\n")
+    result = _run("check", "--config", str(chosen), env=_env(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "chat [text]" in result.stdout
+    warned = [line for line in result.stdout.splitlines() if "match no model" in line]
+    assert len(warned) == 1 and "(caht)" in warned[0], result.stdout
+    both = _run("check", str(chosen), "--config", str(tmp_path / "other.yaml"), env=_env(tmp_path))
+    assert both.returncode == 2 and "give one" in both.stderr
