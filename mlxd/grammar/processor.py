@@ -29,7 +29,12 @@ LOG_LIMIT = 300
 
 
 def clipped(why: str, limit: int = LOG_LIMIT) -> str:
-    line = why.strip().splitlines()[0] if why.strip() else "unknown error"
+    """``why`` on one line, at most ``limit`` characters. A multi-line error
+    (llguidance's regex errors: the pattern, a caret under the fault, then
+    the reason) keeps every line but the caret's: its first line alone said
+    only "regex parse error:"."""
+    lines = [line.strip() for line in why.strip().splitlines() if line.strip().strip("^~")]
+    line = " ".join(lines) or "unknown error"
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 

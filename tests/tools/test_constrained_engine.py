@@ -120,6 +120,13 @@ def test_an_unknown_schema_type_is_a_bad_request(single):
         run(collect(single, greedy(max_tokens=8, constraint=Constraint.json_schema({"type": "bogus"}))))
 
 
+def test_a_bad_pattern_is_a_bad_request_saying_what_is_wrong_with_it(single):
+    # llguidance's error runs over several lines; the first alone was "regex parse error:".
+    bad = Constraint.json_schema({"type": "string", "pattern": "([a-"})
+    with pytest.raises(BadRequest, match=r"regex parse error: \(\[a- error: unclosed character class"):
+        run(collect(single, greedy(max_tokens=8, constraint=bad)))
+
+
 def test_a_bad_lark_grammar_is_a_bad_request(single):
     with pytest.raises(BadRequest, match="unknown name"):
         run(collect(single, greedy(max_tokens=8, constraint=Constraint.lark("start: nowhere\n"))))
