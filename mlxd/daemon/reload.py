@@ -16,6 +16,11 @@ count (the file, each symlink on the way to its target, the target): the
 folder may be a home directory, or hold the daemon's own log, and anything
 else that moves there must not keep the debounce from settling. Events only
 say "look again"; whether anything changed is decided by the file's content hash.
+
+The key files the registry names (an app's ``key_file``, the daemon's
+``--api-keys-file``) are watched the same way: a key rotated in its file
+(a leaked one revoked) applies at once, as an edit of the registry does;
+before, it waited for the next reload, and the old key kept working.
 """
 
 from __future__ import annotations
@@ -83,7 +88,20 @@ class Reloader:
         # The content last looked at, valid or not: the watcher skips events
         # that leave it unchanged (touch, chmod, a neighbour's temp file).
         self._seen_hash: str | None = ctx.config.file_hash
+        # The same for the key files, together (``key_files``).
+        self._seen_keys = self._keys_digest()
         self._watcher: ConfigWatcher | None = None
+
+    def key_files(self) -> tuple[Path, ...]:
+        """The files keys are read from: the apps' of the registry in use, the daemon's keys file."""
+        apps = self.ctx.registry.apps or ()
+        found = [a.key_file for a in apps if a.key_file is not None]
+        if self.settings.api_keys_file is not None:
+            found.append(self.settings.api_keys_file.expanduser())
+        return tuple(found)
+
+    def _keys_digest(self) -> tuple[str | None, ...]:
+        return tuple(file_digest(path) for path in self.key_files())
 
     # --- triggers --------------------------------------------------------------
 
@@ -114,7 +132,10 @@ class Reloader:
             self._reject(error, trigger)
             raise error from None
         self._seen_hash = registry.file_hash
-        return await self._apply(registry, trigger)
+        report = await self._apply(registry, trigger)
+        # Read after the apply: the files of the registry now in use.
+        self._seen_keys = self._keys_digest()
+        return report
 
     async def on_signal(self) -> None:
         """SIGHUP: errors are already in the log and in /v1/status."""
@@ -132,14 +153,15 @@ class Reloader:
         async with self._lock:
             # Checked under the lock: an explicit reload may just have read
             # this very content, and a second report would only say "unchanged".
-            if self.ctx.draining or file_digest(self.path) == self._seen_hash:
+            if self.ctx.draining or (file_digest(self.path) == self._seen_hash
+                                     and self._keys_digest() == self._seen_keys):
                 return
             with contextlib.suppress(ConfigError):
                 await self._reload("watch")
 
     async def start_watching(self) -> None:
         if self._watcher is None:
-            self._watcher = ConfigWatcher(self.path, self.on_file_event, self.debounce_s)
+            self._watcher = ConfigWatcher(self.path, self.on_file_event, self.debounce_s, also=self.key_files)
             await self._watcher.start()
             log.info("watching %s for changes", self.path)
 
@@ -177,7 +199,9 @@ class Reloader:
         config = ctx.config
         diff = diff_registries(ctx.registry, registry)
         settings, server = self._settings_for(registry, diff)
-        applied = not diff.is_empty
+        # Keys read from the daemon's keys file change the settings, not the file.
+        applied = not diff.is_empty or bool(server["applied"])
+        summary = diff.summary() if not diff.is_empty else f"server: {', '.join(server['applied'])}"
         # The settings and the registry change together (reconfigure does not
         # yield to the event loop): no request sees one without the other.
         ctx.settings = settings
@@ -195,7 +219,7 @@ class Reloader:
             "trigger": trigger,
             "outcome": "applied" if applied else "unchanged",
             "file_hash": registry.file_hash,
-            "summary": diff.summary(),
+            "summary": summary,
             "models": _model_outcomes(diff, preloading, renames),
             "manager": list(diff.manager_fields),
             "backends": list(diff.backends),
@@ -210,8 +234,8 @@ class Reloader:
         restart = server["needs_restart"]
         note = f"; needs restart: {', '.join(restart)}" if restart else ""
         if applied:
-            ctx.events.add("reload", "", f"generation {config.generation} applied ({trigger}): {diff.summary()}{note}")
-            log.info("configuration generation %d applied (%s): %s", config.generation, trigger, diff.summary())
+            ctx.events.add("reload", "", f"generation {config.generation} applied ({trigger}): {summary}{note}")
+            log.info("configuration generation %d applied (%s): %s", config.generation, trigger, summary)
         else:
             ctx.events.add("reload", "", f"unchanged ({trigger}); generation {config.generation} keeps serving{note}")
             log.info("configuration unchanged (%s)", trigger)
@@ -318,8 +342,11 @@ class ConfigWatcher:
     then reports it missing).
     """
 
-    def __init__(self, path: Path, on_change: Callable[[], Awaitable[None]], debounce_s: float) -> None:
+    def __init__(self, path: Path, on_change: Callable[[], Awaitable[None]], debounce_s: float,
+                 also: Callable[[], tuple[Path, ...]] = tuple) -> None:
+        """``also``: more files whose changes count (the key files), asked again at each event."""
         self.path = path
+        self.also = also
         self.on_change = on_change
         self.debounce_s = debounce_s
         self._poked = asyncio.Event()
@@ -350,8 +377,10 @@ class ConfigWatcher:
         self._tasks = []
 
     def folders(self) -> tuple[Path, ...]:
-        link = self.path.absolute()
-        found = {link.parent, link.resolve().parent}
+        found = set()
+        for path in (self.path, *self.also()):
+            link = path.absolute()
+            found |= {link.parent, link.resolve().parent}
         return tuple(sorted(f for f in found if f.is_dir()))
 
     async def _watch(self) -> None:
@@ -378,7 +407,8 @@ class ConfigWatcher:
 
     def _concerns_registry(self, _change: object, path: str) -> bool:
         # Recomputed per event: a symlink swap changes which names matter.
-        return _name_key(Path(path)) in registry_names(self.path)
+        key = _name_key(Path(path))
+        return any(key in registry_names(p) for p in (self.path, *self.also()))
 
     async def _pause(self) -> None:
         await asyncio.sleep(self.debounce_s)

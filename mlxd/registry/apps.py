@@ -54,6 +54,7 @@ def build_apps(
             name=entry.name, key_sha256=digest, models=tuple(entry.models), routes=tuple(dict.fromkeys(entry.routes)),
             admin=entry.admin, priority=entry.priority, max_concurrency=entry.max_concurrency, rpm=entry.rpm,
             tpm=entry.tpm, tokens_per_day=entry.tokens_per_day,
+            key_file=_key_path(entry.key_file, base_dir) if entry.key_file is not None else None,
         ))
     return tuple(apps)
 
@@ -77,8 +78,7 @@ def _key_digest(doc: Document, here: Loc, entry: AppEntry, base_dir: Path, envir
             raise doc.error((*here, "key_env"), unset_variable(entry.key_env, f"the key of app `{entry.name}`"))
         return _digest(value)
     assert entry.key_file is not None
-    path = Path(entry.key_file).expanduser()
-    path = path if path.is_absolute() else base_dir / path
+    path = _key_path(entry.key_file, base_dir)
     try:
         value = path.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
@@ -88,6 +88,12 @@ def _key_digest(doc: Document, here: Loc, entry: AppEntry, base_dir: Path, envir
         raise doc.error((*here, "key_file"),
                         f"the key file {_shown(entry.key_file, path)} must hold one key, with no spaces inside")
     return _digest(value)
+
+
+def _key_path(given: str, base_dir: Path) -> Path:
+    """A ``key_file`` as read: relative to the registry's folder."""
+    path = Path(given).expanduser()
+    return path if path.is_absolute() else base_dir / path
 
 
 def _shown(given: str, path: Path) -> str:

@@ -345,6 +345,9 @@ class AppSpec:
     rpm: int | None = None
     tpm: int | None = None
     tokens_per_day: int | None = None
+    # The file its key is read from (``key_file``), which the reload watcher
+    # watches: a key rotated there applies as an edit of the registry does.
+    key_file: Path | None = field(default=None, compare=False)
 
     def __repr__(self) -> str:
         # Never the hash in a log line either: it names the key.

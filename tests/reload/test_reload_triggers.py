@@ -157,6 +157,36 @@ def test_api_keys_and_limits_apply_live_and_a_new_address_needs_a_restart(tmp_pa
         assert any("needs restart: host" in e["message"] for e in status["events"] if e["kind"] == "reload")
 
 
+def test_a_key_rotated_in_its_key_file_applies_without_a_reload(tmp_path):
+    # A leaked key revoked by rewriting its file used to keep working until the next reload.
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "ops.key").write_text("ops-old\n")
+    keys_file = secrets / "keys.txt"
+    keys_file.write_text("flat-old\n")
+    registry = tmp_path / "models.yaml"
+    registry.write_text(registry_doc(tmp_path, [A]) + "apps:\n  - {name: ops, key_file: secrets/ops.key, admin: true}\n")
+    chat = {"model": "a", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+
+    def status_of(key: str) -> int:
+        return httpx.post(f"{d.url}/v1/chat/completions", json=chat, headers=auth(key), timeout=60).status_code
+
+    with reloading_daemon(registry, tmp_path, api_keys_file=keys_file) as d:
+        assert status_of("ops-old") == 200
+        replace_atomically(secrets / "ops.key", "ops-new\n")
+        wait_until(lambda: d.ctx.config.generation == 2)
+        assert (status_of("ops-old"), status_of("ops-new")) == (401, 200)
+        assert d.ctx.config.last_reload["trigger"] == "watch"
+        # The daemon's own keys file is watched too (its keys are the flat ones, beside the apps).
+        assert d.reloader.key_files() == (secrets / "ops.key", keys_file)
+        assert status_of("flat-old") == 200
+        save_in_place(keys_file, "flat-new\n")
+        wait_until(lambda: d.ctx.config.generation == 3)
+        assert d.ctx.config.last_reload["trigger"] == "watch"
+        assert d.ctx.config.last_reload["summary"] == "server: api_keys"
+        assert (status_of("flat-old"), status_of("flat-new")) == (401, 200)
+
+
 def test_cli_and_environment_overrides_keep_winning_after_a_reload(tmp_path):
     registry = tmp_path / "models.yaml"
     registry.write_text(registry_doc(tmp_path, [A], server={"api_keys": ["file-key"]}))
