@@ -302,3 +302,16 @@ async def test_a_body_that_is_no_json_object_says_so_in_the_surfaces_shape(tmp_p
     assert call.status == 400
     error = anthropic_error(call) if path == "/v1/messages" else openai_error(call)
     assert error["message"] == f"The request body {words}: send a JSON object with Content-Type: application/json"
+
+
+@pytest.mark.parametrize(("messages", "param"), [
+    ([{"role": "user", "content": None}], "messages[0].content"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+      {"role": "tool", "content": "42"}], "messages[2].tool_call_id"),
+])
+async def test_chat_refuses_a_message_openai_refuses_naming_its_field(tmp_path, messages, param):
+    # A user message with no content became an empty prompt; a tool result with no call id, anyone's.
+    call = await answer(tmp_path, "/v1/chat/completions", {"model": "m", "messages": messages})
+    assert call.status == 400
+    assert openai_error(call)["param"] == param

@@ -182,6 +182,14 @@ class ChatMessage(BaseModel):
         return value
 
     def to_message(self, index: int) -> Message:
+        # What OpenAI requires too: taken as an empty prompt or an anonymous
+        # result, the mistake reached the model instead of its sender.
+        if self.content is None and self.role != "assistant":
+            raise BadRequest(f"messages[{index}].content is required for a {self.role} message",
+                             param=f"messages[{index}].content")
+        if self.role == "tool" and not self.tool_call_id:
+            raise BadRequest(f"messages[{index}].tool_call_id is required for a tool message (the id of the call "
+                             "it answers)", param=f"messages[{index}].tool_call_id")
         # ``developer`` is what newer OpenAI models call ``system``.
         role = "system" if self.role == "developer" else self.role
         content: str | tuple[Part, ...]
