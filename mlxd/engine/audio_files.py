@@ -34,6 +34,13 @@ MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp
 # (Opus is left out: libsndfile takes it only at 8-48 kHz rates that
 # Soprano's 32 kHz is not, and resampling each chunk apart would click.)
 _SOUNDFILE = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III")}
+# MP3 at a constant bitrate, in kbps by the MPEG version the rate makes
+# (MPEG-1 from 32 kHz, MPEG-2 from 16 kHz, MPEG-2.5 below; enough for
+# speech in mono). A streamed MP3 has no Xing/Info frame (``_Mp3Head``),
+# and without one a reader takes the length from the first frame's
+# bitrate and the file's size: libsndfile (mpg123) does, and soundfile
+# reads that many samples, so a variable bitrate cut a 43 s file to 21 s.
+_MP3_KBPS = ((32000, 64), (16000, 48), (0, 32))
 # A decoded file shorter than its header says by more than this is truncated.
 TRUNCATION_TOLERANCE = 0.02
 
@@ -167,8 +174,10 @@ class _Sink(io.RawIOBase):
     """A write-only file for libsndfile whose bytes are taken as they come.
 
     At the end libsndfile seeks back to complete FLAC's header (its total
-    length); those bytes went out long ago, so writes behind the end are
-    dropped: a streamed FLAC says "length unknown", which players accept."""
+    length) and MP3's Xing/Info frame; those bytes went out long ago, so
+    writes behind the end are dropped: a streamed FLAC says "length
+    unknown", which players accept, and MP3's placeholder frame is left
+    out (``_without_tag_frame``)."""
 
     def __init__(self) -> None:
         self.pending = bytearray()
@@ -202,6 +211,25 @@ class _Sink(io.RawIOBase):
         return out
 
 
+def _is_frame_sync(data: bytes | bytearray) -> bool:
+    return len(data) >= 2 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0
+
+
+def _without_tag_frame(head: bytes) -> bytes | None:
+    """An MP3 stream's first bytes less LAME's placeholder for its
+    Xing/Info frame, a frame header then zeros, which LAME fills in only by
+    seeking back at the end: left in, every decoder plays it as a frame of
+    silence, and some take the stream's length from it. None: not known
+    yet (zeros so far). LAME writes no placeholder where the frame is too
+    small to hold the tag: then ``head`` is returned as it is."""
+    if len(head) < 4 or not _is_frame_sync(head):
+        return None if len(head) < 4 else head
+    rest = head[4:].lstrip(b"\0")
+    if len(rest) < 2:
+        return None
+    return rest if _is_frame_sync(rest) else head
+
+
 # A chunk of up to this many samples (20 s at 24 kHz) is cast to PCM on the
 # event loop: well under a millisecond.
 INLINE_SAMPLES = 480_000
@@ -219,6 +247,8 @@ class StreamEncoder:
         self._sink: _Sink | None = None
         self._file: Any = None
         self._started = False
+        # An MP3's first bytes until its placeholder frame is told apart.
+        self._head: bytearray | None = None
 
     def cheap(self, samples: int) -> bool:
         """Whether encoding ``samples`` costs less than a hand-off to a thread
@@ -238,12 +268,15 @@ class StreamEncoder:
                 container, subtype = _SOUNDFILE[self.fmt]
                 self._sink = _Sink()
                 self._file = soundfile.SoundFile(self._sink, mode="w", samplerate=self.sample_rate, channels=1,
-                                                 format=container, subtype=subtype)
+                                                 format=container, subtype=subtype,
+                                                 **(_mp3_options(self.sample_rate) if self.fmt == "mp3" else {}))
+                if self.fmt == "mp3":
+                    self._head = bytearray()
         if self._file is None:
             return head + pcm16(samples)
         assert self._sink is not None
         self._file.write(np.clip(samples, -1.0, 1.0))
-        return self._sink.take()
+        return self._taken()
 
     def close(self) -> bytes:
         """The encoder's last bytes (FLAC's and MP3's final frames)."""
@@ -252,7 +285,32 @@ class StreamEncoder:
         assert self._sink is not None
         self._file.close()
         self._file = None
-        return self._sink.take()
+        tail = self._taken()
+        if self._head is not None:  # the stream ended while its head was undecided
+            tail, self._head = bytes(self._head), None
+        return tail
+
+    def _taken(self) -> bytes:
+        """The sink's new bytes; an MP3's held until its head is known."""
+        assert self._sink is not None
+        data = self._sink.take()
+        if self._head is None:
+            return data
+        self._head += data
+        trimmed = _without_tag_frame(bytes(self._head))
+        if trimmed is None:
+            return b""
+        self._head = None
+        return trimmed
+
+
+def _mp3_options(sample_rate: int) -> dict[str, Any]:
+    """soundfile's arguments for a constant-bitrate MP3 at ``sample_rate``:
+    libsndfile takes the bitrate only as a compression level, spread evenly
+    over its MPEG version's range (``mpeg_l3_encoder_set_quality``)."""
+    kbps = next(k for floor, k in _MP3_KBPS if sample_rate >= floor)
+    top, bottom = (320, 32) if sample_rate >= 32000 else (160, 8) if sample_rate >= 16000 else (64, 8)
+    return {"bitrate_mode": "CONSTANT", "compression_level": (top - kbps) / (top - bottom)}
 
 
 def write_file(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
