@@ -7,7 +7,10 @@ refused before a sample is decoded; ``decode`` then reads the file exactly
 as mlx-audio's own ``load_audio`` does (``mlx_audio.audio_io.read``:
 miniaudio, mlx-audio's resampler, mono float32), so the daemon's model sees
 the samples a direct call would. A file that decodes to less than its
-header says is a truncated file, refused.
+header says is a truncated file, refused. A header may leave the length
+unknown (a streamed FLAC's total of 0, as mlxd's own speech route writes
+it): such a file's samples are counted by decoding it, nothing kept, up to
+a bound, and it is decoded to its end.
 
 Writing: WAV and raw PCM are written here as the samples arrive; FLAC and
 MP3 through libsndfile (``soundfile``, which ships it), also as
@@ -58,6 +61,8 @@ class AudioInfo:
     sample_rate: int
     channels: int
     seconds: float
+    # False: the header leaves the length unknown, ``seconds`` were counted.
+    length_in_header: bool = True
 
 
 def sniff(data: bytes) -> str | None:
@@ -77,9 +82,11 @@ def sniff(data: bytes) -> str | None:
     return None
 
 
-def probe(data: bytes) -> AudioInfo:
+def probe(data: bytes, max_seconds: float | None = None) -> AudioInfo:
     """The file's format, rate, channels and duration, from its header (and,
-    for MP3, a scan of its frames). Raises InvalidAudio."""
+    for MP3, a scan of its frames; where the header leaves the length
+    unknown, a count of the samples, stopped once past ``max_seconds``).
+    Raises InvalidAudio."""
     import miniaudio
 
     if not data:
@@ -102,7 +109,30 @@ def probe(data: bytes) -> AudioInfo:
     if fmt == "wav" and _wav_cut_short(data):
         raise InvalidAudio("The wav file is truncated: its data chunk is shorter than its header says.",
                            code="truncated_file")
+    if info.num_frames <= 0:
+        counted = _counted_frames(data, fmt, info.sample_rate, max_seconds)
+        return AudioInfo(fmt, info.sample_rate, info.nchannels, counted / info.sample_rate, length_in_header=False)
     return AudioInfo(fmt, info.sample_rate, info.nchannels, info.num_frames / info.sample_rate)
+
+
+def _counted_frames(data: bytes, fmt: str, sample_rate: int, max_seconds: float | None) -> int:
+    """The frames of a file whose header leaves its length unknown, decoded
+    a second at a time and let go: a bound is all the header could have
+    given, and a small file of silence can hold hours. Past ``max_seconds``
+    the count stops (it is over the bound either way)."""
+    import miniaudio
+
+    limit = None if max_seconds is None else int(max_seconds * sample_rate)
+    frames = 0
+    try:
+        for chunk in miniaudio.stream_memory(data, output_format=miniaudio.SampleFormat.SIGNED16, nchannels=1,
+                                             sample_rate=sample_rate, frames_to_read=sample_rate):
+            frames += len(chunk)
+            if limit is not None and frames > limit:
+                break
+    except Exception as exc:  # miniaudio.DecodeError and friends
+        raise InvalidAudio(f"The {fmt} file cannot be decoded: its data is damaged.") from exc
+    return frames
 
 
 def _wav_cut_short(data: bytes) -> bool:
@@ -125,6 +155,8 @@ def decode(data: bytes, info: AudioInfo, sample_rate: int) -> np.ndarray:
     try:
         if info.format == "ogg":
             samples = _decode_vorbis(data, sample_rate)
+        elif not info.length_in_header:
+            samples = _decode_native(data, info.sample_rate, sample_rate)
         else:
             samples, _ = read(io.BytesIO(data), dtype="float32", sample_rate=sample_rate, nchannels=1)
     except Exception as exc:
@@ -143,22 +175,44 @@ def decode(data: bytes, info: AudioInfo, sample_rate: int) -> np.ndarray:
 def _decode_vorbis(data: bytes, sample_rate: int) -> np.ndarray:
     """Ogg Vorbis through miniaudio (mlx-audio hands it to ffmpeg)."""
     import miniaudio
-    from mlx_audio.utils import resample_audio
 
     sound = miniaudio.vorbis_read(data)
     samples = np.frombuffer(sound.samples, dtype=np.int16).astype(np.float32) / 32768.0
-    samples = samples.reshape(-1, sound.nchannels).mean(axis=1)
-    if sound.sample_rate != sample_rate:
-        samples = resample_audio(samples, sound.sample_rate, sample_rate, axis=0)
+    return _resampled(samples.reshape(-1, sound.nchannels).mean(axis=1), sound.sample_rate, sample_rate)
+
+
+def _decode_native(data: bytes, file_rate: int, sample_rate: int) -> np.ndarray:
+    """A file of unknown length, to its end. mlx-audio's reader sizes its
+    resampler by the header's length and reads nothing of such a file; this
+    is its own decode (miniaudio's mono 16-bit at the file's rate) and its
+    own filter over the whole buffer, which its chunked one equals."""
+    import miniaudio
+
+    sound = miniaudio.decode(data, output_format=miniaudio.SampleFormat.SIGNED16, nchannels=1,
+                             sample_rate=file_rate)
+    return _resampled(np.frombuffer(sound.samples, dtype=np.int16).astype(np.float32) / 32768.0, file_rate,
+                      sample_rate)
+
+
+def _resampled(samples: np.ndarray, rate: int, sample_rate: int) -> np.ndarray:
+    from mlx_audio.utils import resample_audio
+
+    if rate != sample_rate:
+        samples = resample_audio(samples, rate, sample_rate, axis=0)
     return np.asarray(samples, dtype=np.float32)
 
 
 # --- writing -------------------------------------------------------------------
 
 
+def to_int16(samples: np.ndarray) -> np.ndarray:
+    """Signed 16-bit samples, as mlx-audio writes them."""
+    return (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2")
+
+
 def pcm16(samples: np.ndarray) -> bytes:
     """Little-endian signed 16-bit samples, as mlx-audio writes them."""
-    return (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+    return to_int16(samples).tobytes()
 
 
 def wav_header(sample_rate: int, frames: int | None = None) -> bytes:
@@ -275,7 +329,10 @@ class StreamEncoder:
         if self._file is None:
             return head + pcm16(samples)
         assert self._sink is not None
-        self._file.write(np.clip(samples, -1.0, 1.0))
+        # The same 16-bit samples as pcm and wav: libsndfile's own cast of
+        # floats rounds where mlx-audio's truncates, and FLAC differed from
+        # the pcm of the same request by a step in most samples.
+        self._file.write(to_int16(samples))
         return self._taken()
 
     def close(self) -> bytes:
@@ -321,5 +378,5 @@ def write_file(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
 
     container, subtype = _SOUNDFILE[fmt]
     out = io.BytesIO()
-    soundfile.write(out, np.clip(samples, -1.0, 1.0), sample_rate, format=container, subtype=subtype)
+    soundfile.write(out, to_int16(samples), sample_rate, format=container, subtype=subtype)
     return out.getvalue()

@@ -128,7 +128,7 @@ async def _relayed(ctx: DaemonContext, request: Request, spec: ModelSpec, name: 
 async def read_audio(ctx: DaemonContext, data: bytes) -> np.ndarray:
     """The upload's samples at the models' rate, after its header passed the bounds."""
     server = ctx.settings.server
-    info = await asyncio.to_thread(audio_files.probe, data)
+    info = await asyncio.to_thread(audio_files.probe, data, server.max_audio_seconds)
     if info.seconds > server.max_audio_seconds:
         raise BadRequest(f"The audio is {info.seconds:.0f} s long; this server takes at most "
                          f"{server.max_audio_seconds:.0f} s (server.max_audio_seconds).", param="file",
