@@ -15,7 +15,8 @@ import soundfile
 from audio.conftest import RATE, sweep
 from mlxd.api.audio import answers
 from mlxd.engine.audio import Window
-from mlxd.engine.audio_files import InvalidAudio, StreamEncoder, decode, probe, write_file
+from mlxd.engine.audio_files import InvalidAudio, decode, probe, write_file
+from mlxd.engine.audio_stream import StreamEncoder
 
 
 @pytest.mark.parametrize("fmt", ["wav", "flac", "mp3"])
