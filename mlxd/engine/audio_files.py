@@ -53,7 +53,7 @@ class AudioInfo:
     sample_rate: int
     channels: int
     seconds: float
-    # False: the header leaves the length unknown, ``seconds`` were counted.
+    # False: the header gives no length (unknown, or none), ``seconds`` were counted.
     length_in_header: bool = True
 
 

@@ -7,6 +7,7 @@ come (``_Sink``)."""
 from __future__ import annotations
 
 import io
+import struct
 from typing import Any
 
 import numpy as np
@@ -111,19 +112,7 @@ class StreamEncoder:
     def feed(self, samples: np.ndarray) -> bytes:
         head = b""
         if not self._started:
-            self._started = True
-            if self.fmt == "wav":
-                head = wav_header(self.sample_rate)
-            elif self.fmt != "pcm":
-                import soundfile
-
-                container, subtype = SOUNDFILE[self.fmt]
-                self._sink = _Sink()
-                self._file = soundfile.SoundFile(self._sink, mode="w", samplerate=self.sample_rate, channels=1,
-                                                 format=container, subtype=subtype,
-                                                 **(_mp3_options(self.sample_rate) if self.fmt == "mp3" else {}))
-                if self.fmt == "mp3":
-                    self._head = bytearray()
+            head = self._start()
         if self._file is None:
             return head + pcm16(samples)
         assert self._sink is not None
@@ -134,9 +123,12 @@ class StreamEncoder:
         return self._taken()
 
     def close(self) -> bytes:
-        """The encoder's last bytes (FLAC's and MP3's final frames)."""
+        """The encoder's last bytes (FLAC's and MP3's final frames); where no
+        chunk came, a whole file of no audio (``_empty``)."""
+        if not self._started:
+            return self._empty()
         if self._file is None:
-            return b"" if self._started else self.feed(np.zeros(0, np.float32))
+            return b""
         assert self._sink is not None
         self._file.close()
         self._file = None
@@ -144,6 +136,38 @@ class StreamEncoder:
         if self._head is not None:  # the stream ended while its head was undecided
             tail, self._head = bytes(self._head), None
         return tail
+
+    def _start(self) -> bytes:
+        """WAV's header, its length unknown; or libsndfile's file opened."""
+        self._started = True
+        if self.fmt == "wav":
+            return wav_header(self.sample_rate)
+        if self.fmt != "pcm":
+            import soundfile
+
+            container, subtype = SOUNDFILE[self.fmt]
+            self._sink = _Sink()
+            self._file = soundfile.SoundFile(self._sink, mode="w", samplerate=self.sample_rate, channels=1,
+                                             format=container, subtype=subtype,
+                                             **(_mp3_options(self.sample_rate) if self.fmt == "mp3" else {}))
+            if self.fmt == "mp3":
+                self._head = bytearray()
+        return b""
+
+    def _empty(self) -> bytes:
+        """The file of a synthesis that made no sample. Nothing went out yet,
+        so WAV's sizes are known: 0 (the unknown length's header claimed
+        4 GB of nothing). libsndfile writes nothing at all for no samples,
+        which no reader opens: FLAC is its header alone (``empty_flac``);
+        MP3 has no header, and its shortest file is LAME's frames for one
+        sample of silence (72 ms at 32 kHz, its delay and padding)."""
+        if self.fmt == "wav":
+            self._started = True
+            return wav_header(self.sample_rate, 0)
+        if self.fmt == "flac":
+            self._started = True
+            return empty_flac(self.sample_rate)
+        return self.feed(np.zeros(1 if self.fmt == "mp3" else 0, np.float32)) + self.close()
 
     def _taken(self) -> bytes:
         """The sink's new bytes; an MP3's held until its head is known."""
@@ -157,6 +181,17 @@ class StreamEncoder:
             return b""
         self._head = None
         return trimmed
+
+
+def empty_flac(sample_rate: int) -> bytes:
+    """A FLAC stream of no frames: the marker and a STREAMINFO block (the
+    FLAC spec, RFC 9639 8.2) for 16-bit mono at ``sample_rate``, its block
+    sizes libsndfile's 4,096, its frame sizes, total and MD5 unknown (0)."""
+    rate_channels_bits_total = sample_rate << 44 | (1 - 1) << 41 | (16 - 1) << 36
+    streaminfo = (struct.pack(">HH", 4096, 4096) + bytes(6) + rate_channels_bits_total.to_bytes(8, "big")
+                  + bytes(16))
+    last_block_of_type_0 = 0x80
+    return b"fLaC" + bytes([last_block_of_type_0]) + len(streaminfo).to_bytes(3, "big") + streaminfo
 
 
 def _mp3_options(sample_rate: int) -> dict[str, Any]:

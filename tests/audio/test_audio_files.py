@@ -75,6 +75,24 @@ def test_streamed_speech_is_one_valid_file_of_every_chunk(fmt) -> None:
             assert np.array_equal(np.frombuffer(data[44:], "<i2"), (audio * 32767).astype(np.int16))
 
 
+@pytest.mark.parametrize("fmt", ["wav", "pcm", "flac", "mp3"])
+def test_a_synthesis_of_no_samples_is_a_valid_empty_file(fmt) -> None:
+    """No chunk came: WAV's header claimed 4 GB of nothing, and FLAC and MP3
+    were no bytes at all, which no reader opens."""
+    data = StreamEncoder(fmt, 32000).close()
+    if fmt == "pcm":
+        assert data == b""
+    elif fmt == "wav":
+        assert data[4:8] == (36).to_bytes(4, "little") and data[40:44] == bytes(4) and len(data) == 44
+        assert soundfile.read(io.BytesIO(data))[0].size == 0
+    elif fmt == "flac":
+        assert miniaudio.decode(data, nchannels=1, sample_rate=32000).num_frames == 0
+    else:  # MP3 has no header: its shortest file is a few frames of silence.
+        decoded, _ = soundfile.read(io.BytesIO(data))
+        assert decoded.size <= 2 * 1152 and not decoded.any()
+        assert miniaudio.decode(data, nchannels=1, sample_rate=32000).num_frames == decoded.size
+
+
 def test_a_flac_of_unknown_length_reads_to_its_end_as_a_whole_one_does() -> None:
     """A streamed FLAC leaves its length unknown (a total of 0, which the
     FLAC spec allows); mlx-audio's reader sized its resampler by it and

@@ -58,3 +58,14 @@ def test_streamed_flac_is_the_pcm_and_transcribes_through_the_same_daemon(audio_
                    data={"model": "whisper-1", "response_format": "verbose_json", "temperature": "0.4"})
     assert r.status_code == 200, r.text
     assert r.json()["duration"] == pytest.approx(pcm.size / RATE, abs=1e-3)
+
+
+@pytest.mark.parametrize("text", ["   ", "\n\n", " \t\u3000"])
+def test_input_with_nothing_to_speak_is_a_400_naming_input(audio_daemon, text) -> None:
+    """It was a 200 with an empty body, or a WAV header claiming 4 GB."""
+    r = httpx.post(audio_daemon.url + "/v1/audio/speech", timeout=60,
+                   json={"model": "tts-1", "voice": "alloy", "input": text, "response_format": "wav"})
+    assert r.status_code == 400, r.content[:100]
+    error = r.json()["error"]
+    assert (error["param"], error["type"]) == ("input", "invalid_request_error")
+    assert "nothing to speak" in error["message"]

@@ -190,6 +190,11 @@ async def speech(ctx: DaemonContext, request: Request, body: SpeechBody) -> tupl
     if len(body.input) > limit:
         raise BadRequest(f"`input` is {len(body.input)} characters; at most {limit} are read "
                          "(server.max_speech_chars).", param="input", code="string_above_max_length")
+    if not body.input.strip():
+        # A model given only spaces or line breaks makes no sample, and the
+        # answer was a 200 with an empty file.
+        raise BadRequest("`input` holds nothing to speak: it is only whitespace.", param="input",
+                         code="empty_input")
     spec = _local(ctx, request, body.model, SPEAK)
     rate: list[int] = []
 
