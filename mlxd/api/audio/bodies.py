@@ -3,6 +3,7 @@ values: a multipart upload (``TranscribeAsk``), a JSON body (``SpeechBody``)."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -76,11 +77,35 @@ async def transcribe_ask(request: Request, max_audio_bytes: int) -> TranscribeAs
     if granularities and response_format != "verbose_json":
         raise BadRequest("`timestamp_granularities[]` needs `response_format: verbose_json`",
                          param="timestamp_granularities[]")
+    language = _one(form, "language") or None
+    if language is not None:
+        # mlx-audio's Whisper package takes about a second to import the first
+        # time: off the event loop.
+        language = await asyncio.to_thread(language_code, language)
     return TranscribeAsk(
-        model=model, file=data, filename=upload.filename or "", language=_one(form, "language") or None,
+        model=model, file=data, filename=upload.filename or "", language=language,
         prompt=_one(form, "prompt") or None, temperature=_temperature(_one(form, "temperature")),
         response_format=response_format, granularities=granularities,
         stream=(_one(form, "stream") or "false").lower() == "true")
+
+
+def language_code(value: str) -> str:
+    """``language`` as the ISO-639-1 code mlx-audio's Whisper tokenizer
+    knows, from a code in any case ("EN"), an English name ("French",
+    "Castilian") or a code with a region ("en-US"). Anything else is a 400:
+    Whisper was handed it as it came, decoded with no language token and
+    echoed it back in verbose_json."""
+    from mlx_audio.stt.models.whisper.tokenizer import LANGUAGES, TO_LANGUAGE_CODE
+
+    said = value.strip().lower()
+    primary = said.replace("_", "-").split("-")[0]
+    for candidate in (said, primary):
+        if candidate in LANGUAGES:
+            return candidate
+        if candidate in TO_LANGUAGE_CODE:
+            return TO_LANGUAGE_CODE[candidate]
+    raise BadRequest(f"`language` {value!r} is not a language Whisper knows: give its ISO-639-1 code "
+                     "(en, fr, de, ...) or its English name", param="language", code="unsupported_language")
 
 
 def _temperature(value: str | None) -> float | None:

@@ -1,0 +1,52 @@
+"""What a transcription request may ask, as a client sends it: the
+language in the forms people write it, and clear 400s naming the field
+for what cannot be served."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from audio.conftest import RATE, sweep
+from mlxd.engine.audio_files import write_file
+
+pytestmark = pytest.mark.mlx
+
+
+@pytest.fixture(scope="module")
+def wav() -> bytes:
+    return write_file(sweep(1.0), RATE, "wav")
+
+
+def transcribe(daemon, data: bytes, route: str = "transcriptions", name: str = "a.wav", **form: str):
+    return httpx.post(f"{daemon.url}/v1/audio/{route}", timeout=300, files={"file": (name, data)},
+                      data={"model": "whisper", "temperature": "0.4", **form})
+
+
+def test_a_language_in_any_case_or_by_its_name_is_whispers_code(audio_daemon, wav) -> None:
+    """"EN" reached Whisper as it came: no such language token, so it
+    decoded with <|endoftext|> in its place, and verbose_json said "EN"."""
+    as_code = transcribe(audio_daemon, wav, language="en", response_format="verbose_json").json()
+    assert as_code["language"] == "english"
+    for said in ("EN", "English", "en-US"):
+        got = transcribe(audio_daemon, wav, language=said, response_format="verbose_json").json()
+        assert (got["language"], got["text"], got["segments"]) == ("english", as_code["text"],
+                                                                   as_code["segments"]), said
+
+
+@pytest.mark.parametrize("route", ["transcriptions", "translations"])
+@pytest.mark.parametrize("said", ["klingon", "xx"])
+def test_an_unknown_language_is_a_400_naming_it(audio_daemon, wav, route, said) -> None:
+    r = transcribe(audio_daemon, wav, route, language=said)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["param"], error["type"]) == ("language", "invalid_request_error")
+    assert repr(said) in error["message"]
+
+
+def test_a_language_the_checkpoint_has_no_token_for_is_a_400(audio_daemon, wav) -> None:
+    """Cantonese is the tokenizer's 100th language; a 99-language Whisper
+    (as the factory's is) has no token for it."""
+    r = transcribe(audio_daemon, wav, language="Cantonese")
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "language" and "'yue'" in r.json()["error"]["message"]
