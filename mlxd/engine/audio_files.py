@@ -28,7 +28,10 @@ import numpy as np
 from mlxd.errors import BadRequest
 
 # What a request may send (OpenAI's list, less what needs ffmpeg here).
-READ_FORMATS = ("wav", "mp3", "flac", "ogg")
+READABLE = "wav, mp3, flac or ogg (Vorbis)"
+# What needs ffmpeg, as a refusal names it: mlx-audio hands these to ffmpeg,
+# which this server does not require.
+NEEDS_FFMPEG = {"m4a": "m4a", "webm": "webm", "opus": "Ogg Opus"}
 # What /v1/audio/speech writes.
 WRITE_FORMATS = ("wav", "pcm", "flac", "mp3")
 MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp3": "audio/mpeg"}
@@ -64,7 +67,7 @@ def sniff(data: bytes) -> str | None:
     if data[:4] == b"fLaC":
         return "flac"
     if data[:4] == b"OggS":
-        return "ogg"
+        return "opus" if _ogg_first_packet(data).startswith(b"OpusHead") else "ogg"
     if data[:3] == b"ID3" or (len(data) > 1 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0):
         return "mp3"
     if data[4:8] == b"ftyp":
@@ -72,6 +75,16 @@ def sniff(data: bytes) -> str | None:
     if data[:4] == b"\x1aE\xdf\xa3":
         return "webm"
     return None
+
+
+def _ogg_first_packet(data: bytes) -> bytes:
+    """The start of an Ogg stream's first packet, which names its codec
+    (Vorbis, Opus, ...): after the first page's 27-byte header and its
+    segment table, whose length is the header's last byte (RFC 3533)."""
+    if len(data) < 27:
+        return b""
+    start = 27 + data[26]
+    return data[start:start + 8]
 
 
 def probe(data: bytes, max_seconds: float | None = None) -> AudioInfo:
@@ -84,11 +97,11 @@ def probe(data: bytes, max_seconds: float | None = None) -> AudioInfo:
     if not data:
         raise InvalidAudio("The file is empty (0 bytes).", code="empty_file")
     fmt = sniff(data)
-    if fmt in ("m4a", "webm"):
-        raise InvalidAudio(f"{fmt} files are not supported here (they need ffmpeg); send one of "
-                           f"{', '.join(READ_FORMATS)}.", code="unsupported_format")
+    if fmt in NEEDS_FFMPEG:
+        raise InvalidAudio(f"{NEEDS_FFMPEG[fmt]} files are not supported here (they need ffmpeg); send "
+                           f"{READABLE}.", code="unsupported_format")
     if fmt is None:
-        raise InvalidAudio(f"The file is not audio in a format this server reads ({', '.join(READ_FORMATS)}).",
+        raise InvalidAudio(f"The file is not audio in a format this server reads ({READABLE}).",
                            code="invalid_file_format")
     get_info = {"wav": miniaudio.wav_get_info, "flac": miniaudio.flac_get_info, "mp3": miniaudio.mp3_get_info,
                 "ogg": miniaudio.vorbis_get_info}[fmt]

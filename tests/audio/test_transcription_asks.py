@@ -4,8 +4,11 @@ for what cannot be served."""
 
 from __future__ import annotations
 
+import io
+
 import httpx
 import pytest
+import soundfile
 
 from audio.conftest import RATE, sweep
 from mlxd.engine.audio_files import write_file
@@ -50,3 +53,16 @@ def test_a_language_the_checkpoint_has_no_token_for_is_a_400(audio_daemon, wav) 
     r = transcribe(audio_daemon, wav, language="Cantonese")
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "language" and "'yue'" in r.json()["error"]["message"]
+
+
+def test_an_ogg_opus_voice_note_is_refused_as_a_format_that_needs_ffmpeg(audio_daemon) -> None:
+    """WhatsApp's and Telegram's voice notes: it was "The ogg file cannot be
+    read: its header is damaged", as if the file were broken."""
+    note = io.BytesIO()
+    soundfile.write(note, sweep(1.0, 48000), 48000, format="OGG", subtype="OPUS")
+    r = transcribe(audio_daemon, note.getvalue(), name="voice.ogg")
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["code"], error["param"]) == ("unsupported_format", "file")
+    assert "Ogg Opus" in error["message"] and "ffmpeg" in error["message"]
+    assert all(fmt in error["message"] for fmt in ("wav", "mp3", "flac", "ogg (Vorbis)"))
