@@ -66,3 +66,17 @@ def test_an_ogg_opus_voice_note_is_refused_as_a_format_that_needs_ffmpeg(audio_d
     assert (error["code"], error["param"]) == ("unsupported_format", "file")
     assert "Ogg Opus" in error["message"] and "ffmpeg" in error["message"]
     assert all(fmt in error["message"] for fmt in ("wav", "mp3", "flac", "ogg (Vorbis)"))
+
+
+def test_a_form_with_two_files_or_a_text_field_sent_as_a_file_says_which(audio_daemon, wav) -> None:
+    """Both were "The multipart body cannot be read (HTTPException)." with
+    no param: Starlette refused any second file before mlxd saw the form."""
+    url = audio_daemon.url + "/v1/audio/transcriptions"
+    two = httpx.post(url, files=[("file", ("a.wav", wav)), ("file", ("b.wav", wav))], data={"model": "whisper"})
+    assert two.status_code == 400 and two.json()["error"]["param"] == "file"
+    assert "one `file`" in two.json()["error"]["message"]
+    for field in ("model", "language"):
+        sent = {"model": "whisper"} if field != "model" else {}
+        r = httpx.post(url, files=[("file", ("a.wav", wav)), (field, ("field.txt", b"whisper"))], data=sent)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+        assert "text field, not a file" in r.json()["error"]["message"]

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from mlxd.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
@@ -17,6 +18,9 @@ from mlxd.registry.sizing import format_bytes
 
 TRANSCRIPT_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
 GRANULARITIES = ("segment", "word")
+# Files a form may hold before Starlette refuses it unread: more than the one
+# ``file``, so that a second one, or a text field sent as a file, is named.
+MAX_FORM_FILES = 4
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,7 @@ def _one(form: object, name: str) -> str | None:
         return None
     value = values[-1]
     if not isinstance(value, str):
-        raise BadRequest(f"`{name}` must be a form field, not a file", param=name)
+        raise BadRequest(f"`{name}` must be a text field, not a file", param=name)
     return value
 
 
@@ -48,9 +52,15 @@ async def transcribe_ask(request: Request, max_audio_bytes: int) -> TranscribeAs
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise UnsupportedMediaType("Send the audio as multipart/form-data with a `file` field.")
     try:
-        form = await request.form(max_files=1, max_fields=32)
+        form = await request.form(max_files=MAX_FORM_FILES, max_fields=32)
+    except HTTPException as exc:  # Starlette's words for what it refused ("Too many fields ...")
+        raise BadRequest(f"The multipart body cannot be read: {exc.detail}") from exc
     except Exception as exc:  # a malformed multipart body
         raise BadRequest(f"The multipart body cannot be read ({type(exc).__name__}).") from exc
+    files = form.getlist("file")
+    if len(files) > 1:
+        raise BadRequest(f"Send one `file`: a request transcribes one audio file, and this one has {len(files)}",
+                         param="file")
     upload = form.get("file")
     if not isinstance(upload, UploadFile):
         raise BadRequest("`file` is required: the audio file, as a multipart file field", param="file")
