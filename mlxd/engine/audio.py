@@ -247,19 +247,26 @@ def folder_voices(path: Path | str) -> list[str]:
 
 
 def _window(result: Any, start: float, end: float) -> Window:
+    """Worker thread: one window's result in file time. ``seek`` is Whisper's
+    position in mel frames, counted from the window's start as ``start`` is:
+    a second window's segments said 30.0 s but seek 0."""
+    from mlx_audio.stt.models.whisper.audio import FRAMES_PER_SECOND
+
     text = str(getattr(result, "text", "") or "")
     language = getattr(result, "language", None)
+    offset = round(start * FRAMES_PER_SECOND)
     segments = []
     for seg in getattr(result, "segments", None) or []:
         seg = dict(seg)
         seg["start"] = float(seg.get("start", 0.0)) + start
         seg["end"] = float(seg.get("end", 0.0)) + start
+        seg["seek"] = int(seg.get("seek", 0)) + offset
         if seg.get("words"):
             seg["words"] = [{**w, "start": float(w["start"]) + start, "end": float(w["end"]) + start}
                             for w in seg["words"]]
         segments.append(seg)
     if not segments and text:
-        segments = [{"id": 0, "start": start, "end": end, "text": text}]
+        segments = [{"id": 0, "seek": offset, "start": start, "end": end, "text": text}]
     return Window(text, language if isinstance(language, str) else None, segments, start, end)
 
 

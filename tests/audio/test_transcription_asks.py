@@ -80,3 +80,15 @@ def test_a_form_with_two_files_or_a_text_field_sent_as_a_file_says_which(audio_d
         r = httpx.post(url, files=[("file", ("a.wav", wav)), (field, ("field.txt", b"whisper"))], data=sent)
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
         assert "text field, not a file" in r.json()["error"]["message"]
+
+
+def test_a_second_windows_segments_seek_from_the_files_start(audio_daemon) -> None:
+    """31 s: Whisper's 30 s window, then the last second. ``seek`` is in
+    mel frames (100 a second) like Whisper's own; the second window's
+    segments said start 30.0 but seek 0."""
+    r = transcribe(audio_daemon, write_file(sweep(31.0), RATE, "wav"), response_format="verbose_json")
+    segments = r.json()["segments"]
+    later = [s for s in segments if s["start"] >= 30.0]
+    assert later and all(s["seek"] >= 3000 for s in later)
+    assert all(s["seek"] <= round(s["start"] * 100) for s in segments)
+
