@@ -92,3 +92,14 @@ def test_a_second_windows_segments_seek_from_the_files_start(audio_daemon) -> No
     assert later and all(s["seek"] >= 3000 for s in later)
     assert all(s["seek"] <= round(s["start"] * 100) for s in segments)
 
+
+@pytest.mark.parametrize("form", [{"response_format": "verbose_json"}, {"response_format": "srt"},
+                                  {"response_format": "verbose_json", "timestamp_granularities[]": "word"}])
+def test_a_stream_of_text_events_refuses_formats_it_cannot_carry(audio_daemon, wav, form) -> None:
+    """The events carry text: asked for with verbose_json, srt or words, a
+    stream dropped them silently after computing them (word timestamps
+    cost a second pass per window)."""
+    r = transcribe(audio_daemon, wav, stream="true", **form)
+    assert r.status_code == 400, r.text[:200]
+    error = r.json()["error"]
+    assert error["param"] == "stream" and form["response_format"] in error["message"]

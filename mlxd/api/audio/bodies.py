@@ -18,6 +18,8 @@ from mlxd.registry.sizing import format_bytes
 
 TRANSCRIPT_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
 GRANULARITIES = ("segment", "word")
+# What a stream of transcript.text events can carry.
+STREAM_FORMATS = ("json", "text")
 # Files a form may hold before Starlette refuses it unread: more than the one
 # ``file``, so that a second one, or a text field sent as a file, is named.
 MAX_FORM_FILES = 4
@@ -87,6 +89,12 @@ async def transcribe_ask(request: Request, max_audio_bytes: int) -> TranscribeAs
     if granularities and response_format != "verbose_json":
         raise BadRequest("`timestamp_granularities[]` needs `response_format: verbose_json`",
                          param="timestamp_granularities[]")
+    stream = (_one(form, "stream") or "false").lower() == "true"
+    if stream and response_format not in STREAM_FORMATS:
+        # The events carry text only; the timestamps (word ones cost a
+        # second pass per window) were computed and dropped.
+        raise BadRequest(f"`stream: true` sends the transcript as text events, without timestamps: "
+                         f"`response_format` must be json or text, not {response_format}", param="stream")
     language = _one(form, "language") or None
     if language is not None:
         # mlx-audio's Whisper package takes about a second to import the first
@@ -96,7 +104,7 @@ async def transcribe_ask(request: Request, max_audio_bytes: int) -> TranscribeAs
         model=model, file=data, filename=upload.filename or "", language=language,
         prompt=_one(form, "prompt") or None, temperature=_temperature(_one(form, "temperature")),
         response_format=response_format, granularities=granularities,
-        stream=(_one(form, "stream") or "false").lower() == "true")
+        stream=stream)
 
 
 def language_code(value: str) -> str:
