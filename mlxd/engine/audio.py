@@ -175,12 +175,31 @@ class TranscriptionEngine(AudioEngine):
         """Whether the model has a translate task (a multilingual Whisper)."""
         return bool(getattr(self.model, "is_multilingual", False))
 
+    @property
+    def languages(self) -> tuple[str, ...]:
+        """The language codes the model has a token for: an English-only
+        Whisper none but English, a multilingual one its first
+        ``num_languages`` of the tokenizer's list (Cantonese is the 100th,
+        which 99-language checkpoints lack); any for a model without Whisper's
+        tokens (its ``generate`` takes the language as it likes)."""
+        from mlx_audio.stt.models.whisper.tokenizer import LANGUAGES
+
+        if not hasattr(self.model, "get_tokenizer"):
+            return tuple(LANGUAGES)
+        if not self.translates:
+            return ("en",)
+        return tuple(LANGUAGES)[: self.model.num_languages]
+
     def transcribe(self, samples: np.ndarray, options: TranscribeOptions,
                    request_id: str = "") -> AsyncIterator[Window]:
         """The transcript window by window, in file time."""
         if options.task == "translate" and not self.translates:
             raise BadRequest(f"The model `{self.name}` cannot translate (it is not a multilingual Whisper).",
                              param="model", code="model_not_supported")
+        if options.language is not None and options.language not in self.languages:
+            has = "reads only English (en)" if self.languages == ("en",) else "has no token for that language"
+            raise BadRequest(f"The model `{self.name}` cannot take `language` {options.language!r}: it {has}.",
+                             param="language", code="unsupported_language")
         self.figures.audio_seconds += samples.size / SAMPLE_RATE
         return self._stepped(self._windows(samples, options), request_id)
 
@@ -228,19 +247,26 @@ def folder_voices(path: Path | str) -> list[str]:
 
 
 def _window(result: Any, start: float, end: float) -> Window:
+    """Worker thread: one window's result in file time. ``seek`` is Whisper's
+    position in mel frames, counted from the window's start as ``start`` is:
+    a second window's segments said 30.0 s but seek 0."""
+    from mlx_audio.stt.models.whisper.audio import FRAMES_PER_SECOND
+
     text = str(getattr(result, "text", "") or "")
     language = getattr(result, "language", None)
+    offset = round(start * FRAMES_PER_SECOND)
     segments = []
     for seg in getattr(result, "segments", None) or []:
         seg = dict(seg)
         seg["start"] = float(seg.get("start", 0.0)) + start
         seg["end"] = float(seg.get("end", 0.0)) + start
+        seg["seek"] = int(seg.get("seek", 0)) + offset
         if seg.get("words"):
             seg["words"] = [{**w, "start": float(w["start"]) + start, "end": float(w["end"]) + start}
                             for w in seg["words"]]
         segments.append(seg)
     if not segments and text:
-        segments = [{"id": 0, "start": start, "end": end, "text": text}]
+        segments = [{"id": 0, "seek": offset, "start": start, "end": end, "text": text}]
     return Window(text, language if isinstance(language, str) else None, segments, start, end)
 
 

@@ -5,7 +5,9 @@ formats of a transcript."""
 from __future__ import annotations
 
 import io
+import time
 
+import miniaudio
 import numpy as np
 import pytest
 import soundfile
@@ -13,7 +15,8 @@ import soundfile
 from audio.conftest import RATE, sweep
 from mlxd.api.audio import answers
 from mlxd.engine.audio import Window
-from mlxd.engine.audio_files import InvalidAudio, StreamEncoder, decode, probe, write_file
+from mlxd.engine.audio_files import InvalidAudio, decode, probe, write_file
+from mlxd.engine.audio_stream import StreamEncoder
 
 
 @pytest.mark.parametrize("fmt", ["wav", "flac", "mp3"])
@@ -70,6 +73,49 @@ def test_streamed_speech_is_one_valid_file_of_every_chunk(fmt) -> None:
         assert abs(got.size - audio.size) < 3 * 1152
         if fmt == "wav":
             assert np.array_equal(np.frombuffer(data[44:], "<i2"), (audio * 32767).astype(np.int16))
+
+
+@pytest.mark.parametrize("fmt", ["wav", "pcm", "flac", "mp3"])
+def test_a_synthesis_of_no_samples_is_a_valid_empty_file(fmt) -> None:
+    """No chunk came: WAV's header claimed 4 GB of nothing, and FLAC and MP3
+    were no bytes at all, which no reader opens."""
+    data = StreamEncoder(fmt, 32000).close()
+    if fmt == "pcm":
+        assert data == b""
+    elif fmt == "wav":
+        assert data[4:8] == (36).to_bytes(4, "little") and data[40:44] == bytes(4) and len(data) == 44
+        assert soundfile.read(io.BytesIO(data))[0].size == 0
+    elif fmt == "flac":
+        assert miniaudio.decode(data, nchannels=1, sample_rate=32000).num_frames == 0
+    else:  # MP3 has no header: its shortest file is a few frames of silence.
+        decoded, _ = soundfile.read(io.BytesIO(data))
+        assert decoded.size <= 2 * 1152 and not decoded.any()
+        assert miniaudio.decode(data, nchannels=1, sample_rate=32000).num_frames == decoded.size
+
+
+def test_a_flac_of_unknown_length_reads_to_its_end_as_a_whole_one_does() -> None:
+    """A streamed FLAC leaves its length unknown (a total of 0, which the
+    FLAC spec allows); mlx-audio's reader sized its resampler by it and
+    read no sample of such a file."""
+    audio = sweep(3.0, 32000)
+    encoder = StreamEncoder("flac", 32000)
+    streamed = b"".join([encoder.feed(audio[:48000]), encoder.feed(audio[48000:]), encoder.close()])
+    assert miniaudio.flac_get_info(streamed).num_frames == 0
+    whole = write_file(audio, 32000, "flac")
+    info = probe(streamed)
+    assert (info.seconds, info.length_in_header) == (3.0, False)
+    assert np.array_equal(decode(streamed, info, RATE), decode(whole, probe(whole), RATE))
+
+
+def test_an_unknown_length_is_counted_only_up_to_the_bound() -> None:
+    """Two hours of streamed silence at 8 kHz: 180 kB, counted past the
+    30-minute bound and no further, in well under a second."""
+    encoder = StreamEncoder("flac", 8000)
+    silence = np.zeros(8000 * 600, dtype=np.float32)
+    data = b"".join([encoder.feed(silence) for _ in range(12)] + [encoder.close()])
+    started = time.monotonic()
+    assert 1800 < probe(data, max_seconds=1800).seconds <= 1801
+    assert time.monotonic() - started < 1
 
 
 def test_subtitles_number_and_time_the_segments_across_windows() -> None:

@@ -3,12 +3,14 @@ values: a multipart upload (``TranscribeAsk``), a JSON body (``SpeechBody``)."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from mlxd.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
@@ -16,6 +18,11 @@ from mlxd.registry.sizing import format_bytes
 
 TRANSCRIPT_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
 GRANULARITIES = ("segment", "word")
+# What a stream of transcript.text events can carry.
+STREAM_FORMATS = ("json", "text")
+# Files a form may hold before Starlette refuses it unread: more than the one
+# ``file``, so that a second one, or a text field sent as a file, is named.
+MAX_FORM_FILES = 4
 
 
 @dataclass(frozen=True)
@@ -37,7 +44,7 @@ def _one(form: object, name: str) -> str | None:
         return None
     value = values[-1]
     if not isinstance(value, str):
-        raise BadRequest(f"`{name}` must be a form field, not a file", param=name)
+        raise BadRequest(f"`{name}` must be a text field, not a file", param=name)
     return value
 
 
@@ -47,9 +54,15 @@ async def transcribe_ask(request: Request, max_audio_bytes: int) -> TranscribeAs
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise UnsupportedMediaType("Send the audio as multipart/form-data with a `file` field.")
     try:
-        form = await request.form(max_files=1, max_fields=32)
+        form = await request.form(max_files=MAX_FORM_FILES, max_fields=32)
+    except HTTPException as exc:  # Starlette's words for what it refused ("Too many fields ...")
+        raise BadRequest(f"The multipart body cannot be read: {exc.detail}") from exc
     except Exception as exc:  # a malformed multipart body
         raise BadRequest(f"The multipart body cannot be read ({type(exc).__name__}).") from exc
+    files = form.getlist("file")
+    if len(files) > 1:
+        raise BadRequest(f"Send one `file`: a request transcribes one audio file, and this one has {len(files)}",
+                         param="file")
     upload = form.get("file")
     if not isinstance(upload, UploadFile):
         raise BadRequest("`file` is required: the audio file, as a multipart file field", param="file")
@@ -76,11 +89,41 @@ async def transcribe_ask(request: Request, max_audio_bytes: int) -> TranscribeAs
     if granularities and response_format != "verbose_json":
         raise BadRequest("`timestamp_granularities[]` needs `response_format: verbose_json`",
                          param="timestamp_granularities[]")
+    stream = (_one(form, "stream") or "false").lower() == "true"
+    if stream and response_format not in STREAM_FORMATS:
+        # The events carry text only; the timestamps (word ones cost a
+        # second pass per window) were computed and dropped.
+        raise BadRequest(f"`stream: true` sends the transcript as text events, without timestamps: "
+                         f"`response_format` must be json or text, not {response_format}", param="stream")
+    language = _one(form, "language") or None
+    if language is not None:
+        # mlx-audio's Whisper package takes about a second to import the first
+        # time: off the event loop.
+        language = await asyncio.to_thread(language_code, language)
     return TranscribeAsk(
-        model=model, file=data, filename=upload.filename or "", language=_one(form, "language") or None,
+        model=model, file=data, filename=upload.filename or "", language=language,
         prompt=_one(form, "prompt") or None, temperature=_temperature(_one(form, "temperature")),
         response_format=response_format, granularities=granularities,
-        stream=(_one(form, "stream") or "false").lower() == "true")
+        stream=stream)
+
+
+def language_code(value: str) -> str:
+    """``language`` as the ISO-639-1 code mlx-audio's Whisper tokenizer
+    knows, from a code in any case ("EN"), an English name ("French",
+    "Castilian") or a code with a region ("en-US"). Anything else is a 400:
+    Whisper was handed it as it came, decoded with no language token and
+    echoed it back in verbose_json."""
+    from mlx_audio.stt.models.whisper.tokenizer import LANGUAGES, TO_LANGUAGE_CODE
+
+    said = value.strip().lower()
+    primary = said.replace("_", "-").split("-")[0]
+    for candidate in (said, primary):
+        if candidate in LANGUAGES:
+            return candidate
+        if candidate in TO_LANGUAGE_CODE:
+            return TO_LANGUAGE_CODE[candidate]
+    raise BadRequest(f"`language` {value!r} is not a language Whisper knows: give its ISO-639-1 code "
+                     "(en, fr, de, ...) or its English name", param="language", code="unsupported_language")
 
 
 def _temperature(value: str | None) -> float | None:

@@ -128,7 +128,7 @@ async def _relayed(ctx: DaemonContext, request: Request, spec: ModelSpec, name: 
 async def read_audio(ctx: DaemonContext, data: bytes) -> np.ndarray:
     """The upload's samples at the models' rate, after its header passed the bounds."""
     server = ctx.settings.server
-    info = await asyncio.to_thread(audio_files.probe, data)
+    info = await asyncio.to_thread(audio_files.probe, data, server.max_audio_seconds)
     if info.seconds > server.max_audio_seconds:
         raise BadRequest(f"The audio is {info.seconds:.0f} s long; this server takes at most "
                          f"{server.max_audio_seconds:.0f} s (server.max_audio_seconds).", param="file",
@@ -190,6 +190,11 @@ async def speech(ctx: DaemonContext, request: Request, body: SpeechBody) -> tupl
     if len(body.input) > limit:
         raise BadRequest(f"`input` is {len(body.input)} characters; at most {limit} are read "
                          "(server.max_speech_chars).", param="input", code="string_above_max_length")
+    if not body.input.strip():
+        # A model given only spaces or line breaks makes no sample, and the
+        # answer was a 200 with an empty file.
+        raise BadRequest("`input` holds nothing to speak: it is only whitespace.", param="input",
+                         code="empty_input")
     spec = _local(ctx, request, body.model, SPEAK)
     rate: list[int] = []
 

@@ -13,7 +13,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from mlxd.api.audio import answers, path
 from mlxd.api.audio.bodies import SpeechBody, transcribe_ask
 from mlxd.api.context import DaemonContext
-from mlxd.engine.audio_files import MEDIA_TYPES, StreamEncoder
+from mlxd.engine.audio_files import MEDIA_TYPES
+from mlxd.engine.audio_stream import StreamEncoder
 from mlxd.errors import MlxdError
 from mlxd.remote.answer import MAX_EVENT_BYTES
 
