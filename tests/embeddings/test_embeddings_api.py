@@ -130,6 +130,9 @@ def test_truncation_follows_the_entry(encoders_daemon) -> None:
     ({"model": "embed", "input": [[5, 10 ** 7]]}, "input[0]"),
     ({"model": "embed", "input": "x", "encoding_format": "int8"}, "encoding_format"),
     ({"model": "embed", "input": "x", "dimensions": 0}, "dimensions"),
+    # Booleans are no numbers (pydantic took `true` for 1).
+    ({"model": "embed", "input": "x", "dimensions": True}, "dimensions"),
+    ({"model": "embed", "input": [True, 5]}, "input[0]"),
     ({"model": "embed", "input": "x", "dimensions": 65}, "dimensions"),
     ({"model": "chat", "input": "x"}, "model"),
     ({"model": "rerank", "input": "x"}, "model"),

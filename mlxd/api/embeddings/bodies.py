@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from mlxd.api.conversation import encodable
 from mlxd.errors import BadRequest
@@ -70,8 +70,9 @@ def _inputs(value: object, param: str) -> EmbedInputs:
     raise BadRequest(f"`{param}` mixes strings and token arrays; send one kind", param=param)
 
 
-TokenArrays = list[list[int]]
-Input = Union[str, list[str], list[int], TokenArrays]
+# Strict: pydantic would take ``true`` for the token id 1.
+TokenArrays = list[list[StrictInt]]
+Input = Union[str, list[str], list[StrictInt], TokenArrays]
 
 
 class EmbeddingsBody(_Body):
@@ -80,7 +81,7 @@ class EmbeddingsBody(_Body):
     model: str = Field(min_length=1)
     input: Input
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, ge=1)
+    dimensions: StrictInt | None = Field(None, ge=1)
     user: str | None = None
 
     def inputs(self) -> EmbedInputs:
@@ -97,7 +98,7 @@ class RerankBody(_Body):
     model: str = Field(min_length=1)
     query: str
     documents: list[Union[str, Document]] = Field(min_length=1)
-    top_n: int | None = Field(None, ge=1)
+    top_n: StrictInt | None = Field(None, ge=1)
     return_documents: bool = True
 
     def ask(self) -> RerankAsk:
@@ -115,7 +116,7 @@ class OllamaEmbedBody(_Body):
     model: str = Field(min_length=1)
     input: Union[str, list[str]]
     truncate: bool = True
-    dimensions: int | None = Field(None, ge=1)
+    dimensions: StrictInt | None = Field(None, ge=1)
 
     def inputs(self) -> EmbedInputs:
         return _inputs(self.input, "input")
