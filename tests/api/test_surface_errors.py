@@ -236,6 +236,10 @@ async def test_responses_text_format_must_be_an_object(tmp_path):
          "input[1].arguments", "input[1].arguments is not valid JSON"),
         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content[0]",
          "input[0].content[0].image_url"),
+        # Accepted and ignored before, as if served.
+        ({"top_logprobs": 99}, "top_logprobs", "less than or equal to 20"),
+        ({"truncation": "sometimes"}, "truncation", "'auto' or 'disabled'"),
+        ({"background": True}, "background", "background responses are not served"),
     ],
 )
 async def test_responses_errors_name_the_responses_fields(tmp_path, body, param, words):

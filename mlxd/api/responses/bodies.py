@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
 from mlxd.api.documents import input_file
@@ -58,8 +58,22 @@ class ResponsesRequest(BaseModel):
     stream: bool = False
     previous_response_id: str | None = None
     metadata: dict[str, Any] | None = None
+    # Checked as OpenAI checks them, and otherwise not used: mlxd returns no
+    # log-probabilities here and never truncates a conversation.
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+    truncation: Literal["auto", "disabled"] | None = None
+    background: bool | None = None
     # Total seconds for this request, queueing and loading included.
     timeout: float | None = Field(default=None, gt=0)
+
+    @field_validator("background")
+    @classmethod
+    def _in_the_foreground(cls, value: bool | None) -> bool | None:
+        # A client asking for one would poll GET /v1/responses/{id}, which mlxd does not serve.
+        if value:
+            raise ValueError("background responses are not served: mlxd answers in the request "
+                             "(stream: true to follow it as it is made)")
+        return value
 
     def function_tools(self) -> tuple[ToolSpec, ...]:
         """The function tools (built-in tool types are left out), each
