@@ -319,3 +319,14 @@ async def test_chat_refuses_a_message_openai_refuses_naming_its_field(tmp_path, 
     call = await answer(tmp_path, "/v1/chat/completions", {"model": "m", "messages": messages})
     assert call.status == 400
     assert openai_error(call)["param"] == param
+
+
+async def test_anthropic_refuses_a_tool_result_that_answers_no_tool_use_before_it(tmp_path):
+    use = {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {}}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [use]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_2", "content": "42"}]}]
+    call = await answer(tmp_path, "/v1/messages", {**MESSAGES, "messages": messages})
+    assert call.status == 400
+    assert "`toolu_2` answers no tool_use block" in anthropic_error(call)["message"]
+    messages[2]["content"][0]["tool_use_id"] = "toolu_1"
+    assert (await answer(tmp_path, "/v1/messages", {**MESSAGES, "messages": messages})).status == 200

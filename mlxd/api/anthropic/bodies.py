@@ -77,8 +77,13 @@ class _Base(BaseModel):
         system = _system_text(self.system)
         if system:
             messages.append(Message("system", system))
+        called: set[str] = set()  # the tool_use ids of the assistant turn before
         for i, message in enumerate(self.messages):
-            messages += _messages(message, f"messages[{i}]")
+            turn = _messages(message, f"messages[{i}]")
+            _check_results(turn, called, f"messages[{i}]")
+            if message.role == "assistant":
+                called = {c.id for m in turn for c in m.tool_calls}
+            messages += turn
         return Conversation(tuple(messages))
 
     def output(self) -> OutputRequest:
@@ -216,6 +221,17 @@ def _result_text(content: Any) -> str:
         return ""
     return "\n".join(str(b.get("text", "")) if b.get("type") == "text" else anthropic_document(b)
                      for b in content if isinstance(b, dict) and b.get("type") in ("text", *DOCUMENTS))
+
+
+def _check_results(turn: list[Message], called: set[str], param: str) -> None:
+    """A tool result answers a tool_use of the assistant turn before, as
+    Anthropic requires: one that answers nothing reached the template as a
+    result of no call (a client that lost its history, or sent the wrong id)."""
+    for message in turn:
+        if message.role == "tool" and message.tool_call_id not in called:
+            raise BadRequest(
+                f"{param}: a tool_result's tool_use_id `{message.tool_call_id}` answers no tool_use block of the "
+                "assistant message before it", param=f"{param}.content")
 
 
 def _messages(message: AnthropicMessage, param: str) -> list[Message]:
