@@ -46,7 +46,7 @@
 # .gpu/baseline in turn; apps5-ab3: the same three times each, samples pooled), embeddings (bench/embeddings.py), chat-embed (bench/chat_beside_embeddings.py: a
 # pinned chat stream's pace while 8 clients embed; chat-embed-large: the same beside a random chat model of Qwen2.5-7B's
 # shapes in bfloat16, whose decode step waits on its weights rather than on the host (chat-embed-large-tiny: beside the
-# factory's tiny encoder, no model parts needed but .gpu/extra, whose mlx-vlm mlx-embeddings imports; 2026-12-07); chat-embed-si: the same with the daemon's GIL switch interval at 5 (Python's default), 1 and 0.25 ms; chat-embed-ab: this tree and .gpu/baseline in turn, twice; chat-embed-large-ab: the 7B-shaped chat beside the tiny encoder, this tree and .gpu/baseline in turn (encoder passes paced to the chat since 2026-12-07: .gpu/baseline is cc5f6d7, the code before); encoder-shapes: bench/encoder_shapes.py, what queueing an embedding pass costs the worker by how batch shapes vary). SmolLM2's GGUF and
+# factory's tiny encoder, no model parts needed but .gpu/extra, whose mlx-vlm mlx-embeddings imports; 2026-12-07); chat-embed-si: the same with the daemon's GIL switch interval at 5 (Python's default), 1 and 0.25 ms; chat-embed-ab: this tree and .gpu/baseline in turn, twice; chat-embed-large-ab: the 7B-shaped chat beside the tiny encoder, this tree and .gpu/baseline in turn (encoder passes paced to the chat since 2026-12-07: .gpu/baseline is cc5f6d7, the code before; chat-embed-large-ab2: the same, 2 rounds, for a call with less device time left); encoder-shapes: bench/encoder_shapes.py, what queueing an embedding pass costs the worker by how batch shapes vary). SmolLM2's GGUF and
 # MiniLM's folder must be in $MLXD_WHEELS_DIR (the device has no network):
 # bench/gpu_models.sh packs them into parts for the device calls; bench/gpu_extra.sh the packages
 # the kit leaves out (carry .gpu/extra with every call). Logs and bench/results go to $OUT (default ./gpu-out).
@@ -113,6 +113,7 @@ for name in "$@"; do
     chat-embed) step chat-embed 200 "$PY" bench/chat_beside_embeddings.py --tokens 256 --rounds 3 ;;
     chat-embed-large) step chat-embed-large 560 "$PY" bench/chat_beside_embeddings.py --chat large --tokens 256 --rounds 3 ;;
     chat-embed-large-tiny) step chat-embed-large-tiny 560 "$PY" bench/chat_beside_embeddings.py --chat large --embedder tiny --tokens 256 --rounds 3 ;;
+    chat-embed-large-ab2) step chat-embed-large-ab2 420 "$PY" bench/chat_beside_embeddings.py --chat large --embedder tiny --tokens 256 --rounds 2 --baseline .gpu/baseline ;;
     chat-embed-large-ab) step chat-embed-large-ab 580 "$PY" bench/chat_beside_embeddings.py --chat large --embedder tiny --tokens 256 --rounds 3 --baseline .gpu/baseline ;;
     encoder-shapes) step encoder-shapes 150 "$PY" bench/encoder_shapes.py --passes 400 ;;
     chat-embed-si) step chat-embed-si 420 "$PY" bench/chat_beside_embeddings.py --tokens 256 --rounds 3 --switch-intervals 0.001 0.00025 ;;
