@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Literal
 
 import anthropic
 import httpx
 import jsonschema
+import pydantic
 import pytest
 from agents.agents_support import KEY, PROMPT, WEATHER, agents_daemon, model_held, model_view
 from vision.vision_support import encoded, noise_image
@@ -413,3 +415,29 @@ def test_a_document_block_is_read_as_its_text_and_a_pdf_as_a_note_saying_so(clie
         counted({"text": "a block without a type"}, ask)
     assert caught.value.body["error"]["type"] == "invalid_request_error"
     assert "content[0]" in caught.value.body["error"]["message"]
+
+
+class Reading(pydantic.BaseModel):
+    # (The SDK strips numeric bounds from the schema it sends: enums and booleans keep a random model short.)
+    gauge: Literal["low", "high"]
+    ok: bool
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_structured_output_follows_its_schema_through_the_sdks_parse(client, stream):
+    # output_format (the SDK's parse sends it as output_config.format) was dropped: free text came back.
+    ask = {"model": "qwen", "max_tokens": 40, "extra_body": {"temperature": 0.0},
+           "messages": [{"role": "user", "content": "Report the gauge"}]}
+    if stream:
+        with client.messages.stream(**ask, output_format=Reading) as events:
+            message = events.get_final_message()
+    else:
+        message = client.messages.parse(**ask, output_format=Reading)
+    assert isinstance(message.parsed_output, Reading), message.content
+    raw = {"type": "json_schema", "schema": {"type": "object", "properties": {"x": {"enum": ["a", "b"]}},
+                                            "required": ["x"], "additionalProperties": False}}
+    plain = client.messages.create(**{**ask, "extra_body": {"temperature": 0.0, "output_config": {"format": raw}}})
+    assert json.loads(plain.content[0].text)["x"] in ("a", "b")
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(**{**ask, "extra_body": {"output_config": {"format": {"type": "json_schema"}}}})
+    assert "output_config.format" in caught.value.body["error"]["message"]

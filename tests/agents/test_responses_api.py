@@ -196,3 +196,13 @@ def test_an_input_file_of_text_is_read_as_its_text(client):
     data = "data:text/plain;base64," + base64.b64encode(note.encode()).decode()
     as_file = input_tokens({"type": "input_file", "file_data": data})
     assert as_file == input_tokens({"type": "input_text", "text": note}) > input_tokens() + 10
+
+
+def test_a_strict_text_format_allows_no_undeclared_key(client):
+    # strict was dropped on this surface, so a schema without additionalProperties let the model add keys.
+    loose = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 3}}, "required": ["a"]}
+    response = client.responses.create(
+        model="qwen", input="json", temperature=0, max_output_tokens=40, store=False,
+        text={"format": {"type": "json_schema", "name": "o", "schema": loose, "strict": True}})
+    assert response.status == "completed"
+    assert set(json.loads(response.output_text)) == {"a"}

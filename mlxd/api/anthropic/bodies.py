@@ -27,7 +27,7 @@ from mlxd.api.reasoning import ReasoningRequest, combine, effort, template_kwarg
 from mlxd.errors import BadRequest
 from mlxd.registry.model import SamplingDefaults
 from mlxd.tools.output_request import OutputRequest
-from mlxd.tools.output_specs import ToolChoice, ToolSpec, not_an_object_schema, object_schema
+from mlxd.tools.output_specs import ResponseFormat, ToolChoice, ToolSpec, not_an_object_schema, object_schema
 
 
 class AnthropicMessage(BaseModel):
@@ -59,8 +59,10 @@ class _Base(BaseModel):
     # {"type": "enabled", "budget_tokens": N}, {"type": "adaptive"} or {"type": "disabled"};
     # the first two may say "display": "summarized" | "omitted".
     thinking: dict[str, Any] | None = None
-    # {"effort": "low" | "medium" | "high" | "max"}.
+    # {"effort": "low" | "medium" | "high" | "max", "format": {"type": "json_schema", "schema": {...}}}.
     output_config: dict[str, Any] | None = None
+    # The structured-outputs beta's name for output_config.format.
+    output_format: Any = None
     # vLLM's and mlx_lm.server's template variables, here too.
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -93,15 +95,30 @@ class _Base(BaseModel):
             if t.type in (None, "custom") or t.input_schema is not None
         )
         choice, parallel = _tool_choice(self.tool_choice)
+        form = self._format()
         if not tools:
             if choice is not None and choice.mode == "required":
                 raise BadRequest("tool_choice `any` needs `tools`.", param="tool_choice")
             if choice is not None and choice.mode == "named":
                 # Refused by the shared check: the tool it names is not there.
-                return OutputRequest(tool_choice=choice)
+                return OutputRequest(tool_choice=choice, response_format=form)
             # tool_choice "none" or nothing to call: the answer is text.
-            return OutputRequest()
-        return OutputRequest(tools=tools, tool_choice=choice, parallel_tool_calls=parallel)
+            return OutputRequest(response_format=form)
+        return OutputRequest(tools=tools, tool_choice=choice, parallel_tool_calls=parallel, response_format=form)
+
+    def _format(self) -> ResponseFormat | None:
+        """Structured output: ``output_config.format`` (or the beta's
+        top-level ``output_format``), ``{"type": "json_schema", "schema"}``.
+        Anthropic's are always strict (no key the schema does not declare)."""
+        config = self.output_config if isinstance(self.output_config, dict) else {}
+        where, value = ("output_config.format", config["format"]) if config.get("format") is not None else \
+            ("output_format", self.output_format)
+        if value is None:
+            return None
+        if not isinstance(value, dict) or value.get("type") != "json_schema" or not isinstance(
+                value.get("schema"), dict):
+            raise BadRequest(f'{where} must be {{"type": "json_schema", "schema": {{...}}}}', param=where)
+        return ResponseFormat("json_schema", param=where, schema=value["schema"], strict=True)
 
 
 def _tool(tool: Tool, where: str) -> ToolSpec:

@@ -180,9 +180,10 @@ def _format(text: dict[str, Any] | None) -> ResponseFormat | None:
     if fmt.get("type") == "json_schema":
         if not isinstance(fmt.get("schema"), dict):
             raise BadRequest("text.format.schema must be a JSON schema object", param="text.format")
-        name = fmt.get("name")
+        name, strict = fmt.get("name"), fmt.get("strict")
         return ResponseFormat("json_schema", param="text.format", schema=fmt["schema"],
-                              name=name if isinstance(name, str) else None)
+                              name=name if isinstance(name, str) else None,
+                              strict=strict if isinstance(strict, bool) else None)
     if fmt.get("type") == "json_object":
         return ResponseFormat("json_object", param="text.format")
     raise BadRequest("text.format.type must be one of `text`, `json_schema`, `json_object`", param="text.format")
