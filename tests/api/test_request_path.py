@@ -181,6 +181,17 @@ async def test_a_chat_stream_is_role_then_deltas_then_finish_usage_and_done(tmp_
     assert got[-1] == "[DONE]"
     assert {f["id"] for f in got[:-1]} == {got[0]["id"]} and got[0]["object"] == "chat.completion.chunk"
     assert h.active() == 0 and h.counted(200) == 1
+    # Usage once, in the last chunk: never on the finish chunk, where clients that add up chunks counted it twice.
+    assert [f for f in got[:-1] if "usage" in f] == [got[4]]
+
+
+async def test_a_stream_not_asked_for_usage_carries_none(tmp_path):
+    h = Harness(tmp_path, ["Hel", "lo", "stop"])
+    async with running(h.app):
+        call = await h.chat(stream=True).done()
+    got = frames(call.text)
+    assert got[-1] == "[DONE]" and got[-2]["choices"][0]["finish_reason"] == "stop"
+    assert not [f for f in got[:-1] if "usage" in f]
 
 
 async def test_a_completions_stream_numbers_its_choices(tmp_path):

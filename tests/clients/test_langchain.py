@@ -13,6 +13,8 @@ pytestmark = [pytest.mark.mlx, pytest.mark.slow, pytest.mark.timeout(900)]
 def test_langchain_chat_models_run_against_the_demo(demo):
     got = drive("langchain", "langchain.py", demo.url)
     assert got["openai_plain"].strip() and got["openai_stream"] == got["openai_plain"]
+    # The finish chunk carried usage too, and LangChain counted a streamed request's tokens twice.
+    assert got["usage_streamed"] == got["usage_invoked"] == [got["usage_invoked"][0], 5]
     assert got["anthropic_plain"].strip()
     for surface in ("openai_tool", "anthropic_tool"):
         assert got[surface]["name"] == "get_weather"

@@ -66,15 +66,16 @@ def test_a_stream_comes_back_chunk_by_chunk_with_usage(front):
 
 
 def test_completions_stream_through_the_front(front):
-    response = httpx.post(
-        f"{front.url}/v1/completions",
-        json={"model": "team-model", "prompt": "The sky is", "max_tokens": 5, "stream": True},
-        timeout=60,
-    )
-    events = sse_events(response)
+    ask = {"model": "team-model", "prompt": "The sky is", "max_tokens": 5, "stream": True}
+    events = sse_events(httpx.post(f"{front.url}/v1/completions", json=ask, timeout=60))
     assert events[-1] == "[DONE]"
     assert "".join(e["choices"][0]["text"] for e in events[:-1] if e["choices"])
-    assert events[-2]["usage"]["completion_tokens"] == 5
+    # As OpenAI: usage once, in a last chunk of no choices, and only when asked for.
+    assert not [e for e in events[:-1] if "usage" in e]
+    asked = sse_events(httpx.post(f"{front.url}/v1/completions", timeout=60,
+                                  json={**ask, "stream_options": {"include_usage": True}}))
+    assert [e["choices"] for e in asked[:-1] if "usage" in e] == [[]]
+    assert asked[-2]["usage"]["completion_tokens"] == 5
 
 
 def test_status_shows_an_openai_backend_reachable_without_model_states(front):

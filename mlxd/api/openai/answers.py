@@ -179,12 +179,14 @@ class OpenAIFrames:
             frame["choices"][0]["logprobs"] = logprobs_body(list(event.entries))
             return sse(frame)
         assert isinstance(event, Finish)
+        # No usage here: OpenAI sends it once, in the last chunk, and only
+        # when stream_options.include_usage asks (``closing``). On every
+        # choice's finish too (as vllm-mlx does), it was counted once per
+        # chunk by clients that add up what chunks carry: LangChain's
+        # stream_usage reported twice the tokens of the same request unstreamed.
         if self.chat:
-            frame = self._chat_chunk({}, event.reason, event.choice)
-        else:
-            frame = self._text_chunk("", event.reason, event.choice)
-        frame["usage"] = usage_body(event.usage)
-        return sse(frame)
+            return sse(self._chat_chunk({}, event.reason, event.choice))
+        return sse(self._text_chunk("", event.reason, event.choice))
 
     def _usage(self, usage: Usage) -> Usage:
         return chat_usage(self.plan, usage) if self.chat else usage

@@ -28,6 +28,15 @@ out = {}
 chat = ChatOpenAI(base_url=URL + "/v1", api_key="unused", model="default", max_tokens=60)
 out["openai_plain"] = chat.invoke("Say hello").content
 out["openai_stream"] = "".join(c.content for c in chat.stream("Say hello"))
+# Token usage, asked for (stream_usage) and added up over the chunks, as LangChain does.
+counting = ChatOpenAI(base_url=URL + "/v1", api_key="unused", model="qwen-tiny", max_tokens=5, temperature=0,
+                      stream_usage=True)
+whole = None
+for piece in counting.stream("Say hello"):
+    whole = piece if whole is None else whole + piece
+invoked = counting.invoke("Say hello").usage_metadata
+out["usage_streamed"] = [whole.usage_metadata["input_tokens"], whole.usage_metadata["output_tokens"]]
+out["usage_invoked"] = [invoked["input_tokens"], invoked["output_tokens"]]
 tiny = ChatOpenAI(base_url=URL + "/v1", api_key="unused", model="qwen-tiny", max_tokens=120)
 call = tiny.bind_tools([get_weather], tool_choice="get_weather").invoke("Weather in Oslo?").tool_calls[0]
 out["openai_tool"] = {"name": call["name"], "args": call["args"]}
