@@ -84,6 +84,14 @@ def test_the_stream_sends_events_in_order_with_sequence_numbers(client):
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert done.output_text == text == events[-4].text
     assert done.usage.output_tokens == 6
+    assert done.parallel_tool_calls is False, "what was done: not asked for, a forced call is one call"
+    # Valid as the SDK's own event types, which require logprobs (its lenient parse hid the missing field).
+    from openai.types.responses import ResponseTextDeltaEvent, ResponseTextDoneEvent
+
+    for event in events:
+        if event.type in ("response.output_text.delta", "response.output_text.done"):
+            kind = ResponseTextDeltaEvent if event.type.endswith("delta") else ResponseTextDoneEvent
+            kind.model_validate(event.model_dump())
 
 
 def test_a_whole_answer_ends_the_stream_with_response_completed(client):

@@ -106,7 +106,8 @@ def response_object(plan: Plan, body: ResponsesRequest, outcome: Outcome) -> dic
         "incomplete_details": {"reason": "max_output_tokens"} if outcome.status == "incomplete" else None,
         "instructions": body.instructions,
         "max_output_tokens": body.max_output_tokens,
-        "parallel_tool_calls": body.parallel_tool_calls if body.parallel_tool_calls is not None else True,
+        # What was done: a forced call is one call unless parallel calls were asked for.
+        "parallel_tool_calls": bool(body.parallel_tool_calls),
         "previous_response_id": body.previous_response_id,
         "reasoning": body.reasoning,
         "store": body.store,
@@ -185,7 +186,8 @@ class ResponsesFrames:
     def _text_delta(self, item_id: str, index: int, text: str) -> str:
         frame = self._text_frame
         if frame is None or frame[0] != (item_id, index):
-            payload = {"item_id": item_id, "output_index": index, "content_index": 0, "delta": MARK}
+            # logprobs: a field the event's type requires (the SDK's strict models fail without it); none here.
+            payload = {"item_id": item_id, "output_index": index, "content_index": 0, "delta": MARK, "logprobs": []}
             head, tail = cut(self._render("response.output_text.delta", _SEQUENCE_MARK, payload))
             before, _, after = head.partition(str(_SEQUENCE_MARK))
             frame = self._text_frame = ((item_id, index), before, after, tail)
@@ -235,7 +237,8 @@ class ResponsesFrames:
             done = message_item(item["id"], self._text, status)
             part = done["content"][0]
             out = self._event(
-                "response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=self._text
+                "response.output_text.done", item_id=item["id"], output_index=index, content_index=0, text=self._text,
+                logprobs=[],
             )
             out += self._event(
                 "response.content_part.done", item_id=item["id"], output_index=index, content_index=0, part=part
