@@ -145,6 +145,13 @@ class _Choice:
         self.splitter = splitter
         self.reasoning_tokens = 0
         self._seen = 0
+        # Whitespace after a tool call, held until text that is not whitespace
+        # follows (then it goes out with it) or another call or the finish
+        # comes (then it is dropped): the template's separator between
+        # parallel calls reached clients as text ("\n" between the calls of
+        # a stream, a message of "\n\n\n", a whitespace-only Responses item).
+        self._called = False
+        self._held = ""
 
     def events(self, choice: int, chunk: GenerationChunk, events: list[OutputEvent]) -> list[OutputEvent]:
         splitter = self.splitter
@@ -170,6 +177,19 @@ class _Choice:
                 usage = Usage(event.usage.prompt_tokens, event.usage.completion_tokens, event.usage.cached_tokens,
                               min(reasoning, event.usage.completion_tokens))
                 out.append(Finish(choice, reason, usage, event.stop_sequence if reason == "stop" else None))
+        return self._between_calls(out)
+
+    def _between_calls(self, events: list[OutputEvent]) -> list[OutputEvent]:
+        out: list[OutputEvent] = []
+        for event in events:
+            if isinstance(event, TextDelta) and self._called:
+                if not event.text.strip():
+                    self._held += event.text
+                    continue
+                event, self._held = TextDelta(event.choice, self._held + event.text), ""
+            elif isinstance(event, (ToolCallDelta, Finish)):
+                self._called, self._held = self._called or isinstance(event, ToolCallDelta), ""
+            out.append(event)
         return out
 
 

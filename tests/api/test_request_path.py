@@ -427,6 +427,23 @@ def test_tool_call_deltas_collect_into_one_call_per_index():
     assert choice.finish_reason == "tool_calls" and answer.usage.total_tokens == 13
 
 
+def test_whitespace_between_parallel_calls_is_no_text_but_text_after_a_call_keeps_it():
+    from mlxd.api.events import ChoiceEvents, TextDelta, ToolCallDelta
+    from mlxd.engine.types import GenerationChunk
+    from mlxd.tools.formats import format_named
+
+    def texts(pieces: list[str]) -> tuple[list[str], int]:
+        events = ChoiceEvents(format_named("json_tools"))
+        out = [e for i, p in enumerate(pieces) for e in events.of(0, GenerationChunk(
+            text=p, finish_reason="stop" if i == len(pieces) - 1 else None, prompt_tokens=3, completion_tokens=i + 1))]
+        return [e.text for e in out if isinstance(e, TextDelta)], len({e.index for e in out if isinstance(e, ToolCallDelta)})
+
+    call = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    # The template's separator between calls reached clients as text: "\n" deltas, a content of "\n\n\n".
+    assert texts([call, "\n", call, "\n", call, ""]) == ([], 3)
+    assert texts(["Sure.", "\n", call, "\n", " Done", "."]) == (["Sure.", "\n", "\n Done", "."], 1)
+
+
 def test_tool_call_deltas_stream_as_openai_tool_call_chunks():
     from mlxd.api.events import ToolCallDelta
     from mlxd.api.openai.answers import OpenAIFrames
