@@ -201,7 +201,7 @@ class Reloader:
         settings, server = self._settings_for(registry, diff)
         # Keys read from the daemon's keys file change the settings, not the file.
         applied = not diff.is_empty or bool(server["applied"])
-        summary = diff.summary() if not diff.is_empty else f"server: {', '.join(server['applied'])}"
+        summary = f"server: {', '.join(server['applied'])}" if diff.is_empty and server["applied"] else diff.summary()
         # The settings and the registry change together (reconfigure does not
         # yield to the event loop): no request sees one without the other.
         ctx.settings = settings

@@ -197,6 +197,7 @@ def test_explicit_reload_of_an_unchanged_file_reports_unchanged(tmp_path):
         assert response.status_code == 200
         report = response.json()
         assert report["outcome"] == "unchanged" and report["generation"] == 1 and report["trigger"] == "api"
+        assert report["summary"] == "no changes"
 
 
 def test_fifty_rapid_edits_load_each_changed_model_once(tmp_path):
