@@ -182,6 +182,16 @@ def effective(settings: DaemonSettings, server: ServerSpec) -> EffectiveSettings
     keys = settings.api_key_list()
     if keys is not None:
         overrides["api_keys"] = keys
+    elif settings.api_keys is not None and not server.api_keys:
+        # `--api-key "$KEY"` with $KEY unset: the daemon would serve without
+        # authentication, the opposite of what was asked. (With keys in the
+        # registry, an empty list leaves them in force.)
+        raise ConfigError("--api-key (or MLXD_API_KEYS) is set but names no key, and the registry names none: "
+                          "mlxd would serve without authentication; give a key, or leave the option out")
+    for key in keys or ():
+        if any(ch.isspace() for ch in key):
+            raise ConfigError("an API key from --api-key, MLXD_API_KEYS or the keys file has a space inside it; "
+                              "a key is one word (the key itself is not shown)")
     hosts = settings.allowed_host_list()
     if hosts is not None:
         overrides["allowed_hosts"] = hosts

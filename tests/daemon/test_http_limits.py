@@ -251,3 +251,17 @@ def test_an_empty_environment_key_list_does_not_open_a_keyed_daemon(tmp_path):
     for value in ("", ",", " , "):
         settings = DaemonSettings(api_keys=value)
         assert effective(settings, registry.server).server.api_keys == ("sk-file",)
+
+
+@pytest.mark.parametrize("flag", [["--api-key", ""], ["--api-key", "two words"]])
+def test_an_api_key_flag_that_names_no_usable_key_stops_the_daemon_instead_of_opening_it(tmp_path, flag):
+    # `--api-key "$KEY"` with $KEY unset served every caller without a key.
+    registry = write_registry(tmp_path, [{"name": "qwen", "model": "qwen"}])
+    done = subprocess.run(
+        [sys.executable, "-m", "mlxd", "serve", "--config", str(registry), "--port", str(free_port()), "--no-watch",
+         "--state-dir", str(tmp_path / "state"), *flag], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("mlxd: error:")]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert ("names no key" if flag[1] == "" else "space inside") in errors[0]
+    assert "two words" not in done.stderr
