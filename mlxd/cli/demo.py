@@ -35,6 +35,16 @@ DEMO_VERSION = 5
 _HEADER = f"# The mlxd demo registry (version {DEMO_VERSION}): SmolLM2 (from a GGUF file) and small models made offline by `mlxd demo`."
 
 
+def wrote_by_demo(registry: Path) -> bool:
+    """Whether ``registry`` is a file :func:`write_demo` wrote (any version):
+    one it may replace."""
+    try:
+        with registry.open(encoding="utf-8", errors="replace") as handle:
+            return handle.readline().startswith("# The mlxd demo registry")
+    except OSError:
+        return False
+
+
 def is_stale(registry: Path) -> bool:
     """Whether ``registry`` was written by an older :func:`write_demo` (a file
     someone wrote there by hand is theirs, and served as it is)."""

@@ -176,11 +176,19 @@ def demo(
     tiny_only: bool = typer.Option(False, "--tiny-only", help="Skip the small model (same as --size tiny)."),
     size: str = typer.Option("small", "--size", help="Build the models up to this size: tiny, small or bench."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 on GPUs and Metal, float32 on a Linux CPU), float32, float16 or bfloat16."),
+    force: bool = typer.Option(False, "--force", help="Replace a models.yaml there that mlxd demo did not write."),
 ) -> None:
     """Build the demo models offline and write DIR/models.yaml naming them."""
-    from mlxd.cli.demo import sizes_up_to, write_demo
+    from mlxd.cli.demo import sizes_up_to, wrote_by_demo, write_demo
     from mlxd.dtypes import device_dtype
 
+    existing = directory.expanduser() / "models.yaml"
+    # docs/configuration.md points `mlxd demo` at ~/.config/mlxd, where a user's own registry may be.
+    if existing.is_file() and not force and not wrote_by_demo(existing):
+        raise _fail(f"{existing} exists and was not written by mlxd demo; move it aside, "
+                    "or pass --force to replace it")
+    if directory.expanduser().exists() and not directory.expanduser().is_dir():
+        raise _fail(f"{directory} is not a folder")
     try:
         sizes = sizes_up_to("tiny" if tiny_only else size)
         chosen = device_dtype(dtype)
@@ -190,6 +198,8 @@ def demo(
         path = write_demo(directory, sizes=sizes, dtype=chosen)
     except ConfigError as exc:  # e.g. the trained default's wheel cannot be fetched (no network)
         raise _fail(str(exc)) from None
+    except OSError as exc:
+        raise _fail(f"cannot write the demo to {directory}: {exc.strerror or exc}") from None
     typer.echo(f"wrote {path}")
     typer.echo(f"serve it with: mlxd serve --config {path}")
 

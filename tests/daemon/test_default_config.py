@@ -79,3 +79,14 @@ def test_check_takes_config_as_serve_does_and_warns_of_an_app_that_can_use_nothi
     assert len(warned) == 1 and "(caht)" in warned[0], result.stdout
     both = _run("check", str(chosen), "--config", str(tmp_path / "other.yaml"), env=_env(tmp_path))
     assert both.returncode == 2 and "give one" in both.stderr
+
+
+def test_demo_keeps_a_registry_it_did_not_write_and_names_a_folder_that_is_a_file(tmp_path):
+    # docs/configuration.md points `mlxd demo` at ~/.config/mlxd: it replaced the user's own file there.
+    mine = tmp_path / "models.yaml"
+    mine.write_text("# my own registry\nmodels: []\n")
+    kept = _run("demo", str(tmp_path), "--tiny-only", env=_env(tmp_path))
+    assert kept.returncode == 2 and "--force" in kept.stderr and "Traceback" not in kept.stderr, kept.stderr
+    assert mine.read_text() == "# my own registry\nmodels: []\n"
+    not_a_folder = _run("demo", str(mine), "--tiny-only", env=_env(tmp_path))
+    assert not_a_folder.returncode == 2 and "not a folder" in not_a_folder.stderr, not_a_folder.stderr
