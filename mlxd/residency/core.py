@@ -420,7 +420,13 @@ class ResidencyCore:
             ))]
         if r.state is State.FAILED and r.retry_at is not None and now < r.retry_at:
             return [Reject(waiter.request_id, self._failed(r, now))]
-        full = self.queued(waiter.model) >= r.spec.max_queue
+        room = r.spec.max_queue
+        if r.state is not State.LOADED:
+            # Waiting for a load, the first max_concurrency are the ones its slots
+            # take once it is in: they queue for no slot. Counted as queued, a
+            # cold model of max_queue 0 refused every request until loaded by hand.
+            room += max(0, r.spec.max_concurrency - r.active)
+        full = self.queued(waiter.model) >= room
         if waiter.takes_lease and full and not self._can_grant(r, waiter.slots):
             return [
                 Reject(

@@ -2,6 +2,8 @@
 
 from dataclasses import replace
 
+import pytest
+
 from support.residency_sim import GB, Sim, manager, spec, with_idle
 
 from mlxd.errors import CapacityUnavailable, ModelLoadFailed, ModelNotFound, QueueFull, ShuttingDown
@@ -272,13 +274,28 @@ def test_a_request_passed_over_too_long_drains_the_busy_model():
     assert sim.aborts() == [], "fairness drains, it does not abort"
 
 
-def test_queue_beyond_max_queue_is_rejected_with_429():
-    sim = Sim.of(manager(4), spec("a", 1, max_queue=2))
-    sim.request("a")
-    sim.request("a")
+@pytest.mark.parametrize("loaded", [False, True])
+def test_queue_beyond_max_queue_is_rejected_with_429_loaded_or_not(loaded):
+    # max_concurrency requests run and max_queue wait, whether the model is in memory yet or not:
+    # waiting for a load, the ones its slots will take counted as queued, and a cold model of
+    # max_queue 0 refused every request.
+    sim = Sim.of(manager(4), spec("a", 1, max_queue=2, max_concurrency=2))
+    if loaded:
+        sim.ready("a")
+    admitted = [sim.request("a") for _ in range(4)]
+    assert not [rid for rid in admitted if rid in sim.rejected]
     rid = sim.request("a")
     err = sim.rejected[rid]
     assert isinstance(err, QueueFull) and err.status_code == 429 and err.retry_after
+
+
+def test_a_cold_model_without_a_queue_is_loaded_for_its_first_request():
+    sim = Sim.of(manager(4), spec("a", 1, max_queue=0))
+    first = sim.request("a")
+    assert first not in sim.rejected and sim.state("a") is State.LOADING
+    assert isinstance(sim.rejected[sim.request("a")], QueueFull)
+    sim.finish_load("a")
+    assert sim.granted(first)
 
 
 def test_unknown_model_is_404():
