@@ -13,8 +13,10 @@ from mlxd.errors import MlxdError, ServiceUnavailable
 class DaemonClient:
     def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 600.0) -> None:
         self.base_url = base_url.rstrip("/")
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout = timeout
+        # Made at the first request, where a URL httpx cannot take is one line like any failure to reach.
+        self._http: httpx.Client | None = None
 
     @classmethod
     def discover(
@@ -35,9 +37,11 @@ class DaemonClient:
                 server = _server_section(str(config))
                 host = host or server.get("host")
                 port = port or server.get("port")
-            host = host or "127.0.0.1"
+            host = str(host or "127.0.0.1")
             if host in ("0.0.0.0", "::"):
                 host = "127.0.0.1"
+            if ":" in host and not host.startswith("["):
+                host = f"[{host}]"  # an IPv6 address, as a URL writes it
             url = f"http://{host}:{port or 8080}"
         if api_key is None:
             keys = os.environ.get("MLXD_API_KEYS", "")
@@ -46,7 +50,11 @@ class DaemonClient:
 
     def request(self, method: str, path: str, **kw: Any) -> Any:
         try:
+            if self._http is None:
+                self._http = httpx.Client(base_url=self.base_url, headers=self._headers, timeout=self._timeout)
             response = self._http.request(method, path, **kw)
+        except httpx.InvalidURL as exc:
+            raise _bad_url(self.base_url, exc) from None
         except httpx.ConnectError:
             raise ServiceUnavailable(f"no mlxd is running at {self.base_url}") from None
         except httpx.HTTPError as exc:
@@ -55,7 +63,9 @@ class DaemonClient:
             try:
                 message = response.json()["error"]["message"]
             except (ValueError, KeyError, TypeError):
-                message = response.text[:200]
+                # Not mlxd's error body (another server on that port): one line, not its HTML page.
+                kind = response.headers.get("content-type", "no content type").split(";")[0]
+                message = f"{self.base_url} answered, but not as mlxd does ({kind})"
             error = MlxdError(f"{response.status_code}: {message}")
             error.status_code = response.status_code
             raise error
@@ -76,7 +86,12 @@ def _server_section(config: str) -> dict[str, Any]:
 
         with open(config, encoding="utf-8") as handle:
             data = yaml.safe_load(handle) or {}
-        server = data.get("server") or {}
+        server = data.get("server") or {} if isinstance(data, dict) else {}
         return server if isinstance(server, dict) else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, yaml.YAMLError):
+        # Its address is then the default; `mlxd check` says what is wrong with the file.
         return {}
+
+
+def _bad_url(url: str, exc: Exception) -> MlxdError:
+    return MlxdError(f"{url} is not a URL mlxd can be reached at ({exc}); give one like http://127.0.0.1:8080")

@@ -90,3 +90,20 @@ def test_demo_keeps_a_registry_it_did_not_write_and_names_a_folder_that_is_a_fil
     assert mine.read_text() == "# my own registry\nmodels: []\n"
     not_a_folder = _run("demo", str(mine), "--tiny-only", env=_env(tmp_path))
     assert not_a_folder.returncode == 2 and "not a folder" in not_a_folder.stderr, not_a_folder.stderr
+
+
+@pytest.mark.parametrize("args", [["status", "--url", "http://256.1.1.1:80"], ["log", "--url", "http://[::1"],
+                                  ["load", "m", "--url", "http://[::1"]])
+def test_a_url_httpx_cannot_take_is_one_line_not_a_traceback(tmp_path, args):
+    done = _run(*args, env=_env(tmp_path))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("mlxd: error: ") and "is not a URL mlxd can be reached at" in done.stderr
+
+
+@pytest.mark.parametrize("text", ['models: [\n  - bad: "x\n', "- a\n- b\n"])
+def test_status_with_a_registry_it_cannot_read_looks_at_the_default_address(tmp_path, text):
+    config = tmp_path / "models.yaml"
+    config.write_text(text)
+    done = _run("status", "--config", str(config), env={**_env(tmp_path), "MLXD_PORT": "9"})
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == "mlxd: error: no mlxd is running at http://127.0.0.1:9"
