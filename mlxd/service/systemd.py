@@ -59,6 +59,9 @@ def render_unit(spec: ServiceSpec, secrets_path: Path | None = None) -> str:
         # Restart after a crash, not after a clean stop (no crash loop on exit 0).
         "Restart=on-failure",
         f"RestartSec={RESTART_DELAY_SECONDS}",
+        # Exit 2 is a configuration error (a registry typo): restarting cannot
+        # fix it, and restarted every 10 s it only fills the journal.
+        "RestartPreventExitStatus=2",
         # SIGTERM starts the drain; SIGKILL only after grace + margin.
         "KillSignal=SIGTERM",
         # SIGTERM to the daemon alone (it drains its own workers); SIGKILL to all.

@@ -83,6 +83,8 @@ def test_user_unit_says_how_to_run_stop_and_restart_the_daemon(home: Path, confi
     ]
     assert service["Restart"] == ["on-failure"]
     assert service["RestartSec"] == ["10"]
+    # A configuration error (exit 2) is not restarted every 10 s: restarting cannot fix it.
+    assert service["RestartPreventExitStatus"] == ["2"]
     assert service["KillSignal"] == ["SIGTERM"]
     assert service["KillMode"] == ["mixed"]
     # grace 45 in the config: SIGKILL may only come after the drain could finish
