@@ -225,37 +225,33 @@ def import_command(
         raise _fail(str(exc)) from None
 
 
-def _client(url: Optional[str], api_key: Optional[str]):  # type: ignore[no-untyped-def]
-    from mlxd.cli.client import DaemonClient
-
-    return DaemonClient.discover(url=url, api_key=api_key)
-
-
 @app.command()
 def load(
     name: str,
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="The models.yaml the daemon serves (for its address)."),
     url: Optional[str] = typer.Option(None, help="Daemon URL (default: from settings)."),
     api_key: Optional[str] = typer.Option(None, envvar="MLXD_API_KEY"),
 ) -> None:
     """Load a model now."""
-    _admin("load", name, url, api_key)
+    _admin("load", name, url, api_key, config)
 
 
 @app.command()
 def unload(
     name: str,
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="The models.yaml the daemon serves (for its address)."),
     url: Optional[str] = typer.Option(None, help="Daemon URL (default: from settings)."),
     api_key: Optional[str] = typer.Option(None, envvar="MLXD_API_KEY"),
 ) -> None:
     """Unload a model (once its in-flight requests finish)."""
-    _admin("unload", name, url, api_key)
+    _admin("unload", name, url, api_key, config)
 
 
 @app.command()
 def status(
     json_output: bool = typer.Option(False, "--json", help="Print the /v1/status document as JSON."),
     watch: bool = typer.Option(False, "--watch", "-w", help="Refresh until Ctrl-C."),
-    interval: float = typer.Option(2.0, help="Seconds between refreshes with --watch."),
+    interval: float = typer.Option(2.0, min=0.1, help="Seconds between refreshes with --watch."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="The models.yaml the daemon serves (for its address)."),
     url: Optional[str] = typer.Option(None, help="Daemon URL (default: from settings)."),
     api_key: Optional[str] = typer.Option(None, envvar="MLXD_API_KEY"),
@@ -271,7 +267,7 @@ def status(
 @app.command("log")
 def log_command(
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing requests as they finish, until Ctrl-C."),
-    limit: int = typer.Option(20, "--limit", "-n", help="How many of the latest requests to print first."),
+    limit: int = typer.Option(20, "--limit", "-n", min=1, max=1000, help="How many of the latest requests to print first."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Only this model's requests."),
     errors: bool = typer.Option(False, "--errors", help="Only requests that failed (status 400 and above)."),
     json_output: bool = typer.Option(False, "--json", help="One JSON object a line."),
@@ -312,8 +308,10 @@ def reload_command(
     typer.echo(json.dumps(report) if json_output else reload_summary(report))
 
 
-def _admin(action: str, name: str, url: Optional[str], api_key: Optional[str]) -> None:
-    client = _client(url, api_key)
+def _admin(action: str, name: str, url: Optional[str], api_key: Optional[str], config: Optional[Path] = None) -> None:
+    from mlxd.cli.client import DaemonClient
+
+    client = DaemonClient.discover(url=url, api_key=api_key, config=config)
     try:
         result = client.post(f"/v1/models/{name}/{action}")
     except MlxdError as exc:

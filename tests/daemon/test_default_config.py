@@ -107,3 +107,12 @@ def test_status_with_a_registry_it_cannot_read_looks_at_the_default_address(tmp_
     done = _run("status", "--config", str(config), env={**_env(tmp_path), "MLXD_PORT": "9"})
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip() == "mlxd: error: no mlxd is running at http://127.0.0.1:9"
+
+
+def test_load_and_unload_take_config_and_bad_numbers_are_usage_errors(tmp_path):
+    config = write_registry(tmp_path, [{"name": "m", "model": "qwen"}], server={"port": 9})
+    for action in ("load", "unload"):
+        done = _run(action, "m", "--config", str(config), env=_env(tmp_path))
+        assert done.returncode == 1 and done.stderr.strip() == "mlxd: error: no mlxd is running at http://127.0.0.1:9"
+    for args in (["log", "-n", "0"], ["log", "-n", "5000"], ["status", "--watch", "--interval", "0"]):
+        assert _run(*args, env=_env(tmp_path)).returncode == 2, args
