@@ -480,7 +480,9 @@ class ResidencyCore:
     def _capacity_error(self, model: str, waited: float | None = None) -> CapacityUnavailable:
         r = self.residents[model]
         free = self.budget - self.committed()
-        return no_capacity(model, r.charge(), free, self.budget, r.last_load_seconds, waited)
+        holders = tuple((x.name, x.spec.pinned, x.active) for x in self.residents.values()
+                        if x.name != model and x.reserved > 0)
+        return no_capacity(model, r.charge(), free, self.budget, r.last_load_seconds, waited, holders)
 
     def _unload(self, r: Resident, reason: str, *, evicted: bool = False) -> list[Action]:
         assert r.active == 0 and r.state in (State.LOADED, State.DRAINING), (r.name, r.state, r.active)

@@ -22,14 +22,21 @@ def load_failed(model: str, last_error: str | None, retry_at: float | None, now:
 
 
 def no_capacity(model: str, need: int, free: int, budget: int, last_load_seconds: float | None,
-                waited: float | None = None) -> CapacityUnavailable:
+                waited: float | None = None, holders: tuple[tuple[str, bool, int], ...] = ()) -> CapacityUnavailable:
+    """``holders``: the models holding the rest, as (name, pinned, requests in flight)."""
     # A swap takes about as long as a load; say so rather than guess low.
     retry = max(1.0, 2 * (last_load_seconds or 1.0))
     waited_text = f" after waiting {waited:.0f} s" if waited else ""
+    held = ", ".join(f"`{name}` ({'pinned' if pinned else f'{active} request(s) in flight' if active else 'idle'})"
+                     for name, pinned, active in holders)
+    # Pinned models stay until an operator moves them: waiting will not help, saying "in use" misled.
+    pinned_only = bool(holders) and all(pinned for _, pinned, _ in holders)
+    advice = "; unpin or unload one (`mlxd unload NAME`) to make room" if pinned_only else ""
     return CapacityUnavailable(
         f"Cannot load `{model}` within the memory budget{waited_text}: it needs "
         f"{need / GB:.2f} GB, {max(0, free) / GB:.2f} GB of "
-        f"{budget / GB:.2f} GB is free and the other models are in use.",
+        f"{budget / GB:.2f} GB is free" + (f", the rest held by {held}{advice}." if held else
+                                          " and the other models are in use."),
         retry_after=retry,
     )
 

@@ -179,6 +179,15 @@ def test_capacity_wait_that_times_out_is_503_with_retry_after():
     assert isinstance(err, CapacityUnavailable) and err.status_code == 503
     assert err.retry_after >= 1
     assert sim.granted(busy)
+    assert "the rest held by `a` (1 request(s) in flight)." in err.message
+
+
+def test_a_load_that_pinned_models_block_says_they_are_pinned_not_in_use():
+    # Idle and pinned, they were called "in use": waiting and retrying cannot help, unpinning can.
+    sim = Sim.of(manager(4, "fail"), spec("a", 3, pinned=True), spec("b", 3))
+    sim.ready("a")
+    err = sim.rejected[sim.request("b")]
+    assert "the rest held by `a` (pinned); unpin or unload one" in err.message
 
 
 def test_fail_policy_rejects_at_once():
