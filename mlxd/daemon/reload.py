@@ -122,12 +122,12 @@ class Reloader:
             # A keys file that became unusable is refused like a bad registry.
             self.settings.api_key_list()
         except ConfigError as error:
-            self._seen_hash = digest
+            self._seen_hash, self._seen_keys = digest, self._keys_digest()
             self._reject(error, trigger)
             raise
         except Exception as exc:  # a loader bug must not look like a crash to the client
             log.exception("loading %s failed unexpectedly", self.path)
-            self._seen_hash = digest
+            self._seen_hash, self._seen_keys = digest, self._keys_digest()
             error = ConfigError(describe_exception(exc), file=str(self.path))
             self._reject(error, trigger)
             raise error from None
