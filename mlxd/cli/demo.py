@@ -32,28 +32,31 @@ DEFAULT_MODEL = "smollm2-135m"
 # Bump when the demo's models change, so a registry an older mlxd wrote into
 # the default demo folder is rebuilt rather than served as it was.
 DEMO_VERSION = 5
-_HEADER = f"# The mlxd demo registry (version {DEMO_VERSION}): SmolLM2 (from a GGUF file) and small models made offline by `mlxd demo`."
+# The start of every demo registry's first line, whichever version wrote it.
+_MARK = "# The mlxd demo registry"
+_HEADER = f"{_MARK} (version {DEMO_VERSION}): SmolLM2 (from a GGUF file) and small models made offline by `mlxd demo`."
 
 
 def wrote_by_demo(registry: Path) -> bool:
     """Whether ``registry`` is a file :func:`write_demo` wrote (any version):
     one it may replace."""
-    try:
-        with registry.open(encoding="utf-8", errors="replace") as handle:
-            return handle.readline().startswith("# The mlxd demo registry")
-    except OSError:
-        return False
+    return _first_line(registry).startswith(_MARK)
 
 
 def is_stale(registry: Path) -> bool:
     """Whether ``registry`` was written by an older :func:`write_demo` (a file
     someone wrote there by hand is theirs, and served as it is)."""
+    first = _first_line(registry)
+    return first.startswith(_MARK) and first != _HEADER
+
+
+def _first_line(registry: Path) -> str:
+    """Where :func:`write_demo` signs its file ("" where it cannot be read)."""
     try:
-        with open(registry, encoding="utf-8") as handle:
-            first = handle.readline().rstrip("\n")
+        with open(registry, encoding="utf-8", errors="replace") as handle:
+            return handle.readline().rstrip("\n")
     except OSError:
-        return False
-    return first.startswith("# The mlxd demo registry") and first != _HEADER
+        return ""
 
 
 DEMO_MODELS: tuple[tuple[str, ModelRecipe | VisionRecipe, tuple[str, ...], str], ...] = (

@@ -244,11 +244,7 @@ def backend_status(b: BackendView) -> dict[str, Any]:
 
 def problems(snap: DaemonSnapshot) -> list[str]:
     """What makes the daemon degraded, for operators (names models)."""
-    found = [
-        f"model `{m.name}` failed to load: {m.last_error}"
-        for m in snap.manager.models
-        if m.state is State.FAILED
-    ]
+    found = [_failed(m) for m in snap.manager.models if m.state is State.FAILED]
     found += [
         f"backend `{b.spec.name}` ({b.spec.url}) is not reachable: {b.stats.poll_error}"
         for b in snap.backends
@@ -265,8 +261,12 @@ def app_problems(snap: DaemonSnapshot, may_use: Callable[[str], bool]) -> list[s
     model's name, no backend's address, no line of the configuration file,
     which may hold what an operator pasted by mistake)."""
     failed = [m for m in snap.manager.models if m.state is State.FAILED]
-    found = [f"model `{m.name}` failed to load: {m.last_error}" for m in failed if may_use(m.name)]
+    found = [_failed(m) for m in failed if may_use(m.name)]
     return found + _generic_reasons(snap, len(failed) - len(found), "other model(s)")
+
+
+def _failed(model: ModelView) -> str:
+    return f"model `{model.name}` failed to load: {model.last_error}"
 
 
 def status_document(snap: DaemonSnapshot) -> dict[str, Any]:

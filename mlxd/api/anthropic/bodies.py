@@ -266,7 +266,7 @@ def _messages(message: AnthropicMessage, param: str) -> list[Message]:
     reasoning: list[str] = []
     for j, block in enumerate(message.content):
         where = f"{param}.content[{j}]"
-        kind = block.get("type") if isinstance(block, dict) else None
+        kind = block.get("type")  # (each block is an object: the body's model says so)
         if not isinstance(kind, str):
             raise BadRequest(f"{where}: a content block is an object with a `type`.", param=where)
         if kind == "thinking" and message.role == "assistant":
