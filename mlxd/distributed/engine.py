@@ -40,7 +40,7 @@ from mlxd.distributed.liveness import Deadlines, Failure
 from mlxd.distributed.prefix_plan import GangPrefixPlan, Reuse
 from mlxd.engine.contract import AnswerFormats, GenerationEngine
 from mlxd.engine.local_output import LocalOutput
-from mlxd.engine.logprobs import TokenLogprob
+from mlxd.engine.logprobs import TokenLogprob, TokenSpelling
 from mlxd.engine.prompt import check_context, prompt_tokens
 from mlxd.engine.sampling import check_bias_ids
 from mlxd.engine.stops import StopMatcher
@@ -209,6 +209,7 @@ class GangEngine(GenerationEngine):
         stops = StopMatcher(stop)
         produced = reused = 0
         scored: list[TokenLogprob] = []
+        spell = TokenSpelling(tokenizer)
 
         def chunk(text: str, finish: str | None = None) -> GenerationChunk:
             entries = scored[:] if scoring else None
@@ -230,10 +231,10 @@ class GangEngine(GenerationEngine):
                 produced += 1
                 self.tokens_generated += 1
                 if scoring:
+                    text, raw = spell(token)
                     scored.append(TokenLogprob(
-                        tokenizer.decode([token]), float(event.get("lp", 0.0)),
-                        tuple((tokenizer.decode([int(i)]), float(v)) for i, v in event.get("top", [])
-                              if math.isfinite(v)),
+                        text, float(event.get("lp", 0.0)), raw,
+                        tuple((*spell(int(i)), float(v)) for i, v in event.get("top", []) if math.isfinite(v)),
                     ))
                 detokenizer.add_token(token)
                 text, stopped = stops.feed(detokenizer.last_segment)

@@ -511,6 +511,25 @@ def test_logprobs_come_per_token_with_their_alternatives(client, model):
     assert [(e.token, round(e.logprob, 4)) for e in streamed] == [(e.token, round(e.logprob, 4)) for e in entries]
 
 
+@pytest.mark.parametrize("model", ["tooly", "solo"])
+def test_a_token_that_is_part_of_a_character_gives_its_own_bytes(client, daemon, model):
+    # Byte-level BPE spells byte 0xE2 (the first of three in "…") as "â"; a
+    # token of that byte alone decodes to the replacement character, whose
+    # bytes would rebuild a different text. OpenAI gives the byte itself.
+    from transformers import AutoTokenizer
+
+    vocab = AutoTokenizer.from_pretrained(str(daemon.tooly_path))
+    lead = vocab.convert_tokens_to_ids("\u00e2")
+    assert lead != vocab.unk_token_id
+    reply = client.chat.completions.create(
+        model=model, messages=ASK, max_tokens=2, logprobs=True, top_logprobs=2, temperature=0,
+        logit_bias={str(lead): 100}, extra_body={"ignore_eos": True},
+    )
+    entries = reply.choices[0].logprobs.content
+    assert [(e.token, e.bytes) for e in entries] == [("bytes:\\xe2", [0xE2])] * 2
+    assert (entries[0].top_logprobs[0].token, entries[0].top_logprobs[0].bytes) == ("bytes:\\xe2", [0xE2])
+
+
 def test_logprobs_are_the_same_on_the_single_and_the_batched_path(client):
     _, single = _logprobs(client, "solo", temperature=0)
     _, batched = _logprobs(client, "tooly", temperature=0)

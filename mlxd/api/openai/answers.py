@@ -42,15 +42,16 @@ def _message(choice: Choice) -> dict[str, Any]:
     return message
 
 
-def _logprob(token: str, logprob: float) -> dict[str, Any]:
-    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+def _logprob(token: str, raw: bytes, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": logprob, "bytes": list(raw)}
 
 
 def logprobs_body(entries: list[Any]) -> dict[str, Any]:
     """OpenAI's ``choices[].logprobs`` from mlxd.engine.logprobs.TokenLogprob entries."""
     return {
         "content": [
-            {**_logprob(e.token, e.logprob), "top_logprobs": [_logprob(t, lp) for t, lp in e.top]} for e in entries
+            {**_logprob(e.token, e.raw, e.logprob), "top_logprobs": [_logprob(*alternative) for alternative in e.top]}
+            for e in entries
         ],
         "refusal": None,
     }
