@@ -44,10 +44,8 @@ class Document:
             _reject_duplicate_keys(root, label)
             data = loader.construct_document(root)
         except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            line = mark.line + 1 if mark is not None else None
-            problem = exc.problem or exc.context or "invalid YAML"
-            raise ConfigError(f"YAML syntax error: {problem}", file=label, line=line) from None
+            raise ConfigError(f"YAML syntax error: {_syntax_problem(exc)}", file=label,
+                              line=_syntax_line(exc)) from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"YAML error: {type(exc).__name__}", file=label) from None
         finally:
@@ -199,3 +197,20 @@ def _unknown_key_message(key: str, parent: Loc) -> str:
     if valid:
         return f"unknown key `{key}`; valid keys here: {', '.join(valid)}"
     return f"unknown key `{key}`"
+
+
+def _syntax_line(exc: yaml.MarkedYAMLError) -> int | None:
+    """Where to look: where the parser gave up, but where what it was reading
+    began when it gave up at the end of the file (an unclosed quote or
+    bracket is reported at the last line, far from the mistake)."""
+    mark = exc.problem_mark or exc.context_mark
+    if exc.context_mark is not None and "end of stream" in (exc.problem or ""):
+        mark = exc.context_mark
+    return mark.line + 1 if mark is not None else None
+
+
+def _syntax_problem(exc: yaml.MarkedYAMLError) -> str:
+    problem = exc.problem or exc.context or "invalid YAML"
+    if exc.problem and exc.context and exc.context_mark is not None:
+        problem += f" ({exc.context} that starts on line {exc.context_mark.line + 1})"
+    return problem

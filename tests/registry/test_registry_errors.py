@@ -115,7 +115,21 @@ BAD_FILES = [
         """,
         5,
         None,
-        "YAML syntax error",
+        "(while parsing a flow sequence that starts on line 4)",
+    ),
+    (
+        # The parser meets the end of the file; the mistake is where the quote opened.
+        "unclosed quote",
+        """\
+        models:
+          - name: "a
+            path: {model}
+          - name: b
+            path: {model}
+        """,
+        2,
+        None,
+        "found unexpected end of stream (while scanning a quoted scalar that starts on line 2)",
     ),
     (
         "top level is a list",
