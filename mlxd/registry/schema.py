@@ -72,7 +72,8 @@ class ServerSection(_Section):
     default_max_tokens: int = Field(512, ge=1)
     max_request_tokens: int = Field(32768, ge=1)
     request_timeout_s: PositiveFloat = 300.0
-    shutdown_grace_seconds: NonNegativeFloat = 30.0
+    # Under a day: launchd and systemd are told to wait this long (plus a margin) before a kill.
+    shutdown_grace_seconds: float = Field(30.0, ge=0, lt=86400)
     max_body_bytes: ByteSize = Field(32 << 20, ge=1024)
     max_prompts: int = Field(32, ge=1)
     allowed_hosts: Names = []

@@ -14,11 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from mlxd.settings import create_config_hint
 from mlxd.errors import ConfigError
+from mlxd.registry.document import Document
+from mlxd.registry.kinds import KINDS
 from mlxd.registry.model import ServerSpec
+from mlxd.registry.schema import physical_memory_bytes
 
 DEFAULT_LABEL = "com.mlxd.daemon"
 # launchd labels are reverse-DNS names; systemd unit names allow the same set.
@@ -95,30 +96,18 @@ def service_secrets(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
 
 
 def read_shutdown_grace(config_path: Path) -> float:
-    """``server.shutdown_grace_seconds`` from the config, or the ServerSpec default.
-
-    Only this one key is read: the daemon validates the whole file when it
-    starts, and the installer must not need the models to be present.
+    """``server.shutdown_grace_seconds`` from the config, once the file passes
+    the checks that need no model: its YAML and every key's type and range.
+    A file the daemon would refuse at start is refused here (ConfigError,
+    naming its line and key), rather than installed as a service that exits
+    at once; the models themselves may be fetched after the install.
     """
-    default = ServerSpec().shutdown_grace_seconds
     try:
-        document = yaml.safe_load(config_path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        line = exc.problem_mark.line + 1 if getattr(exc, "problem_mark", None) else None
-        raise ConfigError("not valid YAML", file=str(config_path), line=line) from None
+        text = config_path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         raise ConfigError("cannot be read", file=str(config_path)) from None
-    server = document.get("server") if isinstance(document, dict) else None
-    if not isinstance(server, dict) or "shutdown_grace_seconds" not in server:
-        return default
-    value = server["shutdown_grace_seconds"]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 86400:
-        raise ConfigError(
-            "must be a number of seconds between 0 and 86400",
-            file=str(config_path),
-            key="server.shutdown_grace_seconds",
-        )
-    return float(value)
+    document = Document.parse(text, str(config_path))
+    return document.validate(physical_memory_bytes(), KINDS).server.shutdown_grace_seconds
 
 
 def absolute_config_path(raw: Path, home: Path) -> Path:

@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mlxd.service.cli import service_app
+from support.service_registry import service_registry
 
 FAKE_TOOL = Path(__file__).with_name("fake_tool.py")
 TOOLS = ("launchctl", "systemctl", "journalctl", "tail")
@@ -69,7 +70,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def config_file(home: Path) -> Path:
     path = home / "mlxd" / "models.yaml"
     path.parent.mkdir()
-    path.write_text("server:\n  shutdown_grace_seconds: 45\nmodels: {}\n", encoding="utf-8")
+    path.write_text(service_registry(45), encoding="utf-8")
     return path
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from support.service_registry import service_registry
 
 if TYPE_CHECKING:
     from conftest import FakeTools
@@ -157,7 +158,7 @@ def test_a_failed_replace_puts_the_previous_unit_back(
     assert install(cli, config_file, "linux").exit_code == 0
     before = user_unit(home).read_bytes()
     fake_tools.respond("systemctl restart", status=1, stderr="Job for mlxd.service failed.\n")
-    config_file.write_text("server:\n  shutdown_grace_seconds: 90\n")
+    config_file.write_text(service_registry(90))
     result = install(cli, config_file, "linux")
     assert result.exit_code == 1
     assert "Job for mlxd.service failed." in result.stderr
@@ -257,10 +258,24 @@ def test_an_unusable_label_is_exit_status_2(cli, home: Path, config_file: Path, 
 
 def test_a_bad_grace_in_the_config_is_exit_status_2(cli, home: Path, fake_tools: FakeTools) -> None:
     config = home / "models.yaml"
-    config.write_text("server:\n  shutdown_grace_seconds: soon\n")
+    config.write_text(service_registry("soon"))
     result = install(cli, config, "linux")
     assert result.exit_code == 2
     assert "server.shutdown_grace_seconds" in result.stderr
+
+
+@pytest.mark.parametrize("platform", ["macos", "linux"])
+def test_a_registry_the_daemon_would_refuse_is_not_installed(
+    cli, home: Path, fake_tools: FakeTools, platform: str
+) -> None:
+    # Installed, it would exit 2 at every start; the install says why instead.
+    config = home / "models.yaml"
+    config.write_text(service_registry(5) + "    max_concurrency: lots\n")
+    result = install(cli, config, platform)
+    assert result.exit_code == 2
+    assert f"{config}:6: models[0].max_concurrency" in result.stderr
+    assert fake_tools.argvs() == []
+    assert not user_unit(home).exists() and not list(home.glob("Library/LaunchAgents/*"))
 
 
 def test_a_file_that_cannot_be_written_stops_before_launchctl(
@@ -316,7 +331,7 @@ def test_linux_changed_unit_is_reloaded_and_restarted(
     old = sha256(unit)
     fake_tools.clear()
     fake_tools.watch(unit)
-    config_file.write_text("server:\n  shutdown_grace_seconds: 90\n")
+    config_file.write_text(service_registry(90))
     result = install(cli, config_file, "linux")
     assert result.exit_code == 0, result.output
     calls = fake_tools.calls()

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from support.service_registry import service_registry
 
 if TYPE_CHECKING:
     from conftest import FakeTools
@@ -46,7 +47,7 @@ def test_install_without_config_uses_the_default_file_when_it_exists(
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "xdg"))
     config = home / "xdg" / "mlxd" / "models.yaml"
     config.parent.mkdir(parents=True)
-    config.write_text("server:\n  shutdown_grace_seconds: 5\nmodels: {}\n")
+    config.write_text(service_registry(5))
     result = cli("install", "--platform", "linux")
     assert result.exit_code == 0, result.output
     unit = (home / ".config" / "systemd" / "user" / "mlxd.service").read_text()

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from support.service_registry import service_registry
 
 if TYPE_CHECKING:
     from conftest import FakeTools
@@ -46,9 +47,9 @@ def test_every_documented_command_runs_in_order(
     assert any("--dry-run" in c for c in commands)
     config = home / ".config" / "mlxd" / "models.yaml"
     config.parent.mkdir(parents=True)
-    config.write_text("models: {}\n")
+    config.write_text(service_registry())
     for extra in ("coder.yaml",):
-        (config.parent / extra).write_text("models: {}\n")
+        (config.parent / extra).write_text(service_registry())
     for args in commands:
         # A real --system run would write under /Library or /etc: the docs
         # must only show it as a dry run.
@@ -69,7 +70,7 @@ def test_the_launchctl_commands_in_the_walkthrough_are_what_install_runs(
     ]
     config = home / ".config" / "mlxd" / "models.yaml"
     config.parent.mkdir(parents=True)
-    config.write_text("models: {}\n")
+    config.write_text(service_registry())
     result = cli("install", "--config", str(config), "--platform", "macos", "--dry-run")
     planned = [
         line.removeprefix("Would run: ")

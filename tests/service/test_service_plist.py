@@ -11,6 +11,7 @@ import pytest
 
 from mlxd.service.launchd import ABSENT, TEMPLATE_NAME, LaunchdManager, fill_template, template_text
 from mlxd.service.spec import build_service_spec, build_target
+from support.service_registry import service_registry
 
 REPO = Path(__file__).resolve().parents[2]
 ROOT_TEMPLATE = REPO / "launchd" / TEMPLATE_NAME
@@ -63,13 +64,13 @@ def test_the_python_is_the_venv_entry_point_not_its_symlink_target(home: Path, c
 
 def test_exit_timeout_uses_the_default_grace_when_the_config_has_none(home: Path) -> None:
     config = home / "models.yaml"
-    config.write_text("models: {}\n")
+    config.write_text(service_registry())
     assert render(home, config, {})["ExitTimeOut"] == 30 + 30
 
 
 def test_fractional_grace_rounds_up_so_the_kill_never_comes_early(home: Path) -> None:
     config = home / "models.yaml"
-    config.write_text("server:\n  shutdown_grace_seconds: 12.2\n")
+    config.write_text(service_registry(12.2))
     assert render(home, config, {})["ExitTimeOut"] == 13 + 30
 
 
@@ -77,7 +78,7 @@ def test_paths_with_xml_and_shell_characters_survive(home: Path) -> None:
     folder = home / "models & <more> \"quoted\" 100%"
     folder.mkdir()
     config = folder / "my models.yaml"
-    config.write_text("models: {}\n")
+    config.write_text(service_registry())
     plist = render(home, config, {"MLXD_NOTE": "a <b> & 'c'"})
     assert plist["ProgramArguments"][-1] == str(config)
     assert plist["WorkingDirectory"] == str(folder)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from mlxd.service.spec import build_service_spec, build_target
 from mlxd.service.systemd import SystemdManager, exec_word, unit_name
+from support.service_registry import service_registry
 
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze") or "/usr/bin/systemd-analyze"
 
@@ -164,7 +165,7 @@ def test_systemd_analyze_accepts_the_unit_without_a_warning(
     folder = home / "odd $HOME dir 100% \"quoted\""
     folder.mkdir()
     config = folder / "models.yaml"
-    config.write_text("server:\n  shutdown_grace_seconds: 5\n")
+    config.write_text(service_registry(5))
     environ = {"MLXD_X": 'a "b" 50% $c', "MLXD_API_KEYS": "sk-1"}
     manager, text = render(home, config, environ, system=system, label="com.mlxd.daemon")
     assert "EnvironmentFile=" in text
