@@ -26,6 +26,7 @@ from mlxd.monitoring.snapshot import DaemonSnapshot
 from mlxd.failover.router import FailoverView
 from mlxd.remote.backends import BackendView
 from mlxd.residency.core import State
+from mlxd.registry.sizing import format_bytes
 from mlxd.residency.shell import ModelView
 
 SCHEMA_VERSION = 1
@@ -245,6 +246,7 @@ def backend_status(b: BackendView) -> dict[str, Any]:
 def problems(snap: DaemonSnapshot) -> list[str]:
     """What makes the daemon degraded, for operators (names models)."""
     found = [_failed(m) for m in snap.manager.models if m.state is State.FAILED]
+    found += [_too_large(m, snap.manager.budget) for m in _over_budget(snap)]
     found += [
         f"backend `{b.spec.name}` ({b.spec.url}) is not reachable: {b.stats.poll_error}"
         for b in snap.backends
@@ -262,11 +264,34 @@ def app_problems(snap: DaemonSnapshot, may_use: Callable[[str], bool]) -> list[s
     which may hold what an operator pasted by mistake)."""
     failed = [m for m in snap.manager.models if m.state is State.FAILED]
     found = [_failed(m) for m in failed if may_use(m.name)]
-    return found + _generic_reasons(snap, len(failed) - len(found), "other model(s)")
+    too_large = _over_budget(snap)
+    own_too_large = [_too_large(m, snap.manager.budget) for m in too_large if may_use(m.name)]
+    return (found + own_too_large
+            + _generic_reasons(snap, len(failed) - len(found), "other model(s)", len(too_large) - len(own_too_large)))
 
 
 def _failed(model: ModelView) -> str:
     return f"model `{model.name}` failed to load: {model.last_error}"
+
+
+def _over_budget(snap: DaemonSnapshot) -> list[ModelView]:
+    """Models that need more than the whole budget, most often found by
+    measuring them (an estimate that large is refused when the file is
+    read): every request for one gets a 503 until an operator acts, which
+    retrying cannot change."""
+    budget = snap.manager.budget
+    return [m for m in snap.manager.models
+            if m.state is not State.FAILED and max(m.spec.charge_bytes, m.measured_bytes or 0) > budget]
+
+
+def _too_large(model: ModelView, budget: int) -> str:
+    need = max(model.spec.charge_bytes, model.measured_bytes or 0)
+    how = "measured" if (model.measured_bytes or 0) >= model.spec.charge_bytes else "estimated"
+    now = ("it is loaded now, but cannot load again once unloaded"
+           if model.state in (State.LOADED, State.LOADING, State.DRAINING) else "it cannot load")
+    return (f"model `{model.name}` needs {format_bytes(need)} ({how}), more than the whole memory budget "
+            f"of {format_bytes(budget)}: {now}; raise manager.memory_budget, or lower its max_context "
+            "or max_concurrency")
 
 
 def status_document(snap: DaemonSnapshot) -> dict[str, Any]:
@@ -325,11 +350,15 @@ def status_document(snap: DaemonSnapshot) -> dict[str, Any]:
     }
 
 
-def _generic_reasons(snap: DaemonSnapshot, failed: int, models: str = "model(s)") -> list[str]:
+def _generic_reasons(snap: DaemonSnapshot, failed: int, models: str = "model(s)",
+                     too_large: int | None = None) -> list[str]:
     """Why the daemon is degraded, in counts: no names, paths or errors."""
     reasons = []
     if failed:
         reasons.append(f"{failed} {models} failed to load")
+    too_large = len(_over_budget(snap)) if too_large is None else too_large
+    if too_large:
+        reasons.append(f"{too_large} {models} need more than the whole memory budget")
     if snap.config.error is not None:
         reasons.append("the configuration file on disk is invalid")
     down = sum(1 for b in snap.backends if b.stats.reachable is False)

@@ -220,3 +220,30 @@ def test_a_fairness_drain_whose_waiter_gave_up_leaves_the_busy_model_loaded(tmp_
         wait_until(lambda: d.model("a")["active_leases"] == 0, timeout=15)
         assert d.model("a")["state"] == "loaded"
         assert not [e for e in d.status()["events"] if e["model"] == "a" and e["kind"] in ("unload", "evict")]
+
+
+def test_a_model_measured_above_the_whole_budget_is_a_problem_an_operator_sees(tmp_path):
+    # The footprint a load measured is remembered across restarts; one above
+    # the whole budget turns every request away, which no retry changes: the
+    # daemon is degraded, and says which model and what to change.
+    registry = write_registry(tmp_path, [{"name": "a", "model": "qwen", **EACH}, {"name": "b", "model": "llama", **EACH}],
+                              manager={"memory_budget": "25MB"})
+    with daemon_in_thread(registry, tmp_path) as d:
+        assert ask(d, "a").status_code == 200
+    remembered = tmp_path / "state" / "footprints.json"
+    footprints = json.loads(remembered.read_text())
+    (key,) = [k for k in footprints if "qwen" in k]
+    remembered.write_text(json.dumps({**footprints, key: 40 << 20}))
+    with daemon_in_thread(registry, tmp_path) as d:
+        refused = ask(d, "a")
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "model_too_large"
+        assert ask(d, "b").status_code == 200
+        status = httpx.get(f"{d.url}/v1/status").json()["health"]
+        assert status["status"] == "degraded"
+        assert status["problems"] == [
+            "model `a` needs 40.0 MB (measured), more than the whole memory budget of 25.0 MB: it cannot load; "
+            "raise manager.memory_budget, or lower its max_context or max_concurrency"
+        ]
+        health = httpx.get(f"{d.url}/health").json()
+        assert health["status"] == "degraded"
+        assert health["reasons"] == ["1 model(s) need more than the whole memory budget"]
