@@ -170,7 +170,8 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
     # Added after the gatekeeper, so it runs before it: refused requests never reach the app.
     app.add_middleware(RequestGuard, server=lambda: ctx.settings.server, shape_for=shape_for)
     # Outside every guard: a generation or speech request refused before planning is an activity row.
-    app.add_middleware(RefusalLog, activity=ctx.activity, usage=ctx.usage)
+    app.add_middleware(RefusalLog, activity=ctx.activity, usage=ctx.usage,
+                       entry_name=lambda name: getattr(ctx.registry.find(name), "name", None))
     # Outermost: every response, a refused one too, names its request.
     app.add_middleware(RequestIds)
 

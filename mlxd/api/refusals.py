@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -41,6 +43,8 @@ SURFACES = {
 USAGE_ONLY = embedding_paths.PATHS
 # Set in the scope's state by a request that will write its own row (and count its own usage).
 ACCOUNTED = "accounted"
+# What a refused request that named no model the registry has is counted under.
+UNKNOWN_MODEL = "(unknown)"
 # Enough of an error body for its message; enough of a request body to parse.
 MAX_ERROR_BYTES = 16 * 1024
 MAX_PARSED_BYTES = 1024 * 1024
@@ -54,10 +58,15 @@ class RefusalLog:
     known (a refused key has none), in memory and in the activity log's
     usage table, as a finished request is."""
 
-    def __init__(self, app: ASGIApp, activity: ActivityLog | None, usage: UsageBook | None = None) -> None:
+    def __init__(self, app: ASGIApp, activity: ActivityLog | None, usage: UsageBook | None,
+                 entry_name: Callable[[str], str | None]) -> None:
+        """``entry_name``: the registry entry a name a client wrote resolves
+        to (an alias, a glob), or None; read at each refusal, so a reload
+        counts."""
         self.app = app
         self.activity = activity
         self.usage = usage
+        self.entry_name = entry_name
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         post = scope["type"] == "http" and scope["method"] == "POST"
@@ -97,6 +106,12 @@ class RefusalLog:
 
     def _refused(self, scope: Scope, surface: str, seen: _Seen, seconds: float) -> None:
         row = _row(scope, surface, seen, seconds)
+        # Counted under the entry, as a planned request is; a name no entry
+        # answers to (the refusal's message still says it) under one row, so
+        # a client making up names cannot grow the usage tables without end.
+        asked = row.model
+        model = (self.entry_name(asked) or UNKNOWN_MODEL) if asked else ""
+        row = replace(row, model=model, target=model)
         if self.usage is not None and row.key != NO_CALLER:
             self.usage.add(row.key, row.model, one_request(row.status))
         if self.activity is not None:

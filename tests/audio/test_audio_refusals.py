@@ -81,14 +81,16 @@ def test_refused_speech_requests_are_rows_and_count_in_the_apps_usage(daemon) ->
     rows = {rid: _rows(daemon, rid)[0] for rid in refusals}
     assert rows["no-key"]["key"] == "-" and rows["no-key"]["surface"] == "transcription"
     assert rows["bad-key"]["surface"] == "speech"
-    assert (rows["no-model"]["model"], rows["no-model"]["stream"], rows["no-model"]["key"]) == ("nope", True,
+    # A name no entry answers to is counted as one; the row's message names it.
+    assert (rows["no-model"]["model"], rows["no-model"]["stream"], rows["no-model"]["key"]) == ("(unknown)", True,
                                                                                                "dictation")
+    assert "`nope`" in rows["no-model"]["error"]
     assert (rows["not-audio"]["model"], rows["not-audio"]["surface"]) == ("whisper", "translation")
     assert rows["not-audio"]["status"] == 400 and rows["too-long"]["model"] == "soprano"
     # The app's three refusals are its errors; the keyless and bad-key ones are nobody's.
     after = _usage(daemon, "whisper"), _usage(daemon, "soprano")
     assert [(a["requests"] - b["requests"], a["errors"] - b["errors"]) for a, b in zip(after, before)] == [
         (1, 1), (1, 1)]
-    assert _usage(daemon, "nope")["errors"] == 1
+    assert _usage(daemon, "(unknown)")["errors"] == 1
     status = httpx.get(f"{daemon.url}/v1/status", headers={"Authorization": f"Bearer {OPS}"}).json()
     assert {m["name"]: m["state"] for m in status["models"]} == {"whisper": "unloaded", "soprano": "unloaded"}

@@ -189,7 +189,9 @@ def test_requests_refused_before_planning_are_rows_with_their_error(daemon):
     rows = {rid: _activity(daemon, request_id=rid)[0] for rid in refusals}
     assert rows["no-key"]["key"] == "-" and rows["no-key"]["model"] == ""  # its body was never read
     assert rows["bad-body"]["model"] == "qwen" and rows["bad-body"]["key"].startswith("key:")
-    assert rows["no-model"]["model"] == "nope" and rows["no-model"]["stream"] is True
+    # A name no entry answers to is counted as one: its message names it.
+    assert rows["no-model"]["model"] == "(unknown)" and "`nope`" in rows["no-model"]["error"]
+    assert rows["no-model"]["stream"] is True
     assert rows["messages"]["surface"] == "messages" and rows["messages"]["status"] == 400
     # Its own key reads it; a request that failed once planned (past its
     # deadline) has its one row, not two.
@@ -200,3 +202,17 @@ def test_requests_refused_before_planning_are_rows_with_their_error(daemon):
     wait_until(lambda: _activity(daemon, request_id="planned"), timeout=2)
     time.sleep(0.2)
     assert [r["status"] for r in _activity(daemon, request_id="planned")] == [504]
+
+
+@pytest.mark.mlx
+def test_made_up_model_names_do_not_grow_the_usage_table(daemon):
+    url = f"{daemon.url}/v1/chat/completions"
+    for i in range(40):
+        body = {"model": f"made-up-{i}", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        assert httpx.post(url, json=body, headers={**AS_ADMIN, "X-Request-Id": f"made-up-{i}"}).status_code == 404
+    wait_until(lambda: _activity(daemon, request_id="made-up-39"), timeout=2)
+    usage = httpx.get(f"{daemon.url}/v1/status", headers=AS_ADMIN).json()["usage"]
+    models = {row["model"] for row in usage}
+    assert not any(m.startswith("made-up-") for m in models) and "(unknown)" in models
+    unknown = [row for row in usage if row["model"] == "(unknown)"]
+    assert sum(row["requests"] for row in unknown) >= 40 and sum(row["errors"] for row in unknown) >= 40
