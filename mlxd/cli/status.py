@@ -182,15 +182,11 @@ def _rate(tokens_per_second: float) -> str:
     return f"{tokens_per_second:.1f}" if tokens_per_second < 100 else f"{tokens_per_second:.0f}"
 
 
-def _models(doc: dict[str, Any]) -> Table:
+def _models(doc: dict[str, Any], width: int) -> Table:
     """One line per model, like ``ollama ps``: no borders, short cells that
     never wrap, so 80 columns hold a row. A failed model's error is in the
     health problems above, in full, not squeezed into a cell."""
-    table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 2, 0, 0))
-    table.add_column("NAME", no_wrap=True, overflow="ellipsis", ratio=1, min_width=8)
-    for column in ("STATE", "MEMORY", "LEASES", "UNLOADS", "TOK/S", "LOADS"):
-        justify = "left" if column == "STATE" else "right"
-        table.add_column(column, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    rows = []
     for model in doc["models"]:
         name = Text(model["name"], style="bold")
         if model["aliases"]:
@@ -198,7 +194,7 @@ def _models(doc: dict[str, Any]) -> Table:
         leases = f"{model['active_leases']}/{model['max_concurrency']}"
         if model["queued"]:
             leases += f" +{model['queued']}"
-        table.add_row(
+        rows.append((
             name,
             Text(state := shown_state(model), style=STATE_STYLES.get(state, "")),
             _memory_cell(model),
@@ -206,8 +202,9 @@ def _models(doc: dict[str, Any]) -> Table:
             idle_countdown(model),
             _rate(model["recent_tokens_per_second"]),
             str(model["load_count"]) + (f" ✗{model['failures']}" if model["failures"] else ""),
-        )
-    return table
+        ))
+    return _fitted(Table(box=None, header_style="bold", pad_edge=False, padding=(0, 2, 0, 0)),
+                   ("NAME",), ("STATE", "MEMORY", "LEASES", "UNLOADS", "TOK/S", "LOADS"), rows, width)
 
 
 def shown_state(model: dict[str, Any]) -> str:
@@ -287,17 +284,37 @@ def _events(doc: dict[str, Any]) -> Text:
     return text
 
 
-def _usage(doc: dict[str, Any]) -> Table:
+def _usage(doc: dict[str, Any], width: int) -> Table:
     """Per app and model since the state directory began: requests, errors, tokens."""
+    rows = [(u["app"], u["model"], *(str(u[k]) for k in ("requests", "errors", "tokens_in", "tokens_cached",
+                                                          "tokens_out")))
+            for u in doc["usage"]]
     table = Table(title="usage", title_justify="left", title_style="bold", box=None, header_style="bold",
                   pad_edge=False, padding=(0, 2, 0, 0))
-    table.add_column("APP", no_wrap=True, overflow="ellipsis", ratio=1, min_width=6)
-    table.add_column("MODEL", no_wrap=True, overflow="ellipsis", ratio=1, min_width=6)
-    for column in ("REQS", "ERRS", "IN", "CACHED", "OUT"):
-        table.add_column(column, justify="right", no_wrap=True)
-    for u in doc["usage"]:
-        table.add_row(u["app"], u["model"], *(str(u[k]) for k in
-                                               ("requests", "errors", "tokens_in", "tokens_cached", "tokens_out")))
+    return _fitted(table, ("APP", "MODEL"), ("REQS", "ERRS", "IN", "CACHED", "OUT"), rows, width)
+
+
+def _fitted(table: Table, names: tuple[str, ...], figures: tuple[str, ...], rows: list[tuple[Any, ...]],
+            width: int) -> Table:
+    """``table`` with ``names`` columns first, then ``figures``, one line a
+    row in ``width`` columns: the figures keep their width, and where the
+    line is too narrow the names are what is cut, each to its share of
+    what is left (a short one keeps all of it)."""
+    MIN_NAME = 6
+    fixed = [max([len(h), *(len(str(row[len(names) + i])) for row in rows)]) for i, h in enumerate(figures)]
+    room = width - sum(fixed) - 2 * (len(names) + len(figures) - 1)
+    natural = [max([len(h), *(len(str(row[i])) for row in rows)]) for i, h in enumerate(names)]
+    shares = list(natural)
+    while sum(shares) > room and max(shares) > MIN_NAME:
+        widest = shares.index(max(shares))
+        shares[widest] -= 1
+    for header, share in zip(names, shares):
+        table.add_column(header, no_wrap=True, overflow="ellipsis", min_width=min(share, MIN_NAME), max_width=share)
+    for header, size in zip(figures, fixed):
+        justify = "left" if header == "STATE" else "right"
+        table.add_column(header, justify=justify, no_wrap=True, min_width=size)  # type: ignore[arg-type]
+    for row in rows:
+        table.add_row(*row)
     return table
 
 
@@ -314,10 +331,10 @@ def render(doc: dict[str, Any], width: int = DEFAULT_WIDTH) -> RenderableType:
     """``width``: the terminal's, so the memory bar fits on its line."""
     try:
         if "app" in doc:
-            return Group(_app_header(doc), Text(""), _models(doc), Text(""), _usage(doc), Text(""), _events(doc))
-        parts = [_header(doc), Text(""), _memory(doc, width), Text(""), _models(doc), Text("")]
+            return Group(_app_header(doc), Text(""), _models(doc, width), Text(""), _usage(doc, width), Text(""), _events(doc))
+        parts = [_header(doc), Text(""), _memory(doc, width), Text(""), _models(doc, width), Text("")]
         if doc.get("usage"):
-            parts += [_usage(doc), Text("")]
+            parts += [_usage(doc, width), Text("")]
         if doc.get("backends"):
             parts += [_backends(doc), Text("")]
         if doc.get("failover"):

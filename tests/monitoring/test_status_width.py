@@ -97,3 +97,27 @@ def test_every_state_and_the_widest_cells_fit_80_columns(daemon):
     assert "1023 MB" in table["smollm2-360m"] and "1234" in table["smollm2-360m"]
     assert table["mistral-7b-broken"].split()[1] == "warming"
     assert "…" not in "".join(table.values())
+
+
+def test_where_80_columns_are_too_few_the_names_are_cut_not_the_figures(daemon):
+    # An entry with many aliases (the demo's smollm2-135m answers to
+    # `default`, `claude-*` and `gpt-*`) and an app with a long name: the
+    # state, memory and counts stay whole, and the name keeps its start.
+    doc = httpx.get(f"{daemon.url}/v1/status", timeout=10).json()
+    for model in doc["models"]:
+        if model["name"] == "llama-3.2-3b-instruct":
+            model["aliases"] = ["default", "claude-*", "gpt-*", "llama-3.2-3b-instruct-q4"]
+            model["state"], model["load_count"] = "unloading", 12345
+    doc["usage"] = [{"app": "retrieval-indexer-for-the-whole-team-wiki", "model": "llama-3.2-3b-instruct-q4_k_m",
+                     "requests": 123456, "errors": 789, "tokens_in": 123456789012, "tokens_cached": 1234567,
+                     "tokens_out": 98765432}]
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(render(doc, 80))
+    text = out.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    line = rows(text)["llama-3.2-3b-instruct"]
+    assert "unloading" in line.split(), line
+    assert line.rstrip().endswith("12345") and "…" in line
+    usage = next(line for line in text.splitlines() if line.startswith("retrieval-"))
+    assert usage.split()[-5:] == ["123456", "789", "123456789012", "1234567", "98765432"], usage
+    assert "llama-3.2" in usage
