@@ -66,7 +66,9 @@ class DaemonClient:
                 # Not mlxd's error body (another server on that port): one line, not its HTML page.
                 kind = response.headers.get("content-type", "no content type").split(";")[0]
                 message = f"{self.base_url} answered, but not as mlxd does ({kind})"
-            error = MlxdError(f"{response.status_code}: {message}")
+            # Every command reaches the daemon through here: each says how to give a key.
+            hint = " (pass --api-key or set MLXD_API_KEY)" if response.status_code == 401 else ""
+            error = MlxdError(f"{response.status_code}: {message}{hint}")
             error.status_code = response.status_code
             raise error
         return response.json()

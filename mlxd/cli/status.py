@@ -94,8 +94,7 @@ def fetch_status(client: DaemonClient) -> dict[str, Any]:
     try:
         doc = client.get("/v1/status")
     except MlxdError as exc:
-        hint = " (pass --api-key or set MLXD_API_KEY)" if exc.status_code == 401 else ""
-        raise StatusUnavailable(f"{exc.message}{hint}") from None
+        raise StatusUnavailable(exc.message) from None
     except ValueError:
         raise StatusUnavailable(f"{client.base_url} answered, but not with mlxd's status") from None
     if not isinstance(doc, dict) or "schema_version" not in doc:

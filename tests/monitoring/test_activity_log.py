@@ -160,7 +160,7 @@ def test_mlxd_log_prints_the_latest_and_follows(daemon, capsys):
     wrong = run_log(url=daemon.url, api_key="wrong", config=None, follow=False, limit=5, model=None,
                     errors=False, as_json=False)
     assert wrong == 1
-    assert "mlxd: error: 401" in capsys.readouterr().err
+    assert "mlxd: error: 401" in (err := capsys.readouterr().err) and "(pass --api-key or set MLXD_API_KEY)" in err
 
 
 @pytest.mark.mlx
