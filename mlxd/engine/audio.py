@@ -19,6 +19,7 @@ first request's peak), ``close`` that waits for the step in flight,
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from collections.abc import AsyncIterator, Iterator
@@ -278,7 +279,13 @@ class SpeechEngine(AudioEngine):
         return int(getattr(self.model, "sample_rate", 24000))
 
     def voices(self) -> list[str]:
-        return folder_voices(self.spec.path)
+        return list(self._voices)
+
+    @functools.cached_property
+    def _voices(self) -> tuple[str, ...]:
+        # Read once per load: each request checks its voice against them, on
+        # the event loop, where a folder scan a request is a stall on a slow disk.
+        return tuple(folder_voices(self.spec.path))
 
     def synthesis_kwargs(self, voice: str | None, speed: float) -> dict[str, Any]:
         """What mlx-audio's ``generate`` is handed besides the text."""
