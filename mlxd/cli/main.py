@@ -145,7 +145,7 @@ def check(
     ),
 ) -> None:
     """Validate a registry file and show what the daemon would do with it."""
-    from mlxd.settings import create_config_hint, default_config_path
+    from mlxd.settings import create_config_hint, default_config_path, default_demo_dir
     from mlxd.registry.check import describe
     from mlxd.registry.loader import load_registry
 
@@ -154,9 +154,18 @@ def check(
             raise _fail(f"two registry files given ({config} and --config {config_option}); give one")
         config = config_option
     if config is None:
-        config = default_config_path()
-        if not config.exists():
-            raise _fail(f"no registry file at the default location {config}; {create_config_hint(config)}")
+        default = default_config_path()
+        demo = default_demo_dir() / "models.yaml"
+        if default.exists():
+            config = default
+        elif demo.exists():
+            # What `mlxd serve` without --config serves: that is the file to check.
+            typer.echo(f"mlxd: no --config given and no {default}; checking the demo registry "
+                       f"`mlxd serve` would serve, {demo}", err=True)
+            config = demo
+        else:
+            raise _fail(f"no registry file at the default location {default} (`mlxd serve` would build and "
+                        f"serve the demo registry); {create_config_hint(default)}")
 
     try:
         registry = load_registry(config)

@@ -49,9 +49,17 @@ def test_check_without_a_path_uses_the_default_location_or_says_how_to_create_it
     default = tmp_path / "xdg" / "mlxd" / "models.yaml"
     assert len(lines) == 1 and str(default) in lines[0] and "mlxd demo" in lines[0], missing.stderr
 
+    # No default file, but the demo registry `mlxd serve` would serve: that is what check reads.
+    demo = tmp_path / "cache" / "mlxd" / "demo"
+    demo.mkdir(parents=True)
+    write_registry(demo, [{"name": "demo-model", "model": "qwen"}])
+    served = _run("check", env=_env(tmp_path, XDG_CACHE_HOME=str(tmp_path / "cache")))
+    assert served.returncode == 0 and "demo-model [text]" in served.stdout, served.stderr
+    assert "checking the demo registry `mlxd serve` would serve" in served.stderr
+
     default.parent.mkdir(parents=True)
     write_registry(default.parent, [{"name": "here", "model": "qwen"}])
-    found = _run("check", env=_env(tmp_path))
+    found = _run("check", env=_env(tmp_path, XDG_CACHE_HOME=str(tmp_path / "cache")))
     assert found.returncode == 0 and "here [text]" in found.stdout and str(default) in found.stdout
 
 
