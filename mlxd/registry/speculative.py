@@ -40,6 +40,11 @@ def entry_spec(doc: Document, i: int, entry: ModelEntry, kind: str, config: Mapp
                         "without another model")
     if section.method == "mtp":
         raise doc.error((*here, "method"), _no_mtp(entry.name, config))
+    if entry.kv_bits is not None:
+        # Accepted, the engine would decode without speculation (and load the
+        # draft for nothing) while `mlxd check` said it speculates.
+        raise doc.error(here, "speculative decoding runs in the continuous batch, which does not take a "
+                        "quantised KV cache; drop `kv_bits` or `speculative`")
     return SpeculativeSpec(method=section.method, tokens=section.tokens, draft_model=section.draft_model,
                            auto_off=section.auto_off)
 

@@ -145,3 +145,21 @@ def test_auto_off_false_speculates_with_a_draft_that_cannot_pay(tmp_path: Path) 
     assert big.speculative.auto_off is False and big.speculative.cannot_pay is None
     assert big.footprint.draft > 0
     assert "at every step, paying or not (auto_off: false)" in describe(registry)
+
+
+def test_a_quantised_kv_cache_with_speculation_is_a_config_error(tmp_path: Path) -> None:
+    """Speculation runs in the continuous batch, which takes no quantised KV
+    cache: accepted, the model decoded without it while `mlxd check` said it
+    speculated, and a draft model was loaded and charged for nothing."""
+    with pytest.raises(ConfigError) as caught:
+        _load("""\
+            models:
+              - name: big
+                path: {big}
+                kv_bits: 8
+                speculative: {{method: draft, draft_model: small}}
+              - name: small
+                path: {small}
+            """, tmp_path)
+    assert (caught.value.line, caught.value.key) == (7, "models[0].speculative")
+    assert "kv_bits" in str(caught.value)
