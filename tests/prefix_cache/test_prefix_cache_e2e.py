@@ -5,10 +5,12 @@ show in ``usage`` and the figures in /v1/status."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 import pytest
 from prefix_cache.cache_support import QUESTIONS, SYSTEM, chat
-from support.daemon import daemon_in_thread, daemon_process, wait_until, write_registry
+from support.daemon import daemon_in_thread, daemon_process, holding_the_worker, wait_until, write_registry
 
 pytestmark = pytest.mark.mlx
 
@@ -114,5 +116,23 @@ def test_clearing_the_cache_also_clears_its_saved_copy_loaded_or_not(tmp_path):
         assert clear()["models"] == [{"model": "q", "status": "cleared"}]  # loaded: memory and disk
         assert d.model("q")["prefix_cache"]["disk_entries"] == 0
         unload()
+        assert ask(d, "q") == (cold, 0)
+        assert d.model("q")["prefix_cache"]["restored_entries"] == 0
+
+        # Cleared while the unload saves the entry (the worker held, so the
+        # save waits): the clear waits for the save, and nothing comes back.
+        with ThreadPoolExecutor(3) as pool:
+            busy, gate = holding_the_worker(d, pool)
+            try:
+                unloading = pool.submit(unload)
+                wait_until(lambda: state(d, "q") == "unloading")
+                clearing = pool.submit(clear)
+                with pytest.raises(TimeoutError):  # one that did not wait said "no_engine"
+                    clearing.result(timeout=0.5)
+            finally:
+                gate.set()
+            busy.result()
+            unloading.result()
+            assert clearing.result(timeout=60)["models"] == [{"model": "q", "status": "cleared"}]
         assert ask(d, "q") == (cold, 0)
         assert d.model("q")["prefix_cache"]["restored_entries"] == 0
