@@ -179,6 +179,9 @@ class TextEngine(EngineBase, GenerationEngine):
         cache = self.prefix_cache
         if cache is None or self._closed:
             return False
+        # A between-turn prefill queued behind the clear would prefill the
+        # cleared conversation again and keep it: it stops first.
+        await self.next_turn.cancel()
         # The cache is the worker's: cleared between two of its steps.
         await self._worker.call(cache.clear)
         if self.persistence is not None:

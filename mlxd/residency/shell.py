@@ -443,6 +443,13 @@ class ResidencyManager:
         r = self.core.residents.get(spec.name)
         return r.state.value if r else "removed"
 
+    async def settled(self, name: str) -> None:
+        """Wait until ``name`` (its registered name) is neither loading nor
+        unloading: a load restores its saved prefix cache and an unload saves
+        it, so what is done to the cache meanwhile would be undone."""
+        while (r := self.core.residents.get(name)) is not None and r.state in (State.LOADING, State.UNLOADING):
+            await self._wait_changed(1.0)
+
     def pin(self, name: str, pinned: bool) -> None:
         """Pin or unpin ``name`` until the next reload (models.yaml's
         ``pinned`` is the lasting setting)."""

@@ -229,6 +229,21 @@ def test_disk_and_memory_bounds_keep_the_most_recent_entries(worker, qwen_tiny, 
     assert len(list(fingerprint_folder(tmp_path).glob("*.safetensors"))) == 2
 
 
+def test_an_entry_the_disk_bound_leaves_out_is_not_written(worker, qwen_tiny, tmp_path):
+    """An entry's file is a little larger than its arrays in memory (the
+    header, its token ids): one that fitted by its memory size but not by
+    its file's was written, left out of the manifest, and stayed on disk
+    over the bound until a load at least 5 minutes later removed it."""
+    requests = sessions(3)
+    run(populate(worker, spec_for(qwen_tiny), tmp_path / "all", requests))
+    newest, second = (e["bytes"] for e in manifest_of(tmp_path / "all")["entries"][:2])
+    bound = newest + second - 1  # room for the newest, and the second's arrays but not its file
+    run(populate(worker, spec_for(qwen_tiny, disk_max_bytes=bound), tmp_path / "bounded", requests))
+    files = list(fingerprint_folder(tmp_path / "bounded").glob("*.safetensors"))
+    assert [f.name for f in files] == [e["file"] for e in manifest_of(tmp_path / "bounded")["entries"]]
+    assert sum(f.stat().st_size for f in files) <= bound
+
+
 def test_leftovers_of_an_interrupted_save_are_removed_once_old(worker, qwen_tiny, tmp_path):
     spec = spec_for(qwen_tiny)
     run(populate(worker, spec, tmp_path, sessions(1)))

@@ -5,10 +5,13 @@ show in ``usage`` and the figures in /v1/status."""
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 import pytest
 from prefix_cache.cache_support import QUESTIONS, SYSTEM, chat
-from support.daemon import daemon_in_thread, daemon_process, wait_until, write_registry
+from support.daemon import daemon_in_thread, daemon_process, holding_the_worker, wait_until, write_registry
 
 pytestmark = pytest.mark.mlx
 
@@ -116,3 +119,45 @@ def test_clearing_the_cache_also_clears_its_saved_copy_loaded_or_not(tmp_path):
         unload()
         assert ask(d, "q") == (cold, 0)
         assert d.model("q")["prefix_cache"]["restored_entries"] == 0
+
+        # Cleared while the unload saves the entry (the worker held, so the
+        # save waits): the clear waits for the save, and nothing comes back.
+        with ThreadPoolExecutor(3) as pool:
+            busy, gate = holding_the_worker(d, pool)
+            try:
+                unloading = pool.submit(unload)
+                wait_until(lambda: state(d, "q") == "unloading")
+                clearing = pool.submit(clear)
+                with pytest.raises(TimeoutError):  # one that did not wait said "no_engine"
+                    clearing.result(timeout=0.5)
+            finally:
+                gate.set()
+            busy.result()
+            unloading.result()
+            assert clearing.result(timeout=60)["models"] == [{"model": "q", "status": "cleared"}]
+        assert ask(d, "q") == (cold, 0)
+        assert d.model("q")["prefix_cache"]["restored_entries"] == 0
+
+
+def test_a_clear_stops_the_between_turn_prefill_of_the_conversation_it_cleared(tmp_path):
+    """The answer's between-turn prefill, queued on the worker when the
+    clear came, ran after it: from an empty cache it prefilled the cleared
+    conversation again and kept it, so the cache said "cleared" and held it."""
+    registry = write_registry(tmp_path, [{"name": "q", "model": "qwen", "prefix_cache": {"next_turn": True}}])
+    with daemon_in_thread(registry, tmp_path) as d, ThreadPoolExecutor(3) as pool:
+        ask(d, "q")
+        busy, gate = holding_the_worker(d, pool)  # the prefill waits for the worker
+        try:
+            time.sleep(0.3)  # its renders done, its steps queued
+            clearing = pool.submit(httpx.delete, f"{d.url}/v1/cache/prefix?model=q", timeout=60)
+            time.sleep(0.3)
+        finally:
+            gate.set()
+        busy.result()
+        assert clearing.result().json()["models"] == [{"model": "q", "status": "cleared"}]
+        time.sleep(1)  # a prefill left running ends within this on the tiny model
+        figures = d.model("q")["prefix_cache"]
+        assert (figures["memory_entries"], figures["next_turn_prefills"]) == (0, 0)
+        # Later answers still get theirs.
+        ask(d, "q", QUESTIONS[1])
+        wait_until(lambda: d.model("q")["prefix_cache"]["next_turn_prefills"] == 1)

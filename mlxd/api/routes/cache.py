@@ -60,6 +60,9 @@ async def _clear_prefix(ctx: DaemonContext, views: list[ModelView]) -> list[dict
     memory may still have a saved copy that its next load would restore."""
     out = []
     for view in views:
+        # Cleared mid-unload, the save would write the cache back to disk
+        # (and mid-load, the restore bring it back to memory): wait for it.
+        await ctx.manager.settled(view.name)
         engine = ctx.manager.engine(view.name)
         if engine is not None:
             status = "cleared" if await engine.clear_prefix_cache() else "not_supported"

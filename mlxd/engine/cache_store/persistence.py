@@ -164,6 +164,10 @@ class PrefixCachePersistence:
                 if total + snap.nbytes > store.max_bytes:
                     continue
                 payload = await self.worker.call(encode_entry, snap.tokens, snap.cache, store.fingerprint, snap.kind)
+                if total + len(payload) > store.max_bytes:
+                    # Its file (header, token ids) outgrows its arrays: written, it
+                    # would lie on disk past the bound, named by no manifest.
+                    continue
                 entry = await asyncio.to_thread(store.write_entry, name, payload, len(snap.tokens))
                 del payload
             if total + entry.bytes > store.max_bytes:
