@@ -279,6 +279,29 @@ def test_earlier_reasoning_is_dropped_as_the_template_does_and_the_cache_still_h
     assert "I looked at the file." in kept
 
 
+def test_codexs_reasoning_before_parallel_calls_reaches_the_template(daemon: Daemon, qwen3_tokenizer):
+    # Codex sends a turn back as a reasoning item (encrypted_content null), then
+    # one function_call item per call: the reasoning is the calls' message's,
+    # which Qwen3 renders after the last question. It was dropped once a second
+    # call joined the message.
+    calls = [("call_1", '{"path": "."}'), ("call_2", '{"path": "/tmp"}')]
+    items = [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": PROMPT}]},
+        {"type": "reasoning", "id": "rs_1", "encrypted_content": None,
+         "summary": [{"type": "summary_text", "text": "Both folders need a listing."}]},
+        *({"type": "function_call", "call_id": i, "name": "ls", "arguments": a} for i, a in calls),
+        *({"type": "function_call_output", "call_id": i, "output": f"{i}.txt"} for i, _ in calls),
+    ]
+    answer = openai_client(daemon).responses.create(model="qwen3", input=items, max_output_tokens=1, store=False)
+    same = [*MESSAGES, {"role": "assistant", "content": "", "reasoning_content": "Both folders need a listing.",
+                        "tool_calls": [{"id": i, "type": "function", "function": {"name": "ls", "arguments": json.loads(a)}}
+                                       for i, a in calls]},
+            *({"role": "tool", "tool_call_id": i, "content": f"{i}.txt"} for i, _ in calls)]
+    rendered = qwen3_tokenizer.apply_chat_template(same, add_generation_prompt=True, tokenize=False)
+    assert "Both folders need a listing." in rendered
+    assert answer.usage.input_tokens == len(qwen3_tokenizer.encode(rendered, add_special_tokens=False))
+
+
 def prompt_tokens(daemon: Daemon, model: str = "qwen3", **extra) -> int:
     return chat(daemon, model, **extra).usage.prompt_tokens
 
