@@ -46,6 +46,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         {"name": "nemo", "path": str(zoo_model("nemotron_h"))},
         # Qwen3-VL-Thinking's template opens the block too.
         {"name": "eyes", "path": str(zoo_model("qwen3_vl")), "kind": "vision"},
+        {"name": "gpt-oss", "path": str(zoo_model("gpt_oss"))},
     ], server={"api_keys": [KEY]})
     with daemon_in_thread(registry, tmp) as d:
         yield d
@@ -56,6 +57,13 @@ def qwen3_tokenizer():
     from mlx_lm.tokenizer_utils import load
 
     return load(zoo_model("qwen3"))
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_tokenizer():
+    from mlx_lm.tokenizer_utils import load
+
+    return load(zoo_model("gpt_oss"))
 
 
 def openai_client(daemon: Daemon):
@@ -300,6 +308,32 @@ def test_codexs_reasoning_before_parallel_calls_reaches_the_template(daemon: Dae
     rendered = qwen3_tokenizer.apply_chat_template(same, add_generation_prompt=True, tokenize=False)
     assert "Both folders need a listing." in rendered
     assert answer.usage.input_tokens == len(qwen3_tokenizer.encode(rendered, add_special_tokens=False))
+
+
+LS = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+
+
+def test_gpt_oss_takes_back_its_own_answer_of_analysis_preamble_and_call(daemon: Daemon, gpt_oss_tokenizer):
+    # gpt-oss writes an analysis, a commentary preamble and the call: mlxd
+    # answers reasoning, text and a tool call, and clients send all three back.
+    # Its template refuses a tool-call turn with both content and thinking (a
+    # 400 on the next turn); it has room for the analysis, which is kept.
+    called = [{"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": '{"path": "."}'}}]
+    result = {"role": "tool", "tool_call_id": "call_1", "content": "a.txt"}
+    chat = openai_client(daemon).chat.completions.create(model="gpt-oss", max_tokens=1, messages=[
+        *MESSAGES, {"role": "assistant", "content": "Let me look.", "reasoning_content": "I list it.", "tool_calls": called},
+        result])
+    claude_code = anthropic_client(daemon).messages.create(model="gpt-oss", max_tokens=1, messages=[
+        *MESSAGES,
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "I list it.", "signature": ""},
+                                          {"type": "text", "text": "Let me look."},
+                                          {"type": "tool_use", "id": "call_1", "name": "ls", "input": {"path": "."}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "a.txt"}]}])
+    kept = [*MESSAGES, {"role": "assistant", "content": "", "thinking": "I list it.",
+                        "tool_calls": [{**called[0], "function": {"name": "ls", "arguments": {"path": "."}}}]}, result]
+    rendered = gpt_oss_tokenizer.apply_chat_template(kept, add_generation_prompt=True)
+    assert chat.usage.prompt_tokens == len(rendered)
+    assert claude_code.usage.input_tokens + claude_code.usage.cache_read_input_tokens == len(rendered)
 
 
 def prompt_tokens(daemon: Daemon, model: str = "qwen3", **extra) -> int:
