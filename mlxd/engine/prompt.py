@@ -118,12 +118,15 @@ def accommodated(
     - several leading system messages as one (Qwen3.5's "System message must
       be at the beginning", Mistral's and Gemma's role checks; Codex sends its
       instructions, then developer messages), as ``joined_system``;
+    - every tool with a description, empty where the client gave none
+      (gpt-oss's template adds ``tool.description`` to a string);
     - an assistant turn with tool calls, text and reasoning without its text
       (gpt-oss's "Cannot pass both content and thinking": the model wrote an
       analysis, a preamble and the call, and the template has room for the
       analysis only; mlxd's own gpt-oss answers come back so)."""
     steps = (
         lambda messages, listed: (joined_system(messages), listed),
+        lambda messages, listed: (messages, described(listed)),
         lambda messages, listed: (analysis_only(messages), listed),
     )
     current = (flat, tools)
@@ -132,6 +135,19 @@ def accommodated(
         if changed[0] is not current[0] or changed[1] is not current[1]:
             current = changed
             yield current
+
+
+def described(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """``tools`` with an empty description where a function has none (``tools`` itself when all have one)."""
+    if not tools or all(_function(t).get("description") is not None for t in tools):
+        return tools
+    return [t if _function(t).get("description") is not None or not isinstance(t.get("function"), dict)
+            else {**t, "function": {**t["function"], "description": ""}} for t in tools]
+
+
+def _function(tool: Any) -> dict[str, Any]:
+    function = tool.get("function") if isinstance(tool, dict) else None
+    return function if isinstance(function, dict) else {}
 
 
 def analysis_only(flat: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -336,6 +336,18 @@ def test_gpt_oss_takes_back_its_own_answer_of_analysis_preamble_and_call(daemon:
     assert claude_code.usage.input_tokens + claude_code.usage.cache_read_input_tokens == len(rendered)
 
 
+def test_a_tool_without_a_description_is_rendered_on_gpt_oss(daemon: Daemon, gpt_oss_tokenizer):
+    # OpenAI's tools need no description; gpt-oss's template adds it to a
+    # string, so such a tool was a 400 there (Anthropic's and Responses' tools
+    # reach the template with an empty one). It gets the empty one here too.
+    bare = openai_client(daemon).chat.completions.create(
+        model="gpt-oss", max_tokens=1, messages=MESSAGES,
+        tools=[{"type": "function", "function": {"name": "ls", "parameters": LS}}])
+    described = [{"type": "function", "function": {"name": "ls", "description": "", "parameters": LS}}]
+    assert bare.usage.prompt_tokens == len(gpt_oss_tokenizer.apply_chat_template(
+        MESSAGES, tools=described, add_generation_prompt=True))
+
+
 def prompt_tokens(daemon: Daemon, model: str = "qwen3", **extra) -> int:
     return chat(daemon, model, **extra).usage.prompt_tokens
 
