@@ -178,6 +178,20 @@ def test_anthropic_thinking_blocks_with_a_budget(daemon: Daemon):
     assert counted[0] == counted[1]
 
 
+def test_an_anthropic_reply_cut_while_thinking_is_its_thinking_block_streamed_or_not(daemon: Daemon):
+    # The whole message had an empty text block after the thinking, where the
+    # stream (and Anthropic) end with the thinking block alone; Claude Code sends
+    # the blocks back, and Anthropic refuses an empty text block.
+    client = anthropic_client(daemon)
+    asked = dict(model="thinker", max_tokens=4, messages=MESSAGES, extra_body={"temperature": 0})
+    message = client.messages.create(**asked)
+    with client.messages.stream(**asked) as stream:
+        final = stream.get_final_message()
+    for reply in (message, final):
+        assert [b.type for b in reply.content] == ["thinking"] and reply.stop_reason == "max_tokens"
+    assert message.content[0].thinking == final.content[0].thinking
+
+
 def test_anthropic_display_omitted_keeps_empty_thinking_blocks_and_the_same_answer(daemon: Daemon):
     # Anthropic's own way to leave reasoning out (Claude Code sends it): the
     # blocks stay, with their text empty, so a client that sends them back
@@ -188,9 +202,11 @@ def test_anthropic_display_omitted_keeps_empty_thinking_blocks_and_the_same_answ
     for thinking in ({"type": "enabled", "budget_tokens": BUDGET, "display": "omitted"},
                      {"type": "adaptive", "display": "omitted"}):
         hidden = client.messages.create(**asked, thinking=thinking)
-        assert [(b.type, getattr(b, "thinking", None)) for b in hidden.content] == [("thinking", ""), ("text", None)]
         if "budget_tokens" in thinking:
+            assert [(b.type, getattr(b, "thinking", None)) for b in hidden.content] == [("thinking", ""), ("text", None)]
             assert hidden.content[1].text == shown.content[1].text
+        else:  # No budget: the random model thinks until max_tokens.
+            assert [(b.type, getattr(b, "thinking", None)) for b in hidden.content] == [("thinking", "")]
     with client.messages.stream(**asked, thinking={"type": "enabled", "budget_tokens": BUDGET,
                                                     "display": "omitted"}) as stream:
         deltas = [e.delta.type for e in stream if e.type == "content_block_delta"]
