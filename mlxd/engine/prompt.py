@@ -19,7 +19,7 @@ already starts with one. What a client got wrong is a ``BadRequest``.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from mlxd.engine.types import GenerationRequest
@@ -86,25 +86,80 @@ def render(
     template_kwargs: dict[str, Any] | None, *, generation: bool,
 ) -> list[int]:
     """The chat template applied to flattened messages. A template that
-    takes one system message only (Qwen3.5's "System message must be at the
-    beginning", Mistral's and Gemma's role checks) gets a conversation that
-    opens with several (Codex sends its instructions, then developer
-    messages) as one, their texts joined by a blank line, as it would have
-    been written for it; a template that takes them all keeps them apart."""
+    refuses what the APIs allow gets it in the form it takes, one step more
+    at each refusal (``accommodated``); a template that takes the
+    conversation as it is renders it unchanged."""
     from jinja2 import TemplateError
 
-    def apply(messages: list[dict[str, Any]]) -> list[int]:
+    def apply(messages: list[dict[str, Any]], listed: list[dict[str, Any]] | None) -> list[int]:
         return list(tokenizer.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=generation, **(template_kwargs or {})
+            messages, tools=listed or None, add_generation_prompt=generation, **(template_kwargs or {})
         ))
 
     try:
-        return apply(flat)
-    except TemplateError:
-        joined = joined_system(flat)
-        if joined is flat:
-            raise
-        return apply(joined)
+        return apply(flat, tools)
+    except TemplateError as refused:
+        error: TemplateError = refused
+    for messages, listed in accommodated(flat, tools):
+        try:
+            return apply(messages, listed)
+        except TemplateError as refused:
+            error = refused
+    # What the template still refuses in the most accommodating form.
+    raise error
+
+
+def accommodated(
+    flat: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+) -> Iterator[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]]:
+    """The conversation in forms a stricter template takes, each one step
+    more than the one before (only the steps that change something):
+
+    - several leading system messages as one (Qwen3.5's "System message must
+      be at the beginning", Mistral's and Gemma's role checks; Codex sends its
+      instructions, then developer messages), as ``joined_system``;
+    - every tool with a description, empty where the client gave none
+      (gpt-oss's template adds ``tool.description`` to a string);
+    - an assistant turn with tool calls, text and reasoning without its text
+      (gpt-oss's "Cannot pass both content and thinking": the model wrote an
+      analysis, a preamble and the call, and the template has room for the
+      analysis only; mlxd's own gpt-oss answers come back so)."""
+    steps = (
+        lambda messages, listed: (joined_system(messages), listed),
+        lambda messages, listed: (messages, described(listed)),
+        lambda messages, listed: (analysis_only(messages), listed),
+    )
+    current = (flat, tools)
+    for step in steps:
+        changed = step(*current)
+        if changed[0] is not current[0] or changed[1] is not current[1]:
+            current = changed
+            yield current
+
+
+def described(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """``tools`` with an empty description where a function has none (``tools`` itself when all have one)."""
+    if not tools or all(_function(t).get("description") is not None for t in tools):
+        return tools
+    return [t if _function(t).get("description") is not None or not isinstance(t.get("function"), dict)
+            else {**t, "function": {**t["function"], "description": ""}} for t in tools]
+
+
+def _function(tool: Any) -> dict[str, Any]:
+    function = tool.get("function") if isinstance(tool, dict) else None
+    return function if isinstance(function, dict) else {}
+
+
+def analysis_only(flat: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``flat`` without the text of assistant tool-call turns that carry
+    reasoning too (``flat`` itself when there is none)."""
+    def both(m: dict[str, Any]) -> bool:
+        return (m.get("role") == "assistant" and bool(m.get("tool_calls")) and bool(m.get("content"))
+                and bool(m.get("thinking") or m.get("reasoning_content")))
+
+    if not any(both(m) for m in flat):
+        return flat
+    return [{**m, "content": ""} if both(m) else m for m in flat]
 
 
 def joined_system(flat: list[dict[str, Any]]) -> list[dict[str, Any]]:

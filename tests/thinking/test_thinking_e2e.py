@@ -46,6 +46,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         {"name": "nemo", "path": str(zoo_model("nemotron_h"))},
         # Qwen3-VL-Thinking's template opens the block too.
         {"name": "eyes", "path": str(zoo_model("qwen3_vl")), "kind": "vision"},
+        {"name": "gpt-oss", "path": str(zoo_model("gpt_oss"))},
     ], server={"api_keys": [KEY]})
     with daemon_in_thread(registry, tmp) as d:
         yield d
@@ -56,6 +57,13 @@ def qwen3_tokenizer():
     from mlx_lm.tokenizer_utils import load
 
     return load(zoo_model("qwen3"))
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_tokenizer():
+    from mlx_lm.tokenizer_utils import load
+
+    return load(zoo_model("gpt_oss"))
 
 
 def openai_client(daemon: Daemon):
@@ -170,6 +178,20 @@ def test_anthropic_thinking_blocks_with_a_budget(daemon: Daemon):
     assert counted[0] == counted[1]
 
 
+def test_an_anthropic_reply_cut_while_thinking_is_its_thinking_block_streamed_or_not(daemon: Daemon):
+    # The whole message had an empty text block after the thinking, where the
+    # stream (and Anthropic) end with the thinking block alone; Claude Code sends
+    # the blocks back, and Anthropic refuses an empty text block.
+    client = anthropic_client(daemon)
+    asked = dict(model="thinker", max_tokens=4, messages=MESSAGES, extra_body={"temperature": 0})
+    message = client.messages.create(**asked)
+    with client.messages.stream(**asked) as stream:
+        final = stream.get_final_message()
+    for reply in (message, final):
+        assert [b.type for b in reply.content] == ["thinking"] and reply.stop_reason == "max_tokens"
+    assert message.content[0].thinking == final.content[0].thinking
+
+
 def test_anthropic_display_omitted_keeps_empty_thinking_blocks_and_the_same_answer(daemon: Daemon):
     # Anthropic's own way to leave reasoning out (Claude Code sends it): the
     # blocks stay, with their text empty, so a client that sends them back
@@ -180,9 +202,11 @@ def test_anthropic_display_omitted_keeps_empty_thinking_blocks_and_the_same_answ
     for thinking in ({"type": "enabled", "budget_tokens": BUDGET, "display": "omitted"},
                      {"type": "adaptive", "display": "omitted"}):
         hidden = client.messages.create(**asked, thinking=thinking)
-        assert [(b.type, getattr(b, "thinking", None)) for b in hidden.content] == [("thinking", ""), ("text", None)]
         if "budget_tokens" in thinking:
+            assert [(b.type, getattr(b, "thinking", None)) for b in hidden.content] == [("thinking", ""), ("text", None)]
             assert hidden.content[1].text == shown.content[1].text
+        else:  # No budget: the random model thinks until max_tokens.
+            assert [(b.type, getattr(b, "thinking", None)) for b in hidden.content] == [("thinking", "")]
     with client.messages.stream(**asked, thinking={"type": "enabled", "budget_tokens": BUDGET,
                                                     "display": "omitted"}) as stream:
         deltas = [e.delta.type for e in stream if e.type == "content_block_delta"]
@@ -277,6 +301,67 @@ def test_earlier_reasoning_is_dropped_as_the_template_does_and_the_cache_still_h
     ongoing = [*MESSAGES, {"role": "assistant", "content": answer, "reasoning_content": "I looked at the file."}]
     kept = qwen3_tokenizer.apply_chat_template(ongoing, tokenize=False)
     assert "I looked at the file." in kept
+
+
+def test_codexs_reasoning_before_parallel_calls_reaches_the_template(daemon: Daemon, qwen3_tokenizer):
+    # Codex sends a turn back as a reasoning item (encrypted_content null), then
+    # one function_call item per call: the reasoning is the calls' message's,
+    # which Qwen3 renders after the last question. It was dropped once a second
+    # call joined the message.
+    calls = [("call_1", '{"path": "."}'), ("call_2", '{"path": "/tmp"}')]
+    items = [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": PROMPT}]},
+        {"type": "reasoning", "id": "rs_1", "encrypted_content": None,
+         "summary": [{"type": "summary_text", "text": "Both folders need a listing."}]},
+        *({"type": "function_call", "call_id": i, "name": "ls", "arguments": a} for i, a in calls),
+        *({"type": "function_call_output", "call_id": i, "output": f"{i}.txt"} for i, _ in calls),
+    ]
+    answer = openai_client(daemon).responses.create(model="qwen3", input=items, max_output_tokens=1, store=False)
+    same = [*MESSAGES, {"role": "assistant", "content": "", "reasoning_content": "Both folders need a listing.",
+                        "tool_calls": [{"id": i, "type": "function", "function": {"name": "ls", "arguments": json.loads(a)}}
+                                       for i, a in calls]},
+            *({"role": "tool", "tool_call_id": i, "content": f"{i}.txt"} for i, _ in calls)]
+    rendered = qwen3_tokenizer.apply_chat_template(same, add_generation_prompt=True, tokenize=False)
+    assert "Both folders need a listing." in rendered
+    assert answer.usage.input_tokens == len(qwen3_tokenizer.encode(rendered, add_special_tokens=False))
+
+
+LS = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+
+
+def test_gpt_oss_takes_back_its_own_answer_of_analysis_preamble_and_call(daemon: Daemon, gpt_oss_tokenizer):
+    # gpt-oss writes an analysis, a commentary preamble and the call: mlxd
+    # answers reasoning, text and a tool call, and clients send all three back.
+    # Its template refuses a tool-call turn with both content and thinking (a
+    # 400 on the next turn); it has room for the analysis, which is kept.
+    called = [{"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": '{"path": "."}'}}]
+    result = {"role": "tool", "tool_call_id": "call_1", "content": "a.txt"}
+    chat = openai_client(daemon).chat.completions.create(model="gpt-oss", max_tokens=1, messages=[
+        *MESSAGES, {"role": "assistant", "content": "Let me look.", "reasoning_content": "I list it.", "tool_calls": called},
+        result])
+    claude_code = anthropic_client(daemon).messages.create(model="gpt-oss", max_tokens=1, messages=[
+        *MESSAGES,
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "I list it.", "signature": ""},
+                                          {"type": "text", "text": "Let me look."},
+                                          {"type": "tool_use", "id": "call_1", "name": "ls", "input": {"path": "."}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "a.txt"}]}])
+    kept = [*MESSAGES, {"role": "assistant", "content": "", "thinking": "I list it.",
+                        "tool_calls": [{**called[0], "function": {"name": "ls", "arguments": {"path": "."}}}]}, result]
+    rendered = gpt_oss_tokenizer.apply_chat_template(kept, add_generation_prompt=True)
+    assert chat.usage.prompt_tokens == len(rendered)
+    assert claude_code.usage.input_tokens + claude_code.usage.cache_read_input_tokens == len(rendered)
+
+
+def test_a_tool_without_a_description_is_rendered_on_gpt_oss(daemon: Daemon, gpt_oss_tokenizer):
+    # OpenAI's tools need no description; gpt-oss's template adds it to a
+    # string, so such a tool was a 400 there (Anthropic's and Responses' tools
+    # reach the template with an empty one). It gets the empty one here too.
+    bare = openai_client(daemon).chat.completions.create(
+        model="gpt-oss", max_tokens=1, messages=MESSAGES,
+        tools=[{"type": "function", "function": {"name": "ls", "parameters": LS}}])
+    described = [{"type": "function", "function": {"name": "ls", "description": "", "parameters": LS}}]
+    assert bare.usage.prompt_tokens == len(gpt_oss_tokenizer.apply_chat_template(
+        MESSAGES, tools=described, add_generation_prompt=True))
 
 
 def prompt_tokens(daemon: Daemon, model: str = "qwen3", **extra) -> int:

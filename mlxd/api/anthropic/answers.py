@@ -55,7 +55,11 @@ def message(plan: Plan, answer: Answer) -> dict[str, Any]:
     if choice is not None and choice.reasoning:
         shown = "" if plan.reasoning.omitted else choice.reasoning
         content.append({"type": "thinking", "thinking": shown, "signature": SIGNATURE})
-    if choice is not None and (choice.text or not choice.tool_calls):
+    # A text block even when empty, unless another block says what the answer
+    # was: a reply cut while thinking is its thinking block alone, as the
+    # stream sends it and Anthropic answers (which refuses empty text blocks
+    # sent back).
+    if choice is not None and (choice.text or not (choice.tool_calls or choice.reasoning)):
         content.append({"type": "text", "text": choice.text})
     for call in choice.tool_calls if choice else ():
         content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": tool_input(call.arguments)})

@@ -11,6 +11,7 @@ template to render or drop). Item and tool types this adapter does not know
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -133,9 +134,7 @@ class ResponsesRequest(BaseModel):
             _add_item(messages, item, f"input[{i}]")
             if thought and messages and messages[-1].role == "assistant":
                 # A reasoning item belongs to the answer (message or call) after it.
-                last = messages[-1]
-                messages[-1] = Message("assistant", last.content, tool_calls=last.tool_calls,
-                                       reasoning=last.reasoning + "".join(thought))
+                messages[-1] = replace(messages[-1], reasoning=messages[-1].reasoning + "".join(thought))
                 thought = []
         return tuple(messages)
 
@@ -227,9 +226,10 @@ def _add_item(messages: list[Message], item: dict[str, Any], param: str) -> None
             param=f"{param}.arguments",
         )
         last = messages[-1] if messages else None
-        # Calls made in one turn belong to that turn's assistant message.
+        # Calls made in one turn belong to that turn's assistant message, with
+        # the reasoning that came before them (Codex sends it ahead of the first).
         if last is not None and last.role == "assistant":
-            messages[-1] = Message("assistant", last.content, tool_calls=(*last.tool_calls, call))
+            messages[-1] = replace(last, tool_calls=(*last.tool_calls, call))
         else:
             messages.append(Message("assistant", "", tool_calls=(call,)))
     elif kind == "function_call_output":
