@@ -25,12 +25,12 @@ from mlxd.engine.cache_entry import CacheLayout, model_cache_layout
 from mlxd.engine.cache_layers import may_outgrow_trimming
 from mlxd.engine.speculative_cache import unsupported_layers
 from mlxd.engine.text import TextEngine
-from mlxd.engine.text_model import LoadedText
+from mlxd.engine.text_model import LoadedText, quantize_kv
 from mlxd.engine.warmup import CONTEXT_MARGIN, LOAD, WarmupReport, decide_mode, plan_warmup, warm_up
 from mlxd.engine.warmup_background import BackgroundWarmup
 from mlxd.engine.warmup_marker import model_marker
 from mlxd.engine.worker import MlxWorker
-from mlxd.errors import describe_exception
+from mlxd.errors import ModelLoadFailed, describe_exception
 from mlxd.registry.device import current_device
 from mlxd.registry.model import ModelSpec
 
@@ -166,6 +166,12 @@ def load_text_model(spec: ModelSpec) -> LoadedText:
 
     done = measured_load(spec, load, memory.release_memory)
     model, tokenizer, draft = done.result
+    try:
+        _refuse_unquantisable(spec, model)
+    except ModelLoadFailed:
+        del model, tokenizer, draft, done
+        memory.release_memory()
+        raise
     return LoadedText(
         model, tokenizer, load_bytes=done.load_bytes, load_seconds=done.load_seconds,
         batchable=supports_batching(model),
@@ -173,6 +179,27 @@ def load_text_model(spec: ModelSpec) -> LoadedText:
         draft=draft,
         unspeculative=_unspeculative(spec, model, draft),
     )
+
+
+def _refuse_unquantisable(spec: ModelSpec, model: Any) -> None:
+    """Worker thread: one token through ``model`` on its cache quantised as
+    ``kv_bits`` asks. Some attention cannot read a quantised cache (gpt-oss's
+    sinks: "Quantized SDPA does not support attention sinks"), which would
+    fail every request with a 500; the load fails instead, saying why."""
+    if spec.kv_bits is None:
+        return
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    quantize_kv(cache, spec.kv_bits)
+    try:
+        mx.eval(model(mx.array([[0]]), cache=cache))
+    except Exception as exc:  # noqa: BLE001 - whatever the model's attention raises
+        raise ModelLoadFailed(
+            f"The model `{spec.name}` cannot use a quantised KV cache (`kv_bits: {spec.kv_bits}`): "
+            f"{describe_exception(exc)}. Remove `kv_bits` from its entry."
+        ) from None
 
 
 def _unspeculative(spec: ModelSpec, model: Any, draft: Any) -> str | None:

@@ -49,7 +49,7 @@ from mlxd.engine.logprobs import token_logprob
 from mlxd.engine.next_turn_background import NextTurnPrefill
 from mlxd.engine.prefix_cache import PrefixCache
 from mlxd.engine.speculation import Speculation
-from mlxd.engine.text_model import PENALTY_CONTEXT, LoadedText, Prepared, TextModel, feed
+from mlxd.engine.text_model import PENALTY_CONTEXT, LoadedText, Prepared, TextModel, feed, quantize_kv
 from mlxd.engine.types import GenerationChunk, GenerationRequest, PromptCapture, SavedCache
 from mlxd.engine.worker import SKIP, MlxWorker
 from mlxd.registry.model import ModelSpec
@@ -314,9 +314,10 @@ class TextEngine(EngineBase, GenerationEngine):
                 reasoning_tokens=prepared.reasoning_tokens(control.completion_tokens) if finish else None,
             )
 
-        # The footprint estimate assumes a quantised KV cache from the first token.
+        # The footprint estimate assumes a quantised KV cache from the first
+        # token: quantised here, not by mlx-lm (``quantize_kv`` says why).
         kv_bits = self.spec.kv_bits
-        kv_options = {"kv_bits": kv_bits, "quantized_kv_start": 0} if kv_bits else {}
+        quantize_kv(cache, kv_bits)
         prompt = mx.array(prepared.tokens)
         done = reused
         step = self._prefill_chunk
@@ -342,7 +343,6 @@ class TextEngine(EngineBase, GenerationEngine):
             logits_processors=prepared.processors or None,
             prompt_cache=cache,
             prefill_step_size=step,
-            **kv_options,
         )
 
         def keep() -> None:

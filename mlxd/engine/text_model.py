@@ -233,12 +233,27 @@ def feed(model: Any, tokens: Any, cache: list[Any], kv_bits: int | None) -> None
     """Worker thread: prefill ``tokens`` (an ``mx.array``) into ``cache``,
     quantised from the first token with ``kv_bits``, and evaluate it."""
     import mlx.core as mx
-    from mlx_lm.generate import generation_stream, maybe_quantize_kv_cache
+    from mlx_lm.generate import generation_stream
 
     with mx.stream(generation_stream):
         model(tokens[None], cache=cache)
-        maybe_quantize_kv_cache(cache, 0, KV_GROUP_SIZE, kv_bits)
+        quantize_kv(cache, kv_bits)
         mx.eval([c.state for c in cache])
+
+
+def quantize_kv(cache: list[Any], kv_bits: int | None) -> None:
+    """Worker thread: ``cache``'s full-attention layers made quantised
+    (``kv_bits``), in place; the others kept as they are. mlx-lm quantises
+    every layer that has ``to_quantized``, and a sliding-window layer's
+    (Gemma 3/4, gpt-oss) raises "RotatingKVCache Quantization NYI", which
+    failed every request of such a model; its window bounds it anyway, so
+    the full layers are where the memory is. Linear-attention state
+    (ArraysCache) has no KV to quantise."""
+    if kv_bits is None:
+        return
+    for i, layer in enumerate(cache):
+        if type(layer).__name__ == "KVCache":
+            cache[i] = layer.to_quantized(group_size=KV_GROUP_SIZE, bits=kv_bits)
 
 
 def _vocab_size(model: Any, tokenizer: Any) -> int:
