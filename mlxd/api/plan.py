@@ -351,6 +351,10 @@ def check_conversation(conversation: Conversation, tools: list[dict[str, Any]] |
             except RecursionError:  # deeper than Python's parser goes: far past the bound below
                 raise BadRequest(f"A tool call's arguments nest deeper than {MAX_NESTING} levels.",
                                  param="messages") from None
+            if not isinstance(arguments, dict):
+                # Templates walk them as the parameters by name (Qwen3.5's `arguments|items`).
+                raise BadRequest(f"{call.param} must be a JSON object of the function's arguments, "
+                                 f"not {_json_kind(arguments)}.", param=call.param)
             if not encodable(arguments):
                 raise _unencodable("The conversation", "messages")
             if nesting_depth(arguments) > MAX_NESTING:
@@ -483,3 +487,14 @@ def plan_prompts(
         route=COMPLETION,
         caller=caller,
     )
+
+
+def _json_kind(value: Any) -> str:
+    """How JSON names what ``value`` was parsed from."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return "a string" if isinstance(value, str) else "an array"

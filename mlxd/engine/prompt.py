@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from mlxd.engine.types import GenerationRequest
-from mlxd.errors import BadRequest
+from mlxd.errors import BadRequest, describe_exception
 from mlxd.tools import fallback, thinking_switch
 
 
@@ -77,6 +77,12 @@ def chat_tokens(
         # The API layer bounds nesting; a template that recurses more deeply
         # still must not be a server error for what the client sent.
         raise BadRequest("The conversation nests too deeply for this model's chat template.",
+                         param="messages") from None
+    except (TypeError, KeyError, IndexError, AttributeError) as exc:
+        # A template's filter meeting a value of a shape it does not expect
+        # (``items`` of a list): what the client sent, which this template
+        # cannot write. The API layer checks the shapes it knows of.
+        raise BadRequest(f"The chat template cannot render these messages: {describe_exception(exc)}",
                          param="messages") from None
     return list(tokens)
 

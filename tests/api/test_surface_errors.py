@@ -261,6 +261,21 @@ async def test_chat_names_a_tool_call_whose_arguments_are_not_json_before_the_en
     assert openai_error(call)["param"] == "messages[1].tool_calls[1].function.arguments"
 
 
+@pytest.mark.parametrize(("arguments", "kind"), [("[1, 2]", "an array"), ('"s"', "a string"), ("3", "a number"),
+                                                 ("null", "null")])
+async def test_chat_names_a_tool_call_whose_arguments_are_json_but_no_object(tmp_path, arguments, kind):
+    # Templates walk arguments as parameters by name: Qwen3.5's raised a
+    # TypeError on an array, a 500 for what the client sent.
+    messages = [*CHAT, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "1"}]
+    call = await answer(tmp_path, "/v1/chat/completions", {"model": "m", "messages": messages})
+    assert call.status == 400
+    error = openai_error(call)
+    assert error["param"] == "messages[1].tool_calls[0].function.arguments"
+    assert error["message"].endswith(f"must be a JSON object of the function's arguments, not {kind}.")
+
+
 # --- Anthropic's own field names ----------------------------------------------------------
 
 

@@ -70,3 +70,15 @@ def test_a_forced_call_on_the_plain_model_parses_with_the_default_format(single)
     assert call.name == "get_weather"
     arguments = json.loads(call.arguments)
     assert arguments["city"] in ("Paris", "Oslo") and 1 <= arguments["days"] <= 7
+
+
+def test_a_template_that_trips_on_a_value_s_shape_is_the_clients_400(qwen_tiny):
+    # Qwen3.5's template walks a call's arguments with `items`; any value of
+    # a shape such a filter does not take raised a TypeError past the
+    # template's own errors, a 500 for what the client sent.
+    from mlxd.errors import BadRequest
+
+    strict = load_tokenizer(qwen_tiny)
+    strict.chat_template = "{% for m in messages %}{% for k, v in m.content|items %}{{ k }}{% endfor %}{% endfor %}"
+    with pytest.raises(BadRequest, match="The chat template cannot render these messages: TypeError"):
+        chat_tokens(strict, [{"role": "user", "content": "a string, not a mapping"}])
