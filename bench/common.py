@@ -158,7 +158,9 @@ def serving(registry: Path, tmp: Path, env: dict[str, str] | None = None,
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
+        # A fresh GPU machine compiles its kernels in the first load's warm-up:
+        # a speech model's took over 120 s on an H100 (2026-12-07).
+        deadline = time.monotonic() + 300
         while True:
             if process.poll() is not None:
                 raise RuntimeError(f"daemon exited: {log_path.read_text()}")
@@ -168,7 +170,8 @@ def serving(registry: Path, tmp: Path, env: dict[str, str] | None = None,
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError("daemon did not start")
+                tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-30:])
+                raise RuntimeError(f"daemon did not start in 300 s; its log ends:\n{tail}")
             time.sleep(0.1)
         yield url
     finally:
