@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from mlxd import __version__
+from mlxd.monitoring.status import problems
 from mlxd.residency.core import State
 
 if TYPE_CHECKING:
@@ -292,6 +293,8 @@ class _SnapshotGauges:
                 by_name["mlxd_model_state"].add_metric([name, state.value], 1.0 if m.state is state else 0.0)
             by_name["mlxd_model_resident_bytes"].add_metric([name], m.reserved)
             by_name["mlxd_model_estimated_bytes"].add_metric([name], m.spec.charge_bytes)
+            if m.measured_bytes is not None:
+                by_name["mlxd_model_measured_bytes"].add_metric([name], m.measured_bytes)
             by_name["mlxd_model_active_leases"].add_metric([name], m.active)
             by_name["mlxd_model_queued_requests"].add_metric([name], m.queued)
             by_name["mlxd_model_recent_tokens_per_second"].add_metric([name], snap.recent_rate(name))
@@ -319,6 +322,7 @@ class _SnapshotGauges:
         by_name["mlxd_config_generation"].add_metric([], snap.config.generation)
         by_name["mlxd_config_error"].add_metric([], 1.0 if snap.config.error else 0.0)
         by_name["mlxd_draining"].add_metric([], 1.0 if snap.draining else 0.0)
+        by_name["mlxd_health_problems"].add_metric([], len(problems(snap)))
         by_name["mlxd_build_info"].add_metric([__version__], 1.0)
         for u in snap.usage:
             where = [u["app"], u["model"]]
@@ -343,6 +347,8 @@ class _SnapshotGauges:
             GaugeMetricFamily("mlxd_model_resident_bytes", "Bytes reserved in the budget for the model",
                               labels=model),
             GaugeMetricFamily("mlxd_model_estimated_bytes", "Footprint estimated before loading", labels=model),
+            GaugeMetricFamily("mlxd_model_measured_bytes", "Footprint measured at a load (remembered across restarts)",
+                              labels=model),
             GaugeMetricFamily("mlxd_model_active_leases", "Requests holding the model now", labels=model),
             GaugeMetricFamily("mlxd_model_queued_requests", "Requests waiting for the model", labels=model),
             GaugeMetricFamily("mlxd_model_recent_tokens_per_second",
@@ -369,5 +375,6 @@ class _SnapshotGauges:
             GaugeMetricFamily("mlxd_config_generation", "How many registries have been applied"),
             GaugeMetricFamily("mlxd_config_error", "1 while models.yaml on disk is invalid"),
             GaugeMetricFamily("mlxd_draining", "1 while the daemon drains for shutdown"),
+            GaugeMetricFamily("mlxd_health_problems", "What makes the daemon degraded (/v1/status health.problems); 0 when ok"),
             GaugeMetricFamily("mlxd_build_info", "Always 1; the version is a label", labels=["version"]),
         ]

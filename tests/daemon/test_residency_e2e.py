@@ -247,3 +247,9 @@ def test_a_model_measured_above_the_whole_budget_is_a_problem_an_operator_sees(t
         health = httpx.get(f"{d.url}/health").json()
         assert health["status"] == "degraded"
         assert health["reasons"] == ["1 model(s) need more than the whole memory budget"]
+        # What an alert rule reads: the problem's count, and the footprint against the budget.
+        metrics = dict(line.rsplit(" ", 1) for line in httpx.get(f"{d.url}/metrics").text.splitlines()
+                       if line and not line.startswith("#"))
+        assert float(metrics["mlxd_health_problems"]) == 1
+        assert float(metrics['mlxd_model_measured_bytes{model="a"}']) == 40 << 20
+        assert float(metrics["mlxd_memory_budget_bytes"]) == 25 << 20
