@@ -9,6 +9,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
+  # asyncio.timeout and exception groups: 3.10 would install, then fail at run time.
+  if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    echo "setup.sh: mlxd needs Python 3.11 or newer; $PY is $("$PY" -V 2>&1). Run with PYTHON=python3.12 (or another)." >&2
+    exit 2
+  fi
   "$PY" -m venv .venv
 fi
 backend="${MLXD_BACKEND:-}"
