@@ -118,3 +118,19 @@ def test_a_client_that_stops_reading_its_stream_does_not_keep_the_models_slot(da
         other = httpx.post(f"{daemon.url}/v1/chat/completions", timeout=30, json={
             "model": "solo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
         assert other.status_code == 200
+
+
+def test_headers_past_the_bound_are_a_431_and_the_connection_closed(daemon):
+    # On the old code every header line was kept: a client writing them as
+    # fast as loopback carries grew the daemon by hundreds of MB a second.
+    sock = _from("127.0.0.7", daemon.port, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+    with _held([sock]):
+        with contextlib.suppress(OSError):  # the daemon may close before the last line is sent
+            for _ in range(64):
+                sock.sendall(b"x-filler: " + b"a" * 16384 + b"\r\n")
+        answer = _answer(sock, within=10)
+    assert answer is not None and answer.startswith(b"HTTP/1.1 431"), (answer or b"")[:200]
+    assert b"request_headers_too_large" in answer
+    # Headers of a real client's size (a long bearer token, cookies) pass.
+    response = httpx.get(f"{daemon.url}/v1/models", headers={"x-filler": "a" * 32768}, timeout=10)
+    assert response.status_code == 200
