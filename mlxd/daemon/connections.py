@@ -8,9 +8,9 @@ line) stay open forever and each holds a file descriptor: a few hundred of
 them exhaust the daemon's. A request's headers are bounded in size too:
 the parser keeps them all, so a client writing header lines as fast as
 loopback carries them grew the daemon's memory by hundreds of megabytes a
-second, each connection as much, within the header time. A body that trickles is bounded by
-``mlxd.api.guards`` (the app reads the body through it); idle keep-alive
-connections by uvicorn's own ``timeout_keep_alive``. A body that never
+second, each connection as much, within the header time. A body that
+trickles is bounded by ``mlxd.api.guards`` (the app reads the body through
+it); idle keep-alive connections by uvicorn's own ``timeout_keep_alive``. A body that never
 starts is closed after the header time: a few hundred such clients would
 otherwise hold every connection for the whole body timeout.
 

@@ -83,8 +83,8 @@ def router() -> APIRouter:
                                   media_type=relayed.content_type or MEDIA_TYPES[body.response_format])
         rate, chunks = await path.speech(_ctx(request), request, body)
         return _ClosingStream(_encoded(chunks, body.response_format, rate), chunks,
-                                 media_type=MEDIA_TYPES[body.response_format],
-                                 headers={"X-Sample-Rate": str(rate)})
+                              media_type=MEDIA_TYPES[body.response_format],
+                              headers={"X-Sample-Rate": str(rate)})
 
     @api.get(PREFIX + "/voices")
     async def voices(request: Request, model: str | None = None) -> Response:
