@@ -103,6 +103,12 @@ class PayloadTooLarge(MlxdError):
     code = "request_too_large"
 
 
+class HeadersTooLarge(MlxdError):
+    status_code = 431
+    error_type = "invalid_request_error"
+    code = "request_headers_too_large"
+
+
 class UnsupportedMediaType(MlxdError):
     status_code = 415
     error_type = "invalid_request_error"

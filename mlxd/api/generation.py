@@ -411,6 +411,11 @@ async def _pump(started: Started, requests: list[GenerationRequest], queue: Stre
         raise
     except Exception as exc:
         queue.put_nowait(exc)
+    # The engine is done: the lease goes back now, not once the client has
+    # read the last frame. A client that stops reading blocks the frame
+    # writer in its send, and held the model's slot for as long as it kept
+    # the connection open, every other request of the model queued behind it.
+    await started.close()
 
 
 class _StreamState:

@@ -5,9 +5,12 @@ body may wait before its first byte.
 
 Without them, sockets that connect and then send nothing (or half a request
 line) stay open forever and each holds a file descriptor: a few hundred of
-them exhaust the daemon's. A body that trickles is bounded by
-``mlxd.api.guards`` (the app reads the body through it); idle keep-alive
-connections by uvicorn's own ``timeout_keep_alive``. A body that never
+them exhaust the daemon's. A request's headers are bounded in size too:
+the parser keeps them all, so a client writing header lines as fast as
+loopback carries them grew the daemon's memory by hundreds of megabytes a
+second, each connection as much, within the header time. A body that
+trickles is bounded by ``mlxd.api.guards`` (the app reads the body through
+it); idle keep-alive connections by uvicorn's own ``timeout_keep_alive``. A body that never
 starts is closed after the header time: a few hundred such clients would
 otherwise hold every connection for the whole body timeout.
 
@@ -26,17 +29,32 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from mlxd.errors import ServiceUnavailable
+from mlxd.errors import HeadersTooLarge, MlxdError, ServiceUnavailable
+from mlxd.registry.sizing import format_bytes
+
+# The most a request line and its headers may take: well above any real
+# client's (large cookies and bearer tokens included), as nginx's and Node's.
+MAX_HEAD_BYTES = 64 * 1024
+
+
+def _answer_bytes(error: MlxdError, status: str) -> bytes:
+    body = json.dumps(error.body()).encode()
+    extra = "".join(f"{name.lower()}: {value}\r\n" for name, value in error.headers().items())
+    head = (
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n"
+        f"{extra}connection: close\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
 
 
 def _refusal_bytes() -> bytes:
     error = ServiceUnavailable("Too many open connections; retry shortly", code="too_many_connections", retry_after=1)
-    body = json.dumps(error.body()).encode()
-    head = (
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-        f"retry-after: 1\r\nconnection: close\r\ncontent-length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
+    return _answer_bytes(error, "503 Service Unavailable")
+
+
+def _too_large_bytes() -> bytes:
+    error = HeadersTooLarge(f"The request line and headers are larger than {format_bytes(MAX_HEAD_BYTES)}.")
+    return _answer_bytes(error, "431 Request Header Fields Too Large")
 
 
 # Connections past the bound kept for loopback health checks.
@@ -67,6 +85,7 @@ def _declares_body(headers: list[tuple[bytes, bytes]]) -> bool:
 def bounded_protocol(max_connections: int, header_timeout_s: float) -> type[HttpToolsProtocol]:
     """A protocol class for ``uvicorn.Config(http=...)`` with these bounds."""
     refusal = _refusal_bytes()
+    too_large = _too_large_bytes()
     per_peer = max(1, max_connections // 2)
     # Open connections per peer address, for this server's connections only.
     by_peer: collections.Counter[str] = collections.Counter()
@@ -79,6 +98,10 @@ def bounded_protocol(max_connections: int, header_timeout_s: float) -> type[Http
         _refused_late = False
         _peer = ""
         _header_timer: asyncio.TimerHandle | None = None
+        # Between a request's first byte and its last header, and how many
+        # bytes of it have come so far.
+        _in_head = True
+        _head_bytes = 0
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             peer = _peer_of(transport)
@@ -103,8 +126,16 @@ def bounded_protocol(max_connections: int, header_timeout_s: float) -> type[Http
             transport.close()
 
         def data_received(self, data: bytes) -> None:
-            if not self._refused and not self._refused_late:
-                super().data_received(data)
+            if self._refused or self._refused_late:
+                return
+            was_in_head = self._in_head
+            super().data_received(data)
+            # Only a read that began and ended inside the headers counts
+            # whole (one that also holds a body's bytes must not be refused).
+            if was_in_head and self._in_head and not self._refused_late:
+                self._head_bytes += len(data)
+                if self._head_bytes > MAX_HEAD_BYTES:
+                    self._refuse_late(too_large)
 
         def connection_lost(self, exc: Exception | None) -> None:
             if self._refused:
@@ -119,16 +150,16 @@ def bounded_protocol(max_connections: int, header_timeout_s: float) -> type[Http
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            self._in_head, self._head_bytes = True, 0
             # The next request on a kept-alive connection: its headers get
             # the same time as the first one's.
             self._arm_header_timer()
 
         def on_headers_complete(self) -> None:
             self._cancel_header_timer()
+            self._in_head = False
             if self._health_only and (self.url.split(b"?", 1)[0] != b"/health" or _declares_body(self.headers)):
-                self._refused_late = True
-                self.transport.write(refusal)
-                self.transport.close()
+                self._refuse_late(refusal)
                 return
             super().on_headers_complete()
             if _declares_body(self.headers):
@@ -145,6 +176,13 @@ def bounded_protocol(max_connections: int, header_timeout_s: float) -> type[Http
             self._cancel_header_timer()
             if not self._refused_late:
                 super().on_message_complete()
+
+        def _refuse_late(self, answer: bytes) -> None:
+            # No request cycle is made for it: the answer goes out and the
+            # connection closes, the rest of what the client sends unread.
+            self._refused_late = True
+            self.transport.write(answer)
+            self.transport.close()
 
         def _arm_header_timer(self) -> None:
             self._cancel_header_timer()

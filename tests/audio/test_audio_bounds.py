@@ -3,8 +3,11 @@ answered from the header before any decoding or lease, the daemon healthy after.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
+import json
+import socket
 import time
 
 import httpx
@@ -15,6 +18,7 @@ import soundfile
 
 from audio.conftest import RATE, sweep
 from mlxd.engine.audio_files import write_file
+from support.daemon import daemon_in_thread, wait_until, write_registry
 
 pytestmark = pytest.mark.mlx
 
@@ -86,3 +90,33 @@ def test_a_100_mb_upload_is_refused_at_the_door(audio_daemon) -> None:
     malloc_trim()  # glibc keeps freed pages until trimmed (platform notes)
     # Neither upload is kept: memory is back within 64 MB of where it was.
     assert psutil.Process().memory_info().rss - rss < 64 << 20
+
+
+def _never_read(port: int, path: str, body: dict) -> socket.socket:
+    """A request from a client that never reads its answer: a small receive
+    buffer, so the daemon's sends block once the kernel's are full."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    sock.connect(("127.0.0.1", port))
+    data = json.dumps(body).encode()
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                 f"content-length: {len(data)}\r\n\r\n".encode() + data)
+    return sock
+
+
+def test_a_speech_client_that_stops_reading_gives_the_model_back(tmp_path, soprano_dir) -> None:
+    # Speech is made as the client reads it: one that stopped reading (its
+    # socket open) held the entry's only slot for as long as it stayed, and
+    # every other speech request got a 504.
+    registry = write_registry(tmp_path, [{"name": "soprano", "path": str(soprano_dir), "kind": "speech"}],
+                              server={"request_timeout_s": 5})
+    with daemon_in_thread(registry, tmp_path) as daemon:
+        port = int(daemon.url.rsplit(":", 1)[1])
+        body = {"model": "soprano", "input": "Hello there, how are you doing today. " * 25, "response_format": "pcm"}
+        with contextlib.closing(_never_read(port, "/v1/audio/speech", body)):
+            wait_until(lambda: daemon.model("soprano")["active_leases"] == 1, timeout=60)
+            wait_until(lambda: daemon.model("soprano")["active_leases"] == 0, timeout=60)
+            other = httpx.post(f"{daemon.url}/v1/audio/speech", timeout=60,
+                               json={"model": "soprano", "input": "Hi.", "response_format": "wav"})
+            assert other.status_code == 200 and other.content.startswith(b"RIFF")
+            assert daemon.model("soprano")["engine"]["in_flight"] == 0

@@ -7,12 +7,13 @@ address (127.0.0.2, 127.0.0.3, ...: all of 127/8 is loopback)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 from collections.abc import Iterator
 
 import httpx
 import pytest
-from support.daemon import daemon_process, write_registry
+from support.daemon import daemon_process, wait_until, write_registry
 
 pytestmark = pytest.mark.mlx
 
@@ -26,7 +27,8 @@ def daemon(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("slow")
     # The body timeout is left at its default (30 s): what holds a slow
     # client's connection in the field.
-    registry = write_registry(tmp, [{"name": "qwen", "model": "qwen"}],
+    registry = write_registry(tmp, [{"name": "qwen", "model": "qwen"},
+                                    {"name": "solo", "model": "llama", "max_concurrency": 1}],
                               server={"max_connections": BOUND, "header_timeout_s": 1})
     with daemon_process(registry, tmp, "--no-watch") as d:
         d.port = int(d.url.rsplit(":", 1)[1])
@@ -89,3 +91,46 @@ def test_a_loopback_health_check_answers_while_slow_bodies_hold_every_connection
         # The room kept for health checks serves nothing else.
         assert b"too_many_connections" in _get("127.0.0.1", daemon.port, "/v1/models")
     assert httpx.get(f"{daemon.url}/health", timeout=10).status_code == 200
+
+
+def _never_read_stream(port: int, body: dict) -> socket.socket:
+    """A stream request from a client that never reads its answer: a small
+    receive buffer, so the daemon's sends block once the kernel's are full."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    sock.connect(("127.0.0.1", port))
+    data = json.dumps(body).encode()
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                 b"content-length: %d\r\n\r\n" % len(data) + data)
+    return sock
+
+
+def test_a_client_that_stops_reading_its_stream_does_not_keep_the_models_slot(daemon):
+    # Top logprobs make each token's frame over a kilobyte: megabytes in
+    # all, more than the kernel buffers between the two sockets hold.
+    body = {"model": "solo", "messages": [{"role": "user", "content": "hello"}], "stream": True,
+            "max_tokens": 4000, "ignore_eos": True, "logprobs": True, "top_logprobs": 20}
+    with _held([_never_read_stream(daemon.port, body)]):
+        wait_until(lambda: daemon.model("solo")["engine"].get("tokens_generated", 0) >= 4000, timeout=120)
+        # On the old code the lease stayed held until the client read or
+        # closed, and every other request of the model waited behind it.
+        wait_until(lambda: daemon.model("solo")["active_leases"] == 0, timeout=10)
+        other = httpx.post(f"{daemon.url}/v1/chat/completions", timeout=30, json={
+            "model": "solo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        assert other.status_code == 200
+
+
+def test_headers_past_the_bound_are_a_431_and_the_connection_closed(daemon):
+    # On the old code every header line was kept: a client writing them as
+    # fast as loopback carries grew the daemon by hundreds of MB a second.
+    sock = _from("127.0.0.7", daemon.port, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+    with _held([sock]):
+        with contextlib.suppress(OSError):  # the daemon may close before the last line is sent
+            for _ in range(64):
+                sock.sendall(b"x-filler: " + b"a" * 16384 + b"\r\n")
+        answer = _answer(sock, within=10)
+    assert answer is not None and answer.startswith(b"HTTP/1.1 431"), (answer or b"")[:200]
+    assert b"request_headers_too_large" in answer
+    # Headers of a real client's size (a long bearer token, cookies) pass.
+    response = httpx.get(f"{daemon.url}/v1/models", headers={"x-filler": "a" * 32768}, timeout=10)
+    assert response.status_code == 200
