@@ -17,7 +17,7 @@ from typing import Any
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.residency.shell import Lease
 
-_END = object()
+END = object()
 
 
 def is_output(chunk: GenerationChunk) -> bool:
@@ -59,10 +59,10 @@ class Preemptible:
             try:
                 async with contextlib.aclosing(chunks):  # type: ignore[type-var]
                     while True:
-                        chunk = await _next_unless(chunks, lease.preempted)
+                        chunk = await next_unless(chunks, lease.preempted)
                         if chunk is None:
                             break  # preempted: nothing of it went anywhere
-                        if chunk is _END:
+                        if chunk is END:
                             self._keep(lease)
                             return
                         if not is_output(chunk):
@@ -119,12 +119,13 @@ def preemptible(
     return Preemptible(holder, requeue).generate(request, chunks)
 
 
-async def _next_unless(chunks: AsyncIterator[GenerationChunk], stop: asyncio.Event) -> Any:
-    """The next chunk (``_END`` after the last), or None once ``stop`` is set
-    first; the step it cut is cancelled, which ends the generation."""
+async def next_unless(chunks: AsyncIterator[Any], stop: asyncio.Event) -> Any:
+    """The next chunk (``END`` after the last), or None once ``stop`` is set
+    first; the step it cut is cancelled, which ends the generation (an
+    audio stream's too, cancelled by id)."""
     if stop.is_set():
         return None
-    step = asyncio.ensure_future(anext(chunks, _END))
+    step = asyncio.ensure_future(anext(chunks, END))
     stopped = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait({step, stopped}, return_when=asyncio.FIRST_COMPLETED)

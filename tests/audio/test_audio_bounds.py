@@ -120,3 +120,26 @@ def test_a_speech_client_that_stops_reading_gives_the_model_back(tmp_path, sopra
                                json={"model": "soprano", "input": "Hi.", "response_format": "wav"})
             assert other.status_code == 200 and other.content.startswith(b"RIFF")
             assert daemon.model("soprano")["engine"]["in_flight"] == 0
+
+
+def test_a_speech_request_is_listed_under_way_and_cancelled_by_id(tmp_path, soprano_dir) -> None:
+    # Audio requests were missing from /v1/requests (and the dashboard): a
+    # long synthesis could be neither seen nor cancelled as a chat can.
+    registry = write_registry(tmp_path, [{"name": "soprano", "path": str(soprano_dir), "kind": "speech"}])
+    with daemon_in_thread(registry, tmp_path) as daemon:
+        body = {"model": "soprano", "input": "Hello there, how are you doing today.\n" * 25, "response_format": "pcm"}
+        with httpx.stream("POST", f"{daemon.url}/v1/audio/speech", json=body, timeout=120,
+                          headers={"X-Request-Id": "long-speech"}) as answer:
+            chunks = answer.iter_bytes()
+            assert next(chunks)  # its first sentence is out: it is under way
+            listed = httpx.get(f"{daemon.url}/v1/requests", timeout=10).json()["data"]
+            assert [(r["id"], r["model"], r["surface"], r["stream"]) for r in listed] == [
+                ("long-speech", "soprano", "speech", True)]
+            cancel = httpx.post(f"{daemon.url}/v1/requests/long-speech/cancel", timeout=10)
+            assert cancel.status_code == 200 and cancel.json()["cancelled"] is True
+            b"".join(chunks)  # the rest: the stream ends after the sentence being made
+        wait_until(lambda: daemon.model("soprano")["active_leases"] == 0, timeout=30)
+        assert httpx.get(f"{daemon.url}/v1/requests", timeout=10).json()["data"] == []
+        row = wait_until(lambda: next(iter(httpx.get(f"{daemon.url}/v1/activity", params={"request_id": "long-speech"},
+                                                     timeout=10).json()["data"]), None), timeout=10)
+        assert row["status"] == 499 and row["error"] == "cancelled"

@@ -24,6 +24,9 @@ from mlxd.api.auth import caller_of
 from mlxd.api.context import DaemonContext
 from mlxd.api.embeddings.path import entry_for
 from mlxd.api.generation import guarded
+from mlxd.api.inflight import InFlightRequest
+from mlxd.api.preemptible import END, next_unless
+from mlxd.api.request_ids import request_id_of
 from mlxd.api.refusals import ACCOUNTED, SURFACES
 from mlxd.engine import audio_files
 from mlxd.engine.audio import SAMPLE_RATE, TranscribeOptions, Window
@@ -162,7 +165,12 @@ async def transcribe(ctx: DaemonContext, request: Request, ask: TranscribeAsk, t
         return Transcript(ask.model, windows, samples.size / SAMPLE_RATE, options)
 
     async with accounted:
-        return await guarded(request, _leased(ctx, request, spec, work), ctx.settings.server.request_timeout_s)
+        ticket = _listed(ctx, request, ask.model, task, stream=False)
+        try:
+            return await guarded(request, _leased(ctx, request, spec, work), ctx.settings.server.request_timeout_s,
+                                 ticket.cancelled)
+        finally:
+            ctx.inflight.remove(ticket)
 
 
 def transcript_tokens(window: Window) -> int:
@@ -271,17 +279,19 @@ async def _streamed(ctx: DaemonContext, request: Request, spec: ModelSpec, name:
     timeout = ctx.settings.server.request_timeout_s
     started = time.monotonic()
     planned(request)
+    ticket = _listed(ctx, request, name, what, stream=True)
     lease: Any = None
     stream: Any = None
     try:
         lease = await guarded(request, ctx.manager.acquire(spec.name, timeout=timeout, caller=caller_of(request)),
-                              timeout)
+                              timeout, ticket.cancelled)
         stream = start(lease.engine)
-        first = await guarded(request, stream.__anext__(), timeout)
+        first = await guarded(request, stream.__anext__(), timeout, ticket.cancelled)
     except StopAsyncIteration:
         first = None
     except BaseException as exc:
         # A lease refused (no room, a deadline) is accounted like a failure.
+        ctx.inflight.remove(ticket)
         if lease is not None:
             lease.release()
         if stream is not None:
@@ -299,9 +309,12 @@ async def _streamed(ctx: DaemonContext, request: Request, spec: ModelSpec, name:
             if first is not None:
                 made, tokens = made + seconds_of(first), tokens + tokens_of(first)
                 yield first
-                async for item in stream:
+                # Identity, not `in`: a chunk is a numpy array.
+                while (item := await next_unless(stream, ticket.cancelled)) is not None and item is not END:
                     made, tokens = made + seconds_of(item), tokens + tokens_of(item)
                     yield item
+                if ticket.cancelled.is_set():
+                    status, error = 499, "cancelled"
         except (GeneratorExit, asyncio.CancelledError):
             status = 499  # the client went away mid-stream: not a failure of ours
             raise
@@ -309,12 +322,21 @@ async def _streamed(ctx: DaemonContext, request: Request, spec: ModelSpec, name:
             status, error = exc.status_code if isinstance(exc, MlxdError) else 500, _error_of(exc)
             raise
         finally:
+            ctx.inflight.remove(ticket)
             lease.release()
             await stream.aclose()
             _account_soon(ctx, request, name, what, status, time.monotonic() - started, amount, made,
                           error=error, tokens_out=tokens)
 
     return rest()
+
+
+def _listed(ctx: DaemonContext, request: Request, name: str, what: str, *, stream: bool) -> InFlightRequest:
+    """The request in the requests under way (``GET /v1/requests``, the
+    dashboard), where its key or an admin can cancel it, as a chat's."""
+    rid = request_id_of(request.scope)
+    return ctx.inflight.add(InFlightRequest(request_id=rid, response_id=rid, model=name, surface=what,
+                                            caller=caller_of(request).name, stream=stream))
 
 
 class _accounted:
