@@ -31,7 +31,6 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send

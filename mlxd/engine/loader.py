@@ -169,7 +169,8 @@ def load_text_model(spec: ModelSpec) -> LoadedText:
     try:
         _refuse_unquantisable(spec, model)
     except ModelLoadFailed:
-        del model, tokenizer, draft, done
+        # Dropped before the memory is given back: nothing may hold the weights.
+        done = model = tokenizer = draft = None
         memory.release_memory()
         raise
     return LoadedText(

@@ -6,7 +6,6 @@ build_daemon over ASGI with a scripted engine: nothing here needs a model."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest

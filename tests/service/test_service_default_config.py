@@ -26,7 +26,7 @@ def test_a_dry_run_on_a_fresh_machine_plans_the_default_location(
     default = home / relative
     assert str(default) in result.stdout  # the unit or plist runs with it
     note = [line for line in result.stdout.splitlines() if line.startswith("note:")]
-    assert len(note) == 1 and "does not exist yet" in note[0] and f"mlxd demo" in note[0], result.stdout
+    assert len(note) == 1 and "does not exist yet" in note[0] and "mlxd demo" in note[0], result.stdout
     assert fake_tools.argvs() == [] and not (home / relative).parent.exists()
 
 
