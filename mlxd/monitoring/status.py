@@ -281,15 +281,14 @@ def _over_budget(snap: DaemonSnapshot) -> list[ModelView]:
     retrying cannot change."""
     budget = snap.manager.budget
     return [m for m in snap.manager.models
-            if m.state is not State.FAILED and max(m.spec.charge_bytes, m.measured_bytes or 0) > budget]
+            if m.state is not State.FAILED and m.charge > budget]
 
 
 def _too_large(model: ModelView, budget: int) -> str:
-    need = max(model.spec.charge_bytes, model.measured_bytes or 0)
     how = "measured" if (model.measured_bytes or 0) >= model.spec.charge_bytes else "estimated"
     now = ("it is loaded now, but cannot load again once unloaded"
            if model.state in (State.LOADED, State.LOADING, State.DRAINING) else "it cannot load")
-    return (f"model `{model.name}` needs {format_bytes(need)} ({how}), more than the whole memory budget "
+    return (f"model `{model.name}` needs {format_bytes(model.charge)} ({how}), more than the whole memory budget "
             f"of {format_bytes(budget)}: {now}; raise manager.memory_budget, or lower its max_context "
             "or max_concurrency")
 

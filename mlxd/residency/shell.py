@@ -167,6 +167,12 @@ class ModelView:
     def name(self) -> str:
         return self.spec.name
 
+    @property
+    def charge(self) -> int:
+        """What admission charges it, as the core's ``Resident.charge``: the
+        larger of the estimate and what was measured."""
+        return max(self.spec.charge_bytes, self.measured_bytes or 0)
+
 
 @dataclass(frozen=True)
 class Occupancy:
