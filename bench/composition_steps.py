@@ -68,6 +68,9 @@ class Plain:
     def commit(self, emitted: list[list[int]], drafted: list[int]) -> None:
         pass
 
+    def shadow_counts(self) -> None:
+        return None
+
     def filter(self, keep: list[int]) -> None:
         pass
 
@@ -84,6 +87,9 @@ class Plain:
         pass
 
     def joined(self) -> None:
+        pass
+
+    def shadow(self, seen: int, kept: int) -> None:
         pass
 
 
