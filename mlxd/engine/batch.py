@@ -133,6 +133,7 @@ class _Sequence:
     cache: list[Any] | None = None  # its own KV cache, until it joins the batch
     done: int = 0  # prompt tokens in ``cache``
     reused: int = 0  # of which came from the prefix cache
+    cache_clears: int = 0  # the prefix cache's ``clears`` at its lookup
     marks: collections.deque[Any] = field(default_factory=collections.deque)  # checkpoints still to take
     uid: int | None = None  # its id in the BatchGenerator once it joined
     detokenizer: Any = None
@@ -365,6 +366,7 @@ class BatchScheduler:
         # The batch's logits processors see every token in the cache (mlx-lm
         # is given them as ``all_tokens``), so one token left to prefill is
         # enough even with penalties, unlike the single path.
+        seq.cache_clears = prefix.clears if prefix is not None else 0
         cache, reused = prefix.fetch(prepared.tokens, 1) if prefix is not None else (None, 0)
         seq.prepared = prepared
         seq.prompt = mx.array(prepared.tokens)
@@ -424,7 +426,7 @@ class BatchScheduler:
                 if seq.marks and seq.marks[0].position == seq.done:
                     assert seq.prepared is not None
                     checkpoint(self._prefix, seq.prepared.tokens[: seq.done], seq.cache,
-                               seq.marks.popleft().kind, self._name)
+                               seq.marks.popleft().kind, self._name, seq.cache_clears)
             if left == 0:
                 seq = self._prefilling.popleft()
                 if seq.stamps is not None:
@@ -618,7 +620,7 @@ class BatchScheduler:
         if seq.uid is not None:  # it may end at its first token, before joining
             del self._decoding[seq.uid]
         if cache is not None and tokens and self._prefix is not None and not seq.control.warmup:
-            self._prefix.keep(list(tokens), cache, self._name)
+            self._prefix.keep(list(tokens), cache, self._name, since=seq.cache_clears)
         if self._peak_others is not None:
             self._peak.end(self._peak_others)
             self._peak_others = None

@@ -83,11 +83,12 @@ def plan(boundaries: Sequence[Boundary], n_prompt: int, keep: int, reused: int) 
     return [chosen[p] for p in sorted(chosen)]
 
 
-def checkpoint(prefix: Any, tokens: Sequence[int], cache: list[Any], kind: str, model: str) -> None:
+def checkpoint(prefix: Any, tokens: Sequence[int], cache: list[Any], kind: str, model: str, since: int) -> None:
     """Keep a copy of ``cache``, which holds exactly ``tokens``, unless an
-    entry for them is kept already (worker thread; never raises)."""
+    entry for them is kept already or the cache was cleared after ``since``
+    (``PrefixCache.keep``; worker thread; never raises)."""
     if not prefix.holds(tokens):
-        prefix.keep(tokens, cache, model, kind)
+        prefix.keep(tokens, cache, model, kind, since=since)
 
 
 def _leading_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -161,6 +161,7 @@ class NextTurnPrefill:
         model, _ = engine.model.get()
         if budget is not None and len(tokens) - prefix.longest(tokens) > budget:
             return 0
+        since = prefix.clears
         cache, reused = prefix.fetch(tokens, 1, count=False)
         if cache is None:
             from mlx_lm.models.cache import make_prompt_cache
@@ -175,7 +176,7 @@ class NextTurnPrefill:
             if done < len(tokens):
                 yield SKIP
         if done > reused:
-            prefix.keep(tokens[:done], cache, engine.name, "prompt")
+            prefix.keep(tokens[:done], cache, engine.name, "prompt", since=since)
             self.prefills += 1
             self.tokens += done - reused
         return done - reused

@@ -99,6 +99,9 @@ class PrefixCache:
         self.hits = 0
         self.misses = 0
         self.tokens_reused = 0
+        # Clears so far: a request reads it when it looks the cache up and
+        # hands it to ``keep``, so one under way during a clear keeps nothing.
+        self.clears = 0
 
     # ------------------------------------------------------------- lookup
     def fetch(self, tokens: Sequence[int], keep: int = 1, *, count: bool = True) -> tuple[list[Any] | None, int]:
@@ -214,9 +217,14 @@ class PrefixCache:
         self._count()
         return True
 
-    def keep(self, tokens: Sequence[int], cache: list[Any], model: str, kind: str = "reply") -> None:
+    def keep(self, tokens: Sequence[int], cache: list[Any], model: str, kind: str = "reply", *,
+             since: int) -> None:
         """``insert`` where the answer is already complete: a cache problem
-        is logged and must not fail the request."""
+        is logged and must not fail the request. Nothing is kept if the
+        cache was cleared after ``since`` (``clears`` at the request's
+        lookup): what an operator emptied stays empty, its KV included."""
+        if since != self.clears:
+            return
         try:
             self.insert(tokens, cache, kind)
         except Exception:
@@ -305,6 +313,7 @@ class PrefixCache:
         return self.entries
 
     def clear(self) -> None:
+        self.clears += 1
         self._root = _Node()
         self._entries.clear()
         self._bytes = 0

@@ -288,6 +288,7 @@ class TextEngine(EngineBase, GenerationEngine):
         stops = prepared.stops
         # A warm-up leaves the user's cache as it found it: no lookup, no entry.
         prefix = None if control.warmup else self.prefix_cache
+        since = prefix.clears if prefix else 0
         cache, reused = prefix.fetch(prepared.tokens, prepared.keep) if prefix else (None, 0)
         if cache is None:
             cache = make_prompt_cache(model)
@@ -331,7 +332,7 @@ class TextEngine(EngineBase, GenerationEngine):
             feed(model, prompt[done:upto], cache, kv_bits)
             done = upto
             if marks and marks[0].position == done:
-                checkpoint(prefix, prepared.tokens[:done], cache, marks.popleft().kind, self.name)
+                checkpoint(prefix, prepared.tokens[:done], cache, marks.popleft().kind, self.name, since)
             yield SKIP
 
         responses = stream_generate(
@@ -347,7 +348,7 @@ class TextEngine(EngineBase, GenerationEngine):
 
         def keep() -> None:
             if prefix is not None:
-                prefix.keep(prepared.tokens + generated, cache, self.name)
+                prefix.keep(prepared.tokens + generated, cache, self.name, since=since)
 
         yield from relay(
             responses, control, stops, chunk,

@@ -51,10 +51,24 @@ def _next_turn(value: Any) -> Any:
     raise ValueError(f"next_turn is auto, true or false, not {value!r}")
 
 
+def _a_number(value: Any) -> Any:
+    # YAML reads true/false/yes/no/on/off as booleans, and pydantic's lax
+    # mode would take them as 1 and 0 (`tokens: true` as one drafted token).
+    # Other lax inputs stay: a quoted "10" or 4.0 is the number written.
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {str(value).lower()} "
+                         "(YAML reads true/false/yes/no/on/off as a boolean)")
+    return value
+
+
+# Every number key the file acts on is one of these two (sizes refuse
+# booleans in parse_bytes; the vllm-mlx keys mlxd ignores keep lax types).
+Int = Annotated[int, BeforeValidator(_a_number)]
+Float = Annotated[float, BeforeValidator(_a_number)]
 ByteSize = Annotated[int, BeforeValidator(parse_bytes)]
 NextTurn = Annotated[bool | Literal["auto"], BeforeValidator(_next_turn)]
-NonNegativeFloat = Annotated[float, Field(ge=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegativeFloat = Annotated[Float, Field(ge=0)]
+PositiveFloat = Annotated[Float, Field(gt=0)]
 Names = Annotated[list[str], BeforeValidator(_one_or_many)]
 
 
@@ -64,21 +78,21 @@ class _Section(BaseModel):
 
 class ServerSection(_Section):
     host: str = "127.0.0.1"
-    port: int = Field(8080, ge=0, le=65535)
+    port: Int = Field(8080, ge=0, le=65535)
     api_keys: Names = []
     # Keys that may generate and read status but change nothing (no load,
     # unload, reload, cancel of others' requests, cache clearing).
     read_only_keys: Names = []
-    default_max_tokens: int = Field(512, ge=1)
-    max_request_tokens: int = Field(32768, ge=1)
+    default_max_tokens: Int = Field(512, ge=1)
+    max_request_tokens: Int = Field(32768, ge=1)
     request_timeout_s: PositiveFloat = 300.0
     # Under a day: launchd and systemd are told to wait this long (plus a margin) before a kill.
-    shutdown_grace_seconds: float = Field(30.0, ge=0, lt=86400)
+    shutdown_grace_seconds: Float = Field(30.0, ge=0, lt=86400)
     max_body_bytes: ByteSize = Field(32 << 20, ge=1024)
-    max_prompts: int = Field(32, ge=1)
+    max_prompts: Int = Field(32, ge=1)
     allowed_hosts: Names = []
     allowed_origins: Names = []
-    max_connections: int = Field(256, ge=1)
+    max_connections: Int = Field(256, ge=1)
     header_timeout_s: PositiveFloat = 10.0
     body_timeout_s: PositiveFloat = 30.0
     max_image_memory: ByteSize = Field(1 << 30, ge=1 << 20)
@@ -88,7 +102,7 @@ class ServerSection(_Section):
     max_audio_bytes: ByteSize = Field(25 << 20, ge=1024)
     max_audio_seconds: PositiveFloat = 1800.0
     max_audio_memory: ByteSize = Field(512 << 20, ge=1 << 20)
-    max_speech_chars: int = Field(4096, ge=1)
+    max_speech_chars: Int = Field(4096, ge=1)
 
     @field_validator("api_keys", "read_only_keys")
     @classmethod
@@ -111,7 +125,7 @@ class ContentionSection(_Section):
     strategy: ContentionStrategy = "wait_then_fail"
     # None takes the default; vllm-mlx files write null. 0 or less waits
     # without limit, as in vllm-mlx.
-    wait_timeout_s: float | None = None
+    wait_timeout_s: Float | None = None
     preempt_after_s: NonNegativeFloat | None = None
 
     @field_validator("wait_timeout_s")
@@ -139,7 +153,7 @@ class ManagerSection(_Section):
     memory_budget_gb: int | None = None
     default_idle_unload_seconds: NonNegativeFloat | None = None
     # vllm-mlx spelling of default_idle_unload_seconds (0 or less: never).
-    idle_unload_seconds: float | None = None
+    idle_unload_seconds: Float | None = None
     contention_policy: ContentionSection = ContentionSection()
     cache_dir: str = "~/.cache/mlxd"
     max_pass_over_s: NonNegativeFloat = 30.0
@@ -165,18 +179,18 @@ class ManagerSection(_Section):
 class SamplingSection(_Section):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0)
-    min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    max_tokens: int | None = Field(None, ge=1)
-    seed: int | None = Field(None, ge=0, lt=2**64)
+    temperature: Float | None = Field(None, ge=0, le=2)
+    top_p: Float | None = Field(None, gt=0, le=1)
+    top_k: Int | None = Field(None, ge=0)
+    min_p: Float | None = Field(None, ge=0, le=1)
+    repetition_penalty: Float | None = Field(None, gt=0)
+    presence_penalty: Float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: Float | None = Field(None, ge=-2, le=2)
+    max_tokens: Int | None = Field(None, ge=1)
+    seed: Int | None = Field(None, ge=0, lt=2**64)
     # Reasoning tokens before the answer, for a request that sets no budget
     # (Codex sends only an effort): docs/thinking.md.
-    reasoning_budget: int | None = Field(None, ge=0)
+    reasoning_budget: Int | None = Field(None, ge=0)
 
 
 # vllm-mlx per-model keys mlxd accepts so their files load unchanged, but does
@@ -206,7 +220,7 @@ class SpeculativeSection(_Section):
 
     method: Literal["prompt_lookup", "draft", "mtp"]
     # Drafted tokens per step (K): each step verifies K + 1 positions.
-    tokens: int = Field(4, ge=1, le=16)
+    tokens: Int = Field(4, ge=1, le=16)
     # ``method: draft``: the registry model that drafts (same tokenizer).
     draft_model: str | None = Field(None, min_length=1)
     # false: speculate at every step, paying or not (to measure what the
@@ -284,10 +298,10 @@ class ModelEntry(_Section):
     preload: bool = False
     pinned: bool = False
     idle_unload_seconds: NonNegativeFloat | None = None
-    max_context: int | None = Field(None, ge=1)
-    max_concurrency: int = Field(1, ge=1)
-    max_queue: int = Field(64, ge=0)
-    kv_bits: int | None = None
+    max_context: Int | None = Field(None, ge=1)
+    max_concurrency: Int = Field(1, ge=1)
+    max_queue: Int = Field(64, ge=0)
+    kv_bits: Int | None = None
     defaults: SamplingSection = SamplingSection()
     prefix_cache: PrefixCacheSection = PrefixCacheSection()
     trust_remote_code: bool = False
@@ -314,7 +328,7 @@ class ModelEntry(_Section):
     # Embedding and rerank entries (docs/embeddings.md).
     truncate: bool | None = None
     matryoshka: bool | None = None
-    batch_tokens: int | None = Field(None, ge=16)
+    batch_tokens: Int | None = Field(None, ge=16)
     # An LLM reranker's task (its prompt's ``<Instruct>:``; docs/embeddings.md).
     instruction: str | None = None
     # One model over several processes or machines (mx.distributed).
@@ -429,11 +443,11 @@ class BackendSection(_Section):
     # The name of an environment variable holding the key: the key itself
     # never sits in the file (nor in status, logs or the reload report).
     api_key_env: str | None = Field(None, min_length=1)
-    max_concurrency: int = Field(8, ge=1)
+    max_concurrency: Int = Field(8, ge=1)
     timeouts: TimeoutsSection = TimeoutsSection()
     # How often the background poll asks the backend how it is (bounded so a
     # typo cannot turn it into a flood or into never).
-    poll_interval_s: float = Field(10.0, ge=1, le=300)
+    poll_interval_s: Float = Field(10.0, ge=1, le=300)
 
     @field_validator("url")
     @classmethod
@@ -454,7 +468,7 @@ class BackendSection(_Section):
 
 Priority = Literal["interactive", "default", "bulk"]
 RouteGroup = Literal["generation", "embeddings", "audio"]
-PositiveInt = Annotated[int, Field(ge=1)]
+PositiveInt = Annotated[Int, Field(ge=1)]
 
 
 class AppEntry(_Section):

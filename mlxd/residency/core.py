@@ -366,6 +366,10 @@ class ResidencyCore:
                 self._restore(r)
             needs_reload = spec.needs_reload_from(r.spec)
             r.spec = spec
+            if not needs_reload and r.state in (State.LOADING, State.LOADED, State.DRAINING):
+                # A live sizing change (estimated_memory_gb) moves the charge of
+                # the engine in memory now; _fit_budget below evicts for a raise.
+                r.reserved = r.charge()
             if needs_reload:
                 r.measured_bytes = None
                 if r.state is State.FAILED:
@@ -378,7 +382,7 @@ class ResidencyCore:
         for name, spec in new_specs.items():
             if name not in self.residents:
                 self.residents[name] = _hold_if_broken(Resident(spec=spec))
-        actions += self._fit_budget(now, reason="budget lowered")
+        actions += self._fit_budget(now, reason="budget lowered or a charge raised")
         return actions + self._schedule(now)
 
     # --- internals -----------------------------------------------------------

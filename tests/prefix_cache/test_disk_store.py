@@ -294,3 +294,29 @@ def test_a_quantised_kv_cache_round_trips(worker, qwen_small, tmp_path):
     stats, (text, last) = _restore(worker, spec, tmp_path, request)
     assert stats["restored_entries"] == 1
     assert text == warm_text and last.cached_tokens == warm_last.cached_tokens > 0
+
+
+def test_two_entries_on_one_model_folder_keep_each_others_saved_entries(worker, qwen_tiny, tmp_path):
+    """Two registry entries on the same files share a fingerprint folder:
+    loaded together, each one's save merges with the other's, never over it."""
+    cache_dir = tmp_path / "cache"
+
+    async def main():
+        first = await open_engine(worker, spec_for(qwen_tiny, name="a"), cache_dir)
+        second = await open_engine(worker, spec_for(qwen_tiny, name="b"), cache_dir)
+        await ask(first, greedy(messages=chat(QUESTIONS[0])))
+        await ask(second, greedy(messages=chat(QUESTIONS[1])))
+        await unload(first)
+        await unload(second)
+        third = await open_engine(worker, spec_for(qwen_tiny, name="c"), cache_dir)
+        try:
+            _, one = await ask(third, greedy(messages=chat(QUESTIONS[0])))
+            _, two = await ask(third, greedy(messages=chat(QUESTIONS[1])))
+            return prefix_stats(third)["restored_entries"], one, two
+        finally:
+            await third.close()
+
+    restored, one, two = run(main())
+    assert len(manifest_of(cache_dir)["entries"]) == restored == 2
+    # Each question's whole prompt comes back from the entry its own engine saved.
+    assert one.cached_tokens == one.prompt_tokens - 1 and two.cached_tokens == two.prompt_tokens - 1

@@ -134,6 +134,32 @@ def test_an_aborted_prefill_or_a_closed_stream_keeps_nothing(worker, qwen_tiny):
     run(main())
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["single", "batched"])
+def test_an_answer_ending_after_a_clear_keeps_nothing(worker, qwen_tiny, batched):
+    """A clear empties the cache for good: a request that looked it up
+    before the clear and ends after it does not put its conversation back."""
+    request = greedy(max_tokens=48, messages=chat(QUESTIONS[0]))
+
+    async def main():
+        engine = await open_engine(worker, spec_for(qwen_tiny, max_concurrency=4 if batched else 1))
+        try:
+            stream = engine.generate(request)
+            async for chunk in stream:
+                if chunk.text:  # decoding: looked up, prefilled, checkpoints kept
+                    break
+            assert await engine.clear_prefix_cache()
+            last = [c async for c in stream][-1]
+            assert last.finish_reason == "length", "it went on generating after the clear"
+            assert prefix_stats(engine)["memory_entries"] == 0
+            # One that starts after the clear keeps its entry, as always.
+            await ask(engine, request)
+            assert prefix_stats(engine)["memory_entries"] >= 1
+        finally:
+            await engine.close()
+
+    run(main())
+
+
 def test_memory_stays_within_max_bytes_least_recently_used_first(worker, qwen_tiny):
     prompts = [greedy(messages=chat(q, system=f"Session {i}. " + SYSTEM)) for i, q in enumerate(QUESTIONS)]
 

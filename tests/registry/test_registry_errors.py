@@ -660,3 +660,34 @@ def test_api_keys_in_a_file_others_can_read_are_warned_about(tmp_path, model_dir
     with caplog.at_level(logging.WARNING, logger="mlxd.registry"):
         load_registry(path)
     assert not [r for r in caplog.records if "api_keys" in r.getMessage()]
+
+
+# A YAML boolean where a number is wanted: pydantic's lax mode read it as 1
+# or 0 (`speculative: {tokens: true}` served with one drafted token).
+@pytest.mark.parametrize("head, model_keys, line, key", [
+    ("", "    speculative: {method: prompt_lookup, tokens: true}\n", 4, "models[0].speculative.tokens"),
+    ("", "    max_concurrency: yes\n", 4, "models[0].max_concurrency"),
+    ("", "    estimated_memory_gb: true\n", 4, "models[0].estimated_memory_gb"),
+    ("", "    defaults: {temperature: true}\n", 4, "models[0].defaults.temperature"),
+    ("server:\n  request_timeout_s: on\n", "", 2, "server.request_timeout_s"),
+    ("manager:\n  contention_policy: {wait_timeout_s: false}\n", "", 2,
+     "manager.contention_policy.wait_timeout_s"),
+    ("apps:\n  - {name: a, key: none, rpm: true}\n", "", 2, "apps[0].rpm"),
+])
+def test_a_boolean_where_a_number_is_wanted_names_file_line_and_key(tmp_path, model_dir, head, model_keys,
+                                                                      line, key):
+    text = head + f"models:\n  - name: a\n    path: {model_dir}\n" + model_keys
+    with pytest.raises(ConfigError) as caught:
+        load_registry_text(text, tmp_path / "m.yaml")
+    error = caught.value
+    assert (error.file, error.line, error.key) == (str(tmp_path / "m.yaml"), line, key)
+    assert "expected a number" in error.detail and "boolean" in error.detail
+
+
+def test_numbers_written_other_ways_still_read(tmp_path, model_dir):
+    # A quoted number and a whole float are the number written; an int is a float.
+    text = (f'models:\n  - name: a\n    path: {model_dir}\n    max_concurrency: "3"\n    max_queue: 8.0\n'
+            "    speculative: {method: prompt_lookup, tokens: 6}\n    defaults: {temperature: 1}\n")
+    (spec,) = load_registry_text(text, tmp_path / "m.yaml").models
+    assert (spec.max_concurrency, spec.max_queue, spec.speculative.tokens) == (3, 8, 6)
+    assert spec.defaults.temperature == 1.0

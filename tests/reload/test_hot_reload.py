@@ -149,6 +149,18 @@ def test_ttl_change_applies_live_without_an_unload(tmp_path):
         assert d.factory.count("a") == 1
 
 
+def test_a_new_memory_estimate_is_charged_to_the_loaded_model_at_once(tmp_path):
+    with start(tmp_path, [{**A, "estimated_memory_gb": 1}]) as d:
+        answer(d.chat("a"))
+        assert d.model("a")["memory"]["reserved_bytes"] == 1 << 30
+        edit(d, [{**A, "estimated_memory_gb": 2}])
+        assert d.wait_generation(2)["last_reload"]["models"]["a"]["change"] == "live"
+        model = d.model("a")
+        # Budget checks and evictions read this, not the 1 GB it loaded with.
+        assert model["state"] == "loaded" and model["memory"]["reserved_bytes"] == 2 << 30
+        assert d.factory.count("a") == 1
+
+
 def test_sampling_defaults_apply_to_the_next_request(tmp_path):
     with start(tmp_path, [{**A, "defaults": {"max_tokens": 3}}]) as d:
         assert d.chat("a", max_tokens=None).json()["usage"]["completion_tokens"] == 3

@@ -349,6 +349,41 @@ def test_reconfigure_live_change_keeps_the_model_loaded():
     assert sim.state("a") is State.UNLOADING
 
 
+def test_a_raised_memory_estimate_applies_to_the_loaded_model_at_once():
+    # estimated_memory_gb is a live change: the model stays, its charge moves.
+    a = spec("a", 1)
+    sim = Sim.of(manager(4), a, spec("c", 2))
+    sim.ready("a")
+    sim.call("reconfigure", sim.core.manager, [replace(a, memory_override_bytes=3 * GB), spec("c", 2)], sim.now)
+    assert sim.state("a") is State.LOADED and sim.core.residents["a"].reserved == 3 * GB
+    sim.request("c")  # 3 + 2 > 4: a must make room, as it would had it loaded at 3 GB
+    assert [u.model for u in sim.unloads()] == ["a"]
+
+
+def test_a_raised_estimate_over_the_budget_evicts_idle_models_at_once():
+    a, b = spec("a", 1), spec("b", 2)
+    sim = Sim.of(manager(4), a, b)
+    sim.ready("b")
+    sim.now += 1
+    sim.ready("a")
+    sim.call("reconfigure", sim.core.manager, [replace(a, memory_override_bytes=3 * GB), b], sim.now)
+    assert [u.model for u in sim.unloads()] == ["b"]
+
+
+def test_a_lowered_estimate_frees_room_but_not_below_what_was_measured():
+    a = spec("a", 3)
+    sim = Sim.of(manager(4), a, spec("b", 2))
+    sim.ready("a")
+    sim.call("reconfigure", sim.core.manager, [replace(a, memory_override_bytes=1 * GB), spec("b", 2)], sim.now)
+    assert sim.core.residents["a"].reserved == 1 * GB
+    sim.request("b")  # 1 + 2 fit: nothing is evicted
+    assert sim.unloads() == [] and sim.state("a") is State.LOADED
+    sim.finish_load("b", measured_gb=2.5)
+    sim.call("reconfigure", sim.core.manager, [replace(a, memory_override_bytes=1 * GB),
+                                               spec("b", 1)], sim.now)
+    assert sim.core.residents["b"].reserved == int(2.5 * GB)
+
+
 def test_reconfigure_path_change_finishes_in_flight_then_reloads():
     a = spec("a", 1)
     sim = Sim.of(manager(4), a)
