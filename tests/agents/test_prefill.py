@@ -1,5 +1,6 @@
 """A prefill: the answer continues the conversation's last assistant
-message (Anthropic's final ``assistant`` message). Against a real daemon through the
+message (Anthropic's final ``assistant`` message, vLLM's
+``continue_final_message`` on chat). Against a real daemon through the
 official clients; the prompt as the model saw it is read back from request
 capture (``/v1/captures``), with the tiny chatml model's template and the
 zoo's Qwen3 one (a thinking template that writes a think block into every
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import anthropic
 import httpx
+import openai
 import pytest
 from agents.agents_support import KEY, PROMPT, WEATHER
 from support.daemon import daemon_in_thread, write_registry
@@ -39,6 +41,11 @@ def daemon(tmp_path_factory):
 @pytest.fixture
 def claude(daemon):
     return anthropic.Anthropic(base_url=daemon.url, api_key=KEY, max_retries=0)
+
+
+@pytest.fixture
+def gpt(daemon):
+    return openai.OpenAI(base_url=f"{daemon.url}/v1", api_key=KEY, max_retries=0)
 
 
 def captured(daemon, response_id: str) -> dict:
@@ -121,6 +128,48 @@ def test_a_prefill_reuses_the_cached_conversation_before_it(claude):
     prefilled = claude.messages.create(model="qwen", max_tokens=4, extra_body=GREEDY,
                                        messages=[*question, {"role": "assistant", "content": PREFILL}])
     assert prefilled.usage.cache_read_input_tokens >= plain.usage.input_tokens + plain.usage.cache_read_input_tokens
+
+
+def test_openai_chat_continues_the_final_message_when_asked_as_vllm_does(gpt, claude, daemon):
+    messages = [*ASKED, {"role": "assistant", "content": PREFILL}]
+    ask = {"model": "qwen", "max_tokens": 12, "temperature": 0, "messages": messages}
+    reply = gpt.chat.completions.create(**ask, extra_body={"continue_final_message": True,
+                                                           "add_generation_prompt": False})
+    prompt = captured(daemon, reply.id)["prompt"]
+    assert prompt.endswith("<|im_start|>assistant\n" + PREFILL), prompt[-200:]
+    text = reply.choices[0].message.content
+    assert text == continued_greedily(daemon, "qwen", prompt, 12) and not text.startswith(PREFILL)
+    # The same answer as Anthropic's prefill; continue_final_message alone says it too, and so does a stream.
+    assert text == claude.messages.create(model="qwen", max_tokens=12, messages=messages,
+                                          extra_body=GREEDY).content[0].text
+    streamed = gpt.chat.completions.create(**ask, stream=True, extra_body={"continue_final_message": True})
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == text
+
+
+def test_openai_chat_without_the_flags_answers_a_final_assistant_message_in_a_new_turn(gpt, daemon):
+    messages = [*ASKED, {"role": "assistant", "content": PREFILL}]
+    reply = gpt.chat.completions.create(model="qwen", max_tokens=4, messages=messages)
+    assert captured(daemon, reply.id)["prompt"].endswith(PREFILL + "<|im_end|>\n<|im_start|>assistant\n")
+    # add_generation_prompt false alone: the conversation as the template renders it, nothing added.
+    reply = gpt.chat.completions.create(model="qwen", max_tokens=4, messages=messages,
+                                        extra_body={"add_generation_prompt": False})
+    assert captured(daemon, reply.id)["prompt"].endswith(PREFILL + "<|im_end|>\n")
+
+
+@pytest.mark.parametrize(("messages", "flags", "said"), [
+    ([*ASKED, {"role": "assistant", "content": PREFILL}], {"continue_final_message": True,
+                                                           "add_generation_prompt": True}, "Cannot set both"),
+    (ASKED, {"continue_final_message": True}, "the last message here is a user message"),
+    ([*ASKED, {"role": "assistant", "content": "{"}], {"continue_final_message": True,
+                                                       "response_format": {"type": "json_object"}}, "response_format"),
+    ([*ASKED, {"role": "assistant", "content": "{"}], {"continue_final_message": True,
+                                                       "reasoning_effort": "none", "reasoning": {"enabled": True}},
+     "cannot think first"),
+])
+def test_openai_chat_refuses_what_cannot_continue_a_message(gpt, messages, flags, said):
+    with pytest.raises(openai.BadRequestError) as refused:
+        gpt.chat.completions.create(model="qwen3", max_tokens=4, messages=messages, extra_body=flags)
+    assert said in refused.value.body["message"], refused.value.body
 
 
 def test_a_vision_model_continues_a_prefill_too(claude, daemon):
