@@ -94,6 +94,17 @@ def test_a_prefill_on_a_thinking_template_is_the_answer_after_its_think_block(cl
         assert reply.content[0].text == continued_greedily(daemon, "qwen3", prompt, 8)
 
 
+def test_several_thinking_blocks_reach_the_template_a_blank_line_apart(claude, daemon):
+    messages = [*ASKED, {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "The file is YAML.", "signature": "x"},
+        {"type": "thinking", "thinking": "Two keys are wrong.", "signature": "x"},
+        {"type": "text", "text": PREFILL},
+    ]}]
+    reply = claude.messages.create(model="qwen3", max_tokens=4, messages=messages)
+    assert captured(daemon, reply.id)["prompt"].endswith(
+        "<think>\nThe file is YAML.\n\nTwo keys are wrong.\n</think>\n\n" + PREFILL)
+
+
 def test_an_anthropic_prefill_with_thinking_or_a_json_format_is_a_400(claude):
     """As Anthropic: a prefill is not available with extended thinking. A
     grammar over the whole answer cannot hold an answer already begun."""

@@ -318,6 +318,9 @@ def _messages(message: AnthropicMessage, param: str) -> list[Message]:
         text = normalise.without_billing_header("".join(p.text for p in parts if isinstance(p, TextPart)))
         return [*out, Message("system", text)] if text else out
     if parts or calls or not results:
+        # Each thinking block is a passage of its own (mlxd streams one per
+        # stretch of reasoning): run together, the last sentence of one and
+        # the first of the next became one line in the template.
         out.append(Message(message.role, tuple(parts) if parts else "", tool_calls=tuple(calls),
-                           reasoning="".join(reasoning)))
+                           reasoning="\n\n".join(reasoning)))
     return out
