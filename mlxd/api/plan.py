@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from mlxd.api.conversation import MAX_NESTING, Conversation, TextPart, encodable, json_bytes, nesting_depth
 from mlxd.api.images import ImagePolicy, PendingImages, collect_images
+from mlxd.api.prefill import settled
 from mlxd.api.reasoning import ReasoningRequest, merged_template_kwargs
 from mlxd.caller import ANONYMOUS, Caller
-from mlxd.engine.types import GenerationRequest, SamplingParams
+from mlxd.engine.types import GenerationRequest, PromptEnd, SamplingParams
 from mlxd.errors import BadRequest, ModelNotFound, PermissionDenied
 from mlxd.registry.kinds import CHAT, COMPLETION, ROUTE_PATHS, ModelKind
 from mlxd.registry.model import FailoverSpec, ModelSpec, SamplingDefaults
@@ -57,6 +58,9 @@ class Requested:
     # limit and the window (the Responses API's own meaning: Codex sends
     # none, and an answer cut at default_max_tokens is an error to it).
     open_ended: bool = False
+    # Where a chat prompt ends: "continue" goes on from the last assistant
+    # message (a prefill, api/prefill.py).
+    prompt_end: PromptEnd = "new_turn"
 
 
 @dataclass(frozen=True)
@@ -410,6 +414,7 @@ def plan_chat(
     check_route(entry, asked.model, CHAT)
     spec = entry.spec
     images = check_chat(entry, asked.model, conversation, asked.output)
+    asked = replace(asked, reasoning=settled(asked.prompt_end, asked.reasoning, asked.output))
     defaults = merged_defaults(spec, entry.failover)
     request = GenerationRequest(
         request_id=f"{id_prefix}{uuid.uuid4().hex[:24]}",
@@ -418,6 +423,7 @@ def plan_chat(
         sampling_set=sampling_set(asked.sampling, defaults),
         stop=list(asked.stop),
         messages=conversation.template_messages(),
+        prompt_end=asked.prompt_end,
         ignore_eos=asked.ignore_eos,
         logit_bias=asked.logit_bias,
         chat_template_kwargs=merged_template_kwargs(spec, asked.reasoning),

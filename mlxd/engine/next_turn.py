@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mlxd.engine.prompt import chat_tokens, common_prefix, prompt_tokens
+from mlxd.engine.prompt import chat_tokens, common_prefix, flatten_message, prompt_tokens
 from mlxd.engine.types import GenerationRequest
 
 # The registry's values (``prefix_cache.next_turn``).
@@ -78,6 +78,17 @@ class Answer:
         return out
 
 
+def answered(request: GenerationRequest, answer: Answer) -> list[dict[str, Any]]:
+    """The conversation with ``answer`` as the client sends it back: a new
+    assistant message, or, where the answer continued the last one (a
+    prefill), that message with the answer's text after its own."""
+    messages = list(request.messages or [])
+    if request.prompt_end != "continue" or not messages:
+        return [*messages, answer.message()]
+    prefill = flatten_message(messages[-1])
+    return [*messages[:-1], {**prefill, **answer.message(), "content": prefill["content"] + answer.content}]
+
+
 def skip_reason(request: GenerationRequest, finish_reason: str | None, *, setting: Any,
                 cache_on: bool) -> str | None:
     """Why an answer gets no between-turn prefill (None: it may get one).
@@ -94,6 +105,8 @@ def skip_reason(request: GenerationRequest, finish_reason: str | None, *, settin
         return "not a chat"
     if request.choices > 1:
         return "one of several choices"
+    if request.prompt_end == "as_is":
+        return "no new turn"  # (its answer is not known to be an assistant message)
     if finish_reason not in ("stop", "length"):
         return "did not finish"
     return None
@@ -124,7 +137,7 @@ def next_prompt(tokenizer: Any, request: GenerationRequest, answer: Answer) -> l
     conversation, ``answer`` and what the template writes before the next
     user message, rendered as a request's prompt is (``chat_tokens``).
     Raises what the template raises."""
-    messages = [*(request.messages or []), answer.message()]
+    messages = answered(request, answer)
     renderings = [chat_tokens(tokenizer, [*messages, {"role": "user", "content": sentinel}], request.tools,
                               request.chat_template_kwargs) for sentinel in SENTINELS]
     return renderings[0][: common_prefix(*renderings)]
@@ -136,7 +149,7 @@ def repeated_prompt(tokenizer: Any, request: GenerationRequest, answer: Answer, 
     ``recent_user_texts``), when its rendering gives up part of
     ``following`` (the new message's known part); None on a template that
     renders a repeat as any other message."""
-    messages = [*(request.messages or []), answer.message(), {"role": "user", "content": text}]
+    messages = [*answered(request, answer), {"role": "user", "content": text}]
     tokens = chat_tokens(tokenizer, messages, request.tools, request.chat_template_kwargs)
     return tokens if len(following) - common_prefix(following, tokens) >= MIN_LOST else None
 

@@ -14,6 +14,12 @@ flattened to one string, tool-call arguments parsed from JSON text, as
 mlx-lm's own server does; tools written into the text where the template
 has no place for them, ``mlxd.tools.fallback``); a raw prompt is encoded with a BOS token unless it
 already starts with one. What a client got wrong is a ``BadRequest``.
+
+A chat prompt ends with the template's generation prompt, or, for a
+prefill, inside the last assistant message, cut where its text ends
+(transformers' ``continue_final_message``: the template renders the turn
+whole, its own way, and the text after the message is dropped), or as the
+template renders the conversation (``PromptEnd``).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from mlxd.engine.types import GenerationRequest
+from mlxd.engine.types import GenerationRequest, PromptEnd
 from mlxd.errors import BadRequest, describe_exception
 from mlxd.tools import fallback, thinking_switch
 
@@ -32,7 +38,8 @@ def prompt_tokens(tokenizer: Any, request: GenerationRequest) -> list[int]:
     if (request.prompt is None) == (request.messages is None):
         raise BadRequest("Give exactly one of `prompt` and `messages`.", param="messages")
     if request.messages is not None:
-        return chat_tokens(tokenizer, request.messages, request.tools, request.chat_template_kwargs)
+        return chat_tokens(tokenizer, request.messages, request.tools, request.chat_template_kwargs,
+                           end=request.prompt_end)
     return text_tokens(tokenizer, request.prompt or "")
 
 
@@ -45,13 +52,14 @@ def text_tokens(tokenizer: Any, prompt: str) -> list[int]:
 
 def chat_tokens(
     tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-    template_kwargs: dict[str, Any] | None = None,
+    template_kwargs: dict[str, Any] | None = None, *, end: PromptEnd = "new_turn",
 ) -> list[int]:
     """Chat messages (and OpenAI-shaped tool definitions) as token ids: the
-    tokenizer's chat template with the generation prompt added, and
-    ``template_kwargs`` as the template's variables (``enable_thinking``:
-    mlx-lm's wrapper renames it for families whose template calls it
-    ``thinking``). Raises ``BadRequest`` when the template refuses."""
+    tokenizer's chat template, ending as ``end`` says (the generation prompt
+    added by default), and ``template_kwargs`` as the template's variables
+    (``enable_thinking``: mlx-lm's wrapper renames it for families whose
+    template calls it ``thinking``). Raises ``BadRequest`` when the template
+    refuses."""
     try:
         from jinja2 import TemplateError
     except ImportError:  # pragma: no cover - transformers depends on jinja2
@@ -68,7 +76,18 @@ def chat_tokens(
         # The template would drop them: written into the turns' text instead.
         flat, tools = fallback.fold(flat, tools), None
     try:
-        tokens = render(tokenizer, flat, tools, template_kwargs, generation=True)
+        tokens = render(tokenizer, flat, tools, template_kwargs, end=end)
+    except ValueError as exc:
+        if end != "continue":
+            raise
+        # transformers' refusal: the template rewrote or dropped the last
+        # message's text (a think block stripped, the text trimmed), so there
+        # is no place in the prompt where it ends for the answer to go on.
+        raise BadRequest(
+            "This model's chat template does not render the final assistant message's text as it was sent, so the "
+            f"answer cannot continue it; send the conversation without it. ({str(exc).splitlines()[0]})",
+            param="messages",
+        ) from None
     except TemplateError as exc:
         # Templates raise their own messages ("roles must alternate ..."),
         # written for the person sending the conversation.
@@ -89,17 +108,21 @@ def chat_tokens(
 
 def render(
     tokenizer: Any, flat: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-    template_kwargs: dict[str, Any] | None, *, generation: bool,
+    template_kwargs: dict[str, Any] | None, *, end: PromptEnd = "new_turn",
 ) -> list[int]:
-    """The chat template applied to flattened messages. A template that
-    refuses what the APIs allow gets it in the form it takes, one step more
-    at each refusal (``accommodated``); a template that takes the
-    conversation as it is renders it unchanged."""
+    """The chat template applied to flattened messages, ending as ``end``
+    says. A template that refuses what the APIs allow gets it in the form
+    it takes, one step more at each refusal (``accommodated``); a template
+    that takes the conversation as it is renders it unchanged."""
     from jinja2 import TemplateError
+
+    ending: dict[str, Any] = {"add_generation_prompt": end == "new_turn"}
+    if end == "continue":
+        ending["continue_final_message"] = True
 
     def apply(messages: list[dict[str, Any]], listed: list[dict[str, Any]] | None) -> list[int]:
         return list(tokenizer.apply_chat_template(
-            messages, tools=listed or None, add_generation_prompt=generation, **(template_kwargs or {})
+            messages, tools=listed or None, **ending, **(template_kwargs or {})
         ))
 
     try:

@@ -156,9 +156,12 @@ class TextModel:
         return await asyncio.wrap_future(future)
 
     def opens_reasoning(self, request: GenerationRequest, tokens: list[int]) -> bool:
-        """Whether this chat prompt ends inside a reasoning block its template opened."""
+        """Whether this chat prompt ends inside a reasoning block its template
+        opened. Never for a continued message (a prefill): the answer has
+        begun, whatever think block the template wrote before its text."""
         fmt = self.reasoning_format
-        return request.messages is not None and fmt is not None and fmt.opens_in(tokens)
+        return (request.messages is not None and request.prompt_end != "continue" and fmt is not None
+                and fmt.opens_in(tokens))
 
     def check_context(self, n_prompt: int, request: GenerationRequest) -> None:
         check_context(n_prompt, request, self.max_context)

@@ -21,6 +21,7 @@ from typing import Any
 
 from mlxd.engine.kinds import named_function
 from mlxd.engine.prompt import chat_tokens
+from mlxd.engine.types import PromptEnd
 from mlxd.errors import BadRequest, ModelLoadFailed
 from mlxd.registry.kinds import ModelKind
 from mlxd.registry.model import ModelSpec
@@ -42,9 +43,9 @@ class TemplateCount:
 
     def __call__(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, images: list[Any],
-        template_kwargs: dict[str, Any] | None = None,
+        template_kwargs: dict[str, Any] | None = None, end: PromptEnd = "new_turn",
     ) -> int:
-        return len(chat_tokens(self.tokenizer, messages, tools, template_kwargs))
+        return len(chat_tokens(self.tokenizer, messages, tools, template_kwargs, end=end))
 
 
 def text_counter(spec: ModelSpec) -> TemplateCount:
@@ -62,10 +63,10 @@ def vision_counter(spec: ModelSpec) -> Callable[..., int]:
 
     def count(
         messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, images: list[Any],
-        template_kwargs: dict[str, Any] | None = None,
+        template_kwargs: dict[str, Any] | None = None, end: PromptEnd = "new_turn",
     ) -> int:
         return prepare_vision_inputs(vision.processor, vision.config, messages=messages, images=images,
-                                     template_kwargs=template_kwargs).n_tokens
+                                     template_kwargs=template_kwargs, end=end).n_tokens
 
     return count
 
@@ -121,12 +122,14 @@ class TokenCounter:
         tools: list[dict[str, Any]] | None,
         images: list[Any] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        end: PromptEnd = "new_turn",
     ) -> int:
         """``images``: a vision request's decoded images, in message order;
         ``template_kwargs``: the template variables the answer would render
-        with (a thinking model's no-think prompt is shorter)."""
+        with (a thinking model's no-think prompt is shorter); ``end``: where
+        its prompt ends (a prefill's inside the last message)."""
         # Not the model's work: it runs on a thread of its own, off the event
         # loop and off the worker every model decodes on.
         return await asyncio.to_thread(
-            lambda: self._counter(spec, kind)(messages, tools, images or [], template_kwargs)
+            lambda: self._counter(spec, kind)(messages, tools, images or [], template_kwargs, end)
         )

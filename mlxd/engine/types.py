@@ -5,10 +5,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from mlxd.tools.output_request import OutputRequest
+
+
+# How a chat prompt ends (vLLM's ``add_generation_prompt`` and
+# ``continue_final_message``): "new_turn", the template's generation prompt,
+# a new assistant turn; "continue", inside the last message, an assistant's
+# text the answer goes on from (a prefill: the answer is the continuation);
+# "as_is", the conversation as the template renders it, nothing added.
+PromptEnd = Literal["new_turn", "continue", "as_is"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,8 @@ class GenerationRequest:
     # Exactly one of ``prompt`` (completions) and ``messages`` (chat) is set.
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
+    # Where the chat prompt ends (``PromptEnd``).
+    prompt_end: PromptEnd = "new_turn"
     # Vision: decoded images (PIL) in message order.
     images: list[Any] = field(default_factory=list)
     # Decode to max_tokens even past the end-of-sequence token (benchmarks, tests).

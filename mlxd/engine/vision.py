@@ -270,7 +270,7 @@ class VisionEngine(EngineBase, GenerationEngine):
             kwargs["tools"] = request.tools
         prepared = prepare_vision_inputs(
             processor, model.config, messages=request.messages, prompt=request.prompt, images=images,
-            template_kwargs=kwargs,
+            template_kwargs=kwargs, end=request.prompt_end,
         )
         n_prompt = prepared.n_tokens
         limit = self.spec.max_context
@@ -283,7 +283,8 @@ class VisionEngine(EngineBase, GenerationEngine):
             )
         control.prompt_tokens = n_prompt
         fmt = self.reasoning_format
-        if request.messages is not None and fmt is not None:
+        if request.messages is not None and request.prompt_end != "continue" and fmt is not None:
+            # (A continued message: the answer has begun, as on a text model.)
             control.opens_reasoning = fmt.opens_in(prepared.inputs["input_ids"].reshape(-1).tolist())
         grammar: list[Any] = []
         if request.constraint is not None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlxd.engine.types import PromptEnd
 from mlxd.errors import BadRequest, describe_exception
 
 log = logging.getLogger(__name__)
@@ -67,9 +68,11 @@ def prepare_vision_inputs(
     prompt: str | None = None,
     images: list[Any] | tuple[Any, ...] = (),
     template_kwargs: dict[str, Any] | None = None,
+    end: PromptEnd = "new_turn",
 ) -> VisionInputs:
     """Render and tokenize: everything about the prompt that can fail
-    before decoding fails here, as a BadRequest naming the request's field."""
+    before decoding fails here, as a BadRequest naming the request's field.
+    ``end``: where the chat prompt ends (``mlxd.engine.prompt`` says how)."""
     from mlx_vlm import apply_chat_template, prepare_inputs
     from mlx_vlm.utils import should_add_special_tokens
 
@@ -81,7 +84,9 @@ def prepare_vision_inputs(
         parts = template_messages(messages, len(images))
         try:
             # The template's variables (enable_thinking ...) pass through mlx-vlm to the template.
-            text = apply_chat_template(processor, config, parts, num_images=len(images), **(template_kwargs or {}))
+            ending = {"continue_final_message": True} if end == "continue" else {}
+            text = apply_chat_template(processor, config, parts, num_images=len(images),
+                                       add_generation_prompt=end == "new_turn", **ending, **(template_kwargs or {}))
         except Exception as exc:  # templates and mlx-vlm's formatter raise their own types
             raise BadRequest(
                 f"The chat template rejected the messages: {describe_exception(exc)}", param=param

@@ -44,6 +44,12 @@ def request_body(request: GenerationRequest, remote_model: str) -> dict[str, Any
         # The template variables (enable_thinking ...): vLLM, mlx_lm.server
         # and mlxd render the backend model's template with them.
         body["chat_template_kwargs"] = request.chat_template_kwargs
+    if request.messages is not None and request.prompt_end != "new_turn":
+        # vLLM's fields, which mlxd reads too: a backend that went by its
+        # own default would answer the prefill afresh instead of going on.
+        body["add_generation_prompt"] = False
+        if request.prompt_end == "continue":
+            body["continue_final_message"] = True
     if request.reasoning_effort is not None:
         body["reasoning_effort"] = request.reasoning_effort
     if request.reasoning_budget is not None and request.messages is not None:

@@ -67,6 +67,19 @@ def check_output(asked: OutputRequest) -> None:
         raise _combined(fmt)
 
 
+def whole_answer_grammar(asked: OutputRequest) -> str | None:
+    """The field whose grammar would constrain the answer from its first
+    token (a JSON format, a tool_choice that forces a call), as the client
+    named it; None when the answer is free."""
+    fmt = asked.response_format
+    if fmt is not None and fmt.kind != "text":
+        return fmt.param
+    choice = asked.tool_choice
+    if choice is not None and asked.tools and _choice(choice, asked.tools) not in ("none", "auto"):
+        return choice.param
+    return None
+
+
 def _combined(fmt: ResponseFormat | None) -> BadRequest:
     param = fmt.param if fmt is not None else "response_format"
     return BadRequest(f"{param} cannot be combined with a tool_choice that forces a call.", param=param)

@@ -123,3 +123,23 @@ def test_n_choices_are_marked_so_none_gets_a_next_turn(tmp_path):
     choices(plan, 3)
     assert [r.choices for r in plan.requests] == [3, 3, 3]
     assert all(skip_reason(r, "stop", setting=True, cache_on=True) for r in plan.requests)
+
+
+def test_a_continued_message_is_sent_back_with_its_continuation_as_one_message():
+    """A prefill's answer is only the continuation; the client sends back
+    the prefill and it as one assistant message, so that is the next prompt
+    to prefill (not a second assistant message after the prefill)."""
+    from mlx_lm.utils import load_tokenizer
+
+    tokenizer = load_tokenizer(zoo_model("mistral3"))
+    prefill = [{"type": "text", "text": "The configuration "}]
+    request = chat(tools=TOOLS, prompt_end="continue")
+    request.messages.append({"role": "assistant", "content": prefill})
+    following = next_turn.next_prompt(tokenizer, request, Answer("sets the port."))
+    real = prompt_tokens(tokenizer, GenerationRequest(request_id="n", max_tokens=8, tools=TOOLS, messages=[
+        *HISTORY, {"role": "assistant", "content": "The configuration sets the port."},
+        {"role": "user", "content": "Thanks. Now the tests?"}]))
+    assert common_prefix(following, real) == len(following)
+    assert len(real) - len(following) < 40
+    # add_generation_prompt false alone: the answer is no known turn, so nothing is prefilled after it.
+    assert skip_reason(chat(prompt_end="as_is"), "stop", setting=AUTO, cache_on=True) == "no new turn"

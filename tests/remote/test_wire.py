@@ -351,3 +351,15 @@ def test_a_whole_answer_is_read_with_the_same_rules():
     assert [(f.index, f.name) for f in chunk.tool_calls] == [(0, "f")]
     assert finish.prompt_tokens == 0
     assert whole_answer(body, chat=False)[0].tool_calls is None
+
+
+def test_a_continued_message_goes_out_with_vllms_fields():
+    """Without them a backend would answer a prefill in a new turn, not go on from it."""
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Here is {"}]
+    continued = request_body(GenerationRequest(request_id="r", max_tokens=1, messages=messages,
+                                               prompt_end="continue"), "m")
+    assert (continued["continue_final_message"], continued["add_generation_prompt"]) == (True, False)
+    as_is = request_body(GenerationRequest(request_id="r", max_tokens=1, messages=messages, prompt_end="as_is"), "m")
+    assert as_is["add_generation_prompt"] is False and "continue_final_message" not in as_is
+    plain = request_body(GenerationRequest(request_id="r", max_tokens=1, messages=messages), "m")
+    assert not {"continue_final_message", "add_generation_prompt"} & plain.keys()

@@ -94,3 +94,33 @@ def test_a_template_that_takes_one_system_message_gets_codexs_several_as_one():
     with pytest.raises(Exception, match="System message must be at the beginning"):
         qwen3_5.apply_chat_template(several, add_generation_prompt=True)
     assert chat_tokens(qwen3_5, several) == chat_tokens(qwen3_5, joined)
+
+
+def test_a_prefill_ends_the_prompt_inside_the_answer_on_every_family(loaded):
+    """A continued assistant message (a prefill), rendered as the API renders
+    it (thinking off: the answer has begun): the prompt ends with its text,
+    outside any reasoning block, on every family's own template."""
+    from mlxd.engine.prompt import chat_tokens
+
+    name, tokenizer = loaded
+    messages = [*CHAT, {"role": "assistant", "content": "Here is the report: {"}]
+    tokens = chat_tokens(tokenizer, messages, template_kwargs={"enable_thinking": False}, end="continue")
+    assert tokenizer.decode(tokens).endswith("Here is the report: {"), (name, tokenizer.decode(tokens)[-80:])
+    fmt = reasoning.resolve(tokenizer)
+    assert fmt is None or not fmt.opens_in(tokens)
+
+
+def test_a_prefill_the_template_rewrites_is_the_clients_400():
+    """Qwen3's template moves a ``</think>`` and what precedes it out of the
+    text: transformers then finds no end of the message to continue from
+    (its ValueError), which is what the client sent, not a server error."""
+    from mlx_lm.tokenizer_utils import load
+
+    from mlxd.engine.prompt import chat_tokens
+    from mlxd.errors import BadRequest
+
+    tokenizer = load(zoo_model("qwen3"))
+    messages = [*CHAT, {"role": "assistant", "content": "<think>the options</think>Here is {"}]
+    with pytest.raises(BadRequest, match="cannot continue it") as refused:
+        chat_tokens(tokenizer, messages, end="continue")
+    assert refused.value.param == "messages"

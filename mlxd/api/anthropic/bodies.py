@@ -7,7 +7,8 @@ message's reasoning (for the template to render or drop), ``redacted_thinking``
 blocks are dropped, ``document`` and ``search_result`` blocks are read as
 text (``documents.py``), and a ``system`` role inside ``messages`` becomes a
 system message. ``thinking`` and ``output_config.effort`` say what a
-thinking model does (docs/thinking.md).
+thinking model does (docs/thinking.md). A final ``assistant`` message with
+text and no tool call is a prefill: the answer continues it (api/prefill.py).
 Tools and tool_choice are parsed into the shared typed ``OutputRequest``,
 each named as this API spells it (``tools[0].input_schema``).
 """
@@ -24,6 +25,7 @@ from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPa
 from mlxd.api.documents import DOCUMENTS, anthropic_document
 from mlxd.api.plan import Requested
 from mlxd.api.reasoning import ReasoningRequest, combine, effort, template_kwargs
+from mlxd.engine.types import PromptEnd
 from mlxd.errors import BadRequest
 from mlxd.registry.model import SamplingDefaults
 from mlxd.tools.output_request import OutputRequest
@@ -73,6 +75,18 @@ class _Base(BaseModel):
             effort(config.get("effort") if isinstance(config, dict) else None, "output_config.effort"),
             ReasoningRequest(template_kwargs=template_kwargs(self.chat_template_kwargs)),
         )
+
+    def prompt_end(self) -> PromptEnd:
+        """Where the prompt ends: inside a final assistant message that has
+        text and calls no tool (Anthropic's prefill), else at a new turn."""
+        last = self.messages[-1]
+        if last.role != "assistant":
+            return "new_turn"
+        blocks = [{"type": "text", "text": last.content}] if isinstance(last.content, str) else last.content
+        text = "".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
+        if not text.strip() or any(b.get("type") == "tool_use" for b in blocks):
+            return "new_turn"
+        return "continue"
 
     def conversation(self) -> Conversation:
         messages: list[Message] = []
@@ -152,6 +166,7 @@ class MessagesRequest(_Base):
             output=self.output(),
             reasoning=reasoning,
             max_tokens_is_cap=True,
+            prompt_end=self.prompt_end(),
         )
 
 
@@ -303,6 +318,9 @@ def _messages(message: AnthropicMessage, param: str) -> list[Message]:
         text = normalise.without_billing_header("".join(p.text for p in parts if isinstance(p, TextPart)))
         return [*out, Message("system", text)] if text else out
     if parts or calls or not results:
+        # Each thinking block is a passage of its own (mlxd streams one per
+        # stretch of reasoning): run together, the last sentence of one and
+        # the first of the next became one line in the template.
         out.append(Message(message.role, tuple(parts) if parts else "", tool_calls=tuple(calls),
-                           reasoning="".join(reasoning)))
+                           reasoning="\n\n".join(reasoning)))
     return out

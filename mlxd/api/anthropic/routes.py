@@ -16,6 +16,7 @@ from mlxd.api.auth import caller_of
 from mlxd.api.context import DaemonContext
 from mlxd.api.generation import respond
 from mlxd.api.plan import Entry, check_chat, plan_chat, resolve_entry
+from mlxd.api.prefill import settled
 from mlxd.api.reasoning import merged_template_kwargs
 from mlxd.caller import Caller
 from mlxd.errors import BadRequest
@@ -76,8 +77,11 @@ def router() -> APIRouter:
         kind = ctx.registry.kind_of(spec)
         tool_format = await ctx.token_counter.tool_format(spec, kind) if output.tools else None
         tools = plan_output(body.model, tool_format, output).tools
-        kwargs = merged_template_kwargs(spec, body.reasoning())
-        count = await ctx.token_counter.count(spec, kind, conversation.template_messages(), tools, images, kwargs)
+        # Counted as the answer's prompt is rendered, a prefill's too.
+        end = body.prompt_end()
+        kwargs = merged_template_kwargs(spec, settled(end, body.reasoning(), output))
+        count = await ctx.token_counter.count(spec, kind, conversation.template_messages(), tools, images, kwargs,
+                                              end=end)
         return {"input_tokens": count}
 
     return api

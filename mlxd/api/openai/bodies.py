@@ -17,6 +17,7 @@ from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPa
 from mlxd.api.plan import Plan, Requested
 from mlxd.api.reasoning import ReasoningRequest, combine, effort, included, reasoning_object, template_kwargs
 from mlxd.engine.logprobs import MAX_TOP
+from mlxd.engine.types import PromptEnd
 from mlxd.errors import BadRequest
 from mlxd.registry.model import SamplingDefaults
 from mlxd.tools.output_request import OutputRequest
@@ -234,6 +235,10 @@ class ChatCompletionRequest(_Common):
     reasoning: dict[str, Any] | None = None
     include_reasoning: Any = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: where the prompt ends (``prompt_end``); the openai client
+    # sends them through ``extra_body``.
+    continue_final_message: bool = False
+    add_generation_prompt: bool | None = None
     # OpenAI fields that would change the answer and that mlxd cannot honour:
     # declared so that ``unsupported`` refuses them, where as unknown fields
     # they would be dropped without a word.
@@ -277,6 +282,26 @@ class ChatCompletionRequest(_Common):
 
     def conversation(self) -> Conversation:
         return Conversation(tuple(m.to_message(i) for i, m in enumerate(self.messages)))
+
+    def requested(self) -> Requested:
+        return replace(super().requested(), prompt_end=self.prompt_end())
+
+    def prompt_end(self) -> PromptEnd:
+        """vLLM's meaning: ``continue_final_message`` goes on from the final
+        assistant message's text (a prefill); ``add_generation_prompt:
+        false`` alone ends the prompt where the conversation ends. Without
+        either, a final assistant message is history, answered in a new turn."""
+        if not self.continue_final_message:
+            return "as_is" if self.add_generation_prompt is False else "new_turn"
+        if self.add_generation_prompt:
+            raise BadRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to true.",
+                             param="continue_final_message")
+        last = self.messages[-1]
+        if last.role != "assistant" or last.tool_calls:
+            what = "an assistant message with tool calls" if last.tool_calls else f"a {last.role} message"
+            raise BadRequest(f"continue_final_message continues the text of a final assistant message that calls no "
+                             f"tool; the last message here is {what}.", param="continue_final_message")
+        return "continue"
 
     def reasoning_request(self) -> ReasoningRequest:
         return combine(
