@@ -45,6 +45,9 @@ class Forced:
     def joined(self) -> None:
         pass
 
+    def shadow(self, seen: int, kept: int) -> None:
+        pass
+
 
 class StepParts:
     """``--profile``: where a speculative step's time goes. Wraps the model,
@@ -172,6 +175,8 @@ def main() -> None:
     parser.add_argument("--warm", action="store_true",
                         help="before each row count, verify every block width at it as the daemon's warm-up does "
                              "(mlxd.engine.warmup.speculative_runs), so no configuration pays first uses of shapes")
+    parser.add_argument("--keep-governor", action="store_true",
+                        help="one governor across the governed runs, as a daemon's engine keeps one")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="every row samples at this temperature with one shared sampler (default greedy)")
     add_dtype_option(parser)
@@ -218,11 +223,44 @@ def main() -> None:
         stats = SpecStats()
         return SpeculativeGenerator(model, PromptLookup(), args.k, governor, stats), stats
 
+    class Tallied(Governor):  # type: ignore[misc,valid-type]
+        """The governor, counting what it chose and what each kind of step
+        it timed took: where a governed run's time goes against plain steps."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.tally: dict[str, list[float]] = {}
+
+        def choose(self, batch: int, context: int = 0) -> bool:
+            chosen = super().choose(batch, context)
+            self.tally.setdefault("chosen speculative" if chosen else "chosen plain", []).append(0.0)
+            return chosen
+
+        def record(self, speculative: bool, tokens: int, seconds: float, leaving: bool = False) -> None:
+            kind = "leaving" if leaving else "speculative" if speculative else "plain"
+            self.tally.setdefault(kind, []).append(seconds)
+            super().record(speculative, tokens, seconds, leaving)
+
+        def report(self) -> str:
+            return ", ".join(f"{k} {len(v)}" + (f" ({1000 * sum(v) / len(v):.1f} ms)" if any(v) else "")
+                             for k, v in sorted(self.tally.items()))
+
+    shared: list[Any] = []
+
+    def governor() -> Any:
+        # --keep-governor: one governor for every governed run, as a daemon's
+        # engine keeps one across its requests (the trial of each mix once).
+        if args.keep_governor and shared:
+            shared[0].tally = {}
+            return shared[0]
+        shared[:] = [Tallied()]
+        return shared[0]
+
     configs = {
         "BatchGenerator": lambda: (BatchGenerator(model, completion_batch_size=64, prefill_batch_size=64), None),
         "spec batch, plain": lambda: spec(Forced(False)),
         "spec batch, speculating": lambda: spec(Forced(True)),
-        "spec batch, governor": lambda: spec(Governor()),
+        "spec batch, governor": lambda: spec(governor()),
     }
     if args.profile:
         configs["spec batch, speculating, profiled"] = lambda: profiled(spec(Forced(True)))
@@ -269,6 +307,8 @@ def main() -> None:
             if isinstance(getattr(generator, "governor", None), Governor):
                 r["active"] = generator.governor.active
                 r["speedup"] = generator.governor.speedup
+                r["steps_by_kind"] = {k: [len(v), sum(v)] for k, v in generator.governor.tally.items()}
+                print(f"  {rows} rows, governor's steps: {generator.governor.report()}", flush=True)
             base = base or r
             results[f"{rows}/{name}" + (f"/{repeat}" if args.repeats > 1 else "")] = {
                 k: v for k, v in r.items() if k != "text"}
