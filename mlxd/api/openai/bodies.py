@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
-from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
+from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall, ToolTurn
 from mlxd.api.plan import Plan, Requested
 from mlxd.api.reasoning import ReasoningRequest, combine, effort, included, reasoning_object, template_kwargs
 from mlxd.engine.logprobs import MAX_TOP
@@ -276,7 +276,9 @@ class ChatCompletionRequest(_Common):
                         )
 
     def conversation(self) -> Conversation:
-        return Conversation(tuple(m.to_message(i) for i, m in enumerate(self.messages)))
+        messages = tuple(m.to_message(i) for i, m in enumerate(self.messages))
+        _check_tool_turns(messages)
+        return Conversation(messages)
 
     def reasoning_request(self) -> ReasoningRequest:
         return combine(
@@ -293,6 +295,31 @@ class ChatCompletionRequest(_Common):
             parallel_tool_calls=self.parallel_tool_calls,
             response_format=chat_response_format(self.response_format),
         )
+
+
+def _check_tool_turns(messages: tuple[Message, ...]) -> None:
+    """Tool messages answer the calls of the assistant message before them,
+    each call answered, as OpenAI requires, in its words and with its
+    ``param`` (``messages.[3].role``)."""
+    turn = ToolTurn()
+    for i, message in enumerate(messages):
+        if message.role == "tool":
+            if not turn.answers(message.tool_call_id):
+                raise BadRequest("Invalid parameter: messages with role 'tool' must be a response to a preceeding "
+                                 f"message with 'tool_calls' (messages[{i}].tool_call_id "
+                                 f"`{message.tool_call_id}` answers none).", param=f"messages.[{i}].role")
+            continue
+        _check_answered(turn)
+        turn = ToolTurn.of((message,), i)
+    _check_answered(turn)
+
+
+def _check_answered(turn: ToolTurn) -> None:
+    if turn.unanswered():
+        raise BadRequest(
+            "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+            "'tool_call_id'. The following tool_call_ids did not have response messages: "
+            f"{', '.join(turn.unanswered())}", param=f"messages.[{turn.at}].role")
 
 
 def chat_tools(tools: Any) -> tuple[ToolSpec, ...]:
