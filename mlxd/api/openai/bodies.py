@@ -174,8 +174,11 @@ class ChatMessage(BaseModel):
     # or as mlx_lm.server and OpenRouter name it.
     reasoning_content: str | None = None
     reasoning: str | None = None
+    # An assistant's refusal, as OpenAI returns it and its clients send it
+    # back (the OpenAI Agents SDK), in place of the text it did not write.
+    refusal: str | None = None
 
-    @field_validator("content", "reasoning_content", "reasoning")
+    @field_validator("content", "reasoning_content", "reasoning", "refusal")
     @classmethod
     def _encodable(cls, value: Any) -> Any:
         _check_encodable(value, "content")
@@ -197,6 +200,8 @@ class ChatMessage(BaseModel):
             content = tuple(_part(p, f"messages[{index}].content[{j}]") for j, p in enumerate(self.content))
         else:
             content = self.content if self.content is not None else ""
+        if role == "assistant" and self.refusal and not content:
+            content = self.refusal
         calls = tuple(
             ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments,
                      param=f"messages[{index}].tool_calls[{k}].function.arguments")
@@ -213,6 +218,8 @@ def _part(part: dict[str, Any], param: str) -> Part:
         value = part.get("image_url")
         url = value.get("url") if isinstance(value, dict) else value
         return ImagePart(url=url if isinstance(url, str) else None, param=param)
+    if part.get("type") == "refusal":
+        return TextPart(str(part.get("refusal", "")))
     return TextPart(str(part.get("text", "")))
 
 
@@ -268,8 +275,10 @@ class ChatCompletionRequest(_Common):
             raise BadRequest("logprobs cannot be combined with tools", param="logprobs")
         for i, message in enumerate(self.messages):
             if isinstance(message.content, list):
+                # An assistant's refusal part is what it said (OpenAI takes it there only).
+                known = (*PART_TYPES, "refusal") if message.role == "assistant" else PART_TYPES
                 for part in message.content:
-                    if part.get("type") not in PART_TYPES:
+                    if part.get("type") not in known:
                         raise BadRequest(
                             f"Unsupported content part type {part.get('type')!r}",
                             param=f"messages[{i}].content",
