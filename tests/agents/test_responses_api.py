@@ -248,3 +248,17 @@ def test_a_function_call_output_answers_a_call_of_the_input_or_of_the_stored_cha
     second = client.responses.create(model="tooly", input=[answer], previous_response_id=first.id,
                                      tools=[TOOL], max_output_tokens=1)
     assert second.status in ("completed", "incomplete")
+
+
+def test_an_assistant_refusal_sent_back_is_what_the_assistant_said(client):
+    # It was left out: the turn reached the template empty.
+    said = "I cannot help with that request."
+
+    def input_tokens(part):
+        return client.responses.create(model="qwen", max_output_tokens=1, store=False, input=[
+            {"role": "user", "content": PROMPT}, {"type": "message", "role": "assistant", "content": [part]},
+            {"role": "user", "content": "Why not?"}]).usage.input_tokens
+
+    as_text = input_tokens({"type": "output_text", "text": said})
+    assert input_tokens({"type": "refusal", "refusal": said}) == as_text > input_tokens(
+        {"type": "output_text", "text": ""}) + 5

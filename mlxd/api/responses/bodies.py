@@ -222,7 +222,10 @@ def _content(content: Any, param: str) -> str | tuple[Part, ...]:
             parts.append(ImagePart(url=url, param=where))
         elif kind == "input_file":
             parts.append(TextPart(input_file(part)))
-        # refusal, ...: left out.
+        elif kind == "refusal":
+            # An assistant's refusal, as OpenAI returns it: what that turn said.
+            parts.append(TextPart(str(part.get("refusal", ""))))
+        # Part types newer than this adapter: left out.
     return tuple(parts)
 
 
