@@ -9,7 +9,7 @@ came from in the surface's own request body, so errors can name it there.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -85,6 +85,35 @@ class Conversation:
         ``{"type": "image"}``: the template only needs to know where it goes,
         and engines and logs need not carry its bytes."""
         return [_template_message(m) for m in self.messages]
+
+
+@dataclass
+class ToolTurn:
+    """The calls of the assistant turn a tool result may answer, and which
+    have been answered. OpenAI and Anthropic both refuse a result that
+    answers no call of the turn before it: a template renders it as the
+    result of nothing (a client that lost part of its history, or sent the
+    wrong id), and the model answers a question nobody asked."""
+
+    calls: tuple[str, ...] = ()
+    # Where the calls were made, in the surface's own indexing.
+    at: int = -1
+    answered: set[str] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, messages: list[Message] | tuple[Message, ...], at: int) -> ToolTurn:
+        return cls(tuple(c.id for m in messages for c in m.tool_calls), at)
+
+    def answers(self, call_id: str | None) -> bool:
+        """Whether a result for ``call_id`` answers one of these calls (and
+        counts it answered)."""
+        if call_id not in self.calls:
+            return False
+        self.answered.add(call_id)
+        return True
+
+    def unanswered(self) -> list[str]:
+        return [c for c in self.calls if c not in self.answered]
 
 
 # Deeper JSON than this in a tool's schema or a call's arguments is refused:

@@ -214,3 +214,51 @@ def test_a_strict_text_format_allows_no_undeclared_key(client):
         text={"format": {"type": "json_schema", "name": "o", "schema": loose, "strict": True}})
     assert response.status == "completed"
     assert set(json.loads(response.output_text)) == {"a"}
+
+
+def test_a_function_call_output_answers_a_call_of_the_input_or_of_the_stored_chain(client):
+    # An output that answers no call reached the template as the result of nothing.
+    ask = {"role": "user", "content": "Weather in Rome?"}
+    orphan = {"type": "function_call_output", "call_id": "call_9", "output": "Rain, 14 C"}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="tooly", input=[ask, orphan], tools=[TOOL], max_output_tokens=2, store=False)
+    error = caught.value.body
+    assert (error["type"], error["param"]) == ("invalid_request_error", "input")
+    assert error["message"].startswith("No tool call found for function call output with call_id call_9")
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="tooly", input=[ask, {"type": "function_call_output", "output": "Rain"}],
+                                tools=[TOOL], max_output_tokens=2, store=False)
+    assert caught.value.body["param"] == "input[1].call_id"
+    # Codex answers an OpenAI model's local_shell_call (a type left out of the prompt) with a function_call_output.
+    shell = {"type": "local_shell_call", "call_id": "call_ls", "status": "completed",
+             "action": {"type": "exec", "command": ["ls"]}}
+    taken = client.responses.create(model="tooly", input=[ask, shell, {**orphan, "call_id": "call_ls"}],
+                                    tools=[TOOL], max_output_tokens=1, store=False)
+    assert taken.status in ("completed", "incomplete")
+    # The call it answers may be in the stored response it continues.
+    first = client.responses.create(model="tooly", input=[ask], tools=[TOOL], tool_choice="required",
+                                    max_output_tokens=120)
+    call = first.output[-1]
+    assert call.type == "function_call"
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="tooly", input=[orphan], previous_response_id=first.id, tools=[TOOL],
+                                max_output_tokens=1)
+    assert caught.value.body["param"] == "input"
+    answer = {"type": "function_call_output", "call_id": call.call_id, "output": "Rain, 14 C"}
+    second = client.responses.create(model="tooly", input=[answer], previous_response_id=first.id,
+                                     tools=[TOOL], max_output_tokens=1)
+    assert second.status in ("completed", "incomplete")
+
+
+def test_an_assistant_refusal_sent_back_is_what_the_assistant_said(client):
+    # It was left out: the turn reached the template empty.
+    said = "I cannot help with that request."
+
+    def input_tokens(part):
+        return client.responses.create(model="qwen", max_output_tokens=1, store=False, input=[
+            {"role": "user", "content": PROMPT}, {"type": "message", "role": "assistant", "content": [part]},
+            {"role": "user", "content": "Why not?"}]).usage.input_tokens
+
+    as_text = input_tokens({"type": "output_text", "text": said})
+    assert input_tokens({"type": "refusal", "refusal": said}) == as_text > input_tokens(
+        {"type": "output_text", "text": ""}) + 5

@@ -254,7 +254,7 @@ async def test_chat_names_a_tool_call_whose_arguments_are_not_json_before_the_en
     messages = [*CHAT, {"role": "assistant", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
         {"id": "c2", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "1"}]
+        {"role": "tool", "tool_call_id": "c1", "content": "1"}, {"role": "tool", "tool_call_id": "c2", "content": "2"}]
     call = await answer(tmp_path, "/v1/chat/completions", {"model": "m", "messages": messages, "stream": True})
     assert call.status == 400
     assert openai_error(call)["param"] == "messages[1].tool_calls[1].function.arguments"

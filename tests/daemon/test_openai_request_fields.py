@@ -143,3 +143,21 @@ def test_a_field_mlxd_cannot_honour_is_a_400_naming_it(daemon, path, extra, para
 def test_text_only_modalities_are_what_mlxd_answers_anyway(client):
     reply = client.chat.completions.create(model="qwen", messages=CHAT, max_tokens=2, modalities=["text"])
     assert reply.choices[0].message.content is not None
+
+
+def test_an_assistant_refusal_sent_back_is_what_the_assistant_said(client):
+    # OpenAI takes an assistant's refusal back as a content part or as the
+    # message's `refusal`; the part was a 400, the field was dropped.
+    said = "I cannot help with that request."
+
+    def prompt_tokens(assistant):
+        messages = [*CHAT, {"role": "assistant", **assistant}, {"role": "user", "content": "Why not?"}]
+        return client.chat.completions.create(model="qwen", messages=messages, max_tokens=1).usage.prompt_tokens
+
+    as_text = prompt_tokens({"content": said})
+    assert prompt_tokens({"content": [{"type": "refusal", "refusal": said}]}) == as_text
+    assert prompt_tokens({"content": None, "refusal": said}) == as_text > prompt_tokens({"content": ""}) + 5
+    with pytest.raises(openai.BadRequestError) as caught:  # a user's is no refusal: OpenAI refuses it too
+        client.chat.completions.create(model="qwen", max_tokens=1, messages=[
+            {"role": "user", "content": [{"type": "refusal", "refusal": said}]}])
+    assert caught.value.body["param"] == "messages[0].content"

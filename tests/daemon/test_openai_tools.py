@@ -392,6 +392,43 @@ def test_tools_on_a_model_with_tool_calling_off_name_the_registry_key(client):
     assert reply.choices[0].message.content
 
 
+# --- tool results pair with the calls before them ------------------------------------
+
+
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome", "days": 1}'}}
+CALLED = [*ASK, {"role": "assistant", "content": None, "tool_calls": [CALL]}]
+RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "Rain, 14 C"}
+ORPHAN = "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'"
+UNANSWERED = "The following tool_call_ids did not have response messages: "
+
+
+@pytest.mark.parametrize(("messages", "param", "words"), [
+    ([*ASK, RESULT], "messages.[1].role", ORPHAN),  # no call before it at all
+    ([*CALLED, {**RESULT, "tool_call_id": "call_9"}], "messages.[2].role", ORPHAN),  # a call nobody made
+    ([*CALLED, RESULT, {"role": "user", "content": "And?"}, RESULT], "messages.[4].role", ORPHAN),  # the turn moved on
+    ([*CALLED, {"role": "user", "content": "Never mind"}], "messages.[1].role", UNANSWERED + "call_1"),
+    (CALLED, "messages.[1].role", UNANSWERED + "call_1"),  # the conversation ends on the calls
+    ([*ASK, {"role": "assistant", "content": None, "tool_calls": [CALL, {**CALL, "id": "call_2"}]}, RESULT],
+     "messages.[1].role", UNANSWERED + "call_2"),
+])
+def test_tool_results_and_calls_that_do_not_pair_are_refused_as_openai_refuses_them(client, messages, param, words):
+    # A result of no call reached the template as the answer to nothing, and a
+    # call with no result as a call the model then waited on: nonsense either way.
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="tooly", messages=messages, tools=TOOLS, max_tokens=2)
+    error = caught.value.body
+    assert (error["type"], error["param"]) == ("invalid_request_error", param)
+    assert words in error["message"]
+
+
+def test_parallel_calls_answered_in_any_order_are_taken(client):
+    second = {**CALL, "id": "call_2"}
+    messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [CALL, second]},
+                {**RESULT, "tool_call_id": "call_2"}, RESULT, {"role": "user", "content": "And tomorrow?"}]
+    reply = client.chat.completions.create(model="tooly", messages=messages, tools=TOOLS, max_tokens=1)
+    assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
 # --- n, frequency_penalty ---------------------------------------------------------
 
 

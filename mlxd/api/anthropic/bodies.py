@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from mlxd.api.anthropic import normalise
-from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
+from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall, ToolTurn
 from mlxd.api.documents import DOCUMENTS, anthropic_document
 from mlxd.api.plan import Requested
 from mlxd.api.reasoning import ReasoningRequest, combine, effort, template_kwargs
@@ -93,12 +93,12 @@ class _Base(BaseModel):
         system = _system_text(self.system)
         if system:
             messages.append(Message("system", system))
-        called: set[str] = set()  # the tool_use ids of the assistant turn before
+        called = ToolTurn()  # the tool_use blocks of the assistant turn before
         for i, message in enumerate(self.messages):
             turn = _messages(message, f"messages[{i}]")
             _check_results(turn, called, f"messages[{i}]")
             if message.role == "assistant":
-                called = {c.id for m in turn for c in m.tool_calls}
+                called = ToolTurn.of(turn, i)
             messages += turn
         return Conversation(tuple(messages))
 
@@ -255,12 +255,12 @@ def _result_text(content: Any) -> str:
                      for b in content if isinstance(b, dict) and b.get("type") in ("text", *DOCUMENTS))
 
 
-def _check_results(turn: list[Message], called: set[str], param: str) -> None:
+def _check_results(turn: list[Message], called: ToolTurn, param: str) -> None:
     """A tool result answers a tool_use of the assistant turn before, as
     Anthropic requires: one that answers nothing reached the template as a
     result of no call (a client that lost its history, or sent the wrong id)."""
     for message in turn:
-        if message.role == "tool" and message.tool_call_id not in called:
+        if message.role == "tool" and not called.answers(message.tool_call_id):
             raise BadRequest(
                 f"{param}: a tool_result's tool_use_id `{message.tool_call_id}` answers no tool_use block of the "
                 "assistant message before it", param=f"{param}.content")

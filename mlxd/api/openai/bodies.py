@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
-from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
+from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall, ToolTurn
 from mlxd.api.plan import Plan, Requested
 from mlxd.api.reasoning import ReasoningRequest, combine, effort, included, reasoning_object, template_kwargs
 from mlxd.engine.logprobs import MAX_TOP
@@ -175,8 +175,11 @@ class ChatMessage(BaseModel):
     # or as mlx_lm.server and OpenRouter name it.
     reasoning_content: str | None = None
     reasoning: str | None = None
+    # An assistant's refusal, as OpenAI returns it and its clients send it
+    # back (the OpenAI Agents SDK), in place of the text it did not write.
+    refusal: str | None = None
 
-    @field_validator("content", "reasoning_content", "reasoning")
+    @field_validator("content", "reasoning_content", "reasoning", "refusal")
     @classmethod
     def _encodable(cls, value: Any) -> Any:
         _check_encodable(value, "content")
@@ -198,6 +201,8 @@ class ChatMessage(BaseModel):
             content = tuple(_part(p, f"messages[{index}].content[{j}]") for j, p in enumerate(self.content))
         else:
             content = self.content if self.content is not None else ""
+        if role == "assistant" and self.refusal and not content:
+            content = self.refusal
         calls = tuple(
             ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments,
                      param=f"messages[{index}].tool_calls[{k}].function.arguments")
@@ -214,6 +219,8 @@ def _part(part: dict[str, Any], param: str) -> Part:
         value = part.get("image_url")
         url = value.get("url") if isinstance(value, dict) else value
         return ImagePart(url=url if isinstance(url, str) else None, param=param)
+    if part.get("type") == "refusal":
+        return TextPart(str(part.get("refusal", "")))
     return TextPart(str(part.get("text", "")))
 
 
@@ -273,15 +280,19 @@ class ChatCompletionRequest(_Common):
             raise BadRequest("logprobs cannot be combined with tools", param="logprobs")
         for i, message in enumerate(self.messages):
             if isinstance(message.content, list):
+                # An assistant's refusal part is what it said (OpenAI takes it there only).
+                known = (*PART_TYPES, "refusal") if message.role == "assistant" else PART_TYPES
                 for part in message.content:
-                    if part.get("type") not in PART_TYPES:
+                    if part.get("type") not in known:
                         raise BadRequest(
                             f"Unsupported content part type {part.get('type')!r}",
                             param=f"messages[{i}].content",
                         )
 
     def conversation(self) -> Conversation:
-        return Conversation(tuple(m.to_message(i) for i, m in enumerate(self.messages)))
+        messages = tuple(m.to_message(i) for i, m in enumerate(self.messages))
+        _check_tool_turns(messages)
+        return Conversation(messages)
 
     def requested(self) -> Requested:
         return replace(super().requested(), prompt_end=self.prompt_end())
@@ -318,6 +329,31 @@ class ChatCompletionRequest(_Common):
             parallel_tool_calls=self.parallel_tool_calls,
             response_format=chat_response_format(self.response_format),
         )
+
+
+def _check_tool_turns(messages: tuple[Message, ...]) -> None:
+    """Tool messages answer the calls of the assistant message before them,
+    each call answered, as OpenAI requires, in its words and with its
+    ``param`` (``messages.[3].role``)."""
+    turn = ToolTurn()
+    for i, message in enumerate(messages):
+        if message.role == "tool":
+            if not turn.answers(message.tool_call_id):
+                raise BadRequest("Invalid parameter: messages with role 'tool' must be a response to a preceeding "
+                                 f"message with 'tool_calls' (messages[{i}].tool_call_id "
+                                 f"`{message.tool_call_id}` answers none).", param=f"messages.[{i}].role")
+            continue
+        _check_answered(turn)
+        turn = ToolTurn.of((message,), i)
+    _check_answered(turn)
+
+
+def _check_answered(turn: ToolTurn) -> None:
+    if turn.unanswered():
+        raise BadRequest(
+            "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+            "'tool_call_id'. The following tool_call_ids did not have response messages: "
+            f"{', '.join(turn.unanswered())}", param=f"messages.[{turn.at}].role")
 
 
 def chat_tools(tools: Any) -> tuple[ToolSpec, ...]:

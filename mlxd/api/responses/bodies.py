@@ -136,11 +136,27 @@ class ResponsesRequest(BaseModel):
                 # A reasoning item belongs to the answer (message or call) after it.
                 messages[-1] = replace(messages[-1], reasoning=messages[-1].reasoning + "".join(thought))
                 thought = []
+        _check_outputs(self.input, messages)
         return tuple(messages)
 
     def conversation(self, history: tuple[Message, ...]) -> Conversation:
         head = (Message("system", self.instructions),) if self.instructions else ()
         return Conversation((*head, *history))
+
+
+def _check_outputs(items: list[dict[str, Any]], messages: list[Message]) -> None:
+    """Each ``function_call_output`` answers a ``function_call`` of the
+    conversation, in ``input`` or in the ``previous_response_id`` chain, as
+    OpenAI requires (its words and ``param``): the template rendered one that
+    answers nothing as the result of no call."""
+    called = {c.id for m in messages for c in m.tool_calls}
+    # Calls of the types left out of the prompt count too: Codex answers an
+    # OpenAI model's ``local_shell_call`` with a ``function_call_output``.
+    called |= {item.get("call_id") for item in items if not str(item.get("type", "")).endswith("_output")}
+    for i, item in enumerate(items):
+        if item.get("type") == "function_call_output" and item["call_id"] not in called:
+            raise BadRequest(f"No tool call found for function call output with call_id {item['call_id']} "
+                             f"(input[{i}]).", param="input")
 
 
 def reasoning_text(item: dict[str, Any]) -> str:
@@ -206,7 +222,10 @@ def _content(content: Any, param: str) -> str | tuple[Part, ...]:
             parts.append(ImagePart(url=url, param=where))
         elif kind == "input_file":
             parts.append(TextPart(input_file(part)))
-        # refusal, ...: left out.
+        elif kind == "refusal":
+            # An assistant's refusal, as OpenAI returns it: what that turn said.
+            parts.append(TextPart(str(part.get("refusal", ""))))
+        # Part types newer than this adapter: left out.
     return tuple(parts)
 
 
@@ -233,8 +252,11 @@ def _add_item(messages: list[Message], item: dict[str, Any], param: str) -> None
         else:
             messages.append(Message("assistant", "", tool_calls=(call,)))
     elif kind == "function_call_output":
+        if not isinstance(item.get("call_id"), str) or not item["call_id"]:
+            # The id of the call it answers: without it, anyone's.
+            raise BadRequest(f"Missing required parameter: '{param}.call_id'.", param=f"{param}.call_id")
         output = item.get("output", "")
         if isinstance(output, list):
             output = "".join(str(p.get("text", "")) for p in output if isinstance(p, dict))
-        messages.append(Message("tool", str(output), tool_call_id=str(item.get("call_id", ""))))
+        messages.append(Message("tool", str(output), tool_call_id=item["call_id"]))
     # reasoning, web_search_call, local_shell_call, ...: left out.
