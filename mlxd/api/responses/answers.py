@@ -17,7 +17,7 @@ from mlxd.api.events import Finish, OutputEvent, ReasoningDelta, TextDelta, Tool
 from mlxd.api.frames import MARK, cut, encode, encode_text
 from mlxd.api.generation import Answer
 from mlxd.api.plan import Plan
-from mlxd.api.responses.bodies import FIELDS, ResponsesRequest
+from mlxd.api.responses.bodies import FIELDS, ResponsesRequest, thoughts
 from mlxd.api.responses.store import ResponseStore
 from mlxd.errors import MlxdError
 
@@ -86,9 +86,7 @@ class Outcome:
         calls = tuple(
             ToolCall(i["call_id"], i["name"], i["arguments"]) for i in self.output if i["type"] == "function_call"
         )
-        thought = "".join(
-            p["text"] for item in self.output if item["type"] == "reasoning" for p in item["content"]
-        )
+        thought = thoughts(*(p["text"] for item in self.output if item["type"] == "reasoning" for p in item["content"]))
         return Message("assistant", text, tool_calls=calls, reasoning=thought)
 
 

@@ -134,7 +134,7 @@ class ResponsesRequest(BaseModel):
             _add_item(messages, item, f"input[{i}]")
             if thought and messages and messages[-1].role == "assistant":
                 # A reasoning item belongs to the answer (message or call) after it.
-                messages[-1] = replace(messages[-1], reasoning=messages[-1].reasoning + "".join(thought))
+                messages[-1] = replace(messages[-1], reasoning=thoughts(messages[-1].reasoning, *thought))
                 thought = []
         _check_outputs(self.input, messages)
         return tuple(messages)
@@ -165,7 +165,15 @@ def reasoning_text(item: dict[str, Any]) -> str:
     parts = item.get("content") or item.get("summary") or []
     if not isinstance(parts, list):
         return ""
-    return "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
+    return thoughts(*(str(p.get("text", "")) for p in parts if isinstance(p, dict)))
+
+
+def thoughts(*texts: str) -> str:
+    """Pieces of one turn's reasoning (several items, an item's summary
+    parts) as the one text a template writes: a blank line apart, as the
+    Anthropic surface joins thinking blocks. Run together, "...the file is
+    YAML." and "Two keys..." read as one sentence to the model."""
+    return "\n\n".join(t for t in texts if t)
 
 
 def _tool_choice(value: str | dict[str, Any] | None) -> ToolChoice | None:
