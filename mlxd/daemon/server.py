@@ -94,6 +94,7 @@ def build_server(app: ASGIApp, ctx: DaemonContext, on_reload: Callable[[], Await
         # Generous: our own drain has already let streams finish.
         timeout_graceful_shutdown=5,
         timeout_keep_alive=30,
-        http=bounded_protocol(server.max_connections, server.header_timeout_s),
+        http=bounded_protocol(server.max_connections, server.header_timeout_s,
+                              lambda: ctx.settings.server.send_timeout_s),
     )
     return DaemonServer(config, ctx, on_reload=on_reload)
