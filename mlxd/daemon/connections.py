@@ -225,6 +225,14 @@ def bounded_protocol(
             self._cancel_stall_timer()
             super().resume_writing()
 
+        def answering(self) -> bool:
+            """A request on this connection has begun and its answer is not all written."""
+            return self.cycle is not None and not self.cycle.response_complete
+
+        def cut(self) -> None:
+            """Close now, unsent bytes dropped: the app sees a disconnect."""
+            self.transport.abort()
+
         def _cancel_stall_timer(self) -> None:
             if self._stall_timer is not None:
                 self._stall_timer.cancel()
@@ -236,7 +244,7 @@ def bounded_protocol(
             log.warning("%s %s: the client read none of its answer for %g s (server.send_timeout_s); "
                         "connection closed", scope.get("method", "-"), scope.get("path", "-"), bound)
             # Not close(): that waits for the unsent bytes, which this client never takes.
-            self.transport.abort()
+            self.cut()
 
         def _too_slow(self) -> None:
             # Headers, or an announced body's first byte, not in time.

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -139,6 +141,41 @@ def test_a_client_that_stops_reading_its_stream_is_cut_off_after_the_send_time(d
     row = wait_until(lambda: next(iter(httpx.get(f"{daemon.url}/v1/activity", params={"request_id": "stalled"},
                                                  timeout=10).json()["data"]), None), timeout=10)
     assert row["status"] == 499
+
+
+def test_sigterm_ends_within_the_grace_while_a_client_reads_nothing(tmp_path):
+    grace = 3
+    registry = write_registry(tmp_path, [{"name": "a", "model": "llama", "max_concurrency": 10, "max_context": 32768}],
+                              server={"shutdown_grace_seconds": grace})
+    with daemon_process(registry, tmp_path, "--no-watch") as d:
+        port = int(d.url.rsplit(":", 1)[1])
+        # Eight choices with top logprobs: the buffers between the sockets
+        # are full within a second or two, well inside the grace.
+        stalled = {"model": "a", "messages": [{"role": "user", "content": "hello"}], "stream": True, "n": 8,
+                   "max_tokens": 30000, "ignore_eos": True, "logprobs": True, "top_logprobs": 20}
+        reader_lines: list[str] = []
+
+        def read() -> None:
+            body = {"model": "a", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                    "max_tokens": 30000, "ignore_eos": True}
+            with httpx.stream("POST", f"{d.url}/v1/chat/completions", json=body, timeout=60) as answer:
+                reader_lines.extend(line for line in answer.iter_lines() if line)
+
+        with _held([_never_read_stream(port, stalled, "stalled")]):
+            reader = threading.Thread(target=read)
+            reader.start()
+            wait_until(lambda: len(reader_lines) > 5 and "stalled" in _under_way(d), timeout=60)
+            signalled = time.monotonic()
+            d.process.send_signal(signal.SIGTERM)
+            assert d.process.wait(timeout=60) == 0
+            # On the old code uvicorn waited 5 s more for the stalled
+            # connection, then cancelled its task with a traceback.
+            assert time.monotonic() - signalled < grace + 2
+            reader.join(10)
+    # The client that read got the shutdown's error event, then the end.
+    assert reader_lines[-1] == "data: [DONE]" and '"error"' in reader_lines[-2]
+    log = d.log()
+    assert "Traceback" not in log and "timeout graceful shutdown exceeded" not in log
 
 
 def test_headers_past_the_bound_are_a_431_and_the_connection_closed(daemon):
