@@ -80,6 +80,7 @@ class DaemonSettings(BaseSettings):
     max_connections: int | None = Field(default=None, ge=1)
     header_timeout_s: float | None = Field(default=None, gt=0)
     body_timeout_s: float | None = Field(default=None, gt=0)
+    send_timeout_s: float | None = Field(default=None, gt=0)
     # Comma-separated in the environment, like api_keys.
     allowed_hosts: str | None = None
     state_dir: Path = Field(default_factory=default_state_dir)
@@ -153,6 +154,7 @@ SERVER_FIELDS = (
     "max_connections",
     "header_timeout_s",
     "body_timeout_s",
+    "send_timeout_s",
 )
 
 

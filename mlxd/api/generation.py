@@ -315,6 +315,8 @@ _END = object()
 _TICK = object()
 # Put into it when the request is cancelled by id.
 _CANCEL = object()
+# Put into it when the request's own ``timeout`` is over.
+_DEADLINE = object()
 
 
 class LeasedStreamingResponse(StreamingResponse):
@@ -449,6 +451,10 @@ class _StreamState:
             return [], True
         if item is _CANCEL:
             return self.cancel(), True
+        if item is _DEADLINE:
+            late = RequestTimeout(f"Request timed out after {self.plan.timeout:.1f} seconds")
+            self.fail(late)
+            return [self.framer.error(late)], True
         if isinstance(item, BaseException):
             self.fail(item)
             if isinstance(item, MlxdError):  # a backend that failed, a preemption: expected, and typed
@@ -539,6 +545,7 @@ async def _frames(
     inactivity = ctx.settings.server.request_timeout_s
     loop = asyncio.get_running_loop()
     timer: asyncio.TimerHandle | None = None
+    deadline: asyncio.TimerHandle | None = None
     try:
         opening = framer.opening()
         if opening:
@@ -563,6 +570,9 @@ async def _frames(
                 return
         state.events = _choice_events(plan, started)
         producer = asyncio.ensure_future(_pump(started, started.requests, queue))
+        if plan.timeout_asked:
+            # Its wait for the lease was bounded by the same deadline (start's acquire).
+            deadline = loop.call_later(max(0.0, plan.remaining()), queue.put_nowait, _DEADLINE)
         ticket.on_cancel(lambda: queue.put_nowait(_CANCEL))
         last_progress = loop.time()
 
@@ -612,8 +622,9 @@ async def _frames(
         state.error = "client disconnected"
         raise
     finally:
-        if timer is not None:
-            timer.cancel()
+        for handle in (timer, deadline):
+            if handle is not None:
+                handle.cancel()
         if producer is not None:
             await _stop(producer)
         if started is not None:

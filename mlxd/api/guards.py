@@ -11,12 +11,8 @@
 - The body is bounded in size (413) and in time (408): the app reads it
   through this guard, so a client that sends headers and then a trickle
   holds its connection for ``body_timeout_s`` at most.
-- The answer is bounded in time too: a client that takes none of a write
-  for ``request_timeout_s`` (it stopped reading, its socket still open) is
-  treated as gone. The app's stream ends there and gives back what it
-  held: a pulled stream (speech) held its model's lease, and every stream
-  its place in the requests under way, for as long as the client kept the
-  connection open.
+- (A client that stops reading its answer is cut off by the connection
+  itself, after ``send_timeout_s``: ``mlxd.daemon.connections``.)
 
 Every refusal has the error body of the API surface its path belongs to
 (the app's ``ShapeFor``, the same one its error handlers use) and closes the
@@ -28,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
-import logging
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -39,8 +34,6 @@ from mlxd.api.error_responses import ErrorShape, ShapeFor
 from mlxd.errors import BodyTimeout, MlxdError, PayloadTooLarge, PermissionDenied, clip
 from mlxd.registry.model import ServerSpec
 from mlxd.registry.sizing import format_bytes
-
-log = logging.getLogger("mlxd.requests")
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -126,16 +119,7 @@ class RequestGuard:
             await send_error(send, refusal, shape)
             return
         body = _BoundedBody(receive, send, server, shape)
-        try:
-            await self.app(scope, body.receive, body.send)
-        except ClientStalled as stalled:
-            # The app has ended the answer (its stream closed, its lease
-            # given back); nothing more can reach this client.
-            log.warning("%s %s: %s", scope["method"], scope["path"], str(stalled))
-
-
-class ClientStalled(Exception):
-    """A client took none of a write of its answer within the time bound."""
+        await self.app(scope, body.receive, body.send)
 
 
 class _BoundedBody:
@@ -177,16 +161,7 @@ class _BoundedBody:
             return  # the guard has answered already; the app's reply goes nowhere
         if message["type"] == "http.response.start":
             self._started = True
-        # A send waits only while the client's buffers are full (the server's
-        # flow control), so this bounds a client that stopped reading.
-        bound = self._server.request_timeout_s
-        try:
-            async with asyncio.timeout(bound):
-                await self._send(message)
-        except TimeoutError:
-            self._answered = True  # the app's next receive says the client has gone
-            raise ClientStalled(f"the client read none of its answer for {bound:g} s; "
-                                "its answer was ended") from None
+        await self._send(message)
 
     async def _refuse(self, error: MlxdError) -> Message:
         self._answered = True

@@ -139,6 +139,9 @@ class Plan:
     stream: bool
     timeout: float
     started: float = field(default_factory=time.monotonic)
+    # The request gave its own ``timeout``: a stream ends at it too. (The
+    # server's request_timeout_s bounds a stream's silences, not its length.)
+    timeout_asked: bool = False
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     # Vision chat: images checked against the model's rules, read before the lease.
@@ -437,6 +440,7 @@ def plan_chat(
         requests=[request],
         stream=asked.stream,
         timeout=_timeout(ctx, asked),
+        timeout_asked=asked.timeout is not None,
         id=request.request_id,
         images=images,
         output=asked.output,
@@ -484,6 +488,7 @@ def plan_prompts(
         requests=requests,
         stream=asked.stream,
         timeout=_timeout(ctx, asked),
+        timeout_asked=asked.timeout is not None,
         id=plan_id,
         output=asked.output,
         failover=entry.failover,

@@ -1,7 +1,8 @@
 """uvicorn's httptools protocol with the bounds it lacks: how many
 connections are open at once (and from one peer), how long a client may
-take to send its request headers, and how long a request that announced a
-body may wait before its first byte.
+take to send its request headers, how long a request that announced a
+body may wait before its first byte, and how long a client may take none
+of its answer.
 
 Without them, sockets that connect and then send nothing (or half a request
 line) stay open forever and each holds a file descriptor: a few hundred of
@@ -17,6 +18,16 @@ otherwise hold every connection for the whole body timeout.
 One peer may hold half the connections, so a single client cannot take
 them all; a few more are kept for loopback ``GET /health`` alone, so a
 local service manager's check still answers while the bound is reached.
+
+A client that stops reading (its socket open, the kernel's buffers full)
+pauses the transport's writes, and the request's next send waits for it:
+its stream held its batch row, its place among the requests under way and
+its connection for as long as it stayed. Writes paused for
+``send_timeout_s`` (read live: a reload changes it) close the connection,
+unsent bytes dropped; the app sees a disconnect, as for a client that
+went away, and ends the request with a 499. Closed here rather than by
+timing out the app's send: uvicorn then knows the client is gone, and
+logs no "returned without completing response" error of its own.
 """
 
 from __future__ import annotations
@@ -25,12 +36,16 @@ import asyncio
 import collections
 import ipaddress
 import json
+import logging
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from mlxd.errors import HeadersTooLarge, MlxdError, ServiceUnavailable
 from mlxd.registry.sizing import format_bytes
+
+log = logging.getLogger("mlxd.requests")
 
 # The most a request line and its headers may take: well above any real
 # client's (large cookies and bearer tokens included), as nginx's and Node's.
@@ -82,8 +97,11 @@ def _declares_body(headers: list[tuple[bytes, bytes]]) -> bool:
     return False
 
 
-def bounded_protocol(max_connections: int, header_timeout_s: float) -> type[HttpToolsProtocol]:
-    """A protocol class for ``uvicorn.Config(http=...)`` with these bounds."""
+def bounded_protocol(
+    max_connections: int, header_timeout_s: float, send_timeout_s: Callable[[], float]
+) -> type[HttpToolsProtocol]:
+    """A protocol class for ``uvicorn.Config(http=...)`` with these bounds;
+    ``send_timeout_s`` gives the live send bound."""
     refusal = _refusal_bytes()
     too_large = _too_large_bytes()
     per_peer = max(1, max_connections // 2)
@@ -102,6 +120,8 @@ def bounded_protocol(max_connections: int, header_timeout_s: float) -> type[Http
         # bytes of it have come so far.
         _in_head = True
         _head_bytes = 0
+        # Armed while the transport's writes are paused (the client reads nothing).
+        _stall_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             peer = _peer_of(transport)
@@ -141,6 +161,8 @@ def bounded_protocol(max_connections: int, header_timeout_s: float) -> type[Http
             if self._refused:
                 return
             self._cancel_header_timer()
+            # (uvicorn resumes its own flow control here, not through resume_writing.)
+            self._cancel_stall_timer()
             if self._health_only:
                 health_room[0] += 1
             by_peer[self._peer] -= 1
@@ -192,6 +214,37 @@ def bounded_protocol(max_connections: int, header_timeout_s: float) -> type[Http
             if self._header_timer is not None:
                 self._header_timer.cancel()
                 self._header_timer = None
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self._stall_timer is None:
+                bound = send_timeout_s()
+                self._stall_timer = self.loop.call_later(bound, self._stalled, bound)
+
+        def resume_writing(self) -> None:
+            self._cancel_stall_timer()
+            super().resume_writing()
+
+        def answering(self) -> bool:
+            """A request on this connection has begun and its answer is not all written."""
+            return self.cycle is not None and not self.cycle.response_complete
+
+        def cut(self) -> None:
+            """Close now, unsent bytes dropped: the app sees a disconnect."""
+            self.transport.abort()
+
+        def _cancel_stall_timer(self) -> None:
+            if self._stall_timer is not None:
+                self._stall_timer.cancel()
+                self._stall_timer = None
+
+        def _stalled(self, bound: float) -> None:
+            self._stall_timer = None
+            scope = getattr(self, "scope", None) or {}
+            log.warning("%s %s: the client read none of its answer for %g s (server.send_timeout_s); "
+                        "connection closed", scope.get("method", "-"), scope.get("path", "-"), bound)
+            # Not close(): that waits for the unsent bytes, which this client never takes.
+            self.cut()
 
         def _too_slow(self) -> None:
             # Headers, or an announced body's first byte, not in time.

@@ -3,7 +3,10 @@
 SIGTERM or SIGINT starts a drain: new requests get 503, in-flight requests and
 streams finish up to ``shutdown_grace_seconds``, what remains is aborted with a
 proper final chunk, every model's cache is saved and the model unloaded, and
-the process exits 0. A second signal forces a fast exit (cache files are
+the process exits 0. An answer still being written when the grace is over
+(and the drain's aborts have had a moment to send their final chunks) has a
+client that is not reading it: its connection is closed then, rather than
+held for uvicorn's own graceful-shutdown wait. A second signal forces a fast exit (cache files are
 written atomically, so even that leaves nothing corrupt). SIGHUP reloads the
 registry.
 """
@@ -23,6 +26,11 @@ from mlxd.api.context import DaemonContext
 from mlxd.daemon.connections import bounded_protocol
 
 log = logging.getLogger("mlxd")
+
+# After the drain, how long the streams it aborted get to write their final
+# chunks to clients that read them (milliseconds on loopback), even when the
+# grace is already over.
+FINAL_CHUNK_SECONDS = 0.5
 
 
 class DaemonServer(uvicorn.Server):
@@ -74,12 +82,35 @@ class DaemonServer(uvicorn.Server):
         self._drain = asyncio.ensure_future(self._drain_and_exit())
 
     async def _drain_and_exit(self) -> None:
+        loop = asyncio.get_running_loop()
+        grace = self.ctx.settings.server.shutdown_grace_seconds
+        deadline = loop.time() + grace
         try:
-            await self.ctx.manager.shutdown(self.ctx.settings.server.shutdown_grace_seconds)
+            await self.ctx.manager.shutdown(grace)
+            await self._close_unread_answers(max(deadline, loop.time() + FINAL_CHUNK_SECONDS))
         except Exception:
             log.exception("drain failed")
         finally:
             self.should_exit = True
+
+    async def _close_unread_answers(self, until: float) -> None:
+        """Answers still being written may finish until ``until``; the
+        connections of those that have not are closed (their requests end
+        as 499s)."""
+        loop = asyncio.get_running_loop()
+
+        def unfinished() -> list:
+            # Every connection is build_server's bounded protocol.
+            return [c for c in self.server_state.connections if c.answering()]  # type: ignore[union-attr]
+
+        while unfinished() and loop.time() < until:
+            await asyncio.sleep(0.05)
+        stuck = unfinished()
+        for connection in stuck:
+            connection.cut()
+        if stuck:
+            log.warning("shutdown: closed %d connection(s) whose client read none of the rest of its answer "
+                        "within the grace", len(stuck))
 
 
 def build_server(app: ASGIApp, ctx: DaemonContext, on_reload: Callable[[], Awaitable[object]] | None) -> DaemonServer:
@@ -91,9 +122,11 @@ def build_server(app: ASGIApp, ctx: DaemonContext, on_reload: Callable[[], Await
         port=server.port,
         log_config=None,
         access_log=False,
-        # Generous: our own drain has already let streams finish.
+        # Generous: our own drain has already let streams finish and closed
+        # the connections of clients that were not reading.
         timeout_graceful_shutdown=5,
         timeout_keep_alive=30,
-        http=bounded_protocol(server.max_connections, server.header_timeout_s),
+        http=bounded_protocol(server.max_connections, server.header_timeout_s,
+                              lambda: ctx.settings.server.send_timeout_s),
     )
     return DaemonServer(config, ctx, on_reload=on_reload)

@@ -321,6 +321,8 @@ class ServerSpec:
     max_connections: int = 256
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
+    # A client that takes none of its answer for this long is cut off.
+    send_timeout_s: float = 30.0
     # Decoded image pixels held at once, across every request.
     max_image_memory_bytes: int = 1 << 30
     # Speech routes: upload size, decoded seconds and sample bytes, TTS text length.

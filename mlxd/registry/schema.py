@@ -95,6 +95,7 @@ class ServerSection(_Section):
     max_connections: Int = Field(256, ge=1)
     header_timeout_s: PositiveFloat = 10.0
     body_timeout_s: PositiveFloat = 30.0
+    send_timeout_s: PositiveFloat = 30.0
     max_image_memory: ByteSize = Field(1 << 30, ge=1 << 20)
     # Speech routes (docs/audio.md): an upload's size, its decoded length and
     # sample memory (checked from its header, before any decoding or lease),

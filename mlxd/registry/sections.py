@@ -72,6 +72,7 @@ class Sections:
                 max_connections=s.max_connections,
                 header_timeout_s=s.header_timeout_s,
                 body_timeout_s=s.body_timeout_s,
+                send_timeout_s=s.send_timeout_s,
                 max_image_memory_bytes=s.max_image_memory,
                 max_audio_bytes=s.max_audio_bytes,
                 max_audio_seconds=s.max_audio_seconds,

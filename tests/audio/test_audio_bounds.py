@@ -109,7 +109,7 @@ def test_a_speech_client_that_stops_reading_gives_the_model_back(tmp_path, sopra
     # socket open) held the entry's only slot for as long as it stayed, and
     # every other speech request got a 504.
     registry = write_registry(tmp_path, [{"name": "soprano", "path": str(soprano_dir), "kind": "speech"}],
-                              server={"request_timeout_s": 5})
+                              server={"send_timeout_s": 2})
     with daemon_in_thread(registry, tmp_path) as daemon:
         port = int(daemon.url.rsplit(":", 1)[1])
         body = {"model": "soprano", "input": "Hello there, how are you doing today. " * 25, "response_format": "pcm"}

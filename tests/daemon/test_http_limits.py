@@ -5,6 +5,8 @@ tokenizer kept off the MLX worker, start-up errors, what the log records."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import socket
 import subprocess
 import sys
@@ -103,6 +105,21 @@ def test_a_client_may_ask_for_less_time(limited):
     body = {"model": "qwen", "messages": CHAT, "max_tokens": 8000, "ignore_eos": True, "timeout": 0.5}
     answer = httpx.post(f"{limited.url}/v1/chat/completions", json=body, timeout=120)
     assert answer.status_code == 504 and "0.5 seconds" in answer.json()["error"]["message"]
+
+
+def test_a_streams_own_timeout_ends_it_with_an_error_event(limited):
+    # On the old code the timeout bounded only the wait for the model: the
+    # stream ran on to its 8,000 tokens.
+    body = {"model": "qwen", "messages": CHAT, "max_tokens": 8000, "ignore_eos": True, "timeout": 1, "stream": True}
+    began = time.monotonic()
+    with httpx.stream("POST", f"{limited.url}/v1/chat/completions", json=body, timeout=120) as answer:
+        lines = [line for line in answer.iter_lines() if line]
+        assert answer.status_code == 200
+    assert time.monotonic() - began < 2.5
+    assert lines[-1] == "data: [DONE]"
+    error = json.loads(lines[-2].removeprefix("data: "))["error"]
+    assert "1.0 seconds" in error["message"] and error["type"] == "timeout_error"
+    assert re.search(r"status=504 .*stream=True", limited.log(re.compile(r"status=504 .*stream=True")))
 
 
 def test_completions_take_at_most_max_prompts(limited):

@@ -1,14 +1,18 @@
 """Slow clients cannot take every connection: one peer holds at most half,
-a body announced but never begun is closed after the header time, and a
-loopback health check answers while the bound is reached. Real sockets
-against a real daemon; peers are told apart by their loopback source
-address (127.0.0.2, 127.0.0.3, ...: all of 127/8 is loopback)."""
+a body announced but never begun is closed after the header time, a
+loopback health check answers while the bound is reached, and a client
+that stops reading is cut off after the send time. Real sockets against a
+real daemon; peers are told apart by their loopback source address
+(127.0.0.2, 127.0.0.3, ...: all of 127/8 is loopback)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import socket
+import threading
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -26,10 +30,10 @@ HEAD = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type:
 def daemon(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("slow")
     # The body timeout is left at its default (30 s): what holds a slow
-    # client's connection in the field.
+    # client's connection in the field. The request timeout too (300 s).
     registry = write_registry(tmp, [{"name": "qwen", "model": "qwen"},
-                                    {"name": "solo", "model": "llama", "max_concurrency": 1}],
-                              server={"max_connections": BOUND, "header_timeout_s": 1})
+                                    {"name": "pair", "model": "llama", "max_concurrency": 2, "max_context": 32768}],
+                              server={"max_connections": BOUND, "header_timeout_s": 1, "send_timeout_s": 2})
     with daemon_process(registry, tmp, "--no-watch") as d:
         d.port = int(d.url.rsplit(":", 1)[1])
         yield d
@@ -93,7 +97,7 @@ def test_a_loopback_health_check_answers_while_slow_bodies_hold_every_connection
     assert httpx.get(f"{daemon.url}/health", timeout=10).status_code == 200
 
 
-def _never_read_stream(port: int, body: dict) -> socket.socket:
+def _never_read_stream(port: int, body: dict, request_id: str) -> socket.socket:
     """A stream request from a client that never reads its answer: a small
     receive buffer, so the daemon's sends block once the kernel's are full."""
     sock = socket.socket()
@@ -101,23 +105,77 @@ def _never_read_stream(port: int, body: dict) -> socket.socket:
     sock.connect(("127.0.0.1", port))
     data = json.dumps(body).encode()
     sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-                 b"content-length: %d\r\n\r\n" % len(data) + data)
+                 b"x-request-id: %s\r\ncontent-length: %d\r\n\r\n" % (request_id.encode(), len(data)) + data)
     return sock
 
 
-def test_a_client_that_stops_reading_its_stream_does_not_keep_the_models_slot(daemon):
-    # Top logprobs make each token's frame over a kilobyte: megabytes in
-    # all, more than the kernel buffers between the two sockets hold.
-    body = {"model": "solo", "messages": [{"role": "user", "content": "hello"}], "stream": True,
-            "max_tokens": 4000, "ignore_eos": True, "logprobs": True, "top_logprobs": 20}
-    with _held([_never_read_stream(daemon.port, body)]):
-        wait_until(lambda: daemon.model("solo")["engine"].get("tokens_generated", 0) >= 4000, timeout=120)
-        # On the old code the lease stayed held until the client read or
-        # closed, and every other request of the model waited behind it.
-        wait_until(lambda: daemon.model("solo")["active_leases"] == 0, timeout=10)
-        other = httpx.post(f"{daemon.url}/v1/chat/completions", timeout=30, json={
-            "model": "solo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
-        assert other.status_code == 200
+def _under_way(daemon) -> list[str]:
+    return [r["id"] for r in httpx.get(f"{daemon.url}/v1/requests", timeout=10).json()["data"]]
+
+
+def test_a_client_that_stops_reading_its_stream_is_cut_off_after_the_send_time(daemon):
+    # Top logprobs make each token's frame over a kilobyte, so the kernel's
+    # buffers between the two sockets fill within seconds; the generation
+    # (30,000 tokens) would take minutes.
+    body = {"model": "pair", "messages": [{"role": "user", "content": "hello"}], "stream": True,
+            "max_tokens": 30000, "ignore_eos": True, "logprobs": True, "top_logprobs": 20}
+    with _held([_never_read_stream(daemon.port, body, "stalled")]):
+        wait_until(lambda: "stalled" in _under_way(daemon), timeout=60)
+        began = time.monotonic()
+        # The model's other row serves other clients meanwhile, promptly.
+        while "stalled" in _under_way(daemon):
+            asked = time.monotonic()
+            other = httpx.post(f"{daemon.url}/v1/chat/completions", timeout=30, json={
+                "model": "pair", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True})
+            assert other.status_code == 200 and other.text.rstrip().endswith("data: [DONE]")
+            assert time.monotonic() - asked < 5
+            # On the old code it kept its row, generating, until the request
+            # timeout (300 s) or its 30,000 tokens, whichever came first.
+            assert time.monotonic() - began < 30, "the stalled stream is still under way"
+        assert daemon.model("pair")["active_leases"] == 0
+    log = daemon.log("read none of its answer")
+    stalled_lines = [line for line in log.splitlines() if "read none of its answer" in line]
+    assert len(stalled_lines) == 1 and "POST /v1/chat/completions" in stalled_lines[0] and "2 s" in stalled_lines[0]
+    # One line, not uvicorn's own error about an unfinished response.
+    assert "without completing response" not in log and "Traceback" not in log
+    row = wait_until(lambda: next(iter(httpx.get(f"{daemon.url}/v1/activity", params={"request_id": "stalled"},
+                                                 timeout=10).json()["data"]), None), timeout=10)
+    assert row["status"] == 499
+
+
+def test_sigterm_ends_within_the_grace_while_a_client_reads_nothing(tmp_path):
+    grace = 3
+    registry = write_registry(tmp_path, [{"name": "a", "model": "llama", "max_concurrency": 10, "max_context": 32768}],
+                              server={"shutdown_grace_seconds": grace})
+    with daemon_process(registry, tmp_path, "--no-watch") as d:
+        port = int(d.url.rsplit(":", 1)[1])
+        # Eight choices with top logprobs: the buffers between the sockets
+        # are full within a second or two, well inside the grace.
+        stalled = {"model": "a", "messages": [{"role": "user", "content": "hello"}], "stream": True, "n": 8,
+                   "max_tokens": 30000, "ignore_eos": True, "logprobs": True, "top_logprobs": 20}
+        reader_lines: list[str] = []
+
+        def read() -> None:
+            body = {"model": "a", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                    "max_tokens": 30000, "ignore_eos": True}
+            with httpx.stream("POST", f"{d.url}/v1/chat/completions", json=body, timeout=60) as answer:
+                reader_lines.extend(line for line in answer.iter_lines() if line)
+
+        with _held([_never_read_stream(port, stalled, "stalled")]):
+            reader = threading.Thread(target=read)
+            reader.start()
+            wait_until(lambda: len(reader_lines) > 5 and "stalled" in _under_way(d), timeout=60)
+            signalled = time.monotonic()
+            d.process.send_signal(signal.SIGTERM)
+            assert d.process.wait(timeout=60) == 0
+            # On the old code uvicorn waited 5 s more for the stalled
+            # connection, then cancelled its task with a traceback.
+            assert time.monotonic() - signalled < grace + 2
+            reader.join(10)
+    # The client that read got the shutdown's error event, then the end.
+    assert reader_lines[-1] == "data: [DONE]" and '"error"' in reader_lines[-2]
+    log = d.log()
+    assert "Traceback" not in log and "timeout graceful shutdown exceeded" not in log
 
 
 def test_headers_past_the_bound_are_a_431_and_the_connection_closed(daemon):

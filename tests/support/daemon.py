@@ -95,7 +95,7 @@ class Daemon:
         if until is None:
             return self.log_path.read_text() if self.log_path else ""
         if isinstance(until, str):
-            found = until.__contains__
+            found = lambda text: until in text  # noqa: E731
         elif isinstance(until, re.Pattern):
             found = until.search
         else:
