@@ -175,6 +175,9 @@ def main() -> None:
     parser.add_argument("--warm", action="store_true",
                         help="before each row count, verify every block width at it as the daemon's warm-up does "
                              "(mlxd.engine.warmup.speculative_runs), so no configuration pays first uses of shapes")
+    parser.add_argument("--trace", action="store_true",
+                        help="print each governed step: chosen (S/p), then the kind recorded (p/s/l), its tokens "
+                             "and ms, and the governor after it (+ on, - off)")
     parser.add_argument("--keep-governor", action="store_true",
                         help="one governor across the governed runs, as a daemon's engine keeps one")
     parser.add_argument("--temperature", type=float, default=0.0,
@@ -230,16 +233,20 @@ def main() -> None:
         def __init__(self) -> None:
             super().__init__()
             self.tally: dict[str, list[float]] = {}
+            self.trace: list[str] = []  # --trace: one entry a step
 
         def choose(self, batch: int, context: int = 0) -> bool:
             chosen = super().choose(batch, context)
             self.tally.setdefault("chosen speculative" if chosen else "chosen plain", []).append(0.0)
+            self.trace.append("S" if chosen else "p")
             return chosen
 
         def record(self, speculative: bool, tokens: int, seconds: float, leaving: bool = False) -> None:
             kind = "leaving" if leaving else "speculative" if speculative else "plain"
             self.tally.setdefault(kind, []).append(seconds)
             super().record(speculative, tokens, seconds, leaving)
+            # What the step was, its tokens, its ms, and the governor after it (+ on, - off).
+            self.trace[-1] += f"{kind[0]}{tokens}:{1000 * seconds:.1f}{'+' if self.active else '-'}"
 
         def report(self) -> str:
             return ", ".join(f"{k} {len(v)}" + (f" ({1000 * sum(v) / len(v):.1f} ms)" if any(v) else "")
@@ -309,6 +316,9 @@ def main() -> None:
                 r["speedup"] = generator.governor.speedup
                 r["steps_by_kind"] = {k: [len(v), sum(v)] for k, v in generator.governor.tally.items()}
                 print(f"  {rows} rows, governor's steps: {generator.governor.report()}", flush=True)
+                if args.trace:
+                    print(f"  trace: {' '.join(generator.governor.trace)}", flush=True)
+                generator.governor.trace = []
             base = base or r
             results[f"{rows}/{name}" + (f"/{repeat}" if args.repeats > 1 else "")] = {
                 k: v for k, v in r.items() if k != "text"}
