@@ -4,6 +4,7 @@ matters)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import Literal
@@ -117,7 +118,11 @@ def test_a_stop_sequence_ends_the_answer_and_is_named(client, daemon, model):
 
 def _events(daemon, body, headers=None):
     """The stream's (event, data) pairs as they come over the wire."""
-    out = []
+    return list(_event_stream(daemon, body, headers))
+
+
+def _event_stream(daemon, body, headers=None):
+    """The stream's (event, data) pairs, each as it comes over the wire."""
     with httpx.stream(
         "POST", f"{daemon.url}/v1/messages?beta=true", json=body, timeout=60,
         headers={"x-api-key": KEY, "anthropic-version": "2023-06-01", **(headers or {})},
@@ -130,15 +135,20 @@ def _events(daemon, body, headers=None):
             elif line.startswith("data: "):
                 data = json.loads(line[6:])
                 assert data["type"] == name
-                out.append((name, data))
-    return out
+                yield name, data
 
 
 def test_pings_flow_while_the_request_waits_for_the_model(daemon):
-    # "qwen" serves one request at a time.
-    with model_held(daemon, "qwen"):
-        events = _events(daemon, {"model": "qwen", "max_tokens": 4, "stream": True, "messages": USER})
-    names = [n for n, _ in events]
+    # "qwen" serves one request at a time. The holder lets go once two pings
+    # have come (a request that waited); held to the end, it ran until the
+    # tiny model's context was full (about 10 s).
+    names: list[str] = []
+    with contextlib.ExitStack() as held:
+        held.enter_context(model_held(daemon, "qwen"))
+        for name, _ in _event_stream(daemon, {"model": "qwen", "max_tokens": 4, "stream": True, "messages": USER}):
+            names.append(name)
+            if names.count("ping") == 2:
+                held.close()
     first_block = names.index("content_block_start")
     assert names[0] == "message_start"
     # More than the one ping that always follows message_start: the request waited.

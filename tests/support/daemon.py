@@ -95,7 +95,10 @@ class Daemon:
         if until is None:
             return self.log_path.read_text() if self.log_path else ""
         if isinstance(until, str):
-            found = lambda text: until in text  # noqa: E731
+            # Not ``until.__contains__``: that asks whether the log is in the
+            # text, so it waited out every timeout (or, on an empty log, none).
+            def found(text: str) -> bool:
+                return until in text
         elif isinstance(until, re.Pattern):
             found = until.search
         else:
