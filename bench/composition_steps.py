@@ -65,6 +65,9 @@ class Plain:
     def would_draft(self, then: list[int] | None = None) -> bool:
         return False
 
+    def could_draft_next(self) -> bool:
+        return False
+
     def commit(self, emitted: list[list[int]], drafted: list[int]) -> None:
         pass
 

@@ -44,6 +44,9 @@ class RepeatDrafter:
     def would_draft(self) -> bool:
         return True
 
+    def could_draft_next(self) -> bool:
+        return True
+
     def commit(self, emitted: list[list[int]], _drafted: list[int]) -> None:
         self.last = [e[-1] if e else t for e, t in zip(emitted, self.last)]
 

@@ -66,6 +66,14 @@ class NgramIndex:
         history = self.tokens if then is None else [*self.tokens[-self.max_n :], then]
         return self._continuation(history) is not None
 
+    def could_draft_next(self) -> bool:
+        """Whether ``would_draft(then)`` can hold for any ``then``: every
+        suffix it matches ends in the last token and ``then``, so that last
+        token must have occurred before, followed by something. Exact in the
+        one direction that matters: False means no token coming next finds
+        a draft."""
+        return bool(self.tokens) and (self.tokens[-1],) in self._next
+
     def _continuation(self, history: Sequence[int]) -> int | None:
         """Where what followed the latest occurrence of ``history``'s longest
         known suffix starts; None when no suffix matches."""

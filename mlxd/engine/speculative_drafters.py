@@ -72,6 +72,12 @@ class PromptLookup:
             return any(index.would_draft() for index in self._rows)
         return any(index.would_draft(token) for index, token in zip(self._rows, then))
 
+    def could_draft_next(self) -> bool:
+        """Whether some row could draft once the token on its way is in,
+        whatever that token is: where none could, a batch running one ahead
+        need not read that token back to ask (``NgramIndex.could_draft_next``)."""
+        return any(index.could_draft_next() for index in self._rows)
+
     def commit(self, emitted: list[list[int]], drafted: list[int]) -> None:
         plain = not any(drafted)
         for index, shadow, tokens in zip(self._rows, self._shadows, emitted):
@@ -142,6 +148,9 @@ class DraftModel:
 
     def would_draft(self, then: list[int] | None = None) -> bool:
         """A draft model drafts for every row, every step."""
+        return bool(self._pending)
+
+    def could_draft_next(self) -> bool:
         return bool(self._pending)
 
     def shadow_counts(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from mlxd.engine.speculative_core import NgramIndex, SpecStats, accept, next_draft_length, rollback
@@ -32,6 +34,18 @@ def test_whether_a_row_would_draft_now_or_after_the_token_on_its_way() -> None:
     assert index.tokens == [5, 1, 2, 9, 7, 1]  # asking keeps nothing
     for then, history in [(2, [5, 1, 2, 9, 7, 1, 2]), (4, [5, 1, 2, 9, 7, 1, 4])]:
         assert index.would_draft(then) == bool(NgramIndex(history).draft(1))
+
+
+def test_a_row_whose_last_token_is_new_cannot_draft_whatever_comes_next() -> None:
+    """What lets a batch running one ahead skip reading the token on its way
+    back: no draft can follow it unless the last token occurred before."""
+    assert not NgramIndex([5, 1, 2, 9, 7]).could_draft_next()  # 7 is new
+    assert NgramIndex([5, 1, 2, 9, 7, 1]).could_draft_next()  # 1 occurred, followed by 2
+    rng = random.Random(3)
+    for _ in range(300):
+        index = NgramIndex([rng.randrange(6) for _ in range(rng.randrange(1, 12))])
+        if not index.could_draft_next():
+            assert not any(index.would_draft(then) for then in range(6))
 
 
 def test_a_row_drafts_less_after_misses_and_doubles_back_while_it_copies() -> None:
