@@ -20,7 +20,7 @@ from mlxd.errors import BadRequest, ModelNotFound, PermissionDenied
 from mlxd.registry.kinds import CHAT, COMPLETION, ROUTE_PATHS, ModelKind
 from mlxd.registry.model import FailoverSpec, ModelSpec, SamplingDefaults
 from mlxd.engine.contract import AnswerFormats
-from mlxd.tools.output_plan import check_output
+from mlxd.tools.output_plan import check_output, whole_answer_grammar
 from mlxd.tools.output_request import OutputRequest
 
 if TYPE_CHECKING:
@@ -409,6 +409,18 @@ def _check_output(entry: Entry, output: OutputRequest) -> None:
         raise BadRequest(f"{without[0].name.capitalize()} models do not support `{param}` yet.", param=param)
 
 
+def _check_ignore_eos(asked: Requested) -> None:
+    """``ignore_eos`` decodes past the end of the answer, and a grammar over
+    the whole answer (a JSON format, a forced call) ends it where the
+    grammar does: past that end the grammar allows nothing, and the answer
+    went on unconstrained, valid JSON then whatever the model wrote, which
+    no client can parse."""
+    param = whole_answer_grammar(asked.output) if asked.ignore_eos else None
+    if param is not None:
+        raise BadRequest(f"`ignore_eos` decodes past the end of the answer, and `{param}` ends the answer where its "
+                         "grammar does: send one or the other.", param="ignore_eos")
+
+
 def plan_chat(
     ctx: DaemonContext, asked: Requested, conversation: Conversation, *, kind: str = "chat", id_prefix: str = "chatcmpl-",
     caller: Caller = ANONYMOUS,
@@ -417,6 +429,7 @@ def plan_chat(
     check_route(entry, asked.model, CHAT)
     spec = entry.spec
     images = check_chat(entry, asked.model, conversation, asked.output)
+    _check_ignore_eos(asked)
     asked = replace(asked, reasoning=settled(asked.prompt_end, asked.reasoning, asked.output))
     defaults = merged_defaults(spec, entry.failover)
     request = GenerationRequest(
@@ -469,6 +482,7 @@ def plan_prompts(
     # Only response_format reaches here (a raw prompt has no template for tools):
     # its grammar constrains the text after the prompt as it does a chat answer.
     _check_output(entry, asked.output)
+    _check_ignore_eos(asked)
     defaults = merged_defaults(entry.spec, entry.failover)
     max_tokens = resolve_max_tokens(ctx, asked, defaults)
     sampling = resolve_sampling(asked.sampling, defaults)

@@ -508,6 +508,14 @@ def test_what_stays_refused_is_a_clear_400(daemon):
         ("/v1/completions", {"prompt": "x", "logprobs": 2}, "logprobs"),
         ("/v1/chat/completions", {"messages": ASK, "top_logprobs": 2}, "top_logprobs"),
         ("/v1/chat/completions", {"messages": ASK, "logprobs": True, "tools": TOOLS}, "logprobs"),
+        # A structured answer ends where its grammar does; ignore_eos would
+        # run on past it, unconstrained (valid JSON, then anything).
+        ("/v1/chat/completions", {"messages": ASK, "ignore_eos": True, "response_format": {"type": "json_object"}},
+         "ignore_eos"),
+        ("/v1/chat/completions", {"messages": ASK, "ignore_eos": True, "tools": TOOLS, "tool_choice": "required"},
+         "ignore_eos"),
+        ("/v1/completions", {"prompt": "x", "ignore_eos": True, "response_format": {"type": "json_object"}},
+         "ignore_eos"),
     ]
     for path, extra, param in cases:
         response = httpx.post(f"{daemon.url}{path}", json={"model": "tooly", "max_tokens": 2, **extra}, timeout=60)
