@@ -344,3 +344,19 @@ async def test_anthropic_refuses_a_tool_result_that_answers_no_tool_use_before_i
     assert "`toolu_2` answers no tool_use block" in anthropic_error(call)["message"]
     messages[2]["content"][0]["tool_use_id"] = "toolu_1"
     assert (await answer(tmp_path, "/v1/messages", {**MESSAGES, "messages": messages})).status == 200
+
+
+async def test_anthropic_refuses_a_tool_use_left_without_its_result_in_the_next_message(tmp_path):
+    uses = [{"type": "tool_use", "id": f"toolu_{n}", "name": "lookup", "input": {}} for n in (1, 2)]
+    answered = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "42"}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": uses},
+                {"role": "user", "content": [answered, {"type": "text", "text": "and?"}]}]
+    call = await answer(tmp_path, "/v1/messages", {**MESSAGES, "messages": messages})
+    assert call.status == 400
+    error = anthropic_error(call)
+    assert error["message"].startswith("messages.1: `tool_use` ids were found without `tool_result` blocks")
+    assert "toolu_2" in error["message"] and "toolu_1" not in error["message"].split("after:")[1]
+    messages[2]["content"].insert(1, {**answered, "tool_use_id": "toolu_2"})
+    assert (await answer(tmp_path, "/v1/messages", {**MESSAGES, "messages": messages})).status == 200
+    # A conversation that ends with the calls is the model's turn to go on, not refused here.
+    assert (await answer(tmp_path, "/v1/messages", {**MESSAGES, "messages": messages[:2]})).status == 200

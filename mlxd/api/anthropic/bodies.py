@@ -97,8 +97,8 @@ class _Base(BaseModel):
         for i, message in enumerate(self.messages):
             turn = _messages(message, f"messages[{i}]")
             _check_results(turn, called, f"messages[{i}]")
-            if message.role == "assistant":
-                called = ToolTurn.of(turn, i)
+            _check_all_answered(called)
+            called = ToolTurn.of(turn, i) if message.role == "assistant" else ToolTurn()
             messages += turn
         return Conversation(tuple(messages))
 
@@ -264,6 +264,18 @@ def _check_results(turn: list[Message], called: ToolTurn, param: str) -> None:
             raise BadRequest(
                 f"{param}: a tool_result's tool_use_id `{message.tool_call_id}` answers no tool_use block of the "
                 "assistant message before it", param=f"{param}.content")
+
+
+def _check_all_answered(called: ToolTurn) -> None:
+    """The message after an assistant turn with tool_use blocks answers each
+    of them, as Anthropic requires (its words): a call left unanswered
+    reached the template as a call the model then waits on. A conversation
+    that ends with the calls is not checked here (its answer comes next)."""
+    if called.unanswered():
+        raise BadRequest(
+            f"messages.{called.at}: `tool_use` ids were found without `tool_result` blocks immediately after: "
+            f"{', '.join(called.unanswered())}. Each `tool_use` block must have a corresponding `tool_result` "
+            "block in the next message.", param=f"messages[{called.at}].content")
 
 
 def _messages(message: AnthropicMessage, param: str) -> list[Message]:
