@@ -23,7 +23,8 @@ A client that stops reading (its socket open, the kernel's buffers full)
 pauses the transport's writes, and the request's next send waits for it:
 its stream held its batch row, its place among the requests under way and
 its connection for as long as it stayed. Writes paused for
-``send_timeout_s`` (read live: a reload changes it) close the connection,
+``send_timeout_s`` (read live: a reload changes it) with none of the
+buffered answer taken in that time close the connection,
 unsent bytes dropped; the app sees a disconnect, as for a client that
 went away, and ends the request with a 499. Closed here rather than by
 timing out the app's send: uvicorn then knows the client is gone, and
@@ -37,6 +38,9 @@ import collections
 import ipaddress
 import json
 import logging
+import socket
+import struct
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +54,30 @@ log = logging.getLogger("mlxd.requests")
 # The most a request line and its headers may take: well above any real
 # client's (large cookies and bearer tokens included), as nginx's and Node's.
 MAX_HEAD_BYTES = 64 * 1024
+
+# macOS's getsockopt for the bytes in a socket's send buffer (<sys/socket.h>).
+SO_NWRITE = 0x1024
+
+
+def unsent_bytes(transport: Any) -> int:
+    """Bytes of the answer the client has not taken: the transport's
+    buffer and the kernel's send queue. The kernel's counts: a socket
+    reports room to write only once a good part of its (megabytes of) send
+    buffer is free, so a slow reader empties that first, for many seconds,
+    while the transport's buffer stands still."""
+    queued = 0
+    sock = transport.get_extra_info("socket")
+    try:
+        if sock is not None and sys.platform == "darwin":
+            queued = sock.getsockopt(socket.SOL_SOCKET, SO_NWRITE)
+        elif sock is not None and sys.platform.startswith("linux"):
+            import fcntl
+            import termios
+
+            queued = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+    except OSError:
+        pass  # closed meanwhile: the transport's figure alone
+    return transport.get_write_buffer_size() + queued
 
 
 def _answer_bytes(error: MlxdError, status: str) -> bytes:
@@ -218,8 +246,7 @@ def bounded_protocol(
         def pause_writing(self) -> None:
             super().pause_writing()
             if self._stall_timer is None:
-                bound = send_timeout_s()
-                self._stall_timer = self.loop.call_later(bound, self._stalled, bound)
+                self._watch_stall()
 
         def resume_writing(self) -> None:
             self._cancel_stall_timer()
@@ -238,8 +265,19 @@ def bounded_protocol(
                 self._stall_timer.cancel()
                 self._stall_timer = None
 
-        def _stalled(self, bound: float) -> None:
+        def _watch_stall(self) -> None:
+            bound = send_timeout_s()
+            self._stall_timer = self.loop.call_later(bound, self._stalled, bound, unsent_bytes(self.transport))
+
+        def _stalled(self, bound: float, unsent: int) -> None:
             self._stall_timer = None
+            if unsent_bytes(self.transport) < unsent:
+                # The client took some of it: a slow reader, not a stalled
+                # one. Writes stay paused until it has taken most of what is
+                # buffered, which at a slow link's pace (a large JSON body, a
+                # speech file) takes longer than the bound.
+                self._watch_stall()
+                return
             scope = getattr(self, "scope", None) or {}
             log.warning("%s %s: the client read none of its answer for %g s (server.send_timeout_s); "
                         "connection closed", scope.get("method", "-"), scope.get("path", "-"), bound)

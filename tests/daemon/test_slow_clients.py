@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import socket
 import threading
@@ -141,6 +142,35 @@ def test_a_client_that_stops_reading_its_stream_is_cut_off_after_the_send_time(d
     row = wait_until(lambda: next(iter(httpx.get(f"{daemon.url}/v1/activity", params={"request_id": "stalled"},
                                                  timeout=10).json()["data"]), None), timeout=10)
     assert row["status"] == 499
+
+
+def test_a_client_that_reads_a_large_answer_slowly_but_steadily_gets_all_of_it(daemon):
+    # A non-streamed answer of megabytes (each token's top logprobs) is one
+    # write: the kernel takes a couple of MB, the rest waits in the
+    # connection's buffer, its writes paused until the client has read
+    # nearly all of it, which a slow link takes far longer than the send
+    # time (2 s) to do.
+    body = {"model": "pair", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2400,
+            "ignore_eos": True, "logprobs": True, "top_logprobs": 20}
+    with _held([_never_read_stream(daemon.port, body, "slow-reader")]) as (sock,):
+        sock.settimeout(60)
+        received = sock.recv(4096)  # the answer is written once it is whole
+        began = time.monotonic()
+        while time.monotonic() - began < 5:  # about 40 KB/s, for over two send times
+            received += sock.recv(4096)
+            time.sleep(0.1)
+        # The rest at loopback speed.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        head, _, answer = received.partition(b"\r\n\r\n")
+        length = int(re.search(rb"content-length: (\d+)", head).group(1))
+        # On the old code the connection was closed 2 s into this, the JSON cut short.
+        while len(answer) < length and (piece := sock.recv(1 << 20)):
+            answer += piece
+    assert head.startswith(b"HTTP/1.1 200") and length > 3_000_000
+    assert len(answer) == length
+    assert json.loads(answer)["usage"]["completion_tokens"] == 2400
+    row = httpx.get(f"{daemon.url}/v1/activity", params={"request_id": "slow-reader"}, timeout=10).json()["data"][0]
+    assert row["status"] == 200
 
 
 def test_sigterm_ends_within_the_grace_while_a_client_reads_nothing(tmp_path):
