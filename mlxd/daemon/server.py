@@ -107,6 +107,7 @@ class DaemonServer(uvicorn.Server):
             await asyncio.sleep(0.05)
         stuck = unfinished()
         for connection in stuck:
+            self.ctx.metrics.connections_closed.labels("shutdown").inc()
             connection.cut()
         if stuck:
             log.warning("shutdown: closed %d connection(s) whose client read none of the rest of its answer "
@@ -127,6 +128,7 @@ def build_server(app: ASGIApp, ctx: DaemonContext, on_reload: Callable[[], Await
         timeout_graceful_shutdown=5,
         timeout_keep_alive=30,
         http=bounded_protocol(server.max_connections, server.header_timeout_s,
-                              lambda: ctx.settings.server.send_timeout_s),
+                              lambda: ctx.settings.server.send_timeout_s,
+                              lambda reason: ctx.metrics.connections_closed.labels(reason).inc()),
     )
     return DaemonServer(config, ctx, on_reload=on_reload)

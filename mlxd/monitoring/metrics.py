@@ -240,6 +240,13 @@ class Metrics:
             "mlxd_audio_seconds", "Seconds of audio transcribed or translated (read), or synthesised (made)",
             ["model", "task"], registry=r,
         )
+        self.connections_closed = Counter(
+            "mlxd_connections_closed",
+            "Connections the daemon closed on its client, by the bound that did it: connection_limit, "
+            "header_timeout, headers_too_large, stalled (read none of its answer for send_timeout_s), "
+            "shutdown (still unread when the grace ended)",
+            ["reason"], registry=r,
+        )
         self.throughput = ThroughputWindow(throughput_window_seconds)
         self._attached = False
 

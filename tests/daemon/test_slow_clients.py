@@ -74,7 +74,14 @@ def _get(source: str, port: int, path: str) -> bytes:
         return _answer(s, within=10) or b""
 
 
+def _closed(daemon) -> dict[str, float]:
+    """``mlxd_connections_closed_total`` by reason, from /metrics."""
+    text = httpx.get(f"{daemon.url}/metrics", timeout=10).text
+    return {m[1]: float(m[2]) for m in re.finditer(r'^mlxd_connections_closed_total\{reason="(\w+)"\} (\S+)$', text, re.M)}
+
+
 def test_one_peer_holds_at_most_half_the_connections_and_a_body_that_never_starts_is_closed(daemon):
+    before = _closed(daemon)
     with _held([_from("127.0.0.2", daemon.port, HEAD) for _ in range(BOUND)]) as socks:
         # On the old code all 40 were admitted and held, and the next peer got a 503.
         assert _get("127.0.0.3", daemon.port, "/v1/models").startswith(b"HTTP/1.1 200")
@@ -84,6 +91,10 @@ def test_one_peer_holds_at_most_half_the_connections_and_a_body_that_never_start
     assert None not in answers
     refused = [a for a in answers if b"too_many_connections" in a]
     assert len(refused) == BOUND // 2 and answers.count(b"") == BOUND // 2
+    # An operator sees which bound closed them.
+    after = _closed(daemon)
+    assert after.get("connection_limit", 0) - before.get("connection_limit", 0) == BOUND // 2
+    assert after.get("header_timeout", 0) - before.get("header_timeout", 0) == BOUND // 2
 
 
 def test_a_loopback_health_check_answers_while_slow_bodies_hold_every_connection(daemon):
@@ -115,6 +126,7 @@ def _under_way(daemon) -> list[str]:
 
 
 def test_a_client_that_stops_reading_its_stream_is_cut_off_after_the_send_time(daemon):
+    stalled_before = _closed(daemon).get("stalled", 0)
     # Top logprobs make each token's frame over a kilobyte, so the kernel's
     # buffers between the two sockets fill within seconds; the generation
     # (30,000 tokens) would take minutes.
@@ -142,6 +154,7 @@ def test_a_client_that_stops_reading_its_stream_is_cut_off_after_the_send_time(d
     row = wait_until(lambda: next(iter(httpx.get(f"{daemon.url}/v1/activity", params={"request_id": "stalled"},
                                                  timeout=10).json()["data"]), None), timeout=10)
     assert row["status"] == 499
+    assert _closed(daemon).get("stalled", 0) - stalled_before == 1
 
 
 def test_a_client_that_reads_a_large_answer_slowly_but_steadily_gets_all_of_it(daemon):
