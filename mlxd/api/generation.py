@@ -319,7 +319,27 @@ _CANCEL = object()
 _DEADLINE = object()
 
 
-class LeasedStreamingResponse(StreamingResponse):
+class ClosingStreamingResponse(StreamingResponse):
+    """A stream whose body (and ``also``: what the body reads from, a
+    lease's holder) is closed however the response ends: a client that is
+    gone before the first byte leaves the body never iterated, and one that
+    stopped reading leaves it suspended between two chunks, where cancelling
+    the send does not reach it; what it held waited for the garbage collector."""
+
+    def __init__(self, content: AsyncIterator[Any], *also: AsyncIterator[Any], **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self._closed_last = (content, *also)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            for stream in self._closed_last:
+                with contextlib.suppress(Exception):
+                    await stream.aclose()  # type: ignore[attr-defined]
+
+
+class LeasedStreamingResponse(ClosingStreamingResponse):
     """A stream that gives its lease back however it ends, even when the
     client is gone before the first byte and the body is never iterated."""
 
@@ -331,15 +351,12 @@ class LeasedStreamingResponse(StreamingResponse):
         self._started = started
         # An early stream's lease, still being waited for.
         self._pending = pending
-        self._content = content
         self._done = done
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            with contextlib.suppress(Exception):
-                await self._content.aclose()  # type: ignore[attr-defined]
             if self._started is not None:
                 await self._started.close()
             if self._pending is not None:

@@ -4,44 +4,22 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from fastapi.responses import JSONResponse, Response
 
 from mlxd.api.audio import answers, path
 from mlxd.api.audio.bodies import SpeechBody, transcribe_ask
 from mlxd.api.context import DaemonContext
+from mlxd.api.generation import ClosingStreamingResponse
 from mlxd.engine.audio_files import MEDIA_TYPES
 from mlxd.engine.audio_stream import StreamEncoder
 from mlxd.errors import MlxdError
 from mlxd.remote.answer import MAX_EVENT_BYTES
 
 PREFIX = "/v1/audio"
-
-
-class _ClosingStream(StreamingResponse):
-    """A stream whose body is closed however the response ends. Its body
-    holds the model's lease, and a client that stopped reading leaves it
-    suspended between two chunks: cancelling the send does not reach it,
-    and the lease waited for the garbage collector."""
-
-    def __init__(self, content: AsyncIterator[bytes], source: AsyncIterator[Any], **kw: Any) -> None:
-        """``content``: the encoded body; ``source``: what it encodes, which holds the lease."""
-        super().__init__(content, **kw)
-        self._closed_last = (content, source)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            for stream in self._closed_last:
-                with contextlib.suppress(Exception):
-                    await stream.aclose()  # type: ignore[attr-defined]
 
 
 def _ctx(request: Request) -> DaemonContext:
@@ -56,13 +34,13 @@ def router() -> APIRouter:
         ask = await transcribe_ask(request, ctx.settings.server.max_audio_bytes)
         relayed = await path.relay_transcription(ctx, request, ask, task)
         if isinstance(relayed, path.RelayedStream):
-            return _ClosingStream(_relayed_events(relayed.chunks), relayed.chunks, headers=relayed.headers,
-                                  media_type=relayed.content_type or "text/event-stream")
+            return ClosingStreamingResponse(_relayed_events(relayed.chunks), relayed.chunks, headers=relayed.headers,
+                                            media_type=relayed.content_type or "text/event-stream")
         if relayed is not None:
             return Response(relayed[0], media_type=relayed[1] or None)
         if ask.stream:
             windows = await path.transcribe_stream(ctx, request, ask, task)
-            return _ClosingStream(_transcript_events(windows), windows, media_type="text/event-stream")
+            return ClosingStreamingResponse(_transcript_events(windows), windows, media_type="text/event-stream")
         done = await path.transcribe(ctx, request, ask, task)
         return answers.transcript(done.windows, ask.response_format, task=task, language=done.options.language,
                                   duration=done.duration, granularities=ask.granularities)
@@ -79,12 +57,12 @@ def router() -> APIRouter:
     async def speech(body: SpeechBody, request: Request) -> Response:
         relayed = await path.relay_speech(_ctx(request), request, body)
         if relayed is not None:
-            return _ClosingStream(_nonempty(relayed.chunks), relayed.chunks, headers=relayed.headers,
-                                  media_type=relayed.content_type or MEDIA_TYPES[body.response_format])
+            return ClosingStreamingResponse(_nonempty(relayed.chunks), relayed.chunks, headers=relayed.headers,
+                                            media_type=relayed.content_type or MEDIA_TYPES[body.response_format])
         rate, chunks = await path.speech(_ctx(request), request, body)
-        return _ClosingStream(_encoded(chunks, body.response_format, rate), chunks,
-                              media_type=MEDIA_TYPES[body.response_format],
-                              headers={"X-Sample-Rate": str(rate)})
+        return ClosingStreamingResponse(_encoded(chunks, body.response_format, rate), chunks,
+                                        media_type=MEDIA_TYPES[body.response_format],
+                                        headers={"X-Sample-Rate": str(rate)})
 
     @api.get(PREFIX + "/voices")
     async def voices(request: Request, model: str | None = None) -> Response:
