@@ -122,13 +122,8 @@ def main() -> None:
         governor.joined()
         governor.steps = []
         made = 0
-        while True:
-            _, responses = generator.next()
-            made += len(responses)
-            if not generator._rows and not responses:
-                break
-            if not generator._rows:
-                break
+        while generator._rows:
+            made += len(generator.next()[1])
         governor._close()
         generator.close()
         counts = {k: governor.steps.count(k) for k in KINDS}

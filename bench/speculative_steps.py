@@ -245,8 +245,9 @@ def main() -> None:
             kind = "leaving" if leaving else "speculative" if speculative else "plain"
             self.tally.setdefault(kind, []).append(seconds)
             super().record(speculative, tokens, seconds, leaving)
-            # What the step was, its tokens, its ms, and the governor after it (+ on, - off).
-            self.trace[-1] += f"{kind[0]}{tokens}:{1000 * seconds:.1f}{'+' if self.active else '-'}"
+            if args.trace:  # (formatted only when asked: the governed steps are timed)
+                # What the step was, its tokens, its ms, and the governor after it (+ on, - off).
+                self.trace[-1] += f"{kind[0]}{tokens}:{1000 * seconds:.1f}{'+' if self.active else '-'}"
 
         def report(self) -> str:
             return ", ".join(f"{k} {len(v)}" + (f" ({1000 * sum(v) / len(v):.1f} ms)" if any(v) else "")
