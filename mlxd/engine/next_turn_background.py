@@ -175,8 +175,9 @@ class NextTurnPrefill:
             done = upto
             if done < len(tokens):
                 yield SKIP
-        if done > reused:
-            prefix.keep(tokens[:done], cache, engine.name, "prompt", since=since)
+        # Counted only when kept: one a clear emptied (``since``) prefilled
+        # nothing the next turn can use, and status said it had.
+        if done > reused and prefix.keep(tokens[:done], cache, engine.name, "prompt", since=since):
             self.prefills += 1
             self.tokens += done - reused
         return done - reused

@@ -218,17 +218,19 @@ class PrefixCache:
         return True
 
     def keep(self, tokens: Sequence[int], cache: list[Any], model: str, kind: str = "reply", *,
-             since: int) -> None:
+             since: int) -> bool:
         """``insert`` where the answer is already complete: a cache problem
         is logged and must not fail the request. Nothing is kept if the
         cache was cleared after ``since`` (``clears`` at the request's
-        lookup): what an operator emptied stays empty, its KV included."""
+        lookup): what an operator emptied stays empty, its KV included.
+        Whether an entry was kept."""
         if since != self.clears:
-            return
+            return False
         try:
-            self.insert(tokens, cache, kind)
+            return self.insert(tokens, cache, kind)
         except Exception:
             log.exception("keeping the prefix cache of a %s generation failed", model)
+            return False
 
     def _add(self, entry: _Entry) -> None:
         old = self._entries.get(entry.tokens)

@@ -160,6 +160,29 @@ def test_an_answer_ending_after_a_clear_keeps_nothing(worker, qwen_tiny, batched
     run(main())
 
 
+def test_a_between_turn_prefill_cut_by_a_clear_keeps_and_counts_nothing(worker, qwen_tiny):
+    """Status counts the between-turn prefills that kept an entry: one a
+    clear came into the middle of kept nothing the next turn can use, and
+    was counted all the same (next_turn_prefills 2 for one kept)."""
+    from mlxd.engine.lifecycle import GenerationControl
+
+    async def main():
+        engine = await open_engine(worker, spec_for(qwen_tiny))
+        try:
+            await ask(engine, greedy(max_tokens=2, messages=chat(QUESTIONS[0])))
+            tokens = [(7 * i) % 500 + 10 for i in range(700)]  # two chunks of 512
+            prefill = engine.next_turn._prefill([tokens], GenerationControl(request_id="next"))
+            await worker.call(next, prefill)  # the first chunk fed
+            await worker.call(engine.prefix_cache.clear)
+            await worker.call(list, prefill)  # the rest, then what it keeps
+            assert prefix_stats(engine)["memory_entries"] == 0
+            assert engine.next_turn.prefills == 0 and engine.next_turn.tokens == 0
+        finally:
+            await engine.close()
+
+    run(main())
+
+
 def test_memory_stays_within_max_bytes_least_recently_used_first(worker, qwen_tiny):
     prompts = [greedy(messages=chat(q, system=f"Session {i}. " + SYSTEM)) for i, q in enumerate(QUESTIONS)]
 
