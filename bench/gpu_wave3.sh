@@ -37,7 +37,8 @@
 # 1 and 4 streams, each figure the median of 2 runs), rollback (bench/speculative_rollback.py: a
 # speculative step's cache work, mlx-lm's roll against the holes), spec-steps (bench/speculative_steps.py
 # with distinct rows, which keep different numbers of drafts), spec-warm (the same, free chat and code
-# edit, the verify shapes warmed first as the daemon's warm-up does), distributed
+# edit, the verify shapes warmed first as the daemon's warm-up does; spec-trace: free chat at 1, 4 and 8 distinct rows,
+# BatchGenerator and the governed batch with one governor kept across runs, three times, every governed step printed), distributed
 # (bench/distributed.py: bench-size model over 2 ranks, ring), apps
 # (bench/app_priority.py; apps5 with a fifth slot, so that 4 bulk clients
 # and the interactive one each have one; apps5-p: with priorities only; apps5-p120: the same with 120 idle samples; apps5-prof: the same,
@@ -88,6 +89,7 @@ for name in "$@"; do
     spec-k) step spec-k 480 "$PY" bench/speculative.py --k 4 8 --streams 1 4 --repeats 2 ;;
     rollback) step rollback 200 "$PY" bench/speculative_rollback.py --contexts 2048 8192 32768 --rows 4 8 ;;
     spec-steps) step spec-steps 240 "$PY" bench/speculative_steps.py --rows 4 8 --distinct --only plain speculating --profile ;;
+    spec-trace) step spec-trace 300 "$PY" bench/speculative_steps.py --workload free_chat --rows 1 4 8 --tokens 160 --repeats 3 --distinct --keep-governor --only BatchGenerator governor --trace ;;
     spec-warm) step spec-warm-free 200 "$PY" bench/speculative_steps.py --workload free_chat --rows 1 8 --tokens 160 --repeats 2 --warm
                step spec-warm-code 200 "$PY" bench/speculative_steps.py --workload code_edit --distinct --rows 1 4 8 --tokens 160 --warm ;;
     distributed) step distributed 170 "$PY" bench/distributed.py --size bench --transport ring --tokens 64 --repeats 3 ;;
