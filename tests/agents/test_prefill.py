@@ -192,3 +192,14 @@ def test_a_vision_model_continues_a_prefill_too(claude, daemon):
     assert prompt.endswith("<|im_start|>assistant\n" + PREFILL)
     reply = claude.messages.create(model="eyes", max_tokens=8, messages=messages, extra_body=GREEDY)
     assert reply.content[0].text == continued_greedily(daemon, "eyes", prompt, 8)
+
+
+@pytest.mark.parametrize("prefill", ["Here is the report: ", "Here is the report:\n"])
+def test_an_anthropic_prefill_ending_in_whitespace_is_a_400_as_anthropic_answers(claude, prefill):
+    messages = [*ASKED, {"role": "assistant", "content": prefill}]
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude.messages.create(model="qwen", max_tokens=8, messages=messages)
+    assert refused.value.body["error"]["message"] == (
+        "messages: final assistant content cannot end with trailing whitespace")
+    with pytest.raises(anthropic.BadRequestError):
+        claude.messages.count_tokens(model="qwen", messages=messages)

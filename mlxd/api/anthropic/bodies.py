@@ -86,6 +86,13 @@ class _Base(BaseModel):
         text = "".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text")
         if not text.strip() or any(b.get("type") == "tool_use" for b in blocks):
             return "new_turn"
+        if text[-1].isspace():
+            # Anthropic refuses it: a prompt cut after a space or newline
+            # leaves the model a token boundary no tokenizer would write,
+            # and its answers there go wrong. The same refusal keeps a
+            # client built here working there.
+            raise BadRequest("messages: final assistant content cannot end with trailing whitespace",
+                             param=f"messages[{len(self.messages) - 1}].content")
         return "continue"
 
     def conversation(self) -> Conversation:
