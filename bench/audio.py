@@ -10,7 +10,11 @@ faster) for
 Both sides seed MLX's random state before each call (as mlxd does per
 request) and use a fixed temperature, so they do the same work; the calls
 alternate, round by round; the ratio of the medians, daemon ÷ direct, is the
-daemon's overhead (target >= 0.95). Audio is kept
+daemon's overhead (target >= 0.95). Beside it, the median of each round's
+own ratio: on a host whose pace drifts (an H100's speech rounds moved by 4x
+in one run) a round's two sides share the drift, so this one is the steadier
+figure; `--calls N` times N calls in a row for each side of a round, which
+evens out a short request's jitter. Audio is kept
 within one 30 s Whisper window so both sides run one ``generate``.
 
     python bench/audio.py --quick          # tiny factory models, offline, ~1 min
@@ -66,21 +70,22 @@ def sweep(seconds: float, rate: int = 16000) -> np.ndarray:
     return (0.3 * np.sin(2 * np.pi * (200 + 900 * t / seconds) * t)).astype(np.float32)
 
 
-def rate(run: Callable[[], float]) -> float:
-    """Seconds of audio per wall second of one call."""
+def rate(run: Callable[[], float], calls: int = 1) -> float:
+    """Seconds of audio per wall second of ``calls`` calls in a row."""
     started = time.perf_counter()
-    audio_seconds = run()
+    audio_seconds = sum(run() for _ in range(calls))
     return audio_seconds / (time.perf_counter() - started)
 
 
-def paired(direct: Callable[[], float], served: Callable[[], float], rounds: int) -> tuple[list[float], list[float]]:
-    """Both warmed up, then one call of each per round, alternating which
-    goes first: a shared machine's load drifts, and it then weighs on both."""
+def paired(direct: Callable[[], float], served: Callable[[], float], rounds: int,
+           calls: int = 1) -> tuple[list[float], list[float]]:
+    """Both warmed up, then ``calls`` calls of each per round, alternating
+    which goes first: a shared machine's load drifts, and it then weighs on both."""
     direct(), served()
     d, m = [], []
     for i in range(rounds):
         first, second = (direct, served) if i % 2 == 0 else (served, direct)
-        a, b = rate(first), rate(second)
+        a, b = rate(first, calls), rate(second, calls)
         d.append(a if first is direct else b)
         m.append(b if first is direct else a)
     return d, m
@@ -146,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the factory models' size, when no folder is given")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of the test audio (<= 30)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=1, help="calls in a row for each side of a round")
     parser.add_argument("--cases", nargs="+", choices=["transcription", "speech"],
                         default=["transcription", "speech"], help="which to measure (a GPU call is short)")
     args = parser.parse_args(argv)
@@ -176,14 +182,16 @@ def main(argv: list[str] | None = None) -> int:
             served = {"transcription": daemon_stt(client, url, data, args.seconds),
                       "speech": daemon_tts(client, url, rate)}
             for case in args.cases:
-                d_all, m_all = paired(direct[case], served[case], args.rounds)
+                d_all, m_all = paired(direct[case], served[case], args.rounds, args.calls)
                 d, m = statistics.median(d_all), statistics.median(m_all)
-                cases[case] = {"direct_rtf": d, "mlxd_rtf": m, "ratio": m / d, "direct_rounds": d_all,
-                               "mlxd_rounds": m_all}
-                rows.append([case, f"{d:.2f}", f"{m:.2f}", f"{m / d:.3f}"])
+                by_round = statistics.median(b / a for a, b in zip(d_all, m_all))
+                cases[case] = {"direct_rtf": d, "mlxd_rtf": m, "ratio": m / d, "paired_ratio": by_round,
+                               "direct_rounds": d_all, "mlxd_rounds": m_all}
+                rows.append([case, f"{d:.2f}", f"{m:.2f}", f"{m / d:.3f}", f"{by_round:.3f}"])
                 print(f"  {case}: direct {d_all}, mlxd {m_all}", flush=True)
-    print(table(["case", "direct RTF", "mlxd RTF", "mlxd / direct"], rows))
+    print(table(["case", "direct RTF", "mlxd RTF", "mlxd / direct", "median of rounds' mlxd / direct"], rows))
     result: dict[str, Any] = {"environment": environment(), "seconds": args.seconds, "rounds": args.rounds,
+                              "calls": args.calls,
                               "whisper": str(whisper), "tts": str(tts), "cases": cases}
     key = "quick" if args.quick else "full" if args.size == "tiny" else f"full-{args.size}"
     print(f"-> {save('audio', key, result)}")

@@ -18,7 +18,7 @@
 # A later call on the same warm machine carries only what it needs (what is not carried is removed).
 #
 # Steps: audio (bench/audio.py: real-time factor through mlxd / mlx-audio
-# direct; audio-bench with models of the real ones' size; audio-bench9: the same, 9 rounds, each case in a run of its own; speech: where a
+# direct; audio-bench with models of the real ones' size; audio-bench9: the same, 9 rounds, each case in a run of its own; audio-paired: speech, 15 rounds of 3 calls a side, with the median of the rounds' own ratios; speech: where a
 # synthesis's time goes, bench/speech_breakdown.py; speech-prof: the same, then 60 requests with the daemon
 # sampled by py-spy), speculative (bench/speculative.py: SmolLM2, code edit and free chat,
 # 1/4/8 streams, mlx_lm.server --draft-model beside it), plain-sweep (the same without speculation
@@ -79,6 +79,7 @@ for name in "$@"; do
     audio-bench) step audio-bench 240 "$PY" bench/audio.py --size bench --rounds 3 ;;
     audio-bench9) step audio-bench9-speech 300 "$PY" bench/audio.py --size bench --rounds 9 --cases speech
                   step audio-bench9-transcription 300 "$PY" bench/audio.py --size bench --rounds 9 --cases transcription ;;
+    audio-paired) step audio-paired-speech 300 "$PY" bench/audio.py --size bench --rounds 15 --calls 3 --cases speech ;;
     speech) step speech 200 "$PY" bench/speech_breakdown.py --size bench --rounds 5 ;;
     speech-prof) step speech-prof 200 "$PY" bench/speech_breakdown.py --size bench --rounds 3 --profile 60 ;;
     speculative) step speculative 440 "$PY" bench/speculative.py ;;
