@@ -214,6 +214,13 @@ VLLM_MLX_IGNORED_MODEL_KEYS = (
 
 # Keys only embedding and rerank entries take.
 ENCODER_KEYS = ("truncate", "matryoshka", "batch_tokens")
+# Keys only a model that generates text reads (its KV cache, sampling,
+# chat template, parsers, images): on an embedding, rerank or audio entry
+# they would be accepted and do nothing while `mlxd check` showed them.
+GENERATION_KEYS = (
+    "max_context", "kv_bits", "defaults", "prefix_cache", "tool_parser", "reasoning_parser",
+    "chat_template_kwargs", "local_image_dir", "allow_remote_images",
+)
 
 class SpeculativeSection(_Section):
     """``speculative:`` on a text model: how it drafts tokens that one

@@ -1,0 +1,55 @@
+"""A key the entry's kind does not read is an error at its line, naming the
+key and the kind (accepted, it would do nothing while `mlxd check` showed it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxd.errors import ConfigError
+from mlxd.registry.loader import load_registry_text
+
+GIB = 1024**3
+BERT = {"model_type": "bert", "architectures": ["BertModel"], "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "intermediate_size": 128, "max_position_embeddings": 512}
+FOLDERS = {
+    "embedding": BERT,
+    "rerank": {**BERT, "architectures": ["BertForSequenceClassification"]},
+    "transcription": {"model_type": "whisper", "d_model": 64},
+    "speech": {"model_type": "soprano", "hidden_size": 64},
+}
+
+
+def _load(tmp_path, make_model, kind: str, line: str):
+    folder = make_model(tmp_path / kind, config=FOLDERS[kind])
+    text = f"models:\n  - name: m\n    path: {folder}\n    kind: {kind}\n    {line}\n"
+    return load_registry_text(text, tmp_path / "models.yaml", physical_memory=16 * GIB)
+
+
+@pytest.mark.parametrize("kind", sorted(FOLDERS))
+@pytest.mark.parametrize("line", [
+    "max_context: 128", "kv_bits: 4", "defaults: {temperature: 0.5}", "prefix_cache: {max_bytes: 1MB}",
+    "tool_parser: json_tools", "reasoning_parser: think", "chat_template_kwargs: {enable_thinking: false}",
+    "local_image_dir: /tmp", "allow_remote_images: true",
+])
+def test_a_generation_key_on_an_encoder_or_audio_entry_is_refused_at_its_line(tmp_path, make_model, kind, line):
+    key = line.split(":")[0]
+    with pytest.raises(ConfigError) as caught:
+        _load(tmp_path, make_model, kind, line)
+    error = caught.value
+    assert (error.line, error.key) == (5, f"models[0].{key}")
+    assert f"`{key}` is for models that generate text" in error.detail and f"a{'n' * (kind == 'embedding')} {kind} model" in error.detail
+
+
+@pytest.mark.parametrize("kind", sorted(FOLDERS))
+def test_what_says_nothing_stays_accepted(tmp_path, make_model, kind):
+    # null, an empty mapping and a default say nothing: not refused.
+    spec = _load(tmp_path, make_model, kind, "defaults: {}\n    kv_bits: null\n    allow_remote_images: false").models[0]
+    assert spec.kind == kind
+
+
+def test_matryoshka_is_for_embedding_entries_only(tmp_path, make_model):
+    with pytest.raises(ConfigError) as caught:
+        _load(tmp_path, make_model, "rerank", "matryoshka: true")
+    assert caught.value.key == "models[0].matryoshka"
+    assert "is for `kind: embedding` entries; `m` is a rerank model" in caught.value.detail
+    assert _load(tmp_path, make_model, "embedding", "matryoshka: true").models[0].matryoshka is True
