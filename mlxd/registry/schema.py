@@ -11,6 +11,7 @@ either mapped onto ours or listed in ``VLLM_MLX_IGNORED_MODEL_KEYS``.
 
 from __future__ import annotations
 
+import difflib
 import math
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -379,7 +380,9 @@ class ModelEntry(_Section):
         if value is not None and value not in kinds:
             names = [repr(k) for k in kinds]
             choices = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
-            raise ValueError(f"input should be {choices}, got {value!r}")
+            close = _closest_kind(value, kinds)
+            hint = f"; did you mean `{close}`?" if close else ""
+            raise ValueError(f"input should be {choices}, got {value!r}{hint}")
         return value
 
     @field_validator("instruction")
@@ -432,6 +435,20 @@ class ModelEntry(_Section):
         """The (key, value) naming the model's files, if exactly one is set."""
         given = [(k, getattr(self, k)) for k in LOCATION_KEYS if getattr(self, k) is not None]
         return given[0] if len(given) == 1 else None
+
+
+# What other servers and libraries call a kind mlxd names otherwise.
+_KIND_SYNONYMS = {"chat": "text", "llm": "text", "generate": "text", "vlm": "vision", "stt": "transcription",
+                  "asr": "transcription", "tts": "speech", "reranker": "rerank", "embed": "embedding"}
+
+
+def _closest_kind(value: str, kinds: Any) -> str | None:
+    word = value.strip().lower()
+    guess = _KIND_SYNONYMS.get(word, word)
+    if guess in kinds:
+        return guess
+    close = difflib.get_close_matches(guess, list(kinds), n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 class TimeoutsSection(_Section):

@@ -53,3 +53,13 @@ def test_matryoshka_is_for_embedding_entries_only(tmp_path, make_model):
     assert caught.value.key == "models[0].matryoshka"
     assert "is for `kind: embedding` entries; `m` is a rerank model" in caught.value.detail
     assert _load(tmp_path, make_model, "embedding", "matryoshka: true").models[0].matryoshka is True
+
+
+@pytest.mark.parametrize("written, meant", [("chat", "text"), ("embeddings", "embedding"), ("Rerank", "rerank"),
+                                            ("tts", "speech"), ("stt", "transcription")])
+def test_an_unknown_kind_suggests_the_one_meant(tmp_path, make_model, written, meant):
+    folder = make_model(tmp_path / "m")
+    with pytest.raises(ConfigError) as caught:
+        load_registry_text(f"models:\n  - name: m\n    path: {folder}\n    kind: {written}\n", tmp_path / "models.yaml")
+    assert (caught.value.line, caught.value.key) == (4, "models[0].kind")
+    assert caught.value.detail.endswith(f"got {written!r}; did you mean `{meant}`?")
