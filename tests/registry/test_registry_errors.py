@@ -691,3 +691,20 @@ def test_numbers_written_other_ways_still_read(tmp_path, model_dir):
     (spec,) = load_registry_text(text, tmp_path / "m.yaml").models
     assert (spec.max_concurrency, spec.max_queue, spec.speculative.tokens) == (3, 8, 6)
     assert spec.defaults.temperature == 1.0
+
+
+@pytest.mark.parametrize("head, key, expected", [
+    ("manager:\n  memory_budget: yes\n", "manager.memory_budget", "expected a size such as 512MB or 2GB, got yes"),
+    ("manager:\n  memory_budget_gb: [16]\n", "manager.memory_budget_gb", "expected a number of GB, got a list"),
+    ("server:\n  max_body_bytes: {a: 1}\n", "server.max_body_bytes", "expected a size such as 512MB or 2GB, got a mapping"),
+    ("server:\n  max_connections: on\n", "server.max_connections", "expected a number, got on (YAML reads"),
+    ("server:\n  host: no\n", "server.host", "got no (YAML reads it as a boolean; write 'no' in quotes for the word)"),
+    ("manager:\n  contention_policy: {strategy: off}\n", "manager.contention_policy.strategy", "got off"),
+])
+def test_a_yaml_boolean_is_quoted_as_written(tmp_path, model_dir, head, key, expected):
+    # YAML 1.1 reads yes/no/on/off as booleans: the message quotes the word
+    # the file has, not Python's True, and a wrong type is named in words.
+    error = _refused(tmp_path, model_dir, head)
+    assert error.key == key
+    assert expected in error.detail
+    assert "True" not in error.detail and "False" not in error.detail
