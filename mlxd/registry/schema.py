@@ -62,6 +62,14 @@ def _a_number(value: Any) -> Any:
     return value
 
 
+def _filled(value: Any) -> Any:
+    # An empty path is not "none": relative to the registry's folder it
+    # would name that folder (images, caches or a model read from there).
+    if isinstance(value, str) and not value.strip():
+        raise ValueError("cannot be empty: an empty path names the registry's own folder; write `.` if that is meant")
+    return value
+
+
 # Every number key the file acts on is one of these two (sizes refuse
 # booleans in parse_bytes; the vllm-mlx keys mlxd ignores keep lax types).
 Int = Annotated[int, BeforeValidator(_a_number)]
@@ -71,6 +79,7 @@ NextTurn = Annotated[bool | Literal["auto"], BeforeValidator(_next_turn)]
 NonNegativeFloat = Annotated[Float, Field(ge=0)]
 PositiveFloat = Annotated[Float, Field(gt=0)]
 Names = Annotated[list[str], BeforeValidator(_one_or_many)]
+PathText = Annotated[str, BeforeValidator(_filled)]
 
 
 class _Section(BaseModel):
@@ -105,6 +114,16 @@ class ServerSection(_Section):
     max_audio_seconds: PositiveFloat = 1800.0
     max_audio_memory: ByteSize = Field(512 << 20, ge=1 << 20)
     max_speech_chars: Int = Field(4096, ge=1)
+
+    @field_validator("host")
+    @classmethod
+    def _a_host(cls, value: str) -> str:
+        # The empty host is the wildcard to getaddrinfo and asyncio: every
+        # interface, where the default is loopback only.
+        if not value.strip():
+            raise ValueError("an empty host would listen on every interface; write 0.0.0.0 for that, "
+                             "or leave `host` out for 127.0.0.1")
+        return value
 
     @field_validator("api_keys", "read_only_keys")
     @classmethod
@@ -157,7 +176,7 @@ class ManagerSection(_Section):
     # vllm-mlx spelling of default_idle_unload_seconds (0 or less: never).
     idle_unload_seconds: Float | None = None
     contention_policy: ContentionSection = ContentionSection()
-    cache_dir: str = "~/.cache/mlxd"
+    cache_dir: PathText = "~/.cache/mlxd"
     max_pass_over_s: NonNegativeFloat = 30.0
     load_retry_backoff_s: PositiveFloat = 5.0
     load_retry_backoff_max_s: PositiveFloat = 300.0
@@ -297,9 +316,9 @@ def rdma_devices_problem(devices: Any, n: int) -> str | None:
 
 class ModelEntry(_Section):
     name: str = Field(min_length=1)
-    path: str | None = None
-    source: str | None = None
-    model: str | None = None
+    path: PathText | None = None
+    source: PathText | None = None
+    model: PathText | None = None
     allow_download: bool = False
     aliases: Names = []
     description: str = ""
@@ -314,7 +333,7 @@ class ModelEntry(_Section):
     defaults: SamplingSection = SamplingSection()
     prefix_cache: PrefixCacheSection = PrefixCacheSection()
     trust_remote_code: bool = False
-    local_image_dir: str | None = None
+    local_image_dir: PathText | None = None
     allow_remote_images: bool = False
     # Served by a backend (a name under ``backends:``) instead of locally.
     backend: str | None = Field(None, min_length=1)

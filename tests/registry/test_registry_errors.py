@@ -708,3 +708,25 @@ def test_a_yaml_boolean_is_quoted_as_written(tmp_path, model_dir, head, key, exp
     assert error.key == key
     assert expected in error.detail
     assert "True" not in error.detail and "False" not in error.detail
+
+
+@pytest.mark.parametrize("head, key, words", [
+    # The empty host is the wildcard: it would listen on every interface.
+    ("server:\n  host: ''\n", "server.host", "every interface"),
+    ("manager:\n  cache_dir: ''\n", "manager.cache_dir", "registry's own folder"),
+])
+def test_an_empty_host_or_folder_is_refused_not_read_as_a_wildcard(tmp_path, model_dir, head, key, words):
+    error = _refused(tmp_path, model_dir, head)
+    assert (error.key, error.line) == (key, 2)
+    assert words in error.detail
+
+
+@pytest.mark.parametrize("key", ["path", "local_image_dir"])
+def test_an_empty_path_in_an_entry_is_refused(tmp_path, model_dir, key):
+    # local_image_dir: '' would let requests read images from the registry's folder.
+    lines = {"path": str(model_dir), key: "''"}
+    text = "models:\n  - name: a\n" + "".join(f"    {k}: {v}\n" for k, v in lines.items())
+    with pytest.raises(ConfigError) as caught:
+        load_registry_text(text, tmp_path / "m.yaml")
+    assert caught.value.key == f"models[0].{key}"
+    assert "registry's own folder" in caught.value.detail
