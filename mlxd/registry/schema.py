@@ -23,6 +23,7 @@ from pydantic import (
     Field,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from mlxd.registry.sizing import KV_BITS_CHOICES, parse_bytes, parse_gb, parse_memory_budget
@@ -84,6 +85,18 @@ PathText = Annotated[str, BeforeValidator(_filled)]
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: Any) -> Any:
+        # `null` for an optional key means its default (docs/registry.md),
+        # and a key left with no value (`aliases:`) is null in YAML. A
+        # required key or an unknown one keeps its null to be reported.
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: v for k, v in data.items()
+                if v is not None or k not in fields or fields[k].is_required()}
 
 
 class ServerSection(_Section):

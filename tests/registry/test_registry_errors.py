@@ -730,3 +730,36 @@ def test_an_empty_path_in_an_entry_is_refused(tmp_path, model_dir, key):
         load_registry_text(text, tmp_path / "m.yaml")
     assert caught.value.key == f"models[0].{key}"
     assert "registry's own folder" in caught.value.detail
+
+
+def test_null_or_no_value_means_the_default(tmp_path, model_dir):
+    # docs/registry.md: `null` for an optional key means the default; a key
+    # written with no value (`aliases:`) is null in YAML.
+    text = textwrap.dedent(f"""\
+        server:
+          port: null
+          api_keys:
+          max_body_bytes: ~
+        manager:
+          cache_dir: null
+          prefix_cache:
+        models:
+          - name: a
+            path: {model_dir}
+            aliases:
+            description:
+            pinned: null
+            max_concurrency: null
+            defaults:
+        """)
+    registry = load_registry_text(text, tmp_path / "m.yaml", physical_memory=16 * GIB)
+    (spec,) = registry.models
+    assert (registry.server.port, registry.server.api_keys, registry.server.max_body_bytes) == (8080, (), 32 << 20)
+    assert (spec.aliases, spec.description, spec.pinned, spec.max_concurrency) == ((), "", False, 1)
+    assert registry.manager.cache_dir.name == "mlxd"
+
+
+def test_null_for_a_required_key_is_still_named(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        load_registry_text("models:\n  - name: null\n    path: /x\n", tmp_path / "m.yaml")
+    assert (caught.value.key, caught.value.line) == ("models[0].name", 2)
