@@ -18,7 +18,7 @@ from mlxd.registry.kinds import PARALLEL, ModelKind, a_model_of
 from mlxd.registry.model import Footprint, ModelSpec, ParallelSpec, PrefixCacheSpec, template_pairs
 from mlxd.registry.parallel import LOCAL, hosts_of, parallel_spec, placement_problem, split_problem
 from mlxd.registry.resolve import Downloader, detect_kind, is_llm_reranker, read_model_config, resolve_model_dir
-from mlxd.registry.schema import ENCODER_KEYS, GENERATION_KEYS, LOCATION_KEYS, VLLM_MLX_IGNORED_MODEL_KEYS, ModelEntry
+from mlxd.registry.schema import ENCODER_KEYS, LOCATION_KEYS, VLLM_MLX_IGNORED_MODEL_KEYS, ModelEntry
 from mlxd.registry.sections import DEFAULT_MODEL, Sections
 from mlxd.registry.speculative import entry_spec
 from mlxd.registry.sizing import (
@@ -101,7 +101,7 @@ class LocalEntries:
             row = PARALLEL
             if broken is None and (problem := split_problem(parallel, config, folder)) is not None:
                 broken, at_location = problem, (*here, "parallel", "ranks")
-        self._check_kind_keys(i, entry, row)
+        self.s.check_kind_keys(i, entry, row)
         if entry.instruction is not None:
             self._check_instruction(i, entry, kind, config if broken is None else None)
         max_context = self._max_context(i, entry, config)
@@ -209,20 +209,6 @@ class LocalEntries:
             )
         return entry.max_context
 
-    def _check_kind_keys(self, i: int, entry: ModelEntry, row: ModelKind) -> None:
-        """A key the entry's kind does not read is an error at its line:
-        accepted, it would do nothing while `mlxd check` showed it."""
-        for keys, reads, who in (
-            (ENCODER_KEYS, row.encodes, "`kind: embedding` and `kind: rerank` entries"),
-            # (Reached by encoders only: the row above refuses it elsewhere.)
-            (("matryoshka",), row.name == "embedding", "`kind: embedding` entries"),
-            (GENERATION_KEYS, row.generates, "models that generate text (`kind: text` or `vision`)"),
-        ):
-            for key in keys:
-                if not reads and _set(entry, key):
-                    raise self.s.doc.error(("models", i, key),
-                                           f"`{key}` is for {who}; `{entry.name}` is {a_model_of(row.name)}")
-
     def _check_instruction(self, i: int, entry: ModelEntry, kind: str, config: Mapping[str, Any] | None) -> None:
         """Only an LLM reranker reads an instruction; ``config`` is None when
         the model's files cannot be read (the entry is broken anyway)."""
@@ -288,8 +274,3 @@ class LocalEntries:
                     key,
                 )
 
-
-def _set(entry: ModelEntry, key: str) -> bool:
-    """``key`` is written with a value other than its default (``null``,
-    ``defaults: {}`` or ``allow_remote_images: false`` say nothing)."""
-    return key in entry.model_fields_set and getattr(entry, key) != ModelEntry.model_fields[key].default

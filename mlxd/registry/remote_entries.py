@@ -67,6 +67,7 @@ class RemoteEntries:
                 f"`{key}` is a local-model setting; `{entry.name}` is served by backend "
                 f"`{entry.backend}` (a remote entry takes only: {', '.join(REMOTE_KEYS)})",
             )
+        self.s.check_kind_keys(i, entry, self.s.kinds[entry.kind or "text"])
         return self._remote_spec(
             entry.name,
             entry.backend or "",

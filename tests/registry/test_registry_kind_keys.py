@@ -63,3 +63,13 @@ def test_an_unknown_kind_suggests_the_one_meant(tmp_path, make_model, written, m
         load_registry_text(f"models:\n  - name: m\n    path: {folder}\n    kind: {written}\n", tmp_path / "models.yaml")
     assert (caught.value.line, caught.value.key) == (4, "models[0].kind")
     assert caught.value.detail.endswith(f"got {written!r}; did you mean `{meant}`?")
+
+
+@pytest.mark.parametrize("kind", ["embedding", "rerank", "transcription", "speech"])
+def test_a_generation_key_on_a_remote_entry_of_another_kind_is_refused(tmp_path, kind):
+    text = ("backends:\n  studio:\n    url: http://studio.local:8080/v1\n"
+            f"models:\n  - name: far\n    backend: studio\n    kind: {kind}\n    defaults: {{temperature: 0.5}}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_registry_text(text, tmp_path / "models.yaml")
+    assert (caught.value.line, caught.value.key) == (8, "models[0].defaults")
+    assert f"`far` is {'an' if kind == 'embedding' else 'a'} {kind} model" in caught.value.detail
