@@ -73,3 +73,21 @@ def test_a_generation_key_on_a_remote_entry_of_another_kind_is_refused(tmp_path,
         load_registry_text(text, tmp_path / "models.yaml")
     assert (caught.value.line, caught.value.key) == (8, "models[0].defaults")
     assert f"`far` is {'an' if kind == 'embedding' else 'a'} {kind} model" in caught.value.detail
+
+
+@pytest.mark.parametrize("kind, folder, holds", [
+    ("transcription", {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64},
+     "a text model (Qwen2ForCausalLM), model_type `qwen2`"),
+    ("speech", FOLDERS["transcription"], "a transcription model, model_type `whisper`"),
+    ("transcription", BERT, "an embedding model, model_type `bert`"),
+])
+def test_an_audio_kind_on_a_folder_of_another_model_is_a_located_problem(tmp_path, make_model, kind, folder, holds):
+    # Before, `mlxd check` passed and the first request's load failed with
+    # "could not be loaded (ValueError); see the daemon log".
+    path = make_model(tmp_path / "m", config=folder)
+    registry = load_registry_text(f"models:\n  - name: m\n    path: {path}\n    kind: {kind}\n",
+                                  tmp_path / "models.yaml", physical_memory=16 * GIB)
+    (problem,) = registry.problems
+    assert (problem.line, problem.key) == (4, "models[0].kind")
+    assert f"`kind: {kind}` names an mlx-audio model, but this folder holds {holds}" in problem.detail
+    assert registry.models[0].broken == problem.detail
