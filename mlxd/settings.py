@@ -181,6 +181,10 @@ def effective(settings: DaemonSettings, server: ServerSpec) -> EffectiveSettings
         for name in SERVER_FIELDS
         if getattr(settings, name) is not None
     }
+    if settings.host is not None and not settings.host.strip():
+        # As `host: ""` in the registry: the wildcard, every interface.
+        raise ConfigError("--host (or MLXD_HOST) is empty, which would listen on every interface; "
+                          "write 0.0.0.0 for that, or leave it out for the registry's host")
     keys = settings.api_key_list()
     if keys is not None:
         overrides["api_keys"] = keys

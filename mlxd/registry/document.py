@@ -80,6 +80,22 @@ class Document:
                 break
         return line
 
+    def written(self, loc: Loc) -> str | None:
+        """The text of the scalar at ``loc`` as the file spells it (``yes``
+        where YAML read True), or None when ``loc`` is not a scalar there."""
+        node = self.root
+        for part in loc:
+            if isinstance(node, yaml.MappingNode) and isinstance(part, str):
+                pair = _find_key(node, part)
+                if pair is None:
+                    return None
+                node = pair[1]
+            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+                node = node.value[part]
+            else:
+                return None
+        return node.value if isinstance(node, yaml.ScalarNode) else None
+
     def error(self, loc: Loc, message: str) -> ConfigError:
         return ConfigError(message, file=self.label, line=self.line_of(loc), key=key_path(loc))
 
@@ -94,7 +110,7 @@ class Document:
         # The first problem in reading order, so fixing top-down converges; on
         # one line an unknown key goes first (it often explains a missing one).
         errors.sort(key=lambda e: (self.line_of(_data_loc(e)), e["type"] != "extra_forbidden"))
-        problems = [self.error(_data_loc(e), _message(e, _data_loc(e))) for e in errors]
+        problems = [self.error(_data_loc(e), _message(e, _data_loc(e), self.written(_data_loc(e)))) for e in errors]
         first, more = problems[0], len(problems) - 1
         if more:
             detail = (
@@ -154,8 +170,18 @@ def key_path(loc: Loc) -> str | None:
     return out or None
 
 
-def _message(err: Mapping[str, Any], loc: Loc) -> str:
+def _message(err: Mapping[str, Any], loc: Loc, written: str | None = None) -> str:
+    """``written``: the scalar's text in the file, which a boolean's message
+    quotes (``got yes``, not ``got True``: YAML 1.1 reads yes/no/on/off as
+    booleans, and the reader looks for what they wrote)."""
     kind = err["type"]
+    value = err.get("input")
+    if isinstance(value, bool) and written is not None:
+        said = (repr(value), str(value).lower())
+        message = str(err["msg"])
+        for word in said:
+            message = message.replace(f"got {word}", f"got {written}")
+        err = {**err, "msg": message, "input": _Written(written)}
     name = loc[-1] if loc else ""
     if kind == "extra_forbidden":
         return _unknown_key_message(str(name), loc[:-1])
@@ -176,7 +202,17 @@ def _message(err: Mapping[str, Any], loc: Loc) -> str:
     # Errors reach logs and /v1/status; never echo what may be a secret.
     if any(part in _SECRET_KEYS for part in loc):
         return message
-    return f"{message}, got {_show(err.get('input'))}"
+    shown = f"{message}, got {_show(err.get('input'))}"
+    if kind == "string_type" and isinstance(err.get("input"), _Written):
+        return f"{shown} (YAML reads it as a boolean; write '{err['input']}' in quotes for the word)"
+    return shown
+
+
+class _Written(str):
+    """A scalar shown as the file spells it, unquoted."""
+
+    def __repr__(self) -> str:
+        return str(self)
 
 
 def _show(value: Any) -> str:

@@ -155,3 +155,8 @@ PARALLEL = ModelKind(
 
 KINDS: Mapping[str, ModelKind] = MappingProxyType(
     {k.name: k for k in (TEXT, VISION, EMBEDDING, RERANK_KIND, TRANSCRIPTION, SPEECH)})
+
+
+def a_model_of(kind: str) -> str:
+    """``"an embedding model"``, ``"a text model"``: a kind in a message."""
+    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind} model"

@@ -127,7 +127,8 @@ def _load(
     models = [_entry(doc, local, remote, i, entry) for i, entry in entries if entry.targets is None]
     index = {entry.name: i for i, entry in entries}
     models = resolve_drafts(doc, models, index, local.draft_bytes, local.check_fits)
-    failovers = tuple(remote.failover(i, entry) for i, entry in entries if entry.targets is not None)
+    built = {spec.name: spec for spec in models}
+    failovers = tuple(remote.failover(i, entry, built) for i, entry in entries if entry.targets is not None)
     registry = Registry(
         source_path=path.absolute() if path is not None else None,
         file_hash=hashlib.sha256(raw).hexdigest(),

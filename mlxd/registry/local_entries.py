@@ -14,10 +14,10 @@ from typing import Any
 
 from mlxd.errors import ConfigError, clip
 from mlxd.registry.document import Loc
-from mlxd.registry.kinds import PARALLEL, ModelKind
+from mlxd.registry.kinds import PARALLEL, ModelKind, a_model_of
 from mlxd.registry.model import Footprint, ModelSpec, ParallelSpec, PrefixCacheSpec, template_pairs
 from mlxd.registry.parallel import LOCAL, hosts_of, parallel_spec, placement_problem, split_problem
-from mlxd.registry.resolve import Downloader, detect_kind, is_llm_reranker, read_model_config, resolve_model_dir
+from mlxd.registry.resolve import Downloader, audio_kind_problem, detect_kind, is_llm_reranker, read_model_config, resolve_model_dir
 from mlxd.registry.schema import ENCODER_KEYS, LOCATION_KEYS, VLLM_MLX_IGNORED_MODEL_KEYS, ModelEntry
 from mlxd.registry.sections import DEFAULT_MODEL, Sections
 from mlxd.registry.speculative import entry_spec
@@ -94,6 +94,8 @@ class LocalEntries:
             folder, config, weights = self.s.local_path(source), {}, 0
 
         kind = entry.kind or ("vision" if entry.mllm else detect_kind(config, folder))
+        if broken is None and entry.kind is not None and (mismatch := audio_kind_problem(kind, config, folder)):
+            broken, at_location = mismatch, (*here, "kind")
         row = self.s.kinds[kind]
         parallel = None
         if entry.parallel is not None:
@@ -101,7 +103,7 @@ class LocalEntries:
             row = PARALLEL
             if broken is None and (problem := split_problem(parallel, config, folder)) is not None:
                 broken, at_location = problem, (*here, "parallel", "ranks")
-        self._check_encoder_keys(i, entry, row)
+        self.s.check_kind_keys(i, entry, row)
         if entry.instruction is not None:
             self._check_instruction(i, entry, kind, config if broken is None else None)
         max_context = self._max_context(i, entry, config)
@@ -172,7 +174,7 @@ class LocalEntries:
         assert entry.parallel is not None
         at: Loc = ("models", i, "parallel")
         if kind != "text":
-            raise self.s.doc.error(at, f"`parallel` splits text models; `{entry.name}` is a {kind} model")
+            raise self.s.doc.error(at, f"`parallel` splits text models; `{entry.name}` is {a_model_of(kind)}")
         if entry.speculative is not None:
             raise self.s.doc.error(("models", i, "speculative"),
                                    "speculative decoding does not run on a parallel model's ranks yet")
@@ -208,14 +210,6 @@ class LocalEntries:
                 entry.name,
             )
         return entry.max_context
-
-    def _check_encoder_keys(self, i: int, entry: ModelEntry, row: ModelKind) -> None:
-        if row.encodes:
-            return
-        for key in ENCODER_KEYS:
-            if getattr(entry, key) is not None:
-                raise self.s.doc.error(("models", i, key), f"`{key}` is for `kind: embedding` and `kind: rerank` "
-                                       f"entries; `{entry.name}` is a {row.name} model")
 
     def _check_instruction(self, i: int, entry: ModelEntry, kind: str, config: Mapping[str, Any] | None) -> None:
         """Only an LLM reranker reads an instruction; ``config`` is None when
@@ -281,3 +275,4 @@ class LocalEntries:
                     i,
                     key,
                 )
+

@@ -12,6 +12,7 @@ from typing import Any
 
 from mlxd.registry.apps import unset_variable
 from mlxd.registry.document import Loc
+from mlxd.registry.kinds import a_model_of
 from mlxd.registry.model import BackendSpec, FailoverSpec, ModelSpec, PrefixCacheSpec, template_pairs
 from mlxd.registry.schema import FAILOVER_KEYS, REMOTE_KEYS, ModelEntry
 from mlxd.registry.sections import Sections
@@ -66,6 +67,7 @@ class RemoteEntries:
                 f"`{key}` is a local-model setting; `{entry.name}` is served by backend "
                 f"`{entry.backend}` (a remote entry takes only: {', '.join(REMOTE_KEYS)})",
             )
+        self.s.check_kind_keys(i, entry, self.s.kinds[entry.kind or "text"])
         return self._remote_spec(
             entry.name,
             entry.backend or "",
@@ -94,7 +96,8 @@ class RemoteEntries:
             **given,
         )
 
-    def failover(self, i: int, entry: ModelEntry) -> FailoverSpec:
+    def failover(self, i: int, entry: ModelEntry, built: Mapping[str, ModelSpec]) -> FailoverSpec:
+        """``built``: the entries' specs by name, whose kinds the targets' must be."""
         here: Loc = ("models", i)
         other = [k for k in entry.model_fields_set if k not in FAILOVER_KEYS]
         if other:
@@ -109,6 +112,13 @@ class RemoteEntries:
             target = self._target((*here, "targets", j), written)
             if target in targets:
                 raise self.s.doc.error((*here, "targets", j), f"`{written}` is listed twice")
+            spec = built.get(target) or self.implicit[target]
+            if not self.s.kinds[spec.kind].generates:
+                # Only the generation routes resolve a failover entry: an
+                # embedding, rerank or audio request naming it is a 400.
+                raise self.s.doc.error((*here, "targets", j), f"`{written}` is {a_model_of(spec.kind)}; a failover "
+                                       "entry's targets are chat models (embedding, rerank and audio requests "
+                                       "name one model)")
             targets.append(target)
         return FailoverSpec(
             name=entry.name,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxd.errors import ConfigError
+from mlxd.registry.kinds import a_model_of
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +154,24 @@ def detect_kind(config_json: Mapping[str, Any], model_dir: Path | None = None) -
     if model_dir is not None and (model_dir / "modules.json").is_file():
         return "embedding"
     return "text"
+
+
+def audio_kind_problem(kind: str, config_json: Mapping[str, Any], model_dir: Path | None = None) -> str | None:
+    """Why a folder cannot be the audio model ``kind`` (transcription or
+    speech) declares, when its config.json says so plainly: another kind it
+    is detected as, or a causal language model (``*ForCausalLM``). mlx-audio
+    reads more model types than detect_kind knows, so an unknown type passes."""
+    if kind not in ("transcription", "speech"):
+        return None
+    detected = detect_kind(config_json, model_dir)
+    architectures = [str(a) for a in config_json.get("architectures") or ()]
+    text_model = detected == "text" and bool(architectures) and all(a.endswith("ForCausalLM") for a in architectures)
+    if detected in ("text", kind) and not text_model:
+        return None
+    what = a_model_of(detected) + (f" ({', '.join(architectures)})" if text_model else "")
+    model_type = config_json.get("model_type") or "unknown"
+    return (f"`kind: {kind}` names an mlx-audio model, but this folder holds {what}, model_type `{model_type}`; "
+            "fix `kind:` (or leave it out to detect it) or `path:`")
 
 
 def is_llm_reranker(config_json: Mapping[str, Any]) -> bool:

@@ -11,6 +11,7 @@ either mapped onto ours or listed in ``VLLM_MLX_IGNORED_MODEL_KEYS``.
 
 from __future__ import annotations
 
+import difflib
 import math
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -22,6 +23,7 @@ from pydantic import (
     Field,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from mlxd.registry.sizing import KV_BITS_CHOICES, parse_bytes, parse_gb, parse_memory_budget
@@ -61,6 +63,14 @@ def _a_number(value: Any) -> Any:
     return value
 
 
+def _filled(value: Any) -> Any:
+    # An empty path is not "none": relative to the registry's folder it
+    # would name that folder (images, caches or a model read from there).
+    if isinstance(value, str) and not value.strip():
+        raise ValueError("cannot be empty: an empty path names the registry's own folder; write `.` if that is meant")
+    return value
+
+
 # Every number key the file acts on is one of these two (sizes refuse
 # booleans in parse_bytes; the vllm-mlx keys mlxd ignores keep lax types).
 Int = Annotated[int, BeforeValidator(_a_number)]
@@ -70,10 +80,23 @@ NextTurn = Annotated[bool | Literal["auto"], BeforeValidator(_next_turn)]
 NonNegativeFloat = Annotated[Float, Field(ge=0)]
 PositiveFloat = Annotated[Float, Field(gt=0)]
 Names = Annotated[list[str], BeforeValidator(_one_or_many)]
+PathText = Annotated[str, BeforeValidator(_filled)]
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: Any) -> Any:
+        # `null` for an optional key means its default (docs/registry.md),
+        # and a key left with no value (`aliases:`) is null in YAML. A
+        # required key or an unknown one keeps its null to be reported.
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: v for k, v in data.items()
+                if v is not None or k not in fields or fields[k].is_required()}
 
 
 class ServerSection(_Section):
@@ -104,6 +127,16 @@ class ServerSection(_Section):
     max_audio_seconds: PositiveFloat = 1800.0
     max_audio_memory: ByteSize = Field(512 << 20, ge=1 << 20)
     max_speech_chars: Int = Field(4096, ge=1)
+
+    @field_validator("host")
+    @classmethod
+    def _a_host(cls, value: str) -> str:
+        # The empty host is the wildcard to getaddrinfo and asyncio: every
+        # interface, where the default is loopback only.
+        if not value.strip():
+            raise ValueError("an empty host would listen on every interface; write 0.0.0.0 for that, "
+                             "or leave `host` out for 127.0.0.1")
+        return value
 
     @field_validator("api_keys", "read_only_keys")
     @classmethod
@@ -156,7 +189,7 @@ class ManagerSection(_Section):
     # vllm-mlx spelling of default_idle_unload_seconds (0 or less: never).
     idle_unload_seconds: Float | None = None
     contention_policy: ContentionSection = ContentionSection()
-    cache_dir: str = "~/.cache/mlxd"
+    cache_dir: PathText = "~/.cache/mlxd"
     max_pass_over_s: NonNegativeFloat = 30.0
     load_retry_backoff_s: PositiveFloat = 5.0
     load_retry_backoff_max_s: PositiveFloat = 300.0
@@ -214,6 +247,13 @@ VLLM_MLX_IGNORED_MODEL_KEYS = (
 
 # Keys only embedding and rerank entries take.
 ENCODER_KEYS = ("truncate", "matryoshka", "batch_tokens")
+# Keys only a model that generates text reads (its KV cache, sampling,
+# chat template, parsers, images): on an embedding, rerank or audio entry
+# they would be accepted and do nothing while `mlxd check` showed them.
+GENERATION_KEYS = (
+    "max_context", "kv_bits", "defaults", "prefix_cache", "tool_parser", "reasoning_parser",
+    "chat_template_kwargs", "local_image_dir", "allow_remote_images",
+)
 
 class SpeculativeSection(_Section):
     """``speculative:`` on a text model: how it drafts tokens that one
@@ -289,9 +329,9 @@ def rdma_devices_problem(devices: Any, n: int) -> str | None:
 
 class ModelEntry(_Section):
     name: str = Field(min_length=1)
-    path: str | None = None
-    source: str | None = None
-    model: str | None = None
+    path: PathText | None = None
+    source: PathText | None = None
+    model: PathText | None = None
     allow_download: bool = False
     aliases: Names = []
     description: str = ""
@@ -306,7 +346,7 @@ class ModelEntry(_Section):
     defaults: SamplingSection = SamplingSection()
     prefix_cache: PrefixCacheSection = PrefixCacheSection()
     trust_remote_code: bool = False
-    local_image_dir: str | None = None
+    local_image_dir: PathText | None = None
     allow_remote_images: bool = False
     # Served by a backend (a name under ``backends:``) instead of locally.
     backend: str | None = Field(None, min_length=1)
@@ -372,7 +412,9 @@ class ModelEntry(_Section):
         if value is not None and value not in kinds:
             names = [repr(k) for k in kinds]
             choices = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
-            raise ValueError(f"input should be {choices}, got {value!r}")
+            close = _closest_kind(value, kinds)
+            hint = f"; did you mean `{close}`?" if close else ""
+            raise ValueError(f"input should be {choices}, got {value!r}{hint}")
         return value
 
     @field_validator("instruction")
@@ -425,6 +467,20 @@ class ModelEntry(_Section):
         """The (key, value) naming the model's files, if exactly one is set."""
         given = [(k, getattr(self, k)) for k in LOCATION_KEYS if getattr(self, k) is not None]
         return given[0] if len(given) == 1 else None
+
+
+# What other servers and libraries call a kind mlxd names otherwise.
+_KIND_SYNONYMS = {"chat": "text", "llm": "text", "generate": "text", "vlm": "vision", "stt": "transcription",
+                  "asr": "transcription", "tts": "speech", "reranker": "rerank", "embed": "embedding"}
+
+
+def _closest_kind(value: str, kinds: Any) -> str | None:
+    word = value.strip().lower()
+    guess = _KIND_SYNONYMS.get(word, word)
+    if guess in kinds:
+        return guess
+    close = difflib.get_close_matches(guess, list(kinds), n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 class TimeoutsSection(_Section):

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxd.registry.document import Document, Loc
-from mlxd.registry.kinds import ModelKind
+from mlxd.registry.kinds import ModelKind, a_model_of
 from mlxd.registry.model import (
     ContentionSpec,
     ManagerSpec,
@@ -18,7 +18,7 @@ from mlxd.registry.model import (
     SamplingDefaults,
     ServerSpec,
 )
-from mlxd.registry.schema import ManagerSection, ModelEntry, RegistryFile
+from mlxd.registry.schema import ENCODER_KEYS, GENERATION_KEYS, ManagerSection, ModelEntry, RegistryFile
 from mlxd.registry.sizing import parse_memory_budget
 
 DEFAULT_MEMORY_BUDGET = "70%"
@@ -169,3 +169,23 @@ class Sections:
                 ("models", i, "local_image_dir"), f"folder {folder} does not exist"
             )
         return folder.resolve()
+
+    def check_kind_keys(self, i: int, entry: ModelEntry, row: ModelKind) -> None:
+        """A key the entry's kind does not read is an error at its line:
+        accepted, it would do nothing while `mlxd check` showed it."""
+        for keys, reads, who in (
+            (ENCODER_KEYS, row.encodes, "`kind: embedding` and `kind: rerank` entries"),
+            # (Reached by encoders only: the row above refuses it elsewhere.)
+            (("matryoshka",), row.name == "embedding", "`kind: embedding` entries"),
+            (GENERATION_KEYS, row.generates, "models that generate text (`kind: text` or `vision`)"),
+        ):
+            for key in keys:
+                if not reads and _set(entry, key):
+                    raise self.doc.error(("models", i, key),
+                                         f"`{key}` is for {who}; `{entry.name}` is {a_model_of(row.name)}")
+
+
+def _set(entry: ModelEntry, key: str) -> bool:
+    """``key`` is written with a value other than its default (``null``,
+    ``defaults: {}`` or ``allow_remote_images: false`` say nothing)."""
+    return key in entry.model_fields_set and getattr(entry, key) != ModelEntry.model_fields[key].default

@@ -106,7 +106,14 @@ def parse_bytes(value: Any) -> int:
             )
         number, unit = match.groups()
         return int(float(number) * _UNITS[unit.lower()])
-    raise ValueError(f"expected a size such as 512MB or 2GB, got {type(value).__name__}")
+    raise ValueError(f"expected a size such as 512MB or 2GB, got {_kind_of(value)}")
+
+
+def _kind_of(value: Any) -> str:
+    """A value of the wrong type, as a message names it."""
+    if isinstance(value, (list, dict)):
+        return "a list" if isinstance(value, list) else "a mapping"
+    return repr(value)
 
 
 def parse_memory_budget(value: Any, physical_memory: int) -> int:
@@ -136,7 +143,7 @@ def parse_memory_budget(value: Any, physical_memory: int) -> int:
 def parse_gb(value: Any) -> int:
     """vllm-mlx's ``memory_budget_gb``: a number of GB, or a string ending gb/mb/b."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError(f"expected a number of GB, got {value!r}")
+        raise ValueError(f"expected a number of GB, got {_kind_of(value)}")
     multiplier = GIB
     amount: Any = value
     if isinstance(value, str):

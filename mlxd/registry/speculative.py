@@ -19,6 +19,7 @@ from typing import Any
 
 from mlxd.errors import ConfigError
 from mlxd.registry.document import Document, Loc
+from mlxd.registry.kinds import a_model_of
 from mlxd.registry.model import ModelSpec, SpeculativeSpec
 from mlxd.registry.schema import ModelEntry
 
@@ -32,7 +33,7 @@ def entry_spec(doc: Document, i: int, entry: ModelEntry, kind: str, config: Mapp
         return None
     here: Loc = ("models", i, "speculative")
     if kind != "text":
-        raise doc.error(here, f"speculative decoding is for text models; `{entry.name}` is a {kind} model")
+        raise doc.error(here, f"speculative decoding is for text models; `{entry.name}` is {a_model_of(kind)}")
     if section.method == "draft" and section.draft_model is None:
         raise doc.error((*here, "draft_model"), "`method: draft` needs `draft_model:`, the registry model that drafts")
     if section.method != "draft" and section.draft_model is not None:

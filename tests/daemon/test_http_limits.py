@@ -282,3 +282,13 @@ def test_an_api_key_flag_that_names_no_usable_key_stops_the_daemon_instead_of_op
     assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
     assert ("names no key" if flag[1] == "" else "space inside") in errors[0]
     assert "two words" not in done.stderr
+
+
+def test_an_empty_host_setting_is_refused_not_bound_to_every_interface(tmp_path):
+    from mlxd.errors import ConfigError
+    from mlxd.registry.loader import load_registry
+    from mlxd.settings import DaemonSettings, effective
+
+    registry = load_registry(write_registry(tmp_path, [{"name": "qwen", "model": "qwen"}]))
+    with pytest.raises(ConfigError, match="every interface"):
+        effective(DaemonSettings(host=""), registry.server)

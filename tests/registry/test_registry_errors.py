@@ -691,3 +691,75 @@ def test_numbers_written_other_ways_still_read(tmp_path, model_dir):
     (spec,) = load_registry_text(text, tmp_path / "m.yaml").models
     assert (spec.max_concurrency, spec.max_queue, spec.speculative.tokens) == (3, 8, 6)
     assert spec.defaults.temperature == 1.0
+
+
+@pytest.mark.parametrize("head, key, expected", [
+    ("manager:\n  memory_budget: yes\n", "manager.memory_budget", "expected a size such as 512MB or 2GB, got yes"),
+    ("manager:\n  memory_budget_gb: [16]\n", "manager.memory_budget_gb", "expected a number of GB, got a list"),
+    ("server:\n  max_body_bytes: {a: 1}\n", "server.max_body_bytes", "expected a size such as 512MB or 2GB, got a mapping"),
+    ("server:\n  max_connections: on\n", "server.max_connections", "expected a number, got on (YAML reads"),
+    ("server:\n  host: no\n", "server.host", "got no (YAML reads it as a boolean; write 'no' in quotes for the word)"),
+    ("manager:\n  contention_policy: {strategy: off}\n", "manager.contention_policy.strategy", "got off"),
+])
+def test_a_yaml_boolean_is_quoted_as_written(tmp_path, model_dir, head, key, expected):
+    # YAML 1.1 reads yes/no/on/off as booleans: the message quotes the word
+    # the file has, not Python's True, and a wrong type is named in words.
+    error = _refused(tmp_path, model_dir, head)
+    assert error.key == key
+    assert expected in error.detail
+    assert "True" not in error.detail and "False" not in error.detail
+
+
+@pytest.mark.parametrize("head, key, words", [
+    # The empty host is the wildcard: it would listen on every interface.
+    ("server:\n  host: ''\n", "server.host", "every interface"),
+    ("manager:\n  cache_dir: ''\n", "manager.cache_dir", "registry's own folder"),
+])
+def test_an_empty_host_or_folder_is_refused_not_read_as_a_wildcard(tmp_path, model_dir, head, key, words):
+    error = _refused(tmp_path, model_dir, head)
+    assert (error.key, error.line) == (key, 2)
+    assert words in error.detail
+
+
+@pytest.mark.parametrize("key", ["path", "local_image_dir"])
+def test_an_empty_path_in_an_entry_is_refused(tmp_path, model_dir, key):
+    # local_image_dir: '' would let requests read images from the registry's folder.
+    lines = {"path": str(model_dir), key: "''"}
+    text = "models:\n  - name: a\n" + "".join(f"    {k}: {v}\n" for k, v in lines.items())
+    with pytest.raises(ConfigError) as caught:
+        load_registry_text(text, tmp_path / "m.yaml")
+    assert caught.value.key == f"models[0].{key}"
+    assert "registry's own folder" in caught.value.detail
+
+
+def test_null_or_no_value_means_the_default(tmp_path, model_dir):
+    # docs/registry.md: `null` for an optional key means the default; a key
+    # written with no value (`aliases:`) is null in YAML.
+    text = textwrap.dedent(f"""\
+        server:
+          port: null
+          api_keys:
+          max_body_bytes: ~
+        manager:
+          cache_dir: null
+          prefix_cache:
+        models:
+          - name: a
+            path: {model_dir}
+            aliases:
+            description:
+            pinned: null
+            max_concurrency: null
+            defaults:
+        """)
+    registry = load_registry_text(text, tmp_path / "m.yaml", physical_memory=16 * GIB)
+    (spec,) = registry.models
+    assert (registry.server.port, registry.server.api_keys, registry.server.max_body_bytes) == (8080, (), 32 << 20)
+    assert (spec.aliases, spec.description, spec.pinned, spec.max_concurrency) == ((), "", False, 1)
+    assert registry.manager.cache_dir.name == "mlxd"
+
+
+def test_null_for_a_required_key_is_still_named(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        load_registry_text("models:\n  - name: null\n    path: /x\n", tmp_path / "m.yaml")
+    assert (caught.value.key, caught.value.line) == ("models[0].name", 2)

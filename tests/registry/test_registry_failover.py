@@ -139,3 +139,23 @@ def test_mlxd_check_shows_each_failover_entry_with_its_targets_and_where_they_ru
         "    -> studio:qwen-big (on backend `studio` as `qwen-big`)\n"
     ) in text
     assert "  either [failover, warm]" in text
+
+
+@pytest.mark.parametrize("extra, target", [
+    ("  - name: vectors\n    path: {emb}\n    kind: embedding\n", "vectors"),
+    ("  - name: vectors\n    backend: studio\n    kind: rerank\n", "vectors"),
+])
+def test_a_failover_target_that_is_not_a_chat_model_is_refused_at_its_line(tmp_path, model_dir, make_model,
+                                                                          extra, target):
+    # Only the generation routes resolve a failover entry: a chat request
+    # routed to an embedding model would fail, and an embeddings request
+    # naming the failover entry is a 400.
+    emb = make_model(tmp_path / "emb", config={"model_type": "bert", "architectures": ["BertModel"],
+                                               "hidden_size": 64, "num_hidden_layers": 2,
+                                               "num_attention_heads": 2, "max_position_embeddings": 512})
+    text = TEXT.replace("  - name: either\n", extra.format(emb=emb) + "  - name: either\n")
+    text = text.replace("targets: [far, studio:qwen-big, small]", f"targets: [small, {target}]")
+    with pytest.raises(ConfigError) as caught:
+        load(model_dir, text)
+    assert caught.value.key == "models[4].targets[1]"
+    assert f"`{target}` is a" in caught.value.detail and "targets are chat models" in caught.value.detail
