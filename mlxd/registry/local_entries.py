@@ -17,7 +17,14 @@ from mlxd.registry.document import Loc
 from mlxd.registry.kinds import PARALLEL, ModelKind, a_model_of
 from mlxd.registry.model import Footprint, ModelSpec, ParallelSpec, PrefixCacheSpec, template_pairs
 from mlxd.registry.parallel import LOCAL, hosts_of, parallel_spec, placement_problem, split_problem
-from mlxd.registry.resolve import Downloader, audio_kind_problem, detect_kind, is_llm_reranker, read_model_config, resolve_model_dir
+from mlxd.registry.resolve import (
+    Downloader,
+    audio_kind_problem,
+    detect_kind,
+    is_llm_reranker,
+    read_model_config,
+    resolve_model_dir,
+)
 from mlxd.registry.schema import ENCODER_KEYS, LOCATION_KEYS, VLLM_MLX_IGNORED_MODEL_KEYS, ModelEntry
 from mlxd.registry.sections import DEFAULT_MODEL, Sections
 from mlxd.registry.speculative import entry_spec
@@ -275,4 +282,3 @@ class LocalEntries:
                     i,
                     key,
                 )
-
