@@ -56,3 +56,19 @@ def minilm_vectors(demo, texts: list[str]) -> np.ndarray:
     forms read back as the same float32s a client's base64 decodes to)."""
     data = post(demo.url, "/v1/embeddings", {"model": "minilm", "input": texts}).json()["data"]
     return np.array([d["embedding"] for d in data], dtype=np.float32)
+
+
+# Two documents and a query that a trained model orders: the kitten is nearer the cat.
+DOCUMENTS = ["a cat sits on the mat", "stock markets fell sharply"]
+QUERY = "a kitten rests on a rug"
+
+
+def assert_minilm_vectors(demo, documents: list[list[float]], query: list[float]) -> None:
+    """A client's vectors for DOCUMENTS and QUERY are the unit vectors that
+    /v1/embeddings gives for them, MiniLM's 384, in the order a user expects."""
+    docs, asked = np.array(documents), np.array(query)
+    assert docs.shape == (2, 384) and asked.shape == (384,)
+    assert np.linalg.norm(docs, axis=1) == pytest.approx([1, 1], abs=1e-5)
+    np.testing.assert_allclose(docs, minilm_vectors(demo, DOCUMENTS), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(asked, minilm_vectors(demo, [QUERY])[0], rtol=0, atol=1e-6)
+    assert asked @ docs[0] > asked @ docs[1] + 0.3

@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from clients.clients_support import drive, minilm_vectors
+from clients.clients_support import DOCUMENTS, QUERY, drive, minilm_vectors
 from clients.forcing_proxy import MARKER, ForcingProxy, assert_client_ran_the_call
 
 # Plain answers come from SmolLM2: seconds on an idle CPU, minutes on a loaded one.
@@ -27,14 +27,13 @@ def test_llm_cli_runs_against_the_demo(demo, workdir):
     assert got["schema"]["level"] in ("low", "high") and isinstance(got["schema"]["ok"], bool)
 
 
-PHRASES = {"cat": "a cat sits on the mat", "stocks": "stock markets fell sharply"}
+PHRASES = dict(zip(("cat", "stocks"), DOCUMENTS))
 
 
 def test_llm_embeds_with_minilm_under_openais_name(demo):
-    got = drive("llm", "llm_embed.py", demo.url, timeout=300, DOCUMENTS=json.dumps(PHRASES),
-                QUERY="a kitten rests on a rug")
+    got = drive("llm", "llm_embed.py", demo.url, timeout=300, DOCUMENTS=json.dumps(PHRASES), QUERY=QUERY)
     assert len(got["vector"]) == 384
-    np.testing.assert_allclose(got["vector"], minilm_vectors(demo, ["a kitten rests on a rug"])[0], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got["vector"], minilm_vectors(demo, [QUERY])[0], rtol=0, atol=1e-6)
     # `llm similar` over a stored collection: the kitten is nearer the cat (MiniLM is trained).
     assert [hit["id"] for hit in got["similar"]] == ["cat", "stocks"]
     assert got["similar"][0]["score"] > got["similar"][1]["score"] + 0.3
