@@ -1,5 +1,5 @@
 """litellm's other kinds against mlxd: ``embedding`` through the ``openai/``
-provider, ``rerank`` through each provider whose wire shape mlxd speaks
+and ``ollama/`` providers, ``rerank`` through each provider whose wire shape mlxd speaks
 (cohere, which posts to ``{api_base}/v2/rerank``, so its base has no
 ``/v1``; jina_ai; hosted_vllm; infinity, whose documents come back as bare
 strings, with ``return_documents=False``), ``speech`` and ``transcription``
@@ -20,6 +20,9 @@ embedded = litellm.embedding(model="openai/minilm", input=json.loads(os.environ[
                              **KEY)
 out = {"embedding": {"vectors": [d["embedding"] for d in embedded.data], "model": embedded.model,
                      "prompt_tokens": embedded.usage.prompt_tokens}, "rerank": {}}
+# litellm's ollama/ provider posts to Ollama's /api/embed, at the server's root.
+out["ollama_embedding"] = [d["embedding"] for d in litellm.embedding(
+    model="ollama/minilm", input=json.loads(os.environ["TEXTS"]), api_base=URL).data]
 for provider, base, documents in (("cohere", URL, True), ("jina_ai", URL + "/v1", True),
                                   ("hosted_vllm", URL + "/v1", True), ("infinity", URL, False)):
     ranked = litellm.rerank(model=f"{provider}/rerank-tiny", query=QUERY, documents=DOCUMENTS, top_n=3,
