@@ -103,7 +103,7 @@ def _encoder_entries(directory: Path, models_dir: Path) -> list[str]:
         "  - name: minilm",
         f"    path: {minilm_dir()}",
         "    kind: embedding",
-        "    aliases: [all-minilm, all-MiniLM-L6-v2]",
+        "    aliases: [all-minilm, all-MiniLM-L6-v2, text-embedding-3-small]",
         "    description: all-MiniLM-L6-v2 (sentence-transformers), 384-dimensional sentence embeddings",
         "  - name: rerank-tiny",
         f"    path: {reranker.relative_to(directory)}",

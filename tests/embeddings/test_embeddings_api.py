@@ -94,6 +94,32 @@ def test_langchain_openai_embeddings(encoders_daemon) -> None:
     assert np.dot(query, docs[0]) > np.dot(query, docs[1]) + 0.3
 
 
+def truncated_inputs(daemon, model: str) -> float:
+    for line in httpx.get(daemon.url + "/metrics").text.splitlines():
+        if line.startswith(f'mlxd_embedding_truncated_inputs_total{{model="{model}"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_langchain_with_the_models_own_tokenizer_embeds_a_long_text_whole(encoders_daemon, minilm) -> None:
+    from langchain_openai import OpenAIEmbeddings
+
+    # docs/embeddings.md: tiktoken_enabled=False with MiniLM's own folder and
+    # its 256 tokens less [CLS] and [SEP]; LangChain sends pieces of text.
+    lc = OpenAIEmbeddings(model="minilm", base_url=encoders_daemon.url + "/v1", api_key="unused",
+                          tiktoken_enabled=False, tiktoken_model_name=str(minilm), embedding_ctx_length=254)
+    long_text = "The quick brown fox jumps over the lazy dog near the river bank. " * 60
+    cut_before = truncated_inputs(encoders_daemon, "minilm")
+    short, whole = lc.embed_documents(["a cat sits on the mat", long_text])
+    assert truncated_inputs(encoders_daemon, "minilm") == cut_before  # no piece was cut
+    ours = client(encoders_daemon).embeddings.create(model="minilm", input=["a cat sits on the mat", long_text])
+    assert truncated_inputs(encoders_daemon, "minilm") == cut_before + 1  # sent whole, mlxd cuts it
+    np.testing.assert_allclose(short, ours.data[0].embedding, rtol=0, atol=1e-5)
+    # The whole text, averaged over its pieces: not mlxd's vector of its first 256 tokens.
+    assert np.linalg.norm(whole) == pytest.approx(1.0, abs=1e-5)
+    assert np.dot(whole, ours.data[1].embedding) < 0.9999
+
+
 def test_token_arrays_are_the_models_own_ids(encoders_daemon, tiny_embedder) -> None:
     from tokenizers import Tokenizer
 

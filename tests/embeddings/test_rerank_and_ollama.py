@@ -84,6 +84,19 @@ def test_ollama_embed_is_the_same_vector_as_v1_embeddings(encoders_daemon) -> No
     assert np.linalg.norm(legacy["embedding"]) == pytest.approx(1.0, abs=1e-5)
 
 
+def test_ollama_routes_read_json_under_curls_form_content_type(encoders_daemon) -> None:
+    # `curl -d '{...}'`, as Ollama's docs and ours write it, says the body is
+    # form-encoded: Ollama reads it as JSON anyway, and so must we.
+    curl = {"content-type": "application/x-www-form-urlencoded"}
+    for path, field, answer_key in (("/api/embed", "input", "embeddings"), ("/api/embeddings", "prompt", "embedding")):
+        answer = httpx.post(encoders_daemon.url + path, headers=curl, timeout=60,
+                            content=json.dumps({"model": "minilm", field: "why is the sky blue?"}))
+        assert answer.status_code == 200, answer.text
+        assert answer.json()[answer_key]
+    garbled = httpx.post(encoders_daemon.url + "/api/embed", headers=curl, content="model=minilm&input=x", timeout=60)
+    assert garbled.status_code == 400 and "not valid JSON" in garbled.json()["error"]
+
+
 def test_ollama_truncate_false_and_errors_in_ollamas_shape(encoders_daemon) -> None:
     long_text = "many words in a row " * 100
     refused = post(encoders_daemon, "/api/embed", {"model": "embed", "input": long_text, "truncate": False})
