@@ -87,6 +87,34 @@ def test_a_scoped_key_uses_its_model_and_gets_403_on_another_in_each_surfaces_sh
     assert [m["id"] for m in listed["data"]] == ["echo-a"]
 
 
+def test_a_name_made_up_to_match_an_apps_globs_does_not_reach_a_model_outside_them(daemon):
+    """A catch-all alias (`*`) answers any name: an app scoped to `echo-a*`
+    asked for `echo-a-mini`, which its globs match, and was served by
+    echo-b, a model its status and model list did not even show it."""
+    path = daemon.tmp / "models.yaml"
+    good = path.read_text()
+    doc = yaml.safe_load(good)
+    doc["models"][1]["aliases"] = ["*"]
+    next(a for a in doc["apps"] if a["name"] == "editor")["models"] = ["echo-a*"]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    try:
+        assert call(daemon, "POST", "/v1/admin/reload", OPS, {}).status_code == 200
+        for path_, body, message in SURFACES:
+            refused = call(daemon, "POST", path_, EDITOR, body("echo-a-mini"))
+            assert refused.status_code == 403, (path_, refused.text)
+            assert "may not use model `echo-a-mini` (it is served by a model outside its models: echo-a*)" in \
+                message(refused.json()), path_
+        assert call(daemon, "POST", "/v1/chat/completions", EDITOR, {"model": "echo-a", **CHAT}).status_code == 200
+        assert [m["id"] for m in call(daemon, "GET", "/v1/models", EDITOR).json()["data"]] == ["echo-a"]
+        # An app whose globs cover the entry still reaches it by any name its alias answers.
+        assert call(daemon, "POST", "/v1/chat/completions", OPS, {"model": "echo-a-mini", **CHAT}).status_code == 200
+    finally:
+        path.write_text(good)
+        assert call(daemon, "POST", "/v1/admin/reload", OPS, {}).status_code == 200
+        # The module's other tests start with echo-b unloaded (one model fits).
+        assert call(daemon, "POST", "/v1/models/echo-b/unload", OPS, {}).status_code == 200
+
+
 ADMIN_ROUTES = [
     ("POST", "/v1/models/echo-a/load"), ("POST", "/v1/models/echo-a/unload"), ("POST", "/v1/models/echo-a/pin"),
     ("POST", "/v1/models/echo-a/unpin"), ("POST", "/v1/admin/reload"), ("DELETE", "/v1/cache"),

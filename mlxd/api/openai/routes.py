@@ -56,6 +56,8 @@ def router() -> APIRouter:
         data = []
         caller = caller_of(request)
         for entry in ctx.registry.entries():
+            if not caller.may_use(*entry.names()):
+                continue  # an app sees the models it may use, as a request checks them
             if isinstance(entry, FailoverSpec):
                 # What it stands for now: the target a request would try first
                 # (during a reload, the first listed may be all that is left).
@@ -70,8 +72,6 @@ def router() -> APIRouter:
             view = ctx.manager.view(first.name)
             state = view.state.value if view else "unloaded"
             for name in listed_names(entry, ctx.registry):
-                if not caller.may_use(name, entry.name):
-                    continue  # an app sees the models it may use
                 data.append(model_item(name, first, about, created=created, state=state, output_cap=output_cap,
                                        root=entry.name))
         body = page(data)
