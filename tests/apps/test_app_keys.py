@@ -12,7 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import httpx
+import openai
 import pytest
 import yaml
 
@@ -113,6 +115,21 @@ def test_a_name_made_up_to_match_an_apps_globs_does_not_reach_a_model_outside_th
         assert call(daemon, "POST", "/v1/admin/reload", OPS, {}).status_code == 200
         # The module's other tests start with echo-b unloaded (one model fits).
         assert call(daemon, "POST", "/v1/models/echo-b/unload", OPS, {}).status_code == 200
+
+
+def test_the_sdks_retrieve_a_model_the_app_may_use_and_no_other(daemon):
+    """`client.models.retrieve(...)` (GET /v1/models/{id}) was a 404 "No route"
+    on both SDKs, for every key and every model."""
+    got = openai.OpenAI(base_url=daemon.url + "/v1", api_key=EDITOR).models.retrieve("echo-a")
+    assert got.id == "echo-a" and got.owned_by == "mlxd"
+    claude = anthropic.Anthropic(base_url=daemon.url, api_key=EDITOR)
+    assert claude.models.retrieve("echo-a").display_name == "echo-a"
+    with pytest.raises(anthropic.PermissionDeniedError, match="may not use model `echo-b`"):
+        claude.models.retrieve("echo-b")
+    with pytest.raises(openai.NotFoundError, match="does not exist. Available models: `echo-a`$"):
+        openai.OpenAI(base_url=daemon.url + "/v1", api_key=EDITOR).models.retrieve("echo-z")
+    assert call(daemon, "GET", "/v1/models/echo-b", None).status_code == 401
+    assert call(daemon, "GET", "/v1/models/echo-b", OPS).json()["id"] == "echo-b"
 
 
 ADMIN_ROUTES = [
