@@ -235,6 +235,37 @@ def test_max_concurrency_refuses_a_second_request_while_the_first_streams(daemon
     assert call(daemon, "POST", "/v1/chat/completions", BATCH, {"model": "echo-a", **CHAT}).status_code == 200
 
 
+def test_an_app_reusing_another_apps_request_id_does_not_take_its_cancel_away(daemon):
+    """Ids are the clients' own (X-Request-Id): the newest request under way
+    answered to one, so an app sending another's id hid that request from
+    its owner, whose cancel was then a 404."""
+    assert call(daemon, "POST", "/v1/chat/completions", OPS, {"model": "echo-a", **CHAT}).status_code == 200
+    engine = daemon.ctx.manager._models["echo-a"].engine
+    engine.gate.clear()
+    hold = {"model": "echo-a", "messages": [{"role": "user", "content": "hold on"}]}
+
+    def held(key: str) -> httpx.Response:
+        return httpx.post(daemon.url + "/v1/chat/completions", json=hold, timeout=30,
+                          headers={"authorization": f"Bearer {key}", "x-request-id": "job-1"})
+
+    with ThreadPoolExecutor(2) as pool:
+        mine = pool.submit(held, CHATTER)
+        wait_until(lambda: len(daemon.ctx.inflight) == 1)
+        # The editor's, with the same id, queues behind it.
+        theirs = pool.submit(held, EDITOR)
+        wait_until(lambda: len(daemon.ctx.inflight) == 2)
+        cancelled = call(daemon, "POST", "/v1/requests/job-1/cancel", CHATTER)
+        assert cancelled.status_code == 200, cancelled.text
+        try:
+            # Cancelled before any output: a whole answer of what it had, nothing.
+            assert mine.result(timeout=10).json()["choices"][0]["message"]["content"] == ""
+            assert [(r["key"], r["cancelled"]) for r in call(daemon, "GET", "/v1/requests", OPS).json()["data"]] == \
+                [("editor", False)]
+        finally:
+            engine.gate.set()
+        assert theirs.result().json()["choices"][0]["message"]["content"] == "hold on"
+
+
 def everything_generation(daemon: Any) -> int:
     return call(daemon, "GET", "/v1/status", OPS).json()["config"]["generation"]
 
