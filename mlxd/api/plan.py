@@ -169,6 +169,12 @@ class Plan:
         """The entry the client asked for (metrics and logs count by it)."""
         return self.failover.name if self.failover is not None else self.spec.name
 
+    @property
+    def prompt_copies(self) -> int:
+        """How many of ``requests`` are choices of one prompt (chat's ``n``):
+        the prompt is read once, as OpenAI counts it."""
+        return max(1, self.requests[0].choices) if self.requests else 1
+
     def remaining(self) -> float:
         return self.timeout - (time.monotonic() - self.started)
 

@@ -266,6 +266,23 @@ def test_an_app_reusing_another_apps_request_id_does_not_take_its_cancel_away(da
         assert theirs.result().json()["choices"][0]["message"]["content"] == "hold on"
 
 
+def test_n_choices_charge_their_app_the_prompt_once_as_the_answer_reports_it(daemon):
+    """The answer's usage counted the prompt once (as OpenAI does) but the
+    app's usage, tpm and day were charged it n times."""
+    def editor_echo_a() -> tuple[int, int]:
+        usage = call(daemon, "GET", "/v1/status", OPS).json()["usage"]
+        row = next((u for u in usage if (u["app"], u["model"]) == ("editor", "echo-a")), None)
+        return (row["tokens_in"], row["tokens_out"]) if row else (0, 0)
+
+    before = editor_echo_a()
+    answer = call(daemon, "POST", "/v1/chat/completions", EDITOR, {"model": "echo-a", "n": 3, **CHAT})
+    assert answer.status_code == 200, answer.text
+    usage = answer.json()["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (2, 6)
+    after = editor_echo_a()
+    assert (after[0] - before[0], after[1] - before[1]) == (2, 6)
+
+
 def everything_generation(daemon: Any) -> int:
     return call(daemon, "GET", "/v1/status", OPS).json()["config"]["generation"]
 
