@@ -117,6 +117,27 @@ def test_a_name_made_up_to_match_an_apps_globs_does_not_reach_a_model_outside_th
         assert call(daemon, "POST", "/v1/models/echo-b/unload", OPS, {}).status_code == 200
 
 
+def test_a_failover_entry_an_app_may_use_by_its_alias_shows_in_its_status_and_metrics(daemon):
+    """Scope is the entry's names, aliases included: the app was served by
+    the entry, but its status left the entry out and its /metrics dropped
+    the entry's series (only models' aliases were looked up)."""
+    path = daemon.tmp / "models.yaml"
+    good = path.read_text()
+    doc = yaml.safe_load(good)
+    doc["models"].append({"name": "pair", "aliases": ["team-*"], "targets": ["echo-a", "echo-b"]})
+    next(a for a in doc["apps"] if a["name"] == "editor")["models"] = ["echo-a", "team-*"]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    try:
+        assert call(daemon, "POST", "/v1/admin/reload", OPS, {}).status_code == 200
+        assert call(daemon, "POST", "/v1/chat/completions", EDITOR, {"model": "team-x", **CHAT}).status_code == 200
+        assert [f["name"] for f in call(daemon, "GET", "/v1/status", EDITOR).json()["failover"]] == ["pair"]
+        metrics = call(daemon, "GET", "/metrics", EDITOR).text
+        assert 'mlxd_requests_total{model="pair",status="200"}' in metrics
+    finally:
+        path.write_text(good)
+        assert call(daemon, "POST", "/v1/admin/reload", OPS, {}).status_code == 200
+
+
 def test_the_sdks_retrieve_a_model_the_app_may_use_and_no_other(daemon):
     """`client.models.retrieve(...)` (GET /v1/models/{id}) was a 404 "No route"
     on both SDKs, for every key and every model."""
