@@ -28,6 +28,9 @@ def record_request(
 ) -> None:
     """Counted under the entry the client named (``plan.name``); a failover
     entry's figures also go to the target that served it (``plan.spec``)."""
+    # n choices of one prompt: its tokens once, as the client's usage says,
+    # so the app's tpm, day and usage charge what its answers reported.
+    tokens_in, cached = tokens_in // plan.prompt_copies, cached // plan.prompt_copies
     ended = time.monotonic()
     seconds = ended - plan.started
     if meter is not None:

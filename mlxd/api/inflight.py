@@ -52,26 +52,23 @@ class InFlightRequest:
 
 class InFlight:
     def __init__(self) -> None:
-        self._by_id: dict[str, InFlightRequest] = {}
         self._all: dict[int, InFlightRequest] = {}
 
     def add(self, entry: InFlightRequest) -> InFlightRequest:
-        # A client reusing an X-Request-Id: the newest request answers to it.
-        self._by_id[entry.request_id] = entry
-        self._by_id[entry.response_id] = entry
         self._all[id(entry)] = entry
         return entry
 
     def remove(self, entry: InFlightRequest) -> None:
         """Safe to call more than once."""
-        if self._all.pop(id(entry), None) is None:
-            return
-        for key in (entry.request_id, entry.response_id):
-            if self._by_id.get(key) is entry:
-                del self._by_id[key]
+        self._all.pop(id(entry), None)
 
-    def find(self, request_id: str) -> InFlightRequest | None:
-        return self._by_id.get(request_id)
+    def find(self, request_id: str, mine: Callable[[InFlightRequest], bool] = lambda _: True) -> InFlightRequest | None:
+        """The newest request under way with that X-Request-Id or response
+        id among those ``mine`` accepts. Ids are the clients' own, so two
+        may share one: an app reusing another's id must not hide that
+        request from its owner (a scan: only the requests under way)."""
+        found = [e for e in self._all.values() if request_id in (e.request_id, e.response_id) and mine(e)]
+        return max(reversed(found), key=lambda e: e.started_at, default=None)
 
     def entries(self) -> list[InFlightRequest]:
         return sorted(self._all.values(), key=lambda e: e.started_at)

@@ -90,7 +90,7 @@ def resolve_entry(ctx: DaemonContext, name: str, caller: Caller = ANONYMOUS) -> 
     found = ctx.registry.find(name)
     if found is None:
         raise ModelNotFound(name, [n for n in ctx.registry.model_names() if caller.may_use(n)])
-    check_model(caller, name, found.name)
+    check_model(caller, name, found.names())
     if isinstance(found, FailoverSpec):
         targets = tuple(ctx.manager.resolve(t) for t in found.targets)
         return Entry(targets[0], found, targets, tuple(ctx.registry.kind_of(t) for t in targets))
@@ -98,12 +98,16 @@ def resolve_entry(ctx: DaemonContext, name: str, caller: Caller = ANONYMOUS) -> 
     return Entry(spec, kinds=(ctx.registry.kind_of(spec),))
 
 
-def check_model(caller: Caller, asked: str, *names: str) -> None:
-    """PermissionDenied for a model outside the caller's ``models:``."""
-    if not caller.may_use(asked, *names):
-        raise PermissionDenied(
-            f"App `{caller.app}` may not use model `{asked}` (its models: {', '.join(caller.models)})", param="model"
-        )
+def check_model(caller: Caller, asked: str, names: tuple[str, ...]) -> None:
+    """PermissionDenied unless the entry ``asked`` resolved to (its
+    ``names``: name and aliases as the registry writes them) falls in the
+    caller's ``models:``. The name asked does not count by itself: with a
+    glob alias (a catch-all ``*``) a client could make one up that matches
+    its globs and reach an entry outside them."""
+    if not caller.may_use(*names):
+        theirs = ", ".join(caller.models)
+        why = f"its models: {theirs}" if asked in names else f"it is served by a model outside its models: {theirs}"
+        raise PermissionDenied(f"App `{caller.app}` may not use model `{asked}` ({why})", param="model")
 
 
 def check_route(entry: Entry, name: str, route: str) -> None:
@@ -164,6 +168,12 @@ class Plan:
     def name(self) -> str:
         """The entry the client asked for (metrics and logs count by it)."""
         return self.failover.name if self.failover is not None else self.spec.name
+
+    @property
+    def prompt_copies(self) -> int:
+        """How many of ``requests`` are choices of one prompt (chat's ``n``):
+        the prompt is read once, as OpenAI counts it."""
+        return max(1, self.requests[0].choices) if self.requests else 1
 
     def remaining(self) -> float:
         return self.timeout - (time.monotonic() - self.started)

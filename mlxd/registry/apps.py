@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from mlxd.registry.document import Document, Loc
-from mlxd.registry.model import AppSpec
+from mlxd.registry.model import AppSpec, ServerSpec
 from mlxd.registry.schema import AppEntry
 
 KEY_SOURCES = ("key", "key_env", "key_file", "key_sha256")
@@ -33,13 +33,20 @@ def unset_variable(name: str, holds: str) -> str:
 
 def build_apps(
     doc: Document, entries: list[AppEntry] | None, base_dir: Path, env: Mapping[str, str] | None,
+    server: ServerSpec = ServerSpec(),
 ) -> tuple[AppSpec, ...] | None:
+    """``server``: the file's own section, whose keys no app may share."""
     if entries is None:
         return None
     environ = os.environ if env is None else env
     apps: list[AppSpec] = []
     names: dict[str, int] = {}
     hashes: dict[str | None, int] = {}
+    # A key names one caller: an app's key that is also an admin or a
+    # read-only key would be the app's alone (its scope, its admin flag),
+    # and the other would quietly stop working as such.
+    flat = {_digest(k): f"server.{field}[{j}]" for field in ("read_only_keys", "api_keys")
+            for j, k in enumerate(getattr(server, field))}
     for i, entry in enumerate(entries):
         here: Loc = ("apps", i)
         if entry.name in names:
@@ -49,6 +56,9 @@ def build_apps(
         if digest in hashes:
             what = "a keyless app (`key: none`)" if digest is None else "the same key"
             raise doc.error((*here, "name"), f"apps[{hashes[digest]}] already has {what}; each app needs its own")
+        if digest in flat:
+            raise doc.error((*here, "name"), f"app `{entry.name}` has the same key as {flat[digest]}; a key names "
+                                             "one caller: give the app its own key, or drop the other")
         hashes[digest] = i
         apps.append(AppSpec(
             name=entry.name, key_sha256=digest, models=tuple(entry.models), routes=tuple(dict.fromkeys(entry.routes)),

@@ -138,7 +138,7 @@ def _load(
         # The failover entries' implicit targets last.
         models=(*models, *remote.implicit.values()),
         failovers=failovers,
-        apps=build_apps(doc, parsed.apps, base_dir, env),
+        apps=build_apps(doc, parsed.apps, base_dir, env, server),
         problems=tuple(local.problems),
         kinds=kinds,
     )

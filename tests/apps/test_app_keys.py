@@ -12,7 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import httpx
+import openai
 import pytest
 import yaml
 
@@ -85,6 +87,70 @@ def test_a_scoped_key_uses_its_model_and_gets_403_on_another_in_each_surfaces_sh
     # The model list shows it only what it may use.
     listed = call(daemon, "GET", "/v1/models", EDITOR).json()
     assert [m["id"] for m in listed["data"]] == ["echo-a"]
+
+
+def test_a_name_made_up_to_match_an_apps_globs_does_not_reach_a_model_outside_them(daemon):
+    """A catch-all alias (`*`) answers any name: an app scoped to `echo-a*`
+    asked for `echo-a-mini`, which its globs match, and was served by
+    echo-b, a model its status and model list did not even show it."""
+    path = daemon.tmp / "models.yaml"
+    good = path.read_text()
+    doc = yaml.safe_load(good)
+    doc["models"][1]["aliases"] = ["*"]
+    next(a for a in doc["apps"] if a["name"] == "editor")["models"] = ["echo-a*"]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    try:
+        assert call(daemon, "POST", "/v1/admin/reload", OPS, {}).status_code == 200
+        for path_, body, message in SURFACES:
+            refused = call(daemon, "POST", path_, EDITOR, body("echo-a-mini"))
+            assert refused.status_code == 403, (path_, refused.text)
+            assert "may not use model `echo-a-mini` (it is served by a model outside its models: echo-a*)" in \
+                message(refused.json()), path_
+        assert call(daemon, "POST", "/v1/chat/completions", EDITOR, {"model": "echo-a", **CHAT}).status_code == 200
+        assert [m["id"] for m in call(daemon, "GET", "/v1/models", EDITOR).json()["data"]] == ["echo-a"]
+        # An app whose globs cover the entry still reaches it by any name its alias answers.
+        assert call(daemon, "POST", "/v1/chat/completions", OPS, {"model": "echo-a-mini", **CHAT}).status_code == 200
+    finally:
+        path.write_text(good)
+        assert call(daemon, "POST", "/v1/admin/reload", OPS, {}).status_code == 200
+        # The module's other tests start with echo-b unloaded (one model fits).
+        assert call(daemon, "POST", "/v1/models/echo-b/unload", OPS, {}).status_code == 200
+
+
+def test_a_failover_entry_an_app_may_use_by_its_alias_shows_in_its_status_and_metrics(daemon):
+    """Scope is the entry's names, aliases included: the app was served by
+    the entry, but its status left the entry out and its /metrics dropped
+    the entry's series (only models' aliases were looked up)."""
+    path = daemon.tmp / "models.yaml"
+    good = path.read_text()
+    doc = yaml.safe_load(good)
+    doc["models"].append({"name": "pair", "aliases": ["team-*"], "targets": ["echo-a", "echo-b"]})
+    next(a for a in doc["apps"] if a["name"] == "editor")["models"] = ["echo-a", "team-*"]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    try:
+        assert call(daemon, "POST", "/v1/admin/reload", OPS, {}).status_code == 200
+        assert call(daemon, "POST", "/v1/chat/completions", EDITOR, {"model": "team-x", **CHAT}).status_code == 200
+        assert [f["name"] for f in call(daemon, "GET", "/v1/status", EDITOR).json()["failover"]] == ["pair"]
+        metrics = call(daemon, "GET", "/metrics", EDITOR).text
+        assert 'mlxd_requests_total{model="pair",status="200"}' in metrics
+    finally:
+        path.write_text(good)
+        assert call(daemon, "POST", "/v1/admin/reload", OPS, {}).status_code == 200
+
+
+def test_the_sdks_retrieve_a_model_the_app_may_use_and_no_other(daemon):
+    """`client.models.retrieve(...)` (GET /v1/models/{id}) was a 404 "No route"
+    on both SDKs, for every key and every model."""
+    got = openai.OpenAI(base_url=daemon.url + "/v1", api_key=EDITOR).models.retrieve("echo-a")
+    assert got.id == "echo-a" and got.owned_by == "mlxd"
+    claude = anthropic.Anthropic(base_url=daemon.url, api_key=EDITOR)
+    assert claude.models.retrieve("echo-a").display_name == "echo-a"
+    with pytest.raises(anthropic.PermissionDeniedError, match="may not use model `echo-b`"):
+        claude.models.retrieve("echo-b")
+    with pytest.raises(openai.NotFoundError, match="does not exist. Available models: `echo-a`$"):
+        openai.OpenAI(base_url=daemon.url + "/v1", api_key=EDITOR).models.retrieve("echo-z")
+    assert call(daemon, "GET", "/v1/models/echo-b", None).status_code == 401
+    assert call(daemon, "GET", "/v1/models/echo-b", OPS).json()["id"] == "echo-b"
 
 
 ADMIN_ROUTES = [
@@ -188,6 +254,54 @@ def test_max_concurrency_refuses_a_second_request_while_the_first_streams(daemon
         assert held.result().status_code == 200
     assert daemon.ctx.limits.book.active("batch") == 0
     assert call(daemon, "POST", "/v1/chat/completions", BATCH, {"model": "echo-a", **CHAT}).status_code == 200
+
+
+def test_an_app_reusing_another_apps_request_id_does_not_take_its_cancel_away(daemon):
+    """Ids are the clients' own (X-Request-Id): the newest request under way
+    answered to one, so an app sending another's id hid that request from
+    its owner, whose cancel was then a 404."""
+    assert call(daemon, "POST", "/v1/chat/completions", OPS, {"model": "echo-a", **CHAT}).status_code == 200
+    engine = daemon.ctx.manager._models["echo-a"].engine
+    engine.gate.clear()
+    hold = {"model": "echo-a", "messages": [{"role": "user", "content": "hold on"}]}
+
+    def held(key: str) -> httpx.Response:
+        return httpx.post(daemon.url + "/v1/chat/completions", json=hold, timeout=30,
+                          headers={"authorization": f"Bearer {key}", "x-request-id": "job-1"})
+
+    with ThreadPoolExecutor(2) as pool:
+        mine = pool.submit(held, CHATTER)
+        wait_until(lambda: len(daemon.ctx.inflight) == 1)
+        # The editor's, with the same id, queues behind it.
+        theirs = pool.submit(held, EDITOR)
+        wait_until(lambda: len(daemon.ctx.inflight) == 2)
+        cancelled = call(daemon, "POST", "/v1/requests/job-1/cancel", CHATTER)
+        assert cancelled.status_code == 200, cancelled.text
+        try:
+            # Cancelled before any output: a whole answer of what it had, nothing.
+            assert mine.result(timeout=10).json()["choices"][0]["message"]["content"] == ""
+            assert [(r["key"], r["cancelled"]) for r in call(daemon, "GET", "/v1/requests", OPS).json()["data"]] == \
+                [("editor", False)]
+        finally:
+            engine.gate.set()
+        assert theirs.result().json()["choices"][0]["message"]["content"] == "hold on"
+
+
+def test_n_choices_charge_their_app_the_prompt_once_as_the_answer_reports_it(daemon):
+    """The answer's usage counted the prompt once (as OpenAI does) but the
+    app's usage, tpm and day were charged it n times."""
+    def editor_echo_a() -> tuple[int, int]:
+        usage = call(daemon, "GET", "/v1/status", OPS).json()["usage"]
+        row = next((u for u in usage if (u["app"], u["model"]) == ("editor", "echo-a")), None)
+        return (row["tokens_in"], row["tokens_out"]) if row else (0, 0)
+
+    before = editor_echo_a()
+    answer = call(daemon, "POST", "/v1/chat/completions", EDITOR, {"model": "echo-a", "n": 3, **CHAT})
+    assert answer.status_code == 200, answer.text
+    usage = answer.json()["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (2, 6)
+    after = editor_echo_a()
+    assert (after[0] - before[0], after[1] - before[1]) == (2, 6)
 
 
 def everything_generation(daemon: Any) -> int:

@@ -23,7 +23,7 @@ from mlxd.factory.encoders import EncoderRecipe, build_encoder
 from support.daemon import daemon_in_thread, holding_the_worker, wait_until, write_registry
 
 pytestmark = pytest.mark.mlx
-RAG, EDITOR = "sk-rag-kinds", "sk-editor-kinds"
+RAG, EDITOR, READER = "sk-rag-kinds", "sk-editor-kinds", "sk-reader-kinds"
 DAY = 100_000
 RATE = 16000
 # Half a second of a 200 Hz -> 2 kHz sweep.
@@ -44,12 +44,14 @@ def daemon(tmp_path_factory) -> Iterator[Any]:
         {"name": "rerank", "path": str(build_encoder(EncoderRecipe("rerank"))), "kind": "rerank"},
         {"name": "whisper", "path": str(build_whisper()), "kind": "transcription", "preload": True},
         # (Speech is counted by the same code as transcription; here only its route's limit is asked.)
-        {"name": "soprano", "path": str(build_soprano()), "kind": "speech"},
+        {"name": "soprano", "path": str(build_soprano()), "kind": "speech", "aliases": ["tts-*"]},
     ])
     path.write_text(path.read_text() + (
         "apps:\n"
         f"  - {{name: rag, key_sha256: {_sha(RAG)}, priority: bulk, rpm: 5, tokens_per_day: {DAY}}}\n"
         f"  - {{name: editor, key_sha256: {_sha(EDITOR)}, priority: interactive}}\n"
+        # Scoped to the speech model by its alias.
+        f"  - {{name: reader, key_sha256: {_sha(READER)}, models: [tts-*], routes: [audio]}}\n"
     ))
     with daemon_in_thread(path, tmp) as d:
         wait_until(lambda: all(d.ctx.manager.view(m).state.value == "loaded" for m in ("embed", "whisper")),
@@ -87,6 +89,15 @@ def speak(d: Any, key: str) -> httpx.Response:
 
 def day_left(answer: httpx.Response) -> int:
     return int(answer.headers["x-ratelimit-remaining-tokens-day"])
+
+
+def test_an_app_scoped_to_a_speech_models_alias_lists_its_voices(daemon):
+    """The voices list matched an app's globs against the model's name only,
+    so an app that may speak through `tts-*` listed no voice of it."""
+    listed = httpx.get(daemon.url + "/v1/audio/voices", headers=_headers(READER), timeout=60)
+    assert listed.status_code == 200, listed.text
+    assert {v["model"] for v in listed.json()["data"]} == {"soprano"}
+    assert speak(daemon, READER).status_code == 200
 
 
 def test_every_kind_counts_in_its_apps_requests_per_minute_token_day_and_usage(daemon):

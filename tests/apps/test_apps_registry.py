@@ -93,6 +93,11 @@ BAD = [
      "already used by apps[0]"),
     ("one key twice", "apps:\n  - name: a\n    key_env: K\n  - name: b\n    key_env: K\n", 4, "apps[1].name",
      "already has the same key"),
+    # A key names one caller: the app's scope would quietly replace the admin key's rights.
+    ("an admin key", "server:\n  api_keys: [sk-k]\napps:\n  - name: a\n    key_env: K\n", 4, "apps[0].name",
+     "app `a` has the same key as server.api_keys[0]"),
+    ("a read-only key", "server:\n  read_only_keys: [sk-x, sk-k]\napps:\n  - name: a\n    key_env: K\n", 4,
+     "apps[0].name", "the same key as server.read_only_keys[1]"),
     ("an unknown key", "apps:\n  - name: a\n    key: none\n    modles: [chat]\n", 4, "apps[0].modles",
      "did you mean `models`?"),
 ]

@@ -224,7 +224,7 @@ async def voices(ctx: DaemonContext, request: Request, name: str | None) -> list
         named = [(name, entry_for(ctx, name, SPEAK, caller))]
     else:
         named = [(s.name, s) for s in ctx.registry.models
-                 if _speaks(ctx, s) and caller.may_use(s.name)]
+                 if _speaks(ctx, s) and caller.may_use(*s.names())]
     found = await asyncio.gather(*(_voices_of(ctx, spec) for _, spec in named))
     return [(shown, names) for (shown, _), names in zip(named, found) if names is not None]
 

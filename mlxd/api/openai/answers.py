@@ -59,7 +59,7 @@ def logprobs_body(entries: list[Any]) -> dict[str, Any]:
 
 def chat_usage(plan: Plan, usage: Usage) -> Usage:
     """n choices of one prompt: the prompt counts once, as OpenAI counts it."""
-    n = max(1, len(plan.requests))
+    n = plan.prompt_copies
     return Usage(usage.prompt_tokens // n, usage.completion_tokens, usage.cached_tokens // n, usage.reasoning_tokens)
 
 

@@ -31,7 +31,7 @@ def _views(ctx: DaemonContext, model: str | None, caller: Caller = ANONYMOUS) ->
         return views
     spec = ctx.registry.lookup(model)
     if spec is not None:
-        check_model(caller, model, spec.name)
+        check_model(caller, model, spec.names())
     chosen = [v for v in views if spec is not None and v.name == spec.name]
     if not chosen:
         raise ModelNotFound(model, [v.name for v in views])

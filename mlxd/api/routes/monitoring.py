@@ -62,7 +62,7 @@ def app_view(document: dict[str, Any], caller: Caller, problems: list[str]) -> d
     out["app"] = {"name": caller.app, "admin": caller.admin, "priority": caller.priority,
                   "models": list(caller.models), "routes": list(caller.routes)}
     out["models"] = mine
-    out["failover"] = [f for f in document["failover"] if caller.may_use(f["name"])]
+    out["failover"] = [f for f in document["failover"] if caller.may_use(f["name"], *f["aliases"])]
     out["events"] = [e for e in document["events"] if e["model"] in names]
     if "usage" in document:
         out["usage"] = [u for u in document["usage"] if u["app"] == caller.app]
@@ -73,8 +73,9 @@ def _names(ctx: DaemonContext) -> Callable[[str], tuple[str, ...]]:
     """A model's names (its aliases too), as a scope is matched against."""
 
     def names_of(name: str) -> tuple[str, ...]:
-        spec = ctx.registry.lookup(name)
-        return spec.names() if spec is not None else (name,)
+        # A failover entry's too: a request may use one by its alias.
+        entry = ctx.registry.find(name)
+        return entry.names() if entry is not None else (name,)
 
     return names_of
 

@@ -32,9 +32,9 @@ def router() -> APIRouter:
 
     async def cancel(request_id: str, request: Request) -> dict[str, Any]:
         ctx: DaemonContext = request.app.state.ctx
-        entry = ctx.inflight.find(request_id)
         caller = caller_of(request)
-        if entry is None or not (caller.admin or entry.caller == caller.name):
+        entry = ctx.inflight.find(request_id, lambda e: caller.admin or e.caller == caller.name)
+        if entry is None:
             # Another key's request is as unknown to this one as a finished one.
             raise RequestNotFound(f"No request under way has the id `{clip(request_id)}`")
         entry.cancel()
