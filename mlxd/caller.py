@@ -60,6 +60,12 @@ class Caller:
         resolved to) falls in this caller's ``models:``."""
         return any(fnmatch.fnmatchcase(n, pattern) for n in names for pattern in self.models)
 
+    def names_exactly(self, name: str) -> bool:
+        """Whether ``models:`` lists ``name`` itself, no glob: the operator
+        gave the app that very name, whatever entry answers it (a concrete
+        `claude-sonnet-4-5` that a `claude-*` alias serves)."""
+        return name in self.models and not any(c in name for c in "*?[")
+
     def may_call(self, group: str | None) -> bool:
         """Whether this caller may call a route of ``group`` (None: a route
         every key may read)."""

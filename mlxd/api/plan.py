@@ -103,8 +103,9 @@ def check_model(caller: Caller, asked: str, names: tuple[str, ...]) -> None:
     ``names``: name and aliases as the registry writes them) falls in the
     caller's ``models:``. The name asked does not count by itself: with a
     glob alias (a catch-all ``*``) a client could make one up that matches
-    its globs and reach an entry outside them."""
-    if not caller.may_use(*names):
+    its globs and reach an entry outside them. A name the scope lists
+    itself, no glob, is the operator's own choice and counts."""
+    if not (caller.may_use(*names) or caller.names_exactly(asked)):
         theirs = ", ".join(caller.models)
         why = f"its models: {theirs}" if asked in names else f"it is served by a model outside its models: {theirs}"
         raise PermissionDenied(f"App `{caller.app}` may not use model `{asked}` ({why})", param="model")

@@ -97,15 +97,17 @@ def test_a_name_made_up_to_match_an_apps_globs_does_not_reach_a_model_outside_th
     good = path.read_text()
     doc = yaml.safe_load(good)
     doc["models"][1]["aliases"] = ["*"]
-    next(a for a in doc["apps"] if a["name"] == "editor")["models"] = ["echo-a*"]
+    next(a for a in doc["apps"] if a["name"] == "editor")["models"] = ["echo-a*", "echo-chosen"]
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     try:
         assert call(daemon, "POST", "/v1/admin/reload", OPS, {}).status_code == 200
         for path_, body, message in SURFACES:
             refused = call(daemon, "POST", path_, EDITOR, body("echo-a-mini"))
             assert refused.status_code == 403, (path_, refused.text)
-            assert "may not use model `echo-a-mini` (it is served by a model outside its models: echo-a*)" in \
-                message(refused.json()), path_
+            assert "may not use model `echo-a-mini` (it is served by a model outside its models: echo-a*, " \
+                "echo-chosen)" in message(refused.json()), path_
+        # A name the scope lists itself (no glob) is the operator's choice: whatever answers it serves the app.
+        assert call(daemon, "POST", "/v1/chat/completions", EDITOR, {"model": "echo-chosen", **CHAT}).status_code == 200
         assert call(daemon, "POST", "/v1/chat/completions", EDITOR, {"model": "echo-a", **CHAT}).status_code == 200
         assert [m["id"] for m in call(daemon, "GET", "/v1/models", EDITOR).json()["data"]] == ["echo-a"]
         # An app whose globs cover the entry still reaches it by any name its alias answers.
