@@ -122,12 +122,6 @@ class LimitBook:
         w = self._apps.get(app)
         return w.active if w is not None else 0
 
-    def forget(self, keep: set[str]) -> None:
-        """Apps a reload removed: nothing of them is kept."""
-        for name in [n for n in self._apps if n not in keep]:
-            if self._apps[name].active == 0:
-                del self._apps[name]
-
     def _headroom(self, w: _AppWindow, limits: Limits, now: float) -> tuple[Headroom, ...]:
         out = []
         if limits.rpm is not None:

@@ -49,6 +49,9 @@ def _run(settings: DaemonSettings, registry_path: Path) -> int:
         if blas.get("warning"):
             log.warning("%s", blas["warning"])
         keyed = eff.server.api_keys or eff.server.read_only_keys or registry.apps is not None
+        if registry.apps == () and not (eff.server.api_keys or eff.server.read_only_keys):
+            log.warning("`apps:` is empty and no API key is set: every request will be refused (401); "
+                        "add an app to %s, or leave `apps:` out", registry_path)
         if not keyed and eff.server.host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("no API keys configured and bound to %s: anyone on the network can use the models",
                         eff.server.host)

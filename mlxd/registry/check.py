@@ -211,6 +211,11 @@ def describe(registry: Registry) -> str:
     ]
     if registry.apps is not None:
         lines.append(f"Apps ({len(registry.apps)}):")
+        if not registry.apps and not (registry.server.api_keys or registry.server.read_only_keys):
+            # `apps:` turns keys on; with none defined every request is a 401.
+            lines.append("  warning: `apps:` is empty and the file sets no server.api_keys: every request will be "
+                         "refused (401) unless a key comes from --api-key or MLXD_API_KEYS; add an app, or leave "
+                         "`apps:` out")
         for a in registry.apps:
             limits = ", ".join(f"{k} {getattr(a, k)}" for k in ("max_concurrency", "rpm", "tpm", "tokens_per_day")
                                if getattr(a, k) is not None)

@@ -132,3 +132,11 @@ def test_mlxd_check_lists_each_app_with_its_scope_and_never_its_key(tmp_path, mo
     assert "  editor [interactive] keyed, models chat, routes generation, embeddings, audio, rpm 30" in text
     assert "  local [default, admin] keyless loopback, models *" in text
     assert SECRET not in text
+
+
+def test_mlxd_check_warns_that_an_empty_apps_list_with_no_key_refuses_every_request(tmp_path, model):
+    from mlxd.registry.check import describe
+
+    assert "every request will be refused (401)" in describe(load(tmp_path, model, "apps: []\n"))
+    keyed = load(tmp_path, model, "server:\n  api_keys: [sk-admin-1234567]\napps: []\n")
+    assert "every request will be refused" not in describe(keyed)
