@@ -202,7 +202,10 @@ def _message(err: Mapping[str, Any], loc: Loc, written: str | None = None) -> st
     # Errors reach logs and /v1/status; never echo what may be a secret.
     if any(part in _SECRET_KEYS for part in loc):
         return message
-    shown = f"{message}, got {_show(err.get('input'))}"
+    # Some messages say what they got in words (a number with a fractional
+    # part): the value first, the words after it.
+    head, _, about = message.partition(", got ")
+    shown = f"{head}, got {_show(err.get('input'))}" + (f" ({about})" if about else "")
     if kind == "string_type" and isinstance(err.get("input"), _Written):
         return f"{shown} (YAML reads it as a boolean; write '{err['input']}' in quotes for the word)"
     return shown

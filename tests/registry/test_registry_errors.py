@@ -710,6 +710,13 @@ def test_a_yaml_boolean_is_quoted_as_written(tmp_path, model_dir, head, key, exp
     assert "True" not in error.detail and "False" not in error.detail
 
 
+def test_a_fraction_where_a_whole_number_goes_is_named_once(tmp_path, model_dir):
+    error = _refused(tmp_path, model_dir, "server:\n  max_connections: 1.5\n")
+    assert error.key == "server.max_connections"
+    assert error.detail.endswith("got 1.5 (a number with a fractional part)"), error.detail
+    assert error.detail.count("got") == 1
+
+
 @pytest.mark.parametrize("head, key, words", [
     # The empty host is the wildcard: it would listen on every interface.
     ("server:\n  host: ''\n", "server.host", "every interface"),
