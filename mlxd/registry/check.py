@@ -54,14 +54,9 @@ def _speculative(spec: ModelSpec) -> str:
     return f"{how}, {s.tokens} drafted tokens a step verified in one pass, also in the batch; {when}"
 
 
-def _charge(spec: ModelSpec) -> str:
+def _charge(spec: ModelSpec, registry: Registry) -> str:
     f = spec.footprint
-    parts = (
-        f"weights {format_bytes(f.weights)} + KV {format_bytes(f.kv_cache)} + "
-        f"prefix cache {format_bytes(f.prefix_cache)}"
-    )
-    if f.draft:
-        parts += f" + draft model {format_bytes(f.draft)}"
+    parts = f.parts(registry.kind_of(spec))
     if spec.memory_override_bytes is not None:
         return (
             f"{format_bytes(spec.charge_bytes)} (estimated_memory_gb; computed "
@@ -94,7 +89,7 @@ def _describe_model(spec: ModelSpec, registry: Registry) -> list[str]:
     if spec.broken:
         lines.append(f"    cannot be loaded: {spec.broken}")
         return lines
-    lines.append(f"    charge: {_charge(spec)}")
+    lines.append(f"    charge: {_charge(spec, registry)}")
     if spec.parallel is not None:
         p = spec.parallel
         lines.append(f"    parallel: {p.mode} over {p.size} ranks ({', '.join(p.hosts)}) by {p.transport}; "

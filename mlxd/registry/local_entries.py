@@ -261,15 +261,9 @@ class LocalEntries:
         if spec.memory_override_bytes is not None:
             why = "estimated_memory_gb"
         else:
-            f = spec.footprint
-            # An encoder's second part is one forward pass's activations.
-            second = "activations" if row.encodes else "KV cache"
-            draft = f" + draft model {format_bytes(f.draft)}" if f.draft else ""
-            why = (
-                f"weights {format_bytes(f.weights)} + {second} {format_bytes(f.kv_cache)} + "
-                f"prefix cache {format_bytes(f.prefix_cache)}{draft}; lower max_context, "
-                "max_concurrency or prefix_cache.max_bytes, or set kv_bits"
-            )
+            lower = ("lower batch_tokens" if row.encodes else "lower max_context, max_concurrency or "
+                     "prefix_cache.max_bytes, or set kv_bits" if row.generates else "raise manager.memory_budget")
+            why = f"{spec.footprint.parts(row)}; {lower}"
         raise self.s.doc.error(here, f"`{spec.name}` needs {needs} but the budget is {has} ({why})")
 
     def _note_ignored_keys(self, i: int, entry: ModelEntry) -> None:

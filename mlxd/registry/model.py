@@ -15,6 +15,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from mlxd.registry.kinds import KINDS, PARALLEL, REMOTE, ModelKind
+from mlxd.registry.sizing import format_bytes
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -73,6 +74,21 @@ class Footprint:
     @property
     def total(self) -> int:
         return self.weights + self.kv_cache + self.prefix_cache + self.draft
+
+    def parts(self, row: ModelKind) -> str:
+        """The sum in words, each part named as ``row``'s kind holds it: an
+        encoder's second part is one forward pass's activations, an audio
+        model has none, and only a kind that keeps a prefix cache shows one."""
+        named = [("weights", self.weights)]
+        if row.encodes:
+            named.append(("activations", self.kv_cache))
+        elif not row.audio:
+            named.append(("KV cache", self.kv_cache))
+        if row.prefix_cache:
+            named.append(("prefix cache", self.prefix_cache))
+        if self.draft:
+            named.append(("draft model", self.draft))
+        return " + ".join(f"{what} {format_bytes(n)}" for what, n in named)
 
 
 @dataclass(frozen=True)
