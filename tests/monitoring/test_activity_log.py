@@ -95,6 +95,25 @@ def test_an_unusable_state_directory_is_reported_and_the_log_is_off(tmp_path):
     assert log.query() == []
 
 
+def test_a_damaged_log_is_set_aside_and_a_new_one_begins(tmp_path, caplog):
+    """A state directory copied mid-write or hit by a disk error: the daemon
+    served on with the log off (an empty `mlxd log`, usage totals lost) at
+    every start, until someone found the file and deleted it by hand."""
+    (tmp_path / "activity.sqlite3").write_bytes(b"not sqlite " * 400)
+    log = ActivityLog(tmp_path)
+    with caplog.at_level("WARNING", logger="mlxd.activity"):
+        log.start()
+    try:
+        log.add(_row(request_id="after-the-damage"))
+        assert log.flush()
+        assert log.failed is None
+        assert [r["request_id"] for r in log.query()] == ["after-the-damage"]
+        [aside] = tmp_path.glob("activity.sqlite3.damaged-*")
+        assert aside.read_bytes().startswith(b"not sqlite") and aside.name in caplog.text
+    finally:
+        log.stop()
+
+
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("activity")
