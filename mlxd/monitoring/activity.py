@@ -279,31 +279,15 @@ class ActivityLog:
     def usage_totals(self) -> list[tuple[Any, ...]]:
         """Every (app, model, requests, errors, tokens_in, tokens_cached,
         tokens_out) row the log has summed (monitoring/usage.py)."""
-        if not self.path.exists():
-            return []
-        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
-        try:
-            # (Earlier versions summed refused keys' rows too, as "-".)
-            return db.execute("SELECT * FROM usage WHERE app != ? ORDER BY app, model", (NO_CALLER,)).fetchall()
-        except sqlite3.Error:
-            return []
-        finally:
-            db.close()
+        # (Earlier versions summed refused keys' rows too, as "-".)
+        return self._select("SELECT * FROM usage WHERE app != ? ORDER BY app, model", (NO_CALLER,))
 
     def tokens_since(self, since: float) -> list[tuple[str, int]]:
         """Tokens (in and out) per caller in rows newer than ``since``: the
         day a tokens_per_day limit counts, after a restart."""
-        if not self.path.exists():
-            return []
-        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
-        try:
-            return db.execute(
-                "SELECT key, SUM(tokens) FROM (SELECT key, tokens_in + tokens_out AS tokens FROM activity WHERE time >= ?"
-                " UNION ALL SELECT app, tokens FROM counted WHERE time >= ?) GROUP BY key", (since, since)).fetchall()
-        except sqlite3.Error:
-            return []
-        finally:
-            db.close()
+        return self._select(
+            "SELECT key, SUM(tokens) FROM (SELECT key, tokens_in + tokens_out AS tokens FROM activity WHERE time >= ?"
+            " UNION ALL SELECT app, tokens FROM counted WHERE time >= ?) GROUP BY key", (since, since))
 
     def query(
         self,
@@ -315,8 +299,6 @@ class ActivityLog:
     ) -> list[dict[str, Any]]:
         """The newest rows first (``after``: only rows newer than that id,
         oldest first, for following the log)."""
-        if not self.path.exists():
-            return []
         where, args = [], []
         for name, value in filters.items():
             if value:
@@ -329,14 +311,25 @@ class ActivityLog:
             args.append(after)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         order = "ASC" if after is not None else "DESC"
-        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+        found = self._select(
+            f"SELECT id, {', '.join(COLUMNS)} FROM activity {clause} ORDER BY id {order} LIMIT ?",
+            (*args, max(1, min(limit, 1000))),
+        )
+        return [ActivityRow(*row[1:]).as_dict(row[0]) for row in found]
+
+    def _select(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """The rows of a read-only query; none from a log that is missing or
+        cannot be read (the daemon's start reads the usage totals: a log
+        sqlite cannot even open stopped the daemon with a traceback)."""
+        if not self.path.exists():
+            return []
         try:
-            found = db.execute(
-                f"SELECT id, {', '.join(COLUMNS)} FROM activity {clause} ORDER BY id {order} LIMIT ?",
-                (*args, max(1, min(limit, 1000))),
-            ).fetchall()
+            db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+        except sqlite3.Error:
+            return []
+        try:
+            return db.execute(sql, args).fetchall()
         except sqlite3.Error:
             return []
         finally:
             db.close()
-        return [ActivityRow(*row[1:]).as_dict(row[0]) for row in found]

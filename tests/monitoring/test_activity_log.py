@@ -114,6 +114,17 @@ def test_a_damaged_log_is_set_aside_and_a_new_one_begins(tmp_path, caplog):
         log.stop()
 
 
+def test_a_log_sqlite_cannot_open_leaves_the_daemon_serving(tmp_path):
+    """Reading the usage totals at start raised from sqlite's connect (outside
+    the readers' try): the daemon stopped with a traceback instead of serving
+    with the log off."""
+    (tmp_path / "state" / "activity.sqlite3").mkdir(parents=True)  # sqlite cannot open it
+    registry = write_registry(tmp_path, [{"name": "qwen", "model": "qwen"}])
+    with daemon_in_thread(registry, tmp_path) as d:
+        assert httpx.get(f"{d.url}/v1/models").status_code == 200
+        assert httpx.get(f"{d.url}/v1/activity").json()["problem"].startswith("the activity log at")
+
+
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("activity")
