@@ -114,7 +114,7 @@ def test_a_damaged_log_is_set_aside_and_a_new_one_begins(tmp_path, caplog):
         log.stop()
 
 
-def test_a_log_sqlite_cannot_open_leaves_the_daemon_serving(tmp_path):
+def test_a_log_sqlite_cannot_open_leaves_the_daemon_serving(tmp_path, capsys):
     """Reading the usage totals at start raised from sqlite's connect (outside
     the readers' try): the daemon stopped with a traceback instead of serving
     with the log off."""
@@ -123,6 +123,11 @@ def test_a_log_sqlite_cannot_open_leaves_the_daemon_serving(tmp_path):
     with daemon_in_thread(registry, tmp_path) as d:
         assert httpx.get(f"{d.url}/v1/models").status_code == 200
         assert httpx.get(f"{d.url}/v1/activity").json()["problem"].startswith("the activity log at")
+        # mlxd log says so, rather than print nothing and exit 0 as if no request had come in.
+        code = run_log(url=d.url, api_key=None, config=None, follow=False, limit=5, model=None,
+                       errors=False, as_json=False)
+    assert code == 1
+    assert "mlxd: error: the activity log at" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
