@@ -98,8 +98,9 @@ def _weights_digest(path: Path) -> bytes:
 
 
 def _tensor_offsets(header: bytes, data_start: int) -> list[int]:
-    """Where a block from the middle of each tensor starts (in header order);
-    none for a header that is not safetensors' JSON (it is hashed as it is)."""
+    """Where a block from the middle of each tensor starts, in file order (one
+    pass forward over the disk); none for a header that is not safetensors'
+    JSON (it is hashed as it is)."""
     try:
         tensors = json.loads(header)
     except ValueError:
@@ -110,7 +111,7 @@ def _tensor_offsets(header: bytes, data_start: int) -> list[int]:
         if isinstance(span, list) and len(span) == 2 and all(isinstance(o, int) for o in span) and span[1] > span[0]:
             start, end = span
             offsets.append(data_start + max(start, (start + end - _TENSOR_BLOCK_BYTES) // 2))
-    return offsets
+    return sorted(offsets)
 
 
 def _sample_offsets(size: int) -> list[int]:
