@@ -42,7 +42,11 @@ def run_log(
     filters = {k: v for k, v in {"model": model, "errors": "true" if errors else None}.items() if v}
     show = (lambda row: echo(json.dumps(row))) if as_json else (lambda row: echo(line(row)))
     try:
-        rows = client.get("/v1/activity?" + urlencode({**filters, "limit": limit}))["data"]
+        answer = client.get("/v1/activity?" + urlencode({**filters, "limit": limit}))
+        if answer.get("problem"):
+            # No rows because there is no log: not "no requests yet".
+            raise MlxdError(answer["problem"])
+        rows = answer["data"]
         for row in reversed(rows):
             show(row)
         last = rows[0]["id"] if rows else 0

@@ -12,6 +12,10 @@ from mlxd.errors import MlxdError, ServiceUnavailable
 
 class DaemonClient:
     def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 600.0) -> None:
+        # `--url localhost:8080` (how the daemon prints its address without
+        # the scheme) was refused as "an unsupported protocol 'localhost://'".
+        if "://" not in base_url:
+            base_url = f"http://{base_url}"
         self.base_url = base_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = timeout
@@ -53,7 +57,7 @@ class DaemonClient:
             if self._http is None:
                 self._http = httpx.Client(base_url=self.base_url, headers=self._headers, timeout=self._timeout)
             response = self._http.request(method, path, **kw)
-        except httpx.InvalidURL as exc:
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
             raise _bad_url(self.base_url, exc) from None
         except httpx.ConnectError:
             raise ServiceUnavailable(f"no mlxd is running at {self.base_url}") from None

@@ -16,6 +16,7 @@ are the factory's seeded random-weight models the tests use.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 from pathlib import Path
 
@@ -35,28 +36,40 @@ DEMO_VERSION = 5
 # The start of every demo registry's first line, whichever version wrote it.
 _MARK = "# The mlxd demo registry"
 _HEADER = f"{_MARK} (version {DEMO_VERSION}): SmolLM2 (from a GGUF file) and small models made offline by `mlxd demo`."
+# The last line: a checksum of the lines above, so a registry someone edited
+# (docs point `mlxd demo` at ~/.config/mlxd, "a registry to edit") is theirs.
+_SIGNATURE = "# Written by `mlxd demo` (sha256 {}); once edited it is yours: mlxd demo replaces it only with --force."
+_SIGNED = _SIGNATURE.split("{}")[0]
 
 
 def wrote_by_demo(registry: Path) -> bool:
-    """Whether ``registry`` is a file :func:`write_demo` wrote (any version):
-    one it may replace."""
-    return _first_line(registry).startswith(_MARK)
+    """Whether ``registry`` is a file :func:`write_demo` wrote (any version)
+    and nobody has edited since: one it may replace."""
+    text = _text(registry)
+    if not text.startswith(_MARK):
+        return False
+    body, _, last = text.rstrip("\n").rpartition("\n")
+    if not last.startswith(_SIGNED):
+        return True  # an older version's, which had no checksum to tell edits by
+    return last == _SIGNATURE.format(_checksum(body + "\n"))
 
 
 def is_stale(registry: Path) -> bool:
     """Whether ``registry`` was written by an older :func:`write_demo` (a file
-    someone wrote there by hand is theirs, and served as it is)."""
-    first = _first_line(registry)
-    return first.startswith(_MARK) and first != _HEADER
+    someone wrote or edited there by hand is theirs, and served as it is)."""
+    return wrote_by_demo(registry) and not _text(registry).startswith(_HEADER + "\n")
 
 
-def _first_line(registry: Path) -> str:
-    """Where :func:`write_demo` signs its file ("" where it cannot be read)."""
+def _text(registry: Path) -> str:
+    """The registry's text ("" where it cannot be read)."""
     try:
-        with open(registry, encoding="utf-8", errors="replace") as handle:
-            return handle.readline().rstrip("\n")
+        return registry.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return ""
+
+
+def _checksum(body: str) -> str:
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
 DEMO_MODELS: tuple[tuple[str, ModelRecipe | VisionRecipe, tuple[str, ...], str], ...] = (
@@ -197,7 +210,8 @@ def write_demo(
     lines += _audio_entries()
     target = directory / "models.yaml"
     directory.mkdir(parents=True, exist_ok=True)
+    body = "\n".join(lines) + "\n"
     tmp = target.with_suffix(".yaml.tmp")
-    tmp.write_text("\n".join(lines) + "\n")
+    tmp.write_text(body + _SIGNATURE.format(_checksum(body)) + "\n")
     tmp.replace(target)
     return target

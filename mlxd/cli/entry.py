@@ -9,6 +9,7 @@ what the decision needs; the second one runs the command.
 
 from __future__ import annotations
 
+import signal
 import sys
 
 from mlxd.cli.reexec import reexec_with_openblas
@@ -16,6 +17,12 @@ from mlxd.cli.reexec import reexec_with_openblas
 
 def main() -> None:
     if sys.argv[1:2] == ["serve"]:
+        # SIGHUP reloads the registry once the daemon serves
+        # (mlxd.daemon.server); until then its default action ended the
+        # daemon in the middle of its start (a process exit launchd and
+        # systemd count as a crash). Ignored, which the exec below keeps,
+        # until the server's handler takes its place.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         reexec_with_openblas()
     from mlxd.cli.main import main as run
 

@@ -194,7 +194,7 @@ def demo(
     existing = directory.expanduser() / "models.yaml"
     # docs/configuration.md points `mlxd demo` at ~/.config/mlxd, where a user's own registry may be.
     if existing.is_file() and not force and not wrote_by_demo(existing):
-        raise _fail(f"{existing} exists and was not written by mlxd demo; move it aside, "
+        raise _fail(f"{existing} exists and is not (or no longer) as mlxd demo wrote it; move it aside, "
                     "or pass --force to replace it")
     if directory.expanduser().exists() and not directory.expanduser().is_dir():
         raise _fail(f"{directory} is not a folder")

@@ -26,7 +26,7 @@ class StateLock:
             os.close(fd)
             raise ConfigError(
                 f"another mlxd (pid {holder}) is already running with this state directory; "
-                "stop it first or use --state-dir",
+                "stop it first, or give this one its own --state-dir (MLXD_STATE_DIR)",
                 file=str(self.path),
             ) from None
         os.ftruncate(fd, 0)

@@ -6,9 +6,12 @@ or the token ids they are keyed by, so a re-quantised, fine-tuned or replaced
 model lands in a different folder and never reads an old cache:
 
 - every weights file's name, size, safetensors header (names, dtypes, shapes,
-  offsets) and a sample of its data (fixed-size blocks spread over the file:
-  two checkpoints with the same shapes differ there, and reading a few
-  hundred KB is cheap even for a 40 GB model);
+  offsets) and a sample of its data: fixed-size blocks spread over the file,
+  and a block from the middle of every tensor. Two checkpoints with the same
+  shapes differ there; blocks spread over the file alone missed a fine-tune
+  that changed a few tensors (a LoRA fused into its attention layers, written
+  over the old files), whose old KV would then have been restored. Reading
+  a few MB is cheap even for a 40 GB model;
 - ``config.json``, the tokenizer files, the chat template files and any
   custom modelling code (``*.py``), byte for byte;
 - the KV quantisation (``kv_bits``) and the cache format version.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import json
 import struct
 from pathlib import Path
 
@@ -46,6 +50,7 @@ HASHED_PATTERNS = (
 
 _SAMPLE_BLOCKS = 16
 _SAMPLE_BLOCK_BYTES = 16 << 10
+_TENSOR_BLOCK_BYTES = 4 << 10
 _MAX_HEADER_BYTES = 100 << 20
 
 
@@ -78,13 +83,35 @@ def _weights_digest(path: Path) -> bytes:
     with open(path, "rb") as handle:
         prefix = handle.read(8)
         digest.update(prefix)
+        header = b""
         if len(prefix) == 8:
             (header_len,) = struct.unpack("<Q", prefix)
-            digest.update(handle.read(min(header_len, _MAX_HEADER_BYTES)))
+            header = handle.read(min(header_len, _MAX_HEADER_BYTES))
+            digest.update(header)
         for offset in _sample_offsets(size):
             handle.seek(offset)
             digest.update(handle.read(_SAMPLE_BLOCK_BYTES))
+        for offset in _tensor_offsets(header, 8 + len(header)):
+            handle.seek(offset)
+            digest.update(handle.read(_TENSOR_BLOCK_BYTES))
     return digest.digest()
+
+
+def _tensor_offsets(header: bytes, data_start: int) -> list[int]:
+    """Where a block from the middle of each tensor starts, in file order (one
+    pass forward over the disk); none for a header that is not safetensors'
+    JSON (it is hashed as it is)."""
+    try:
+        tensors = json.loads(header)
+    except ValueError:
+        return []
+    offsets = []
+    for name, info in tensors.items() if isinstance(tensors, dict) else ():
+        span = info.get("data_offsets") if isinstance(info, dict) and name != "__metadata__" else None
+        if isinstance(span, list) and len(span) == 2 and all(isinstance(o, int) for o in span) and span[1] > span[0]:
+            start, end = span
+            offsets.append(data_start + max(start, (start + end - _TENSOR_BLOCK_BYTES) // 2))
+    return sorted(offsets)
 
 
 def _sample_offsets(size: int) -> list[int]:

@@ -3,6 +3,7 @@ the CLI stays a thin shell around it."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 
@@ -25,12 +26,17 @@ def run_import(source: Path, directory: Path | None, name: str | None,
         raise GGUFError(f"{source} is not a file")
     name = name or default_name(source)
     target = (Path(directory).expanduser() if directory is not None else Path.cwd() / name).absolute()
+    blocker = next((p for p in (target, *target.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise GGUFError(f"cannot make the folder {target}: {blocker} is a file, not a folder")
     try:
         import_gguf(source, target, quantize_bits=quantize_bits, dtype=dtype)
     finally:
         # The lock that serialises concurrent conversions is no file to leave
-        # in the user's folder after a one-off import.
-        (target.parent / f".{target.name}.lock").unlink(missing_ok=True)
+        # in the user's folder after a one-off import (where there is one:
+        # a folder that could not be made has none, and its error is the one to tell).
+        with contextlib.suppress(OSError):
+            (target.parent / f".{target.name}.lock").unlink(missing_ok=True)
     return "\n".join([
         f"imported {source} into {target}",
         "add it to models.yaml:",

@@ -10,6 +10,7 @@ writer) and are run off the event loop by the caller."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import sqlite3
@@ -24,6 +25,9 @@ from mlxd.thread_names import name_this_thread
 log = logging.getLogger("mlxd.activity")
 
 FILE_NAME = "activity.sqlite3"
+# What sqlite says of a file that is not, or no longer, a sound database (not
+# of one it cannot open or lock: that file is kept as it is).
+_DAMAGED = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
 # The key of a row whose request had no caller: its key was refused.
 NO_CALLER = "-"
 
@@ -155,9 +159,18 @@ class ActivityLog:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            db = self._connect()
-            db.executescript(_SCHEMA)
-            self._prune(db)
+            try:
+                db = self._open()
+            except sqlite3.DatabaseError as exc:
+                if getattr(exc, "sqlite_errorcode", None) not in _DAMAGED:
+                    raise
+                # A damaged file (a copy taken mid-write, a disk error) would
+                # keep the log off, usage totals included, until someone
+                # deleted it by hand: it is kept aside, and a new log begins.
+                aside = self._set_aside()
+                log.warning("the activity log at %s is damaged (%s); moved it to %s and started a new one",
+                            self.path, exc, aside.name)
+                db = self._open()
         except (OSError, sqlite3.Error) as exc:
             # The log is a convenience: a daemon whose state directory cannot
             # hold it still serves, and says so.
@@ -188,11 +201,27 @@ class ActivityLog:
 
     # --- the writer thread ---------------------------------------------------------
 
-    def _connect(self) -> sqlite3.Connection:
+    def _open(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(_SCHEMA)
+            self._prune(db)
+        except BaseException:
+            db.close()
+            raise
         return db
+
+    def _set_aside(self) -> Path:
+        """Rename the database and its WAL files to ``<name>.damaged-<time>``."""
+        suffix = f".damaged-{int(time.time())}"
+        for extra in ("-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                Path(f"{self.path}{extra}").rename(f"{self.path}{suffix}{extra}")
+        aside = self.path.with_name(self.path.name + suffix)
+        self.path.rename(aside)
+        return aside
 
     def _write(self, db: sqlite3.Connection) -> None:
         name_this_thread()
@@ -250,31 +279,15 @@ class ActivityLog:
     def usage_totals(self) -> list[tuple[Any, ...]]:
         """Every (app, model, requests, errors, tokens_in, tokens_cached,
         tokens_out) row the log has summed (monitoring/usage.py)."""
-        if not self.path.exists():
-            return []
-        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
-        try:
-            # (Earlier versions summed refused keys' rows too, as "-".)
-            return db.execute("SELECT * FROM usage WHERE app != ? ORDER BY app, model", (NO_CALLER,)).fetchall()
-        except sqlite3.Error:
-            return []
-        finally:
-            db.close()
+        # (Earlier versions summed refused keys' rows too, as "-".)
+        return self._select("SELECT * FROM usage WHERE app != ? ORDER BY app, model", (NO_CALLER,))
 
     def tokens_since(self, since: float) -> list[tuple[str, int]]:
         """Tokens (in and out) per caller in rows newer than ``since``: the
         day a tokens_per_day limit counts, after a restart."""
-        if not self.path.exists():
-            return []
-        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
-        try:
-            return db.execute(
-                "SELECT key, SUM(tokens) FROM (SELECT key, tokens_in + tokens_out AS tokens FROM activity WHERE time >= ?"
-                " UNION ALL SELECT app, tokens FROM counted WHERE time >= ?) GROUP BY key", (since, since)).fetchall()
-        except sqlite3.Error:
-            return []
-        finally:
-            db.close()
+        return self._select(
+            "SELECT key, SUM(tokens) FROM (SELECT key, tokens_in + tokens_out AS tokens FROM activity WHERE time >= ?"
+            " UNION ALL SELECT app, tokens FROM counted WHERE time >= ?) GROUP BY key", (since, since))
 
     def query(
         self,
@@ -286,8 +299,6 @@ class ActivityLog:
     ) -> list[dict[str, Any]]:
         """The newest rows first (``after``: only rows newer than that id,
         oldest first, for following the log)."""
-        if not self.path.exists():
-            return []
         where, args = [], []
         for name, value in filters.items():
             if value:
@@ -300,14 +311,25 @@ class ActivityLog:
             args.append(after)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         order = "ASC" if after is not None else "DESC"
-        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+        found = self._select(
+            f"SELECT id, {', '.join(COLUMNS)} FROM activity {clause} ORDER BY id {order} LIMIT ?",
+            (*args, max(1, min(limit, 1000))),
+        )
+        return [ActivityRow(*row[1:]).as_dict(row[0]) for row in found]
+
+    def _select(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """The rows of a read-only query; none from a log that is missing or
+        cannot be read (the daemon's start reads the usage totals: a log
+        sqlite cannot even open stopped the daemon with a traceback)."""
+        if not self.path.exists():
+            return []
         try:
-            found = db.execute(
-                f"SELECT id, {', '.join(COLUMNS)} FROM activity {clause} ORDER BY id {order} LIMIT ?",
-                (*args, max(1, min(limit, 1000))),
-            ).fetchall()
+            db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+        except sqlite3.Error:
+            return []
+        try:
+            return db.execute(sql, args).fetchall()
         except sqlite3.Error:
             return []
         finally:
             db.close()
-        return [ActivityRow(*row[1:]).as_dict(row[0]) for row in found]

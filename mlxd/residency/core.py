@@ -256,6 +256,14 @@ class ResidencyCore:
         ]
         return actions + self._drain(r, Drain(DrainCause.BROKE, error), now) + self._schedule(now)
 
+    def load_abandoned(self, model: str, instance: int, now: float) -> list[Action]:
+        """A load stopped because mlxd is shutting down (what it had loaded is
+        discarded): the model is simply not resident, nothing failed."""
+        r = self.residents[model]
+        assert r.state is State.LOADING and r.instance == instance, (model, r.state)
+        r.state, r.reserved = State.UNLOADED, 0
+        return [Note("unload", model, f"load of {model} stopped: mlxd is shutting down")]
+
     def unload_finished(self, model: str, instance: int, now: float) -> list[Action]:
         r = self.residents[model]
         assert r.state is State.UNLOADING and r.instance == instance, (model, r.state)

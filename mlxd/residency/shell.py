@@ -260,6 +260,8 @@ class ResidencyManager:
         # Leases whose holder may be preempted, by request id.
         self._takeable: dict[int, Lease] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        # The load tasks among them: a shutdown stops these.
+        self._loads: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()
         self._timer: asyncio.Task[None] | None = None
@@ -295,6 +297,13 @@ class ResidencyManager:
         """Stop admitting, let leases finish up to the grace, abort the rest,
         then unload everything (each unload saves its cache first)."""
         self._apply(self.core.begin_shutdown(self._clock()))
+        # A model still loading would only be unloaded again once loaded: its
+        # warm-up and cache restore (seconds to a minute on a large model)
+        # made the stop wait past launchd's and systemd's kill timeout. The
+        # engines' loaders take a cancel at their next step (the weights
+        # being read on the worker finish there and are discarded).
+        for task in list(self._loads):
+            task.cancel()
         # The grace is real waiting, not a residency decision: loop time, even
         # when the core runs on a fake clock.
         loop = asyncio.get_running_loop()
@@ -597,7 +606,9 @@ class ResidencyManager:
                 if fut is not None and not fut.done():
                     fut.set_exception(action.error)
             elif isinstance(action, StartLoad):
-                self._spawn(self._load(action.model, action.instance), f"load-{action.model}")
+                load = self._spawn(self._load(action.model, action.instance), f"load-{action.model}")
+                self._loads.add(load)
+                load.add_done_callback(self._loads.discard)
             elif isinstance(action, StartUnload):
                 self._spawn(self._unload(action), f"unload-{action.model}")
             elif isinstance(action, AbortGenerations):
@@ -621,17 +632,21 @@ class ResidencyManager:
             return
         fut.set_result((self.core.residents[action.model], action.instance, action.slots))
 
-    def _spawn(self, coro: Awaitable[None], name: str) -> None:
+    def _spawn(self, coro: Awaitable[None], name: str) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
         task.set_name(name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _load(self, model: str, instance: int) -> None:
         spec = self.core.residents[model].spec
         started = time.monotonic()
         try:
             engine = await self._factory(spec, self.registry)
+        except asyncio.CancelledError:  # only a shutdown cancels a load
+            self._apply(self.core.load_abandoned(model, instance, self._clock()))
+            raise
         except Exception as exc:  # any failure becomes the model's failed state
             reason = describe_exception(exc)
             log.error("loading %s failed: %s", model, reason)

@@ -166,7 +166,7 @@ def install(
     try:
         spec = build_service_spec(
             target=manager.target, config=config, environ=os.environ, python=sys.executable,
-            allow_missing=chosen.dry_run,
+            allow_missing=chosen.dry_run, state_base=manager.state_base,
         )
         plan = plan_install(manager, spec)
     except ConfigError as exc:

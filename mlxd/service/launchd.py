@@ -111,6 +111,12 @@ class LaunchdManager:
         base = Path("/Library") if self.target.system else self.target.home / "Library"
         return base / "Application Support" / "mlxd" / f"{self.target.label}.api-keys"
 
+    @property
+    def state_base(self) -> Path | None:
+        """The daemon's default state dir for a user agent (mlxd.settings);
+        a system daemon's user's home is not known here."""
+        return None if self.target.system else self.target.home / "Library" / "Application Support" / "mlxd"
+
     def secret_file(self, spec: ServiceSpec) -> WriteFile | None:
         """launchd has no EnvironmentFile: the daemon reads the keys itself
         (MLXD_API_KEYS_FILE), one a line, from a file only its user can read."""

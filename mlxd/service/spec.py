@@ -91,6 +91,20 @@ def service_environment(environ: Mapping[str, str]) -> tuple[tuple[str, str], ..
     return tuple(sorted(chosen.items()))
 
 
+def instance_environment(
+    environment: tuple[tuple[str, str], ...], label: str, state_base: Path | None
+) -> tuple[tuple[str, str], ...]:
+    """A second instance (any label but the default) gets a state directory
+    of its own: the daemon takes one lock per state directory, so two
+    services on the default one had the second exit at every start (and
+    launchd restart it every 10 s). An MLXD_STATE_DIR set at install wins."""
+    chosen = dict(environment)
+    if label == DEFAULT_LABEL or state_base is None or "MLXD_STATE_DIR" in chosen:
+        return environment
+    chosen["MLXD_STATE_DIR"] = str(state_base / label)
+    return tuple(sorted(chosen.items()))
+
+
 def service_secrets(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((k, v) for k, v in environ.items() if k in SECRET_VARIABLES))
 
@@ -132,9 +146,12 @@ def build_service_spec(
     environ: Mapping[str, str],
     python: str,
     allow_missing: bool = False,
+    state_base: Path | None = None,
 ) -> ServiceSpec:
     """Raises ConfigError (exit status 2) for a missing or unreadable config.
-    ``allow_missing`` (a dry run) plans around a file not written yet."""
+    ``allow_missing`` (a dry run) plans around a file not written yet.
+    ``state_base``: where the daemon keeps its state by default, as the
+    service will run it (None: not known here; see ``instance_environment``)."""
     config_path = absolute_config_path(config, target.home)
     missing = not config_path.exists()
     if missing and not allow_missing:
@@ -148,7 +165,7 @@ def build_service_spec(
         config_path=config_path,
         python=python,
         working_directory=config_path.parent,
-        environment=service_environment(environ),
+        environment=instance_environment(service_environment(environ), target.label, state_base),
         shutdown_grace_seconds=ServerSpec().shutdown_grace_seconds if missing else read_shutdown_grace(config_path),
         run_as_user=invoking_user(environ) if target.system else None,
         secrets=service_secrets(environ),

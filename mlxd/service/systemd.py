@@ -124,6 +124,12 @@ class SystemdManager:
         folder = Path("/etc/mlxd") if self.target.system else self.target.home / ".config" / "mlxd"
         return folder / f"{self.unit.removesuffix('.service')}.env"
 
+    @property
+    def state_base(self) -> Path | None:
+        """The daemon's default state dir for a user unit (mlxd.settings);
+        a system unit's user's home is not known here."""
+        return None if self.target.system else self.target.home / ".local" / "state" / "mlxd"
+
     def render(self, spec: ServiceSpec) -> bytes:
         return render_unit(spec, self.secrets_path).encode("utf-8")
 

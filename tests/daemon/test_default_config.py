@@ -100,6 +100,23 @@ def test_demo_keeps_a_registry_it_did_not_write_and_names_a_folder_that_is_a_fil
     assert not_a_folder.returncode == 2 and "not a folder" in not_a_folder.stderr, not_a_folder.stderr
 
 
+def test_demo_keeps_a_demo_registry_someone_edited(tmp_path):
+    """`mlxd demo ~/.config/mlxd` writes "a registry to edit" (docs/configuration.md);
+    run again, it replaced the edited file, the user's own models gone."""
+    made = _run("demo", str(tmp_path), "--tiny-only", env=_env(tmp_path))
+    assert made.returncode == 0, made.stderr
+    registry = tmp_path / "models.yaml"
+    again = _run("demo", str(tmp_path), "--tiny-only", env=_env(tmp_path))
+    assert again.returncode == 0, again.stderr  # as written: replaced freely
+    edited = registry.read_text().replace("models:\n", "models:\n  - {name: mine, path: /models/mine}\n", 1)
+    registry.write_text(edited)
+    kept = _run("demo", str(tmp_path), "--tiny-only", env=_env(tmp_path))
+    assert kept.returncode == 2 and "--force" in kept.stderr, kept.stderr
+    assert registry.read_text() == edited
+    forced = _run("demo", str(tmp_path), "--tiny-only", "--force", env=_env(tmp_path))
+    assert forced.returncode == 0 and "name: mine" not in registry.read_text()
+
+
 @pytest.mark.parametrize("args", [["status", "--url", "http://256.1.1.1:80"], ["log", "--url", "http://[::1"],
                                   ["load", "m", "--url", "http://[::1"]])
 def test_a_url_httpx_cannot_take_is_one_line_not_a_traceback(tmp_path, args):

@@ -181,6 +181,57 @@ def test_a_second_signal_forces_a_fast_exit(tmp_path):
         assert "second signal" in d.log()
 
 
+def _signal_mask(pid: int, field: str) -> int:
+    """SigIgn or SigCgt of a running process (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return int(next(line for line in status if line.startswith(f"{field}:")).split()[1], 16)
+    except (OSError, StopIteration):
+        return 0
+
+
+def _bit(sig: int) -> int:
+    return 1 << (sig - 1)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sighup_while_the_daemon_starts_does_not_end_it(tmp_path):
+    """A reload asked for during the start (a script that edits models.yaml,
+    then signals): SIGHUP's default action ended the daemon before it served."""
+    registry = write_registry(tmp_path, [{"name": "a", "model": "qwen"}])
+    port = free_port()
+    log = open(tmp_path / "daemon.log", "w")
+    process = subprocess.Popen([sys.executable, "-m", "mlxd", "serve", "--config", str(registry), "--port", str(port)],
+                               stdout=log, stderr=subprocess.STDOUT,
+                               env={**os.environ, "MLXD_STATE_DIR": str(tmp_path / "state")})
+    try:
+        # Python is up (its SIGINT handler), and mlxd's first lines have run:
+        # SIGHUP ignored, or 0.3 s more for a daemon that never ignores it.
+        wait_until(lambda: process.poll() is not None or _signal_mask(process.pid, "SigCgt") & _bit(signal.SIGINT))
+        try:
+            wait_until(lambda: _signal_mask(process.pid, "SigIgn") & _bit(signal.SIGHUP), timeout=0.3)
+        except AssertionError:
+            pass
+
+        def serving() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        # ...a SIGHUP every 20 ms until it serves.
+        while process.poll() is None and not serving():
+            process.send_signal(signal.SIGHUP)
+            threading.Event().wait(0.02)
+        assert process.poll() is None, (tmp_path / "daemon.log").read_text()
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+        log.close()
+    assert process.returncode == 0
+
+
 def test_load_and_unload_commands_talk_to_the_running_daemon(tmp_path):
     registry = write_registry(tmp_path, [{"name": "a", "model": "qwen"}])
     with daemon_process(registry, tmp_path) as d:

@@ -2,12 +2,27 @@
 observed through /v1/models, /v1/status and the admin endpoints."""
 
 import json
+import logging
 import shutil
+import signal
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from support.daemon import daemon_in_thread, tiny_model, wait_until, write_registry
+from support.daemon import (
+    Daemon,
+    daemon_in_thread,
+    free_port,
+    holding_the_worker,
+    tiny_model,
+    wait_until,
+    write_registry,
+)
+
+from mlxd.daemon.build import build_daemon
+from mlxd.registry.loader import load_registry
+from mlxd.settings import DaemonSettings
 
 pytestmark = pytest.mark.mlx
 
@@ -253,3 +268,31 @@ def test_a_model_measured_above_the_whole_budget_is_a_problem_an_operator_sees(t
         assert float(metrics["mlxd_health_problems"]) == 1
         assert float(metrics['mlxd_model_measured_bytes{model="a"}']) == 40 << 20
         assert float(metrics["mlxd_memory_budget_bytes"]) == 25 << 20
+
+
+def test_a_stop_during_a_load_does_not_wait_for_the_load_to_finish(tmp_path, caplog):
+    """SIGTERM while a model loads: the daemon went on to warm it up and
+    restore its cache, reported it loaded, and only then unloaded it, so
+    a stop soon after a start waited for all of that (past launchd's and
+    systemd's kill timeout with a large model)."""
+    caplog.set_level(logging.INFO, logger="mlxd.residency")
+    registry = write_registry(tmp_path, [{"name": "a", "model": "qwen"}])
+    port = free_port()
+    settings = DaemonSettings(config=registry, port=port, state_dir=tmp_path / "state", watch_config=False)
+    built = build_daemon(settings, load_registry(registry))
+    thread = threading.Thread(target=built.server.run, name="test-daemon", daemon=True)
+    thread.start()
+    wait_until(lambda: built.server.started, timeout=30)
+    daemon = Daemon(url=f"http://127.0.0.1:{port}", ctx=built.ctx)
+    with ThreadPoolExecutor(2) as pool:
+        _, gate = holding_the_worker(daemon, pool)  # the load waits for the worker
+        pool.submit(httpx.post, f"{daemon.url}/v1/models/a/load", json={}, timeout=60)
+        wait_until(lambda: states(daemon)["a"] == "loading")
+        built.server.handle_exit(signal.SIGTERM, None)
+        try:
+            wait_until(lambda: "load of a stopped" in caplog.text, timeout=10)
+        finally:
+            gate.set()
+        thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert "loaded a in" not in caplog.text

@@ -69,6 +69,18 @@ def test_the_commands_say_one_line_and_exit_2(tmp_path):
         assert BAD_FILES[name][1] in line
 
 
+def test_an_import_into_a_folder_that_cannot_be_made_is_one_line(tmp_path):
+    """A target under a file: the cleanup of the conversion lock raised
+    NotADirectoryError over the real error, a traceback."""
+    good = write_gguf(tiny_model("llama"), tmp_path / "good.gguf", F16)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    for target in (blocker / "model", blocker):
+        done = _mlxd("import", str(good), str(target), cwd=tmp_path)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.strip() == f"mlxd: error: cannot make the folder {target}: {blocker} is a file, not a folder"
+
+
 def test_any_failure_reading_one_models_files_fails_that_model_alone(tmp_path):
     models = [{"name": "good", "model": "qwen"}, {"name": "deep", "path": str(_deep_config_folder(tmp_path))}]
     models += [{"name": n, "path": str(write_bad_gguf(n, tmp_path))} for n in NAMES]

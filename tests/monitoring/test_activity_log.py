@@ -95,6 +95,41 @@ def test_an_unusable_state_directory_is_reported_and_the_log_is_off(tmp_path):
     assert log.query() == []
 
 
+def test_a_damaged_log_is_set_aside_and_a_new_one_begins(tmp_path, caplog):
+    """A state directory copied mid-write or hit by a disk error: the daemon
+    served on with the log off (an empty `mlxd log`, usage totals lost) at
+    every start, until someone found the file and deleted it by hand."""
+    (tmp_path / "activity.sqlite3").write_bytes(b"not sqlite " * 400)
+    log = ActivityLog(tmp_path)
+    with caplog.at_level("WARNING", logger="mlxd.activity"):
+        log.start()
+    try:
+        log.add(_row(request_id="after-the-damage"))
+        assert log.flush()
+        assert log.failed is None
+        assert [r["request_id"] for r in log.query()] == ["after-the-damage"]
+        [aside] = tmp_path.glob("activity.sqlite3.damaged-*")
+        assert aside.read_bytes().startswith(b"not sqlite") and aside.name in caplog.text
+    finally:
+        log.stop()
+
+
+def test_a_log_sqlite_cannot_open_leaves_the_daemon_serving(tmp_path, capsys):
+    """Reading the usage totals at start raised from sqlite's connect (outside
+    the readers' try): the daemon stopped with a traceback instead of serving
+    with the log off."""
+    (tmp_path / "state" / "activity.sqlite3").mkdir(parents=True)  # sqlite cannot open it
+    registry = write_registry(tmp_path, [{"name": "qwen", "model": "qwen"}])
+    with daemon_in_thread(registry, tmp_path) as d:
+        assert httpx.get(f"{d.url}/v1/models").status_code == 200
+        assert httpx.get(f"{d.url}/v1/activity").json()["problem"].startswith("the activity log at")
+        # mlxd log says so, rather than print nothing and exit 0 as if no request had come in.
+        code = run_log(url=d.url, api_key=None, config=None, follow=False, limit=5, model=None,
+                       errors=False, as_json=False)
+    assert code == 1
+    assert "mlxd: error: the activity log at" in capsys.readouterr().err
+
+
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("activity")

@@ -87,6 +87,17 @@ def test_the_address_comes_from_the_config_file_like_serve(daemon, tmp_path):
         assert json.loads(result.stdout)["daemon"]["bind"]["port"] == int(port_of(daemon))
 
 
+def test_a_url_without_its_scheme_reaches_the_daemon(daemon):
+    """`--url 127.0.0.1:8080`, as one writes an address: refused before as
+    "missing an 'http://' or 'https://' protocol" (and `localhost:8080` as
+    "an unsupported protocol 'localhost://'")."""
+    for host in ("127.0.0.1", "localhost"):
+        result = mlxd("status", "--json", "--url", f"{host}:{port_of(daemon)}", "--api-key", KEY)
+        assert result.returncode == 0, result.stderr
+    other = mlxd("status", "--url", "ftp://127.0.0.1:21")
+    assert other.returncode == 1 and "is not a URL mlxd can be reached at" in other.stderr, other.stderr
+
+
 def test_no_daemon_running_is_one_plain_line_and_status_1():
     port = free_port()
     result = mlxd("status", env={"MLXD_PORT": str(port)})

@@ -4,6 +4,7 @@ kind of damage is dropped, deleted and logged without failing the load."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ from prefix_cache.cache_support import (
     unload,
 )
 
+from mlxd.engine.cache_store import files as store_files, folder as store_folder
 from mlxd.engine.cache_store.folder import ORPHAN_GRACE_SECONDS
 from mlxd.engine.fingerprint import model_fingerprint
 
@@ -257,6 +259,44 @@ def test_leftovers_of_an_interrupted_save_are_removed_once_old(worker, qwen_tiny
     stats, _ = _restore(worker, spec, tmp_path)
     assert stats["restored_entries"] == 1
     assert not old.exists() and young.exists()
+
+
+def _small_disk(monkeypatch, cache_dir, capacity):
+    """Writes under ``cache_dir`` fail as on a full disk once its files would pass ``capacity`` bytes."""
+    def bounded(path, data):
+        used = sum(f.stat().st_size for f in cache_dir.rglob("*") if f.is_file())
+        if used + len(data) > capacity:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        store_files.atomic_write(path, data)
+
+    monkeypatch.setattr(store_folder, "atomic_write", bounded)
+
+
+def test_a_disk_that_fills_mid_save_keeps_the_newest_entries_and_no_stray_files(
+    worker, qwen_tiny, tmp_path, monkeypatch, caplog
+):
+    """A disk with room for one entry: the save wrote the newest, failed on
+    the next, and kept neither (no manifest), leaving the written file named
+    by nothing, in the way of every later save on that disk."""
+    requests = sessions(2)
+    run(populate(worker, spec_for(qwen_tiny), tmp_path / "roomy", requests))
+    newest, second = (e["bytes"] for e in manifest_of(tmp_path / "roomy")["entries"])
+
+    small = tmp_path / "small"
+    _small_disk(monkeypatch, small, newest + 4096)  # the newest entry and a manifest
+    with caplog.at_level(logging.WARNING, logger=STORE_LOG):
+        run(populate(worker, spec_for(qwen_tiny), small, requests))
+    assert "No space left" in caplog.text
+    files = sorted(f.name for f in fingerprint_folder(small).glob("*.safetensors"))
+    assert files == [e["file"] for e in manifest_of(small)["entries"]] and len(files) == 1
+    stats, (_, last) = _restore(worker, spec_for(qwen_tiny), small, requests[1])
+    assert stats["restored_entries"] == 1 and last.cached_tokens > 10
+
+    # Room for both entries but not the manifest: nothing is kept, and nothing is left behind.
+    full = tmp_path / "full"
+    _small_disk(monkeypatch, full, newest + second)
+    run(populate(worker, spec_for(qwen_tiny), full, requests))
+    assert not list(fingerprint_folder(full).iterdir())
 
 
 def test_persist_false_writes_nothing_and_a_failing_save_fails_nothing(worker, qwen_tiny, tmp_path, caplog):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import time
 
 import pytest
@@ -76,6 +77,34 @@ def test_a_separate_chat_template_file_changes_it(folder, tmp_path):
     shutil.copytree(folder, copy)
     (copy / "chat_template.jinja").write_text("{{ messages }}")
     assert model_fingerprint(copy, None) != model_fingerprint(folder, None)
+
+
+def _tensors(weights):
+    raw = weights.read_bytes()
+    (size,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + size])
+    return {k: (8 + size + v["data_offsets"][0], 8 + size + v["data_offsets"][1])
+            for k, v in header.items() if k != "__metadata__"}
+
+
+def test_new_values_in_any_one_tensor_change_it(folder, tmp_path):
+    """A fine-tune written over the old files that changed a few tensors
+    (a LoRA fused into some attention layers): same names, shapes and
+    header, new values in those tensors only. Sampling blocks spread over
+    the file missed most of these, and the old model's KV was restored."""
+    before = model_fingerprint(folder, None)
+    copy = tmp_path / "tuned"
+    shutil.copytree(folder, copy)
+    [weights] = copy.glob("*.safetensors")
+    original = weights.read_bytes()
+    missed = []
+    for name, (start, end) in _tensors(weights).items():
+        tuned = bytearray(original)
+        tuned[start:end] = bytes(b ^ 0x01 for b in tuned[start:end])
+        weights.write_bytes(bytes(tuned))
+        if model_fingerprint(copy, None) == before:
+            missed.append(name)
+    assert missed == []
 
 
 def test_a_folder_without_weights_has_none(tmp_path):

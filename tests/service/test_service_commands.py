@@ -390,6 +390,38 @@ def test_a_custom_label_names_the_unit(cli, home: Path, config_file: Path, fake_
     assert fake_tools.argvs()[-1] == [*SYSTEMCTL, "enable", "--now", "com.mlxd.coder.service"]
 
 
+def _state_dirs(home: Path, platform: str, label: str) -> list[str]:
+    """The MLXD_STATE_DIR the installed service runs with (none: the daemon's default)."""
+    if platform == "macos":
+        plist = plistlib.loads((home / "Library" / "LaunchAgents" / f"{label}.plist").read_bytes())
+        value = plist["EnvironmentVariables"].get("MLXD_STATE_DIR")
+        return [value] if value else []
+    name = "mlxd.service" if label == LABEL else f"{label}.service"
+    unit = (home / ".config" / "systemd" / "user" / name).read_text()
+    return [line.split("=", 2)[2].rstrip('"') for line in unit.splitlines()
+            if line.startswith('Environment="MLXD_STATE_DIR=')]
+
+
+@pytest.mark.parametrize("platform", ["macos", "linux"])
+def test_a_second_instance_gets_a_state_dir_of_its_own(
+    cli, home: Path, config_file: Path, fake_tools: FakeTools, platform: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs' "Several instances": a second config under another --label. Both
+    ran on the daemon's default state dir, whose lock admits one daemon: the
+    second exited 2 at every start (launchd restarting it every 10 s)."""
+    assert install(cli, config_file, platform).exit_code == 0
+    assert install(cli, config_file, platform, "--label", "com.mlxd.coder").exit_code == 0
+    assert _state_dirs(home, platform, LABEL) == []
+    [coder] = _state_dirs(home, platform, "com.mlxd.coder")
+    default = home / ("Library/Application Support/mlxd" if platform == "macos" else ".local/state/mlxd")
+    assert Path(coder) == default / "com.mlxd.coder"
+
+    # One set at install is kept.
+    monkeypatch.setenv("MLXD_STATE_DIR", str(home / "mine"))
+    assert install(cli, config_file, platform, "--label", "com.mlxd.coder").exit_code == 0
+    assert _state_dirs(home, platform, "com.mlxd.coder") == [str(home / "mine")]
+
+
 # --- dry run ----------------------------------------------------------------------------
 
 DRY_RUN_CASES = {

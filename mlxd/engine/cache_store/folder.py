@@ -218,6 +218,15 @@ class CacheStore:
                 self._remove(name)
             return manifest
 
+    def discard(self, files: set[str]) -> None:
+        """Remove files a failed save wrote, unless a manifest (another
+        daemon's save of the same entries) names them by now."""
+        with contextlib.suppress(OSError), self._locked():
+            self._check_folder()
+            named = {e.file for e in self._load_manifest().entries}
+            for name in files - named:
+                self._remove(name)
+
     # ------------------------------------------------------------ internal
     def _check_folder(self) -> None:
         try:

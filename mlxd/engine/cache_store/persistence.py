@@ -154,6 +154,8 @@ class PrefixCachePersistence:
         snapshot: list[Snapshot] = await self.worker.call(_persistable_snapshot, self.cache)
         on_disk = {e.file: e for e in (await asyncio.to_thread(store.read_manifest)).entries}
         saved: list[StoredEntry] = []
+        # Files this save wrote: named by no manifest until the commit.
+        written: set[str] = set()
         # Tokens of saved entries that can be trimmed: they cover their prefixes.
         covering: list[tuple[int, ...]] = []
         total = 0
@@ -168,8 +170,20 @@ class PrefixCachePersistence:
                     # Its file (header, token ids) outgrows its arrays: written, it
                     # would lie on disk past the bound, named by no manifest.
                     continue
-                entry = await asyncio.to_thread(store.write_entry, name, payload, len(snap.tokens))
-                del payload
+                try:
+                    entry = await asyncio.to_thread(store.write_entry, name, payload, len(snap.tokens))
+                except OSError as exc:
+                    if not written:
+                        raise
+                    # A full disk (or quota): the most recent entries written
+                    # so far are kept, rather than all lost and left on the
+                    # disk as files no manifest names, in the way of the next save.
+                    log.warning("prefix cache %s: saving stopped after %d new entries: %s", store.fingerprint,
+                                len(written), describe_exception(exc))
+                    break
+                finally:
+                    del payload
+                written.add(entry.file)
             if total + entry.bytes > store.max_bytes:
                 continue
             saved.append(entry)
@@ -177,7 +191,12 @@ class PrefixCachePersistence:
                 covering.append(snap.tokens)
             total += entry.bytes
         drop = _covered(on_disk.values(), covering)
-        return await asyncio.to_thread(store.commit, saved, drop, time.perf_counter() - started)
+        try:
+            return await asyncio.to_thread(store.commit, saved, drop, time.perf_counter() - started)
+        except OSError:
+            # No manifest names them: they would only take the space a later save needs.
+            await asyncio.to_thread(store.discard, written)
+            raise
 
     async def clear(self) -> int:
         """Forget every saved entry (an operator cleared the cache): the next
