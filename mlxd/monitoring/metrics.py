@@ -247,6 +247,12 @@ class Metrics:
             "shutdown (still unread when the grace ended)",
             ["reason"], registry=r,
         )
+        self.app_refusals = Counter(
+            "mlxd_app_refusals",
+            "Requests refused before they reached a model (a limit, a scope, a bad body, an unknown model, "
+            "a key), by app (- for a refused key) and HTTP status",
+            ["app", "status"], registry=r,
+        )
         self.throughput = ThroughputWindow(throughput_window_seconds)
         self._attached = False
 

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from support.daemon import wait_until
 from support.echo_engine import echo_daemon
@@ -188,6 +189,41 @@ def test_max_concurrency_refuses_a_second_request_while_the_first_streams(daemon
         assert held.result().status_code == 200
     assert daemon.ctx.limits.book.active("batch") == 0
     assert call(daemon, "POST", "/v1/chat/completions", BATCH, {"model": "echo-a", **CHAT}).status_code == 200
+
+
+def test_an_apps_429s_and_a_refused_key_show_in_metrics_and_the_log(daemon, caplog):
+    """An operator asks "which app is being refused, and why?": /metrics
+    answers per app and status, the log has one line per refusal."""
+    caplog.set_level(logging.INFO, logger="mlxd.requests")
+
+    def refusals() -> dict[tuple[str, str], float]:
+        samples = scrape(daemon, {"authorization": f"Bearer {OPS}"})
+        return {(labels["app"], labels["status"]): v for name, labels, v in samples
+                if name == "mlxd_app_refusals_total"}
+
+    def requests(status: str) -> float:
+        samples = scrape(daemon, {"authorization": f"Bearer {OPS}"})
+        return sum(v for name, labels, v in samples if name == "mlxd_requests_total" and labels["status"] == status)
+
+    before, before_429 = refusals(), requests("429")
+    daemon.now[0] += 3600
+    ask = {"model": "echo-a", **CHAT}
+    statuses = [call(daemon, "POST", "/v1/chat/completions", BATCH, ask).status_code for _ in range(5)]
+    assert statuses == [200, 200, 200, 429, 429]
+    assert call(daemon, "POST", "/v1/chat/completions", "sk-nobody", ask).status_code == 401
+    after = refusals()
+    assert after[("batch", "429")] - before.get(("batch", "429"), 0) == 2
+    assert after[("-", "401")] - before.get(("-", "401"), 0) == 1
+    assert requests("429") - before_429 == 2
+    lines = [r.getMessage() for r in caplog.records if " refused " in r.getMessage()]
+    assert len([line for line in lines if "caller=batch status=429" in line]) == 2, lines
+    assert [line for line in lines if "caller=- status=401" in line], lines
+    assert not [line for line in lines for secret in SECRETS if secret in line]
+
+
+def scrape(daemon: Any, headers: dict[str, str]) -> list[tuple[str, dict[str, str], float]]:
+    text = httpx.get(daemon.url + "/metrics", headers=headers, timeout=10).text
+    return [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples]
 
 
 def everything_generation(daemon: Any) -> int:
