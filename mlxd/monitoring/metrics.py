@@ -380,7 +380,8 @@ class _SnapshotGauges:
                               "Measured speed of speculative over plain steps (rolling window)", labels=model),
             GaugeMetricFamily("mlxd_backend_up", "1 when the backend answered its last poll", labels=["backend"]),
             GaugeMetricFamily("mlxd_backend_in_flight", "Requests on the backend now", labels=["backend"]),
-            GaugeMetricFamily("mlxd_backend_errors", "Requests the backend failed since start", labels=["backend"]),
+            # A count since start: a counter (rate() and increase() read it; a gauge's reset looked like a drop).
+            CounterMetricFamily("mlxd_backend_errors", "Requests the backend failed since start", labels=["backend"]),
             GaugeMetricFamily("mlxd_backend_poll_latency_seconds", "How long the last poll took",
                               labels=["backend"]),
             GaugeMetricFamily("mlxd_memory_budget_bytes", "The configured memory budget"),
