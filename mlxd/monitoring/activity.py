@@ -51,6 +51,11 @@ class ActivityRow:
     duration_seconds: float
     finish_reason: str | None
     error: str | None
+    # From arrival until its engine accepted it: waiting for its model to
+    # load, for a free slot or for the budget (its prompt's tokenizing
+    # included); null where nothing generates (a refusal, audio). The
+    # rest of ``ttft_seconds`` is prefill.
+    queued_seconds: float | None = None
 
     def as_dict(self, row_id: int) -> dict[str, Any]:
         out = {"id": row_id, **{f.name: getattr(self, f.name) for f in fields(self)}}
@@ -124,6 +129,16 @@ def _text(value: str) -> str:
     return value
 
 
+def _add_new_columns(db: sqlite3.Connection) -> None:
+    """A log an earlier version wrote lacks the columns added since
+    (``queued_seconds``): its rows read back null there."""
+    have = {row[1] for row in db.execute("PRAGMA table_info(activity)")}
+    with db:
+        for column in COLUMNS:
+            if column not in have:
+                db.execute(f"ALTER TABLE activity ADD COLUMN {column}")
+
+
 class ActivityLog:
     def __init__(self, state_dir: Path, bounds: ActivityBounds = ActivityBounds()) -> None:
         self.path = state_dir / FILE_NAME
@@ -157,6 +172,7 @@ class ActivityLog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             db = self._connect()
             db.executescript(_SCHEMA)
+            _add_new_columns(db)
             self._prune(db)
         except (OSError, sqlite3.Error) as exc:
             # The log is a convenience: a daemon whose state directory cannot

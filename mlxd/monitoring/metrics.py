@@ -151,6 +151,9 @@ class OutputMeter:
         self._model = model
         self._started = started
         self._under_way = False
+        # When its engine accepted it (its first chunk, monotonic): what came
+        # before was waiting (a lease, a load, a free slot), what follows prefill.
+        self.accepted_at: float | None = None
         # When the first token reached the request path (monotonic), if it did.
         self.first_token_at: float | None = None
         # Prompt tokens the prefix cache served, over the request's prompts.
@@ -162,6 +165,8 @@ class OutputMeter:
         if not self._under_way:
             # The first chunk (the engine's acceptance): busy from here.
             self._under_way = True
+            if self.accepted_at is None:
+                self.accepted_at = time.monotonic()
             self._metrics.throughput.begin(self._model)
         # An abort before any output produced no first token.
         if self.first_token_at is None and (chunk.text or chunk.completion_tokens):
