@@ -202,7 +202,10 @@ class Metrics:
         )
         self.loads = Counter("mlxd_model_loads", "Successful model loads", ["model"], registry=r)
         self.load_failures = Counter("mlxd_model_load_failures", "Failed model loads", ["model"], registry=r)
-        self.unloads = Counter("mlxd_model_unloads", "Finished unloads, evictions included", ["model"], registry=r)
+        self.unloads = Counter(
+            "mlxd_model_unloads", "Finished unloads, evictions included, by cause (idle, evicted, budget, operator, "
+            "reload, removed, shutdown, preempted, pass_over, broke)", ["model", "cause"], registry=r,
+        )
         self.evictions = Counter(
             "mlxd_model_evictions", "Unloads made to free memory for another model", ["model"], registry=r
         )
@@ -282,8 +285,8 @@ class Metrics:
     def model_load_failed(self, model: str, seconds: float) -> None:
         self.load_failures.labels(model).inc()
 
-    def model_unloaded(self, model: str, reason: str, evicted: bool) -> None:
-        self.unloads.labels(model).inc()
+    def model_unloaded(self, model: str, cause: str, evicted: bool) -> None:
+        self.unloads.labels(model, cause).inc()
         if evicted:
             self.evictions.labels(model).inc()
 

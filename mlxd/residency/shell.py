@@ -70,7 +70,7 @@ class ResidencyObserver(Protocol):
 
     def model_loaded(self, model: str, seconds: float) -> None: ...
     def model_load_failed(self, model: str, seconds: float) -> None: ...
-    def model_unloaded(self, model: str, reason: str, evicted: bool) -> None: ...
+    def model_unloaded(self, model: str, cause: str, evicted: bool) -> None: ...
 
 
 class _NoObserver:
@@ -80,7 +80,7 @@ class _NoObserver:
     def model_load_failed(self, model: str, seconds: float) -> None:
         return None
 
-    def model_unloaded(self, model: str, reason: str, evicted: bool) -> None:
+    def model_unloaded(self, model: str, cause: str, evicted: bool) -> None:
         return None
 
 
@@ -683,7 +683,7 @@ class ResidencyManager:
                 log.warning("closing %s: %s", model, describe_exception(exc))
         self._apply(self.core.unload_finished(model, action.instance, self._clock()))
         self._forget_gone()
-        self._observe(self._observer.model_unloaded, model, action.reason, action.evicted)
+        self._observe(self._observer.model_unloaded, model, action.cause, action.evicted)
 
     def _forget_gone(self) -> None:
         """Drop what the shell holds for models the core no longer knows

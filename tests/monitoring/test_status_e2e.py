@@ -156,7 +156,8 @@ def test_idle_unload_counts_down_then_unloads_and_says_why(daemon):
     assert "idle for" in unload["message"] and "idle_unload_seconds=1" in unload["message"]
     # The unload is counted in the same step that marks the model unloaded.
     metrics = scrape(daemon)
-    assert sample(metrics, "mlxd_model_unloads_total", model="qwen") == 1
+    # By cause, a small fixed set: "why was it unloaded?" is answered per model.
+    assert sample(metrics, "mlxd_model_unloads_total", model="qwen", cause="idle") == 1
     assert sample(metrics, "mlxd_model_evictions_total", model="qwen") is None
     assert sample(metrics, "mlxd_model_state", model="qwen", state="unloaded") == 1
 
@@ -247,6 +248,6 @@ def test_eviction_is_an_event_with_its_reason_and_a_counted_metric(tmp_path):
         assert re.search(r"needed 0\.01 GB, a idle \d+ s", message), message
         metrics = scrape(d)
         assert sample(metrics, "mlxd_model_evictions_total", model="a") == 1
-        assert sample(metrics, "mlxd_model_unloads_total", model="a") == 1
+        assert sample(metrics, "mlxd_model_unloads_total", model="a", cause="evicted") == 1
         assert sample(metrics, "mlxd_model_evictions_total", model="b") is None
         assert sample(metrics, "mlxd_memory_budget_bytes") == 15 << 20
