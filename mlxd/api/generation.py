@@ -250,7 +250,7 @@ async def _generate_all(plan: Plan, started: Started, meter: OutputMeter, spent:
 
 
 async def complete(ctx: DaemonContext, plan: Plan, request: Request, ticket: InFlightRequest) -> Answer:
-    meter = ctx.metrics.meter(plan.name, plan.started)
+    meter = ticket.meter = ctx.metrics.meter(plan.name, plan.started)
     spent = _Spent()
 
     async def work() -> Answer:
@@ -556,6 +556,7 @@ async def _frames(
     ticket: InFlightRequest,
 ) -> AsyncIterator[str]:
     state = _StreamState(ctx, plan, framer, ticket.capture)
+    ticket.meter = state.meter
     queue = StreamInbox()
     producer: asyncio.Future[None] | None = None
     heartbeat = ctx.settings.heartbeat_seconds
@@ -672,7 +673,7 @@ async def respond(
     request.scope.setdefault("state", {})[ACCOUNTED] = True  # its own activity row, whatever happens
     ticket = ctx.inflight.add(InFlightRequest(
         request_id=request_id_of(request.scope), response_id=plan.id, model=plan.name, surface=plan.kind,
-        caller=caller_of(request).name, stream=plan.stream,
+        caller=caller_of(request).name, stream=plan.stream, generates=True,
     ))
     if ctx.captures.wants(plan.name) or ctx.captures.wants(plan.spec.name):
         ticket.capture = ctx.captures.begin(Captured(

@@ -181,6 +181,11 @@ class OutputMeter:
             self._metrics.prefix_cache_hits.labels(self._model).inc()
             self._metrics.tokens.labels(self._model, "cached").inc(chunk.cached_tokens)
 
+    @property
+    def tokens_out(self) -> int:
+        """Tokens generated so far, over the request's prompts."""
+        return sum(self._seen.values())
+
     def finish(self) -> None:
         """The request is over (safe to call more than once)."""
         if self._under_way:
