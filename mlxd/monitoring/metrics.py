@@ -350,6 +350,10 @@ class _SnapshotGauges:
         by_name["mlxd_draining"].add_metric([], 1.0 if snap.draining else 0.0)
         by_name["mlxd_health_problems"].add_metric([], len(problems(snap)))
         by_name["mlxd_build_info"].add_metric([__version__], 1.0)
+        for a in snap.apps:
+            by_name["mlxd_app_in_flight"].add_metric([a["name"]], a["in_flight"])
+            for room in a["limits"]:
+                by_name["mlxd_app_limit_remaining"].add_metric([a["name"], room["name"]], room["remaining"])
         for u in snap.usage:
             where = [u["app"], u["model"]]
             by_name["mlxd_app_requests"].add_metric(where, u["requests"])
@@ -368,6 +372,11 @@ class _SnapshotGauges:
             CounterMetricFamily("mlxd_app_errors", "Requests per app and model answered with an error", labels=app),
             CounterMetricFamily("mlxd_app_tokens", "Tokens per app and model: in (prompt), cached (of in), out",
                                 labels=[*app, "kind"]),
+            GaugeMetricFamily("mlxd_app_in_flight", "Generation and audio requests of the app under way",
+                              labels=["app"]),
+            GaugeMetricFamily("mlxd_app_limit_remaining",
+                              "What is left of each of the app's limits now (rpm, tpm, tokens_per_day, max_concurrency)",
+                              labels=["app", "limit"]),
             GaugeMetricFamily("mlxd_model_state", "1 for the model's current state, 0 for the others",
                               labels=["model", "state"]),
             GaugeMetricFamily("mlxd_model_resident_bytes", "Bytes reserved in the budget for the model",

@@ -341,6 +341,7 @@ def status_document(snap: DaemonSnapshot) -> dict[str, Any]:
         "backends": [backend_status(b) for b in snap.backends],
         "failover": [failover_status(f) for f in snap.failovers],
         "usage": list(snap.usage),
+        "apps": list(snap.apps),
         # Built by hand: dataclasses.asdict costs ~20 µs an event, 2 ms for a full ring.
         "events": [
             {"at": e.at, "kind": e.kind, "model": e.model, "message": e.message}

@@ -74,6 +74,8 @@ def rich_status(tmp_path_factory) -> tuple[dict[str, Any], dict[str, Any], str]:
               {"name": "either", "targets": ["off:elsewhere", "qwen"], "strategy": "spillover"}]
     )
     doc = yaml.safe_load(registry.read_text())
+    # Keyless loopback requests are an app with a limit (apps[]), one that reads everything.
+    doc["apps"] = [{"name": "local", "key": "none", "admin": True, "rpm": 1000}]
     doc["backends"] = {"off": {"url": f"http://127.0.0.1:{free_port()}/v1", "poll_interval_s": 1}}
     registry.write_text(yaml.safe_dump(doc, sort_keys=False))
     with reloading_daemon(registry, tmp, watch=False) as d:
