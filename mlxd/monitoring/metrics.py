@@ -370,8 +370,9 @@ class _SnapshotGauges:
             # Since the state directory began (the totals outlive restarts).
             CounterMetricFamily("mlxd_app_requests", "Requests per app and model", labels=app),
             CounterMetricFamily("mlxd_app_errors", "Requests per app and model answered with an error", labels=app),
+            # ``direction`` as in mlxd_tokens_total: one label name for one meaning.
             CounterMetricFamily("mlxd_app_tokens", "Tokens per app and model: in (prompt), cached (of in), out",
-                                labels=[*app, "kind"]),
+                                labels=[*app, "direction"]),
             GaugeMetricFamily("mlxd_app_in_flight", "Generation and audio requests of the app under way",
                               labels=["app"]),
             GaugeMetricFamily("mlxd_app_limit_remaining",

@@ -82,7 +82,8 @@ def test_usage_per_app_and_model_is_in_status_and_metrics_with_the_app_label(dae
     assert (row["model"], row["requests"] - old["requests"], row["errors"]) == ("tiny", 2, 0)
     assert row["tokens_out"] - old["tokens_out"] == 5 and row["tokens_in"] > old["tokens_in"]
     metrics = _get(daemon, "/metrics", OPS).text
-    assert f'mlxd_app_tokens_total{{app="editor",kind="out",model="tiny"}} {float(row["tokens_out"])}' in metrics
+    # The direction label is named as mlxd_tokens_total's is.
+    assert f'mlxd_app_tokens_total{{app="editor",direction="out",model="tiny"}} {float(row["tokens_out"])}' in metrics
     assert 'mlxd_app_requests_total{app="indexer",model="tiny"} 4.0' in metrics
 
 
