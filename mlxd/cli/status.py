@@ -87,6 +87,9 @@ def idle_countdown(model: dict[str, Any]) -> str:
         return f"in {short_seconds(remaining)}"
     if model["state"] == "loaded" and model["active_leases"]:
         return "busy"  # the countdown starts when the last request ends
+    left = model.get("last_unload")  # (absent from an older daemon's status)
+    if model["state"] == "unloaded" and left:
+        return left["cause"]  # why it is not in memory: idle, evicted, operator...
     return "—"
 
 

@@ -158,6 +158,8 @@ def model_status(snap: DaemonSnapshot, m: ModelView) -> dict[str, Any]:
         },
         "load_count": m.load_count,
         "last_load_seconds": m.last_load_seconds,
+        "last_unload": None if m.last_unload is None else {
+            "at": m.last_unload.at, "cause": m.last_unload.cause, "reason": m.last_unload.reason},
         "failures": m.failures,
         "last_error": m.last_error,
         "retry_at": m.retry_at,

@@ -13,6 +13,7 @@ from monitoring.monitoring_support import chat, corrupt_model, sample, scrape
 from reload.harness import reloading_daemon
 from support.daemon import daemon_in_thread, wait_until, write_registry
 
+from mlxd.cli.status import idle_countdown
 from mlxd.monitoring.status import PREFIX_CACHE_FIELDS, SCHEMA_VERSION
 from mlxd.errors import ConfigError
 
@@ -245,6 +246,10 @@ def test_eviction_is_an_event_with_its_reason_and_a_counted_metric(tmp_path):
         assert [e["model"] for e in evict] == ["a"]
         message = evict[0]["message"]
         assert "evicted to make room for b" in message and "least recently used" in message
+        # Why `a` is not in memory stays on its entry, whatever the events ring forgets since.
+        left = model(doc, "a")["last_unload"]
+        assert left["cause"] == "evicted" and message.endswith(left["reason"]) and left["at"] <= doc["generated_at"]
+        assert idle_countdown(model(doc, "a")) == "evicted" and model(doc, "b")["last_unload"] is None
         assert re.search(r"needed 0\.01 GB, a idle \d+ s", message), message
         metrics = scrape(d)
         assert sample(metrics, "mlxd_model_evictions_total", model="a") == 1
