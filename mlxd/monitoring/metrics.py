@@ -14,11 +14,12 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import psutil
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from mlxd import __version__
-from mlxd.monitoring.status import problems
+from mlxd.monitoring.status import mlx_memory_now, problems
 from mlxd.residency.core import State
 
 if TYPE_CHECKING:
@@ -326,6 +327,8 @@ class _SnapshotGauges:
             by_name["mlxd_model_recent_tokens_per_second"].add_metric([name], snap.recent_rate(name))
             prefix = m.engine.get("prefix_cache") if isinstance(m.engine, dict) else None
             if isinstance(prefix, dict):
+                if prefix.get("memory_bytes") is not None:
+                    by_name["mlxd_prefix_cache_bytes"].add_metric([name], float(prefix["memory_bytes"]))
                 for figure in NEXT_TURN_FIGURES:
                     if prefix.get(figure) is not None:
                         by_name[f"mlxd_prefix_cache_{figure}"].add_metric([name], float(prefix[figure]))
@@ -345,6 +348,11 @@ class _SnapshotGauges:
                 by_name["mlxd_backend_poll_latency_seconds"].add_metric([name], b.stats.latency_ms / 1000)
         by_name["mlxd_memory_budget_bytes"].add_metric([], snap.manager.budget)
         by_name["mlxd_memory_committed_bytes"].add_metric([], snap.manager.committed)
+        # What is really allocated, beside what the budget reserves (status: memory.mlx, process_rss_bytes).
+        for figure, value in mlx_memory_now().items():
+            if figure != "peak_bytes" and value is not None:
+                by_name[f"mlxd_memory_mlx_{figure}"].add_metric([], value)
+        by_name["mlxd_process_rss_bytes"].add_metric([], psutil.Process().memory_info().rss)
         by_name["mlxd_config_generation"].add_metric([], snap.config.generation)
         by_name["mlxd_config_error"].add_metric([], 1.0 if snap.config.error else 0.0)
         by_name["mlxd_draining"].add_metric([], 1.0 if snap.draining else 0.0)
@@ -409,6 +417,11 @@ class _SnapshotGauges:
                               labels=["backend"]),
             GaugeMetricFamily("mlxd_memory_budget_bytes", "The configured memory budget"),
             GaugeMetricFamily("mlxd_memory_committed_bytes", "Bytes reserved by all models"),
+            GaugeMetricFamily("mlxd_memory_mlx_active_bytes", "Memory held by live MLX arrays (all models, caches included)"),
+            GaugeMetricFamily("mlxd_memory_mlx_cache_bytes", "Freed buffers MLX keeps for reuse"),
+            GaugeMetricFamily("mlxd_process_rss_bytes", "The daemon's resident set size"),
+            GaugeMetricFamily("mlxd_prefix_cache_bytes", "Memory the model's prefix cache entries take (part of its reservation)",
+                              labels=["model"]),
             GaugeMetricFamily("mlxd_config_generation", "How many registries have been applied"),
             GaugeMetricFamily("mlxd_config_error", "1 while models.yaml on disk is invalid"),
             GaugeMetricFamily("mlxd_draining", "1 while the daemon drains for shutdown"),

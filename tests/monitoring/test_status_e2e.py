@@ -121,6 +121,10 @@ def test_using_a_model_counts_requests_tokens_and_recent_throughput(daemon):
     assert sample(metrics, "mlxd_model_recent_tokens_per_second", model="llama") == pytest.approx(
         llama["recent_output_tokens"] / 60, abs=0.05
     )
+    # "How close am I to the budget, and what is really allocated?": the cache's share and MLX's own count.
+    assert llama["prefix_cache"]["memory_bytes"] > 0
+    assert sample(metrics, "mlxd_prefix_cache_bytes", model="llama") == llama["prefix_cache"]["memory_bytes"]
+    assert sample(metrics, "mlxd_memory_mlx_active_bytes") > 0 and sample(metrics, "mlxd_process_rss_bytes") > 0
     # Between-turn prefills, as /v1/status has them (none: its template moves nothing).
     for figure in ("next_turn_prefills", "next_turn_tokens"):
         assert sample(metrics, f"mlxd_prefix_cache_{figure}_total", model="llama") == llama["prefix_cache"][figure] == 0
