@@ -5,6 +5,7 @@ rerank and audio routes. Every kind counts under its entry, as chat does."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import httpx
@@ -34,14 +35,15 @@ def kinds_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         yield daemon
 
 
-def _send(http: httpx.Client, name: str) -> httpx.Response:
+def _send(http: httpx.Client, name: str, headers: dict[str, str] | None = None) -> httpx.Response:
     if name.startswith("emb-"):
-        return http.post("/v1/embeddings", json={"model": name, "input": "a sentence"})
+        return http.post("/v1/embeddings", json={"model": name, "input": "a sentence"}, headers=headers)
     if name.startswith("rr-"):
-        return http.post("/v1/rerank", json={"model": name, "query": "q", "documents": ["a", "b"]})
+        return http.post("/v1/rerank", json={"model": name, "query": "q", "documents": ["a", "b"]}, headers=headers)
     if name.startswith("voice-"):
-        return http.post("/v1/audio/speech", json={"model": name, "input": "Hello.", "response_format": "pcm"})
-    return http.post("/v1/chat/completions",
+        return http.post("/v1/audio/speech", json={"model": name, "input": "Hello.", "response_format": "pcm"},
+                         headers=headers)
+    return http.post("/v1/chat/completions", headers=headers,
                      json={"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
 
 
@@ -64,3 +66,22 @@ def test_names_a_glob_alias_matches_count_under_their_entry_on_every_route(kinds
         assert samples[("mlxd_requests_total", frozenset({("model", m), ("status", "200")}))] == 2, m
     usage = {(u["model"], u["requests"]) for u in kinds_daemon.status()["usage"]}
     assert usage == {(m, 2) for m in entries}
+
+
+def test_every_kinds_request_log_line_names_the_entry_and_the_request(kinds_daemon, caplog):
+    """One line per request on every route, which finds its X-Request-Id (and so its row)."""
+    caplog.set_level(logging.INFO, logger="mlxd.requests")
+    with kinds_daemon.client() as http:
+        for name in ("emb-9", "rr-9", "voice-9", "gpt-9"):
+            sent = _send(http, name, headers={"X-Request-Id": f"line-{name}"})
+            assert sent.status_code == 200, sent.text
+
+    def lines() -> dict[str, list[str]]:
+        found = {name: [r.getMessage() for r in caplog.records if f"request_id=line-{name}" in r.getMessage()]
+                 for name in ("emb-9", "rr-9", "voice-9", "gpt-9")}
+        return found if all(found.values()) else {}
+
+    found = wait_until(lines, timeout=10)
+    for name, entry in (("emb-9", "embed"), ("rr-9", "rerank"), ("voice-9", "soprano"), ("gpt-9", "chat")):
+        (line,) = found[name]
+        assert f"model={entry} status=200" in line, line

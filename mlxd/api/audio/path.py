@@ -405,5 +405,5 @@ def _account(ctx: DaemonContext, request: Request, name: str, what: str, status:
     if status == 200:
         ctx.metrics.audio_seconds.labels(name, what).inc(audio_seconds)
     unit = "chars" if what == "speech" else "audio_seconds"
-    log.info("%s model=%s status=%d %s=%.1f seconds=%.3f%s", what, name, status, unit, amount, seconds,
-             caller_field(caller))
+    log.info("%s model=%s status=%d %s=%.1f seconds=%.3f%s request_id=%s", what, name, status, unit, amount,
+             seconds, caller_field(caller), _request_id(request))

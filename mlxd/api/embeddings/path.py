@@ -22,6 +22,7 @@ from mlxd.api.embeddings.bodies import EmbedInputs, RerankAsk
 from mlxd.api.generation import guarded
 from mlxd.api.plan import Entry, check_route, resolve_entry
 from mlxd.api.refusals import ACCOUNTED
+from mlxd.api.request_ids import request_id_of
 from mlxd.caller import Caller
 from mlxd.errors import BadRequest, MlxdError
 from mlxd.monitoring.activity import Counted
@@ -167,11 +168,11 @@ async def _leased(ctx: DaemonContext, request: Request, spec: ModelSpec, what: s
     finally:
         tokens = result.tokens if result is not None else 0
         _account(ctx, caller_of(request), spec, what, status, time.monotonic() - started, tokens, inputs,
-                 truncated)
+                 truncated, request_id_of(request.scope))
 
 
 def _account(ctx: DaemonContext, caller: Caller, spec: ModelSpec, what: str, status: int,
-             seconds: float, tokens: int, inputs: int, truncated: int) -> None:
+             seconds: float, tokens: int, inputs: int, truncated: int, request_id: str) -> None:
     """Counted under the entry, not the name the client wrote: an alias
     (a glob's match above all) would split one model's figures and let
     made-up names add metric series and usage rows without end."""
@@ -191,5 +192,5 @@ def _account(ctx: DaemonContext, caller: Caller, spec: ModelSpec, what: str, sta
         metrics.throughput.add(name, tokens)
         ctx.manager.count_tokens(spec.name, tokens, 0)
         ctx.limits.spend(caller.app, tokens)
-    log.info("%s model=%s status=%d inputs=%d tokens_in=%d truncated=%d seconds=%.3f%s",
-             what, name, status, inputs, tokens, truncated, seconds, caller_field(caller))
+    log.info("%s model=%s status=%d inputs=%d tokens_in=%d truncated=%d seconds=%.3f%s request_id=%s",
+             what, name, status, inputs, tokens, truncated, seconds, caller_field(caller), request_id)
