@@ -36,6 +36,8 @@ def record_request(
     if meter is not None:
         meter.finish()
     first = meter.first_token_at if meter is not None else None
+    # A request never accepted waited all its time (for a load that failed, a slot, its deadline).
+    queued = ((meter.accepted_at or ended) - plan.started) if meter is not None else None
     if ctx.history is not None:
         ctx.history.request_finished(plan.name, first - plan.started if first is not None else None, cached)
     if ctx.telemetry is not None and ticket is not None:
@@ -60,6 +62,7 @@ def record_request(
             # The tokens after the first, over the time they took: decode speed.
             tokens_per_second=round((tokens_out - 1) / decoding, 2) if tokens_out > 1 and decoding > 0 else None,
             duration_seconds=round(seconds, 4), finish_reason=finish, error=error,
+            queued_seconds=round(queued, 4) if queued is not None else None,
         ))
     metrics = ctx.metrics
     model = plan.name
@@ -84,9 +87,16 @@ def record_request(
         ctx.failover.finished(model, plan.spec.name, status)
         metrics.failover_requests.labels(model, plan.spec.name, str(status)).inc()
         where = f" target={plan.spec.name}{where}"
+    timing = ""
+    if queued is not None:
+        timing += f" queued={queued:.3f}"
+    if first is not None:
+        timing += f" ttft={first - plan.started:.3f}"
+    if ticket is not None:
+        timing += f" request_id={ticket.request_id}"
     log.info(
-        "%s model=%s%s status=%d tokens_in=%d tokens_out=%d seconds=%.3f stream=%s%s",
-        plan.kind, model, where, status, tokens_in, tokens_out, seconds, plan.stream, extra,
+        "%s model=%s%s status=%d tokens_in=%d tokens_out=%d seconds=%.3f stream=%s%s%s",
+        plan.kind, model, where, status, tokens_in, tokens_out, seconds, plan.stream, timing, extra,
     )
 
 

@@ -171,7 +171,8 @@ def create_app(ctx: DaemonContext, reloader: ConfigReloader | None = None) -> Fa
     app.add_middleware(RequestGuard, server=lambda: ctx.settings.server, shape_for=shape_for)
     # Outside every guard: a generation or speech request refused before planning is an activity row.
     app.add_middleware(RefusalLog, activity=ctx.activity, usage=ctx.usage,
-                       entry_name=lambda name: getattr(ctx.registry.find(name), "name", None))
+                       entry_name=lambda name: getattr(ctx.registry.find(name), "name", None),
+                       metrics=ctx.metrics)
     # Outermost: every response, a refused one too, names its request.
     app.add_middleware(RequestIds)
 

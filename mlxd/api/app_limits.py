@@ -7,8 +7,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from mlxd.api.limits import Admission, LimitBook, Limits
+from mlxd.api.limits import KEYS, Admission, LimitBook, Limits
 from mlxd.errors import RateLimited
 from mlxd.registry.model import AppSpec
 
@@ -42,6 +43,13 @@ class AppLimits:
                 retry_after=admission.retry_after, limit_headers=admission.headers(),
             )
         return admission
+
+    def room(self, app: AppSpec) -> list[dict[str, Any]]:
+        """Each of the app's limits (``name``: its registry key), what is
+        left of it now and when it resets (s), for status and metrics."""
+        return [{"name": KEYS[h.name], "limit": h.limit, "remaining": max(0, h.remaining),
+                 "reset_seconds": round(max(0.0, h.reset_seconds), 1)}
+                for h in self.book.headroom(app.name, limits_of(app), self.clock())]
 
     def release(self, app: str) -> None:
         self.book.release(app)

@@ -6,6 +6,7 @@ tests build as many as they like."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -113,4 +114,11 @@ class DaemonContext:
             backends=self.backends.views(),
             failovers=self.failover.views(),
             usage=tuple(self.usage.rows()),
+            apps=self._apps_now(),
         )
+
+    def _apps_now(self) -> tuple[dict[str, Any], ...]:
+        apps = self.registry.apps or ()
+        under_way = Counter(entry.caller for entry in self.inflight.entries())
+        return tuple({"name": app.name, "priority": app.priority, "admin": app.admin,
+                      "in_flight": under_way.get(app.name, 0), "limits": self.limits.room(app)} for app in apps)

@@ -250,7 +250,7 @@ async def _generate_all(plan: Plan, started: Started, meter: OutputMeter, spent:
 
 
 async def complete(ctx: DaemonContext, plan: Plan, request: Request, ticket: InFlightRequest) -> Answer:
-    meter = ctx.metrics.meter(plan.name, plan.started)
+    meter = ticket.meter = ctx.metrics.meter(plan.name, plan.started)
     spent = _Spent()
 
     async def work() -> Answer:
@@ -271,6 +271,11 @@ async def complete(ctx: DaemonContext, plan: Plan, request: Request, ticket: InF
         record_request(
             ctx, exc.status_code, plan, *spent.totals(), ticket=ticket, meter=meter, error=exc.message
         )
+        raise
+    except Exception:
+        # A fault of ours: counted and kept like any failure (a stream's is,
+        # by its state); the app's error handler answers 500 and logs the traceback.
+        record_request(ctx, 500, plan, *spent.totals(), ticket=ticket, meter=meter, error="internal error")
         raise
     usage = answer.usage
     if ticket.capture is not None and answer.choices:
@@ -440,9 +445,12 @@ async def _pump(started: Started, requests: list[GenerationRequest], queue: Stre
 class _StreamState:
     """Turns engine output into frames and keeps the stream's accounts."""
 
-    def __init__(self, ctx: DaemonContext, plan: Plan, framer: Framer, capture: Captured | None = None) -> None:
+    def __init__(self, ctx: DaemonContext, plan: Plan, framer: Framer, capture: Captured | None = None,
+                 request_id: str = "") -> None:
         self.plan = plan
         self.capture = capture
+        # For its failure's log line: the request log line and activity row carry the same id.
+        self.request_id = request_id
         self.framer = framer
         self.meter = ctx.metrics.meter(plan.name, plan.started)
         # Made at the first chunk: the tool-call format is known once leased.
@@ -475,9 +483,11 @@ class _StreamState:
         if isinstance(item, BaseException):
             self.fail(item)
             if isinstance(item, MlxdError):  # a backend that failed, a preemption: expected, and typed
-                log.warning("stream on %s failed: %s", self.plan.name, describe_exception(item))
+                log.warning("stream on %s failed (request_id=%s): %s", self.plan.name, self.request_id,
+                            describe_exception(item))
             else:
-                log.error("stream on %s failed: %s", self.plan.name, describe_exception(item), exc_info=item)
+                log.error("stream on %s failed (request_id=%s): %s", self.plan.name, self.request_id,
+                          describe_exception(item), exc_info=item)
             return [self.framer.error(item)], True
         index, chunk = item
         self.meter.chunk(index, chunk)
@@ -555,7 +565,8 @@ async def _frames(
     pending: asyncio.Future[Started] | None,
     ticket: InFlightRequest,
 ) -> AsyncIterator[str]:
-    state = _StreamState(ctx, plan, framer, ticket.capture)
+    state = _StreamState(ctx, plan, framer, ticket.capture, ticket.request_id)
+    ticket.meter = state.meter
     queue = StreamInbox()
     producer: asyncio.Future[None] | None = None
     heartbeat = ctx.settings.heartbeat_seconds
@@ -582,7 +593,8 @@ async def _frames(
             except Exception as exc:
                 state.fail(exc)
                 if state.status == 500:
-                    log.error("stream on %s failed: %s", plan.name, describe_exception(exc))
+                    log.error("stream on %s failed (request_id=%s): %s", plan.name, ticket.request_id,
+                              describe_exception(exc))
                 yield framer.error(exc) + framer.closing(None)
                 return
         state.events = _choice_events(plan, started)
@@ -672,7 +684,7 @@ async def respond(
     request.scope.setdefault("state", {})[ACCOUNTED] = True  # its own activity row, whatever happens
     ticket = ctx.inflight.add(InFlightRequest(
         request_id=request_id_of(request.scope), response_id=plan.id, model=plan.name, surface=plan.kind,
-        caller=caller_of(request).name, stream=plan.stream,
+        caller=caller_of(request).name, stream=plan.stream, generates=True,
     ))
     if ctx.captures.wants(plan.name) or ctx.captures.wants(plan.spec.name):
         ticket.capture = ctx.captures.begin(Captured(

@@ -26,6 +26,21 @@ class InFlightRequest:
     _on_cancel: list[Callable[[], None]] = field(default_factory=list)
     # Its capture (``mlxd.api.capture.Captured``), when it is captured.
     capture: Any = None
+    # A request that generates tokens (chat, completion, messages,
+    # responses) says where it is; its output meter
+    # (``monitoring.metrics.OutputMeter``) is set once its path makes one.
+    generates: bool = False
+    meter: Any = None
+
+    def phase(self) -> str | None:
+        """``queued`` (for a lease: a load, a free slot, the budget),
+        ``prefill`` (its engine took it, no token yet) or ``decode``; None
+        for a request that generates no tokens."""
+        if not self.generates:
+            return None
+        if self.meter is None or self.meter.accepted_at is None:
+            return "queued"
+        return "prefill" if self.meter.first_token_at is None else "decode"
 
     def on_cancel(self, callback: Callable[[], None]) -> None:
         """``callback()`` once, when (or if already) cancelled."""
@@ -47,6 +62,7 @@ class InFlightRequest:
             "id": self.request_id, "response_id": self.response_id, "model": self.model,
             "surface": self.surface, "key": self.caller, "stream": self.stream,
             "started_at": round(self.started_at, 3), "cancelled": self.cancelled.is_set(),
+            "phase": self.phase(), "tokens_out": self.meter.tokens_out if self.meter is not None else None,
         }
 
 

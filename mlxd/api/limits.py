@@ -92,7 +92,7 @@ class LimitBook:
         full = [h for h in room if h.remaining <= 0]
         if full:
             worst = max(full, key=lambda h: h.reset_seconds)
-            return Admission(False, room, refused_by=_KEYS[worst.name], retry_after=max(1.0, worst.reset_seconds))
+            return Admission(False, room, refused_by=KEYS[worst.name], retry_after=max(1.0, worst.reset_seconds))
         w.active += 1
         w.requests.append(now)
         return Admission(True, self._headroom(w, limits, now))
@@ -117,6 +117,12 @@ class LimitBook:
         w = self._apps.setdefault(app, _AppWindow())
         w.slide(now)
         w.day_tokens += max(0, tokens)
+
+    def headroom(self, app: str, limits: Limits, now: float) -> tuple[Headroom, ...]:
+        """Each limit's room now, as the next admission would see it (nothing taken)."""
+        w = self._apps.get(app) or _AppWindow()
+        w.slide(now)
+        return self._headroom(w, limits, now)
 
     def active(self, app: str) -> int:
         w = self._apps.get(app)
@@ -152,4 +158,5 @@ def _tokens_reset(w: _AppWindow, tpm: int, used: int, now: float) -> float:
     return MINUTE
 
 
-_KEYS = {"requests": "rpm", "tokens": "tpm", "tokens-day": "tokens_per_day", "concurrency": "max_concurrency"}
+# A header's name for each limit -> the limit's registry key.
+KEYS = {"requests": "rpm", "tokens": "tpm", "tokens-day": "tokens_per_day", "concurrency": "max_concurrency"}

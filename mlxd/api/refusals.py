@@ -11,16 +11,20 @@ and outside every guard. It keeps references to the body chunks the app
 reads (its first MiB), not copies, and forgets them as soon as the answer
 is a success; a
 request the gatekeeper refused has read no body, so its row names no model.
+Each refusal is also a sample of ``mlxd_requests_total`` and
+``mlxd_app_refusals_total`` and one request log line: a storm of 429s or
+401s used to show in neither /metrics nor the log.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -28,6 +32,11 @@ from mlxd.api.embeddings import paths as embedding_paths
 from mlxd.api.request_ids import request_id_of
 from mlxd.monitoring.activity import NO_CALLER, ActivityLog, ActivityRow, Counted
 from mlxd.monitoring.usage import UsageBook, one_request
+
+if TYPE_CHECKING:
+    from mlxd.monitoring.metrics import Metrics
+
+log = logging.getLogger("mlxd.requests")
 
 # The paths whose requests the activity log keeps, and their surfaces.
 SURFACES = {
@@ -59,7 +68,7 @@ class RefusalLog:
     usage table, as a finished request is."""
 
     def __init__(self, app: ASGIApp, activity: ActivityLog | None, usage: UsageBook | None,
-                 entry_name: Callable[[str], str | None]) -> None:
+                 entry_name: Callable[[str], str | None], metrics: Metrics | None = None) -> None:
         """``entry_name``: the registry entry a name a client wrote resolves
         to (an alias, a glob), or None; read at each refusal, so a reload
         counts."""
@@ -67,13 +76,14 @@ class RefusalLog:
         self.activity = activity
         self.usage = usage
         self.entry_name = entry_name
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         post = scope["type"] == "http" and scope["method"] == "POST"
         surface = SURFACES.get(scope["path"]) if post else None
         if post and surface is None and scope["path"] in USAGE_ONLY:
             surface = ""
-        if surface is None or (self.activity is None and self.usage is None):
+        if surface is None:
             await self.app(scope, receive, send)
             return
         started, seen = time.monotonic(), _Seen()
@@ -116,6 +126,13 @@ class RefusalLog:
             self.usage.add(row.key, row.model, one_request(row.status))
         if self.activity is not None:
             self.activity.add(row if surface else Counted(row.key, row.model, row.status))
+        if self.metrics is not None:
+            self.metrics.requests.labels(row.model, str(row.status)).inc()
+            self.metrics.app_refusals.labels(row.key, str(row.status)).inc()
+        # The client's name for the model is in the message (repr: it may hold anything).
+        log.info("%s refused model=%s caller=%s status=%d seconds=%.3f request_id=%s error=%r",
+                 surface or scope["path"], row.model or "-", row.key, row.status, seconds, row.request_id,
+                 (row.error or "")[:300])
 
 
 class _Seen:

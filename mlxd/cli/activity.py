@@ -21,6 +21,8 @@ def line(row: dict[str, Any]) -> str:
     when = datetime.fromtimestamp(row["time"]).strftime("%Y-%m-%d %H:%M:%S")
     cached = f" ({row['tokens_cached']} cached)" if row["tokens_cached"] else ""
     ttft = f" ttft {row['ttft_seconds']:.2f}s" if row["ttft_seconds"] is not None else ""
+    if row.get("queued_seconds"):  # (absent from an older daemon's rows)
+        ttft = f" queued {row['queued_seconds']:.2f}s{ttft}"
     rate = f" {row['tokens_per_second']:.1f} tok/s" if row["tokens_per_second"] is not None else ""
     target = f"->{row['target']}" if row["target"] and row["target"] != row["model"] else ""
     outcome = row["finish_reason"] or ""

@@ -87,6 +87,9 @@ def idle_countdown(model: dict[str, Any]) -> str:
         return f"in {short_seconds(remaining)}"
     if model["state"] == "loaded" and model["active_leases"]:
         return "busy"  # the countdown starts when the last request ends
+    left = model.get("last_unload")  # (absent from an older daemon's status)
+    if model["state"] == "unloaded" and left:
+        return left["cause"]  # why it is not in memory: idle, evicted, operator...
     return "—"
 
 
@@ -293,6 +296,25 @@ def _usage(doc: dict[str, Any], width: int) -> Table:
     return _fitted(table, ("APP", "MODEL"), ("REQS", "ERRS", "IN", "CACHED", "OUT"), rows, width)
 
 
+# An app's limits as the apps block shows them, by registry key.
+_LIMIT_COLUMNS = (("rpm", "RPM LEFT"), ("tpm", "TPM LEFT"), ("tokens_per_day", "DAY LEFT"),
+                  ("max_concurrency", "SLOTS LEFT"))
+
+
+def _apps(doc: dict[str, Any], width: int) -> Table:
+    """Each app now: its requests under way and what is left of each limit
+    (`remaining/limit`; `—` where it has none), so a 429 is seen coming."""
+    rows = []
+    for a in doc["apps"]:
+        limits = {room["name"]: room for room in a["limits"]}
+        left = [f"{limits[key]['remaining']}/{limits[key]['limit']}" if key in limits else "—"
+                for key, _ in _LIMIT_COLUMNS]
+        rows.append((a["name"], a["priority"], str(a["in_flight"]), *left))
+    table = Table(title="apps", title_justify="left", title_style="bold", box=None, header_style="bold",
+                  pad_edge=False, padding=(0, 2, 0, 0))
+    return _fitted(table, ("APP", "PRIORITY"), ("RUNNING", *(h for _, h in _LIMIT_COLUMNS)), rows, width)
+
+
 def _fitted(table: Table, names: tuple[str, ...], figures: tuple[str, ...], rows: list[tuple[Any, ...]],
             width: int) -> Table:
     """``table`` with ``names`` columns first, then ``figures``, one line a
@@ -330,8 +352,12 @@ def render(doc: dict[str, Any], width: int = DEFAULT_WIDTH) -> RenderableType:
     """``width``: the terminal's, so the memory bar fits on its line."""
     try:
         if "app" in doc:
-            return Group(_app_header(doc), Text(""), _models(doc, width), Text(""), _usage(doc, width), Text(""), _events(doc))
+            own = [_apps(doc, width), Text("")] if doc.get("apps") else []
+            return Group(_app_header(doc), Text(""), _models(doc, width), Text(""), *own, _usage(doc, width), Text(""),
+                         _events(doc))
         parts = [_header(doc), Text(""), _memory(doc, width), Text(""), _models(doc, width), Text("")]
+        if doc.get("apps"):
+            parts += [_apps(doc, width), Text("")]
         if doc.get("usage"):
             parts += [_usage(doc, width), Text("")]
         if doc.get("backends"):

@@ -55,6 +55,11 @@ class ActivityRow:
     duration_seconds: float
     finish_reason: str | None
     error: str | None
+    # From arrival until its engine accepted it: waiting for its model to
+    # load, for a free slot or for the budget (its prompt's tokenizing
+    # included); null where nothing generates (a refusal, audio). The
+    # rest of ``ttft_seconds`` is prefill.
+    queued_seconds: float | None = None
 
     def as_dict(self, row_id: int) -> dict[str, Any]:
         out = {"id": row_id, **{f.name: getattr(self, f.name) for f in fields(self)}}
@@ -126,6 +131,16 @@ def _text(value: str) -> str:
     except UnicodeEncodeError:
         return value.encode("utf-8", "backslashreplace").decode("utf-8")
     return value
+
+
+def _add_new_columns(db: sqlite3.Connection) -> None:
+    """A log an earlier version wrote lacks the columns added since
+    (``queued_seconds``): its rows read back null there."""
+    have = {row[1] for row in db.execute("PRAGMA table_info(activity)")}
+    with db:
+        for column in COLUMNS:
+            if column not in have:
+                db.execute(f"ALTER TABLE activity ADD COLUMN {column}")
 
 
 class ActivityLog:
@@ -207,6 +222,7 @@ class ActivityLog:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             db.executescript(_SCHEMA)
+            _add_new_columns(db)
             self._prune(db)
         except BaseException:
             db.close()

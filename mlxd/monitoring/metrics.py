@@ -14,11 +14,12 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import psutil
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from mlxd import __version__
-from mlxd.monitoring.status import problems
+from mlxd.monitoring.status import mlx_memory_now, problems
 from mlxd.residency.core import State
 
 if TYPE_CHECKING:
@@ -151,6 +152,9 @@ class OutputMeter:
         self._model = model
         self._started = started
         self._under_way = False
+        # When its engine accepted it (its first chunk, monotonic): what came
+        # before was waiting (a lease, a load, a free slot), what follows prefill.
+        self.accepted_at: float | None = None
         # When the first token reached the request path (monotonic), if it did.
         self.first_token_at: float | None = None
         # Prompt tokens the prefix cache served, over the request's prompts.
@@ -162,6 +166,8 @@ class OutputMeter:
         if not self._under_way:
             # The first chunk (the engine's acceptance): busy from here.
             self._under_way = True
+            if self.accepted_at is None:
+                self.accepted_at = time.monotonic()
             self._metrics.throughput.begin(self._model)
         # An abort before any output produced no first token.
         if self.first_token_at is None and (chunk.text or chunk.completion_tokens):
@@ -175,6 +181,11 @@ class OutputMeter:
             self.cached_tokens += chunk.cached_tokens
             self._metrics.prefix_cache_hits.labels(self._model).inc()
             self._metrics.tokens.labels(self._model, "cached").inc(chunk.cached_tokens)
+
+    @property
+    def tokens_out(self) -> int:
+        """Tokens generated so far, over the request's prompts."""
+        return sum(self._seen.values())
 
     def finish(self) -> None:
         """The request is over (safe to call more than once)."""
@@ -197,7 +208,10 @@ class Metrics:
         )
         self.loads = Counter("mlxd_model_loads", "Successful model loads", ["model"], registry=r)
         self.load_failures = Counter("mlxd_model_load_failures", "Failed model loads", ["model"], registry=r)
-        self.unloads = Counter("mlxd_model_unloads", "Finished unloads, evictions included", ["model"], registry=r)
+        self.unloads = Counter(
+            "mlxd_model_unloads", "Finished unloads, evictions included, by cause (idle, evicted, budget, operator, "
+            "reload, removed, shutdown, preempted, pass_over, broke)", ["model", "cause"], registry=r,
+        )
         self.evictions = Counter(
             "mlxd_model_evictions", "Unloads made to free memory for another model", ["model"], registry=r
         )
@@ -247,6 +261,12 @@ class Metrics:
             "shutdown (still unread when the grace ended)",
             ["reason"], registry=r,
         )
+        self.app_refusals = Counter(
+            "mlxd_app_refusals",
+            "Requests refused before they reached a model (a limit, a scope, a bad body, an unknown model, "
+            "a key), by app (- for a refused key) and HTTP status",
+            ["app", "status"], registry=r,
+        )
         self.throughput = ThroughputWindow(throughput_window_seconds)
         self._attached = False
 
@@ -271,8 +291,8 @@ class Metrics:
     def model_load_failed(self, model: str, seconds: float) -> None:
         self.load_failures.labels(model).inc()
 
-    def model_unloaded(self, model: str, reason: str, evicted: bool) -> None:
-        self.unloads.labels(model).inc()
+    def model_unloaded(self, model: str, cause: str, evicted: bool) -> None:
+        self.unloads.labels(model, cause).inc()
         if evicted:
             self.evictions.labels(model).inc()
 
@@ -307,6 +327,8 @@ class _SnapshotGauges:
             by_name["mlxd_model_recent_tokens_per_second"].add_metric([name], snap.recent_rate(name))
             prefix = m.engine.get("prefix_cache") if isinstance(m.engine, dict) else None
             if isinstance(prefix, dict):
+                if prefix.get("memory_bytes") is not None:
+                    by_name["mlxd_prefix_cache_bytes"].add_metric([name], float(prefix["memory_bytes"]))
                 for figure in NEXT_TURN_FIGURES:
                     if prefix.get(figure) is not None:
                         by_name[f"mlxd_prefix_cache_{figure}"].add_metric([name], float(prefix[figure]))
@@ -326,11 +348,20 @@ class _SnapshotGauges:
                 by_name["mlxd_backend_poll_latency_seconds"].add_metric([name], b.stats.latency_ms / 1000)
         by_name["mlxd_memory_budget_bytes"].add_metric([], snap.manager.budget)
         by_name["mlxd_memory_committed_bytes"].add_metric([], snap.manager.committed)
+        # What is really allocated, beside what the budget reserves (status: memory.mlx, process_rss_bytes).
+        for figure, value in mlx_memory_now().items():
+            if figure != "peak_bytes" and value is not None:
+                by_name[f"mlxd_memory_mlx_{figure}"].add_metric([], value)
+        by_name["mlxd_process_rss_bytes"].add_metric([], psutil.Process().memory_info().rss)
         by_name["mlxd_config_generation"].add_metric([], snap.config.generation)
         by_name["mlxd_config_error"].add_metric([], 1.0 if snap.config.error else 0.0)
         by_name["mlxd_draining"].add_metric([], 1.0 if snap.draining else 0.0)
         by_name["mlxd_health_problems"].add_metric([], len(problems(snap)))
         by_name["mlxd_build_info"].add_metric([__version__], 1.0)
+        for a in snap.apps:
+            by_name["mlxd_app_in_flight"].add_metric([a["name"]], a["in_flight"])
+            for room in a["limits"]:
+                by_name["mlxd_app_limit_remaining"].add_metric([a["name"], room["name"]], room["remaining"])
         for u in snap.usage:
             where = [u["app"], u["model"]]
             by_name["mlxd_app_requests"].add_metric(where, u["requests"])
@@ -347,8 +378,14 @@ class _SnapshotGauges:
             # Since the state directory began (the totals outlive restarts).
             CounterMetricFamily("mlxd_app_requests", "Requests per app and model", labels=app),
             CounterMetricFamily("mlxd_app_errors", "Requests per app and model answered with an error", labels=app),
+            # ``direction`` as in mlxd_tokens_total: one label name for one meaning.
             CounterMetricFamily("mlxd_app_tokens", "Tokens per app and model: in (prompt), cached (of in), out",
-                                labels=[*app, "kind"]),
+                                labels=[*app, "direction"]),
+            GaugeMetricFamily("mlxd_app_in_flight", "Generation and audio requests of the app under way",
+                              labels=["app"]),
+            GaugeMetricFamily("mlxd_app_limit_remaining",
+                              "What is left of each of the app's limits now (rpm, tpm, tokens_per_day, max_concurrency)",
+                              labels=["app", "limit"]),
             GaugeMetricFamily("mlxd_model_state", "1 for the model's current state, 0 for the others",
                               labels=["model", "state"]),
             GaugeMetricFamily("mlxd_model_resident_bytes", "Bytes reserved in the budget for the model",
@@ -374,11 +411,17 @@ class _SnapshotGauges:
                               "Measured speed of speculative over plain steps (rolling window)", labels=model),
             GaugeMetricFamily("mlxd_backend_up", "1 when the backend answered its last poll", labels=["backend"]),
             GaugeMetricFamily("mlxd_backend_in_flight", "Requests on the backend now", labels=["backend"]),
-            GaugeMetricFamily("mlxd_backend_errors", "Requests the backend failed since start", labels=["backend"]),
+            # A count since start: a counter (rate() and increase() read it; a gauge's reset looked like a drop).
+            CounterMetricFamily("mlxd_backend_errors", "Requests the backend failed since start", labels=["backend"]),
             GaugeMetricFamily("mlxd_backend_poll_latency_seconds", "How long the last poll took",
                               labels=["backend"]),
             GaugeMetricFamily("mlxd_memory_budget_bytes", "The configured memory budget"),
             GaugeMetricFamily("mlxd_memory_committed_bytes", "Bytes reserved by all models"),
+            GaugeMetricFamily("mlxd_memory_mlx_active_bytes", "Memory held by live MLX arrays (all models, caches included)"),
+            GaugeMetricFamily("mlxd_memory_mlx_cache_bytes", "Freed buffers MLX keeps for reuse"),
+            GaugeMetricFamily("mlxd_process_rss_bytes", "The daemon's resident set size"),
+            GaugeMetricFamily("mlxd_prefix_cache_bytes", "Memory the model's prefix cache entries take (part of its reservation)",
+                              labels=["model"]),
             GaugeMetricFamily("mlxd_config_generation", "How many registries have been applied"),
             GaugeMetricFamily("mlxd_config_error", "1 while models.yaml on disk is invalid"),
             GaugeMetricFamily("mlxd_draining", "1 while the daemon drains for shutdown"),

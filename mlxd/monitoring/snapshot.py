@@ -50,6 +50,8 @@ class DaemonSnapshot:
     failovers: tuple[FailoverView, ...] = ()
     # Per app and model (monitoring/usage.py rows).
     usage: tuple[dict[str, Any], ...] = ()
+    # Each app of ``apps:`` now: its class, its requests under way and its limits' room.
+    apps: tuple[dict[str, Any], ...] = ()
 
     def recent_rate(self, model: str) -> float:
         return self.recent_tokens.get(model, 0) / self.window_seconds

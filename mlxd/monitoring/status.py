@@ -158,6 +158,8 @@ def model_status(snap: DaemonSnapshot, m: ModelView) -> dict[str, Any]:
         },
         "load_count": m.load_count,
         "last_load_seconds": m.last_load_seconds,
+        "last_unload": None if m.last_unload is None else {
+            "at": m.last_unload.at, "cause": m.last_unload.cause, "reason": m.last_unload.reason},
         "failures": m.failures,
         "last_error": m.last_error,
         "retry_at": m.retry_at,
@@ -341,6 +343,7 @@ def status_document(snap: DaemonSnapshot) -> dict[str, Any]:
         "backends": [backend_status(b) for b in snap.backends],
         "failover": [failover_status(f) for f in snap.failovers],
         "usage": list(snap.usage),
+        "apps": list(snap.apps),
         # Built by hand: dataclasses.asdict costs ~20 µs an event, 2 ms for a full ring.
         "events": [
             {"at": e.at, "kind": e.kind, "model": e.model, "message": e.message}

@@ -15,6 +15,11 @@ class StartLoad:
     instance: int
 
 
+# Why a model unloads, as one word of a small fixed set (a metric's label;
+# ``reason`` is the sentence): a drain's cause (``state.DrainCause``) or one of these.
+IDLE, EVICTED, BUDGET = "idle", "evicted", "budget"
+
+
 @dataclass(frozen=True)
 class StartUnload:
     model: str
@@ -22,6 +27,7 @@ class StartUnload:
     reason: str
     # Unloaded to make room for another model (LRU eviction), not for itself.
     evicted: bool = False
+    cause: str = IDLE
 
 
 @dataclass(frozen=True)

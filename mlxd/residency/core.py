@@ -32,7 +32,7 @@ from mlxd.errors import (
 )
 from mlxd.registry.model import ManagerSpec, ModelSpec
 from mlxd.residency.actions import (
-    AbortGenerations, Action, Grant, Note, PreemptLease, Reject, StartLoad, StartUnload,
+    BUDGET, EVICTED, IDLE, AbortGenerations, Action, Grant, Note, PreemptLease, Reject, StartLoad, StartUnload,
 )
 from mlxd.residency.preemption import Holder, to_preempt_leases
 from mlxd.residency.state import (  # re-exported: the shell and the tests know them from here
@@ -162,7 +162,7 @@ class ResidencyCore:
         r.last_used = now
         actions: list[Action] = []
         if r.state is State.DRAINING and r.active == 0:
-            actions += self._unload(r, r.drain_reason or "drained")
+            actions += self._unload(r, r.drain_reason or "drained", cause=r.drain.cause.value if r.drain else IDLE)
         # The budget was lowered while every model was busy: each model that
         # goes idle is a chance to get back under it.
         actions += self._fit_budget(now, reason="over the memory budget")
@@ -293,7 +293,8 @@ class ResidencyCore:
             deadline = r.idle_deadline()
             if deadline is not None and now >= deadline:
                 idle = now - (r.last_used or now)
-                actions += self._unload(r, f"idle for {idle:.0f} s (idle_unload_seconds={r.spec.idle_unload_seconds:g})")
+                actions += self._unload(r, f"idle for {idle:.0f} s (idle_unload_seconds={r.spec.idle_unload_seconds:g})",
+                                        cause=IDLE)
         policy = self.manager.contention
         if policy.strategy == "wait_then_fail" and policy.wait_timeout_s > 0:
             for w in list(self.waiters):
@@ -496,11 +497,11 @@ class ResidencyCore:
                         if x.name != model and x.reserved > 0)
         return no_capacity(model, r.charge(), free, self.budget, r.last_load_seconds, waited, holders)
 
-    def _unload(self, r: Resident, reason: str, *, evicted: bool = False) -> list[Action]:
+    def _unload(self, r: Resident, reason: str, *, cause: str, evicted: bool = False) -> list[Action]:
         assert r.active == 0 and r.state in (State.LOADED, State.DRAINING), (r.name, r.state, r.active)
         r.state = State.UNLOADING
         return [
-            StartUnload(r.name, r.instance, reason, evicted=evicted),
+            StartUnload(r.name, r.instance, reason, evicted=evicted, cause=cause),
             Note("evict" if evicted else "unload", r.name, f"unloading {r.name}: {reason}"),
         ]
 
@@ -511,7 +512,7 @@ class ResidencyCore:
             return []  # load_finished picks the drain up
         if r.state in (State.LOADED, State.DRAINING):
             if r.active == 0:
-                return self._unload(r, drain.reason)
+                return self._unload(r, drain.reason, cause=drain.cause.value)
             r.state = State.DRAINING
         return []
 
@@ -520,7 +521,7 @@ class ResidencyCore:
         unload idle models (least recently used first) until committed fits."""
         actions: list[Action] = []
         for name in to_fit_budget(self.committed() - self.budget, self._candidates()):
-            actions += self._unload(self.residents[name], reason)
+            actions += self._unload(self.residents[name], reason, cause=BUDGET)
         return actions
 
     def _candidates(self, exclude: str | None = None) -> list[Candidate]:
@@ -679,7 +680,7 @@ class ResidencyCore:
                 v,
                 f"evicted to make room for {r.name}: needed {need / GB:.2f} GB, "
                 f"{v.name} idle {idle:.0f} s, least recently used",
-                evicted=True,
+                evicted=True, cause=EVICTED,
             )
         return actions
 
@@ -704,7 +705,8 @@ class ResidencyCore:
             return []  # even preemption cannot make room: keep waiting
         actions: list[Action] = []
         for name in plan.evict:
-            actions += self._unload(self.residents[name], f"evicted to make room for {r.name}", evicted=True)
+            actions += self._unload(self.residents[name], f"evicted to make room for {r.name}", evicted=True,
+                                    cause=EVICTED)
         reason = f"preempted for {r.name}: needed {need / GB:.2f} GB"
         drain = Drain(DrainCause.PREEMPTED, reason, for_model=r.name)
         for name in plan.drain:

@@ -70,7 +70,7 @@ class ResidencyObserver(Protocol):
 
     def model_loaded(self, model: str, seconds: float) -> None: ...
     def model_load_failed(self, model: str, seconds: float) -> None: ...
-    def model_unloaded(self, model: str, reason: str, evicted: bool) -> None: ...
+    def model_unloaded(self, model: str, cause: str, evicted: bool) -> None: ...
 
 
 class _NoObserver:
@@ -80,7 +80,7 @@ class _NoObserver:
     def model_load_failed(self, model: str, seconds: float) -> None:
         return None
 
-    def model_unloaded(self, model: str, reason: str, evicted: bool) -> None:
+    def model_unloaded(self, model: str, cause: str, evicted: bool) -> None:
         return None
 
 
@@ -162,6 +162,8 @@ class ModelView:
     tokens_out: int
     # The engine's own figures (``Engine.stats()``); empty when unloaded.
     engine: dict[str, Any]
+    # Its last finished unload since start, or None.
+    last_unload: LastUnload | None = None
 
     @property
     def name(self) -> str:
@@ -207,6 +209,17 @@ def _engine_stats(engine: Engine | None) -> dict[str, Any]:
         return {}
 
 
+@dataclass(frozen=True)
+class LastUnload:
+    """A finished unload: when (wall clock), its cause (``StartUnload.cause``)
+    and the sentence saying why. The events ring forgets it under traffic;
+    an operator asking why a model is not in memory still finds it here."""
+
+    at: float
+    cause: str
+    reason: str
+
+
 @dataclass
 class ModelStats:
     """Per-model figures the core does not need but operators do."""
@@ -214,6 +227,7 @@ class ModelStats:
     requests: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
+    last_unload: LastUnload | None = None
 
 
 @dataclass
@@ -554,6 +568,7 @@ class ResidencyManager:
             tokens_in=stats.tokens_in,
             tokens_out=stats.tokens_out,
             engine=_engine_stats(self.engine(name)),
+            last_unload=stats.last_unload,
         )
 
     def snapshot(self) -> ManagerSnapshot:
@@ -697,8 +712,10 @@ class ResidencyManager:
             except Exception as exc:
                 log.warning("closing %s: %s", model, describe_exception(exc))
         self._apply(self.core.unload_finished(model, action.instance, self._clock()))
+        if model in self._models:
+            self._models[model].stats.last_unload = LastUnload(time.time(), action.cause, action.reason)
         self._forget_gone()
-        self._observe(self._observer.model_unloaded, model, action.reason, action.evicted)
+        self._observe(self._observer.model_unloaded, model, action.cause, action.evicted)
 
     def _forget_gone(self) -> None:
         """Drop what the shell holds for models the core no longer knows

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -261,7 +262,8 @@ async def test_a_preempted_stream_says_so_and_sends_no_usage(tmp_path):
     assert h.counted(503) == 1
 
 
-async def test_an_engine_failure_mid_stream_is_a_generic_error_frame(tmp_path):
+async def test_an_engine_failure_mid_stream_is_a_generic_error_frame(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="mlxd")
     h = Harness(tmp_path, ["a", RuntimeError("boom at /secret/path")])
     async with running(h.app):
         call = await h.chat(stream=True).done()
@@ -270,6 +272,31 @@ async def test_an_engine_failure_mid_stream_is_a_generic_error_frame(tmp_path):
     assert got[-2] == {"error": {"message": "Internal error during generation", "type": "server_error",
                                  "param": None, "code": "internal_error"}}
     assert h.active() == 0 and h.counted(500) == 1
+    # The log line with the traceback names the request, as its activity row and request line do.
+    failed = [r for r in caplog.records if "stream on m failed" in r.getMessage()]
+    assert failed and f"request_id={call.headers['x-request-id']}" in failed[0].getMessage()
+    assert failed[0].exc_info is not None
+
+
+async def test_an_engine_failure_in_a_whole_answer_is_logged_with_its_request_id(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="mlxd")
+    h = Harness(tmp_path, ["a", RuntimeError("boom at /secret/path")])
+    async with running(h.app):
+        call = h.chat()
+        # Starlette answers the 500, then raises on for the server's own log.
+        with pytest.raises(RuntimeError):
+            await call.done()
+    assert call.status == 500 and "secret" not in call.text
+    request_id = call.headers["x-request-id"]  # (it had none: the 500 left outside RequestIds)
+    failed = [r for r in caplog.records if r.exc_info is not None and r.name.startswith("mlxd")]
+    assert failed and f"request_id={request_id}" in failed[0].getMessage()
+    # Counted and kept like any failure: it used to leave no metric, no row and no request line.
+    assert h.counted(500) == 1
+    assert h.daemon.ctx.activity.flush()
+    (row,) = h.daemon.ctx.activity.query(request_id=request_id)
+    assert row["status"] == 500 and row["error"] == "internal error"
+    assert [r for r in caplog.records if r.name == "mlxd.requests" and f"request_id={request_id}" in r.getMessage()
+            and "status=500" in r.getMessage()]
 
 
 # --- racing: deadlines and disconnects ----------------------------------------

@@ -6,6 +6,7 @@ for the module (the echo kind stands in for a model: this is the API layer)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +18,10 @@ import httpx
 import openai
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
 
+from mlxd.cli.status import render
 from support.daemon import wait_until
 from support.echo_engine import echo_daemon
 
@@ -241,19 +245,28 @@ def test_a_limit_hit_is_a_429_with_retry_after_and_ratelimit_headers_and_resets(
     assert call(daemon, "POST", "/v1/chat/completions", EDITOR, ask).status_code == 200
 
 
-def test_max_concurrency_refuses_a_second_request_while_the_first_streams(daemon):
-    daemon.now[0] += 3600
+@contextlib.contextmanager
+def batch_holding_a_request(daemon: Any) -> Iterator[None]:
+    """A request of the batch app under way (the echo engine holds it) until the block ends."""
     engine = daemon.ctx.manager._models["echo-a"].engine
     engine.gate.clear()
     with ThreadPoolExecutor(1) as pool:
         held = pool.submit(call, daemon, "POST", "/v1/chat/completions", BATCH,
                            {"model": "echo-a", "messages": [{"role": "user", "content": "hold on"}]})
         wait_until(lambda: daemon.ctx.limits.book.active("batch") == 1)
+        try:
+            yield
+        finally:
+            engine.gate.set()
+        assert held.result().status_code == 200
+
+
+def test_max_concurrency_refuses_a_second_request_while_the_first_streams(daemon):
+    daemon.now[0] += 3600
+    with batch_holding_a_request(daemon):
         refused = call(daemon, "POST", "/v1/chat/completions", BATCH, {"model": "echo-a", **CHAT})
         assert refused.status_code == 429 and refused.headers["x-ratelimit-remaining-concurrency"] == "0"
         assert "limit of 1 requests at once (`max_concurrency`)" in refused.json()["error"]["message"]
-        engine.gate.set()
-        assert held.result().status_code == 200
     assert daemon.ctx.limits.book.active("batch") == 0
     assert call(daemon, "POST", "/v1/chat/completions", BATCH, {"model": "echo-a", **CHAT}).status_code == 200
 
@@ -304,6 +317,67 @@ def test_n_choices_charge_their_app_the_prompt_once_as_the_answer_reports_it(dae
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (2, 6)
     after = editor_echo_a()
     assert (after[0] - before[0], after[1] - before[1]) == (2, 6)
+
+
+def test_an_apps_429s_and_a_refused_key_show_in_metrics_and_the_log(daemon, caplog):
+    """An operator asks "which app is being refused, and why?": /metrics
+    answers per app and status, the log has one line per refusal."""
+    caplog.set_level(logging.INFO, logger="mlxd.requests")
+
+    def refusals() -> dict[tuple[str, str], float]:
+        samples = scrape(daemon, {"authorization": f"Bearer {OPS}"})
+        return {(labels["app"], labels["status"]): v for name, labels, v in samples
+                if name == "mlxd_app_refusals_total"}
+
+    def requests(status: str) -> float:
+        samples = scrape(daemon, {"authorization": f"Bearer {OPS}"})
+        return sum(v for name, labels, v in samples if name == "mlxd_requests_total" and labels["status"] == status)
+
+    before, before_429 = refusals(), requests("429")
+    daemon.now[0] += 3600
+    ask = {"model": "echo-a", **CHAT}
+    statuses = [call(daemon, "POST", "/v1/chat/completions", BATCH, ask).status_code for _ in range(5)]
+    assert statuses == [200, 200, 200, 429, 429]
+    assert call(daemon, "POST", "/v1/chat/completions", "sk-nobody", ask).status_code == 401
+    after = refusals()
+    assert after[("batch", "429")] - before.get(("batch", "429"), 0) == 2
+    assert after[("-", "401")] - before.get(("-", "401"), 0) == 1
+    assert requests("429") - before_429 == 2
+    lines = [r.getMessage() for r in caplog.records if " refused " in r.getMessage()]
+    assert len([line for line in lines if "caller=batch status=429" in line]) == 2, lines
+    assert [line for line in lines if "caller=- status=401" in line], lines
+    assert not [line for line in lines for secret in SECRETS if secret in line]
+
+
+def test_status_metrics_and_mlxd_status_show_each_apps_requests_under_way_and_the_room_left(daemon):
+    """"Which app is using what, and how close is it to a 429?", answered
+    before the 429: the batch app (rpm 3, one at a time) holds a request."""
+    daemon.now[0] += 3600
+    ask = {"model": "echo-a", **CHAT}
+    assert call(daemon, "POST", "/v1/chat/completions", BATCH, ask).status_code == 200
+    with batch_holding_a_request(daemon):
+        doc = call(daemon, "GET", "/v1/status", OPS).json()
+        batch = next(a for a in doc["apps"] if a["name"] == "batch")
+        assert batch["in_flight"] == 1
+        limits = {room["name"]: room for room in batch["limits"]}
+        assert limits["rpm"] == {"name": "rpm", "limit": 3, "remaining": 1, "reset_seconds": 0.0}
+        assert limits["max_concurrency"]["remaining"] == 0
+        assert next(a for a in doc["apps"] if a["name"] == "editor") == {
+            "name": "editor", "priority": "interactive", "admin": False, "in_flight": 0, "limits": []}
+        room = {(labels["app"], labels["limit"]): v for name, labels, v in scrape(daemon, {"authorization": f"Bearer {OPS}"})
+                if name == "mlxd_app_limit_remaining"}
+        assert room[("batch", "rpm")] == 1 and room[("batch", "max_concurrency")] == 0
+        # The app's own key reads its own line, no other app's.
+        assert [a["name"] for a in call(daemon, "GET", "/v1/status", BATCH).json()["apps"]] == ["batch"]
+    console = Console(width=100, record=True)
+    console.print(render(doc, 100))
+    line = next(row for row in console.export_text().splitlines() if row.startswith("batch "))
+    assert line.split() == ["batch", "default", "1", "1/3", "—", "—", "0/1"], line
+
+
+def scrape(daemon: Any, headers: dict[str, str]) -> list[tuple[str, dict[str, str], float]]:
+    text = httpx.get(daemon.url + "/metrics", headers=headers, timeout=10).text
+    return [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples]
 
 
 def everything_generation(daemon: Any) -> int:

@@ -141,7 +141,7 @@ def test_every_kinds_request_log_line_names_its_app(daemon, caplog):
                       (lambda: transcribe(daemon, EDITOR), "transcribe")):
         assert ask().status_code == 200
         lines = [r.getMessage() for r in caplog.records if r.name == "mlxd.requests"]
-        assert [line for line in lines if line.startswith(what + " ")][-1].endswith(" caller=editor"), lines
+        assert " caller=editor " in [line for line in lines if line.startswith(what + " ")][-1] + " ", lines
 
 
 def test_the_callers_priority_reaches_the_encoders_batch_queue_and_the_audio_models_queue(daemon):

@@ -82,7 +82,8 @@ def test_usage_per_app_and_model_is_in_status_and_metrics_with_the_app_label(dae
     assert (row["model"], row["requests"] - old["requests"], row["errors"]) == ("tiny", 2, 0)
     assert row["tokens_out"] - old["tokens_out"] == 5 and row["tokens_in"] > old["tokens_in"]
     metrics = _get(daemon, "/metrics", OPS).text
-    assert f'mlxd_app_tokens_total{{app="editor",kind="out",model="tiny"}} {float(row["tokens_out"])}' in metrics
+    # The direction label is named as mlxd_tokens_total's is.
+    assert f'mlxd_app_tokens_total{{app="editor",direction="out",model="tiny"}} {float(row["tokens_out"])}' in metrics
     assert 'mlxd_app_requests_total{app="indexer",model="tiny"} 4.0' in metrics
 
 
@@ -100,7 +101,8 @@ def test_a_key_that_is_not_admin_reads_only_its_own_app_and_models_in_metrics_an
     assert 'app="editor"' not in indexer, "another app's usage is not the indexer's to read"
     assert 'mlxd_requests_total{model="tiny"' in indexer, "its own model's figures stay"
     stranger = _get(daemon, "/metrics", STRANGER).text
-    assert 'model="tiny"' not in stranger and 'app="' not in stranger
+    others = [line for line in stranger.splitlines() if 'app="' in line and 'app="stranger"' not in line]
+    assert 'model="tiny"' not in stranger and not others, "only its own app's line (its requests under way)"
     assert "# TYPE mlxd_app_requests_total counter" in stranger, "the families stay, empty"
     daemon_wide = [line for line in stranger.splitlines() if line and not line.startswith("#") and "{" not in line]
     assert daemon_wide, "figures about the daemon itself stay"

@@ -4,8 +4,12 @@ by `mlxd log` (-f follows)."""
 
 from __future__ import annotations
 
+import logging
+import re
+import sqlite3
 import threading
 import time
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -13,7 +17,7 @@ from monitoring.monitoring_support import chat
 from support.daemon import daemon_in_thread, wait_until, write_registry
 
 from mlxd.cli.activity import run_log
-from mlxd.monitoring.activity import ActivityBounds, ActivityLog, ActivityRow
+from mlxd.monitoring.activity import COLUMNS, ActivityBounds, ActivityLog, ActivityRow
 
 ADMIN = "sk-admin-activity"
 READER = "sk-reader-activity"
@@ -81,6 +85,27 @@ def test_a_model_name_sqlite_cannot_store_is_kept_escaped_and_the_writer_goes_on
         log.add(_row("qwen", request_id="later"))
         assert log.flush() and log.query()[0]["request_id"] == "later"
         assert {(app, model) for app, model, *_ in log.usage_totals()} == {("local", "qwen"), ("local", "qwen-\\ud800")}
+    finally:
+        log.stop()
+
+
+def test_a_log_an_earlier_version_wrote_gains_the_new_columns_and_keeps_its_rows(tmp_path):
+    old_columns = [c for c in COLUMNS if c != "queued_seconds"]
+    db = sqlite3.connect(tmp_path / "activity.sqlite3")
+    db.execute(f"CREATE TABLE activity (id INTEGER PRIMARY KEY AUTOINCREMENT, {', '.join(old_columns)})")
+    old = dict(_row(request_id="old").as_dict(0))
+    db.execute(f"INSERT INTO activity ({', '.join(old_columns)}) VALUES ({', '.join('?' for _ in old_columns)})",
+               [old[c] for c in old_columns])
+    db.commit()
+    db.close()
+    log = ActivityLog(tmp_path)
+    log.start()
+    try:
+        log.add(replace(_row(request_id="new"), queued_seconds=1.5))
+        assert log.flush() and log.failed is None
+        rows = {r["request_id"]: r for r in log.query()}
+        assert rows["old"]["queued_seconds"] is None and rows["old"]["tokens_out"] == 5
+        assert rows["new"]["queued_seconds"] == 1.5
     finally:
         log.stop()
 
@@ -165,6 +190,25 @@ def test_a_finished_request_is_a_row_with_its_figures(daemon):
     cut = wait_until(lambda: next(iter(_activity(daemon, request_id="cut")), None), timeout=5)
     assert cut["status"] == 499 and cut["error"] == "client disconnected" and cut["stream"] is True
     assert 0 < cut["tokens_out"] < 2000
+
+
+@pytest.mark.mlx
+def test_a_request_that_waited_for_its_model_to_load_says_how_long_it_queued(daemon, caplog):
+    """"Why was that request slow?": its row and its log line split the
+    wait for the model (here, its load) from prefill and decoding."""
+    caplog.set_level(logging.INFO, logger="mlxd.requests")
+    assert httpx.post(f"{daemon.url}/v1/models/qwen/unload", json={}, headers=AS_ADMIN).status_code == 200
+    assert chat(daemon, "qwen", max_tokens=3, headers={**AS_ADMIN, "X-Request-Id": "cold"}).status_code == 200
+    assert chat(daemon, "qwen", max_tokens=3, headers={**AS_ADMIN, "X-Request-Id": "warm"}).status_code == 200
+    cold = wait_until(lambda: next(iter(_activity(daemon, request_id="cold")), None), timeout=2)
+    warm = wait_until(lambda: next(iter(_activity(daemon, request_id="warm")), None), timeout=2)
+    load = httpx.get(f"{daemon.url}/v1/status", headers=AS_ADMIN).json()["models"][0]["last_load_seconds"]
+    assert load <= cold["queued_seconds"] <= cold["ttft_seconds"] <= cold["duration_seconds"]
+    assert 0 <= warm["queued_seconds"] < load
+    line = next(r.getMessage() for r in caplog.records if "request_id=cold" in r.getMessage())
+    logged = dict(re.findall(r" (queued|ttft)=([0-9.]+)", line))
+    assert float(logged["queued"]) == pytest.approx(cold["queued_seconds"], abs=2e-3), line
+    assert float(logged["ttft"]) == pytest.approx(cold["ttft_seconds"], abs=2e-3), line
 
 
 @pytest.mark.mlx

@@ -4,6 +4,7 @@ read-only key may not)."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import httpx
@@ -233,3 +234,47 @@ def test_capture_shows_why_a_diverged_prompt_missed_the_cache(daemon, browser):
     assert "Monday" in browser.find_element("id", "capture-entry-text").text
     ARTIFACTS_DIR.mkdir(exist_ok=True)
     browser.save_screenshot(str(ARTIFACTS_DIR / "dashboard-capture.png"))
+
+
+OPS, BATCH = "sk-dashboard-ops", "sk-dashboard-batch"
+
+
+@pytest.fixture
+def apps_daemon(tmp_path):
+    registry = write_registry(tmp_path, [{"name": "qwen", "model": "qwen", "idle_unload_seconds": 600}])
+    registry.write_text(registry.read_text() + (
+        "apps:\n"
+        f"  - {{name: ops, key_sha256: {hashlib.sha256(OPS.encode()).hexdigest()}, admin: true}}\n"
+        f"  - {{name: batch, key_sha256: {hashlib.sha256(BATCH.encode()).hexdigest()}, priority: bulk, rpm: 2}}\n"
+    ))
+    with daemon_in_thread(registry, tmp_path) as d:
+        yield d
+
+
+APPS_JS = """
+return Array.from(document.querySelectorAll('#apps tr[data-app]')).map(row => ({
+  app: row.dataset.app,
+  running: row.querySelector('td.running').textContent,
+  limits: row.querySelector('td.limits').textContent,
+  requests: row.querySelector('td.requests').textContent,
+  tokens_out: row.querySelector('td.tokens-out').textContent,
+}));
+"""
+
+
+def test_the_page_shows_each_apps_use_and_limits_and_why_a_model_left_memory(apps_daemon, browser):
+    """"Which app is using what?" and "why is this model not loaded?" on the page itself."""
+    as_batch = {"Authorization": f"Bearer {BATCH}"}
+    for _ in range(2):
+        assert chat(apps_daemon, "qwen", max_tokens=3, headers=as_batch).status_code == 200
+    assert chat(apps_daemon, "qwen", max_tokens=3, headers=as_batch).status_code == 429
+    unload = httpx.post(f"{apps_daemon.url}/v1/models/qwen/unload", json={}, headers={"Authorization": f"Bearer {OPS}"})
+    assert unload.status_code == 200
+    _open(browser, apps_daemon, OPS)
+    rows = _wait(browser, lambda d: {r["app"]: r for r in d.execute_script(APPS_JS)} or None, timeout=10)
+    assert rows["batch"]["running"] == "0" and rows["batch"]["requests"] == "3" and rows["batch"]["tokens_out"] == "6"
+    assert rows["batch"]["limits"].startswith("rpm 0 / 2 (room in"), rows["batch"]["limits"]
+    assert rows["ops"]["limits"] == "none"
+    idle = _wait(browser, lambda d: d.execute_script(
+        "const c = document.querySelector('#models tr[data-model=\"qwen\"] td.idle'); return c && [c.textContent, c.title];"))
+    assert idle[0] == "operator" and "unloaded by operator" in idle[1]

@@ -129,11 +129,12 @@ def test_final_chunks_with_cached_tokens_count_prefix_cache_hits():
 def test_each_app_has_its_own_registry_and_nothing_goes_to_the_global_one():
     first, second = Metrics(), Metrics()
     first.model_loaded("a", 1.5)
-    first.model_unloaded("a", "evicted to make room for b", evicted=True)
-    first.model_unloaded("a", "idle for 3 s", evicted=False)
+    first.model_unloaded("a", "evicted", evicted=True)
+    first.model_unloaded("a", "idle", evicted=False)
     first.model_load_failed("c", 0.1)
     assert _value(first, "mlxd_model_loads_total", model="a") == 1
-    assert _value(first, "mlxd_model_unloads_total", model="a") == 2
+    assert _value(first, "mlxd_model_unloads_total", model="a", cause="evicted") == 1
+    assert _value(first, "mlxd_model_unloads_total", model="a", cause="idle") == 1
     assert _value(first, "mlxd_model_evictions_total", model="a") == 1
     assert _value(first, "mlxd_model_load_failures_total", model="c") == 1
     assert _value(second, "mlxd_model_loads_total", model="a") is None

@@ -167,6 +167,24 @@ def test_a_queued_request_cancelled_by_its_id_leaves_the_queue(daemon):
     running.join()
 
 
+def test_requests_under_way_say_which_waits_for_a_slot_and_which_decodes(daemon):
+    """"Why is my request slow right now?": /v1/requests tells a request
+    queued behind another (qwen serves one at a time) from one decoding."""
+    running = Stream(daemon, "qwen", AS_ADMIN)
+    wait_until(lambda: len(running.events) >= 2, timeout=30)
+    waiter = threading.Thread(target=lambda: httpx.post(
+        f"{daemon.url}/v1/chat/completions", json={"model": "qwen", "messages": CHAT, "max_tokens": 4},
+        headers={**AS_ADMIN, "X-Request-Id": "behind-one"}, timeout=60))
+    waiter.start()
+    wait_until(lambda: _model(daemon, "qwen")["queued"] == 1, timeout=10)
+    under_way = {r["id"]: r for r in httpx.get(f"{daemon.url}/v1/requests", headers=AS_ADMIN).json()["data"]}
+    assert under_way["behind-one"]["phase"] == "queued" and under_way["behind-one"]["tokens_out"] == 0
+    assert under_way[running.request_id]["phase"] == "decode" and under_way[running.request_id]["tokens_out"] > 0
+    assert httpx.post(f"{daemon.url}/v1/requests/{running.request_id}/cancel", headers=AS_ADMIN).status_code == 200
+    running.join()
+    waiter.join(timeout=30)
+
+
 def test_a_read_only_key_changes_nothing_and_cancels_only_its_own(daemon):
     for method, path in (("POST", "/v1/models/llama/unload"), ("POST", "/v1/models/llama/load"),
                          ("POST", "/v1/models/llama/pin"), ("POST", "/v1/models/llama/unpin"),

@@ -71,9 +71,12 @@ def rich_status(tmp_path_factory) -> tuple[dict[str, Any], dict[str, Any], str]:
     registry = write_registry(
         tmp, [{"name": "qwen", "model": "qwen", "aliases": ["q"], "speculative": {"method": "prompt_lookup"}}, {"name": "broken", "path": str(corrupt_model(tmp))},
               {"name": "far", "backend": "off"},
-              {"name": "either", "targets": ["off:elsewhere", "qwen"], "strategy": "spillover"}]
+              {"name": "either", "targets": ["off:elsewhere", "qwen"], "strategy": "spillover"},
+              {"name": "brief", "model": "llama"}]  # loaded, then unloaded: its last_unload
     )
     doc = yaml.safe_load(registry.read_text())
+    # Keyless loopback requests are an app with a limit (apps[]), one that reads everything.
+    doc["apps"] = [{"name": "local", "key": "none", "admin": True, "rpm": 1000}]
     doc["backends"] = {"off": {"url": f"http://127.0.0.1:{free_port()}/v1", "poll_interval_s": 1}}
     registry.write_text(yaml.safe_dump(doc, sort_keys=False))
     with reloading_daemon(registry, tmp, watch=False) as d:
@@ -81,6 +84,9 @@ def rich_status(tmp_path_factory) -> tuple[dict[str, Any], dict[str, Any], str]:
         assert chat(d, "broken").status_code == 503
         assert chat(d, "far").status_code == 503
         assert chat(d, "either").status_code == 200
+        assert chat(d, "brief").status_code == 200
+        assert httpx.post(f"{d.url}/v1/models/brief/unload", json={}).status_code == 200
+        wait_until(lambda: next(m for m in d.status()["models"] if m["name"] == "brief")["last_unload"])
         wait_until(lambda: d.status()["backends"][0]["polled_at"])
         registry.write_text(registry.read_text() + "surprise: 1\n")
         assert d.reload().status_code == 400

@@ -13,6 +13,7 @@ from monitoring.monitoring_support import chat, corrupt_model, sample, scrape
 from reload.harness import reloading_daemon
 from support.daemon import daemon_in_thread, wait_until, write_registry
 
+from mlxd.cli.status import idle_countdown
 from mlxd.monitoring.status import PREFIX_CACHE_FIELDS, SCHEMA_VERSION
 from mlxd.errors import ConfigError
 
@@ -120,6 +121,10 @@ def test_using_a_model_counts_requests_tokens_and_recent_throughput(daemon):
     assert sample(metrics, "mlxd_model_recent_tokens_per_second", model="llama") == pytest.approx(
         llama["recent_output_tokens"] / 60, abs=0.05
     )
+    # "How close am I to the budget, and what is really allocated?": the cache's share and MLX's own count.
+    assert llama["prefix_cache"]["memory_bytes"] > 0
+    assert sample(metrics, "mlxd_prefix_cache_bytes", model="llama") == llama["prefix_cache"]["memory_bytes"]
+    assert sample(metrics, "mlxd_memory_mlx_active_bytes") > 0 and sample(metrics, "mlxd_process_rss_bytes") > 0
     # Between-turn prefills, as /v1/status has them (none: its template moves nothing).
     for figure in ("next_turn_prefills", "next_turn_tokens"):
         assert sample(metrics, f"mlxd_prefix_cache_{figure}_total", model="llama") == llama["prefix_cache"][figure] == 0
@@ -156,7 +161,8 @@ def test_idle_unload_counts_down_then_unloads_and_says_why(daemon):
     assert "idle for" in unload["message"] and "idle_unload_seconds=1" in unload["message"]
     # The unload is counted in the same step that marks the model unloaded.
     metrics = scrape(daemon)
-    assert sample(metrics, "mlxd_model_unloads_total", model="qwen") == 1
+    # By cause, a small fixed set: "why was it unloaded?" is answered per model.
+    assert sample(metrics, "mlxd_model_unloads_total", model="qwen", cause="idle") == 1
     assert sample(metrics, "mlxd_model_evictions_total", model="qwen") is None
     assert sample(metrics, "mlxd_model_state", model="qwen", state="unloaded") == 1
 
@@ -244,9 +250,13 @@ def test_eviction_is_an_event_with_its_reason_and_a_counted_metric(tmp_path):
         assert [e["model"] for e in evict] == ["a"]
         message = evict[0]["message"]
         assert "evicted to make room for b" in message and "least recently used" in message
+        # Why `a` is not in memory stays on its entry, whatever the events ring forgets since.
+        left = model(doc, "a")["last_unload"]
+        assert left["cause"] == "evicted" and message.endswith(left["reason"]) and left["at"] <= doc["generated_at"]
+        assert idle_countdown(model(doc, "a")) == "evicted" and model(doc, "b")["last_unload"] is None
         assert re.search(r"needed 0\.01 GB, a idle \d+ s", message), message
         metrics = scrape(d)
         assert sample(metrics, "mlxd_model_evictions_total", model="a") == 1
-        assert sample(metrics, "mlxd_model_unloads_total", model="a") == 1
+        assert sample(metrics, "mlxd_model_unloads_total", model="a", cause="evicted") == 1
         assert sample(metrics, "mlxd_model_evictions_total", model="b") is None
         assert sample(metrics, "mlxd_memory_budget_bytes") == 15 << 20

@@ -13,6 +13,7 @@ import sys
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from monitoring.test_dashboard import _wait, browser  # noqa: F401 (a fixture)
 from support.daemon import daemon_in_thread, daemon_process, free_port, wait_until, write_registry
@@ -187,6 +188,9 @@ def test_metrics_label_requests_by_backend(front):
     text = httpx.get(f"{front.url}/metrics", timeout=10).text
     assert 'mlxd_backend_requests_total{backend="studio",model="big",status="200"}' in text
     assert 'mlxd_backend_up{backend="studio"} 1.0' in text
+    # A count since start is a counter, so rate() and increase() can read it.
+    errors = next(f for f in text_string_to_metric_families(text) if f.name == "mlxd_backend_errors")
+    assert errors.type == "counter" and {s.name for s in errors.samples} == {"mlxd_backend_errors_total"}
 
 
 def test_a_local_model_beside_remote_ones_still_serves(front):

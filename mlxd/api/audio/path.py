@@ -78,9 +78,9 @@ async def relay_transcription(ctx: DaemonContext, request: Request, ask: Transcr
     upload = (ask.filename, ask.file)
     if ask.stream:
         fields["stream"] = "true"
-        return await _relayed(ctx, request, spec, ask.model, task, 0.0,
+        return await _relayed(ctx, request, spec, task, 0.0,
                               lambda engine: engine.post_stream(route, data=engine.form(fields, upload)))
-    async with _accounted(ctx, request, ask.model, task, 0.0):
+    async with _accounted(ctx, request, spec.name, task, 0.0):
         return await guarded(request, _leased(ctx, request, spec, lambda engine: engine.post_form(
             route, fields, upload)), ctx.settings.server.request_timeout_s)
 
@@ -103,11 +103,11 @@ async def relay_speech(ctx: DaemonContext, request: Request, body: SpeechBody) -
     if not spec.is_remote:
         return None
     ask = body.model_dump(exclude_none=True, exclude={"model"})
-    return await _relayed(ctx, request, spec, body.model, "speech", float(len(body.input)),
+    return await _relayed(ctx, request, spec, "speech", float(len(body.input)),
                           lambda engine: engine.post_stream("/audio/speech", json={**ask, "model": engine.remote_model}))
 
 
-async def _relayed(ctx: DaemonContext, request: Request, spec: ModelSpec, name: str, what: str, amount: float,
+async def _relayed(ctx: DaemonContext, request: Request, spec: ModelSpec, what: str, amount: float,
                    send: Callable[[Any], Any]) -> RelayedStream:
     """The backend's answer to ``send``, passed through read by read under
     the entry's lease, which the stream gives back when it ends or its
@@ -124,7 +124,7 @@ async def _relayed(ctx: DaemonContext, request: Request, spec: ModelSpec, name: 
         finally:
             await answer.aclose()
 
-    chunks = await _streamed(ctx, request, spec, name, what, amount, relayed, lambda data: 0.0)
+    chunks = await _streamed(ctx, request, spec, what, amount, relayed, lambda data: 0.0)
     return RelayedStream(heads[0].content_type, heads[0].headers, chunks)
 
 
@@ -157,7 +157,7 @@ async def transcribe(ctx: DaemonContext, request: Request, ask: TranscribeAsk, t
     samples = await read_audio(ctx, ask.file)
     options = options_for(ask, task)
 
-    accounted = _accounted(ctx, request, ask.model, task, samples.size / SAMPLE_RATE)
+    accounted = _accounted(ctx, request, spec.name, task, samples.size / SAMPLE_RATE)
 
     async def work(engine: Any) -> Transcript:
         windows = [w async for w in engine.transcribe(samples, options, _request_id(request))]
@@ -165,7 +165,7 @@ async def transcribe(ctx: DaemonContext, request: Request, ask: TranscribeAsk, t
         return Transcript(ask.model, windows, samples.size / SAMPLE_RATE, options)
 
     async with accounted:
-        ticket = _listed(ctx, request, ask.model, task, stream=False)
+        ticket = _listed(ctx, request, spec.name, task, stream=False)
         try:
             return await guarded(request, _leased(ctx, request, spec, work), ctx.settings.server.request_timeout_s,
                                  ticket.cancelled)
@@ -187,7 +187,7 @@ async def transcribe_stream(ctx: DaemonContext, request: Request, ask: Transcrib
     samples = await read_audio(ctx, ask.file)
     options = options_for(ask, task)
     seconds = samples.size / SAMPLE_RATE
-    return await _streamed(ctx, request, spec, ask.model, task, seconds,
+    return await _streamed(ctx, request, spec, task, seconds,
                            lambda engine: engine.transcribe(samples, options, _request_id(request)),
                            lambda window: 0.0, audio_seconds=seconds, tokens_of=transcript_tokens)
 
@@ -210,7 +210,7 @@ async def speech(ctx: DaemonContext, request: Request, body: SpeechBody) -> tupl
         rate.append(engine.sample_rate)
         return engine.synthesise(body.input, body.voice, body.speed, _request_id(request))
 
-    chunks = await _streamed(ctx, request, spec, body.model, "speech", float(len(body.input)), start,
+    chunks = await _streamed(ctx, request, spec, "speech", float(len(body.input)), start,
                              lambda chunk: chunk.size / rate[0])
     return rate[0], chunks
 
@@ -267,7 +267,7 @@ async def _leased(ctx: DaemonContext, request: Request, spec: ModelSpec, work: C
         lease.release()
 
 
-async def _streamed(ctx: DaemonContext, request: Request, spec: ModelSpec, name: str, what: str, amount: float,
+async def _streamed(ctx: DaemonContext, request: Request, spec: ModelSpec, what: str, amount: float,
                     start: Callable[[Any], AsyncIterator[Any]], seconds_of: Callable[[Any], float], *,
                     audio_seconds: float = 0.0, tokens_of: Callable[[Any], int] = lambda item: 0
                     ) -> AsyncIterator[Any]:
@@ -279,7 +279,7 @@ async def _streamed(ctx: DaemonContext, request: Request, spec: ModelSpec, name:
     timeout = ctx.settings.server.request_timeout_s
     started = time.monotonic()
     planned(request)
-    ticket = _listed(ctx, request, name, what, stream=True)
+    ticket = _listed(ctx, request, spec.name, what, stream=True)
     lease: Any = None
     stream: Any = None
     try:
@@ -296,7 +296,7 @@ async def _streamed(ctx: DaemonContext, request: Request, spec: ModelSpec, name:
             lease.release()
         if stream is not None:
             await stream.aclose()
-        _account(ctx, request, name, what, exc.status_code if isinstance(exc, MlxdError) else 500,
+        _account(ctx, request, spec.name, what, exc.status_code if isinstance(exc, MlxdError) else 500,
                   time.monotonic() - started, amount, stream=True, error=_error_of(exc))
         raise
 
@@ -325,7 +325,7 @@ async def _streamed(ctx: DaemonContext, request: Request, spec: ModelSpec, name:
             ctx.inflight.remove(ticket)
             lease.release()
             await stream.aclose()
-            _account_soon(ctx, request, name, what, status, time.monotonic() - started, amount, made,
+            _account_soon(ctx, request, spec.name, what, status, time.monotonic() - started, amount, made,
                           error=error, tokens_out=tokens)
 
     return rest()
@@ -405,5 +405,5 @@ def _account(ctx: DaemonContext, request: Request, name: str, what: str, status:
     if status == 200:
         ctx.metrics.audio_seconds.labels(name, what).inc(audio_seconds)
     unit = "chars" if what == "speech" else "audio_seconds"
-    log.info("%s model=%s status=%d %s=%.1f seconds=%.3f%s", what, name, status, unit, amount, seconds,
-             caller_field(caller))
+    log.info("%s model=%s status=%d %s=%.1f seconds=%.3f%s request_id=%s", what, name, status, unit, amount,
+             seconds, caller_field(caller), _request_id(request))

@@ -22,6 +22,7 @@ from mlxd.api.embeddings.bodies import EmbedInputs, RerankAsk
 from mlxd.api.generation import guarded
 from mlxd.api.plan import Entry, check_route, resolve_entry
 from mlxd.api.refusals import ACCOUNTED
+from mlxd.api.request_ids import request_id_of
 from mlxd.caller import Caller
 from mlxd.errors import BadRequest, MlxdError
 from mlxd.monitoring.activity import Counted
@@ -77,7 +78,7 @@ async def embed(ctx: DaemonContext, request: Request, name: str, inputs: EmbedIn
             vectors = shortened(vectors, dimensions)
         return Embedded(name, vectors, encoded.tokens), len(encoded.truncated)
 
-    return await _leased(ctx, request, spec, name, "embeddings", len(inputs), work)
+    return await _leased(ctx, request, spec, "embeddings", len(inputs), work)
 
 
 async def rerank(ctx: DaemonContext, request: Request, name: str, ask: RerankAsk) -> Ranked:
@@ -91,7 +92,7 @@ async def rerank(ctx: DaemonContext, request: Request, name: str, ask: RerankAsk
         order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
         return Ranked(name, [(i, scores[i]) for i in order[: ask.top_n]], tokens), 0
 
-    return await _leased(ctx, request, spec, name, "rerank", len(ask.documents), work)
+    return await _leased(ctx, request, spec, "rerank", len(ask.documents), work)
 
 
 async def _remote_embed(engine: Any, spec: ModelSpec, name: str, inputs: EmbedInputs,
@@ -139,7 +140,7 @@ def shortened(vectors: list[np.ndarray], dimensions: int) -> list[np.ndarray]:
     return out
 
 
-async def _leased(ctx: DaemonContext, request: Request, spec: ModelSpec, name: str, what: str, inputs: int,
+async def _leased(ctx: DaemonContext, request: Request, spec: ModelSpec, what: str, inputs: int,
                   work: Callable[[Any], Awaitable[tuple[T, int]]]) -> T:
     started = time.monotonic()
     request.scope.setdefault("state", {})[ACCOUNTED] = True  # counted below, whatever happens
@@ -166,13 +167,17 @@ async def _leased(ctx: DaemonContext, request: Request, spec: ModelSpec, name: s
         raise
     finally:
         tokens = result.tokens if result is not None else 0
-        _account(ctx, caller_of(request), name, spec, what, status, time.monotonic() - started, tokens, inputs,
-                 truncated)
+        _account(ctx, caller_of(request), spec, what, status, time.monotonic() - started, tokens, inputs,
+                 truncated, request_id_of(request.scope))
 
 
-def _account(ctx: DaemonContext, caller: Caller, name: str, spec: ModelSpec, what: str, status: int,
-             seconds: float, tokens: int, inputs: int, truncated: int) -> None:
+def _account(ctx: DaemonContext, caller: Caller, spec: ModelSpec, what: str, status: int,
+             seconds: float, tokens: int, inputs: int, truncated: int, request_id: str) -> None:
+    """Counted under the entry, not the name the client wrote: an alias
+    (a glob's match above all) would split one model's figures and let
+    made-up names add metric series and usage rows without end."""
     metrics = ctx.metrics
+    name = spec.name
     counted = Counted(caller.name, name, status, tokens if status == 200 else 0)
     ctx.usage.add(caller.name, name, one_request(status, counted.tokens_in))
     if ctx.activity is not None:
@@ -187,5 +192,5 @@ def _account(ctx: DaemonContext, caller: Caller, name: str, spec: ModelSpec, wha
         metrics.throughput.add(name, tokens)
         ctx.manager.count_tokens(spec.name, tokens, 0)
         ctx.limits.spend(caller.app, tokens)
-    log.info("%s model=%s status=%d inputs=%d tokens_in=%d truncated=%d seconds=%.3f%s",
-             what, name, status, inputs, tokens, truncated, seconds, caller_field(caller))
+    log.info("%s model=%s status=%d inputs=%d tokens_in=%d truncated=%d seconds=%.3f%s request_id=%s",
+             what, name, status, inputs, tokens, truncated, seconds, caller_field(caller), request_id)

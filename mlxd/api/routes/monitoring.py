@@ -66,6 +66,7 @@ def app_view(document: dict[str, Any], caller: Caller, problems: list[str]) -> d
     out["events"] = [e for e in document["events"] if e["model"] in names]
     if "usage" in document:
         out["usage"] = [u for u in document["usage"] if u["app"] == caller.app]
+    out["apps"] = [a for a in document.get("apps", ()) if a["name"] == caller.app]
     return out
 
 
