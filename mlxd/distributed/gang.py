@@ -192,6 +192,8 @@ class Gang:
             "MLXD_GANG_EOS": json.dumps(list(self.plan.eos)),
             # Read by rank 0 alone: it decides when the others take a request.
             "MLXD_GANG_MAX_BATCH": str(self.plan.max_batch),
+            # A rank ends itself past it: the daemon that would end it may be gone.
+            "MLXD_GANG_LOAD_TIMEOUT_S": str(self.plan.deadlines.load_s),
         }
         if self.plan.cache_folder is not None:
             base["MLXD_GANG_CACHE_DIR"] = str(self.plan.cache_folder)
