@@ -1,17 +1,20 @@
-"""A rank outlives no daemon: one whose daemon went (killed, out of memory)
-while the rank waited for a peer that never came ends itself past the
-gang's load deadline. A real rank process, no daemon: the test holds the
-pipes a daemon holds, and lets go of them as a killed daemon does."""
+"""A rank outlives no daemon: whatever the rank was doing when its daemon
+went (killed, out of memory), it ends. Real rank processes: one with no
+daemon (the test holds the pipes a daemon holds, and lets go of them as a
+killed daemon does), and a gang of a real daemon process killed."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
+import httpx
+import psutil
 import pytest
-from support.daemon import free_port, tiny_model
+from support.daemon import daemon_process, free_port, tiny_model, wait_until, write_registry
 
 from mlxd.distributed.rank import ORPHAN_GRACE_S
 
@@ -39,3 +42,29 @@ def test_a_rank_waiting_for_a_peer_that_never_came_ends_when_its_daemon_is_gone(
             rank.kill()
             rank.wait()
             pytest.fail("the rank outlived its daemon")
+
+
+def _gone(pid: int) -> bool:
+    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_stopped_rank_ends_when_its_daemon_is_killed(tmp_path):
+    # A hung rank (here stopped) reads no EOF: only the kernel can end it, and
+    # it does so for a stopped process's group left without its daemon when
+    # the group is of the daemon's session (a session of its own stayed for good).
+    registry = write_registry(tmp_path, [{"name": "gang", "model": "qwen",
+                                          "parallel": {"mode": "tensor", "ranks": 2, "transport": "ring"}}])
+    with daemon_process(registry, tmp_path) as daemon:
+        ask = {"model": "gang", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        assert httpx.post(f"{daemon.url}/v1/chat/completions", json=ask, timeout=60).status_code == 200
+        pids = [r["pid"] for r in daemon.model("gang")["ranks"]]
+        os.kill(pids[1], signal.SIGSTOP)
+        wait_until(lambda: psutil.Process(pids[1]).status() == psutil.STATUS_STOPPED, timeout=5)
+        daemon.process.kill()
+        daemon.process.wait()
+        try:
+            wait_until(lambda: all(_gone(p) for p in pids), timeout=ORPHAN_GRACE_S + 5, interval=0.1)
+        finally:
+            for pid in pids:
+                if not _gone(pid):
+                    os.kill(pid, signal.SIGKILL)
