@@ -231,7 +231,9 @@ class Gang:
     async def ask_all(self, message: dict[str, Any], timeout: float) -> list[dict[str, Any]] | None:
         """Every rank's answer to ``message`` (one event each, under the
         message's ``id``), sent while the gang is idle; None when the gang
-        fails or a rank does not answer within ``timeout`` seconds."""
+        fails, a rank does not answer within ``timeout`` seconds, or the OS
+        shows a rank stopped (one that never will: an unload, or an eviction
+        another model waits for, would otherwise wait out the timeout)."""
         rid = str(message["id"])
         inbox = self.subscribe(rid)
         answers: list[dict[str, Any]] = []
@@ -239,7 +241,14 @@ class Gang:
             await self.send_all(message)
             async with asyncio.timeout(timeout):
                 while len(answers) < len(self._ranks):
-                    event = await inbox.get()
+                    try:
+                        event = await asyncio.wait_for(inbox.get(), WATCH_S)
+                    except TimeoutError:
+                        if stopped := self._os_stopped():
+                            log.warning("%s: rank %d is stopped (SIGSTOP); not waiting for its answer",
+                                        self.plan.name, min(stopped))
+                            return None
+                        continue
                     if isinstance(event, Failure):
                         return None
                     answers.append(event)

@@ -336,6 +336,23 @@ def test_a_stopped_rank_is_treated_the_same_within_the_decode_deadline(client, d
     _fails_and_recovers(client, daemon, solo_text, signal.SIGSTOP, within=3 + 5)
 
 
+def test_a_gang_with_a_stopped_rank_unloads_at_once_not_after_the_load_deadline(client, daemon, solo_text):
+    # Idle, it owes no progress; the unload asks every rank to save its
+    # prefix cache, and used to wait the whole load_timeout_s (120 s) for
+    # the stopped one (an eviction another model waited for, too).
+    if daemon.model("gang")["state"] != "loaded":
+        assert _gang_text(client) == solo_text
+    pids = _rank_pids(daemon)
+    os.kill(pids[1], signal.SIGSTOP)
+    started = time.monotonic()
+    with daemon.client() as http:
+        assert http.post("/v1/models/gang/unload", json={}).status_code == 200
+    assert time.monotonic() - started < 10
+    wait_until(lambda: daemon.model("gang")["state"] == "unloaded")
+    wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                               for p in pids), timeout=10)
+
+
 def test_unloading_takes_the_whole_gang_down_and_releases_its_memory(client, daemon, solo_text):
     if daemon.model("gang")["state"] != "loaded":
         assert _gang_text(client) == solo_text
