@@ -356,7 +356,7 @@ class Gang:
                 self._declare(failure)
 
     def _os_stopped(self) -> frozenset[int]:
-        """Local ranks the OS shows stopped (SIGSTOP): only asked when someone is late."""
+        """Local ranks the OS shows stopped (SIGSTOP): one that owes progress fails the gang."""
         import psutil
 
         found = set()

@@ -307,8 +307,7 @@ def _fails_and_recovers(client, daemon, solo_text, sig: signal.Signals, within: 
     with pytest.raises(openai.APIError) as raised:
         for chunk in stream:
             got += (chunk.choices[0].delta.content or "") if chunk.choices else ""
-            # Both rows decoding: a rank stopped while the other's prompt is
-            # still being prefilled is judged by the prefill deadline (60 s).
+            # Both rows decoding: the failure must end both streams mid-decode.
             if started is None and len(got) > 4 and beside_decoding.is_set():
                 os.kill(pids[1], sig)
                 started = time.monotonic()
@@ -334,6 +333,26 @@ def test_a_killed_rank_ends_the_stream_with_an_error_and_the_gang_comes_back(cli
 
 def test_a_stopped_rank_is_treated_the_same_within_the_decode_deadline(client, daemon, solo_text):
     _fails_and_recovers(client, daemon, solo_text, signal.SIGSTOP, within=3 + 5)
+
+
+def test_a_request_to_a_gang_with_a_stopped_rank_fails_at_once_not_after_the_prefill_deadline(
+        client, daemon, solo_text):
+    # Stopped while idle (it owed nothing): the next prompt waited the whole
+    # prefill_timeout_s (60 s here) before its 503.
+    if daemon.model("gang")["state"] != "loaded":
+        assert _gang_text(client) == solo_text
+    pids = _rank_pids(daemon)
+    os.kill(pids[1], signal.SIGSTOP)
+    started = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as raised:
+        _gang_text(client)
+    assert time.monotonic() - started < 10
+    assert raised.value.status_code == 503 and "rank 1 is stopped" in str(raised.value)
+    assert "rank 1 is stopped" in wait_until(lambda: (m := daemon.model("gang"))["state"] == "failed" and m)["last_error"]
+    wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                               for p in pids), timeout=10)
+    time.sleep(1.2)  # the backoff
+    assert _gang_text(client) == solo_text
 
 
 def test_a_gang_with_a_stopped_rank_unloads_at_once_not_after_the_load_deadline(client, daemon, solo_text):
