@@ -198,6 +198,11 @@ class Metrics:
         self.loads = Counter("mlxd_model_loads", "Successful model loads", ["model"], registry=r)
         self.load_failures = Counter("mlxd_model_load_failures", "Failed model loads", ["model"], registry=r)
         self.unloads = Counter("mlxd_model_unloads", "Finished unloads, evictions included", ["model"], registry=r)
+        # Once the model has reloaded, neither its state nor last_error shows the failure any more.
+        self.failures = Counter(
+            "mlxd_model_failures", "Resident models that broke (a parallel model's rank exited or stalled)",
+            ["model"], registry=r,
+        )
         self.evictions = Counter(
             "mlxd_model_evictions", "Unloads made to free memory for another model", ["model"], registry=r
         )
@@ -275,6 +280,9 @@ class Metrics:
         self.unloads.labels(model).inc()
         if evicted:
             self.evictions.labels(model).inc()
+
+    def model_failed(self, model: str) -> None:
+        self.failures.labels(model).inc()
 
 
 # The prefix cache's between-turn figures (``stats()["prefix_cache"]``), as counters.

@@ -295,8 +295,17 @@ def _beside(client, decoding: threading.Event) -> str:
     return "ended without an error"
 
 
+def _failures_counted(daemon) -> float:
+    """``mlxd_model_failures_total`` of the gang: what /metrics keeps of its failures once it has reloaded."""
+    for line in httpx.get(f"{daemon.url}/metrics", timeout=10).text.splitlines():
+        if line.startswith('mlxd_model_failures_total{model="gang"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
 def _fails_and_recovers(client, daemon, solo_text, sig: signal.Signals, within: float) -> None:
     pids = _rank_pids(daemon)
+    failures = _failures_counted(daemon)
     other = ThreadPoolExecutor(1)
     beside_decoding = threading.Event()
     beside = other.submit(_beside, client, beside_decoding)
@@ -325,6 +334,7 @@ def _fails_and_recovers(client, daemon, solo_text, sig: signal.Signals, within: 
     time.sleep(1.2)
     assert _gang_text(client) == solo_text
     assert set(_rank_pids(daemon)).isdisjoint(pids)
+    assert _failures_counted(daemon) == failures + 1
 
 
 def test_a_killed_rank_ends_the_stream_with_an_error_and_the_gang_comes_back(client, daemon, solo_text):
