@@ -165,7 +165,8 @@ class Gang:
 
                 url, key = self.plan.remotes[host]
                 body = {"model": self.plan.name, "rank": rank, "size": size, "mode": self.plan.mode,
-                        "transport": self.plan.transport, "eos": list(self.plan.eos)}
+                        "transport": self.plan.transport, "eos": list(self.plan.eos),
+                        "load_timeout_s": self.plan.deadlines.load_s}
                 try:
                     remote[rank] = await RemoteRank.reserve(url, key, body, f"{self.plan.name} rank {rank}")
                 except httpx.HTTPError as exc:
