@@ -54,7 +54,8 @@ def test_a_stopped_rank_ends_when_its_daemon_is_killed(tmp_path):
     # the group is of the daemon's session (a session of its own stayed for good).
     registry = write_registry(tmp_path, [{"name": "gang", "model": "qwen",
                                           "parallel": {"mode": "tensor", "ranks": 2, "transport": "ring"}}])
-    with daemon_process(registry, tmp_path) as daemon:
+    # TMPDIR: the killed daemon cannot remove its gang's hostfile folder.
+    with daemon_process(registry, tmp_path, env={"TMPDIR": str(tmp_path)}) as daemon:
         ask = {"model": "gang", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         assert httpx.post(f"{daemon.url}/v1/chat/completions", json=ask, timeout=60).status_code == 200
         pids = [r["pid"] for r in daemon.model("gang")["ranks"]]
