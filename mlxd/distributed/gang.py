@@ -1,8 +1,7 @@
 """The gang's processes: started, watched and ended by the daemon.
 
-Each rank is ``python -m mlxd.distributed.rank`` in a session (and process
-group) of its own, with the transport's variables on fresh loopback ports;
-no ``mlx.launch``. The daemon writes every request to every rank's stdin and
+Each rank is ``mlxd.distributed.rank`` in a process group of its own, with
+the transport's variables on fresh loopback ports; no ``mlx.launch``. The daemon writes every request to every rank's stdin and
 reads each rank's event channel; the liveness core
 (``distributed/liveness.py``) turns those reports and the clock into a
 verdict, and a watchdog asks for it. On any verdict, or any rank's exit, the
@@ -166,7 +165,8 @@ class Gang:
 
                 url, key = self.plan.remotes[host]
                 body = {"model": self.plan.name, "rank": rank, "size": size, "mode": self.plan.mode,
-                        "transport": self.plan.transport, "eos": list(self.plan.eos)}
+                        "transport": self.plan.transport, "eos": list(self.plan.eos),
+                        "load_timeout_s": self.plan.deadlines.load_s}
                 try:
                     remote[rank] = await RemoteRank.reserve(url, key, body, f"{self.plan.name} rank {rank}")
                 except httpx.HTTPError as exc:
@@ -192,6 +192,8 @@ class Gang:
             "MLXD_GANG_EOS": json.dumps(list(self.plan.eos)),
             # Read by rank 0 alone: it decides when the others take a request.
             "MLXD_GANG_MAX_BATCH": str(self.plan.max_batch),
+            # A rank ends itself past it: the daemon that would end it may be gone.
+            "MLXD_GANG_LOAD_TIMEOUT_S": str(self.plan.deadlines.load_s),
         }
         if self.plan.cache_folder is not None:
             base["MLXD_GANG_CACHE_DIR"] = str(self.plan.cache_folder)
@@ -230,7 +232,9 @@ class Gang:
     async def ask_all(self, message: dict[str, Any], timeout: float) -> list[dict[str, Any]] | None:
         """Every rank's answer to ``message`` (one event each, under the
         message's ``id``), sent while the gang is idle; None when the gang
-        fails or a rank does not answer within ``timeout`` seconds."""
+        fails, a rank does not answer within ``timeout`` seconds, or the OS
+        shows a rank stopped (one that never will: an unload, or an eviction
+        another model waits for, would otherwise wait out the timeout)."""
         rid = str(message["id"])
         inbox = self.subscribe(rid)
         answers: list[dict[str, Any]] = []
@@ -238,7 +242,14 @@ class Gang:
             await self.send_all(message)
             async with asyncio.timeout(timeout):
                 while len(answers) < len(self._ranks):
-                    event = await inbox.get()
+                    try:
+                        event = await asyncio.wait_for(inbox.get(), WATCH_S)
+                    except TimeoutError:
+                        if stopped := self._os_stopped():
+                            log.warning("%s: rank %d is stopped (SIGSTOP); not waiting for its answer",
+                                        self.plan.name, min(stopped))
+                            return None
+                        continue
                     if isinstance(event, Failure):
                         return None
                     answers.append(event)
@@ -346,7 +357,7 @@ class Gang:
                 self._declare(failure)
 
     def _os_stopped(self) -> frozenset[int]:
-        """Local ranks the OS shows stopped (SIGSTOP): only asked when someone is late."""
+        """Local ranks the OS shows stopped (SIGSTOP): one that owes progress fails the gang."""
         import psutil
 
         found = set()

@@ -2,13 +2,16 @@
 machine's mlxd, reaching this one as a backend of ``kind: mlxd``): each is a
 local rank process with the weights read from this machine's own path for
 the model, its events streamed to that daemon, and ended as soon as the
-daemon stops reading them (it died, or ended the gang)."""
+daemon stops reading them (it died, or ended the gang), or, if that daemon
+never comes to read them (it died between reserving and following the
+rank), once the gang's load deadline has passed."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import secrets
 import signal
@@ -19,11 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from mlxd.distributed.gang import TERM_GRACE_S, free_port, rank_env
+from mlxd.distributed.liveness import Deadlines
 from mlxd.distributed.processes import LocalRank
 from mlxd.errors import BadRequest, CapacityUnavailable, RequestNotFound
 from mlxd.registry.schema import rdma_devices_problem
 
 GB = 1024**3
+
+log = logging.getLogger("mlxd.distributed")
 
 
 @dataclass
@@ -38,6 +44,9 @@ class Hosted:
     process: LocalRank | None = None
     # Its estimated share of the model's memory, held against this host's budget.
     share_bytes: int = field(default=0)
+    # Whether its daemon reads its events; until then it expires (``expiry``).
+    followed: bool = False
+    expiry: asyncio.TimerHandle | None = None
 
 
 class RankHosting:
@@ -65,6 +74,7 @@ class RankHosting:
             raise CapacityUnavailable(
                 f"This host cannot take rank {rank}: its share needs {share / GB:.2f} GB and "
                 f"{free / GB:.2f} GB of the budget is free.", retry_after=30)
+        deadline = _load_deadline(body.get("load_timeout_s"))
         port = free_port()
         folder = Path(tempfile.mkdtemp(prefix="mlxd-hosted-rank-"))
         env = {
@@ -72,9 +82,13 @@ class RankHosting:
             "MLXD_GANG_MODE": str(body.get("mode", "tensor")),
             "MLXD_GANG_BACKEND": transport,
             "MLXD_GANG_EOS": json.dumps([int(t) for t in body.get("eos", [])]),
+            "MLXD_GANG_LOAD_TIMEOUT_S": str(deadline),
         }
         hosted = Hosted(secrets.token_hex(8), env, rank, size, transport, port, folder, share_bytes=share)
         self._ranks[hosted.id] = hosted
+        # A daemon that died before following the rank would hold its share of
+        # this host's budget (and the rank) for good.
+        hosted.expiry = asyncio.get_running_loop().call_later(deadline, self._expire, hosted.id)
         return {"id": hosted.id, "address": f"{host_ip}:{port}"}
 
     def _get(self, rank_id: str) -> Hosted:
@@ -115,6 +129,7 @@ class RankHosting:
         process = hosted.process
         if process is None:
             raise BadRequest("start the rank first", param="id")
+        hosted.followed = True
         try:
             while line := await process.readline():
                 yield line
@@ -137,10 +152,18 @@ class RankHosting:
         if process is not None:
             process.send_signal(sig)
 
+    def _expire(self, rank_id: str) -> None:
+        hosted = self._ranks.get(rank_id)
+        if hosted is not None and not hosted.followed:
+            log.warning("hosted rank %d (%s): its daemon never followed it; ending it", hosted.rank, rank_id)
+            asyncio.ensure_future(self.end(rank_id))
+
     async def end(self, rank_id: str) -> None:
         hosted = self._ranks.pop(rank_id, None)
         if hosted is None:
             return
+        if hosted.expiry is not None:
+            hosted.expiry.cancel()
         process = hosted.process
         if process is not None and not process.exited:
             process.send_signal(signal.SIGCONT)
@@ -162,3 +185,11 @@ class RankHosting:
     def rows(self) -> list[dict[str, Any]]:
         return [{"id": h.id, "rank": h.rank, "size": h.size, "pid": h.process.pid if h.process else None}
                 for h in self._ranks.values()]
+
+
+def _load_deadline(value: Any) -> float:
+    """The gang's load deadline as its daemon sent it (one from before it
+    was sent: the default)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf"):
+        return float(value)
+    return Deadlines().load_s

@@ -157,17 +157,21 @@ class GangLiveness:
             return self.rank_failed(rank, self.suspects[rank][0])
         owing = [r for r in self.ranks if self.deadlines.of(r.phase) is not None]
         late = [r for r in owing if now - r.last_progress > (self.deadlines.of(r.phase) or 0.0)]
-        if not late:
-            return None
         # A stopped rank holds its peers in the next collective, and they may
         # fall late a moment before it does: name it, late or not yet.
         stopped = [r for r in owing if r.rank in os_stopped]
+        if stopped and not late:
+            # It will make no progress it owes: waiting out the deadline
+            # (a minute for a prefill) only keeps the clients waiting.
+            return self.rank_failed(stopped[0].rank, f"is stopped (SIGSTOP) while the gang owed "
+                                                     f"{_stage(stopped[0].phase)} progress")
+        if not late:
+            return None
         culprit = stopped[0] if stopped else min(late, key=lambda r: (r.last_progress, r.rank))
         first = min(late, key=lambda r: (r.last_progress, r.rank))
         silent = now - first.last_progress
         limit = self.deadlines.of(first.phase)
-        stage = "load" if first.phase in (Phase.STARTING, Phase.LOADING) else first.phase.value
-        what = f"no {stage} progress for {silent:.1f} s (deadline {limit:g} s)"
+        what = f"no {_stage(first.phase)} progress for {silent:.1f} s (deadline {limit:g} s)"
         reason = f"is stopped (SIGSTOP): the gang made {what}" if stopped else f"made {what}"
         return self.rank_failed(culprit.rank, reason)
 
@@ -190,3 +194,7 @@ class GangLiveness:
             }
             for r in self.ranks
         ]
+
+
+def _stage(phase: Phase) -> str:
+    return "load" if phase in (Phase.STARTING, Phase.LOADING) else phase.value

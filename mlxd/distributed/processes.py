@@ -1,5 +1,5 @@
-"""A rank process on this machine: spawned in a session (and process group)
-of its own, its stdin for commands, its event channel on stdout, the tail of
+"""A rank process on this machine: in a process group of its own (in the
+daemon's session), its stdin for commands, its event channel on stdout, the tail of
 its stderr kept for the reason it failed. The daemon's gang holds these for
 its local ranks; an mlxd hosting a rank for another machine's gang holds one
 too (``distributed/hosting.py``)."""
@@ -16,6 +16,9 @@ from collections import deque
 
 log = logging.getLogger("mlxd.distributed")
 
+# The rank's first act is to make its process group, before any import.
+RANK_MAIN = "import os, runpy; os.setpgid(0, 0); runpy.run_module('mlxd.distributed.rank', run_name='__main__')"
+
 
 class LocalRank:
     def __init__(self, proc: asyncio.subprocess.Process, label: str) -> None:
@@ -27,10 +30,15 @@ class LocalRank:
 
     @classmethod
     async def spawn(cls, env: dict[str, str], label: str) -> LocalRank:
+        # A group of its own, but not a session of its own: when the daemon
+        # dies, a group of the same session left with a stopped member gets
+        # SIGHUP and SIGCONT from the kernel, so a stopped (hung) rank ends
+        # too instead of staying for good, as it did in a session of its own.
+        # The rank makes the group itself (uvloop has no process_group).
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "mlxd.distributed.rank",
+            sys.executable, "-c", RANK_MAIN,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True, env=env,
+            stderr=asyncio.subprocess.PIPE, env=env,
         )
         return cls(proc, label)
 
@@ -72,7 +80,10 @@ class LocalRank:
         if self._proc.returncode is not None:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._proc.pid, sig)
+            try:
+                os.killpg(self._proc.pid, sig)
+            except ProcessLookupError:
+                os.kill(self._proc.pid, sig)  # so young it has no group of its own yet
 
     async def _read_stderr(self) -> None:
         stderr = self._proc.stderr

@@ -21,6 +21,7 @@ leave one waiting in a collective forever.
 from __future__ import annotations
 
 import collections
+import faulthandler
 import json
 import os
 import queue
@@ -71,6 +72,18 @@ def _read_commands(source: TextIO, inbox: queue.Queue[dict[str, Any] | None], ca
     timer = threading.Timer(ORPHAN_GRACE_S, os._exit, args=(0,))
     timer.daemon = True
     timer.start()
+
+
+def _arm_load_deadline() -> None:
+    """End this process if it has not loaded within the gang's load deadline
+    (and a grace, for a live daemon to end it first). Rank 0 of a ring whose
+    peer never came waits in accept for ever holding the GIL, so neither the
+    stdin reader nor any Python thread can end it when its daemon died
+    meanwhile (killed, out of memory); faulthandler's watchdog is a thread
+    of C that needs no GIL."""
+    limit = float(os.environ.get("MLXD_GANG_LOAD_TIMEOUT_S") or 0)
+    if limit > 0:
+        faulthandler.dump_traceback_later(limit + ORPHAN_GRACE_S, exit=True)
 
 
 def _bare_mlx_lm() -> None:
@@ -518,10 +531,12 @@ def main() -> int:
     report.send("phase", phase="load", pid=os.getpid())
     path, mode = os.environ["MLXD_GANG_PATH"], os.environ.get("MLXD_GANG_MODE", "tensor")
     backend = os.environ.get("MLXD_GANG_BACKEND", "ring")
+    _arm_load_deadline()
     try:
         group = mx.distributed.init(strict=True, backend=backend)
         model = _load(path, mode, group)
         _barrier(group, backend)
+        faulthandler.cancel_dump_traceback_later()
     except Exception as exc:  # the daemon names this rank and why
         report.send("failed", phase="load", error=f"{type(exc).__name__}: {exc}"[:500])
         return 1

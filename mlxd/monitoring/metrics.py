@@ -212,6 +212,11 @@ class Metrics:
             "mlxd_model_unloads", "Finished unloads, evictions included, by cause (idle, evicted, budget, operator, "
             "reload, removed, shutdown, preempted, pass_over, broke)", ["model", "cause"], registry=r,
         )
+        # Once the model has reloaded, neither its state nor last_error shows the failure any more.
+        self.failures = Counter(
+            "mlxd_model_failures", "Resident models that broke (a parallel model's rank exited or stalled)",
+            ["model"], registry=r,
+        )
         self.evictions = Counter(
             "mlxd_model_evictions", "Unloads made to free memory for another model", ["model"], registry=r
         )
@@ -295,6 +300,9 @@ class Metrics:
         self.unloads.labels(model, cause).inc()
         if evicted:
             self.evictions.labels(model).inc()
+
+    def model_failed(self, model: str) -> None:
+        self.failures.labels(model).inc()
 
 
 # The prefix cache's between-turn figures (``stats()["prefix_cache"]``), as counters.

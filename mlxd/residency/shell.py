@@ -71,6 +71,7 @@ class ResidencyObserver(Protocol):
     def model_loaded(self, model: str, seconds: float) -> None: ...
     def model_load_failed(self, model: str, seconds: float) -> None: ...
     def model_unloaded(self, model: str, cause: str, evicted: bool) -> None: ...
+    def model_failed(self, model: str) -> None: ...
 
 
 class _NoObserver:
@@ -81,6 +82,9 @@ class _NoObserver:
         return None
 
     def model_unloaded(self, model: str, cause: str, evicted: bool) -> None:
+        return None
+
+    def model_failed(self, model: str) -> None:
         return None
 
 
@@ -696,6 +700,7 @@ class ResidencyManager:
         held = self._models.get(model)
         if held is not None and held.engine is engine:
             self._apply(self.core.engine_failed(model, instance, reason, self._clock()))
+            self._observe(self._observer.model_failed, model)
 
     async def _unload(self, action: StartUnload) -> None:
         model = action.model

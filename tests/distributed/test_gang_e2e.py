@@ -295,8 +295,17 @@ def _beside(client, decoding: threading.Event) -> str:
     return "ended without an error"
 
 
+def _failures_counted(daemon) -> float:
+    """``mlxd_model_failures_total`` of the gang: what /metrics keeps of its failures once it has reloaded."""
+    for line in httpx.get(f"{daemon.url}/metrics", timeout=10).text.splitlines():
+        if line.startswith('mlxd_model_failures_total{model="gang"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
 def _fails_and_recovers(client, daemon, solo_text, sig: signal.Signals, within: float) -> None:
     pids = _rank_pids(daemon)
+    failures = _failures_counted(daemon)
     other = ThreadPoolExecutor(1)
     beside_decoding = threading.Event()
     beside = other.submit(_beside, client, beside_decoding)
@@ -307,8 +316,7 @@ def _fails_and_recovers(client, daemon, solo_text, sig: signal.Signals, within: 
     with pytest.raises(openai.APIError) as raised:
         for chunk in stream:
             got += (chunk.choices[0].delta.content or "") if chunk.choices else ""
-            # Both rows decoding: a rank stopped while the other's prompt is
-            # still being prefilled is judged by the prefill deadline (60 s).
+            # Both rows decoding: the failure must end both streams mid-decode.
             if started is None and len(got) > 4 and beside_decoding.is_set():
                 os.kill(pids[1], sig)
                 started = time.monotonic()
@@ -326,6 +334,7 @@ def _fails_and_recovers(client, daemon, solo_text, sig: signal.Signals, within: 
     time.sleep(1.2)
     assert _gang_text(client) == solo_text
     assert set(_rank_pids(daemon)).isdisjoint(pids)
+    assert _failures_counted(daemon) == failures + 1
 
 
 def test_a_killed_rank_ends_the_stream_with_an_error_and_the_gang_comes_back(client, daemon, solo_text):
@@ -334,6 +343,43 @@ def test_a_killed_rank_ends_the_stream_with_an_error_and_the_gang_comes_back(cli
 
 def test_a_stopped_rank_is_treated_the_same_within_the_decode_deadline(client, daemon, solo_text):
     _fails_and_recovers(client, daemon, solo_text, signal.SIGSTOP, within=3 + 5)
+
+
+def test_a_request_to_a_gang_with_a_stopped_rank_fails_at_once_not_after_the_prefill_deadline(
+        client, daemon, solo_text):
+    # Stopped while idle (it owed nothing): the next prompt waited the whole
+    # prefill_timeout_s (60 s here) before its 503.
+    if daemon.model("gang")["state"] != "loaded":
+        assert _gang_text(client) == solo_text
+    pids = _rank_pids(daemon)
+    os.kill(pids[1], signal.SIGSTOP)
+    started = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as raised:
+        _gang_text(client)
+    assert time.monotonic() - started < 10
+    assert raised.value.status_code == 503 and "rank 1 is stopped" in str(raised.value)
+    assert "rank 1 is stopped" in wait_until(lambda: (m := daemon.model("gang"))["state"] == "failed" and m)["last_error"]
+    wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                               for p in pids), timeout=10)
+    time.sleep(1.2)  # the backoff
+    assert _gang_text(client) == solo_text
+
+
+def test_a_gang_with_a_stopped_rank_unloads_at_once_not_after_the_load_deadline(client, daemon, solo_text):
+    # Idle, it owes no progress; the unload asks every rank to save its
+    # prefix cache, and used to wait the whole load_timeout_s (120 s) for
+    # the stopped one (an eviction another model waited for, too).
+    if daemon.model("gang")["state"] != "loaded":
+        assert _gang_text(client) == solo_text
+    pids = _rank_pids(daemon)
+    os.kill(pids[1], signal.SIGSTOP)
+    started = time.monotonic()
+    with daemon.client() as http:
+        assert http.post("/v1/models/gang/unload", json={}).status_code == 200
+    assert time.monotonic() - started < 10
+    wait_until(lambda: daemon.model("gang")["state"] == "unloaded")
+    wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                               for p in pids), timeout=10)
 
 
 def test_unloading_takes_the_whole_gang_down_and_releases_its_memory(client, daemon, solo_text):

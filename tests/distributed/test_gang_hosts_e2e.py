@@ -85,6 +85,22 @@ def test_the_hosting_routes_need_the_hosts_admin_key_and_room_in_its_budget(daem
         assert peer.ctx.hosting.rows() == [] and peer.ctx.hosting.held_bytes == 0
 
 
+def test_a_reservation_its_daemon_never_follows_is_given_back_after_the_load_deadline(daemons):
+    # The daemon that reserved died before starting (or following) its rank:
+    # the reservation held its share of this host's budget for good, and
+    # every later gang was refused here ("cannot take rank 1").
+    _, peer = daemons
+    admin = {"Authorization": f"Bearer {KEY}"}
+    ask = {"model": "huge", "rank": 1, "size": 2, "load_timeout_s": 0.5}
+    with peer.client(headers=admin) as http:
+        assert [http.post("/v1/gang/ranks", json=ask).status_code for _ in range(2)] == [200, 200]
+        assert http.post("/v1/gang/ranks", json=ask).status_code == 503
+        wait_until(lambda: peer.ctx.hosting.held_bytes == 0, timeout=5)
+        again = http.post("/v1/gang/ranks", json=ask)
+        assert again.status_code == 200
+        assert http.delete(f"/v1/gang/ranks/{again.json()['id']}").status_code == 200
+
+
 def _failed_load(main, name: str) -> str:
     """Asks for ``name``, whose gang cannot start: a 503, and the model's error."""
     client = openai.OpenAI(base_url=f"{main.url}/v1", api_key="unused", max_retries=0)

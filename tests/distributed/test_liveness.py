@@ -107,3 +107,11 @@ def test_a_rank_that_failed_alone_is_named_once_the_echo_window_passed():
     assert gang.check(10.9) is None
     failure = gang.check(11.0)
     assert failure is not None and failure.rank == 1 and "FileNotFoundError" in failure.reason
+
+
+def test_a_stopped_rank_that_owes_progress_fails_the_gang_before_its_deadline_and_an_idle_one_does_not():
+    gang = _ready_gang()
+    assert gang.check(100, frozenset({1})) is None  # idle: it owes nothing
+    gang.work_sent(100)
+    failure = gang.check(100.5, frozenset({1}))
+    assert failure is not None and failure.rank == 1 and "stopped" in failure.reason and "prefill" in failure.reason
