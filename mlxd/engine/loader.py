@@ -24,6 +24,7 @@ from mlxd.engine.lifecycle import load_on_worker, measured_load
 from mlxd.engine.cache_entry import CacheLayout, model_cache_layout
 from mlxd.engine.cache_layers import may_outgrow_trimming
 from mlxd.engine.speculative_cache import unsupported_layers
+from mlxd.engine.ssm_lengths import pass_ssm_lengths
 from mlxd.engine.text import TextEngine
 from mlxd.engine.text_model import LoadedText, quantize_kv
 from mlxd.engine.warmup import CONTEXT_MARGIN, LOAD, WarmupReport, decide_mode, plan_warmup, warm_up
@@ -157,11 +158,13 @@ def load_text_model(spec: ModelSpec) -> LoadedText:
 
     def load() -> tuple[Any, Any, Any]:
         model, tokenizer = mlx_lm.load(str(spec.path), trust_remote_code=spec.trust_remote_code)
+        pass_ssm_lengths(model)
         draft = None
         s = spec.speculative
         if s is not None and s.method == "draft" and s.draft_path is not None and not s.cannot_pay:
             # Loaded, measured and unloaded with the target: one footprint.
             draft, _ = mlx_lm.load(str(s.draft_path))
+            pass_ssm_lengths(draft)
         return model, tokenizer, draft
 
     done = measured_load(spec, load, memory.release_memory)

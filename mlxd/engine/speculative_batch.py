@@ -330,6 +330,7 @@ class SpeculativeGenerator:
         cache = self._cache
         hybrid = caches.has_state_layers(cache)
         saved = caches.snapshot(cache) if hybrid and width > 1 else None
+        caches.before_block(cache, width)
         logits = self.model(block, cache=cache)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         fast = [r.greedy and not r.processors for r in rows]

@@ -78,6 +78,25 @@ def roll_back(cache: Sequence[Any], plan: Rollback) -> None:
     mx.eval([layer.state for layer in cache])
 
 
+def before_block(cache: Sequence[Any], width: int) -> None:
+    """A batch cache made ready for a block of ``width`` positions per row.
+
+    A one-token step rotates a full sliding window in place; the next block
+    of several positions goes through mlx-lm's concatenating update, which
+    first puts the window back in temporal order and then trims its front.
+    The attention mask is built before that update, from the rotated
+    counters: it trimmed nothing, so a row shorter than the window (left
+    padding) had its oldest position masked out and every later one shifted,
+    and its tokens drifted from decoding it alone once a verify step
+    followed a plain one. In temporal order first, the mask and the update
+    trim the same positions (the same roll the update would make)."""
+    if width < 2:
+        return
+    for layer in cache:
+        if type(layer).__name__ == "BatchRotatingKVCache" and layer.rotated:
+            layer._temporal_order()
+
+
 def _drop_last(layer: Any, n: int) -> None:
     """The last ``n`` positions of every row out of an attention layer."""
     layer.trim(n)
@@ -106,6 +125,7 @@ def replay(model: Any, cache: Sequence[Any], saved: list[Any], block: Any, kept:
     if any(padding):
         for layer in cache:
             layer.prepare(lengths=list(kept), right_padding=padding)
+    before_block(cache, longest)
     model(block[:, :longest], cache=cache)
     if any(padding):
         for layer in cache:

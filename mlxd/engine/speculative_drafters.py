@@ -171,6 +171,7 @@ class DraftModel:
         if any(padding):
             for layer in cache:
                 layer.prepare(lengths=lengths, right_padding=padding)
+        caches.before_block(cache, longest)
         logits = self.model(block, cache=cache)
         if any(padding):
             for layer in cache:
