@@ -299,7 +299,10 @@ def describe_exception(exc: BaseException, limit: int = 300) -> str:
     type and first line, control characters escaped, length bounded."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     text = "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in text)
-    line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    # Our own errors are written for people: their class name only repeated
+    # what the sentence says ("ModelLoadFailed: The model `x` could not be loaded").
+    ours = isinstance(exc, MlxdError) and text
+    line = text if ours else f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
