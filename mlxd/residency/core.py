@@ -484,7 +484,8 @@ class ResidencyCore:
         r.last_error, r.failed_while_loaded = error, while_loaded
         backoff = min(self.manager.load_retry_backoff_s * 2 ** (r.failures - 1), self.manager.load_retry_backoff_max_s)
         r.retry_at, r.state, r.reserved = now + backoff, State.FAILED, 0
-        actions: list[Action] = [Note("failure", r.name, f"{note}; retry in {backoff:.0f} s")]
+        # (An error that ends a sentence of its own ends before the retry, not with ".;".)
+        actions: list[Action] = [Note("failure", r.name, f"{note.rstrip('.')}; retry in {backoff:.0f} s")]
         for w in [w for w in self.waiters if w.model == r.name]:
             self.waiters.remove(w)
             actions.append(Reject(w.request_id, self._failed(r, now)))

@@ -70,3 +70,11 @@ def test_an_idle_broken_engine_unloads_at_once_and_frees_its_share_for_others():
     rid = sim.request("other")
     sim.finish_load("other")
     assert sim.granted(rid) and sim.core.committed() == 2 * GB
+
+
+def test_a_failure_event_ending_in_a_full_stop_reads_as_one_sentence():
+    sim = Sim.of(manager(8, load_retry_backoff_s=5), spec("gang", 2))
+    sim.request("gang")
+    actions = sim.finish_load("gang", error="rank 1 exited.")
+    (note,) = [a for a in actions if getattr(a, "kind", None) == "failure"]
+    assert note.message == "load of gang failed: rank 1 exited; retry in 5 s"
