@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from mlxd.caller import ANONYMOUS, Caller
 from mlxd.engine.types import Engine, FailsWhole
-from mlxd.errors import ModelNotFound, RequestTimeout, describe_exception
+from mlxd.errors import ModelNotFound, RequestTimeout, ShuttingDown, describe_exception
 from mlxd.registry.model import ModelSpec, Registry
 from mlxd.residency.core import (
     AbortGenerations,
@@ -308,7 +308,10 @@ class ResidencyManager:
     async def preload(self, names: list[str]) -> None:
         results = await asyncio.gather(*(self.load(n) for n in names), return_exceptions=True)
         for name, result in zip(names, results):
-            if isinstance(result, BaseException):
+            if isinstance(result, ShuttingDown):
+                # Stopped, not failed: the stop's own log line says so.
+                log.info("preload of %s stopped: mlxd is shutting down", name)
+            elif isinstance(result, BaseException):
                 log.warning("preload of %s failed: %s", name, describe_exception(result))
 
     async def shutdown(self, grace_seconds: float) -> None:

@@ -2,6 +2,7 @@
 the core, now with real tasks, futures, cancellation and timeouts."""
 
 import asyncio
+import logging
 import dataclasses
 from pathlib import Path
 
@@ -344,3 +345,15 @@ async def test_remembered_footprints_are_charged_at_start_and_for_models_a_reloa
     grown = Registry(None, "y", manager(8), ServerSpec(), (spec("a", 1), spec("b", 1)))
     await mgr.reconfigure(grown)
     assert mgr.core.residents["b"].charge() == int(2.5 * GB)
+
+
+async def test_a_preload_the_stop_cut_short_is_logged_as_stopped_not_failed(caplog):
+    mgr, factory, _, _ = make(4, spec("a", 1))
+    factory.gate["a"] = asyncio.Event()
+    preloading = asyncio.create_task(mgr.preload(["a"]))
+    await settle()
+    with caplog.at_level(logging.INFO, logger="mlxd.residency"):
+        await mgr.shutdown(grace_seconds=0.05)
+        await preloading
+    assert "preload of a stopped: mlxd is shutting down" in caplog.text
+    assert "preload of a failed" not in caplog.text
