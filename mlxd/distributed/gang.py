@@ -125,7 +125,8 @@ class Gang:
         self.idle = asyncio.Event()
         self.idle.set()
         self.in_flight = 0  # requests sent whose end rank 0 has not reported
-        self._dir = Path(tempfile.mkdtemp(prefix="mlxd-gang-"))
+        sweep_orphaned_folders(Path(tempfile.gettempdir()))
+        self._dir = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
         self._stopping = False
         # Ranks other hosts reserved for this gang, started or not.
         self._reserved: dict[int, RemoteRank] = {}
@@ -401,6 +402,36 @@ class Gang:
             for f in self._dir.iterdir():
                 f.unlink()
             self._dir.rmdir()
+
+
+# A gang's host file folder, named by the daemon that made it: one killed
+# (SIGKILL, the OOM killer) never removed its own.
+FOLDER_PREFIX = "mlxd-gang-"
+
+
+def sweep_orphaned_folders(parent: Path) -> int:
+    """Remove the gang folders under ``parent`` whose daemon is gone; how many."""
+    removed = 0
+    for folder in parent.glob(f"{FOLDER_PREFIX}*-*"):
+        pid = folder.name[len(FOLDER_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        with contextlib.suppress(OSError):
+            for f in folder.iterdir():
+                f.unlink()
+            folder.rmdir()
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's: alive, and not ours to judge
+    return True
 
 
 class RankHandle(Protocol):
