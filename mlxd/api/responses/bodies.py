@@ -70,7 +70,8 @@ class ResponsesRequest(BaseModel):
     @field_validator("background")
     @classmethod
     def _in_the_foreground(cls, value: bool | None) -> bool | None:
-        # A client asking for one would poll GET /v1/responses/{id}, which mlxd does not serve.
+        # A client asking for one polls GET /v1/responses/{id} while it runs: mlxd runs a
+        # response only inside its request, and stores it once answered.
         if value:
             raise ValueError("background responses are not served: mlxd answers in the request "
                              "(stream: true to follow it as it is made)")
