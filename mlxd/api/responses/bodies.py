@@ -113,9 +113,11 @@ class ResponsesRequest(BaseModel):
 
     def output(self) -> OutputRequest:
         tools = self.function_tools()
+        # Checked even without function tools: a misspelt choice is a 400, not ignored.
+        choice = _tool_choice(self.tool_choice)
         return OutputRequest(
             tools=tools,
-            tool_choice=_tool_choice(self.tool_choice) if tools or self.tool_choice == "required" else None,
+            tool_choice=choice if tools or (choice is not None and choice.mode not in ("auto", "none")) else None,
             parallel_tool_calls=self.parallel_tool_calls,
             response_format=_format(self.text),
         )
