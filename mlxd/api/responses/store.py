@@ -10,6 +10,7 @@ stateless way, what Codex does).
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from typing import Any, NamedTuple
@@ -52,11 +53,14 @@ class ResponseStore:
         ``response``: the response object answered.
         The newest is kept even alone past the byte bound: it is the one a
         client continues next."""
-        weight = _weight(conversation)
+        response = response or {}
+        # The response object holds what the conversation does not: the
+        # request's instructions and tools, which a client makes any size.
+        weight = _weight(conversation) + len(json.dumps(response))
         with self._lock:
             old = self._items.pop(response_id, None)
             self._bytes -= old.weight if old is not None else 0
-            self._items[response_id] = Stored(owner, conversation, response or {}, weight)
+            self._items[response_id] = Stored(owner, conversation, response, weight)
             self._bytes += weight
             while len(self._items) > 1 and (len(self._items) > self._keep or self._bytes > self._keep_bytes):
                 _, dropped = self._items.popitem(last=False)
