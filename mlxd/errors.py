@@ -253,6 +253,18 @@ class RequestNotFound(MlxdError):
     code = "request_not_found"
 
 
+class ResponseNotFound(MlxdError):
+    """No stored response of this id for this caller (never stored, evicted,
+    deleted, or another app's): OpenAI's 404 for GET and DELETE."""
+
+    status_code = 404
+    error_type = "invalid_request_error"
+    code = "response_not_found"
+
+    def __init__(self, response_id: str) -> None:
+        super().__init__(f"Response with id '{response_id}' not found.", param="response_id")
+
+
 class StartupError(MlxdError):
     """The daemon cannot start here (port taken, state dir unusable): the CLI
     prints one line and exits 2, before any model work has run."""

@@ -262,3 +262,21 @@ def test_an_assistant_refusal_sent_back_is_what_the_assistant_said(client):
     as_text = input_tokens({"type": "output_text", "text": said})
     assert input_tokens({"type": "refusal", "refusal": said}) == as_text > input_tokens(
         {"type": "output_text", "text": ""}) + 5
+
+
+def test_a_stored_response_is_retrieved_and_deleted_by_its_id(client):
+    first = client.responses.create(model="qwen", input=PROMPT, max_output_tokens=3, temperature=0)
+    found = client.responses.retrieve(first.id)
+    assert (found.id, found.status, found.output_text) == (first.id, first.status, first.output_text)
+    assert found.usage.output_tokens == first.usage.output_tokens
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError) as gone:
+        client.responses.retrieve(first.id)
+    assert gone.value.body["message"] == f"Response with id '{first.id}' not found."
+    # Deleted, it is no longer continued either.
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="qwen", input="x", max_output_tokens=2, previous_response_id=first.id)
+    assert caught.value.body["code"] == "previous_response_not_found"
+    unstored = client.responses.create(model="qwen", input=PROMPT, max_output_tokens=2, store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete(unstored.id)

@@ -30,3 +30,11 @@ def test_the_count_bound_and_the_owner_still_hold():
         store.put(rid, "app", said(rid))
     assert store.get("a", "app") is None and store.get("c", "app") is not None
     assert store.get("c", "other") is None
+
+
+def test_a_stored_response_object_counts_toward_the_byte_bound():
+    # Its instructions and tools are in no conversation, and a client makes them any size.
+    store = ResponseStore(keep=256, keep_bytes=1000)
+    store.put("a", "app", said("x"), {"id": "a", "instructions": "i" * 600})
+    store.put("b", "app", said("y"), {"id": "b", "instructions": "i" * 600})
+    assert store.get("a", "app") is None and store.stored("b", "app").response["id"] == "b"

@@ -239,6 +239,12 @@ async def test_responses_text_format_must_be_an_object(tmp_path):
         ({"top_logprobs": 99}, "top_logprobs", "less than or equal to 20"),
         ({"truncation": "sometimes"}, "truncation", "'auto' or 'disabled'"),
         ({"background": True}, "background", "background responses are not served"),
+        # Ignored, the model would answer without the conversation or prompt the client named.
+        ({"conversation": "conv_123"}, "conversation", "conversations are not served"),
+        ({"prompt": {"id": "pmpt_123"}}, "prompt", "prompt templates are not served"),
+        # Without function tools too: no choice of them is made.
+        ({"tool_choice": "bogus"}, "tool_choice", 'tool_choice must be "auto"'),
+        ({"tool_choice": {"type": "function", "name": "f"}}, "tool_choice", "f"),
     ],
 )
 async def test_responses_errors_name_the_responses_fields(tmp_path, body, param, words):

@@ -124,7 +124,7 @@ def _status(reason: str) -> str:
 
 def remember(store: ResponseStore, plan: Plan, body: ResponsesRequest, history: tuple[Message, ...], outcome: Outcome) -> None:
     if body.store:
-        store.put(plan.id, plan.caller.name, (*history, outcome.output_message()))
+        store.put(plan.id, plan.caller.name, (*history, outcome.output_message()), response_object(plan, body, outcome))
 
 
 def complete_response(

@@ -15,7 +15,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
 
 from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall
 from mlxd.api.documents import input_file
@@ -34,6 +34,19 @@ FIELDS = FieldNames(MappingProxyType({
     "messages": "input",
 }))
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
+# Fields asking for what mlxd does not run or keep, each refused with what
+# to send instead: ignored, a conversation or prompt template would leave the
+# model without the context it names.
+NOT_SERVED = MappingProxyType({
+    # A background response is polled at GET /v1/responses/{id} while it runs:
+    # mlxd runs a response only inside its request, and stores it once answered.
+    "background": "background responses are not served: mlxd answers in the request "
+                  "(stream: true to follow it as it is made)",
+    "conversation": "conversations are not served: mlxd keeps no Conversations API state; continue a "
+                    "response with previous_response_id, or send the whole conversation in input",
+    "prompt": "prompt templates are not served: mlxd keeps no stored prompts; send the prompt as "
+              "instructions and input",
+})
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
 
@@ -64,16 +77,18 @@ class ResponsesRequest(BaseModel):
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
     truncation: Literal["auto", "disabled"] | None = None
     background: bool | None = None
+    # Server-side state mlxd does not keep (NOT_SERVED); ``conversation()``
+    # below is the request's own.
+    conversation_ref: Any = Field(default=None, alias="conversation")
+    prompt: Any = None
     # Total seconds for this request, queueing and loading included.
     timeout: float | None = Field(default=None, gt=0)
 
-    @field_validator("background")
+    @field_validator("background", "conversation_ref", "prompt")
     @classmethod
-    def _in_the_foreground(cls, value: bool | None) -> bool | None:
-        # A client asking for one would poll GET /v1/responses/{id}, which mlxd does not serve.
+    def _not_served(cls, value: Any, info: ValidationInfo) -> Any:
         if value:
-            raise ValueError("background responses are not served: mlxd answers in the request "
-                             "(stream: true to follow it as it is made)")
+            raise ValueError(NOT_SERVED[info.field_name.removesuffix("_ref")])
         return value
 
     def function_tools(self) -> tuple[ToolSpec, ...]:
@@ -98,9 +113,11 @@ class ResponsesRequest(BaseModel):
 
     def output(self) -> OutputRequest:
         tools = self.function_tools()
+        # Checked even without function tools: a misspelt choice is a 400, not ignored.
+        choice = _tool_choice(self.tool_choice)
         return OutputRequest(
             tools=tools,
-            tool_choice=_tool_choice(self.tool_choice) if tools or self.tool_choice == "required" else None,
+            tool_choice=choice if tools or (choice is not None and choice.mode not in ("auto", "none")) else None,
             parallel_tool_calls=self.parallel_tool_calls,
             response_format=_format(self.text),
         )

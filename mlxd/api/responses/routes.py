@@ -12,7 +12,7 @@ from mlxd.api.plan import plan_chat
 from mlxd.api.responses.answers import ResponsesFrames, complete_response
 from mlxd.api.responses.bodies import ResponsesRequest
 from mlxd.api.responses.store import ResponseStore
-from mlxd.errors import BadRequest
+from mlxd.errors import BadRequest, ResponseNotFound
 
 PATH = "/v1/responses"
 # Codex opens a WebSocket on the Responses path first where its provider says
@@ -54,6 +54,19 @@ def router(store: ResponseStore) -> APIRouter:
             framer=lambda: ResponsesFrames(plan, body, store, history),
             body=lambda answer: complete_response(plan, body, answer, store, history),
         )
+
+    @api.get(PATH + "/{response_id}")
+    async def response_get(response_id: str, request: Request) -> Response:
+        found = store.stored(response_id, caller_of(request).name)
+        if found is None:
+            raise ResponseNotFound(response_id)
+        return JSONResponse(found.response)
+
+    @api.delete(PATH + "/{response_id}")
+    async def response_delete(response_id: str, request: Request) -> Response:
+        if not store.delete(response_id, caller_of(request).name):
+            raise ResponseNotFound(response_id)
+        return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
     @api.websocket(PATH)
     async def responses_websocket(websocket: WebSocket) -> None:
