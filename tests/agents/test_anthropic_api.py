@@ -379,6 +379,19 @@ def test_errors_come_in_anthropic_shape_and_status(client, daemon):
     assert streamed.status_code == 400 and streamed.json()["error"]["type"] == "invalid_request_error"
 
 
+def test_the_sdk_reads_the_request_id_from_anthropics_header(client):
+    # Anthropic's SDKs read `request-id` (not X-Request-Id): it was None in
+    # every message and error, the id a bug report quotes.
+    reply = client.messages.create(model="qwen", max_tokens=2, messages=USER)
+    assert reply._request_id.startswith("req_")
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        client.messages.create(model="nope", max_tokens=2, messages=USER)
+    assert missing.value.request_id.startswith("req_")
+    own = client.messages.with_raw_response.create(model="qwen", max_tokens=2, messages=USER,
+                                                   extra_headers={"x-request-id": "trace-42"})
+    assert own.request_id == own.headers["x-request-id"] == "trace-42"
+
+
 def test_x_api_key_and_bearer_both_authenticate(daemon):
     body = {"model": "qwen", "max_tokens": 2, "messages": USER}
     ok = httpx.post(f"{daemon.url}/v1/messages", json=body, headers={"x-api-key": KEY}, timeout=30)
