@@ -16,7 +16,7 @@ from mlxd.api.prefill import settled
 from mlxd.api.reasoning import ReasoningRequest, merged_template_kwargs
 from mlxd.caller import ANONYMOUS, Caller
 from mlxd.engine.types import GenerationRequest, PromptEnd, SamplingParams
-from mlxd.errors import BadRequest, ModelNotFound, PermissionDenied
+from mlxd.errors import BadRequest, ContextTooLong, ModelNotFound, PermissionDenied
 from mlxd.registry.kinds import CHAT, COMPLETION, ROUTE_PATHS, ModelKind
 from mlxd.registry.model import FailoverSpec, ModelSpec, SamplingDefaults
 from mlxd.engine.contract import AnswerFormats
@@ -312,11 +312,10 @@ def check_prompt_length(entry: Entry, chars: int, param: str, what: str | None =
     if chars > limit:
         what = what or param
         verb = "have" if what.endswith("s") else "has"
-        raise BadRequest(
+        raise ContextTooLong(
             f"This model's maximum context length is {max_context} tokens, but the "
             f"{what} {verb} {chars:,} characters, far more than fit. Shorten the {param}.",
-            param=param,
-            code="context_length_exceeded",
+            param=param, prompt_tokens=None, limit=max_context,
         )
 
 

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from mlxd.engine.types import GenerationRequest, PromptEnd
-from mlxd.errors import BadRequest, describe_exception
+from mlxd.errors import BadRequest, ContextTooLong, describe_exception
 from mlxd.tools import fallback, thinking_switch
 
 
@@ -300,11 +300,10 @@ def check_context(n_prompt: int, request: GenerationRequest, limit: int) -> None
     if n_prompt == 0:
         raise BadRequest("The prompt is empty.", param=param)
     if n_prompt > limit:
-        raise BadRequest(
+        raise ContextTooLong(
             f"This model's maximum context length is {limit} tokens, but the "
             f"prompt has {n_prompt} tokens. Shorten the {param}.",
-            param=param,
-            code="context_length_exceeded",
+            param=param, prompt_tokens=n_prompt, limit=limit,
         )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from typing import Literal
 
@@ -390,6 +391,23 @@ def test_the_sdk_reads_the_request_id_from_anthropics_header(client):
     own = client.messages.with_raw_response.create(model="qwen", max_tokens=2, messages=USER,
                                                    extra_headers={"x-request-id": "trace-42"})
     assert own.request_id == own.headers["x-request-id"] == "trace-42"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prompt_past_the_context_is_anthropics_prompt_is_too_long(client, stream):
+    # Claude Code compacts the conversation on "prompt is too long" and reads
+    # the two numbers for how much; mlxd's own wording started neither.
+    words = "word " * 4500  # about 9,000 tokens, a 4,096-token window
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model="qwen", max_tokens=4, messages=[{"role": "user", "content": words}],
+                               stream=stream)
+    message = caught.value.body["error"]["message"]
+    numbers = re.search(r"prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)", message)
+    assert numbers and int(numbers[1]) > int(numbers[2]) == 4096, message
+    # Too long to be worth tokenizing: the same words, without a token count.
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(model="qwen", max_tokens=4, messages=[{"role": "user", "content": words * 10}])
+    assert refused.value.body["error"]["message"].startswith("prompt is too long: ")
 
 
 def test_x_api_key_and_bearer_both_authenticate(daemon):
