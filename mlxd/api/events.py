@@ -107,21 +107,31 @@ class ChoiceEvents:
     them (the model's own markup never reaches a client as text), and the
     tokens spent reasoning counted. ``hide_reasoning``: the request asked
     for none of it in the answer (``reasoning.exclude``); it is still split
-    off, so none leaks into the text, and still counted."""
+    off, so none leaks into the text, and still counted. ``one_call``: the
+    request allowed no parallel calls (``parallel_tool_calls: false``,
+    ``disable_parallel_tool_use: true``), so an answer holds its first call
+    only, whatever the model went on to write (a forced answer's grammar
+    already allows one)."""
 
     def __init__(
         self, tool_format: ToolFormat | None = None, tools: Any = None, reasoning: ReasoningFormat | None = None,
-        hide_reasoning: bool = False,
+        hide_reasoning: bool = False, one_call: bool = False,
     ) -> None:
         self._format = tool_format
         self._tools = tools
         self._reasoning = reasoning
         self._hide = hide_reasoning
+        self._one_call = one_call
         self._choices: dict[int, _Choice] = {}
 
     def of(self, choice: int, chunk: GenerationChunk) -> list[OutputEvent]:
         events = self._split(choice, chunk)
-        return [e for e in events if not isinstance(e, ReasoningDelta)] if self._hide else events
+        return [e for e in events if not self._left_out(e)]
+
+    def _left_out(self, event: OutputEvent) -> bool:
+        if isinstance(event, ReasoningDelta):
+            return self._hide
+        return self._one_call and isinstance(event, ToolCallDelta) and event.index > 0
 
     def _split(self, choice: int, chunk: GenerationChunk) -> list[OutputEvent]:
         events = chunk_events(choice, chunk)
