@@ -4,13 +4,21 @@ stream frames; nothing else about generation is surface-specific."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 from mlxd.engine.types import GenerationChunk
 from mlxd.tools.formats import ToolFormat
 from mlxd.tools.reasoning import ReasoningFormat
-from mlxd.tools.splitter import AnswerSplitter, ReasoningText, ToolCallArguments, ToolCallStart, finish_reason
+from mlxd.tools.splitter import (
+    AnswerSplitter,
+    ReasoningText,
+    ToolCallArguments,
+    ToolCallStart,
+    finish_reason,
+    new_call_id,
+)
 from mlxd.tools.splitter import TextDelta as SplitText
 
 
@@ -115,13 +123,14 @@ class ChoiceEvents:
 
     def __init__(
         self, tool_format: ToolFormat | None = None, tools: Any = None, reasoning: ReasoningFormat | None = None,
-        hide_reasoning: bool = False, one_call: bool = False,
+        hide_reasoning: bool = False, one_call: bool = False, call_id_prefix: str = "call_",
     ) -> None:
         self._format = tool_format
         self._tools = tools
         self._reasoning = reasoning
         self._hide = hide_reasoning
         self._one_call = one_call
+        self._new_id = functools.partial(new_call_id, call_id_prefix)
         self._choices: dict[int, _Choice] = {}
 
     def of(self, choice: int, chunk: GenerationChunk) -> list[OutputEvent]:
@@ -140,7 +149,8 @@ class ChoiceEvents:
         state = self._choices.get(choice)
         if state is None:
             # The first chunk says whether the prompt left a reasoning block open.
-            splitter = AnswerSplitter(self._format, self._tools, self._reasoning, opens=chunk.opens_reasoning)
+            splitter = AnswerSplitter(self._format, self._tools, self._reasoning, opens=chunk.opens_reasoning,
+                                      new_id=self._new_id)
             state = self._choices[choice] = _Choice(splitter)
         return state.events(choice, chunk, events)
 

@@ -148,6 +148,8 @@ class Plan:
     # server's request_timeout_s bounds a stream's silences, not its length.)
     timeout_asked: bool = False
     id: str = ""
+    # How the ids of the calls mlxd parses out of the answer begin, as the surface names them.
+    call_id_prefix: str = "call_"
     created: int = field(default_factory=lambda: int(time.time()))
     # Vision chat: images checked against the model's rules, read before the lease.
     images: PendingImages | None = None
@@ -433,7 +435,7 @@ def _check_ignore_eos(asked: Requested) -> None:
 
 def plan_chat(
     ctx: DaemonContext, asked: Requested, conversation: Conversation, *, kind: str = "chat", id_prefix: str = "chatcmpl-",
-    caller: Caller = ANONYMOUS,
+    caller: Caller = ANONYMOUS, call_id_prefix: str = "call_",
 ) -> Plan:
     entry = resolve_entry(ctx, asked.model, caller)
     check_route(entry, asked.model, CHAT)
@@ -465,6 +467,7 @@ def plan_chat(
         timeout=_timeout(ctx, asked),
         timeout_asked=asked.timeout is not None,
         id=request.request_id,
+        call_id_prefix=call_id_prefix,
         images=images,
         output=asked.output,
         failover=entry.failover,

@@ -175,7 +175,8 @@ def test_a_forced_tool_choice_returns_a_schema_valid_tool_use(client):
     )
     assert reply.stop_reason == "tool_use"
     (block,) = [b for b in reply.content if b.type == "tool_use"]
-    assert block.name == "get_weather" and block.id
+    # Anthropic's id shape (they were OpenAI's call_...).
+    assert block.name == "get_weather" and block.id.startswith("toolu_")
     jsonschema.validate(block.input, WEATHER)
 
 
@@ -189,6 +190,7 @@ def test_stop_sequences_do_not_cut_a_forced_tool_use(client, daemon, choice):
     (block,) = [b for b in reply.content if b.type == "tool_use"]
     jsonschema.validate(block.input, WEATHER)
     events = _events(daemon, {**ask, "stream": True})
+    assert next(d for n, d in events if n == "content_block_start")["content_block"]["id"].startswith("toolu_")
     partial = "".join(d["delta"]["partial_json"] for n, d in events if n == "content_block_delta")
     jsonschema.validate(json.loads(partial), WEATHER)
     assert next(d for n, d in events if n == "message_delta")["delta"]["stop_reason"] == "tool_use"
