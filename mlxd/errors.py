@@ -65,6 +65,21 @@ class NotForThisModel(BadRequest):
         return cls(error.message, param=error.param, code=error.code, retry_after=error.retry_after)
 
 
+class ContextTooLong(NotForThisModel):
+    """A prompt longer than the model's context (another target's may be
+    longer). ``prompt_tokens`` is None where the prompt was refused by its
+    length in characters, before it was tokenized."""
+
+    code = "context_length_exceeded"
+
+    # (Defaults: copy.copy remakes an exception from its message alone, then its fields.)
+    def __init__(self, message: str, *, param: str | None = None, prompt_tokens: int | None = None,
+                 limit: int = 0) -> None:
+        super().__init__(message, param=param)
+        self.prompt_tokens = prompt_tokens
+        self.limit = limit
+
+
 class AuthenticationFailed(MlxdError):
     status_code = 401
     error_type = "authentication_error"

@@ -23,7 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from mlxd.api.request_ids import request_id_of
+from mlxd.api.request_ids import id_headers, request_id_of
 from mlxd.errors import MlxdError
 from mlxd.registry.document import key_path
 
@@ -179,4 +179,4 @@ def install_error_handlers(app: FastAPI, shape_for: ShapeFor) -> None:
         request_id = request_id_of(request.scope)
         log.exception("unhandled error on %s %s (request_id=%s)", request.method, request.url.path, request_id)
         return JSONResponse(shape_for(request.url.path).http(500, "Internal server error"), status_code=500,
-                            headers={"x-request-id": request_id})
+                            headers=id_headers(request_id))

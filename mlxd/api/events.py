@@ -4,13 +4,21 @@ stream frames; nothing else about generation is surface-specific."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 from mlxd.engine.types import GenerationChunk
 from mlxd.tools.formats import ToolFormat
 from mlxd.tools.reasoning import ReasoningFormat
-from mlxd.tools.splitter import AnswerSplitter, ReasoningText, ToolCallArguments, ToolCallStart, finish_reason
+from mlxd.tools.splitter import (
+    AnswerSplitter,
+    ReasoningText,
+    ToolCallArguments,
+    ToolCallStart,
+    finish_reason,
+    new_call_id,
+)
 from mlxd.tools.splitter import TextDelta as SplitText
 
 
@@ -107,21 +115,32 @@ class ChoiceEvents:
     them (the model's own markup never reaches a client as text), and the
     tokens spent reasoning counted. ``hide_reasoning``: the request asked
     for none of it in the answer (``reasoning.exclude``); it is still split
-    off, so none leaks into the text, and still counted."""
+    off, so none leaks into the text, and still counted. ``one_call``: the
+    request allowed no parallel calls (``parallel_tool_calls: false``,
+    ``disable_parallel_tool_use: true``), so an answer holds its first call
+    only, whatever the model went on to write (a forced answer's grammar
+    already allows one)."""
 
     def __init__(
         self, tool_format: ToolFormat | None = None, tools: Any = None, reasoning: ReasoningFormat | None = None,
-        hide_reasoning: bool = False,
+        hide_reasoning: bool = False, one_call: bool = False, call_id_prefix: str = "call_",
     ) -> None:
         self._format = tool_format
         self._tools = tools
         self._reasoning = reasoning
         self._hide = hide_reasoning
+        self._one_call = one_call
+        self._new_id = functools.partial(new_call_id, call_id_prefix)
         self._choices: dict[int, _Choice] = {}
 
     def of(self, choice: int, chunk: GenerationChunk) -> list[OutputEvent]:
         events = self._split(choice, chunk)
-        return [e for e in events if not isinstance(e, ReasoningDelta)] if self._hide else events
+        return [e for e in events if not self._left_out(e)]
+
+    def _left_out(self, event: OutputEvent) -> bool:
+        if isinstance(event, ReasoningDelta):
+            return self._hide
+        return self._one_call and isinstance(event, ToolCallDelta) and event.index > 0
 
     def _split(self, choice: int, chunk: GenerationChunk) -> list[OutputEvent]:
         events = chunk_events(choice, chunk)
@@ -130,7 +149,8 @@ class ChoiceEvents:
         state = self._choices.get(choice)
         if state is None:
             # The first chunk says whether the prompt left a reasoning block open.
-            splitter = AnswerSplitter(self._format, self._tools, self._reasoning, opens=chunk.opens_reasoning)
+            splitter = AnswerSplitter(self._format, self._tools, self._reasoning, opens=chunk.opens_reasoning,
+                                      new_id=self._new_id)
             state = self._choices[choice] = _Choice(splitter)
         return state.events(choice, chunk, events)
 

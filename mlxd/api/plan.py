@@ -16,7 +16,7 @@ from mlxd.api.prefill import settled
 from mlxd.api.reasoning import ReasoningRequest, merged_template_kwargs
 from mlxd.caller import ANONYMOUS, Caller
 from mlxd.engine.types import GenerationRequest, PromptEnd, SamplingParams
-from mlxd.errors import BadRequest, ModelNotFound, PermissionDenied
+from mlxd.errors import BadRequest, ContextTooLong, ModelNotFound, PermissionDenied
 from mlxd.registry.kinds import CHAT, COMPLETION, ROUTE_PATHS, ModelKind
 from mlxd.registry.model import FailoverSpec, ModelSpec, SamplingDefaults
 from mlxd.engine.contract import AnswerFormats
@@ -148,6 +148,8 @@ class Plan:
     # server's request_timeout_s bounds a stream's silences, not its length.)
     timeout_asked: bool = False
     id: str = ""
+    # How the ids of the calls mlxd parses out of the answer begin, as the surface names them.
+    call_id_prefix: str = "call_"
     created: int = field(default_factory=lambda: int(time.time()))
     # Vision chat: images checked against the model's rules, read before the lease.
     images: PendingImages | None = None
@@ -312,11 +314,10 @@ def check_prompt_length(entry: Entry, chars: int, param: str, what: str | None =
     if chars > limit:
         what = what or param
         verb = "have" if what.endswith("s") else "has"
-        raise BadRequest(
+        raise ContextTooLong(
             f"This model's maximum context length is {max_context} tokens, but the "
             f"{what} {verb} {chars:,} characters, far more than fit. Shorten the {param}.",
-            param=param,
-            code="context_length_exceeded",
+            param=param, prompt_tokens=None, limit=max_context,
         )
 
 
@@ -434,7 +435,7 @@ def _check_ignore_eos(asked: Requested) -> None:
 
 def plan_chat(
     ctx: DaemonContext, asked: Requested, conversation: Conversation, *, kind: str = "chat", id_prefix: str = "chatcmpl-",
-    caller: Caller = ANONYMOUS,
+    caller: Caller = ANONYMOUS, call_id_prefix: str = "call_",
 ) -> Plan:
     entry = resolve_entry(ctx, asked.model, caller)
     check_route(entry, asked.model, CHAT)
@@ -466,6 +467,7 @@ def plan_chat(
         timeout=_timeout(ctx, asked),
         timeout_asked=asked.timeout is not None,
         id=request.request_id,
+        call_id_prefix=call_id_prefix,
         images=images,
         output=asked.output,
         failover=entry.failover,

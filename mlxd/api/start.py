@@ -23,7 +23,7 @@ from mlxd.api.plan import Attempt, Plan, for_target
 from mlxd.api.preemptible import Preemptible
 from mlxd.engine.contract import GenerationEngine
 from mlxd.engine.types import GenerationChunk, GenerationRequest
-from mlxd.errors import BadRequest, MlxdError, NotForThisModel, describe_exception
+from mlxd.errors import MlxdError, NotForThisModel, describe_exception
 from mlxd.failover.attempts import first_that_starts
 from mlxd.registry.kinds import CHAT
 from mlxd.registry.model import ModelSpec
@@ -167,13 +167,8 @@ async def _start_on(ctx: DaemonContext, plan: Plan, spec: ModelSpec) -> Started:
             for request in attempt.requests:  # n > 1: every choice sees them
                 request.images = decoded
         attempt.formats = await engine.prepare(attempt.requests, plan.output, plan.requested_name)
-        try:
-            started._head = await _begun(engine, attempt.requests[0])
-        except BadRequest as exc:
-            if exc.code != "context_length_exceeded":
-                raise
-            # A prompt too long for this model may fit another target's.
-            raise NotForThisModel.of(exc) from None
+        # A prompt too long for this model (ContextTooLong) may fit another target's.
+        started._head = await _begun(engine, attempt.requests[0])
     except BaseException:
         await started.close()
         raise

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from mlxd.engine.types import GenerationRequest, PromptEnd
-from mlxd.errors import BadRequest, describe_exception
+from mlxd.errors import BadRequest, ContextTooLong, describe_exception
 from mlxd.tools import fallback, thinking_switch
 
 
@@ -147,6 +147,9 @@ def accommodated(
     - several leading system messages as one (Qwen3.5's "System message must
       be at the beginning", Mistral's and Gemma's role checks; Codex sends its
       instructions, then developer messages), as ``joined_system``;
+    - consecutive user (or assistant) messages as one turn, as Anthropic's
+      API documents it combines them (Gemma's and Mistral's "roles must
+      alternate"), as ``merged_turns``;
     - every tool with a description, empty where the client gave none
       (gpt-oss's template adds ``tool.description`` to a string);
     - an assistant turn with tool calls, text and reasoning without its text
@@ -155,6 +158,7 @@ def accommodated(
       analysis only; mlxd's own gpt-oss answers come back so)."""
     steps = (
         lambda messages, listed: (joined_system(messages), listed),
+        lambda messages, listed: (merged_turns(messages), listed),
         lambda messages, listed: (messages, described(listed)),
         lambda messages, listed: (analysis_only(messages), listed),
     )
@@ -200,6 +204,51 @@ def joined_system(flat: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return flat
     text = "\n\n".join(str(m.get("content") or "") for m in flat[:lead])
     return [{"role": "system", "content": text}, *flat[lead:]]
+
+
+# The roles whose consecutive messages are one turn (a tool message answers one call).
+MERGED_ROLES = ("user", "assistant")
+
+
+def merged_turns(flat: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``flat`` with each run of user (or assistant) messages as one message
+    (``flat`` itself when no two of one role follow each other)."""
+    if not any(_same_turn(a, b) for a, b in zip(flat, flat[1:], strict=False)):
+        return flat
+    out: list[dict[str, Any]] = []
+    for message in flat:
+        if out and _same_turn(out[-1], message):
+            out[-1] = _merged(out[-1], message)
+        else:
+            out.append(message)
+    return out
+
+
+def _same_turn(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a.get("role") == b.get("role") and b.get("role") in MERGED_ROLES
+
+
+def _merged(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    out = {**first, **second}
+    a, b = first.get("content") or "", second.get("content") or ""
+    if isinstance(a, str) and isinstance(b, str):
+        out["content"] = "\n\n".join(t for t in (a, b) if t)
+    else:
+        out["content"] = [*_parts(a), *_parts(b)]
+    calls = [*(first.get("tool_calls") or ()), *(second.get("tool_calls") or ())]
+    if calls:
+        out["tool_calls"] = calls
+    for key in ("reasoning_content", "thinking"):
+        joined = "\n\n".join(t for t in (first.get(key), second.get(key)) if t)
+        if joined:
+            out[key] = joined
+    return out
+
+
+def _parts(content: Any) -> list[Any]:
+    if isinstance(content, list):
+        return content
+    return [{"type": "text", "text": content}] if content else []
 
 
 def flatten_message(message: dict[str, Any]) -> dict[str, Any]:
@@ -251,11 +300,10 @@ def check_context(n_prompt: int, request: GenerationRequest, limit: int) -> None
     if n_prompt == 0:
         raise BadRequest("The prompt is empty.", param=param)
     if n_prompt > limit:
-        raise BadRequest(
+        raise ContextTooLong(
             f"This model's maximum context length is {limit} tokens, but the "
             f"prompt has {n_prompt} tokens. Shorten the {param}.",
-            param=param,
-            code="context_length_exceeded",
+            param=param, prompt_tokens=n_prompt, limit=limit,
         )
 
 

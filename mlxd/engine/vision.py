@@ -42,6 +42,7 @@ from mlxd.engine.warmup import WARM_SAMPLING, WarmupReport
 from mlxd.engine.worker import SKIP, MlxWorker
 from mlxd.errors import (
     BadRequest,
+    ContextTooLong,
     ModelLoadFailed,
     ModelUnloaded,
 )
@@ -275,11 +276,10 @@ class VisionEngine(EngineBase, GenerationEngine):
         n_prompt = prepared.n_tokens
         limit = self.spec.max_context
         if n_prompt > limit:
-            raise BadRequest(
+            raise ContextTooLong(
                 f"This model's maximum context length is {limit} tokens, but the prompt has "
                 f"{n_prompt} tokens (images included). Shorten the {param} or send fewer images.",
-                param=param,
-                code="context_length_exceeded",
+                param=param, prompt_tokens=n_prompt, limit=limit,
             )
         control.prompt_tokens = n_prompt
         fmt = self.reasoning_format

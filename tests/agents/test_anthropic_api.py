@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from typing import Literal
 
@@ -174,7 +175,8 @@ def test_a_forced_tool_choice_returns_a_schema_valid_tool_use(client):
     )
     assert reply.stop_reason == "tool_use"
     (block,) = [b for b in reply.content if b.type == "tool_use"]
-    assert block.name == "get_weather" and block.id
+    # Anthropic's id shape (they were OpenAI's call_...).
+    assert block.name == "get_weather" and block.id.startswith("toolu_")
     jsonschema.validate(block.input, WEATHER)
 
 
@@ -188,6 +190,7 @@ def test_stop_sequences_do_not_cut_a_forced_tool_use(client, daemon, choice):
     (block,) = [b for b in reply.content if b.type == "tool_use"]
     jsonschema.validate(block.input, WEATHER)
     events = _events(daemon, {**ask, "stream": True})
+    assert next(d for n, d in events if n == "content_block_start")["content_block"]["id"].startswith("toolu_")
     partial = "".join(d["delta"]["partial_json"] for n, d in events if n == "content_block_delta")
     jsonschema.validate(json.loads(partial), WEATHER)
     assert next(d for n, d in events if n == "message_delta")["delta"]["stop_reason"] == "tool_use"
@@ -377,6 +380,36 @@ def test_errors_come_in_anthropic_shape_and_status(client, daemon):
         "tool_choice": {"type": "tool", "name": "not_a_tool"},
     })
     assert streamed.status_code == 400 and streamed.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_the_sdk_reads_the_request_id_from_anthropics_header(client):
+    # Anthropic's SDKs read `request-id` (not X-Request-Id): it was None in
+    # every message and error, the id a bug report quotes.
+    reply = client.messages.create(model="qwen", max_tokens=2, messages=USER)
+    assert reply._request_id.startswith("req_")
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        client.messages.create(model="nope", max_tokens=2, messages=USER)
+    assert missing.value.request_id.startswith("req_")
+    own = client.messages.with_raw_response.create(model="qwen", max_tokens=2, messages=USER,
+                                                   extra_headers={"x-request-id": "trace-42"})
+    assert own.request_id == own.headers["x-request-id"] == "trace-42"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prompt_past_the_context_is_anthropics_prompt_is_too_long(client, stream):
+    # Claude Code compacts the conversation on "prompt is too long" and reads
+    # the two numbers for how much; mlxd's own wording started neither.
+    words = "word " * 4500  # about 9,000 tokens, a 4,096-token window
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model="qwen", max_tokens=4, messages=[{"role": "user", "content": words}],
+                               stream=stream)
+    message = caught.value.body["error"]["message"]
+    numbers = re.search(r"prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)", message)
+    assert numbers and int(numbers[1]) > int(numbers[2]) == 4096, message
+    # Too long to be worth tokenizing: the same words, without a token count.
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(model="qwen", max_tokens=4, messages=[{"role": "user", "content": words * 10}])
+    assert refused.value.body["error"]["message"].startswith("prompt is too long: ")
 
 
 def test_x_api_key_and_bearer_both_authenticate(daemon):

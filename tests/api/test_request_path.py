@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -469,6 +470,26 @@ def test_whitespace_between_parallel_calls_is_no_text_but_text_after_a_call_keep
     # The template's separator between calls reached clients as text: "\n" deltas, a content of "\n\n\n".
     assert texts([call, "\n", call, "\n", call, ""]) == ([], 3)
     assert texts(["Sure.", "\n", call, "\n", " Done", "."]) == (["Sure.", "\n", "\n Done", "."], 1)
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/messages", {"max_tokens": 50, "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+                      "tool_choice": {"type": "auto", "disable_parallel_tool_use": True}}),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                              "parallel_tool_calls": False}),
+])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_request_that_allows_no_parallel_calls_gets_the_first_call_only(tmp_path, path, body, stream):
+    # Anthropic's disable_parallel_tool_use and OpenAI's parallel_tool_calls:
+    # false promise at most one call; under `auto` every call the model wrote came back.
+    call = '<tool_call>\n{"name": "f", "arguments": {"n": %d}}\n</tool_call>'
+    h = Harness(tmp_path, [call % 1, "\n", call % 2, "stop"])
+    h.engine.tool_format = format_named("json_tools")
+    async with running(h.app):
+        answer = await h.post(path, {"model": "m", "messages": CHAT, "stream": stream, **body}).done()
+    assert answer.status == 200, answer.text
+    arguments = re.findall(r'\\?"n\\?": ?(\d)', answer.text)
+    assert arguments == ["1"], answer.text
 
 
 def test_tool_call_deltas_stream_as_openai_tool_call_chunks():

@@ -347,7 +347,9 @@ async def test_anthropic_refuses_a_tool_result_that_answers_no_tool_use_before_i
                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_2", "content": "42"}]}]
     call = await answer(tmp_path, "/v1/messages", {**MESSAGES, "messages": messages})
     assert call.status == 400
-    assert "`toolu_2` answers no tool_use block" in anthropic_error(call)["message"]
+    # Anthropic's words, which Claude Code looks for.
+    assert anthropic_error(call)["message"].startswith(
+        "messages.2.content.0: unexpected `tool_use_id` found in `tool_result` blocks: toolu_2. ")
     messages[2]["content"][0]["tool_use_id"] = "toolu_1"
     assert (await answer(tmp_path, "/v1/messages", {**MESSAGES, "messages": messages})).status == 200
 

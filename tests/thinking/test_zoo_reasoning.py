@@ -96,6 +96,26 @@ def test_a_template_that_takes_one_system_message_gets_codexs_several_as_one():
     assert chat_tokens(qwen3_5, several) == chat_tokens(qwen3_5, joined)
 
 
+@pytest.mark.parametrize("name", ["gemma3_text", "ministral3"])
+def test_consecutive_turns_of_one_role_are_one_turn_on_a_template_that_wants_them_alternating(name):
+    # Anthropic combines consecutive user (or assistant) turns into one; Gemma's
+    # and Mistral's templates raised "roles must alternate", a 400 for a
+    # conversation Anthropic answers.
+    from mlx_lm.tokenizer_utils import load
+
+    from mlxd.engine.prompt import chat_tokens
+
+    tokenizer = load(zoo_model(name))
+    several = [*CHAT, {"role": "user", "content": "Start with config.yaml."},
+               {"role": "assistant", "content": "Reading it."}, {"role": "assistant", "content": "Done."},
+               {"role": "user", "content": "And?"}]
+    merged = [{"role": "user", "content": CHAT[0]["content"] + "\n\nStart with config.yaml."},
+              {"role": "assistant", "content": "Reading it.\n\nDone."}, {"role": "user", "content": "And?"}]
+    with pytest.raises(Exception, match="alternate"):
+        tokenizer.apply_chat_template(several, add_generation_prompt=True)
+    assert chat_tokens(tokenizer, several) == chat_tokens(tokenizer, merged)
+
+
 def test_a_prefill_ends_the_prompt_inside_the_answer_on_every_family(loaded):
     """A continued assistant message (a prefill), rendered as the API renders
     it (thinking off: the answer has begun): the prompt ends with its text,

@@ -103,7 +103,7 @@ class _Base(BaseModel):
         called = ToolTurn()  # the tool_use blocks of the assistant turn before
         for i, message in enumerate(self.messages):
             turn = _messages(message, f"messages[{i}]")
-            _check_results(turn, called, f"messages[{i}]")
+            _check_results(message, called, i)
             _check_all_answered(called)
             called = ToolTurn.of(turn, i) if message.role == "assistant" else ToolTurn()
             messages += turn
@@ -262,15 +262,18 @@ def _result_text(content: Any) -> str:
                      for b in content if isinstance(b, dict) and b.get("type") in ("text", *DOCUMENTS))
 
 
-def _check_results(turn: list[Message], called: ToolTurn, param: str) -> None:
+def _check_results(message: AnthropicMessage, called: ToolTurn, at: int) -> None:
     """A tool result answers a tool_use of the assistant turn before, as
-    Anthropic requires: one that answers nothing reached the template as a
-    result of no call (a client that lost its history, or sent the wrong id)."""
-    for message in turn:
-        if message.role == "tool" and not called.answers(message.tool_call_id):
+    Anthropic requires (its words, which clients such as Claude Code look
+    for): one that answers nothing reached the template as a result of no
+    call (a client that lost its history, or sent the wrong id)."""
+    for j, block in enumerate(message.content if isinstance(message.content, list) else ()):
+        call_id = str(block.get("tool_use_id", ""))
+        if block.get("type") == "tool_result" and not called.answers(call_id):
             raise BadRequest(
-                f"{param}: a tool_result's tool_use_id `{message.tool_call_id}` answers no tool_use block of the "
-                "assistant message before it", param=f"{param}.content")
+                f"messages.{at}.content.{j}: unexpected `tool_use_id` found in `tool_result` blocks: {call_id}. "
+                "Each `tool_result` block must have a corresponding `tool_use` block in the previous message.",
+                param=f"messages[{at}].content[{j}].tool_use_id")
 
 
 def _check_all_answered(called: ToolTurn) -> None:

@@ -53,7 +53,7 @@ def router() -> APIRouter:
     async def messages(body: MessagesRequest, request: Request) -> Response:
         ctx = _ctx(request)
         plan = plan_chat(ctx, body.requested(), body.conversation(), kind="messages", id_prefix="msg_",
-                         caller=caller_of(request))
+                         caller=caller_of(request), call_id_prefix="toolu_")
         return await respond(
             ctx, plan, request,
             framer=lambda: AnthropicFrames(plan),
