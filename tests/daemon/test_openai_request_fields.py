@@ -127,6 +127,8 @@ REFUSED = [
     ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
     ("/v1/chat/completions", {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
     ("/v1/chat/completions", {"web_search_options": {}}, "web_search_options"),
+    # Completions' integer form: on chat it asked for alternatives and got none.
+    ("/v1/chat/completions", {"logprobs": 3}, "logprobs"),
 ]
 
 

@@ -273,6 +273,11 @@ class ChatCompletionRequest(_Common):
         if self.web_search_options is not None:
             raise BadRequest("web_search_options is not supported: mlxd's models do not search the web",
                              param="web_search_options")
+        if self.logprobs is not None and not isinstance(self.logprobs, bool):
+            # /v1/completions' integer form: taken as ``true``, ``logprobs: 5``
+            # answered with no alternatives at all instead of the 5 it asked for.
+            raise BadRequest("logprobs is true or false on /v1/chat/completions; ask for alternatives with "
+                             "top_logprobs (0-20)", param="logprobs")
         if self.top_logprobs is not None and not self.logprobs:
             raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
         if self.logprobs and self.tools and self.tool_choice != "none":
