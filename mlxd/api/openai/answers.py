@@ -109,6 +109,11 @@ DONE = "data: [DONE]\n\n"
 HEARTBEAT = ": heartbeat\n\n"
 
 
+def _may_call(plan: Plan) -> bool:
+    choice = plan.output.tool_choice
+    return bool(plan.output.tools) and (choice is None or choice.mode != "none")
+
+
 class OpenAIFrames:
     """Chunk objects for chat and completions streams (``chat`` picks which)."""
 
@@ -139,7 +144,11 @@ class OpenAIFrames:
     def opening(self) -> str:
         if not self.chat:
             return ""
-        opening = {"role": "assistant", "content": ""}
+        # A call's message has no content (null, as the whole answer says);
+        # opened with "", the SDK's stream accumulator gave it "" instead,
+        # so an answer that may call opens with null, as OpenAI's calls do.
+        # Text still accumulates the same (null takes the first delta).
+        opening = {"role": "assistant", "content": None if _may_call(self.plan) else ""}
         return "".join(sse(self._chat_chunk(opening, None, i)) for i in range(max(1, len(self.plan.requests))))
 
     def _text_frame(self, text: str, index: int) -> str:
