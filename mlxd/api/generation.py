@@ -96,7 +96,7 @@ async def guarded(
 def _choice_events(plan: Plan, started: Started) -> ChoiceEvents:
     return ChoiceEvents(
         started.tool_format, started.requests[0].tools if started.requests else None, started.reasoning_format,
-        hide_reasoning=plan.reasoning.exclude,
+        hide_reasoning=plan.reasoning.exclude, max_calls=1 if plan.output.parallel_tool_calls is False else None,
     )
 
 

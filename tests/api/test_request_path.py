@@ -522,3 +522,59 @@ async def test_a_token_limit_sent_as_a_string_is_refused_not_coerced(tmp_path, p
     message = body["error"]["message"]
     assert field in message and "integer" in message.lower(), message
     assert h.engine.requests == []
+
+
+# A model that writes two calls by itself (under tool_choice "auto", where no
+# grammar bounds how many): a random-weight model never does, so it is scripted.
+TWO_CALLS = ['<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>', "\n",
+             '<tool_call>\n{"name": "add", "arguments": {"a": 2}}\n</tool_call>', "stop"]
+ADD_TOOL = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+ADD_ANTHROPIC = {"name": "add", "input_schema": {"type": "object"}}
+ADD_RESPONSES = {"type": "function", "name": "add", "parameters": {"type": "object"}}
+
+
+def _called(path: str, call: Call, stream: bool) -> list[str]:
+    """The arguments of each call the answer made, in order."""
+    if not stream:
+        body = call.json()
+        if path == "/v1/chat/completions":
+            return [c["function"]["arguments"] for c in body["choices"][0]["message"].get("tool_calls") or ()]
+        if path == "/v1/messages":
+            return [json.dumps(b["input"]) for b in body["content"] if b["type"] == "tool_use"]
+        return [item["arguments"] for item in body["output"] if item["type"] == "function_call"]
+    args: dict[int, str] = {}
+    for chunk in frames(call.text):
+        if isinstance(chunk, dict) and chunk.get("choices"):
+            for delta in chunk["choices"][0]["delta"].get("tool_calls") or ():
+                args[delta["index"]] = args.get(delta["index"], "") + delta["function"].get("arguments", "")
+    return [args[i] for i in sorted(args)]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"messages": CHAT, "tools": [ADD_TOOL], "parallel_tool_calls": False}),
+    ("/v1/messages", {"max_tokens": 8, "messages": CHAT, "tools": [ADD_ANTHROPIC],
+                      "tool_choice": {"type": "auto", "disable_parallel_tool_use": True}}),
+    ("/v1/responses", {"input": "Say hello", "tools": [ADD_RESPONSES], "parallel_tool_calls": False}),
+], ids=["chat", "messages", "responses"])
+async def test_parallel_calls_turned_off_answer_one_call_even_when_the_model_writes_two(tmp_path, path, body, stream):
+    h = Harness(tmp_path, TWO_CALLS)
+    h.engine.tool_format = format_named("json_tools")
+    async with running(h.app):
+        call = await h.post(path, {"model": "m", **body, **({"stream": True} if stream else {})}).done()
+    assert call.status == 200, call.text
+    if not stream or path == "/v1/chat/completions":
+        assert [json.loads(a) for a in _called(path, call, stream)] == [{"a": 1}]
+    else:  # the other surfaces' streams: one call opened, the first one
+        opened = '"content_block":{"type":"tool_use"' if path == "/v1/messages" else '"response.output_item.added"'
+        assert call.text.count(opened) == 1
+        assert '{\\"a\\": 1}' in call.text and '{\\"a\\": 2}' not in call.text
+    # Left on (the default), both calls come.
+    body = {k: v for k, v in body.items() if k != "parallel_tool_calls"}
+    if path == "/v1/messages":
+        body["tool_choice"] = {"type": "auto"}
+    h = Harness(tmp_path, TWO_CALLS)
+    h.engine.tool_format = format_named("json_tools")
+    async with running(h.app):
+        call = await h.post(path, {"model": "m", **body}).done()
+    assert [json.loads(a) for a in _called(path, call, False)] == [{"a": 1}, {"a": 2}]
