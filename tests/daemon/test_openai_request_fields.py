@@ -142,6 +142,16 @@ def test_a_field_mlxd_cannot_honour_is_a_400_naming_it(daemon, path, extra, para
     assert response.json()["error"]["param"] == param
 
 
+@pytest.mark.parametrize("prompt", [[1, 2, 3], [[1, 2], [3, 4]]])
+def test_a_prompt_of_token_ids_is_a_400_that_says_so(daemon, prompt):
+    # It said "prompt[0]: Input should be a valid string", as for a malformed body.
+    response = httpx.post(f"{daemon.url}/v1/completions", json={"model": "qwen", "prompt": prompt, "max_tokens": 2},
+                          timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "prompt" and "token ids are not supported" in error["message"]
+
+
 def test_text_only_modalities_are_what_mlxd_answers_anyway(client):
     reply = client.chat.completions.create(model="qwen", messages=CHAT, max_tokens=2, modalities=["text"])
     assert reply.choices[0].message.content is not None

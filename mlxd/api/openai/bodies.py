@@ -462,6 +462,19 @@ class CompletionRequest(_Common):
     tool_choice: Any = None
     parallel_tool_calls: Any = None
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _not_token_ids(cls, value: Any) -> Any:
+        # OpenAI's other two forms: token ids, or a list of them. Said as
+        # pydantic says it ("prompt[0]: Input should be a valid string"),
+        # the refusal read as a malformed body rather than a form mlxd lacks.
+        items = value if isinstance(value, list) else []
+        if items and (all(isinstance(item, int) and not isinstance(item, bool) for item in items) or
+                      all(isinstance(item, list) for item in items)):
+            raise ValueError("token ids are not supported as a prompt; send the prompt as text (a string or a "
+                             "list of strings)")
+        return value
+
     @field_validator("prompt")
     @classmethod
     def _non_empty(cls, value: str | list[str]) -> str | list[str]:
