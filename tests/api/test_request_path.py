@@ -150,7 +150,8 @@ async def test_a_chat_answer_carries_the_text_finish_reason_and_usage(tmp_path):
     assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "Hello world"},
                                 "finish_reason": "stop", "logprobs": None}]
     assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7,
-                             "prompt_tokens_details": {"cached_tokens": 3}}
+                             "prompt_tokens_details": {"cached_tokens": 3},
+                             "completion_tokens_details": {"reasoning_tokens": 0}}
     assert h.engine.requests[0].messages == [{"role": "system", "content": "Be brief"}, *CHAT]
     assert h.active() == 0 and h.counted(200) == 1
 
@@ -178,7 +179,8 @@ async def test_a_chat_stream_is_role_then_deltas_then_finish_usage_and_done(tmp_
         {"role": "assistant", "content": ""}, {"content": "Hel"}, {"content": "lo"}, {}, "usage"]
     assert got[3]["choices"][0]["finish_reason"] == "stop"
     assert got[4]["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7,
-                               "prompt_tokens_details": {"cached_tokens": 3}}
+                               "prompt_tokens_details": {"cached_tokens": 3},
+                               "completion_tokens_details": {"reasoning_tokens": 0}}
     assert got[-1] == "[DONE]"
     assert {f["id"] for f in got[:-1]} == {got[0]["id"]} and got[0]["object"] == "chat.completion.chunk"
     assert h.active() == 0 and h.counted(200) == 1

@@ -81,6 +81,21 @@ def test_streaming_chat_matches_the_non_streaming_answer(client):
     assert len({c.id for c in chunks}) == 1
 
 
+def test_usage_details_are_there_at_zero_as_openai_answers_them(client):
+    # Left out at 0, code written against OpenAI (its prompt-caching guide's
+    # usage.prompt_tokens_details.cached_tokens) failed on None.
+    replies = [
+        client.chat.completions.create(model="llama", messages=[{"role": "user", "content": "Zebras at noon"}],
+                                       max_tokens=2),
+        client.completions.create(model="llama", prompt="Quartz owls hum", max_tokens=2),
+        list(client.chat.completions.create(model="llama", messages=[{"role": "user", "content": "Violet kites"}],
+                                            max_tokens=2, stream=True, stream_options={"include_usage": True}))[-1],
+    ]
+    for reply in replies:
+        assert isinstance(reply.usage.prompt_tokens_details.cached_tokens, int)  # a template's prefix may be cached
+        assert reply.usage.completion_tokens_details.reasoning_tokens == 0
+
+
 def test_raw_stream_ends_with_exactly_one_done(daemon):
     body = {"model": "llama", "messages": CHAT, "max_tokens": 5, "stream": True}
     with httpx.Client(base_url=daemon.url, timeout=60) as http:

@@ -13,16 +13,16 @@ from mlxd.api.plan import Plan
 
 
 def usage_body(usage: Usage) -> dict[str, Any]:
-    body: dict[str, Any] = {
+    # Both details always, 0 included, as OpenAI answers them: left out when
+    # 0, code written against OpenAI (``usage.prompt_tokens_details
+    # .cached_tokens``, from its prompt-caching guide) failed on None at a cold prompt.
+    return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
     }
-    if usage.cached_tokens:
-        body["prompt_tokens_details"] = {"cached_tokens": usage.cached_tokens}
-    if usage.reasoning_tokens:
-        body["completion_tokens_details"] = {"reasoning_tokens": usage.reasoning_tokens}
-    return body
 
 
 def _tool_calls(calls: list[CalledTool]) -> list[dict[str, Any]]:
