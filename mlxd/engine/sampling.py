@@ -76,7 +76,9 @@ def _chain(params: SamplingParams, top_k: int) -> Sampler:
             return kernels.categorical(logprobs, inverse_temp)
 
         return shared
-    key = mx.random.key(params.seed)
+    # A negative seed (OpenAI's are signed) as its unsigned two's complement;
+    # n choices' seed + i wraps past the top the same way.
+    key = mx.random.key(params.seed % 2**64)
 
     def seeded(logprobs: Any) -> Any:
         nonlocal key

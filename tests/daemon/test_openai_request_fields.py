@@ -152,6 +152,19 @@ def test_a_prompt_of_token_ids_is_a_400_that_says_so(daemon, prompt):
     assert error["param"] == "prompt" and "token ids are not supported" in error["message"]
 
 
+@pytest.mark.parametrize("model", ["qwen", "solo"])
+def test_a_negative_seed_samples_as_openai_takes_it(client, model):
+    # OpenAI's seed is a signed 64-bit integer (clients send -1); it was a 400.
+    def sampled(seed: int, n: int = 1) -> list[str]:
+        reply = client.chat.completions.create(model=model, messages=CHAT, max_tokens=8, temperature=1, seed=seed, n=n)
+        return [c.message.content for c in reply.choices]
+
+    assert sampled(-1) == sampled(-1) == sampled(2**64 - 1)  # its two's complement
+    assert sampled(-2) != sampled(-1)
+    # n choices use seed + i, wrapping past the top: choice 1 of -1 is seed 0's choice.
+    assert sampled(-1, n=2)[1] == sampled(0)[0]
+
+
 def test_text_only_modalities_are_what_mlxd_answers_anyway(client):
     reply = client.chat.completions.create(model="qwen", messages=CHAT, max_tokens=2, modalities=["text"])
     assert reply.choices[0].message.content is not None

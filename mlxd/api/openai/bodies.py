@@ -50,8 +50,10 @@ class _Common(BaseModel):
     repetition_penalty: float | None = Field(default=None, gt=0)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    # What mx.random.key takes: an unsigned 64-bit integer.
-    seed: int | None = Field(default=None, ge=0, lt=2**64)
+    # OpenAI's range (a signed 64-bit integer: clients send -1) and what
+    # mx.random.key takes (an unsigned one); the sampler reads a negative
+    # seed as its two's complement.
+    seed: int | None = Field(default=None, ge=-2**63, lt=2**64)
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1, le=16)
     stream: bool = False
