@@ -176,7 +176,7 @@ BAD_INPUTS = [
     ({"model": "qwen", "messages": CHAT, "max_tokens": 0}, 400, "max_tokens"),
     ({"model": "qwen", "messages": CHAT, "max_tokens": 6000}, 400, "max_tokens"),
     ({"model": "qwen", "messages": CHAT, "temperature": 3}, 400, "temperature"),
-    ({"model": "qwen", "messages": CHAT, "top_p": 0}, 400, "top_p"),
+    ({"model": "qwen", "messages": CHAT, "top_p": -0.1}, 400, "top_p"),  # 0 is greedy, as on OpenAI
     ({"model": "qwen", "messages": CHAT, "n": 17}, 400, "n"),
     ({"model": "qwen", "messages": CHAT, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ({"model": "qwen", "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),

@@ -165,6 +165,17 @@ def test_a_negative_seed_samples_as_openai_takes_it(client, model):
     assert sampled(-1, n=2)[1] == sampled(0)[0]
 
 
+@pytest.mark.parametrize("model", ["qwen", "solo"])
+def test_top_p_zero_is_greedy_as_openai_takes_it(client, model):
+    # OpenAI's range is 0 to 1 and clients send 0 for "most likely only"; it was a 400.
+    greedy = client.chat.completions.create(model=model, messages=CHAT, max_tokens=10, temperature=0)
+    nucleus = client.chat.completions.create(model=model, messages=CHAT, max_tokens=10, temperature=1.5, top_p=0)
+    assert nucleus.choices[0].message.content == greedy.choices[0].message.content
+    text = client.completions.create(model=model, prompt=PROMPT, max_tokens=10, temperature=1.5, top_p=0)
+    assert text.choices[0].text == client.completions.create(model=model, prompt=PROMPT, max_tokens=10,
+                                                             temperature=0).choices[0].text
+
+
 def test_text_only_modalities_are_what_mlxd_answers_anyway(client):
     reply = client.chat.completions.create(model="qwen", messages=CHAT, max_tokens=2, modalities=["text"])
     assert reply.choices[0].message.content is not None

@@ -44,7 +44,8 @@ class _Common(BaseModel):
     model: str = Field(min_length=1)
     max_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
+    # 0 as OpenAI takes it: the nucleus is the most likely token alone.
+    top_p: float | None = Field(default=None, ge=0, le=1)
     top_k: int | None = Field(default=None, ge=0)
     min_p: float | None = Field(default=None, ge=0, le=1)
     repetition_penalty: float | None = Field(default=None, gt=0)
