@@ -117,7 +117,8 @@ class ChoiceEvents:
         # One call when parallel calls are turned off (OpenAI's
         # parallel_tool_calls: false, Anthropic's disable_parallel_tool_use):
         # a grammar holds a forced answer to it, but under "auto" a model
-        # that wrote more had them all passed on to a client that can run one.
+        # that wrote more (or a remote backend that ignores the flag) had them
+        # all passed on to a client that can run one.
         self._max_calls = max_calls
         self._tools = tools
         self._reasoning = reasoning
@@ -126,6 +127,9 @@ class ChoiceEvents:
 
     def of(self, choice: int, chunk: GenerationChunk) -> list[OutputEvent]:
         events = self._split(choice, chunk)
+        if self._max_calls is not None:
+            # Parsed here or sent by a remote backend that ignored the flag.
+            events = [e for e in events if not (isinstance(e, ToolCallDelta) and e.index >= self._max_calls)]
         return [e for e in events if not isinstance(e, ReasoningDelta)] if self._hide else events
 
     def _split(self, choice: int, chunk: GenerationChunk) -> list[OutputEvent]:
@@ -136,7 +140,7 @@ class ChoiceEvents:
         if state is None:
             # The first chunk says whether the prompt left a reasoning block open.
             splitter = AnswerSplitter(self._format, self._tools, self._reasoning, opens=chunk.opens_reasoning)
-            state = self._choices[choice] = _Choice(splitter, self._max_calls)
+            state = self._choices[choice] = _Choice(splitter)
         return state.events(choice, chunk, events)
 
 
@@ -146,9 +150,8 @@ class _Choice:
     when reasoning came out of it or it ended inside the reasoning (a
     marker held back)."""
 
-    def __init__(self, splitter: AnswerSplitter, max_calls: int | None = None) -> None:
+    def __init__(self, splitter: AnswerSplitter) -> None:
         self.splitter = splitter
-        self._max_calls = max_calls
         self.reasoning_tokens = 0
         self._seen = 0
         # Whitespace after a tool call, held until text that is not whitespace
@@ -183,8 +186,6 @@ class _Choice:
                 usage = Usage(event.usage.prompt_tokens, event.usage.completion_tokens, event.usage.cached_tokens,
                               min(reasoning, event.usage.completion_tokens))
                 out.append(Finish(choice, reason, usage, event.stop_sequence if reason == "stop" else None))
-        if self._max_calls is not None:
-            out = [e for e in out if not (isinstance(e, ToolCallDelta) and e.index >= self._max_calls)]
         return self._between_calls(out)
 
     def _between_calls(self, events: list[OutputEvent]) -> list[OutputEvent]:
