@@ -118,8 +118,8 @@ class ChoiceEvents:
     off, so none leaks into the text, and still counted. ``one_call``: the
     request allowed no parallel calls (``parallel_tool_calls: false``,
     ``disable_parallel_tool_use: true``), so an answer holds its first call
-    only, whatever the model went on to write (a forced answer's grammar
-    already allows one)."""
+    only, whatever the model (or a remote backend that ignores the flag)
+    went on to write (a forced answer's grammar already allows one)."""
 
     def __init__(
         self, tool_format: ToolFormat | None = None, tools: Any = None, reasoning: ReasoningFormat | None = None,

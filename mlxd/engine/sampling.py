@@ -37,11 +37,13 @@ def validate(params: SamplingParams) -> None:
 
 
 def make_sampler(params: SamplingParams, vocab_size: int) -> Sampler:
-    """Greedy at temperature 0; otherwise top-p, min-p, top-k then a categorical draw."""
+    """Greedy at temperature 0 or top_p 0 (a nucleus of no mass keeps the
+    most likely token alone, as OpenAI reads it); otherwise top-p, min-p,
+    top-k then a categorical draw."""
     from mlx_lm import sample_utils
 
     validate(params)
-    if params.temperature == 0:
+    if params.temperature == 0 or params.top_p == 0:
         return sample_utils.greedy_sampler
     # top_k at or above the vocabulary keeps every token: the same as no top-k
     # (mlx-lm raises for it instead).
@@ -76,7 +78,9 @@ def _chain(params: SamplingParams, top_k: int) -> Sampler:
             return kernels.categorical(logprobs, inverse_temp)
 
         return shared
-    key = mx.random.key(params.seed)
+    # A negative seed (OpenAI's are signed) as its unsigned two's complement;
+    # n choices' seed + i wraps past the top the same way.
+    key = mx.random.key(params.seed % 2**64)
 
     def seeded(logprobs: Any) -> Any:
         nonlocal key

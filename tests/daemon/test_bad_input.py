@@ -40,7 +40,7 @@ MESSAGES_URL = "/v1/messages"
 
 # (id, method, path, httpx keyword arguments, expected status)
 CASES = [
-    ("seed-negative", "POST", CHAT_URL, {"json": chat(seed=-1)}, 400),
+    ("seed-below-int64", "POST", CHAT_URL, {"json": chat(seed=-2**63 - 1)}, 400),
     ("seed-2**70", "POST", CHAT_URL, {"json": chat(seed=2**70)}, 400),
     ("lone-surrogate-content", "POST", CHAT_URL,
      raw('{"model":"qwen","max_tokens":2,"messages":[{"role":"user","content":"hi \\ud800"}]}'), 400),

@@ -127,6 +127,8 @@ REFUSED = [
     ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
     ("/v1/chat/completions", {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
     ("/v1/chat/completions", {"web_search_options": {}}, "web_search_options"),
+    # Completions' integer form: on chat it asked for alternatives and got none.
+    ("/v1/chat/completions", {"logprobs": 3}, "logprobs"),
 ]
 
 
@@ -138,6 +140,40 @@ def test_a_field_mlxd_cannot_honour_is_a_400_naming_it(daemon, path, extra, para
     response = httpx.post(f"{daemon.url}{path}", json=body, timeout=60)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize("prompt", [[1, 2, 3], [[1, 2], [3, 4]]])
+def test_a_prompt_of_token_ids_is_a_400_that_says_so(daemon, prompt):
+    # It said "prompt[0]: Input should be a valid string", as for a malformed body.
+    response = httpx.post(f"{daemon.url}/v1/completions", json={"model": "qwen", "prompt": prompt, "max_tokens": 2},
+                          timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "prompt" and "token ids are not supported" in error["message"]
+
+
+@pytest.mark.parametrize("model", ["qwen", "solo"])
+def test_a_negative_seed_samples_as_openai_takes_it(client, model):
+    # OpenAI's seed is a signed 64-bit integer (clients send -1); it was a 400.
+    def sampled(seed: int, n: int = 1) -> list[str]:
+        reply = client.chat.completions.create(model=model, messages=CHAT, max_tokens=8, temperature=1, seed=seed, n=n)
+        return [c.message.content for c in reply.choices]
+
+    assert sampled(-1) == sampled(-1) == sampled(2**64 - 1)  # its two's complement
+    assert sampled(-2) != sampled(-1)
+    # n choices use seed + i, wrapping past the top: choice 1 of -1 is seed 0's choice.
+    assert sampled(-1, n=2)[1] == sampled(0)[0]
+
+
+@pytest.mark.parametrize("model", ["qwen", "solo"])
+def test_top_p_zero_is_greedy_as_openai_takes_it(client, model):
+    # OpenAI's range is 0 to 1 and clients send 0 for "most likely only"; it was a 400.
+    greedy = client.chat.completions.create(model=model, messages=CHAT, max_tokens=10, temperature=0)
+    nucleus = client.chat.completions.create(model=model, messages=CHAT, max_tokens=10, temperature=1.5, top_p=0)
+    assert nucleus.choices[0].message.content == greedy.choices[0].message.content
+    text = client.completions.create(model=model, prompt=PROMPT, max_tokens=10, temperature=1.5, top_p=0)
+    assert text.choices[0].text == client.completions.create(model=model, prompt=PROMPT, max_tokens=10,
+                                                             temperature=0).choices[0].text
 
 
 def test_text_only_modalities_are_what_mlxd_answers_anyway(client):

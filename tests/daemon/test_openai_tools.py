@@ -240,6 +240,27 @@ def test_streamed_tool_call_deltas_reassemble_to_the_non_streamed_call(client, m
     assert finishes == ["tool_calls"]
 
 
+def _snapshot_message(message) -> tuple:
+    calls = [(c.type, c.function.name, c.function.arguments) for c in message.tool_calls or ()]
+    return message.role, message.content, calls
+
+
+@pytest.mark.parametrize("tool_choice", ["required", "auto", "none"])
+def test_the_sdk_stream_accumulator_gives_the_unstreamed_message(client, tool_choice):
+    # A call's content is null in the whole answer; the stream opened with
+    # content "", so the SDK's accumulated message said "" where it said None.
+    kw = dict(model="tooly", messages=ASK, tools=TOOLS, tool_choice=tool_choice, max_tokens=60, temperature=0)
+    whole = client.chat.completions.create(**kw).choices[0]
+    with client.chat.completions.stream(**kw) as stream:
+        for _ in stream:
+            pass
+        streamed = stream.current_completion_snapshot.choices[0]
+    assert _snapshot_message(streamed.message) == _snapshot_message(whole.message)
+    assert streamed.finish_reason == whole.finish_reason
+    if tool_choice == "required":
+        assert whole.message.content is None and whole.message.tool_calls
+
+
 def test_a_stream_cut_inside_a_call_ends_cleanly(daemon):
     body = {"model": "tooly", "messages": ASK, "tools": TOOLS, "tool_choice": "required", "max_tokens": 6,
             "stream": True}

@@ -29,7 +29,9 @@ def test_a_new_kind_is_served_leased_budgeted_and_shown(tmp_path):
         assert reply.status_code == 200, reply.text
         body = reply.json()
         assert body["choices"][0]["message"]["content"] == "say it back"
-        assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+        assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6,
+                                 "prompt_tokens_details": {"cached_tokens": 0},
+                                 "completion_tokens_details": {"reasoning_tokens": 0}}
 
         # Held mid-answer: the lease shows in status.
         result: dict[str, httpx.Response] = {}

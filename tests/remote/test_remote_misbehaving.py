@@ -91,6 +91,15 @@ def test_an_endless_line_is_a_502_and_the_front_keeps_serving_meanwhile(front, m
     assert chat(front, "here").status_code == 200
 
 
+def test_parallel_calls_turned_off_answer_one_call_from_a_backend_that_sends_three(front):
+    # The backend ignores parallel_tool_calls: false; its three calls all reached the client.
+    answer = chat(front, "tool_indices", tools=TOOLS, parallel_tool_calls=False)
+    assert answer.status_code == 200, answer.text
+    calls = answer.json()["choices"][0]["message"]["tool_calls"]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [("first", '{"a": 1}')]
+    assert answer.json()["choices"][0]["finish_reason"] == "tool_calls"
+
+
 def test_tool_calls_at_absurd_indices_are_renumbered_and_never_invented(front):
     answer = chat(front, "tool_indices", tools=TOOLS)
     assert answer.status_code == 200, answer.text

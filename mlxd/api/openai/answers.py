@@ -13,16 +13,16 @@ from mlxd.api.plan import Plan
 
 
 def usage_body(usage: Usage) -> dict[str, Any]:
-    body: dict[str, Any] = {
+    # Both details always, 0 included, as OpenAI answers them: left out when
+    # 0, code written against OpenAI (``usage.prompt_tokens_details
+    # .cached_tokens``, from its prompt-caching guide) failed on None at a cold prompt.
+    return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
     }
-    if usage.cached_tokens:
-        body["prompt_tokens_details"] = {"cached_tokens": usage.cached_tokens}
-    if usage.reasoning_tokens:
-        body["completion_tokens_details"] = {"reasoning_tokens": usage.reasoning_tokens}
-    return body
 
 
 def _tool_calls(calls: list[CalledTool]) -> list[dict[str, Any]]:
@@ -109,6 +109,11 @@ DONE = "data: [DONE]\n\n"
 HEARTBEAT = ": heartbeat\n\n"
 
 
+def _may_call(plan: Plan) -> bool:
+    choice = plan.output.tool_choice
+    return bool(plan.output.tools) and (choice is None or choice.mode != "none")
+
+
 class OpenAIFrames:
     """Chunk objects for chat and completions streams (``chat`` picks which)."""
 
@@ -139,7 +144,11 @@ class OpenAIFrames:
     def opening(self) -> str:
         if not self.chat:
             return ""
-        opening = {"role": "assistant", "content": ""}
+        # A call's message has no content (null, as the whole answer says);
+        # opened with "", the SDK's stream accumulator gave it "" instead,
+        # so an answer that may call opens with null, as OpenAI's calls do.
+        # Text still accumulates the same (null takes the first delta).
+        opening = {"role": "assistant", "content": None if _may_call(self.plan) else ""}
         return "".join(sse(self._chat_chunk(opening, None, i)) for i in range(max(1, len(self.plan.requests))))
 
     def _text_frame(self, text: str, index: int) -> str:

@@ -44,14 +44,17 @@ class _Common(BaseModel):
     model: str = Field(min_length=1)
     max_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
+    # 0 as OpenAI takes it: the nucleus is the most likely token alone.
+    top_p: float | None = Field(default=None, ge=0, le=1)
     top_k: int | None = Field(default=None, ge=0)
     min_p: float | None = Field(default=None, ge=0, le=1)
     repetition_penalty: float | None = Field(default=None, gt=0)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    # What mx.random.key takes: an unsigned 64-bit integer.
-    seed: int | None = Field(default=None, ge=0, lt=2**64)
+    # OpenAI's range (a signed 64-bit integer: clients send -1) and what
+    # mx.random.key takes (an unsigned one); the sampler reads a negative
+    # seed as its two's complement.
+    seed: int | None = Field(default=None, ge=-2**63, lt=2**64)
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1, le=16)
     stream: bool = False
@@ -273,6 +276,11 @@ class ChatCompletionRequest(_Common):
         if self.web_search_options is not None:
             raise BadRequest("web_search_options is not supported: mlxd's models do not search the web",
                              param="web_search_options")
+        if self.logprobs is not None and not isinstance(self.logprobs, bool):
+            # /v1/completions' integer form: taken as ``true``, ``logprobs: 5``
+            # answered with no alternatives at all instead of the 5 it asked for.
+            raise BadRequest("logprobs is true or false on /v1/chat/completions; ask for alternatives with "
+                             "top_logprobs (0-20)", param="logprobs")
         if self.top_logprobs is not None and not self.logprobs:
             raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
         if self.logprobs and self.tools and self.tool_choice != "none":
@@ -456,6 +464,19 @@ class CompletionRequest(_Common):
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _not_token_ids(cls, value: Any) -> Any:
+        # OpenAI's other two forms: token ids, or a list of them. Said as
+        # pydantic says it ("prompt[0]: Input should be a valid string"),
+        # the refusal read as a malformed body rather than a form mlxd lacks.
+        items = value if isinstance(value, list) else []
+        if items and (all(isinstance(item, int) and not isinstance(item, bool) for item in items) or
+                      all(isinstance(item, list) for item in items)):
+            raise ValueError("token ids are not supported as a prompt; send the prompt as text (a string or a "
+                             "list of strings)")
+        return value
 
     @field_validator("prompt")
     @classmethod

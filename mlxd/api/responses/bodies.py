@@ -61,7 +61,7 @@ class ResponsesRequest(BaseModel):
     parallel_tool_calls: bool | None = None
     max_output_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_p: float | None = Field(default=None, ge=0, le=1)  # 0: greedy, as on chat
     text: dict[str, Any] | None = None
     # {"effort": ..., "summary": ...}, and OpenRouter's max_tokens / enabled
     # (docs/thinking.md); a thinking model's reasoning comes back as a
