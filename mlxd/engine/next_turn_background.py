@@ -68,13 +68,17 @@ class NextTurnPrefill:
             request, "stop", setting=self.setting, cache_on=self._engine.prefix_cache is not None) is None
 
     def after(self, request: GenerationRequest, control: GenerationControl, text: str,
-              finish_reason: str | None) -> None:
+              finish_reason: str | None, since: int) -> None:
         """Event loop, before an answer's last chunk goes out: start the
-        next turn's prefill when this answer can have one."""
+        next turn's prefill when this answer can have one. ``since``: the
+        prefix cache's ``clears`` before the answer's lookup; a clear since
+        then emptied the cache of this conversation, and it stays out."""
         engine = self._engine
         why = next_turn.skip_reason(request, finish_reason, setting=self.setting,
                                     cache_on=engine.prefix_cache is not None)
         if why is not None or self._wanted is False or control.prompt_ids is None or engine.closed:
+            return
+        if engine.prefix_cache.clears != since:
             return
         answer = split_answer(engine.tool_format, text, request.tools, engine.reasoning_format,
                               opens=control.opens_reasoning)

@@ -144,11 +144,15 @@ class TextEngine(EngineBase, GenerationEngine):
         the next turn's prefill (before the last chunk goes out: a consumer
         may close us as soon as it has it)."""
         text: list[str] = []
+        # Taken before the source runs, so before its lookup: a clear after
+        # it removed this answer's history, which its next turn must not
+        # prefill back.
+        since = self.prefix_cache.clears if self.prefix_cache is not None else 0
         try:
             async for chunk in source:
                 text.append(chunk.text)
                 if chunk.finish_reason is not None:
-                    self.next_turn.after(request, control, "".join(text), chunk.finish_reason)
+                    self.next_turn.after(request, control, "".join(text), chunk.finish_reason, since)
                 yield chunk
         finally:
             closer = getattr(source, "aclose", None)

@@ -174,3 +174,27 @@ def test_closing_the_engine_during_the_prefill_stops_it_and_frees_the_model(work
         await engine.next_turn.wait()
 
     run(go())
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["single", "batched"])
+def test_an_answer_under_way_during_a_clear_prefills_no_next_turn(worker, batched):
+    """A clear while an answer decodes empties the cache of that answer too;
+    its end must not prefill the cleared conversation back in either: the
+    same prompt asked next reuses nothing."""
+    async def go() -> None:
+        engine = await open_engine(worker, spec("qwen3", next_turn=True, max_concurrency=4 if batched else 1))
+        try:
+            request = replace(turn([]), max_tokens=40, ignore_eos=True, tools=None)
+            chunks = 0
+            async for _ in engine.generate(request):
+                chunks += 1
+                if chunks == 5:  # decoding: its lookup is done
+                    await engine.clear_prefix_cache()
+            await engine.next_turn.wait()
+            _, last = await ask(engine, replace(request, max_tokens=2))
+            assert last.cached_tokens == 0
+            assert engine.stats()["prefix_cache"]["next_turn_prefills"] == 0
+        finally:
+            await engine.close()
+
+    run(go())
