@@ -1,8 +1,9 @@
 """The gang's processes: started, watched and ended by the daemon.
 
 Each rank is ``mlxd.distributed.rank`` in a process group of its own, with
-the transport's variables on fresh loopback ports; no ``mlx.launch``. The daemon writes every request to every rank's stdin and
-reads each rank's event channel; the liveness core
+the transport's variables on fresh loopback ports; no ``mlx.launch``. The
+daemon writes every request to every rank's stdin and reads each rank's
+event channel; the liveness core
 (``distributed/liveness.py``) turns those reports and the clock into a
 verdict, and a watchdog asks for it. On any verdict, or any rank's exit, the
 whole gang is ended: TERM to every rank's process group, SIGKILL shortly

@@ -293,8 +293,8 @@ class ResidencyCore:
             deadline = r.idle_deadline()
             if deadline is not None and now >= deadline:
                 idle = now - (r.last_used or now)
-                actions += self._unload(r, f"idle for {idle:.0f} s (idle_unload_seconds={r.spec.idle_unload_seconds:g})",
-                                        cause=IDLE)
+                why = f"idle for {idle:.0f} s (idle_unload_seconds={r.spec.idle_unload_seconds:g})"
+                actions += self._unload(r, why, cause=IDLE)
         policy = self.manager.contention
         if policy.strategy == "wait_then_fail" and policy.wait_timeout_s > 0:
             for w in list(self.waiters):
