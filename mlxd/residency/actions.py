@@ -25,9 +25,12 @@ class StartUnload:
     model: str
     instance: int
     reason: str
-    # Unloaded to make room for another model (LRU eviction), not for itself.
-    evicted: bool = False
     cause: str = IDLE
+
+    @property
+    def evicted(self) -> bool:
+        """Unloaded to make room for another model (LRU eviction), not for itself."""
+        return self.cause == EVICTED
 
 
 @dataclass(frozen=True)

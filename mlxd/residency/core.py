@@ -498,13 +498,11 @@ class ResidencyCore:
                         if x.name != model and x.reserved > 0)
         return no_capacity(model, r.charge(), free, self.budget, r.last_load_seconds, waited, holders)
 
-    def _unload(self, r: Resident, reason: str, *, cause: str, evicted: bool = False) -> list[Action]:
+    def _unload(self, r: Resident, reason: str, *, cause: str) -> list[Action]:
         assert r.active == 0 and r.state in (State.LOADED, State.DRAINING), (r.name, r.state, r.active)
         r.state = State.UNLOADING
-        return [
-            StartUnload(r.name, r.instance, reason, evicted=evicted, cause=cause),
-            Note("evict" if evicted else "unload", r.name, f"unloading {r.name}: {reason}"),
-        ]
+        unload = StartUnload(r.name, r.instance, reason, cause=cause)
+        return [unload, Note("evict" if unload.evicted else "unload", r.name, f"unloading {r.name}: {reason}")]
 
     def _drain(self, r: Resident, drain: Drain, now: float) -> list[Action]:
         """Stop admitting; unload once the last lease is released."""
@@ -681,7 +679,7 @@ class ResidencyCore:
                 v,
                 f"evicted to make room for {r.name}: needed {need / GB:.2f} GB, "
                 f"{v.name} idle {idle:.0f} s, least recently used",
-                evicted=True, cause=EVICTED,
+                cause=EVICTED,
             )
         return actions
 
@@ -706,8 +704,7 @@ class ResidencyCore:
             return []  # even preemption cannot make room: keep waiting
         actions: list[Action] = []
         for name in plan.evict:
-            actions += self._unload(self.residents[name], f"evicted to make room for {r.name}", evicted=True,
-                                    cause=EVICTED)
+            actions += self._unload(self.residents[name], f"evicted to make room for {r.name}", cause=EVICTED)
         reason = f"preempted for {r.name}: needed {need / GB:.2f} GB"
         drain = Drain(DrainCause.PREEMPTED, reason, for_model=r.name)
         for name in plan.drain:
