@@ -45,19 +45,23 @@ _SIGNED = _SIGNATURE.split("{}")[0]
 def wrote_by_demo(registry: Path) -> bool:
     """Whether ``registry`` is a file :func:`write_demo` wrote (any version)
     and nobody has edited since: one it may replace."""
+    return _unedited_demo(_text(registry))
+
+
+def is_stale(registry: Path) -> bool:
+    """Whether ``registry`` was written by an older :func:`write_demo` (a file
+    someone wrote or edited there by hand is theirs, and served as it is)."""
     text = _text(registry)
+    return _unedited_demo(text) and not text.startswith(_HEADER + "\n")
+
+
+def _unedited_demo(text: str) -> bool:
     if not text.startswith(_MARK):
         return False
     body, _, last = text.rstrip("\n").rpartition("\n")
     if not last.startswith(_SIGNED):
         return True  # an older version's, which had no checksum to tell edits by
     return last == _SIGNATURE.format(_checksum(body + "\n"))
-
-
-def is_stale(registry: Path) -> bool:
-    """Whether ``registry`` was written by an older :func:`write_demo` (a file
-    someone wrote or edited there by hand is theirs, and served as it is)."""
-    return wrote_by_demo(registry) and not _text(registry).startswith(_HEADER + "\n")
 
 
 def _text(registry: Path) -> str:
