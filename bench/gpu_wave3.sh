@@ -20,7 +20,7 @@
 # Steps: audio (bench/audio.py: real-time factor through mlxd / mlx-audio
 # direct; audio-bench with models of the real ones' size; audio-bench9: the same, 9 rounds, each case in a run of its own; audio-paired: speech, 15 rounds of 3 calls a side, with the median of the rounds' own ratios; speech: where a
 # synthesis's time goes, bench/speech_breakdown.py; speech-prof: the same, then 60 requests with the daemon
-# sampled by py-spy), speculative (bench/speculative.py: SmolLM2, code edit and free chat,
+# sampled by py-spy; speech15: 15 rounds, each layer's time per round in the JSON), speculative (bench/speculative.py: SmolLM2, code edit and free chat,
 # 1/4/8 streams, mlx_lm.server --draft-model beside it), plain-sweep (the same without speculation
 # at 1, 2, 3, 4, 5 and 8 streams, twice each: which batch sizes are slow, and whether only at first use),
 # steps-sweep (the same batch sizes below the daemon: mlx-lm's BatchGenerator and mlxd's batch),
@@ -31,7 +31,8 @@
 # batch settled first, at 4 and 8 rows),
 # spec-lookup (bench/speculative.py, plain and prompt lookup only, 1 and 4 streams, twice; spec-lookup8: the same
 # at 1, 4 and 8 streams, every target of issue 29's lookup in one daemon; spec-free:
-# free chat only, 1/4/8 streams, greedy; spec-free-t: the same at temperature 0.7; spec-prof: 4 streams,
+# free chat only, 1/4/8 streams, greedy; spec-free8: 8 streams only, 3 repeats, each run's verify steps;
+# spec-free8-prof: plain, then lookup, each sampled by py-spy; spec-free-t: the same at temperature 0.7; spec-prof: 4 streams,
 # the daemon sampled by py-spy with native frames), batch-switch (the same with the daemon's GIL switch interval
 # at 0.5 ms), spec-k (the same at K = 4 and 8,
 # 1 and 4 streams, each figure the median of 2 runs), rollback (bench/speculative_rollback.py: a
@@ -81,6 +82,7 @@ for name in "$@"; do
                   step audio-bench9-transcription 300 "$PY" bench/audio.py --size bench --rounds 9 --cases transcription ;;
     audio-paired) step audio-paired-speech 300 "$PY" bench/audio.py --size bench --rounds 15 --calls 3 --cases speech ;;
     speech) step speech 200 "$PY" bench/speech_breakdown.py --size bench --rounds 5 ;;
+    speech15) step speech15 330 "$PY" bench/speech_breakdown.py --size bench --rounds 15 ;;
     speech-prof) step speech-prof 200 "$PY" bench/speech_breakdown.py --size bench --rounds 3 --profile 60 ;;
     speculative) step speculative 440 "$PY" bench/speculative.py ;;
     plain-sweep) step plain-sweep 300 "$PY" bench/speculative.py --methods plain --streams 1 2 3 4 5 8 --repeats 2 ;;
@@ -108,6 +110,10 @@ for name in "$@"; do
       && step composition-8 200 "$PY" bench/composition_steps.py --size bench --rows 8 --changes 24 ;;
     join-cost) step join-cost 120 "$PY" bench/join_cost.py --size bench --rows 4 --joining 1 3 ;;
     spec-prof) step spec-prof 300 "$PY" bench/speculative.py --methods plain lookup --streams 4 --repeats 2 --profile ;;
+    spec-free8) step spec-free8 240 "$PY" bench/speculative.py --methods plain lookup --workloads free_chat --streams 8 --repeats 3 ;;
+    spec-free8-prof) for m in plain lookup; do
+        step spec-free8-prof-$m 160 "$PY" bench/speculative.py --methods $m --workloads free_chat --streams 8 --repeats 2 --profile
+        cp bench/results/speculative-profile.txt "$OUT/speculative-profile-$m.txt"; done ;;
     spec-free) step spec-free 300 "$PY" bench/speculative.py --methods plain lookup --workloads free_chat --streams 1 4 8 --repeats 2 ;;
     spec-free-t) step spec-free-t 300 "$PY" bench/speculative.py --methods plain lookup --workloads free_chat --streams 1 4 8 --repeats 2 --temperature 0.7 ;;
     spec-lookup8) step spec-lookup8 560 "$PY" bench/speculative.py --methods plain lookup --streams 1 4 8 --repeats 2 ;;

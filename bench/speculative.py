@@ -154,13 +154,25 @@ def governor_state(http: httpx.Client, name: str) -> dict[str, Any] | None:
     return next((m.get("speculative") for m in http.get("/v1/status").json()["models"] if m["name"] == name), None)
 
 
-def describe_governor(state: dict[str, Any] | None) -> str:
+def governor_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, int] | None:
+    """What one run added to the entry's speculative counters: its verify
+    steps (per row), the drafts they verified and kept. A run whose
+    governor stayed off still pays for its probes, and these say how many."""
+    if not before or not after:
+        return None
+    return {key: after[key] - before[key] for key in ("steps", "drafted_tokens", "accepted_tokens")
+            if isinstance(after.get(key), int) and isinstance(before.get(key), int)}
+
+
+def describe_governor(state: dict[str, Any] | None, delta: dict[str, int] | None = None) -> str:
     if not state:
         return ""
     speedup, acceptance = state.get("speedup"), state.get("acceptance_rate")
+    run = (f"; this run verified {delta.get('steps', 0)} row-steps, kept {delta.get('accepted_tokens', 0)} of "
+           f"{delta.get('drafted_tokens', 0)} drafts" if delta else "")
     return (f"; speculating {'on' if state.get('active') else 'off'} at the end, speed-up "
             f"{'-' if speedup is None else f'{speedup:.2f}'}, acceptance "
-            f"{'-' if acceptance is None else f'{acceptance:.2f}'}")
+            f"{'-' if acceptance is None else f'{acceptance:.2f}'}{run}")
 
 
 def entry_name(method: str, k: int, ks: list[int]) -> str:
@@ -227,15 +239,17 @@ def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int],
                             # then start decoding together, and decode is what is compared.
                             for i in range(n):
                                 prime(port, name, variant(messages, i))
+                            before = governor_state(http, name)
                             run = streams(port, name, messages, tokens, n, temperature)
                             # Where the auto-off stood when the run ended: a first run that
                             # speculated less than the next shows here as off, or a speed-up below 1.
                             run["governor"] = governor_state(http, name)
+                            run["governor_run"] = governor_delta(before, run["governor"])
                             done[name].append(run)
                             print(f"  {workload:9} {n} streams {name:9} run {repeat + 1}: "
                                   f"{run['aggregate_tok_s']:.2f} tok/s; first tokens at "
                                   f"{run['first_token_at_s']} s, ends at {run['ended_at_s']} s"
-                                  f"{describe_governor(run['governor'])}", flush=True)
+                                  f"{describe_governor(run['governor'], run['governor_run'])}", flush=True)
                     for name in names:
                         out[f"{workload}/{n}/{name}"] = median_run(done[name])
         if profile_to is not None:
