@@ -160,7 +160,7 @@ def governor_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) 
     governor stayed off still pays for its probes, and these say how many."""
     if not before or not after:
         return None
-    return {key: after[key] - before[key] for key in ("steps", "drafted_tokens", "accepted_tokens")
+    return {key: after[key] - before[key] for key in ("verify_steps", "drafted_tokens", "accepted_tokens")
             if isinstance(after.get(key), int) and isinstance(before.get(key), int)}
 
 
@@ -168,7 +168,7 @@ def describe_governor(state: dict[str, Any] | None, delta: dict[str, int] | None
     if not state:
         return ""
     speedup, acceptance = state.get("speedup"), state.get("acceptance_rate")
-    run = (f"; this run verified {delta.get('steps', 0)} row-steps, kept {delta.get('accepted_tokens', 0)} of "
+    run = (f"; this run verified {delta.get('verify_steps', 0)} row-steps, kept {delta.get('accepted_tokens', 0)} of "
            f"{delta.get('drafted_tokens', 0)} drafts" if delta else "")
     return (f"; speculating {'on' if state.get('active') else 'off'} at the end, speed-up "
             f"{'-' if speedup is None else f'{speedup:.2f}'}, acceptance "

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from mlxd import __version__
-from mlxd.monitoring.status import mlx_memory_now, problems
+from mlxd.monitoring.status import SPECULATIVE_COUNTS, mlx_memory_now, problems
 from mlxd.residency.core import State
 
 if TYPE_CHECKING:
@@ -347,6 +347,10 @@ class _SnapshotGauges:
                     value = speculative.get(figure)
                     if value is not None:
                         by_name[f"mlxd_speculative_{figure}"].add_metric([name], float(value))
+                for figure, field in SPECULATIVE_COUNTS:
+                    value = speculative.get(field)
+                    if value is not None:
+                        by_name[f"mlxd_speculative_{figure}"].add_metric([name], float(value))
         for b in snap.backends:
             name = b.spec.name
             by_name["mlxd_backend_up"].add_metric([name], 1.0 if b.stats.reachable else 0.0)
@@ -417,6 +421,11 @@ class _SnapshotGauges:
                               "Tokens a sequence emits per speculative step", labels=model),
             GaugeMetricFamily("mlxd_speculative_speedup",
                               "Measured speed of speculative over plain steps (rolling window)", labels=model),
+            # Since the model was loaded (status: speculative.verify_steps, drafted_tokens, accepted_tokens).
+            CounterMetricFamily("mlxd_speculative_verify_steps",
+                                "Speculative steps per sequence: each verified drafts", labels=model),
+            CounterMetricFamily("mlxd_speculative_drafted_tokens", "Drafted tokens verified", labels=model),
+            CounterMetricFamily("mlxd_speculative_accepted_tokens", "Drafted tokens kept", labels=model),
             GaugeMetricFamily("mlxd_backend_up", "1 when the backend answered its last poll", labels=["backend"]),
             GaugeMetricFamily("mlxd_backend_in_flight", "Requests on the backend now", labels=["backend"]),
             # A count since start: a counter (rate() and increase() read it; a gauge's reset looked like a drop).

@@ -63,4 +63,11 @@ def test_a_speculating_model_compiles_no_kernel_after_the_warmup(tmp_path, metho
 
         speculative = d.model("lookup")["speculative"]
         assert 0 < speculative["acceptance_rate"] < 1, speculative
+        # The counts behind the rates, in status and /metrics alike.
+        drafted, kept = speculative["drafted_tokens"], speculative["accepted_tokens"]
+        assert 0 < kept < drafted and speculative["verify_steps"] > 0, speculative
+        assert abs(kept / drafted - speculative["acceptance_rate"]) < 1e-9, speculative
+        metrics = httpx.get(f"{d.url}/metrics", timeout=30).text
+        assert f'mlxd_speculative_drafted_tokens_total{{model="lookup"}} {float(drafted)}' in metrics
+        assert f'mlxd_speculative_accepted_tokens_total{{model="lookup"}} {float(kept)}' in metrics
         assert kernels.compiled() - warm == set()
