@@ -305,6 +305,9 @@ def main() -> None:
                              "samples go to bench/results/speculative-profile.txt")
     parser.add_argument("--workloads", nargs="+", choices=["code_edit", "free_chat"], default=None)
     parser.add_argument("--q4", action="store_true", help="keep the GGUF's 4-bit weights (slow on a CPU)")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="another mlx-lm folder in SmolLM2's place, e.g. a tiny factory model: its steps "
+                             "are short, so on a CPU the host's work per step weighs as on a fast GPU")
     add_dtype_option(parser)
     args = parser.parse_args()
     reexec_with_openblas()
@@ -314,7 +317,7 @@ def main() -> None:
     # On a CPU the 4-bit kernels prefill at ~3 tok/s: the demo's own import
     # (float32 there, bfloat16 on a GPU) is what a user serves.
     dtype = "keep" if args.q4 else model_dtype(args)
-    path = converted_dir(smollm2_gguf(), Path.home() / ".cache" / "mlxd", dtype=dtype)
+    path = args.model or converted_dir(smollm2_gguf(), Path.home() / ".cache" / "mlxd", dtype=dtype)
     lines = args.lines or (40 if args.quick else 200)
     tokens = args.tokens or (24 if args.quick else 160)
     counts = args.streams or ([1, 4] if args.quick else [1, 4, 8])
@@ -322,7 +325,8 @@ def main() -> None:
     methods = tuple(args.methods)
     subset = methods != METHODS or args.workloads is not None or args.temperature > 0
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    print(f"SmolLM2-135M-Instruct ({'Q4_1' if args.q4 else dtype}), {lines}-line file, {tokens} tokens, K={'/'.join(map(str, args.k))}; load: {load}", flush=True)
+    model = args.model.name if args.model else f"SmolLM2-135M-Instruct ({'Q4_1' if args.q4 else dtype})"
+    print(f"{model}, {lines}-line file, {tokens} tokens, K={'/'.join(map(str, args.k))}; load: {load}", flush=True)
     profile_to = Path("bench/results/speculative-profile.txt") if args.profile else None
     if profile_to is not None:
         profile_to.parent.mkdir(parents=True, exist_ok=True)
@@ -348,6 +352,8 @@ def main() -> None:
               "runs": {k: {kk: vv for kk, vv in v.items() if kk != "text"} for k, v in runs.items()},
               "speculative_status": status}
     key = ("quick" if args.quick else f"{lines}-lines-{tokens}-tokens") + ("" if args.k == [4] else f"-k{'-'.join(map(str, args.k))}")
+    if args.model:
+        key += "-" + args.model.name
     if subset:  # a partial run does not replace the full one's figures
         key += "-" + "-".join(methods + tuple(work)) + (f"-t{args.temperature}" if args.temperature else "")
     print(f"wrote {save('speculative', key, result)}")

@@ -72,6 +72,7 @@ from mlxd.engine.checkpoints import checkpoint, plan
 from mlxd.engine.logprobs import token_logprob
 from mlxd.engine.lifecycle import FirstGenerationPeak, GenerationControl, GenerationCounts
 from mlxd.engine.prefix_cache import PrefixCache
+from mlxd.engine.reasoning_budget import observe
 from mlxd.engine.speculation import Speculation
 from mlxd.engine.text_model import Prepared, TextModel
 from mlxd.engine.turn_clock import FirstTextClock, TurnClock
@@ -590,6 +591,7 @@ class BatchScheduler:
         the cache it takes out of the batch: the text before it is returned."""
         assert seq.prepared is not None
         seq.control.completion_tokens += 1
+        observe(seq.prepared.reasoning, token)
         if seq.prepared.logprobs is not None and reason != "stop":
             _, tokenizer = self._model.get()
             seq.scored.append(token_logprob(tokenizer, token, logprobs, seq.prepared.logprobs))

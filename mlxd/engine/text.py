@@ -48,6 +48,7 @@ from mlxd.engine.local_output import LocalOutput
 from mlxd.engine.logprobs import token_logprob
 from mlxd.engine.next_turn_background import NextTurnPrefill
 from mlxd.engine.prefix_cache import PrefixCache
+from mlxd.engine.reasoning_budget import observe
 from mlxd.engine.speculation import Speculation
 from mlxd.engine.text_model import PENALTY_CONTEXT, LoadedText, Prepared, TextModel, feed, quantize_kv
 from mlxd.engine.types import GenerationChunk, GenerationRequest, PromptCapture, SavedCache
@@ -301,6 +302,7 @@ class TextEngine(EngineBase, GenerationEngine):
 
         def on_token(response: Any) -> None:
             generated.append(response.token)
+            observe(prepared.reasoning, response.token)
             if prepared.logprobs is not None and response.finish_reason != "stop":
                 scored.append(token_logprob(tokenizer, response.token, response.logprobs, prepared.logprobs))
 

@@ -224,7 +224,10 @@ class TextModel:
         # Last, so that no later processor can revive a masked token: the
         # reasoning phase (its budget; the grammar, held until the reasoning
         # ends) or the grammar alone.
-        processors += [phase] if phase is not None else grammar
+        if phase is None:
+            processors += grammar
+        elif not phase.passive:
+            processors.append(phase)
         return processors, phase
 
 

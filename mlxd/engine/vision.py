@@ -34,7 +34,7 @@ from mlxd.engine import memory, sampling
 from mlxd.engine.contract import AnswerFormats, GenerationEngine
 from mlxd.engine.lifecycle import EngineBase, GenerationControl, load_on_worker, measured_load, relay, warm_after_load
 from mlxd.engine.local_output import LocalOutput
-from mlxd.engine.reasoning_budget import ReasoningPhase, reasoning_phase
+from mlxd.engine.reasoning_budget import ReasoningPhase, observe, reasoning_phase
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.engine.vision_inputs import prepare_vision_inputs
@@ -300,7 +300,8 @@ class VisionEngine(EngineBase, GenerationEngine):
             inputs=prepared.inputs,
             max_tokens=min(request.max_tokens, max(1, limit - n_prompt)),
             sampler=sampling.make_sampler(request.sampling, self.vocab_size),
-            processors=[*self._processors(request, processor), *([phase] if phase is not None else grammar)],
+            processors=[*self._processors(request, processor),
+                        *(grammar if phase is None else [] if phase.passive else [phase])],
             stops=StopMatcher(request.stop),
             reasoning=phase,
         )
@@ -340,7 +341,8 @@ class VisionEngine(EngineBase, GenerationEngine):
         kv_options = {"kv_bits": self.spec.kv_bits, "quantized_kv_start": 0} if self.spec.kv_bits else {}
         responses = _stream(model, processor, prepared.prompt, prepared.inputs, prepared.max_tokens,
                             prepared.sampler, prepared.processors, kv_options)
-        yield from relay(responses, control, stops, chunk, pace=self._worker.pace)
+        yield from relay(responses, control, stops, chunk, pace=self._worker.pace,
+                         on_token=lambda response: observe(prepared.reasoning, response.token))
 
 
 def _tool_format(tokenizer: Any, configured: str | None) -> tool_formats.ToolFormat | None:
