@@ -92,16 +92,39 @@ def _chain(params: SamplingParams, top_k: int) -> Sampler:
     return seeded
 
 
+# The last tokens each penalty looks at (mlx-lm's default, passed as such).
+PENALTY_HISTORY = 20
+
+
 def make_logits_processors(params: SamplingParams) -> list[LogitsProcessor]:
     from mlx_lm import sample_utils
 
-    return sample_utils.make_logits_processors(
+    processors = sample_utils.make_logits_processors(
         repetition_penalty=(
             params.repetition_penalty if params.repetition_penalty != 1.0 else None
         ),
+        repetition_context_size=PENALTY_HISTORY,
         presence_penalty=params.presence_penalty or None,
+        presence_context_size=PENALTY_HISTORY,
         frequency_penalty=params.frequency_penalty or None,
+        frequency_context_size=PENALTY_HISTORY,
     )
+    return [_on_device(p, PENALTY_HISTORY) for p in processors]
+
+
+def device_history(processor: LogitsProcessor) -> int | None:
+    """How many of the last tokens ``processor`` reads, where it reads them
+    as an array on the device and nothing on the host (the penalties, the
+    bias vectors); None where it may read the host (the grammar, the
+    reasoning budget). A batch that computes its next step ahead, before
+    this step's tokens are read back, can run the first kind there with the
+    tokens on their way (``engine/speculative_batch.py``)."""
+    return getattr(processor, "device_history", None)
+
+
+def _on_device(processor: LogitsProcessor, history: int) -> LogitsProcessor:
+    processor.device_history = history  # type: ignore[attr-defined]
+    return processor
 
 
 def suppress_tokens(token_ids: set[int] | list[int], vocab_size: int) -> LogitsProcessor:
@@ -149,4 +172,4 @@ def _adding(values: list[float]) -> LogitsProcessor:
     def processor(tokens: Any, logits: Any) -> Any:
         return logits + vector.astype(logits.dtype)
 
-    return processor
+    return _on_device(processor, 0)

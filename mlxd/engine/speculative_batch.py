@@ -74,6 +74,9 @@ class _Row:
     # Drafts it asks for next step (speculative_core.next_draft_length).
     want: int = 1
     warmup: bool = False
+    # The last tokens its processors read on the device (sampling.device_history);
+    # None when one of them reads the host, and the row cannot be computed ahead.
+    history: int | None = 0
 
 
 class SpeculativeGenerator:
@@ -115,7 +118,8 @@ class SpeculativeGenerator:
             warmups or [False] * len(prompts),
         ):
             rows.append(_Row(self._next_uid, prompt[-1], list(before), limit, sampler, list(processors or ()),
-                             stops.matcher(), greedy=sampler is greedy_sampler, want=self.k, warmup=warmup))
+                             stops.matcher(), greedy=sampler is greedy_sampler, want=self.k, warmup=warmup,
+                             history=_history(processors or ())))
             self._next_uid += 1
         self._cache = caches_extend(self._cache, caches)
         self.drafter.join([r.tokens + [r.last] for r in rows], caches)
@@ -158,8 +162,10 @@ class SpeculativeGenerator:
             speculate = width > 1
         else:
             speculate = self.governor.choose(len(self._rows), sum(len(r.tokens) for r in self._rows))
-        # A row's processors need its last token on the host; its sampler does not.
-        ahead_able = not any(r.processors for r in self._rows)
+        # A row whose processors read the host (a grammar, a reasoning
+        # budget) needs its last token there; penalties and bias vectors read
+        # it on the device, with the tokens on their way; samplers do too.
+        ahead_able = all(r.history is not None for r in self._rows)
         # A step that speculates is timed from here: reading the step computed
         # ahead back (what asking the drafter needs, below, and what
         # verifying needs) waits for that step's forward, a plain step's time
@@ -249,8 +255,28 @@ class SpeculativeGenerator:
         import mlx.core as mx
 
         logits = self.model(inputs[:, None], cache=self._cache)[:, -1, :]
+        if any(r.processors for r in self._rows):
+            logits = self._processed(logits, inputs)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         return self._pick(logprobs), logprobs
+
+    def _processed(self, logits: Any, inputs: Any) -> Any:
+        """Each row's processors on its logits, lazily: they read the row's
+        last ``history`` tokens in the cache and this step's input, which may
+        still be on its way (a token computed ahead), as an array. They see
+        what ``_draw`` shows them, the tail they read of it."""
+        import mlx.core as mx
+
+        out = []
+        for i, row in enumerate(self._rows):
+            step = logits[i : i + 1]
+            if row.processors:
+                tail = row.tokens[-row.history :] if row.history else []
+                seen = mx.concatenate([mx.array(tail, dtype=inputs.dtype), inputs[i : i + 1]])
+                for processor in row.processors:
+                    step = processor(seen, step)
+            out.append(step)
+        return mx.concatenate(out, axis=0)
 
     def _pick(self, logprobs: Any) -> Any:
         """Every row's next token: one call for the whole batch when it
@@ -416,6 +442,15 @@ class SpeculativeGenerator:
         elif self._cache is not None:
             for layer in self._cache:
                 layer.filter(keep)
+
+
+def _history(processors: Any) -> int | None:
+    """The most tokens a row's processors read back on the device (0 for
+    none); None where one reads the host."""
+    from mlxd.engine.sampling import device_history
+
+    reads = [device_history(p) for p in processors]
+    return None if None in reads else max(reads, default=0)
 
 
 def caches_extend(batch: list[Any] | None, more: list[list[Any]]) -> list[Any]:
