@@ -11,7 +11,7 @@ counts them as the processor's calls did."""
 from __future__ import annotations
 
 import pytest
-from zoo.zoo_support import CHAT, zoo_model
+from zoo.zoo_support import CHAT, zoo_model, zoo_spec
 
 from mlxd.engine.reasoning_budget import ReasoningPhase, observe
 
@@ -84,3 +84,54 @@ def test_a_thinking_models_plain_request_has_no_logits_processor(qwen3):
     assert plain.processors == []
     budgeted = prepared(qwen3, reasoning_budget=2)
     assert budgeted.processors == [budgeted.reasoning]
+
+
+def test_a_reply_cut_right_after_the_models_own_think_counts_it_on_every_path():
+    """qwen3 opens its reasoning itself; pushed to write ``<think>`` (a
+    logit_bias) and cut by max_tokens right after it, the marker is its
+    reasoning's first token on the single path, in mlx-lm's batch and in the
+    speculative one alike. Counted as a processor, the speculative batch
+    never showed the phase a row's last token and reported 0."""
+    import asyncio
+
+    from engine.engine_support import collect, greedy, run
+
+    from mlxd.engine.loader import load_text_engine
+    from mlxd.engine.worker import MlxWorker
+    from mlxd.registry.model import SpeculativeSpec
+
+    think = 1024  # the zoo's qwen3 vocabulary: <think>, </think> next to it
+    bias = {think: 8.0, think + 1: 4.0}
+    worker = MlxWorker().start()
+
+    async def counts() -> list[tuple[list[str], int | None]]:
+        engines = [
+            await load_text_engine(zoo_spec("qwen3"), worker),
+            await load_text_engine(zoo_spec("qwen3", max_concurrency=4), worker),
+            await load_text_engine(zoo_spec("qwen3", max_concurrency=4,
+                                            speculative=SpeculativeSpec("prompt_lookup", 4, auto_off=False)), worker),
+        ]
+        try:
+            probe = await collect(engines[0], greedy("probe", 12, logit_bias=bias, logprobs=0))
+            written = [entry.token for chunk in probe for entry in chunk.logprobs or ()]
+            assert "<think>" in written[1:], written
+            cut = written.index("<think>", 1) + 1
+            out = []
+            for engine in engines:
+                # Beside a longer request: the batches decode more than one row.
+                chunks, _ = await asyncio.gather(
+                    collect(engine, greedy("cut", cut, logit_bias=bias, logprobs=0)),
+                    collect(engine, greedy("beside", 3 * cut, logit_bias=bias)))
+                out.append(([e.token for c in chunks for e in c.logprobs or ()], chunks[-1].reasoning_tokens))
+            return out
+        finally:
+            for engine in engines:
+                await engine.close()
+
+    try:
+        results = run(counts())
+    finally:
+        run(worker.shutdown())
+    for written, reasoning in results:
+        assert written[-1] == "<think>" and "<think>" not in written[:-1], written
+        assert reasoning == 1, results
