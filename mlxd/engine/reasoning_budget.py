@@ -26,6 +26,13 @@ request to a thinking model made mlx-lm's batch and the speculative one
 run their rows' processors one row at a time and gave up computing the
 next step ahead (on this project's CPU, with a tiny qwen3 at 8 streams,
 the speculative batch ran at 0.59x of plain decoding).
+
+The engine hands a processor phase each token too: its calls show it every
+token but, on the speculative batch, a row's last (that batch calls a
+row's processors only to draw its next token), and a reply cut right after
+the model wrote its start marker counted one reasoning token fewer there
+than on the other paths. Each token is followed once, by whichever comes
+first.
 """
 
 from __future__ import annotations
@@ -61,12 +68,16 @@ class ReasoningPhase:
         # Generated tokens seen inside the reasoning (its markers included), and outside it.
         self._reasoned = 0
         self._answered = 0
+        # Generated tokens followed so far, by a call or by ``observe``: each once.
+        self._followed = 0
+        self._written = 0
 
     def __call__(self, tokens: Any, logits: Any) -> Any:
         import mlx.core as mx
 
-        # The first call sees the prompt only; each later one, one new token.
-        if self._calls:
+        # The first call sees the prompt only; each later one, one new token
+        # (the engine may have handed it over already: ``observe``).
+        if self._calls and self._calls > self._followed:
             self._see(int(tokens[-1].item()))
         self._calls += 1
         spent = self.inside and self.budget is not None and self.spent >= self.budget
@@ -89,10 +100,14 @@ class ReasoningPhase:
         return self.budget is None and not self._after
 
     def observe(self, token: int) -> None:
-        """A token the model wrote (a passive phase's only input; every
-        token, the last included: it is counted as the processor's calls
-        would have counted it)."""
-        self._see(token)
+        """A token the model wrote, every one, the last included: a passive
+        phase's only input. A processor's calls show it the same tokens, in
+        the same order, but not always the last one (the speculative batch
+        calls a row's processors only to draw a next token): a token no call
+        has shown yet is followed here, one already shown is not again."""
+        self._written += 1
+        if self._written > self._followed:
+            self._see(token)
 
     def reasoning_tokens(self, completion_tokens: int) -> int:
         """Of ``completion_tokens`` generated, how many were reasoning. (The
@@ -102,6 +117,7 @@ class ReasoningPhase:
         return min(self._reasoned, completion_tokens)
 
     def _see(self, token: int) -> None:
+        self._followed += 1
         self._recent = (self._recent + [token])[-max(len(self._start), len(self._end), 1):]
         if self.inside:
             self._reasoned += 1
@@ -139,8 +155,8 @@ def reasoning_phase(
 
 
 def observe(phase: ReasoningPhase | None, token: int) -> None:
-    """``token`` to ``phase`` when it counts without being a processor."""
-    if phase is not None and phase.passive:
+    """``token``, written, to ``phase`` (passive or a processor)."""
+    if phase is not None:
         phase.observe(token)
 
 

@@ -11,7 +11,7 @@ counts them as the processor's calls did."""
 from __future__ import annotations
 
 import pytest
-from zoo.zoo_support import CHAT, zoo_model
+from zoo.zoo_support import CHAT, zoo_model, zoo_spec
 
 from mlxd.engine.reasoning_budget import ReasoningPhase, observe
 
@@ -54,10 +54,35 @@ def test_a_passive_phase_counts_what_the_processor_counted(case):
 def test_a_budget_or_a_grammar_keeps_it_a_processor():
     assert not ReasoningPhase(START, END, opens=True, budget=4).passive
     assert not ReasoningPhase(START, END, opens=True, after=[lambda tokens, logits: logits]).passive
-    # A processor's count is its calls': observe leaves it alone.
-    phase = ReasoningPhase(START, END, opens=True, budget=4)
-    observe(phase, 1)
-    assert phase.spent == 0
+
+
+# Cut right after the model opened its block: the last token, shown to no
+# processor call, is the start marker (the processor alone counted 0).
+CUT_AS_IT_OPENS = {"cut as it opens its block": (False, [4, 5, 7])}
+
+
+@pytest.mark.parametrize("case", [*WRITTEN, *CUT_AS_IT_OPENS])
+def test_a_processor_told_the_tokens_too_counts_each_once(case):
+    """A processor's calls show it every token but the last; the engine
+    hands it each token as well, before or after the call that shows it."""
+    import mlx.core as mx
+
+    opens, written = {**WRITTEN, **CUT_AS_IT_OPENS}[case]
+    for observed_first in (True, False):
+        phase = ReasoningPhase(START, END, opens=opens, budget=100)
+        history = [0, 0]
+        for token in written:
+            if observed_first and len(history) > 2:
+                observe(phase, history[-1])
+            phase(mx.array(history), mx.zeros((1, 16)))
+            if not observed_first and len(history) > 2:
+                observe(phase, history[-1])
+            history.append(token)
+        observe(phase, written[-1])
+        passive = ReasoningPhase(START, END, opens=opens)
+        for token in written:
+            observe(passive, token)
+        assert phase.reasoning_tokens(len(written)) == passive.reasoning_tokens(len(written))
 
 
 @pytest.fixture(scope="module")
@@ -84,3 +109,57 @@ def test_a_thinking_models_plain_request_has_no_logits_processor(qwen3):
     assert plain.processors == []
     budgeted = prepared(qwen3, reasoning_budget=2)
     assert budgeted.processors == [budgeted.reasoning]
+
+
+def test_a_reply_cut_right_after_the_models_own_think_counts_it_on_every_path():
+    """qwen3 opens its reasoning itself; pushed to write ``<think>`` (a
+    logit_bias) and cut by max_tokens right after it, the marker is its
+    reasoning's first token on the single path, in mlx-lm's batch and in the
+    speculative one alike, with a reasoning budget (the phase a processor)
+    or without. The speculative batch never shows a processor a row's last
+    token: counted by its calls alone, it reported 0 there."""
+    import asyncio
+    import itertools
+
+    from engine.engine_support import collect, greedy, run
+
+    from mlxd.engine.loader import load_text_engine
+    from mlxd.engine.worker import MlxWorker
+    from mlxd.registry.model import SpeculativeSpec
+
+    think = 1024  # the zoo's qwen3 vocabulary: <think>, </think> next to it
+    bias = {think: 8.0, think + 1: 4.0}
+    worker = MlxWorker().start()
+
+    async def counts() -> list[tuple[list[str], int | None]]:
+        engines = [
+            await load_text_engine(zoo_spec("qwen3"), worker),
+            await load_text_engine(zoo_spec("qwen3", max_concurrency=4), worker),
+            await load_text_engine(zoo_spec("qwen3", max_concurrency=4,
+                                            speculative=SpeculativeSpec("prompt_lookup", 4, auto_off=False)), worker),
+        ]
+        try:
+            probe = await collect(engines[0], greedy("probe", 12, logit_bias=bias, logprobs=0))
+            written = [entry.token for chunk in probe for entry in chunk.logprobs or ()]
+            assert "<think>" in written[1:], written
+            cut = written.index("<think>", 1) + 1
+            out = []
+            # No budget (the phase only counts), and one far from spent (a processor).
+            for budget, engine in itertools.product((None, 50), engines):
+                # Beside a longer request: the batches decode more than one row.
+                chunks, _ = await asyncio.gather(
+                    collect(engine, greedy("cut", cut, logit_bias=bias, logprobs=0, reasoning_budget=budget)),
+                    collect(engine, greedy("beside", 3 * cut, logit_bias=bias)))
+                out.append(([e.token for c in chunks for e in c.logprobs or ()], chunks[-1].reasoning_tokens))
+            return out
+        finally:
+            for engine in engines:
+                await engine.close()
+
+    try:
+        results = run(counts())
+    finally:
+        run(worker.shutdown())
+    for written, reasoning in results:
+        assert written[-1] == "<think>" and "<think>" not in written[:-1], written
+        assert reasoning == 1, results
