@@ -182,6 +182,9 @@ def main() -> None:
                         help="one governor across the governed runs, as a daemon's engine keeps one")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="every row samples at this temperature with one shared sampler (default greedy)")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="another mlx-lm folder in SmolLM2's place (a tiny factory model's steps are short: "
+                             "on a CPU the host's work per step then weighs as on a fast GPU)")
     add_dtype_option(parser)
     args = parser.parse_args()
     reexec_with_openblas()
@@ -207,7 +210,7 @@ def main() -> None:
 
     sampler = make_sampler(temp=args.temperature) if args.temperature else None
     dtype = model_dtype(args)
-    path = converted_dir(smollm2_gguf(), Path.home() / ".cache" / "mlxd", dtype=dtype)
+    path = args.model or converted_dir(smollm2_gguf(), Path.home() / ".cache" / "mlxd", dtype=dtype)
     model, tokenizer = load(str(path))
     messages = requests(args.lines)[args.workload]
     tokens = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
