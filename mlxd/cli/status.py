@@ -273,6 +273,33 @@ def _gangs(doc: dict[str, Any]) -> Text:
     return text
 
 
+def _speculation(doc: dict[str, Any]) -> Text:
+    """One line per model with ``speculative:``: whether it speculates now,
+    the speed-up the auto-off last measured, and the drafts kept of those
+    verified in how many verify steps (status: ``speculative``)."""
+    text = Text("speculation", style="bold")
+    for model in doc["models"]:
+        spec = model.get("speculative")
+        if not spec:
+            continue
+        text.append(f"\n  {model['name']:<10} ", style="bold")
+        text.append(f"{spec['method']} K={spec['tokens']}", style="cyan")
+        if spec.get("unsupported"):
+            text.append(f"  off: {spec['unsupported']}", style="yellow")
+            continue
+        if model["state"] != "loaded":
+            text.append("  not loaded", style="dim")
+            continue
+        text.append("  on" if spec["active"] else "  off", style="green" if spec["active"] else "yellow")
+        if spec.get("speedup") is not None:
+            text.append(f"  {spec['speedup']:.2f}x")
+        drafted = spec.get("drafted_tokens")
+        if drafted:
+            # Short enough for 80 columns with a 10-character name.
+            text.append(f"  kept {spec['accepted_tokens']}/{drafted} drafts, {spec['verify_steps']} steps", style="dim")
+    return text
+
+
 def _events(doc: dict[str, Any]) -> Text:
     events = doc["events"][-EVENTS_SHOWN:]
     text = Text("recent events", style="bold")
@@ -366,6 +393,8 @@ def render(doc: dict[str, Any], width: int = DEFAULT_WIDTH) -> RenderableType:
             parts += [_failover(doc), Text("")]
         if any(m.get("parallel") for m in doc["models"]):
             parts += [_gangs(doc), Text("")]
+        if any(m.get("speculative") for m in doc["models"]):
+            parts += [_speculation(doc), Text("")]
         return Group(*parts, _events(doc))
     except (KeyError, TypeError, AttributeError):
         # A daemon from another release: its schema is not the one drawn here.

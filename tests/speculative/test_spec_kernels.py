@@ -21,6 +21,19 @@ pytestmark = pytest.mark.mlx
 SEED = "def parse_arguments(argv):\n    parser = argparse.ArgumentParser("
 
 
+def rendered(doc: dict) -> str:
+    """`mlxd status` as a terminal of 120 columns shows ``doc``."""
+    import io
+
+    from rich.console import Console
+
+    from mlxd.cli.status import render
+
+    out = io.StringIO()
+    Console(file=out, width=120, color_system=None).print(render(doc, 120))
+    return out.getvalue()
+
+
 METHODS = {
     "prompt_lookup": {"method": "prompt_lookup", "tokens": 4},
     # The same weights as the draft: most drafts are kept, the rest rolled back in the draft's cache too.
@@ -68,6 +81,13 @@ def test_a_speculating_model_compiles_no_kernel_after_the_warmup(tmp_path, metho
         assert 0 < kept < drafted and speculative["verify_steps"] > 0, speculative
         assert abs(kept / drafted - speculative["acceptance_rate"]) < 1e-9, speculative
         metrics = httpx.get(f"{d.url}/metrics", timeout=30).text
+        # `mlxd status` says it too, in a line of its own.
+        shown = rendered(httpx.get(f"{d.url}/v1/status", timeout=30).json())
+        lines = shown.splitlines()
+        line = lines[lines.index("speculation") + 1]
+        assert line.split()[0] == "lookup", shown
+        assert f"{METHODS[method]['method']} K=" in line and " on " in line, shown
+        assert f"kept {kept}/{drafted} drafts, {speculative['verify_steps']} steps" in line, shown
         assert f'mlxd_speculative_drafted_tokens_total{{model="lookup"}} {float(drafted)}' in metrics
         assert f'mlxd_speculative_accepted_tokens_total{{model="lookup"}} {float(kept)}' in metrics
         assert kernels.compiled() - warm == set()
