@@ -74,7 +74,8 @@ def daemon(tmp_path):
         tmp_path,
         [
             {"name": "qwen", "model": "qwen", "aliases": ["default"], "idle_unload_seconds": 600},
-            {"name": "llama", "model": "llama"},
+            # Prompt lookup needs no weights of its own: the page says whether it speculates.
+            {"name": "llama", "model": "llama", "speculative": {"method": "prompt_lookup"}},
             {"name": "<b>broken</b>", "path": str(corrupt_model(tmp_path))},
         ],
     )
@@ -92,6 +93,8 @@ return Array.from(document.querySelectorAll('#models tr[data-model]')).map(row =
   idle: row.querySelector('td.idle').textContent,
   memory: row.querySelector('td.memory').textContent,
   markup: row.querySelectorAll('b').length,
+  speculation: row.querySelector('.badge.spec') && [row.querySelector('.badge.spec').textContent,
+                                                    row.querySelector('.badge.spec').title],
 }));
 """
 
@@ -143,6 +146,13 @@ def test_dashboard_asks_for_the_key_once_renders_models_and_follows_a_load(daemo
     # A load made elsewhere shows up without touching the page.
     assert httpx.post(f"{daemon.url}/v1/models/llama/load", json={}, headers=AUTH, timeout=60).status_code == 200
     _wait(browser, lambda d: _rows(d)["llama"]["state"] == "loaded")
+    # Its speculation, which status has (on hover: method and K), and none on a model without it.
+    speculation = _wait(browser, lambda d: _rows(d)["llama"]["speculation"])
+    status = httpx.get(f"{daemon.url}/v1/status", headers=AUTH, timeout=30).json()
+    active = next(m for m in status["models"] if m["name"] == "llama")["speculative"]["active"]
+    assert speculation[0] == ("speculating" if active else "speculation off"), speculation
+    assert speculation[1].startswith("prompt_lookup K=4"), speculation
+    assert _rows(browser)["qwen"]["speculation"] is None
     _wait(browser, lambda d: _segments(d) == ["qwen", "llama"])
     events = _events(browser)
     assert "loaded llama in" in events[0], "newest event first"
