@@ -76,9 +76,13 @@ class ReasoningPhase:
         import mlx.core as mx
 
         # The first call sees the prompt only; each later one, one new token
-        # (the engine may have handed it over already: ``observe``).
-        if self._calls and self._calls > self._followed:
-            self._see(int(tokens[-1].item()))
+        # (the engine may have handed it over already: ``observe``). A call
+        # that decides the same whatever those tokens are does not read them
+        # back (``_blind``): the engine hands them over once written.
+        unseen = self._calls - self._followed
+        if self._calls and unseen > 0 and not self._blind(unseen):
+            for token in tokens[-unseen:].tolist():
+                self._see(int(token))
         self._calls += 1
         spent = self.inside and self.budget is not None and self.spent >= self.budget
         forcing = self._forced < len(self._force) and (self._forced or spent)
@@ -92,6 +96,31 @@ class ReasoningPhase:
             self._forced += 1
             return mx.where(mx.arange(logits.shape[-1]) == target, logits, mx.array(float("-inf"), dtype=logits.dtype))
         return logits
+
+    def _blind(self, unseen: int) -> bool:
+        """Whether a call's logits are the same whatever the ``unseen``
+        tokens it shows but has not followed are: no grammar waits on them,
+        nothing is being forced, and even if every one of them were reasoning
+        the budget would not be spent (an end marker among them only stops
+        the count; a start marker starts it from 0). Far from its budget a
+        phase then needs no token read back, which would make the batch
+        wait for the step on its way each step (a budget is what agents'
+        requests to thinking models carry: Claude Code's budget_tokens,
+        Codex's effort)."""
+        if self._after or self.budget is None or 0 < self._forced < len(self._force):
+            return False
+        return (self.spent if self.inside else 0) + unseen < self.budget
+
+    @property
+    def device_history(self) -> int | None:
+        """``sampling.device_history`` for this processor, now: 0 while its
+        next call reads nothing back (the tokens it would show are followed,
+        or ``_blind``), so a batch may compute the step ahead; None when it
+        must read them on the host."""
+        unseen = self._calls - self._followed
+        if self._after or (self._calls and unseen > 0 and not self._blind(unseen)):
+            return None
+        return 0
 
     @property
     def passive(self) -> bool:

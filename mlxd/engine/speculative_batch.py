@@ -74,8 +74,9 @@ class _Row:
     # Drafts it asks for next step (speculative_core.next_draft_length).
     want: int = 1
     warmup: bool = False
-    # The last tokens its processors read on the device (sampling.device_history);
-    # None when one of them reads the host, and the row cannot be computed ahead.
+    # The last tokens its processors read on the device (sampling.device_history,
+    # as of this step); None when one of them reads the host, and the row
+    # cannot be computed ahead.
     history: int | None = 0
 
 
@@ -163,8 +164,13 @@ class SpeculativeGenerator:
         else:
             speculate = self.governor.choose(len(self._rows), sum(len(r.tokens) for r in self._rows))
         # A row whose processors read the host (a grammar, a reasoning
-        # budget) needs its last token there; penalties and bias vectors read
-        # it on the device, with the tokens on their way; samplers do too.
+        # budget near its end) needs its last token there; penalties and bias
+        # vectors read it on the device, with the tokens on their way;
+        # samplers do too. A budget far from its end reads nothing: what a
+        # row's processors need is asked again each step.
+        for row in self._rows:
+            if row.processors:
+                row.history = _history(row.processors)
         ahead_able = all(r.history is not None for r in self._rows)
         # A step that speculates is timed from here: reading the step computed
         # ahead back (what asking the drafter needs, below, and what

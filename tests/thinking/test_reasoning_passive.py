@@ -10,6 +10,8 @@ counts them as the processor's calls did."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from zoo.zoo_support import CHAT, zoo_model, zoo_spec
 
@@ -163,3 +165,60 @@ def test_a_reply_cut_right_after_the_models_own_think_counts_it_on_every_path():
     for written, reasoning in results:
         assert written[-1] == "<think>" and "<think>" not in written[:-1], written
         assert reasoning == 1, results
+
+
+class Recorded:
+    """The tokens a processor is shown, which records what it reads back:
+    in a batch computing ahead the last of them is still on its way, and
+    reading it makes the batch wait for that step."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        import mlx.core as mx
+
+        self.array = mx.array(tokens)
+        self.reads = 0
+
+    def __getitem__(self, index: Any) -> Any:
+        self.reads += 1
+        return self.array[index]
+
+
+class Eager(ReasoningPhase):
+    """The phase as it was: every token read back as soon as a call shows it."""
+
+    def _blind(self, unseen: int) -> bool:
+        return False
+
+
+def decode_with(phase: ReasoningPhase, steps: int) -> tuple[list[int], list[int]]:
+    """As an engine computing one step ahead drives the phase: each call
+    shows the token on its way, which is handed over (``observe``) once
+    written, after the call. The model would reason forever (token 1); a
+    forced token is the only one the logits leave. Returns what was written
+    and the steps whose call read a token back."""
+    import mlx.core as mx
+
+    written: list[int] = []
+    reading: list[int] = []
+    for step in range(steps):
+        shown = Recorded([0, 0, *written])
+        logits = phase(shown, mx.zeros((1, 16)))
+        if written:
+            phase.observe(written[-1])
+        if shown.reads:
+            reading.append(step)
+        allowed = [i for i, v in enumerate(logits[0].tolist()) if v != float("-inf")]
+        written.append(allowed[0] if len(allowed) == 1 else 1)
+    return written, reading
+
+
+def test_a_budget_far_from_its_end_reads_no_token_back_and_ends_where_it_did():
+    budget = 6
+    written, reading = decode_with(ReasoningPhase(START, END, opens=True, budget=budget), 12)
+    eager, _ = decode_with(Eager(START, END, opens=True, budget=budget), 12)
+    # The end marker is forced after the same six tokens of reasoning.
+    assert written == eager == [1] * budget + list(END) + [1] * (12 - budget - len(END))
+    # Only the calls that decide whether the budget is spent, and those that
+    # force the marker, read a token back: not the ones far from it.
+    assert reading and min(reading) >= budget - 1, reading
+    assert ReasoningPhase(START, END, opens=True, budget=budget).device_history == 0
