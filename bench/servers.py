@@ -214,7 +214,10 @@ def parse_stream(started: float, times: list[float], chunks: list[bytes]) -> Run
             if payload.get("usage"):
                 usage_tokens = payload["usage"].get("completion_tokens", usage_tokens)
             for choice in payload.get("choices") or []:
-                piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+                delta = choice.get("delta") or {}
+                # A thinking model's reasoning streams as reasoning deltas: output too.
+                piece = (choice.get("text") or delta.get("content") or delta.get("reasoning_content")
+                         or delta.get("reasoning") or "")
                 if piece:
                     texts.append(piece)
                     content_times.append(arrival(frame_end - 1))

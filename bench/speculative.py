@@ -87,10 +87,12 @@ def requests(lines: int) -> dict[str, list[dict[str, str]]]:
     }
 
 
-def one(port: int, model: str, messages: list[dict[str, str]], tokens: int, temperature: float = 0.0) -> Run:
+def one(port: int, model: str, messages: list[dict[str, str]], tokens: int, temperature: float = 0.0,
+        extra: dict[str, Any] | None = None) -> Run:
+    """``extra``: more of the request body (``--budget``'s reasoning budget)."""
     # Sampled answers run to their length (ignore_eos): their lengths would differ otherwise.
     sampled = {"temperature": temperature, "ignore_eos": True} if temperature else {"temperature": 0}
-    body = json.dumps({"model": model, "messages": messages, "max_tokens": tokens, **sampled,
+    body = json.dumps({"model": model, "messages": messages, "max_tokens": tokens, **sampled, **(extra or {}),
                        "stream": True, "stream_options": {"include_usage": True}}).encode()
     started, times, chunks = stream(port, "/v1/chat/completions", body)
     run = parse_stream(started, times, chunks)
@@ -116,12 +118,12 @@ def variant(messages: list[dict[str, str]], i: int) -> list[dict[str, str]]:
 
 
 def streams(port: int, model: str, messages: list[dict[str, str]], tokens: int, n: int,
-            temperature: float = 0.0) -> dict[str, Any]:
+            temperature: float = 0.0, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     runs: list[Run | BaseException] = [RuntimeError("not run")] * n
 
     def go(i: int) -> None:
         try:
-            runs[i] = one(port, model, variant(messages, i), tokens, temperature)
+            runs[i] = one(port, model, variant(messages, i), tokens, temperature, extra)
         except BaseException as exc:  # noqa: BLE001 - reported below
             runs[i] = exc
 
@@ -201,7 +203,8 @@ METHODS = ("plain", "lookup", "selfdraft", "selfdraft-forced")
 
 def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int],
               ks: list[int], repeats: int = 1, methods: tuple[str, ...] = METHODS,
-              temperature: float = 0.0, profile_to: Path | None = None) -> tuple[dict[str, Any], Any]:
+              temperature: float = 0.0, profile_to: Path | None = None,
+              extra: dict[str, Any] | None = None) -> tuple[dict[str, Any], Any]:
     """``profile_to``: py-spy samples the daemon (native frames) through
     every timed run into that file, and its summary is printed."""
     # Loaded by the warm-up request: preloading three models can outlast the start-up wait.
@@ -240,7 +243,7 @@ def mlxd_runs(path: Path, work: dict[str, Any], tokens: int, counts: list[int],
                             for i in range(n):
                                 prime(port, name, variant(messages, i))
                             before = governor_state(http, name)
-                            run = streams(port, name, messages, tokens, n, temperature)
+                            run = streams(port, name, messages, tokens, n, temperature, extra)
                             # Where the auto-off stood when the run ended: a first run that
                             # speculated less than the next shows here as off, or a speed-up below 1.
                             run["governor"] = governor_state(http, name)
@@ -305,6 +308,9 @@ def main() -> None:
                              "samples go to bench/results/speculative-profile.txt")
     parser.add_argument("--workloads", nargs="+", choices=["code_edit", "free_chat"], default=None)
     parser.add_argument("--q4", action="store_true", help="keep the GGUF's 4-bit weights (slow on a CPU)")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="every request carries a reasoning budget of this many tokens (reasoning.max_tokens), "
+                             "as agents' requests to a thinking model do (with --model of a thinking family)")
     parser.add_argument("--model", type=Path, default=None,
                         help="another mlx-lm folder in SmolLM2's place, e.g. a tiny factory model: its steps "
                              "are short, so on a CPU the host's work per step weighs as on a fast GPU")
@@ -330,8 +336,9 @@ def main() -> None:
     profile_to = Path("bench/results/speculative-profile.txt") if args.profile else None
     if profile_to is not None:
         profile_to.parent.mkdir(parents=True, exist_ok=True)
+    extra = {"reasoning": {"max_tokens": args.budget}} if args.budget is not None else None
     runs, status = mlxd_runs(path, work, tokens, counts, args.k, max(1, args.repeats), methods, args.temperature,
-                             profile_to)
+                             profile_to, extra)
     if not args.no_peers and not subset:
         runs.update(peer_runs(path, work, tokens, args.k[0]))
     rows = []
@@ -354,6 +361,8 @@ def main() -> None:
     key = ("quick" if args.quick else f"{lines}-lines-{tokens}-tokens") + ("" if args.k == [4] else f"-k{'-'.join(map(str, args.k))}")
     if args.model:
         key += "-" + args.model.name
+    if args.budget is not None:
+        key += f"-budget{args.budget}"
     if subset:  # a partial run does not replace the full one's figures
         key += "-" + "-".join(methods + tuple(work)) + (f"-t{args.temperature}" if args.temperature else "")
     print(f"wrote {save('speculative', key, result)}")
