@@ -32,7 +32,8 @@
 # spec-lookup (bench/speculative.py, plain and prompt lookup only, 1 and 4 streams, twice; spec-lookup8: the same
 # at 1, 4 and 8 streams, every target of issue 29's lookup in one daemon; spec-free:
 # free chat only, 1/4/8 streams, greedy; spec-free8: 8 streams only, 3 repeats, each run's verify steps;
-# spec-free8-prof: plain, then lookup, each sampled by py-spy; spec-free-t: the same at temperature 0.7; spec-prof: 4 streams,
+# spec-free8-prof: plain, then lookup, each sampled by py-spy; think-budget: the zoo's qwen3_5 (a thinking family), 8 streams
+# with a reasoning budget, plain and prompt lookup (what agents' requests cost a batch on a GPU); spec-free-t: the same at temperature 0.7; spec-prof: 4 streams,
 # the daemon sampled by py-spy with native frames), batch-switch (the same with the daemon's GIL switch interval
 # at 0.5 ms), spec-k (the same at K = 4 and 8,
 # 1 and 4 streams, each figure the median of 2 runs), rollback (bench/speculative_rollback.py: a
@@ -114,6 +115,8 @@ for name in "$@"; do
     spec-free8-prof) for m in plain lookup; do
         step spec-free8-prof-$m 160 "$PY" bench/speculative.py --methods $m --workloads free_chat --streams 8 --repeats 2 --profile
         cp bench/results/speculative-profile.txt "$OUT/speculative-profile-$m.txt"; done ;;
+    think-budget) step think-budget 240 "$PY" bench/speculative.py --model "$("$PY" -c 'from mlxd.factory.zoo_build import build_family; print(build_family("qwen3_5"))')" \
+        --budget 10000 --methods plain lookup --workloads free_chat --streams 8 --repeats 3 --tokens 300 ;;
     spec-free) step spec-free 300 "$PY" bench/speculative.py --methods plain lookup --workloads free_chat --streams 1 4 8 --repeats 2 ;;
     spec-free-t) step spec-free-t 300 "$PY" bench/speculative.py --methods plain lookup --workloads free_chat --streams 1 4 8 --repeats 2 --temperature 0.7 ;;
     spec-lookup8) step spec-lookup8 560 "$PY" bench/speculative.py --methods plain lookup --streams 1 4 8 --repeats 2 ;;
