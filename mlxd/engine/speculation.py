@@ -55,7 +55,7 @@ class Speculation:
             "speedup": self.governor.speedup,
             "active": self.usable and self.governor.active,
             "unsupported": self.unsupported,
-            "steps": s.steps,
+            "verify_steps": s.steps,
             "drafted_tokens": s.drafted,
             "accepted_tokens": s.accepted,
         }

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from mlxd import __version__
-from mlxd.monitoring.status import SPECULATIVE_COUNTS, mlx_memory_now, problems
+from mlxd.monitoring.status import SPECULATIVE_COUNTS, SPECULATIVE_FIGURES, mlx_memory_now, problems
 from mlxd.residency.core import State
 
 if TYPE_CHECKING:
@@ -343,12 +343,8 @@ class _SnapshotGauges:
             speculative = m.engine.get("speculative") if isinstance(m.engine, dict) else None
             if isinstance(speculative, dict):
                 by_name["mlxd_speculative_active"].add_metric([name], 1.0 if speculative.get("active") else 0.0)
-                for figure in ("acceptance_rate", "accepted_per_step", "speedup"):
+                for figure in (*SPECULATIVE_FIGURES, *SPECULATIVE_COUNTS):
                     value = speculative.get(figure)
-                    if value is not None:
-                        by_name[f"mlxd_speculative_{figure}"].add_metric([name], float(value))
-                for figure, field in SPECULATIVE_COUNTS:
-                    value = speculative.get(field)
                     if value is not None:
                         by_name[f"mlxd_speculative_{figure}"].add_metric([name], float(value))
         for b in snap.backends:

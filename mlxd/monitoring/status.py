@@ -110,9 +110,7 @@ def prefix_cache_status(engine_stats: dict[str, Any]) -> dict[str, Any]:
 SPECULATIVE_FIGURES = ("acceptance_rate", "accepted_per_step", "speedup")
 # Counts since the model loaded: what a rate does not say (how many verify
 # steps an auto-off that stays off still spends on its probes).
-# Status name -> the engine's.
-SPECULATIVE_COUNTS = (("verify_steps", "steps"), ("drafted_tokens", "drafted_tokens"),
-                      ("accepted_tokens", "accepted_tokens"))
+SPECULATIVE_COUNTS = ("verify_steps", "drafted_tokens", "accepted_tokens")
 
 
 def speculative_status(m: ModelView) -> dict[str, Any] | None:
@@ -125,8 +123,7 @@ def speculative_status(m: ModelView) -> dict[str, Any] | None:
     if not isinstance(reported, dict):
         reported = {}
     out: dict[str, Any] = {"method": configured.method, "tokens": configured.tokens}
-    out.update({key: reported.get(key) for key in SPECULATIVE_FIGURES})
-    out.update({key: reported.get(field) for key, field in SPECULATIVE_COUNTS})
+    out.update({key: reported.get(key) for key in (*SPECULATIVE_FIGURES, *SPECULATIVE_COUNTS)})
     out["active"] = bool(reported.get("active"))
     out["draft_model"] = configured.draft_model
     out["unsupported"] = reported.get("unsupported")

@@ -32,7 +32,7 @@ def test_a_draft_the_targets_size_is_left_off_unloaded_and_said_why():
             assert text_of(await collect(twin, greedy("t", 24, prompt=PROMPT))) == want
             status = twin.stats()["speculative"]
             assert "gains at most 1.00x" in status["unsupported"] and status["active"] is False
-            assert twin.speculation.draft_model is None and status["steps"] == 0
+            assert twin.speculation.draft_model is None and status["verify_steps"] == 0
             assert text_of(await collect(forced, greedy("f", 24, prompt=PROMPT))) == want
             held = forced.stats()["speculative"]
             assert held["unsupported"] is None and held["active"] is True and held["drafted_tokens"] > 0

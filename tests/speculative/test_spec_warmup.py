@@ -78,7 +78,7 @@ def test_the_warm_up_verifies_every_width_at_every_batch_size_and_counts_nothing
         assert report.error is None and report.requests == 6
         assert {(rows, width) for rows in (1, 2, 3) for width in range(1, K + 2)} <= seen, sorted(seen)
         status = engine.stats()["speculative"]
-        assert status == before and status["steps"] == 0 and status["speedup"] is None and status["active"]
+        assert status == before and status["verify_steps"] == 0 and status["speedup"] is None and status["active"]
         # A user's greedy answer afterwards is the plain model's, and it is
         # counted (the prompt holds the model's own answer to its end, so
         # lookup has something to draft from, as in test_spec_engine.py).
@@ -87,7 +87,7 @@ def test_the_warm_up_verifies_every_width_at_every_batch_size_and_counts_nothing
             prompt = PROMPT + text_of(run(collect(plain, greedy("seed", 24, prompt=prompt)))) + "\n" + PROMPT
         asked = greedy("user", 24, prompt=prompt)
         assert text_of(run(collect(engine, asked))) == text_of(run(collect(plain, asked)))
-        assert engine.stats()["speculative"]["steps"] > 0
+        assert engine.stats()["speculative"]["verify_steps"] > 0
     finally:
         run(engine.close())
         run(plain.close())
