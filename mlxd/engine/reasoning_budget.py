@@ -79,9 +79,9 @@ class ReasoningPhase:
         # (the engine may have handed it over already: ``observe``). A call
         # that decides the same whatever those tokens are does not read them
         # back (``_blind``): the engine hands them over once written.
-        unseen = self._calls - self._followed
-        if self._calls and unseen > 0 and not self._blind(unseen):
-            for token in tokens[-unseen:].tolist():
+        read = self._to_read()
+        if read:
+            for token in tokens[-read:].tolist():
                 self._see(int(token))
         self._calls += 1
         spent = self.inside and self.budget is not None and self.spent >= self.budget
@@ -96,6 +96,12 @@ class ReasoningPhase:
             self._forced += 1
             return mx.where(mx.arange(logits.shape[-1]) == target, logits, mx.array(float("-inf"), dtype=logits.dtype))
         return logits
+
+    def _to_read(self) -> int:
+        """How many tokens the next call reads back: those it shows but has
+        not followed, unless it decides the same without them (``_blind``)."""
+        unseen = self._calls - self._followed
+        return unseen if self._calls and unseen > 0 and not self._blind(unseen) else 0
 
     def _blind(self, unseen: int) -> bool:
         """Whether a call's logits are the same whatever the ``unseen``
@@ -117,10 +123,7 @@ class ReasoningPhase:
         next call reads nothing back (the tokens it would show are followed,
         or ``_blind``), so a batch may compute the step ahead; None when it
         must read them on the host."""
-        unseen = self._calls - self._followed
-        if self._after or (self._calls and unseen > 0 and not self._blind(unseen)):
-            return None
-        return 0
+        return None if self._after or self._to_read() else 0
 
     @property
     def passive(self) -> bool:
@@ -181,6 +184,14 @@ def reasoning_phase(
     if fmt.harmony and after:
         return ReasoningPhase(fmt.start_ids, fmt.end_ids, opens=False, budget=budget, after=after, hold=False)
     return ReasoningPhase(fmt.start_ids, fmt.end_ids, opens=opens, budget=budget, after=after, force=fmt.force_ids)
+
+
+def last_processors(phase: ReasoningPhase | None, grammar: list[Any]) -> list[Any]:
+    """The processors that go last, so that none after them can revive a
+    masked token: the phase where it shapes the logits (its budget; the
+    grammar it holds until the reasoning ends), else the grammar alone (a
+    passive phase holds none)."""
+    return [phase] if phase is not None and not phase.passive else grammar
 
 
 def observe(phase: ReasoningPhase | None, token: int) -> None:

@@ -43,6 +43,7 @@ from typing import Any
 
 from mlxd.engine import speculative_cache as caches
 from mlxd.engine.batch_settle import evaluate_soon
+from mlxd.engine.sampling import device_history
 from mlxd.engine.speculative_core import SpecStats, accept, next_draft_length, rollback
 from mlxd.engine.speculative_governor import Governor
 
@@ -119,8 +120,7 @@ class SpeculativeGenerator:
             warmups or [False] * len(prompts),
         ):
             rows.append(_Row(self._next_uid, prompt[-1], list(before), limit, sampler, list(processors or ()),
-                             stops.matcher(), greedy=sampler is greedy_sampler, want=self.k, warmup=warmup,
-                             history=_history(processors or ())))
+                             stops.matcher(), greedy=sampler is greedy_sampler, want=self.k, warmup=warmup))
             self._next_uid += 1
         self._cache = caches_extend(self._cache, caches)
         self.drafter.join([r.tokens + [r.last] for r in rows], caches)
@@ -453,8 +453,6 @@ class SpeculativeGenerator:
 def _history(processors: Any) -> int | None:
     """The most tokens a row's processors read back on the device (0 for
     none); None where one reads the host."""
-    from mlxd.engine.sampling import device_history
-
     reads = [device_history(p) for p in processors]
     return None if None in reads else max(reads, default=0)
 

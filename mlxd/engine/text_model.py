@@ -20,7 +20,7 @@ from mlxd.engine import sampling
 from mlxd.engine.checkpoints import Boundary, boundaries
 from mlxd.engine.lifecycle import GenerationControl
 from mlxd.engine.prompt import check_context, prompt_tokens
-from mlxd.engine.reasoning_budget import ReasoningPhase, reasoning_phase
+from mlxd.engine.reasoning_budget import ReasoningPhase, last_processors, reasoning_phase
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationRequest
 from mlxd.errors import BadRequest, ModelUnloaded
@@ -221,13 +221,7 @@ class TextModel:
                                             report=functools.partial(grammars.report_failure, request.constraint)))
         phase = reasoning_phase(self.reasoning_format, opens=opens_reasoning, budget=request.reasoning_budget,
                                 after=grammar)
-        # Last, so that no later processor can revive a masked token: the
-        # reasoning phase (its budget; the grammar, held until the reasoning
-        # ends) or the grammar alone.
-        if phase is None:
-            processors += grammar
-        elif not phase.passive:
-            processors.append(phase)
+        processors += last_processors(phase, grammar)
         return processors, phase
 
 

@@ -34,7 +34,7 @@ from mlxd.engine import memory, sampling
 from mlxd.engine.contract import AnswerFormats, GenerationEngine
 from mlxd.engine.lifecycle import EngineBase, GenerationControl, load_on_worker, measured_load, relay, warm_after_load
 from mlxd.engine.local_output import LocalOutput
-from mlxd.engine.reasoning_budget import ReasoningPhase, observe, reasoning_phase
+from mlxd.engine.reasoning_budget import ReasoningPhase, last_processors, observe, reasoning_phase
 from mlxd.engine.stops import StopMatcher
 from mlxd.engine.types import GenerationChunk, GenerationRequest
 from mlxd.engine.vision_inputs import prepare_vision_inputs
@@ -300,8 +300,7 @@ class VisionEngine(EngineBase, GenerationEngine):
             inputs=prepared.inputs,
             max_tokens=min(request.max_tokens, max(1, limit - n_prompt)),
             sampler=sampling.make_sampler(request.sampling, self.vocab_size),
-            processors=[*self._processors(request, processor),
-                        *(grammar if phase is None else [] if phase.passive else [phase])],
+            processors=[*self._processors(request, processor), *last_processors(phase, grammar)],
             stops=StopMatcher(request.stop),
             reasoning=phase,
         )
