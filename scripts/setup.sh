@@ -78,7 +78,7 @@ if [ "$(uname -s)" = Linux ]; then
 fi
 # The coding-agent CLIs the agent tests drive (tests/agents/test_agent_clis.py),
 # from npm into .agents/ (no global install, no root): the versions docs/agents.md was checked with.
-AGENT_CLIS="@anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0"
+AGENT_CLIS="@anthropic-ai/claude-code@2.1.337 @openai/codex@0.171.0"
 if [ "${1:-}" = "--tests" ]; then
   if command -v npm >/dev/null 2>&1; then
     if [ ! -x .agents/node_modules/.bin/claude ] || [ ! -x .agents/node_modules/.bin/codex ]; then

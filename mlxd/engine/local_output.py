@@ -48,6 +48,7 @@ def shape_locally(
         raise NotForThisModel.of(exc) from None
     for request in requests:
         request.tools = shaped.tools
+        request.callable_tools = shaped.callable_tools
         request.constraint = shaped.constraint
         if shaped.forces_call:
             request.stop = []

@@ -80,7 +80,7 @@ class NextTurnPrefill:
             return
         if engine.prefix_cache.clears != since:
             return
-        answer = split_answer(engine.tool_format, text, request.tools, engine.reasoning_format,
+        answer = split_answer(engine.tool_format, text, request.tools_to_parse(), engine.reasoning_format,
                               opens=control.opens_reasoning)
         calls = tuple(call.as_openai() for call in answer.tool_calls)
         self._latest = latest = object()

@@ -94,6 +94,9 @@ class GenerationRequest:
     ignore_eos: bool = False
     # OpenAI-shaped tool definitions, rendered by the chat template.
     tools: list[dict[str, Any]] | None = None
+    # The tools the answer's calls are parsed against, where they are more
+    # than ``tools`` (deferred ones, ``ToolSpec.listed``); None: ``tools``.
+    callable_tools: list[dict[str, Any]] | None = None
     # Constrained decoding (structured output, forced tool calls).
     constraint: Constraint | None = None
     # What the request asked of the answer's shape, for a remote engine to
@@ -128,6 +131,10 @@ class GenerationRequest:
     # one of several is not known to be the one a conversation goes on with,
     # so none gets a between-turn prefill (``mlxd.engine.next_turn``).
     choices: int = 1
+
+    def tools_to_parse(self) -> list[dict[str, Any]] | None:
+        """What the answer's calls are parsed against."""
+        return self.callable_tools if self.callable_tools is not None else self.tools
 
 
 @dataclass(frozen=True)

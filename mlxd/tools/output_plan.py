@@ -31,6 +31,8 @@ MAX_PARALLEL_CALLS = 4
 class OutputPlan:
     # Rendered by the chat template (None: no tools in the prompt).
     tools: list[dict[str, Any]] | None = None
+    # What the answer's calls are parsed against: those and the deferred tools.
+    callable_tools: list[dict[str, Any]] | None = None
     constraint: Constraint | None = None
     # Split the answer into text and calls with this (None: the answer is text).
     tool_format: ToolFormat | None = None
@@ -45,16 +47,19 @@ def plan_output(model: str, tool_format: ToolFormat | None, asked: OutputRequest
         # "none": the model answers in text; calls in the history still render.
         return OutputPlan(constraint=constraint)
     fmt = require(tool_format, model)
-    tools = asked.template_tools()
+    tools, callable_tools = asked.template_tools(), asked.callable_tools()
     if choice == "auto":
-        return OutputPlan(tools=tools, constraint=constraint, tool_format=fmt)
+        return OutputPlan(tools=tools, callable_tools=callable_tools, constraint=constraint, tool_format=fmt)
     if constraint is not None:
         raise _combined(asked.response_format)
     name = None if choice == "required" else choice
     calls = MAX_PARALLEL_CALLS if choice == "required" and asked.parallel_tool_calls else 1
+    # A forced call is of a tool the model knows (or the one named): not of
+    # a deferred one no search has shown it.
+    known = [t for t in asked.tools if t.known or t.name == name]
     return OutputPlan(
-        tools=tools, constraint=forced_call(fmt, asked.tools, name, max_calls=calls), tool_format=fmt,
-        forces_call=True,
+        tools=tools, callable_tools=callable_tools, constraint=forced_call(fmt, known, name, max_calls=calls),
+        tool_format=fmt, forces_call=True,
     )
 
 

@@ -32,7 +32,13 @@ class OutputRequest:
         return bool(self.tools) or self.tool_choice is not None or self.response_format is not None
 
     def template_tools(self) -> list[dict[str, Any]] | None:
-        """The tools as a chat template renders them (None: no tools)."""
+        """The tools a chat template lists, as it renders them (None: no
+        tools); a deferred tool is not among them (``ToolSpec.listed``)."""
+        return [tool.template_form() for tool in self.tools if tool.listed] or None
+
+    def callable_tools(self) -> list[dict[str, Any]] | None:
+        """Every tool the model may call, listed or deferred: what its calls
+        are parsed against."""
         return [tool.template_form() for tool in self.tools] or None
 
     def openai_json(self) -> dict[str, Any]:
@@ -41,7 +47,8 @@ class OutputRequest:
         one place they are rendered for the wire."""
         out: dict[str, Any] = {}
         if self.tools:
-            out["tools"] = self.template_tools()
+            # A backend of OpenAI's wire has no deferred tools: it is sent all.
+            out["tools"] = self.callable_tools()
         if self.tool_choice is not None:
             out["tool_choice"] = self.tool_choice.openai_form()
         if self.parallel_tool_calls is not None:

@@ -35,6 +35,13 @@ class ToolSpec:
     schema_param: str | None = None
     # OpenAI chat's ``function.strict``, passed on to a remote backend.
     strict: bool | None = None
+    # Anthropic's ``defer_loading`` (tool search): a deferred tool is not in
+    # the prompt's tool list (``listed``); the model knows it only where a
+    # search found it (``known``: its definition is written into that tool
+    # result), and may call it then. Keeping it out of the list keeps the
+    # prompt's head, and so the prefix cache, the same as a search adds tools.
+    listed: bool = True
+    known: bool = True
 
     def template_form(self) -> dict[str, Any]:
         """The tool as chat templates (and OpenAI's wire) take it."""

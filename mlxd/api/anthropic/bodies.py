@@ -6,7 +6,9 @@ servers answered 422 to), an assistant's ``thinking`` blocks become its
 message's reasoning (for the template to render or drop), ``redacted_thinking``
 blocks are dropped, ``document`` and ``search_result`` blocks are read as
 text (``documents.py``), and a ``system`` role inside ``messages`` becomes a
-system message. ``thinking`` and ``output_config.effort`` say what a
+system message. Tool search: a tool with ``defer_loading`` stays out of the
+prompt's tool list, and a ``tool_reference`` in a tool result is written out
+there as the tool's definition (``_found_tools``). ``thinking`` and ``output_config.effort`` say what a
 thinking model does (docs/thinking.md). A final ``assistant`` message with
 text and no tool call is a prefill: the answer continues it (api/prefill.py).
 Tools and tool_choice are parsed into the shared typed ``OutputRequest``,
@@ -48,6 +50,9 @@ class Tool(BaseModel):
     # schema: mlxd runs none of them, so they are left out of the prompt.
     input_schema: dict[str, Any] | None = None
     type: str | None = None
+    # Tool search (docs/agents.md): left out of the prompt's tool list until
+    # a ``tool_reference`` in a tool result names it.
+    defer_loading: bool = False
 
 
 class _Base(BaseModel):
@@ -101,8 +106,9 @@ class _Base(BaseModel):
         if system:
             messages.append(Message("system", system))
         called = ToolTurn()  # the tool_use blocks of the assistant turn before
+        tools = {t.name: t for t in self.tools or ()}
         for i, message in enumerate(self.messages):
-            turn = _messages(message, f"messages[{i}]")
+            turn = _messages(message, f"messages[{i}]", tools)
             _check_results(message, called, i)
             _check_all_answered(called)
             called = ToolTurn.of(turn, i) if message.role == "assistant" else ToolTurn()
@@ -111,10 +117,16 @@ class _Base(BaseModel):
 
     def output(self) -> OutputRequest:
         # Server tools (a ``type`` of their own, no schema) are left out.
+        found = self._found()
         tools = tuple(
-            _tool(t, f"tools[{i}]") for i, t in enumerate(self.tools or ())
+            _tool(t, f"tools[{i}]", found) for i, t in enumerate(self.tools or ())
             if t.type in (None, "custom") or t.input_schema is not None
         )
+        if tools and not any(t.listed for t in tools):
+            # Anthropic's rule too: with every tool deferred, the prompt
+            # would show none, nor how to call one.
+            raise BadRequest("tools: every tool has `defer_loading: true`; at least one tool must not be deferred.",
+                             param="tools")
         choice, parallel = _tool_choice(self.tool_choice)
         form = self._format()
         if not tools:
@@ -126,6 +138,13 @@ class _Base(BaseModel):
             # tool_choice "none" or nothing to call: the answer is text.
             return OutputRequest(response_format=form)
         return OutputRequest(tools=tools, tool_choice=choice, parallel_tool_calls=parallel, response_format=form)
+
+    def _found(self) -> set[str]:
+        """The tools a ``tool_reference`` in a tool result names: those a
+        tool search showed the model."""
+        return {str(ref.get("tool_name")) for message in self.messages if isinstance(message.content, list)
+                for block in message.content if block.get("type") == "tool_result"
+                for ref in _references(block.get("content"))}
 
     def _format(self) -> ResponseFormat | None:
         """Structured output: ``output_config.format`` (or the beta's
@@ -142,12 +161,13 @@ class _Base(BaseModel):
         return ResponseFormat("json_schema", param=where, schema=value["schema"], strict=True)
 
 
-def _tool(tool: Tool, where: str) -> ToolSpec:
+def _tool(tool: Tool, where: str, found: set[str]) -> ToolSpec:
     # A custom tool's input_schema is required, and an object's.
     if not object_schema(tool.input_schema):
         raise BadRequest(not_an_object_schema(f"{where}.input_schema"), param=where)
     return ToolSpec(name=tool.name, param=where, description=tool.description or "", parameters=tool.input_schema,
-                    schema_param=f"{where}.input_schema")
+                    schema_param=f"{where}.input_schema", listed=not tool.defer_loading,
+                    known=not tool.defer_loading or tool.name in found)
 
 
 class MessagesRequest(_Base):
@@ -252,14 +272,42 @@ def _image(block: dict[str, Any], param: str) -> ImagePart:
     return ImagePart(url=value, param=param)
 
 
-def _result_text(content: Any) -> str:
-    """A tool result's content: its text, and any document or search result in it as text."""
+def _result_text(content: Any, tools: dict[str, Tool], where: str) -> str:
+    """A tool result's content: its text, any document or search result in
+    it as text, and the definitions of the tools its ``tool_reference``
+    blocks name (what a tool search found: ``_found_tools``)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         return ""
-    return "\n".join(str(b.get("text", "")) if b.get("type") == "text" else anthropic_document(b)
-                     for b in content if isinstance(b, dict) and b.get("type") in ("text", *DOCUMENTS))
+    texts = [str(b.get("text", "")) if b.get("type") == "text" else anthropic_document(b)
+             for b in content if isinstance(b, dict) and b.get("type") in ("text", *DOCUMENTS)]
+    found = _found_tools(content, tools, where)
+    return "\n".join([found, *texts] if found else texts)
+
+
+def _references(content: Any) -> list[dict[str, Any]]:
+    return [b for b in content if isinstance(b, dict) and b.get("type") == "tool_reference"] \
+        if isinstance(content, list) else []
+
+
+def _found_tools(content: list[Any], tools: dict[str, Tool], where: str) -> str:
+    """The tools a tool search found, written where it found them, in the
+    form Claude Code's ToolSearch tells the model to expect (a ``<function>``
+    line of JSON each, in a ``<functions>`` block). Anthropic expands a
+    ``tool_reference`` into the tool's definition; here the definition goes
+    into the conversation, not into the prompt's tool list, so the prompt
+    before this turn stays as it was and the prefix cache keeps it."""
+    lines = []
+    for j, ref in enumerate(_references(content)):
+        name = ref.get("tool_name")
+        tool = tools.get(name) if isinstance(name, str) else None
+        if tool is None:
+            raise BadRequest(f"{where}.content[{j}]: `tool_reference` names `{name}`, which is not in `tools`.",
+                             param=f"{where}.content[{j}].tool_name")
+        function = {"description": tool.description or "", "name": tool.name, "parameters": tool.input_schema or {}}
+        lines.append(f"<function>{json.dumps(function, ensure_ascii=False)}</function>")
+    return "<functions>\n" + "\n".join(lines) + "\n</functions>" if lines else ""
 
 
 def _check_results(message: AnthropicMessage, called: ToolTurn, at: int) -> None:
@@ -288,7 +336,7 @@ def _check_all_answered(called: ToolTurn) -> None:
             "block in the next message.", param=f"messages[{called.at}].content")
 
 
-def _messages(message: AnthropicMessage, param: str) -> list[Message]:
+def _messages(message: AnthropicMessage, param: str, tools: dict[str, Tool]) -> list[Message]:
     """One Anthropic message as internal messages: tool results become tool
     messages (before the rest of the turn, as the template expects), tool_use
     blocks the assistant's tool calls."""
@@ -329,7 +377,7 @@ def _messages(message: AnthropicMessage, param: str) -> list[Message]:
                 )
             )
         elif kind == "tool_result":
-            text = _result_text(block.get("content"))
+            text = _result_text(block.get("content"), tools, where)
             if block.get("is_error"):
                 text = f"Error: {text}"
             results.append(Message("tool", text, tool_call_id=str(block.get("tool_use_id", ""))))
