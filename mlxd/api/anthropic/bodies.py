@@ -8,8 +8,8 @@ blocks are dropped, ``document`` and ``search_result`` blocks are read as
 text (``documents.py``), and a ``system`` role inside ``messages`` becomes a
 system message. Tool search: a tool with ``defer_loading`` stays out of the
 prompt's tool list, and a ``tool_reference`` in a tool result is written out
-there as the tool's definition (``_found_tools``). ``thinking`` and ``output_config.effort`` say what a
-thinking model does (docs/thinking.md). A final ``assistant`` message with
+there as the tool's definition (``_found_tools``). ``thinking`` and
+``output_config.effort`` say what a thinking model does (docs/thinking.md). A final ``assistant`` message with
 text and no tool call is a prefill: the answer continues it (api/prefill.py).
 Tools and tool_choice are parsed into the shared typed ``OutputRequest``,
 each named as this API spells it (``tools[0].input_schema``).
