@@ -115,11 +115,28 @@ def test_a_missing_key_is_one_line_that_says_what_to_do(daemon):
     assert "Traceback" not in result.stderr
 
 
+def _terminal_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def _signal_state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return " ".join(line.strip() for line in status if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+    except OSError:
+        return "unknown"
+
+
 def test_watch_refreshes_until_interrupted(daemon):
     process = subprocess.Popen(
         [sys.executable, "-m", "mlxd", "status", "--watch", "--json", "--interval", "0.3"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=clean_env({"MLXD_PORT": port_of(daemon), "MLXD_API_KEY": KEY}),
+        # As a shell starts a command: Ctrl-C neither ignored nor blocked. A
+        # test worker's state is inherited otherwise (the watch ran on for
+        # 30 s after its SIGINT twice in the full suite, never alone).
+        preexec_fn=_terminal_signals,
     )
     try:
         first = json.loads(process.stdout.readline())
@@ -132,10 +149,14 @@ def test_watch_refreshes_until_interrupted(daemon):
         else:
             pytest.fail("the watch never showed llama loaded")
         assert later["generated_at"] > first["generated_at"]
+        masks = _signal_state(process.pid)
         process.send_signal(signal.SIGINT)
         # Read on, as a terminal does: refreshes written while the load ran
         # can fill the pipe, and a watch blocked writing to it cannot exit.
-        _, stderr = process.communicate(timeout=30)
+        try:
+            _, stderr = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the watch did not end on SIGINT; its signal state before it: {masks}")
         assert process.returncode == 0
         assert "Traceback" not in stderr
     finally:
