@@ -280,3 +280,46 @@ def test_a_stored_response_is_retrieved_and_deleted_by_its_id(client):
     unstored = client.responses.create(model="qwen", input=PROMPT, max_output_tokens=2, store=False)
     with pytest.raises(openai.NotFoundError):
         client.responses.delete(unstored.id)
+
+
+# Codex sends each MCP server's tools (and its agent tools) as a namespace.
+NAMESPACE = {"type": "namespace", "name": "mcp__weather", "description": "The weather server's tools.",
+             "tools": [{"type": "function", "name": "get_weather", "description": "The forecast", "parameters": WEATHER}]}
+
+
+def test_a_namespaces_functions_are_in_the_prompt_and_called_by_namespace_and_name(client):
+    bare = client.responses.create(model="tooly", input="Weather in Oslo?", max_output_tokens=2, store=False)
+    shown = client.responses.create(model="tooly", input="Weather in Oslo?", tools=[NAMESPACE], max_output_tokens=2,
+                                    store=False)
+    # The function is written into the prompt (it was left out with the namespace).
+    assert shown.usage.input_tokens > bare.usage.input_tokens + 20
+
+    events = list(client.responses.create(model="tooly", input="Weather in Oslo?", tools=[NAMESPACE],
+                                          tool_choice="required", max_output_tokens=120, stream=True))
+    added = next(e for e in events if e.type == "response.output_item.added")
+    call = events[-1].response.output[0]
+    for item in (added.item, call):
+        assert (item.type, item.name, item.namespace) == ("function_call", "get_weather", "mcp__weather")
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+
+    # Sent back (as Codex does, and through the stored chain), the call is the same call.
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny"}
+    items = [{"role": "user", "content": "Weather in Oslo?"}, call.model_dump(exclude_none=True), result]
+    again = client.responses.create(model="tooly", input=items, tools=[NAMESPACE], max_output_tokens=2, store=False)
+    chained = client.responses.create(model="tooly", input=[result], previous_response_id=events[-1].response.id,
+                                      tools=[NAMESPACE], max_output_tokens=2, store=False)
+    # (The Responses API's input_tokens is the whole prompt, the cached ones among them.)
+    assert again.usage.input_tokens == chained.usage.input_tokens
+    assert chained.usage.input_tokens > shown.usage.input_tokens
+
+
+def test_a_forced_call_of_a_namespaces_function_names_it_by_namespace_and_name(client):
+    reply = client.responses.create(model="tooly", input="Weather in Rome?", tools=[NAMESPACE, TOOL],
+                                    tool_choice={"type": "function", "name": "get_weather", "namespace": "mcp__weather"},
+                                    max_output_tokens=120, store=False)
+    (call,) = reply.output
+    assert (call.name, call.namespace) == ("get_weather", "mcp__weather")
+    plain = client.responses.create(model="tooly", input="Weather in Rome?", tools=[NAMESPACE, TOOL],
+                                    tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=120,
+                                    store=False)
+    assert (plain.output[0].name, getattr(plain.output[0], "namespace", None)) == ("get_weather", None)

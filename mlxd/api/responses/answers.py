@@ -17,7 +17,7 @@ from mlxd.api.events import Finish, OutputEvent, ReasoningDelta, TextDelta, Tool
 from mlxd.api.frames import MARK, cut, encode, encode_text
 from mlxd.api.generation import Answer
 from mlxd.api.plan import Plan
-from mlxd.api.responses.bodies import FIELDS, ResponsesRequest, thoughts
+from mlxd.api.responses.bodies import FIELDS, ResponsesRequest, flat_name, thoughts
 from mlxd.api.responses.store import ResponseStore
 from mlxd.errors import MlxdError
 
@@ -62,11 +62,15 @@ def summary_asked(body: ResponsesRequest) -> bool:
 SUMMARIES = ("auto", "concise", "detailed")
 
 
-def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
-    return {
-        "type": "function_call", "id": item_id, "call_id": call_id, "name": name,
-        "arguments": arguments, "status": status,
-    }
+def call_item(body: ResponsesRequest, item_id: str, call_id: str, called: str, arguments: str,
+              status: str = "completed") -> dict[str, Any]:
+    """A call of the function the model named ``called``: a namespace's
+    function by its name and its ``namespace``."""
+    name, namespace = body.call_name(called)
+    item = {"type": "function_call", "id": item_id, "call_id": call_id, "name": name}
+    if namespace is not None:
+        item["namespace"] = namespace
+    return {**item, "arguments": arguments, "status": status}
 
 
 @dataclass
@@ -84,7 +88,8 @@ class Outcome:
             p["text"] for item in self.output if item["type"] == "message" for p in item["content"]
         )
         calls = tuple(
-            ToolCall(i["call_id"], i["name"], i["arguments"]) for i in self.output if i["type"] == "function_call"
+            ToolCall(i["call_id"], flat_name(i.get("namespace"), i["name"]), i["arguments"])
+            for i in self.output if i["type"] == "function_call"
         )
         thought = thoughts(*(p["text"] for item in self.output if item["type"] == "reasoning" for p in item["content"]))
         return Message("assistant", text, tool_calls=calls, reasoning=thought)
@@ -137,7 +142,7 @@ def complete_response(
     if choice.text or not choice.tool_calls:
         outcome.output.append(message_item(_item_id("msg"), choice.text))
     for call in choice.tool_calls:
-        outcome.output.append(call_item(_item_id("fc"), call.id, call.name, call.arguments))
+        outcome.output.append(call_item(body, _item_id("fc"), call.id, call.name, call.arguments))
     if outcome.status == "incomplete":
         # The answer was cut in its last item.
         outcome.output[-1]["status"] = "incomplete"
@@ -277,7 +282,8 @@ class ResponsesFrames:
             out = ""
             if event.name is not None and event.index != self._call:
                 self._call = event.index
-                out = self._add(call_item(_item_id("fc"), event.id or "", event.name, "", status="in_progress"))
+                out = self._add(call_item(self.body, _item_id("fc"), event.id or "", event.name, "",
+                                          status="in_progress"))
                 index = len(self.outcome.output)
             if event.arguments:
                 self._text += event.arguments

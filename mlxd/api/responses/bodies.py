@@ -2,7 +2,7 @@
 
 ``input`` is a string or a list of items: messages (``input_text``,
 ``input_image``, ``output_text`` parts; ``input_file`` as its text,
-``documents.py``), ``function_call``,
+``documents.py``), ``function_call`` (of a namespace's function too: ``flat_name``),
 ``function_call_output`` and ``reasoning`` (an earlier answer's, for the
 template to render or drop). Item and tool types this adapter does not know
 (built-in tools Codex also declares) are tolerated and left out.
@@ -92,24 +92,26 @@ class ResponsesRequest(BaseModel):
         return value
 
     def function_tools(self) -> tuple[ToolSpec, ...]:
-        """The function tools (built-in tool types are left out), each
-        named where it is in ``tools``."""
-        out = []
+        """The function tools, those of namespaces too (built-in tool types
+        are left out), each named where it is in ``tools``."""
+        out: list[ToolSpec] = []
         for i, tool in enumerate(self.tools or ()):
-            if tool.get("type") != "function":
-                continue
-            where = f"tools[{i}]"
-            name = tool.get("name")
-            if not isinstance(name, str) or not name:
-                raise BadRequest(f"{where}.name must be a non-empty string", param="tools")
-            # The Responses API's parameters may be null: no arguments.
-            parameters = tool.get("parameters")
-            parameters = {"type": "object", "properties": {}} if parameters is None else parameters
-            if not object_schema(parameters):
-                raise BadRequest(not_an_object_schema(f"{where}.parameters"), param=where)
-            out.append(ToolSpec(name=name, param=where, description=tool.get("description") or "",
-                                parameters=parameters, schema_param=f"{where}.parameters"))
+            if tool.get("type") == "function":
+                out.append(_function(tool, f"tools[{i}]"))
+            elif tool.get("type") == "namespace":
+                out += _namespace(tool, f"tools[{i}]")
         return tuple(out)
+
+    def call_name(self, flat: str) -> tuple[str, str | None]:
+        """A call's function name and namespace, from the name the model
+        wrote (``flat_name``)."""
+        for tool in self.tools or ():
+            if tool.get("type") != "namespace" or not isinstance(tool.get("tools"), list):
+                continue
+            for function in tool["tools"]:
+                if isinstance(function, dict) and flat_name(tool.get("name"), function.get("name")) == flat:
+                    return str(function["name"]), str(tool["name"])
+        return flat, None
 
     def output(self) -> OutputRequest:
         tools = self.function_tools()
@@ -161,6 +163,41 @@ class ResponsesRequest(BaseModel):
         return Conversation((*head, *history))
 
 
+def flat_name(namespace: Any, name: Any) -> str:
+    """The one name a namespace's function has in the prompt. A function
+    of a namespace (Codex sends each MCP server's tools, and its agent
+    tools, as one) is called by its namespace and its name; a chat template
+    knows one name a function, so the model sees the two joined:
+    ``mcp__demo`` and ``lookup_order`` are ``mcp__demo__lookup_order``, the
+    name Codex itself gave MCP tools before namespaces. A call splits it
+    back (``ResponsesRequest.call_name``)."""
+    return f"{namespace}__{name}" if namespace else str(name)
+
+
+def _function(tool: dict[str, Any], where: str, namespace: str | None = None) -> ToolSpec:
+    name = tool.get("name")
+    if not isinstance(name, str) or not name:
+        raise BadRequest(f"{where}.name must be a non-empty string", param="tools")
+    # The Responses API's parameters may be null: no arguments.
+    parameters = tool.get("parameters")
+    parameters = {"type": "object", "properties": {}} if parameters is None else parameters
+    if not object_schema(parameters):
+        raise BadRequest(not_an_object_schema(f"{where}.parameters"), param=where)
+    return ToolSpec(name=flat_name(namespace, name), param=where, description=tool.get("description") or "",
+                    parameters=parameters, schema_param=f"{where}.parameters")
+
+
+def _namespace(tool: dict[str, Any], where: str) -> list[ToolSpec]:
+    """A namespace's function tools (its custom tools, as top-level ones, are left out)."""
+    name, functions = tool.get("name"), tool.get("tools")
+    if not isinstance(name, str) or not name:
+        raise BadRequest(f"{where}.name must be a non-empty string", param="tools")
+    if not isinstance(functions, list):
+        raise BadRequest(f"{where}.tools must be a list of the namespace's tools", param="tools")
+    return [_function(function, f"{where}.tools[{j}]", name) for j, function in enumerate(functions)
+            if isinstance(function, dict) and function.get("type") == "function"]
+
+
 def _check_outputs(items: list[dict[str, Any]], messages: list[Message]) -> None:
     """Each ``function_call_output`` answers a ``function_call`` of the
     conversation, in ``input`` or in the ``previous_response_id`` chain, as
@@ -199,7 +236,7 @@ def _tool_choice(value: str | dict[str, Any] | None) -> ToolChoice | None:
     if value in ("auto", "none", "required"):
         return ToolChoice(value)  # type: ignore[arg-type]
     if isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("name"), str):
-        return ToolChoice("named", value["name"])
+        return ToolChoice("named", flat_name(value.get("namespace"), value["name"]))
     raise BadRequest(
         'tool_choice must be "auto", "none", "required" or {"type": "function", "name": ...}', param="tool_choice"
     )
@@ -265,7 +302,7 @@ def _add_item(messages: list[Message], item: dict[str, Any], param: str) -> None
         arguments = item.get("arguments", "")
         call = ToolCall(
             id=str(item.get("call_id") or item.get("id") or ""),
-            name=str(item.get("name", "")),
+            name=flat_name(item.get("namespace"), item.get("name", "")),
             arguments=arguments if isinstance(arguments, str) else json.dumps(arguments),
             param=f"{param}.arguments",
         )
