@@ -128,5 +128,6 @@ def test_codex_completes_a_turn(served):
     pattern = re.compile(rf"responses model={MODEL} (?:caller=\S+ )?status=200 tokens_in=(\d+) .* stream=True")
     turn = pattern.search(daemon.log(until=pattern))
     assert turn, daemon.log()[-3000:]
-    # Its tools were written into the prompt, and mlxd's short base instructions replaced its own 17k characters.
-    assert 1500 < int(turn.group(1)) < 8000
+    # Its tools were written into the prompt (its agent tools, a namespace, too: ~8.5k tokens in all with
+    # Codex 0.171), and mlxd's short base instructions replaced its own 17k characters (~4k tokens more).
+    assert 1500 < int(turn.group(1)) < 10_000
