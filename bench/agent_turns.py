@@ -188,6 +188,12 @@ def daemon_in_thread(model_dir: Path, key: str) -> Iterator[str]:
             thread.join(timeout=60)
 
 
+def warm(url: str, key: str) -> None:
+    """Compile the kernels on another conversation, so turn 1 is not a compile."""
+    httpx.post(f"{url}/v1/messages", headers={"x-api-key": key}, timeout=600,
+               json={"model": "local", "max_tokens": 4, "messages": [{"role": "user", "content": "warm up"}]})
+
+
 def run(size: str) -> dict[str, Any]:
     from tools.tool_models import with_template
 
@@ -203,9 +209,7 @@ def run(size: str) -> dict[str, Any]:
             normalise.without_billing_header = normalising if mode == "with" else (lambda text: text)
             try:
                 with daemon_in_thread(model, key) as url:
-                    # Warm the kernels on another conversation, so turn 1 is not a compile.
-                    httpx.post(f"{url}/v1/messages", headers={"x-api-key": key}, timeout=600,
-                               json={"model": "local", "max_tokens": 4, "messages": [{"role": "user", "content": "warm up"}]})
+                    warm(url, key)
                     results[mode] = conversation(url, key, "claude-sonnet-4-5")
             finally:
                 normalise.without_billing_header = normalising
