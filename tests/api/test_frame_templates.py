@@ -13,6 +13,7 @@ from mlxd.api.anthropic.answers import AnthropicFrames
 from mlxd.api.events import TextDelta, ToolCallDelta
 from mlxd.api.openai.answers import OpenAIFrames
 from mlxd.api.responses.answers import ResponsesFrames
+from mlxd.api.responses.bodies import ResponsesRequest
 
 # Quotes, escapes, control characters, the template's own markers, non-ASCII.
 TEXTS = ["Hello", ' "quoted" ', "back\\slash", "line\nbreak\ttab", "\x00", "\x01\x1f", "-7770777",
@@ -74,7 +75,8 @@ def test_anthropic_text_frames_are_what_the_encoder_writes_in_each_block():
 
 
 def test_responses_text_frames_are_what_the_encoder_writes_with_running_sequence_numbers():
-    seen = texts_around_a_call(ResponsesFrames(PLAN, SimpleNamespace(), SimpleNamespace(), ()))
+    body = ResponsesRequest(model="m", input="x")
+    seen = texts_around_a_call(ResponsesFrames(PLAN, body, SimpleNamespace(), ()))
     data = [canonical(d) for _, d in seen]
     assert [d["sequence_number"] for d in data] == list(range(len(data)))
     deltas = [d for d in data if d["type"] == "response.output_text.delta"]

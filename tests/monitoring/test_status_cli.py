@@ -133,9 +133,10 @@ def test_watch_refreshes_until_interrupted(daemon):
         [sys.executable, "-m", "mlxd", "status", "--watch", "--json", "--interval", "0.3"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=clean_env({"MLXD_PORT": port_of(daemon), "MLXD_API_KEY": KEY}),
-        # As a shell starts a command: Ctrl-C neither ignored nor blocked. A
-        # test worker's state is inherited otherwise (the watch ran on for
-        # 30 s after its SIGINT twice in the full suite, never alone).
+        # As a terminal's shell starts a command: Ctrl-C not ignored. A suite
+        # started in the background of a shell runs with SIGINT ignored (a
+        # shell's asynchronous commands do), which the watch inherited: it ran
+        # on for 30 s after its SIGINT, as any such command would.
         preexec_fn=_terminal_signals,
     )
     try:
