@@ -219,6 +219,42 @@ def test_anthropic_display_omitted_keeps_empty_thinking_blocks_and_the_same_answ
     assert refused.status_code == 400 and "thinking.display" in refused.json()["error"]["message"]
 
 
+def test_an_omitted_thinking_block_sent_back_brings_its_reasoning_back(daemon: Daemon):
+    # Claude Code asks for omitted thinking and sends the empty blocks back
+    # in its tool loop: their signature holds the reasoning, so the next
+    # turn's prompt renders what the model thought (Qwen3.5's template keeps
+    # the reasoning of the turns since the last user message), not an empty
+    # think block.
+    client = anthropic_client(daemon)
+    thinking = {"type": "enabled", "budget_tokens": BUDGET}
+    asked = dict(model="thinker", max_tokens=20, messages=MESSAGES, extra_body={"temperature": 0})
+    shown = client.messages.create(**asked, thinking=thinking)
+    hidden = client.messages.create(**asked, thinking={**thinking, "display": "omitted"})
+    with client.messages.stream(**asked, thinking={**thinking, "display": "omitted"}) as stream:
+        streamed = stream.get_final_message()
+    reasoning = shown.content[0].thinking
+    assert reasoning and hidden.content[0].thinking == "" and hidden.content[0].signature
+    assert streamed.content[0].signature == hidden.content[0].signature
+
+    tools = [{"name": "read", "description": "Reads a file.",
+              "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]
+
+    def tool_loop(block: dict) -> list[dict]:
+        return [*MESSAGES,
+                {"role": "assistant", "content": [block, {"type": "tool_use", "id": "toolu_1", "name": "read",
+                                                          "input": {"path": "a.txt"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "hello"}]}]
+
+    def counted(block: dict) -> int:
+        return client.messages.count_tokens(model="thinker", messages=tool_loop(block), tools=tools,
+                                            thinking=thinking).input_tokens
+
+    sent_back = counted({"type": "thinking", "thinking": "", "signature": hidden.content[0].signature})
+    assert sent_back == counted({"type": "thinking", "thinking": reasoning, "signature": ""})
+    # An empty block with a signature mlxd did not write is no reasoning, as before.
+    assert sent_back > counted({"type": "thinking", "thinking": "", "signature": "EqQBCkgIARABGAIiQL"}) + 2
+
+
 def test_responses_stream_reasoning_items_as_codex_reads_them(daemon: Daemon):
     body = {"model": "thinker", "input": PROMPT, "max_output_tokens": 20, "temperature": 0, "stream": True,
             "reasoning": {"effort": "low", "max_tokens": BUDGET, "summary": "auto"}}

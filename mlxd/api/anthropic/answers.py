@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from mlxd.api.anthropic.error_shape import error_body
+from mlxd.api.anthropic.signatures import sign
 from mlxd.api.events import Finish, OutputEvent, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from mlxd.api.frames import MARK, cut, encode, encode_text
 from mlxd.api.generation import Answer
@@ -40,8 +41,9 @@ def tool_input(arguments: str) -> Any:
     return value if isinstance(value, dict) else {}
 
 
-# A thinking block's signature. Anthropic's proves the block came from its
-# model; mlxd signs nothing and checks none it is sent back.
+# A shown thinking block's signature. Anthropic's proves the block came from
+# its model; mlxd's proves nothing, and a block whose reasoning is not shown
+# carries that reasoning in its own (signatures.py).
 SIGNATURE = ""
 
 
@@ -53,8 +55,10 @@ def message(plan: Plan, answer: Answer) -> dict[str, Any]:
     choice = answer.choices[0] if answer.choices else None
     content: list[dict[str, Any]] = []
     if choice is not None and choice.reasoning:
-        shown = "" if plan.reasoning.omitted else choice.reasoning
-        content.append({"type": "thinking", "thinking": shown, "signature": SIGNATURE})
+        if plan.reasoning.omitted:
+            content.append({"type": "thinking", "thinking": "", "signature": sign(choice.reasoning)})
+        else:
+            content.append({"type": "thinking", "thinking": choice.reasoning, "signature": SIGNATURE})
     # A text block even when empty, unless another block says what the answer
     # was: a reply cut while thinking is its thinking block alone, as the
     # stream sends it and Anthropic answers (which refuses empty text blocks
@@ -99,6 +103,8 @@ class AnthropicFrames:
         self._call = -1
         # The text block's delta frame around its text (mlxd.api.frames), for its index.
         self._text_frame: tuple[int, str, str] | None = None
+        # thinking.display "omitted": the open thinking block's reasoning, for its signature.
+        self._hidden = ""
 
     def opening(self) -> str:
         start = {
@@ -123,7 +129,10 @@ class AnthropicFrames:
         if self._open is None:
             return ""
         # A thinking block ends with its signature, as Anthropic's do.
-        out = self._delta({"type": "signature_delta", "signature": SIGNATURE}) if self._open == "thinking" else ""
+        out = ""
+        if self._open == "thinking":
+            signature = sign(self._hidden) if self.plan.reasoning.omitted else SIGNATURE
+            out, self._hidden = self._delta({"type": "signature_delta", "signature": signature}), ""
         self._open = None
         return out + event("content_block_stop", {"index": self._index})
 
@@ -139,8 +148,11 @@ class AnthropicFrames:
     def event(self, item: OutputEvent) -> str:
         if isinstance(item, ReasoningDelta):
             out = "" if self._open == "thinking" else self._start({"type": "thinking", "thinking": "", "signature": ""})
-            # thinking.display "omitted": the block opens and closes with its signature, no text.
-            return out if self.plan.reasoning.omitted else out + self._text_delta(item.text, "thinking_delta", "thinking")
+            if self.plan.reasoning.omitted:
+                # The block opens and closes with its signature (which holds the reasoning), no text.
+                self._hidden += item.text
+                return out
+            return out + self._text_delta(item.text, "thinking_delta", "thinking")
         if isinstance(item, TextDelta):
             out = "" if self._open == "text" else self._start({"type": "text", "text": ""})
             return out + self._text_delta(item.text)

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from mlxd.api.anthropic import normalise
+from mlxd.api.anthropic.signatures import reasoning_of
 from mlxd.api.conversation import Conversation, ImagePart, Message, Part, TextPart, ToolCall, ToolTurn
 from mlxd.api.documents import DOCUMENTS, anthropic_document
 from mlxd.api.plan import Requested
@@ -355,7 +356,8 @@ def _messages(message: AnthropicMessage, param: str, tools: dict[str, Tool]) -> 
         if not isinstance(kind, str):
             raise BadRequest(f"{where}: a content block is an object with a `type`.", param=where)
         if kind == "thinking" and message.role == "assistant":
-            reasoning.append(str(block.get("thinking", "")))
+            # Sent back with its text omitted, its reasoning is in its signature.
+            reasoning.append(str(block.get("thinking", "")) or reasoning_of(block.get("signature")))
         elif kind == "text":
             parts.append(TextPart(str(block.get("text", ""))))
         elif kind == "image":
