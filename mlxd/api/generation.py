@@ -94,8 +94,9 @@ async def guarded(
 
 
 def _choice_events(plan: Plan, started: Started) -> ChoiceEvents:
+    tools = started.requests[0].tools_to_parse() if started.requests else None
     return ChoiceEvents(
-        started.tool_format, started.requests[0].tools_to_parse() if started.requests else None, started.reasoning_format,
+        started.tool_format, tools, started.reasoning_format,
         hide_reasoning=plan.reasoning.exclude, one_call=plan.output.parallel_tool_calls is False,
         call_id_prefix=plan.call_id_prefix,
     )
