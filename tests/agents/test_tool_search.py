@@ -130,3 +130,14 @@ def test_bad_tool_search_bodies_are_anthropic_400s(daemon):
     all_deferred = ask(daemon, tools=[FETCH, PLACEHOLDER], messages=ASK)
     assert all_deferred.status_code == 400
     assert "at least one tool must not be deferred" in all_deferred.json()["error"]["message"]
+
+
+def test_with_anthropics_own_tool_search_the_deferred_tools_are_listed(daemon):
+    # A hosted search tool is a server tool mlxd does not run: the model's
+    # only way to a deferred tool would be gone, so they are listed instead.
+    hosted = {"type": "tool_search_tool_regex_20251119", "name": "tool_search_tool_regex"}
+    reply = ask(daemon, tools=[hosted, BASH, FETCH], messages=ASK)
+    assert reply.status_code == 200, reply.text
+    assert "unmistakable-fetch-description" in prompt_of(daemon, reply)
+    # Every custom tool deferred is then no refusal either.
+    assert ask(daemon, tools=[hosted, FETCH], messages=ASK).status_code == 200

@@ -119,8 +119,12 @@ class _Base(BaseModel):
     def output(self) -> OutputRequest:
         # Server tools (a ``type`` of their own, no schema) are left out.
         found = self._found()
+        # Anthropic's own tool search (a server tool, which mlxd does not run)
+        # is the model's only way to its deferred tools: with it they are
+        # listed, as before mlxd deferred any, or the model would never see one.
+        hosted_search = any((t.type or "").startswith("tool_search_tool") for t in self.tools or ())
         tools = tuple(
-            _tool(t, f"tools[{i}]", found) for i, t in enumerate(self.tools or ())
+            _tool(t, f"tools[{i}]", found, hosted_search) for i, t in enumerate(self.tools or ())
             if t.type in (None, "custom") or t.input_schema is not None
         )
         if tools and not any(t.listed for t in tools):
@@ -162,13 +166,13 @@ class _Base(BaseModel):
         return ResponseFormat("json_schema", param=where, schema=value["schema"], strict=True)
 
 
-def _tool(tool: Tool, where: str, found: set[str]) -> ToolSpec:
+def _tool(tool: Tool, where: str, found: set[str], hosted_search: bool = False) -> ToolSpec:
     # A custom tool's input_schema is required, and an object's.
     if not object_schema(tool.input_schema):
         raise BadRequest(not_an_object_schema(f"{where}.input_schema"), param=where)
+    deferred = tool.defer_loading and not hosted_search
     return ToolSpec(name=tool.name, param=where, description=tool.description or "", parameters=tool.input_schema,
-                    schema_param=f"{where}.input_schema", listed=not tool.defer_loading,
-                    known=not tool.defer_loading or tool.name in found)
+                    schema_param=f"{where}.input_schema", listed=not deferred, known=not deferred or tool.name in found)
 
 
 class MessagesRequest(_Base):
