@@ -12,6 +12,7 @@ tools in its system turn)."""
 
 from __future__ import annotations
 
+import anthropic
 import httpx
 import pytest
 from agents.agents_support import KEY
@@ -94,14 +95,14 @@ def test_a_search_keeps_the_prompt_head_and_shows_the_found_tool_where_it_was_fo
 
 
 def test_the_model_calls_a_tool_its_search_found(daemon):
-    reply = ask(daemon, tools=[SEARCH, FETCH, PLACEHOLDER], messages=SEARCHED, max_tokens=80,
-                tool_choice={"type": "tool", "name": "WebFetch"})
-    assert reply.status_code == 200, reply.text
-    calls = [b for b in reply.json()["content"] if b["type"] == "tool_use"]
-    assert len(calls) == 1, reply.text
-    (call,) = calls
-    assert call == {**call, "name": "WebFetch", "input": {"url": "https://example.com/"}}
-    assert reply.json()["stop_reason"] == "tool_use"
+    # Through the official client, which types defer_loading and tool_reference.
+    client = anthropic.Anthropic(base_url=daemon.url, api_key=KEY, max_retries=0)
+    reply = client.messages.create(model="qwen3", max_tokens=80, tools=[SEARCH, FETCH, PLACEHOLDER], messages=SEARCHED,
+                                   tool_choice={"type": "tool", "name": "WebFetch"}, thinking={"type": "disabled"},
+                                   extra_body={"temperature": 0})
+    (call,) = [b for b in reply.content if b.type == "tool_use"]
+    assert (call.name, call.input) == ("WebFetch", {"url": "https://example.com/"})
+    assert reply.stop_reason == "tool_use"
 
 
 def test_a_forced_call_never_picks_a_deferred_tool_no_search_found(daemon):
