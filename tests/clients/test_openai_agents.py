@@ -1,6 +1,7 @@
 """The OpenAI Agents SDK (Responses model): a plain answer, streamed and
 whole; an answer cut by max_tokens, which it must not take for a whole one;
-a function tool called with parsed arguments; a typed output."""
+a function tool called with parsed arguments, alone and in a namespace; a
+typed output."""
 
 from __future__ import annotations
 
@@ -19,4 +20,6 @@ def test_the_agents_sdk_runs_against_the_demo(demo):
         assert "response.incomplete" in got[way].get("raised", "") or "incomplete" in got[way].get("raised", ""), got
     # The SDK parsed the forced call's arguments and ran the tool with them.
     assert got["tool"]["city"] in ("Paris", "Oslo") and 1 <= got["tool"]["days"] <= 7
+    # The same from a namespace (tool_namespace): the SDK found the call's tool by namespace and name.
+    assert got["namespaced"]["city"] in ("Paris", "Oslo") and 1 <= got["namespaced"]["days"] <= 7
     assert got["typed"]["level"] in ("low", "high") and isinstance(got["typed"]["ok"], bool)

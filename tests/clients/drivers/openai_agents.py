@@ -6,7 +6,8 @@ import json
 import os
 from typing import Annotated, Literal
 
-from agents import Agent, ModelSettings, Runner, function_tool, set_default_openai_client, set_tracing_disabled
+from agents import (Agent, ModelSettings, Runner, function_tool, set_default_openai_client, set_tracing_disabled,
+                    tool_namespace)
 from agents.exceptions import ModelBehaviorError
 from openai import AsyncOpenAI
 from pydantic import BaseModel, Field
@@ -53,6 +54,11 @@ async def main() -> None:
     tooled = Agent(name="tools", model="qwen-tiny", tools=[get_weather], tool_use_behavior="stop_on_first_tool",
                    model_settings=ModelSettings(tool_choice="required", max_tokens=120))
     out["tool"] = json.loads((await Runner.run(tooled, "Weather in Oslo?")).final_output)
+    # The same tool in a namespace (sent as a Responses namespace tool): the call comes back by namespace and name.
+    spaced = Agent(name="spaced", model="qwen-tiny", tool_use_behavior="stop_on_first_tool",
+                   tools=tool_namespace(name="weather", description="Weather tools.", tools=[get_weather]),
+                   model_settings=ModelSettings(tool_choice="required", max_tokens=120))
+    out["namespaced"] = json.loads((await Runner.run(spaced, "Weather in Paris?")).final_output)
     typed = Agent(name="typed", model="qwen-tiny", output_type=Status, model_settings=ModelSettings(max_tokens=60))
     out["typed"] = (await Runner.run(typed, "Report the status")).final_output.model_dump()
     print(json.dumps(out))
