@@ -9,7 +9,7 @@ import threading
 
 import httpx
 import pytest
-from support.daemon import daemon_process, free_port, wait_until, write_registry
+from support.daemon import daemon_process, free_port, signal_mask, wait_until, write_registry
 
 pytestmark = pytest.mark.mlx
 
@@ -181,15 +181,6 @@ def test_a_second_signal_forces_a_fast_exit(tmp_path):
         assert "second signal" in d.log()
 
 
-def _signal_mask(pid: int, field: str) -> int:
-    """SigIgn or SigCgt of a running process (0 once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            return int(next(line for line in status if line.startswith(f"{field}:")).split()[1], 16)
-    except (OSError, StopIteration):
-        return 0
-
-
 def _bit(sig: int) -> int:
     return 1 << (sig - 1)
 
@@ -207,9 +198,9 @@ def test_sighup_while_the_daemon_starts_does_not_end_it(tmp_path):
     try:
         # Python is up (its SIGINT handler), and mlxd's first lines have run:
         # SIGHUP ignored, or 0.3 s more for a daemon that never ignores it.
-        wait_until(lambda: process.poll() is not None or _signal_mask(process.pid, "SigCgt") & _bit(signal.SIGINT))
+        wait_until(lambda: process.poll() is not None or signal_mask(process.pid, "SigCgt") & _bit(signal.SIGINT))
         try:
-            wait_until(lambda: _signal_mask(process.pid, "SigIgn") & _bit(signal.SIGHUP), timeout=0.3)
+            wait_until(lambda: signal_mask(process.pid, "SigIgn") & _bit(signal.SIGHUP), timeout=0.3)
         except AssertionError:
             pass
 

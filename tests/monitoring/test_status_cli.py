@@ -13,7 +13,7 @@ import httpx
 import pytest
 import yaml
 from monitoring.monitoring_support import chat
-from support.daemon import daemon_in_thread, free_port, write_registry
+from support.daemon import daemon_in_thread, free_port, signal_mask, write_registry
 
 pytestmark = pytest.mark.mlx
 
@@ -121,11 +121,7 @@ def _terminal_signals() -> None:
 
 
 def _signal_state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            return " ".join(line.strip() for line in status if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
-    except OSError:
-        return "unknown"
+    return " ".join(f"{field} {signal_mask(pid, field):x}" for field in ("SigBlk", "SigIgn", "SigCgt"))
 
 
 def test_watch_refreshes_until_interrupted(daemon):

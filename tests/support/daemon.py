@@ -116,6 +116,15 @@ class Daemon:
             text = settled
 
 
+def signal_mask(pid: int, field: str) -> int:
+    """SigBlk, SigIgn or SigCgt of a running process (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return int(next(line for line in status if line.startswith(f"{field}:")).split()[1], 16)
+    except (OSError, StopIteration):
+        return 0
+
+
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.02) -> Any:
     deadline = time.monotonic() + timeout
     while True:
